@@ -1,0 +1,19 @@
+# Two entry points for a fresh machine: `make tune` (set up, then run the main job) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+.PHONY: setup tune test
+setup: $(VENV)/.installed
+
+tune: $(VENV)/.installed
+	$(BIN)/kernsearch tune gemm
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest -q

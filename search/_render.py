@@ -1,0 +1,140 @@
+"""Rendering: a config becomes exactly what ``mx.fast.metal_kernel`` / ``mx.fast.cuda_kernel`` take.
+
+The rendered source depends on the config (and dtype) only: problem sizes reach the kernel at run time
+(``A_shape`` ...), so one rendering serves every shape. The launch geometry depends on the shape and is
+computed separately by :func:`geometry`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Template, TemplateError
+
+from ._errors import KernsearchError
+from ._space import Config, Space, format_config
+from ._spec import Family, template_env
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """The arguments of ``mx.fast.metal_kernel`` (or ``cuda_kernel``) for one variant."""
+
+    name: str
+    target: str
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    header: str
+    source: str
+    #: MLX template arguments, e.g. ``(("T", "float16"),)``; dtypes are named by their MLX name.
+    template: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def sha256(self) -> str:
+        """Hash of everything the back-end compiles (the source hash artifacts and exports check)."""
+        return source_sha256(self.header, self.source, self.template, self.input_names, self.output_names)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "target": self.target, "input_names": list(self.input_names),
+                "output_names": list(self.output_names), "header": self.header, "source": self.source,
+                "template": [list(t) for t in self.template]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> KernelSource:
+        return cls(name=d["name"], target=d["target"], input_names=tuple(d["input_names"]),
+                   output_names=tuple(d["output_names"]), header=d["header"], source=d["source"],
+                   template=tuple((k, v) for k, v in d["template"]))
+
+
+def source_sha256(header: str, source: str, template: Any = (), input_names: Any = (),
+                  output_names: Any = ()) -> str:
+    blob = json.dumps([header, source, [list(t) for t in template], list(input_names), list(output_names)])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How to launch a variant on one problem: grid in threads, threadgroup size, outputs."""
+
+    grid: tuple[int, int, int]
+    threadgroup: tuple[int, int, int]
+    output_shapes: tuple[tuple[int, ...], ...]
+    output_dtypes: tuple[str, ...]
+    #: Inputs the kernel takes transposed (contiguous), by name.
+    transposed_inputs: tuple[str, ...] = ()
+    shared_memory: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@lru_cache(maxsize=64)
+def _template(folder: Path, filename: str) -> Template:
+    return template_env(folder).get_template(filename)
+
+
+def render(family: Family, config: Config, dtype: str, target: str = "metal") -> KernelSource:
+    """Render one variant. Knob-only derived values are available to the template."""
+    if target not in family.templates:
+        raise KernsearchError(f"family {family.name} has no {target} template")
+    ctx: dict[str, Any] = {"family": family.name, "dtype": dtype, **config}
+    for name in family.static_derived:
+        ctx[name] = family.derived[name](ctx | _builtins())
+    tmpl = _template(family.path, family.templates[target])  # type: ignore[index]
+    try:
+        # Run the template's top level once so its macros and {% set %} names exist inside the blocks.
+        module = tmpl.make_module(ctx)
+        scope = {k: v for k, v in vars(module).items() if not k.startswith("_")}
+        header = "".join(tmpl.blocks["header"](tmpl.new_context(ctx, locals=scope))).strip("\n") + "\n"
+        source = "".join(tmpl.blocks["source"](tmpl.new_context(ctx, locals=scope))).rstrip() + "\n"
+    except TemplateError as exc:
+        raise KernsearchError(f"{family.template_path(target)}: cannot render {format_config(config)}: "
+                              f"{exc}") from None
+    digest = source_sha256(header, source)[:12]
+    return KernelSource(
+        name=f"kernsearch_{family.name}_{digest}",
+        target=target,
+        input_names=tuple(t.name for t in family.inputs),
+        output_names=tuple(t.name for t in family.outputs),
+        header=header,
+        source=source,
+        template=(("T", dtype),),
+    )
+
+
+def _builtins() -> dict[str, Any]:
+    from ._expr import BUILTINS
+
+    return dict(BUILTINS)
+
+
+def geometry(space: Space, config: Config) -> Geometry:
+    """Launch geometry and output shapes of ``config`` on the space's problem."""
+    fam = space.family
+    ctx = space.context(config)
+
+    def ints(expr: Any, where: str, n: int | None = 3) -> tuple[int, ...]:
+        value = space._eval(expr, ctx, where)
+        try:
+            out = tuple(int(v) for v in value)
+        except TypeError:
+            raise KernsearchError(f"{fam.path}/family.toml: {where} must be a list of integers") from None
+        if n is not None and len(out) != n:
+            raise KernsearchError(f"{fam.path}/family.toml: {where} must have {n} entries")
+        return out
+
+    transposed = tuple(t.name for t in fam.inputs
+                       if t.transposed is not None and space._eval(t.transposed, ctx, f"{t.name}.transposed"))
+    shared = int(space._eval(fam.launch.shared_memory, ctx, "launch.shared_memory")) \
+        if fam.launch.shared_memory is not None else 0
+    return Geometry(
+        grid=ints(fam.launch.grid, "launch.grid"),  # type: ignore[arg-type]
+        threadgroup=ints(fam.launch.threadgroup, "launch.threadgroup"),  # type: ignore[arg-type]
+        output_shapes=tuple(ints(t.shape, f"outputs.{t.name}.shape", None) for t in fam.outputs),
+        output_dtypes=tuple(space.problem.dtype for _ in fam.outputs),
+        transposed_inputs=transposed,
+        shared_memory=shared,
+    )

@@ -1,0 +1,142 @@
+"""Correctness: random inputs, the float64 NumPy reference, tolerance checks, and failure reasons.
+
+Inputs are generated once per problem as float64 arrays whose values are exactly representable in the
+problem's dtype, so the reference sees the same numbers the kernel does. Outputs are pre-filled with
+NaN; a NaN in the result is then told apart as *unwritten* (a second run with a finite sentinel shows
+the sentinel there) or a *NaN computed* by the kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._expr import BUILTINS
+from ._render import Geometry, KernelSource
+from ._space import Problem
+from ._spec import ARRAY_FUNCTIONS
+
+SENTINEL = 1.0e30
+
+
+def round_to_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Round float values to the nearest ``dtype`` value (round-to-nearest-even), returned as float64."""
+    if dtype == "float32":
+        return x.astype(np.float32).astype(np.float64)
+    if dtype == "float16":
+        return x.astype(np.float16).astype(np.float64)
+    if dtype == "bfloat16":
+        bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+    raise ValueError(f"unknown dtype {dtype!r}")
+
+
+def _numpy_namespace() -> dict[str, Any]:
+    ns: dict[str, Any] = {name: getattr(np, name) for name in ARRAY_FUNCTIONS if hasattr(np, name)}
+    ns["softmax"] = lambda x, axis=-1: np.exp(x - x.max(axis, keepdims=True)) / np.exp(
+        x - x.max(axis, keepdims=True)).sum(axis, keepdims=True)
+    return ns
+
+
+def make_inputs(problem: Problem, seed: int = 0) -> dict[str, np.ndarray]:
+    """Logical inputs (as the reference sees them), uniform in [-1, 1], exact in the dtype."""
+    rng = np.random.default_rng(seed)
+    ctx = problem._ctx()
+    return {t.name: round_to_dtype(rng.uniform(-1.0, 1.0, size=tuple(t.shape(ctx))), problem.dtype)
+            for t in problem.family.inputs}
+
+
+def kernel_inputs(problem: Problem, logical: dict[str, np.ndarray], geometry: Geometry) -> list[np.ndarray]:
+    """The arrays the kernel takes, in order: transposed (contiguous) where the variant wants it."""
+    return [np.ascontiguousarray(logical[t.name].T if t.name in geometry.transposed_inputs else logical[t.name])
+            for t in problem.family.inputs]
+
+
+def reference(problem: Problem, logical: dict[str, np.ndarray]) -> list[np.ndarray]:
+    ns = {**_numpy_namespace(), **problem.dims, **logical}
+    out = problem.family.reference(ns)
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    return [np.asarray(o, dtype=np.float64) for o in outs]
+
+
+@dataclass
+class Check:
+    """Outcome of comparing a variant's outputs with the reference."""
+
+    ok: bool
+    reason: str = ""  # "", "wrong", "nan", "unwritten", "shape"
+    max_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    bad_elements: int = 0
+    detail: str = ""
+    shapes_checked: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        state = "pass" if self.ok else f"FAIL ({self.reason})"
+        return f"{state}: max abs err {self.max_abs_err:.3g}, max rel err {self.max_rel_err:.3g}" + (
+            f"; {self.detail}" if self.detail else "")
+
+
+def tolerance(problem: Problem) -> tuple[float, float]:
+    tol = problem.family.tolerance[problem.dtype]  # type: ignore[index]
+    ctx = {**BUILTINS, **problem.dims}
+    return float(tol.rtol(ctx)), float(tol.atol(ctx))
+
+
+def compare(problem: Problem, outputs: list[np.ndarray], refs: list[np.ndarray],
+            sentinel_outputs: list[np.ndarray] | None = None) -> Check:
+    """Element-wise ``|out - ref| <= atol + rtol·|ref|`` for every output."""
+    rtol, atol = tolerance(problem)
+    worst_abs = worst_rel = 0.0
+    for name, out, ref in zip((t.name for t in problem.family.outputs), outputs, refs):
+        out = np.asarray(out, dtype=np.float64)
+        if out.shape != ref.shape:
+            return Check(False, "shape", detail=f"{name}: shape {out.shape}, expected {ref.shape}")
+        nan = np.isnan(out)
+        if nan.any():
+            where = tuple(int(i) for i in np.argwhere(nan)[0])
+            unwritten = sentinel_outputs is not None and bool(
+                np.all(np.asarray(sentinel_outputs[problem.family.outputs.index(
+                    next(t for t in problem.family.outputs if t.name == name))])[nan] == SENTINEL))
+            reason = "unwritten" if unwritten else "nan"
+            what = "never written" if unwritten else "NaN"
+            return Check(False, reason, bad_elements=int(nan.sum()),
+                         detail=f"{name}: {int(nan.sum())} element(s) {what}, first at {where}")
+        err = np.abs(out - ref)
+        bad = err > atol + rtol * np.abs(ref)
+        worst_abs = max(worst_abs, float(err.max(initial=0.0)))
+        worst_rel = max(worst_rel, float((err / np.maximum(np.abs(ref), atol)).max(initial=0.0)))
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            return Check(False, "wrong", worst_abs, worst_rel, int(bad.sum()),
+                         detail=f"{name}: {int(bad.sum())} element(s) out of tolerance, first at {where}: "
+                                f"got {out[where]:.6g}, expected {ref[where]:.6g}")
+    return Check(True, "", worst_abs, worst_rel)
+
+
+def verify_outputs(problem: Problem, run: Any, logical: dict[str, np.ndarray]) -> Check:
+    """Compare ``run(init_value)`` with the reference; a second run tells unwritten from NaN."""
+    refs = reference(problem, logical)
+    outputs = run(float("nan"))
+    check = compare(problem, outputs, refs)
+    if check.reason == "nan":
+        check = compare(problem, outputs, refs, sentinel_outputs=run(SENTINEL))
+    return check
+
+
+def verify_kernel(backend: Any, kernel: KernelSource, geometry: Geometry, problem: Problem, seed: int = 0,
+                  **options: Any) -> tuple[Check, list[Any]]:
+    """Run ``kernel`` on ``backend`` with fresh inputs and check it; returns (check, diagnostics)."""
+    logical = make_inputs(problem, seed)
+    inputs = kernel_inputs(problem, logical, geometry)
+    diagnostics: list[Any] = []
+
+    def run(init: float) -> list[np.ndarray]:
+        result = backend.run(kernel, geometry, inputs, problem.dtype, init_value=init, **options)
+        diagnostics.extend(d for d in result.diagnostics if d not in diagnostics)
+        return result.outputs
+
+    return verify_outputs(problem, run, logical), diagnostics

@@ -1,0 +1,87 @@
+"""The back-end interface: build a kernel from rendered source, run it on inputs, return outputs.
+
+Concrete back-ends live beside this module (``_mlx_metal``, ``_mlx_cuda``, ``_cpu``, ``_model``,
+``_replay``); each says which evidence its results are (measured / interpreted / modeled).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .._render import Geometry, KernelSource
+
+
+class Evidence(str, Enum):
+    """What a figure is. Never mixed up: only a real GPU's timing is ``measured``."""
+
+    MEASURED = "measured"  # timed on a real GPU
+    INTERPRETED = "interpreted"  # Metal run on the CPU interpreter: correctness only, never a timing
+    MODELED = "modeled"  # a prediction of the per-chip performance model
+
+
+@dataclass
+class Diagnostic:
+    """A problem a back-end noticed while running a kernel (race, divergence, out of bounds...)."""
+
+    kind: str
+    message: str
+    line: int | None = None  # line of the rendered source
+    template_line: str | None = None  # "gemm.metal.j2:123" through #line mapping, when known
+    severity: str = "error"  # or "warning"
+
+    def __str__(self) -> str:
+        where = f" at line {self.line}" if self.line is not None else ""
+        tmpl = f" ({self.template_line})" if self.template_line else ""
+        return f"{self.severity}: {self.kind}{where}{tmpl}: {self.message}"
+
+
+@dataclass
+class RunResult:
+    outputs: list[np.ndarray]
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    compile_seconds: float = 0.0
+
+
+@dataclass
+class Timing:
+    """Repeated timings of one variant, in milliseconds."""
+
+    samples_ms: list[float]
+    evidence: Evidence
+    compile_seconds: float = 0.0
+
+    @property
+    def median_ms(self) -> float:
+        return float(np.median(self.samples_ms))
+
+    @property
+    def spread(self) -> float:
+        """Relative spread: (p90 - p10) / median."""
+        lo, hi = np.percentile(self.samples_ms, [10, 90])
+        return float((hi - lo) / self.median_ms) if self.median_ms > 0 else 0.0
+
+
+class BaseBackend(ABC):
+    """Runs rendered kernels. Inputs arrive as NumPy arrays whose values are exact in ``dtype``."""
+
+    name: ClassVar[str]
+    evidence: ClassVar[Evidence]
+    #: Which template family target this back-end executes ("metal", "cuda"), None if it runs nothing.
+    target: ClassVar[str | None]
+
+    def check_available(self) -> None:
+        """Raise :class:`BackendError` with a one-line reason if this back-end cannot run here."""
+
+    @abstractmethod
+    def run(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
+            init_value: float | None = float("nan"), **options: Any) -> RunResult:
+        """Execute once; outputs are pre-filled with ``init_value`` so unwritten elements show."""
+
+    def time(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
+             **options: Any) -> Timing:
+        raise NotImplementedError(f"back-end {self.name} does not time kernels")

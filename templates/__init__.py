@@ -1,0 +1,1 @@
+"""Kernel families shipped with kernsearch: one folder each, a family.toml and its Jinja templates."""

@@ -159,7 +159,7 @@ class Space:
             except ValueError:
                 value = raw
             if value not in knob.values or type(value) is not type(knob.values[0]):
-                raise ConfigError(f"invalid value {name}={raw!r} (allowed: "
+                raise ConfigError(f"invalid value {name}={raw} (allowed: "
                                   f"{', '.join(map(str, knob.values))})")
             config[name] = value
         return config

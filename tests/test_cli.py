@@ -1,0 +1,77 @@
+"""The command line: real output for good input, one line and exit 2 for bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def ks(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kernsearch", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_families_lists_gemm() -> None:
+    res = ks("families")
+    assert res.returncode == 0, res.stderr
+    assert "gemm" in res.stdout and "matrix multiply" in res.stdout
+
+
+def test_chip_named_and_detected() -> None:
+    res = ks("chip", "--chip", "m3-max")
+    assert res.returncode == 0 and "M3 Max" in res.stdout and "40" in res.stdout and "400 GB/s" in res.stdout
+    detected = ks("chip")
+    assert detected.returncode == 0 and "detected" in detected.stdout
+
+
+def test_space_prints_counts_and_rejections() -> None:
+    res = ks("space", "gemm", "--shape", "4096,4096,4096", "--dtype", "float16", "--chip", "M2 Max")
+    assert res.returncode == 0, res.stderr
+    assert "82944 total" in res.stdout
+    valid = int(res.stdout.split(" valid")[0].split()[-1].strip("[]bold/"))
+    assert valid >= 1000
+    assert "rejected by" in res.stdout and "simdgroup_fragments" in res.stdout
+
+
+def test_render_prints_header_and_body() -> None:
+    res = ks("render", "gemm", "--config", "BM=64,BN=64,MMA=scalar", "--shape", "100,72,40", "--dtype", "float32")
+    assert res.returncode == 0, res.stderr
+    assert "---- header ----" in res.stdout and "#include <metal_stdlib>" in res.stdout
+    assert "constexpr int BM = 64, BN = 64" in res.stdout and "fma(a_val[i], b_val[j]" in res.stdout
+    assert "grid: [256, 2, 1]" in res.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["space", "nosuch"], "unknown family 'nosuch'"),
+    (["render", "gemm", "--config", "BQ=1"], "unknown knob 'BQ'"),
+    (["render", "gemm", "--config", "VEC=3"], "invalid value VEC=3"),
+    (["render", "gemm", "--config", "STAGE=none,VEC=4"], "violates staging_knobs_need_staging"),
+    (["space", "gemm", "--shape", "0,10,10"], "impossible shape"),
+    (["space", "gemm", "--shape", "10,10"], "needs 3 sizes"),
+    (["space", "gemm", "--dtype", "int8"], "dtype 'int8' not supported"),
+    (["chip", "--chip", "M9 Hyper"], "unknown chip 'M9 Hyper'"),
+    (["space", "/nonexistent/family"], "no family.toml"),
+])
+def test_bad_input_is_one_line_exit_2(args: list[str], message: str) -> None:
+    res = ks(*args)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    lines = [l for l in res.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and message in lines[0], res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+
+
+def test_malformed_user_family_is_one_line(tmp_path) -> None:  # noqa: ANN001
+    import shutil
+
+    from kernsearch._spec import builtin_families_dir
+
+    folder = tmp_path / "myfam"
+    shutil.copytree(builtin_families_dir() / "gemm", folder)
+    spec = folder / "family.toml"
+    spec.write_text(spec.read_text().replace('expr = "tg_bytes <= chip.threadgroup_memory_bytes"',
+                                             'expr = "tg_bytes <= chip.threadgroup_memory_bytes and BZ"'))
+    res = ks("space", str(folder))
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and "family.toml" in res.stderr and "BZ" in res.stderr

@@ -1,0 +1,101 @@
+"""Rendering: every valid config renders, deterministically, and distinct configs give distinct source."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kernsearch._chips import get_chip
+from kernsearch._render import geometry, render
+from kernsearch._space import Space, make_problem
+from kernsearch._spec import DTYPES
+
+SHAPES = ["4096,4096,4096", "33,65,7"]
+
+
+@pytest.fixture(scope="module")
+def valid_configs(gemm) -> dict[str, list[dict]]:  # noqa: ANN001
+    """Union over both shapes of the valid configs, per dtype (M2 Max limits)."""
+    chip = get_chip("M2 Max")
+    out: dict[str, list[dict]] = {}
+    for dtype in DTYPES:
+        seen: dict[tuple, dict] = {}
+        for shape in SHAPES:
+            for cfg in Space(make_problem(gemm, shape, dtype, chip), chip).enumerate().valid:
+                seen.setdefault(tuple(cfg.items()), cfg)
+        out[dtype] = list(seen.values())
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_every_valid_config_renders_to_distinct_source(gemm, valid_configs, dtype: str) -> None:  # noqa: ANN001
+    configs = valid_configs[dtype]
+    assert len(configs) > 10000
+    digests = set()
+    for cfg in configs:
+        kernel = render(gemm, cfg, dtype)
+        assert kernel.template == (("T", dtype),)
+        assert "C[" in kernel.source and "A_shape[0]" in kernel.source
+        digests.add(kernel.sha256)
+    assert len(digests) == len(configs)  # distinct knob values -> distinct source
+
+
+def test_each_knob_changes_the_source(gemm) -> None:  # noqa: ANN001
+    """Changing any single knob of a valid config (to another valid value) changes the code itself."""
+    chip = get_chip("M2 Max")
+    sp = Space(make_problem(gemm, "64,64,64", "float16", chip), chip)
+    base = sp.parse_config("BM=64,BN=64,BK=16,WM=2,WN=2,STAGE=AB,VEC=2,PAD=4")
+    base_src = render(gemm, base, "float16").source
+    for knob, spec in gemm.knobs.items():
+        for value in spec.values:
+            cfg = {**base, knob: value}
+            if value == base[knob] or not sp.is_valid(cfg):
+                continue
+            src = render(gemm, cfg, "float16").source
+            code = lambda s: "\n".join(l for l in s.splitlines() if not l.strip().startswith("//"))  # noqa: E731
+            assert code(src) != code(base_src), f"{knob}={value} did not change the code"
+
+
+def test_render_is_byte_identical_across_processes(gemm) -> None:  # noqa: ANN001
+    cfgs = ["BM=64,MMA=scalar", "STAGE=A,DOUBLE_BUFFER=true,LAYOUT_B=t,VEC=4", "STAGE=none"]
+    here = []
+    chip = get_chip("M2 Max")
+    sp = Space(make_problem(gemm, "64,64,64", "float16", chip), chip)
+    for text in cfgs:
+        kernel = render(gemm, sp.parse_config(text), "float16")
+        assert kernel == render(gemm, sp.parse_config(text), "float16")
+        here.append(kernel.sha256)
+    code = ("from kernsearch._chips import get_chip; from kernsearch._space import Space, make_problem;"
+            "from kernsearch._spec import load_family; from kernsearch._render import render;"
+            "f=load_family('gemm'); c=get_chip('M2 Max'); sp=Space(make_problem(f,'64,64,64','float16',c),c);"
+            f"print(' '.join(render(f, sp.parse_config(t), 'float16').sha256 for t in {cfgs!r}))")
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert there == here
+
+
+def test_geometry_counts_threads_and_covers_ragged_edges(gemm) -> None:  # noqa: ANN001
+    chip = get_chip("M2 Max")
+    sp = Space(make_problem(gemm, "33,65,7", "float32", chip), chip)
+    cfg = sp.parse_config("BM=32,BN=64,WM=2,WN=2,LAYOUT_B=t")
+    geo = geometry(sp, cfg)
+    assert geo.threadgroup == (128, 1, 1)
+    assert geo.grid == (2 * 128, 2, 1)  # ceil(65/64) x ceil(33/32) threadgroups, grid counted in threads
+    assert geo.output_shapes == ((33, 65),) and geo.transposed_inputs == ("B",)
+
+
+def test_missing_template_variable_is_an_error(tmp_path, gemm) -> None:  # noqa: ANN001
+    import shutil
+
+    from kernsearch._errors import KernsearchError
+    from kernsearch._spec import load_family
+
+    folder = tmp_path / "fam"
+    shutil.copytree(gemm.path, folder)
+    tmpl = folder / "gemm.metal.j2"
+    tmpl.write_text(tmpl.read_text().replace("constexpr int BM = {{ BM }}", "constexpr int BM = {{ BMX }}"))
+    fam = load_family(str(folder))
+    with pytest.raises(KernsearchError, match="BMX"):
+        render(fam, dict(fam.default), "float32")

@@ -1,0 +1,87 @@
+"""The search space: valid-config counting, rejection reasons, config parsing, problems."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernsearch._chips import get_chip
+from kernsearch._errors import ConfigError, KernsearchError
+from kernsearch._space import Space, make_problem
+
+
+def _space(gemm, shape="4096,4096,4096", dtype="float16", chip="M2 Max") -> Space:  # noqa: ANN001
+    c = get_chip(chip)
+    return Space(make_problem(gemm, shape, dtype, c), c)
+
+
+def test_m2_max_4096_float16_space_is_large_and_explained(gemm) -> None:  # noqa: ANN001
+    sp = _space(gemm)
+    summary = sp.enumerate()
+    assert summary.total == 4 * 4 * 3 * 3 * 3 * 2 * 4 * 3 * 2 * 2 * 2
+    assert len(summary.valid) >= 1000
+    # every rejected config is counted exactly once
+    assert sum(summary.rejected.values()) == summary.total - len(summary.valid)
+    assert {"simdgroup_fragments", "staging_knobs_need_staging"} <= set(summary.rejected)
+
+
+def test_enumeration_agrees_with_per_config_check(gemm) -> None:  # noqa: ANN001
+    """The pruned walk and the plain per-config check select exactly the same configs."""
+    sp = _space(gemm, shape="33,65,7", dtype="float32")
+    valid = {tuple(c.items()) for c in sp.enumerate().valid}
+    brute = {tuple(c.items()) for i, c in enumerate(sp.iter_all()) if i % 7 == 0 and sp.is_valid(c)}
+    sampled = {tuple(c.items()) for i, c in enumerate(sp.iter_all()) if i % 7 == 0}
+    assert brute == valid & sampled
+
+
+def test_shape_and_chip_change_the_space(gemm) -> None:  # noqa: ANN001
+    aligned = len(_space(gemm, "64,64,64").enumerate().valid)
+    ragged = len(_space(gemm, "33,65,7").enumerate().valid)
+    assert ragged < aligned  # vector loads need K (and N) divisible by VEC
+    small_tg = get_chip("M2 Max").model_copy(update={"threadgroup_memory_bytes": 4096})
+    sp = Space(make_problem(gemm, "64,64,64", "float32", small_tg), small_tg)
+    summary = sp.enumerate()
+    assert summary.rejected["threadgroup_memory"] > 0 and len(summary.valid) < aligned
+
+
+def test_violations_name_every_broken_rule(gemm) -> None:  # noqa: ANN001
+    sp = _space(gemm, "33,65,7")
+    cfg = sp.parse_config("STAGE=none,VEC=4,MMA=simdgroup,BM=16,WM=4")
+    names = {v.constraint for v in sp.violations(cfg)}
+    assert {"staging_knobs_need_staging", "vector_alignment", "simdgroup_fragments"} <= names
+    with pytest.raises(ConfigError, match="violates.*staging_knobs_need_staging"):
+        sp.validate(cfg)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("BX=1", "unknown knob 'BX'"),
+    ("BM=7", r"invalid value BM=7 \(allowed: 16, 32, 64, 128\)"),
+    ("MMA=tensor", "invalid value MMA=tensor"),
+    ("DOUBLE_BUFFER=maybe", "invalid value DOUBLE_BUFFER=maybe"),
+    ("BM", "expected KNOB=VALUE"),
+])
+def test_bad_configs_are_one_line_errors(gemm, text: str, message: str) -> None:  # noqa: ANN001
+    with pytest.raises(ConfigError, match=message):
+        _space(gemm).parse_config(text)
+
+
+def test_partial_config_keeps_defaults(gemm) -> None:  # noqa: ANN001
+    cfg = _space(gemm).parse_config("BM=64,DOUBLE_BUFFER=on")
+    assert cfg["BM"] == 64 and cfg["DOUBLE_BUFFER"] is True and cfg["BN"] == gemm.default["BN"]
+
+
+@pytest.mark.parametrize(("shape", "dtype", "chip", "message"), [
+    ("0,4,4", None, None, "impossible shape: M=0"),
+    ("4,4", None, None, "needs 3 sizes"),
+    ("a,b,c", None, None, "bad shape"),
+    (None, "float64", None, "dtype 'float64' not supported"),
+    (None, "bfloat16", "M1", "no bfloat16"),
+])
+def test_bad_problems(gemm, shape, dtype, chip, message: str) -> None:  # noqa: ANN001
+    with pytest.raises(KernsearchError, match=message):
+        make_problem(gemm, shape, dtype, get_chip(chip) if chip else None)
+
+
+def test_problem_counts(gemm) -> None:  # noqa: ANN001
+    p = make_problem(gemm, "4096,4096,4096", "float16")
+    assert p.flops() == 2 * 4096**3
+    assert p.bytes() == 3 * 4096 * 4096 * 2

@@ -1,0 +1,578 @@
+"""The artifact store: immutable, versioned winning kernels with their evidence, behind a regression gate.
+
+A search's winner outlives the search here. Usage (the search and the nightly flows call this)::
+
+    from kernsearch._artifacts import ArtifactStore, Candidate
+    from kernsearch._manifest import Correctness, Measurements
+
+    candidate = Candidate.for_config(space, config, target="metal", evidence=Evidence.MEASURED,
+                                     measurements=Measurements.from_timing(timing, baseline_timing),
+                                     correctness=Correctness.from_checks("device", [("64x64x64", check)]),
+                                     study="gemm-M2Max-float16-4096x4096x4096")
+    outcome = ArtifactStore().publish(candidate)   # PublishOutcome(published, version, reason, key)
+
+``Candidate(...)`` can also be built field by field (family, chip, dtype, shape, config, kernel, geometry,
+correctness, evidence, measurements, study). ``chip.detected`` (``mx.device_info()``) is stored as the
+chip identity; *measured* evidence needs one (a timing is measured only on a GPU detected here).
+
+Layout (root: ``./artifacts``, or ``$KERNSEARCH_ARTIFACTS``, or ``ArtifactStore(root)``)::
+
+    artifacts/gemm/M2-Max/float16/4096x4096x4096/   one key: family / chip / dtype / shape
+        v1/ manifest.json header.metal source.metal   one version, never modified once written
+        v2/ ...
+        CURRENT          {"version": "v2", ...}: the current pointer, replaced atomically
+        journal.jsonl    every publish attempt, published or rejected, with its reason
+        .lock            held (flock) while a publisher decides and writes
+
+Safety: a version is written into a hidden temporary folder, flushed to disk, then renamed into place
+(atomic), so readers never see half a version; the pointer moves by an atomic rename of a new file.
+Publishers to one key serialise on an advisory ``flock`` (released by the OS if a publisher dies), wait
+at most ``lock_timeout`` seconds, then refuse cleanly. Loading checks the manifest schema and the source
+hash; anything tampered or malformed is refused with a one-line :class:`ArtifactError`.
+
+The regression gate (:func:`gate`): a candidate that failed verification is refused; a lower evidence kind
+never replaces a higher one (modeled never replaces measured); otherwise a candidate becomes current if
+there is no current version, the current one is invalidated (explicitly, unreadable, or measured with a
+different compile toolchain or on a different device), or it is faster by more than the measured noise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+from ._manifest import (EVIDENCE_RANK, ArtifactError, ChipIdentity, Correctness, GateRecord, KernelInfo,
+                        LaunchGeometry, Manifest, Measurements, ProblemInfo, TemplateInfo, Toolchain,
+                        parse_manifest, utcnow)
+from ._render import Geometry, KernelSource, source_sha256
+
+if TYPE_CHECKING:
+    from ._chips import Chip
+    from ._space import Config, Space
+    from ._spec import Family
+    from .backends._base import Evidence
+
+ENV_VAR = "KERNSEARCH_ARTIFACTS"
+DEFAULT_ROOT = "artifacts"
+POINTER = "CURRENT"
+JOURNAL = "journal.jsonl"
+LOCK = ".lock"
+_VERSION = re.compile(r"^v([1-9][0-9]*)$")
+_SOURCE_SUFFIX = {"metal": "metal", "cuda": "cu"}
+
+
+def default_root() -> Path:
+    """``$KERNSEARCH_ARTIFACTS`` if set, else ``artifacts/`` of the working directory."""
+    return Path(os.environ.get(ENV_VAR) or DEFAULT_ROOT)
+
+
+def chip_slug(name: str) -> str:
+    """A chip name as a folder name: ``M2 Max`` → ``M2-Max``."""
+    slug = re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-")
+    if not slug:
+        raise ArtifactError(f"chip name {name!r} cannot name a folder")
+    return slug
+
+
+@dataclass(frozen=True, order=True)
+class ArtifactKey:
+    """family / chip / dtype / shape: what one line of versions is about."""
+
+    family: str
+    chip: str  # the chip's slug
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def path(self) -> str:
+        return f"{self.family}/{self.chip}/{self.dtype}/{'x'.join(map(str, self.shape))}"
+
+    def __str__(self) -> str:
+        return self.path
+
+    @classmethod
+    def parse(cls, text: str) -> tuple[ArtifactKey, str | None]:
+        """``gemm/M2-Max/float16/64x64x64`` (optionally ``/v2``) → (key, version or None)."""
+        parts = [p for p in text.strip().strip("/").split("/") if p]
+        version = parts.pop() if len(parts) == 5 and _VERSION.match(parts[-1]) else None
+        if len(parts) != 4:
+            raise ArtifactError(f"bad artifact key {text!r}: expected FAMILY/CHIP/DTYPE/SHAPE[/vN], "
+                                "e.g. gemm/M2-Max/float16/4096x4096x4096")
+        family, chip, dtype, shape = parts
+        try:
+            sizes = tuple(int(s) for s in shape.split("x"))
+        except ValueError:
+            raise ArtifactError(f"bad artifact key {text!r}: shape {shape!r} is not like 64x64x64") from None
+        return cls(family, chip_slug(chip), dtype, sizes), version
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A search result offered for publication."""
+
+    family: Family
+    chip: Chip
+    dtype: str
+    shape: tuple[int, ...]
+    config: Config
+    kernel: KernelSource
+    geometry: Geometry
+    correctness: Correctness
+    evidence: Evidence | str
+    measurements: Measurements | None = None
+    study: str | None = None
+    created_at: datetime = field(default_factory=utcnow)
+    #: Detected at publish time when not given (tests inject one to simulate a toolchain change).
+    toolchain: Toolchain | None = None
+
+    @classmethod
+    def for_config(cls, space: Space, config: Config, *, target: str, correctness: Correctness,
+                   evidence: Evidence | str, measurements: Measurements | None = None,
+                   study: str | None = None, toolchain: Toolchain | None = None) -> Candidate:
+        """Render ``config`` for the space's problem and wrap it with its evidence."""
+        from ._render import geometry, render
+
+        problem = space.problem
+        return cls(family=space.family, chip=space.chip, dtype=problem.dtype, shape=problem.shape,
+                   config=dict(config), kernel=render(space.family, config, problem.dtype, target),
+                   geometry=geometry(space, config), correctness=correctness, evidence=evidence,
+                   measurements=measurements, study=study, toolchain=toolchain)
+
+    @property
+    def key(self) -> ArtifactKey:
+        return ArtifactKey(self.family.name, chip_slug(self.chip.name), self.dtype, tuple(self.shape))
+
+    @property
+    def evidence_kind(self) -> str:
+        return str(getattr(self.evidence, "value", self.evidence))
+
+
+@dataclass(frozen=True)
+class PublishOutcome:
+    """What the gate decided: ``version`` is the new version when published, else None."""
+
+    published: bool
+    version: str | None
+    reason: str
+    key: str
+    current: str | None = None  # the current version after this publish attempt
+
+
+@dataclass(frozen=True)
+class Pointer:
+    """The content of a key's CURRENT file."""
+
+    version: str
+    invalidated: str | None = None
+    updated_at: str = ""
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One loaded and verified version."""
+
+    key: ArtifactKey
+    version: str
+    path: Path
+    manifest: Manifest
+    kernel: KernelSource
+
+    @property
+    def geometry(self) -> Geometry:
+        return self.manifest.geometry.to_geometry()
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    where: str
+    ok: bool
+    message: str
+
+
+class ArtifactStore:
+    """Versions of winning kernels under one root folder (see the module docstring)."""
+
+    def __init__(self, root: str | Path | None = None, lock_timeout: float = 60.0) -> None:
+        self.root = Path(root) if root is not None else default_root()
+        self.lock_timeout = lock_timeout
+
+    # -- reading ------------------------------------------------------------------------------------
+    def key_dir(self, key: ArtifactKey) -> Path:
+        return self.root / key.path
+
+    def keys(self) -> list[ArtifactKey]:
+        """Every key with at least one version or a journal, sorted."""
+        found = []
+        if not self.root.is_dir():
+            return []
+        for journal_or_version in sorted(self.root.glob("*/*/*/*")):
+            if not journal_or_version.is_dir() or journal_or_version.name.startswith("."):
+                continue
+            rel = journal_or_version.relative_to(self.root).as_posix()
+            try:
+                key, _ = ArtifactKey.parse(rel)
+            except ArtifactError:
+                continue
+            found.append(key)
+        return sorted(found)
+
+    def versions(self, key: ArtifactKey) -> list[str]:
+        """Complete versions of a key, oldest first (hidden temporary folders are not versions)."""
+        folder = self.key_dir(key)
+        if not folder.is_dir():
+            return []
+        numbered = [(int(m.group(1)), p.name) for p in folder.iterdir()
+                    if p.is_dir() and (m := _VERSION.match(p.name))]
+        return [name for _, name in sorted(numbered)]
+
+    def pointer(self, key: ArtifactKey) -> Pointer | None:
+        path = self.key_dir(key) / POINTER
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        try:
+            data = json.loads(text)
+            pointer = Pointer(version=str(data["version"]), invalidated=data.get("invalidated"),
+                              updated_at=str(data.get("updated_at", "")))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ArtifactError(f"{path}: malformed current pointer ({type(exc).__name__})") from None
+        if not _VERSION.match(pointer.version):
+            raise ArtifactError(f"{path}: malformed current pointer (version {pointer.version!r})")
+        return pointer
+
+    def load(self, key: ArtifactKey, version: str | None = None) -> Artifact:
+        """A verified version (default: the current one); refuses tampered or malformed artifacts."""
+        if version is None:
+            pointer = self.pointer(key)
+            if pointer is None:
+                raise ArtifactError(f"no current artifact for {key} in {self.root}")
+            version = pointer.version
+        folder = self.key_dir(key) / version
+        manifest_file = folder / "manifest.json"
+        try:
+            text = manifest_file.read_bytes()
+        except FileNotFoundError:
+            raise ArtifactError(f"{folder}: no such artifact version (or no manifest.json)") from None
+        manifest = parse_manifest(text, str(folder))
+        if manifest.key != key.path or manifest.version != version:
+            raise ArtifactError(f"{folder}: manifest describes {manifest.key}/{manifest.version}, not this "
+                                "folder (moved or tampered)")
+        kernel = _read_kernel(folder, manifest)
+        return Artifact(key, version, folder, manifest, kernel)
+
+    def current_artifacts(self, family: str | None = None) -> Iterator[Artifact]:
+        """The current, valid (not invalidated) version of every key; unreadable ones raise."""
+        for key in self.keys():
+            if family is not None and key.family != family:
+                continue
+            pointer = self.pointer(key)
+            if pointer is None or pointer.invalidated:
+                continue
+            yield self.load(key, pointer.version)
+
+    def journal(self, key: ArtifactKey) -> list[dict[str, Any]]:
+        """Publish attempts, oldest first (a line torn by a killed publisher is skipped)."""
+        path = self.key_dir(key) / JOURNAL
+        entries = []
+        if path.is_file():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                with contextlib.suppress(json.JSONDecodeError):
+                    entry = json.loads(line)
+                    if isinstance(entry, dict):
+                        entries.append(entry)
+        return entries
+
+    def verify(self) -> list[VerifyResult]:
+        """Check every version and pointer of the store; one result per version (and per problem)."""
+        results = []
+        for key in self.keys():
+            for version in self.versions(key):
+                try:
+                    self.load(key, version)
+                    results.append(VerifyResult(f"{key}/{version}", True, "ok"))
+                except ArtifactError as exc:
+                    results.append(VerifyResult(f"{key}/{version}", False, str(exc)))
+            try:
+                pointer = self.pointer(key)
+                if pointer is not None and pointer.version not in self.versions(key):
+                    results.append(VerifyResult(f"{key}/{POINTER}", False,
+                                                f"{self.key_dir(key) / POINTER}: points to missing {pointer.version}"))
+            except ArtifactError as exc:
+                results.append(VerifyResult(f"{key}/{POINTER}", False, str(exc)))
+        return results
+
+    def stale_temporaries(self) -> list[Path]:
+        """Half-written versions left by killed publishers (invisible to readers; safe to delete)."""
+        return sorted(p for p in self.root.glob("*/*/*/*/.tmp-*") if p.is_dir()) if self.root.is_dir() else []
+
+    # -- writing ------------------------------------------------------------------------------------
+    def publish(self, candidate: Candidate, *, min_gain: float = 0.0) -> PublishOutcome:
+        """Offer a candidate to the regression gate; a new version becomes current only if it passes.
+
+        ``min_gain`` is a relative speed-up required on top of the measured noise (0.02 = 2 %).
+        Raises :class:`ArtifactError` for a malformed candidate or a key busy beyond ``lock_timeout``.
+        """
+        key = candidate.key
+        draft = _draft_manifest(candidate)
+        folder = self.key_dir(key)
+        folder.mkdir(parents=True, exist_ok=True)
+        with _locked(folder / LOCK, self.lock_timeout, key):
+            if not candidate.correctness.passed:
+                return self._reject(key, draft, "failed verification: a variant that is not correct is "
+                                    "never published")
+            current, invalid = self._current_for_gate(key)
+            ok, reason = gate(draft, current, invalid, min_gain)
+            if not ok:
+                return self._reject(key, draft, reason, current.version if current else None)
+            version = f"v{_next_number(self.versions(key))}"
+            manifest = Manifest(**draft, version=version, published_at=utcnow(),
+                                gate=GateRecord(reason=reason, replaced=current.version if current else None))
+            self._write_version(folder, version, manifest, candidate.kernel)
+            _write_atomic(folder / POINTER, json.dumps({"version": version, "invalidated": None,
+                                                        "updated_at": utcnow().isoformat()}) + "\n")
+            self._log(key, "published", version, reason, draft)
+            return PublishOutcome(True, version, reason, key.path, version)
+
+    def invalidate(self, key: ArtifactKey, reason: str) -> None:
+        """Mark the current version invalid (kept, not shipped; any correct candidate may replace it)."""
+        folder = self.key_dir(key)
+        with _locked(folder / LOCK, self.lock_timeout, key):
+            pointer = self.pointer(key)
+            if pointer is None:
+                raise ArtifactError(f"no current artifact for {key} to invalidate")
+            _write_atomic(folder / POINTER, json.dumps({"version": pointer.version, "invalidated": reason,
+                                                        "updated_at": utcnow().isoformat()}) + "\n")
+            self._log(key, "invalidated", pointer.version, reason, None)
+
+    def _current_for_gate(self, key: ArtifactKey) -> tuple[Manifest | None, str | None]:
+        try:
+            pointer = self.pointer(key)
+        except ArtifactError as exc:
+            return None, f"current pointer unreadable: {exc}"
+        if pointer is None:
+            return None, None
+        try:
+            current = self.load(key, pointer.version).manifest
+        except ArtifactError as exc:
+            return None, f"current {pointer.version} unreadable: {exc}"
+        return current, (f"current {pointer.version} invalidated: {pointer.invalidated}"
+                         if pointer.invalidated else None)
+
+    def _write_version(self, folder: Path, version: str, manifest: Manifest, kernel: KernelSource) -> None:
+        tmp = folder / f".tmp-{version}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        _write_file(tmp / manifest.kernel.header_file, kernel.header)
+        _write_file(tmp / manifest.kernel.source_file, kernel.source)
+        _write_file(tmp / "manifest.json", manifest.to_json())
+        _fsync_dir(tmp)
+        os.rename(tmp, folder / version)  # atomic; fails rather than merge if the name exists
+        _fsync_dir(folder)
+
+    def _reject(self, key: ArtifactKey, draft: dict[str, Any], reason: str,
+                current: str | None = None) -> PublishOutcome:
+        self._log(key, "rejected", None, reason, draft)
+        pointer = None
+        with contextlib.suppress(ArtifactError):
+            pointer = self.pointer(key)
+        return PublishOutcome(False, None, reason, key.path, pointer.version if pointer else current)
+
+    def _log(self, key: ArtifactKey, outcome: str, version: str | None, reason: str,
+             draft: dict[str, Any] | None) -> None:
+        entry: dict[str, Any] = {"time": utcnow().isoformat(), "outcome": outcome, "version": version,
+                                 "reason": reason}
+        if draft is not None:
+            m = draft.get("measurements")
+            entry |= {"evidence": draft["evidence"], "median_ms": m.median_ms if m else None,
+                      "study": draft.get("study"), "source_sha256": draft["source_sha256"],
+                      "config": draft["config"]}
+        with open(self.key_dir(key) / JOURNAL, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+# -- the regression gate -------------------------------------------------------------------------------
+
+def gate(draft: dict[str, Any], current: Manifest | None, invalid: str | None,
+         min_gain: float = 0.0) -> tuple[bool, str]:
+    """Decide whether a (correct) candidate replaces the current version; returns (publish, reason)."""
+    evidence: str = draft["evidence"]
+    new: Measurements | None = draft.get("measurements")
+    if current is None:
+        return True, f"{invalid}; replaced by a correct {evidence} result" if invalid else \
+            f"first version for this key ({evidence})"
+    if invalid:
+        return True, f"{invalid}; replaced by a correct {evidence} result"
+    old_rank, new_rank = EVIDENCE_RANK[current.evidence], EVIDENCE_RANK[evidence]
+    if new_rank < old_rank:
+        return False, (f"{evidence} results never replace {current.evidence} ones "
+                       f"(current {current.version} is {current.evidence})")
+    if current.evidence == "measured":
+        changed = _identity_changes(current, draft)
+        if changed:
+            return True, f"current {current.version} invalidated: {changed}"
+    if new_rank > old_rank:
+        return True, f"{evidence} result replaces {current.evidence} {current.version}"
+    old = current.measurements
+    if new is None or old is None:
+        return False, (f"no timing to compare ({evidence} evidence is correctness only); "
+                       f"current {current.version} stays")
+    gain = (old.median_ms - new.median_ms) / old.median_ms
+    noise = max(new.spread, old.spread)
+    needed = noise + min_gain
+    figures = (f"{new.median_ms:.4g} ms vs {current.version}'s {old.median_ms:.4g} ms "
+               f"({gain:+.1%}; noise {noise:.1%}{f', required gain {min_gain:.1%}' if min_gain else ''})")
+    if gain > needed:
+        return True, f"faster than {current.version} beyond the noise: {figures}"
+    return False, f"not faster than {current.version} beyond the noise: {figures}"
+
+
+def _identity_changes(current: Manifest, draft: dict[str, Any]) -> str:
+    """What changed since the current (measured) version was measured: toolchain or device."""
+    old, new = current.toolchain.compile_identity(), draft["toolchain"].compile_identity()
+    changes = [f"{k} {old[k]} → {new[k]}" for k in old if old[k] != new[k]]
+    old_dev, new_dev = current.chip.detected, draft["chip"].detected
+    for k in ("architecture", "device_name"):
+        if new_dev and old_dev.get(k) != new_dev.get(k):
+            changes.append(f"device {k} {old_dev.get(k)} → {new_dev.get(k)}")
+    return ("toolchain changed (" if changes else "") + ", ".join(changes) + (")" if changes else "")
+
+
+# -- helpers -------------------------------------------------------------------------------------------
+
+def _draft_manifest(c: Candidate) -> dict[str, Any]:
+    """Every manifest field but version, gate and published_at; refuses inconsistent candidates."""
+    from ._render import render
+    from ._space import Space, make_problem
+
+    fam, kind = c.family, c.evidence_kind
+    if kind not in EVIDENCE_RANK:
+        raise ArtifactError(f"unknown evidence kind {kind!r} (measured, interpreted or modeled)")
+    if kind == "measured" and (c.chip.vendor == "cpu" or not c.chip.detected):
+        raise ArtifactError(f"measured evidence needs a GPU detected on the machine that timed it; chip "
+                            f"{c.chip.name} was {'named, not detected' if not c.chip.detected else 'a CPU'}")
+    if kind == "interpreted" and c.measurements is not None:
+        raise ArtifactError("interpreted evidence is correctness only: drop the measurements or call them modeled")
+    if kind != "interpreted" and c.measurements is None:
+        raise ArtifactError(f"{kind} evidence needs measurements (median, spread, samples)")
+    if c.kernel.target not in fam.templates:
+        raise ArtifactError(f"family {fam.name} has no {c.kernel.target} template")
+    problem = make_problem(fam, tuple(c.shape), c.dtype)
+    space = Space(problem, c.chip)
+    bad = space.violations(dict(c.config))
+    if bad:
+        raise ArtifactError(f"config is not valid for {c.key}: " + "; ".join(map(str, bad)))
+    from ._render import geometry
+
+    if LaunchGeometry.of(geometry(space, dict(c.config))) != LaunchGeometry.of(c.geometry):
+        raise ArtifactError(f"geometry does not match the family's launch for this config and shape ({c.key})")
+    sha = c.kernel.sha256
+    if render(fam, dict(c.config), c.dtype, c.kernel.target).sha256 != sha:
+        raise ArtifactError(f"kernel source differs from what {fam.templates[c.kernel.target]} renders for "
+                            "this config (stale template or edited source)")
+    template_file = fam.template_path(c.kernel.target)
+    import hashlib
+
+    suffix = _SOURCE_SUFFIX[c.kernel.target]
+    return {
+        "schema_version": 1,
+        "family": fam.name,
+        "key": c.key.path,
+        "kernel": KernelInfo(name=c.kernel.name, target=c.kernel.target, input_names=list(c.kernel.input_names),
+                             output_names=list(c.kernel.output_names),
+                             template=[tuple(t) for t in c.kernel.template],
+                             header_file=f"header.{suffix}", source_file=f"source.{suffix}"),
+        "source_sha256": sha,
+        "template": TemplateInfo(file=template_file.name, sha256=hashlib.sha256(template_file.read_bytes()).hexdigest()),
+        "config": dict(c.config),
+        "geometry": LaunchGeometry.of(c.geometry),
+        "chip": ChipIdentity.of(c.chip),
+        "toolchain": c.toolchain or Toolchain.detect(),
+        "problem": ProblemInfo(family=fam.name, dims=problem.dims, shape=list(problem.shape), dtype=problem.dtype,
+                               flops=problem.flops(), bytes=problem.bytes()),
+        "evidence": kind,
+        "measurements": c.measurements,
+        "correctness": c.correctness,
+        "study": c.study,
+        "created_at": c.created_at,
+    }
+
+
+def _read_kernel(folder: Path, manifest: Manifest) -> KernelSource:
+    info = manifest.kernel
+    try:
+        header = (folder / info.header_file).read_text(encoding="utf-8")
+        source = (folder / info.source_file).read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise ArtifactError(f"{folder}: missing kernel file {Path(exc.filename).name}") from None
+    except UnicodeDecodeError:
+        raise ArtifactError(f"{folder}: kernel source is not UTF-8 text (corrupted)") from None
+    template = tuple((str(k), v) for k, v in info.template)
+    actual = source_sha256(header, source, template, info.input_names, info.output_names)
+    if actual != manifest.source_sha256:
+        raise ArtifactError(f"{folder}: source hash mismatch (manifest {manifest.source_sha256[:12]}, files "
+                            f"{actual[:12]}): tampered or corrupted")
+    return KernelSource(name=info.name, target=info.target, input_names=tuple(info.input_names),
+                        output_names=tuple(info.output_names), header=header, source=source, template=template)
+
+
+def _next_number(versions: list[str]) -> int:
+    return max((int(v[1:]) for v in versions), default=0) + 1
+
+
+def _write_file(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    _write_file(tmp, text)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):  # not every platform can open a directory
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _locked(path: Path, timeout: float, key: ArtifactKey) -> Iterator[None]:
+    """An exclusive advisory lock on ``path``; the OS drops it if the holder dies."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(path, "a+")  # noqa: SIM115 - closed below
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise ArtifactError(f"artifact key {key} is busy: another publisher holds {path} "
+                                        f"(waited {timeout:g} s)") from None
+                time.sleep(0.02)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    finally:
+        fh.close()

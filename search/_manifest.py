@@ -1,0 +1,290 @@
+"""The artifact manifest: what a published kernel version is, where it came from, and how it was proven.
+
+One ``manifest.json`` sits in every artifact version folder beside the rendered source it describes. It
+is a pydantic model with a ``schema_version``; a reader refuses any other version (and any malformed
+manifest) with one line saying why, because a kernel whose evidence cannot be read must not be shipped.
+The schema is documented, field by field, in ``docs/artifacts.md``; bump :data:`SCHEMA_VERSION` (and
+document the change there) whenever a field changes meaning or a required field is added.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ._errors import KernsearchError
+
+if TYPE_CHECKING:
+    from ._chips import Chip
+    from ._render import Geometry, KernelSource
+    from ._verify import Check
+    from .backends._base import Timing
+
+#: The manifest schema this kernsearch writes and reads.
+SCHEMA_VERSION = 1
+
+EvidenceKind = Literal["measured", "interpreted", "modeled"]
+#: How much an evidence kind is worth to the regression gate: a lower kind never replaces a higher one.
+EVIDENCE_RANK = {"interpreted": 0, "modeled": 1, "measured": 2}
+_SHA256 = r"^[0-9a-f]{64}$"
+
+
+class ArtifactError(KernsearchError):
+    """An artifact (or the store) cannot be used: tampered, malformed, unknown schema, busy, missing."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KernelInfo(_Model):
+    """What ``mx.fast.metal_kernel`` / ``cuda_kernel`` were given, minus the text (kept in files)."""
+
+    name: str
+    target: Literal["metal", "cuda"]
+    input_names: list[str] = Field(min_length=1)
+    output_names: list[str] = Field(min_length=1)
+    #: MLX template arguments, e.g. ``[["T", "float16"]]``.
+    template: list[tuple[str, Any]] = Field(default_factory=list)
+    header_file: str
+    source_file: str
+
+
+class LaunchGeometry(_Model):
+    """The launch of the tuned problem (the exported package recomputes it for other shapes)."""
+
+    grid: tuple[int, int, int]
+    threadgroup: tuple[int, int, int]
+    output_shapes: list[list[int]]
+    output_dtypes: list[str]
+    transposed_inputs: list[str] = Field(default_factory=list)
+    shared_memory: int = Field(0, ge=0)
+
+    @classmethod
+    def of(cls, geo: Geometry) -> LaunchGeometry:
+        return cls(grid=geo.grid, threadgroup=geo.threadgroup, output_shapes=[list(s) for s in geo.output_shapes],
+                   output_dtypes=list(geo.output_dtypes), transposed_inputs=list(geo.transposed_inputs),
+                   shared_memory=geo.shared_memory)
+
+    def to_geometry(self) -> Geometry:
+        from ._render import Geometry
+
+        return Geometry(grid=tuple(self.grid), threadgroup=tuple(self.threadgroup),  # type: ignore[arg-type]
+                        output_shapes=tuple(tuple(s) for s in self.output_shapes),
+                        output_dtypes=tuple(self.output_dtypes), transposed_inputs=tuple(self.transposed_inputs),
+                        shared_memory=self.shared_memory)
+
+
+class ChipIdentity(_Model):
+    """The chip the result belongs to; ``detected`` is ``mx.device_info()`` ({} if named, not detected)."""
+
+    name: str
+    vendor: Literal["apple", "nvidia", "cpu"]
+    generation: int | None = None
+    die: str | None = None
+    architecture: str | None = None
+    #: (generation key, generation+die key): the export fallback chain matches on these.
+    lineage: tuple[str | None, str | None] = (None, None)
+    known: bool = True
+    detected: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, chip: Chip) -> ChipIdentity:
+        return cls(name=chip.name, vendor=chip.vendor, generation=chip.generation, die=chip.die,
+                   architecture=chip.architecture, lineage=chip.lineage, known=chip.known,
+                   detected=_jsonable(chip.detected))
+
+
+class Toolchain(_Model):
+    """Software that turned the source into machine code; a change invalidates measured results."""
+
+    kernsearch_version: str
+    mlx_version: str
+    python_version: str
+    os: str  # platform.system(): Darwin, Linux
+    os_release: str  # platform.release(): the Darwin / Linux kernel release
+    #: macOS product version and build: the Metal compiler ships with the OS.
+    macos_version: str | None = None
+    macos_build: str | None = None
+
+    def compile_identity(self) -> dict[str, str | None]:
+        """The fields whose change can change the compiled kernel (and so its speed)."""
+        return {"mlx_version": self.mlx_version, "os": self.os, "macos_version": self.macos_version,
+                "macos_build": self.macos_build}
+
+    @classmethod
+    def detect(cls) -> Toolchain:
+        from . import __version__
+
+        try:
+            import mlx.core as mx
+
+            mlx_version = str(mx.__version__)
+        except ImportError:  # pragma: no cover - MLX is a dependency
+            mlx_version = "unavailable"
+        macos = platform.mac_ver()[0] or None
+        build = None
+        if macos:
+            try:
+                build = subprocess.run(["sysctl", "-n", "kern.osversion"], capture_output=True, text=True,
+                                       timeout=5).stdout.strip() or None
+            except (OSError, subprocess.SubprocessError):
+                build = None
+        return cls(kernsearch_version=__version__, mlx_version=mlx_version, python_version=platform.python_version(),
+                   os=platform.system(), os_release=platform.release(), macos_version=macos, macos_build=build)
+
+
+class ProblemInfo(_Model):
+    family: str
+    dims: dict[str, int]
+    shape: list[int] = Field(min_length=1)
+    dtype: Literal["float32", "float16", "bfloat16"]
+    flops: float = Field(ge=0)
+    bytes: float = Field(ge=0)
+
+
+class Measurements(_Model):
+    """Timing of the variant (and of the baseline MLX op on the same inputs), in milliseconds."""
+
+    median_ms: float = Field(gt=0)
+    #: Relative spread of the samples, (p90 - p10) / median: the noise the regression gate must beat.
+    spread: float = Field(ge=0)
+    samples_ms: list[float] = Field(default_factory=list)
+    baseline_median_ms: float | None = Field(None, gt=0)
+    speedup: float | None = Field(None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _speedup(cls, data: Any) -> Any:
+        """Speedup over the baseline, when only the two medians are given."""
+        if isinstance(data, dict) and data.get("speedup") is None:
+            base, median = data.get("baseline_median_ms"), data.get("median_ms")
+            if isinstance(base, (int, float)) and isinstance(median, (int, float)) and base > 0 and median > 0:
+                data = {**data, "speedup": base / median}
+        return data
+
+    @classmethod
+    def from_timing(cls, timing: Timing, baseline: Timing | None = None) -> Measurements:
+        return cls(median_ms=timing.median_ms, spread=timing.spread, samples_ms=list(timing.samples_ms),
+                   baseline_median_ms=baseline.median_ms if baseline else None)
+
+
+class Correctness(_Model):
+    """How the variant was proven correct against the float64 reference."""
+
+    verifier: Literal["device", "interpreter"]
+    passed: bool
+    shapes_checked: list[str] = Field(min_length=1)
+    max_abs_error: float = Field(ge=0)
+    max_rel_error: float | None = Field(None, ge=0)
+    checks_run: int = Field(ge=1)
+
+    @classmethod
+    def from_checks(cls, verifier: str, checks: list[tuple[str, Check]]) -> Correctness:
+        """From ``[(shape_text, Check), ...]``: passed only if every check passed."""
+        if not checks:
+            raise ArtifactError("correctness evidence needs at least one check")
+        return cls(verifier=verifier, passed=all(c.ok for _, c in checks),  # type: ignore[arg-type]
+                   shapes_checked=sorted({s for s, _ in checks}),
+                   max_abs_error=max(c.max_abs_err for _, c in checks),
+                   max_rel_error=max(c.max_rel_err for _, c in checks), checks_run=len(checks))
+
+
+class TemplateInfo(_Model):
+    file: str
+    sha256: str = Field(pattern=_SHA256)
+
+
+class GateRecord(_Model):
+    """Why the regression gate let this version become current."""
+
+    reason: str
+    replaced: str | None = None  # the version that was current before
+
+
+class Manifest(_Model):
+    """Schema version 1 of an artifact version's manifest (see docs/artifacts.md)."""
+
+    schema_version: Literal[1]
+    family: str
+    version: str = Field(pattern=r"^v[1-9][0-9]*$")
+    #: family/chip-slug/dtype/shape: the store key (and folder) this version belongs to.
+    key: str
+    kernel: KernelInfo
+    source_sha256: str = Field(pattern=_SHA256)
+    template: TemplateInfo
+    config: dict[str, bool | int | str]
+    geometry: LaunchGeometry
+    chip: ChipIdentity
+    toolchain: Toolchain
+    problem: ProblemInfo
+    evidence: EvidenceKind
+    measurements: Measurements | None = None
+    correctness: Correctness
+    study: str | None = None
+    created_at: datetime
+    published_at: datetime
+    gate: GateRecord
+
+    @field_validator("created_at", "published_at")
+    @classmethod
+    def _aware(cls, value: datetime) -> datetime:
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Manifest:
+        if self.evidence != "interpreted" and self.measurements is None:
+            raise ValueError(f"{self.evidence} evidence needs measurements")
+        if self.evidence == "interpreted" and self.measurements is not None:
+            raise ValueError("interpreted evidence is correctness only: it carries no timing")
+        if not self.correctness.passed:
+            raise ValueError("a version that failed verification cannot be an artifact")
+        return self
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"
+
+
+def parse_manifest(text: str | bytes, where: str) -> Manifest:
+    """Read a manifest; anything but a valid schema-1 manifest is an :class:`ArtifactError` (one line)."""
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{where}: malformed manifest: not JSON ({exc.msg if hasattr(exc, 'msg') else exc})") \
+            from None
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{where}: malformed manifest: expected a JSON object")
+    if "schema_version" not in data:
+        raise ArtifactError(f"{where}: malformed manifest: no schema_version")
+    version = data["schema_version"]
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        raise ArtifactError(f"{where}: unknown manifest schema version {version!r} "
+                            f"(this kernsearch reads version {SCHEMA_VERSION})")
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise ArtifactError(f"{where}: malformed manifest: {field}: "
+                            f"{first['msg'].removeprefix('Value error, ')}{more}") from None
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _jsonable(value: Any) -> Any:
+    """device_info values as JSON can hold them (numbers, strings; anything else as its text)."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)

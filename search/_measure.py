@@ -1,0 +1,240 @@
+"""Honest timing of GPU work (the method is written down in ``docs/timing.md``).
+
+The functions here know nothing about MLX: a back-end hands them ``launch(i)`` (enqueue one run on
+input set ``i``, without waiting) and ``sync()`` (wait until all enqueued work is done, e.g.
+``mx.synchronize``). The method:
+
+1. warm up (the first launches compile and fault in caches and clocks);
+2. pick a batch size so one batch of launches between two syncs lasts at least ``min_batch_ms``:
+   launch overhead and the sync's own cost then stay small next to the kernel;
+3. take samples (batch time / batch size) until the median is known to ``target_spread`` or the
+   sample or time limit is reached; rotate among input sets so a working set that fits in the last-
+   level cache is not measured hot when it would not be in real use;
+4. for the final ranking, :func:`interleaved` measures finalists and the baseline round-robin in one
+   process, so drifting clocks and temperature hit every candidate alike, and :func:`lead_exceeds_noise`
+   decides whether a lead is real.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+Launch = Callable[[int], object]
+Sync = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class TimingPlan:
+    """Knobs of the method; the defaults suit kernels from microseconds to a few hundred ms."""
+
+    warmup: int = 3
+    min_batch_ms: float = 20.0
+    max_batch: int = 1000
+    min_samples: int = 10
+    max_samples: int = 100
+    target_spread: float = 0.02  # relative (p90 - p10) / median at which sampling may stop
+    max_seconds: float = 5.0
+
+
+def input_sets_needed(working_set_bytes: float, cache_bytes: float, memory_budget_bytes: float = 2e9) -> int:
+    """How many input sets to rotate so consecutive launches do not find their inputs in cache."""
+    if working_set_bytes <= 0 or working_set_bytes >= cache_bytes:
+        return 1
+    sets = int(np.ceil(2 * cache_bytes / working_set_bytes)) + 1
+    return max(1, min(sets, int(memory_budget_bytes // max(working_set_bytes, 1)), 64))
+
+
+def spread(samples: list[float]) -> float:
+    """Relative spread (p90 - p10) / median; 0 for fewer than two samples."""
+    if len(samples) < 2:
+        return 0.0
+    lo, med, hi = np.percentile(samples, [10, 50, 90])
+    return float((hi - lo) / med) if med > 0 else 0.0
+
+
+def _batch_ms(launch: Launch, sync: Sync, n: int, first_set: int, n_sets: int,
+              clock: Callable[[], float]) -> float:
+    sync()
+    start = clock()
+    for i in range(n):
+        launch((first_set + i) % n_sets)
+    sync()
+    return (clock() - start) * 1e3
+
+
+def measure(launch: Launch, sync: Sync, *, input_sets: int = 1, plan: TimingPlan = TimingPlan(),
+            clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Per-launch times in ms (one sample per batch), following the method above."""
+    for i in range(plan.warmup):
+        launch(i % input_sets)
+        sync()
+    batch = 1
+    while True:  # grow the batch until it lasts min_batch_ms (or hits max_batch)
+        ms = _batch_ms(launch, sync, batch, 0, input_sets, clock)
+        if ms >= plan.min_batch_ms or batch >= plan.max_batch:
+            break
+        batch = min(plan.max_batch, max(batch * 2, int(batch * plan.min_batch_ms / max(ms, 1e-3)) + 1))
+    samples: list[float] = []
+    deadline = clock() + plan.max_seconds
+    k = 0
+    while len(samples) < plan.max_samples:
+        samples.append(_batch_ms(launch, sync, batch, k, input_sets, clock) / batch)
+        k += batch
+        if len(samples) >= plan.min_samples and (spread(samples) <= plan.target_spread or clock() > deadline):
+            break
+    return samples
+
+
+def interleaved(candidates: dict[str, tuple[Launch, Sync]], *, rounds: int = 15, input_sets: int = 1,
+                plan: TimingPlan = TimingPlan(), clock: Callable[[], float] = time.perf_counter
+                ) -> dict[str, list[float]]:
+    """Round-robin samples of several candidates (finalists and the baseline), in one process."""
+    batches: dict[str, int] = {}
+    for name, (launch, sync) in candidates.items():
+        for i in range(plan.warmup):
+            launch(i % input_sets)
+            sync()
+        batch = 1
+        while True:
+            ms = _batch_ms(launch, sync, batch, 0, input_sets, clock)
+            if ms >= plan.min_batch_ms or batch >= plan.max_batch:
+                break
+            batch = min(plan.max_batch, max(batch * 2, int(batch * plan.min_batch_ms / max(ms, 1e-3)) + 1))
+        batches[name] = batch
+    samples: dict[str, list[float]] = {name: [] for name in candidates}
+    for r in range(rounds):
+        order = list(candidates) if r % 2 == 0 else list(reversed(candidates))  # no fixed position
+        for name in order:
+            launch, sync = candidates[name]
+            samples[name].append(_batch_ms(launch, sync, batches[name], r, input_sets, clock) / batches[name])
+    return samples
+
+
+def lead_exceeds_noise(fast: list[float], slow: list[float]) -> bool:
+    """True when ``fast`` beats ``slow`` by more than their noise: fast's p90 is below slow's p10."""
+    return float(np.percentile(fast, 90)) < float(np.percentile(slow, 10))
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """Baseline median / candidate median, with the range from the samples' p10/p90."""
+
+    median: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        return f"{self.median:.2f}x (range {self.low:.2f}-{self.high:.2f})"
+
+
+def speedup(candidate: list[float], baseline: list[float]) -> Speedup:
+    c10, c50, c90 = np.percentile(candidate, [10, 50, 90])
+    b10, b50, b90 = np.percentile(baseline, [10, 50, 90])
+    return Speedup(float(b50 / c50), float(b10 / c90), float(b90 / c10))
+
+
+# -- tasks that run inside an isolated worker (see _worker.py) ------------------------------------------
+
+@dataclass(frozen=True)
+class VariantTask:
+    """Everything a worker needs to rebuild one variant (picklable: paths and names, no live objects)."""
+
+    family: str  # family folder
+    shape: tuple[int, ...]
+    dtype: str
+    chip: str
+    backend: str
+    config: dict
+    seed: int = 0
+    backend_options: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)  # passed to backend.run (e.g. interpreter mode, timeout)
+    finalists: list = field(default_factory=list)
+
+
+_CACHE: dict[tuple, object] = {}
+
+
+def _setup(task: VariantTask, config: dict | None = None):  # noqa: ANN202
+    """Family, problem, space, kernel, geometry and back-end for ``task`` (cached per worker)."""
+    from ._chips import get_chip
+    from ._render import geometry, render
+    from ._space import Space, make_problem
+    from ._spec import load_family
+    from .backends import get_backend
+
+    key = (task.family, task.shape, task.dtype, task.chip, task.backend, tuple(sorted(task.backend_options.items())))
+    if key not in _CACHE:
+        fam = load_family(task.family)
+        chip = get_chip(task.chip)
+        problem = make_problem(fam, task.shape, task.dtype, chip)
+        impl = get_backend(task.backend, **task.backend_options)
+        impl.check_available()
+        _CACHE.clear()
+        _CACHE[key] = (fam, problem, Space(problem, chip), impl)
+    fam, problem, space, impl = _CACHE[key]  # type: ignore[misc]
+    cfg = config if config is not None else task.config
+    if not space.is_valid(cfg):
+        from ._errors import VariantFailure
+
+        raise VariantFailure("invalid", f"not valid for shape {problem.shape_text}: "
+                             + "; ".join(map(str, space.violations(cfg))))
+    return fam, problem, space, impl, render(fam, cfg, task.dtype, impl.target or "metal"), geometry(space, cfg)
+
+
+def _check(impl, kernel, geo, problem, seed: int, options: dict) -> dict:  # noqa: ANN001
+    from ._errors import VariantFailure
+    from ._verify import verify_kernel
+
+    check, diagnostics = verify_kernel(impl, kernel, geo, problem, seed, **options)
+    if not check.ok:
+        raise VariantFailure(check.reason or "wrong", check.detail or check.summary())
+    errors = [d for d in diagnostics if getattr(d, "severity", "error") == "error"]
+    if errors:
+        raise VariantFailure(getattr(errors[0], "kind", "diagnostic"), str(errors[0]))
+    return {"max_abs_err": check.max_abs_err, "max_rel_err": check.max_rel_err, "shape": list(problem.shape),
+            "warnings": [str(d) for d in diagnostics]}
+
+
+def verify_variant(task: VariantTask) -> dict:
+    """Run once with fresh random inputs (outputs pre-filled with NaN) and compare with the reference."""
+    _, problem, _, impl, kernel, geo = _setup(task)
+    return _check(impl, kernel, geo, problem, task.seed, task.options)
+
+
+def measure_variant(task: VariantTask) -> dict:
+    """Build, verify (fresh inputs, NaN-prefilled outputs), then time one variant on a real GPU."""
+    from ._verify import kernel_inputs, make_inputs
+
+    _, problem, _, impl, kernel, geo = _setup(task)
+    check = _check(impl, kernel, geo, problem, task.seed, task.options)
+    inputs = kernel_inputs(problem, make_inputs(problem, task.seed + 1), geo)
+    timing = impl.time(kernel, geo, inputs, problem.dtype, **task.options)
+    return {**check, "samples_ms": list(timing.samples_ms), "median_ms": timing.median_ms,
+            "spread": timing.spread, "compile_seconds": timing.compile_seconds}
+
+
+def final_round(task: VariantTask) -> dict:
+    """Re-measure the finalists interleaved with the family's baseline op (a fresh worker runs this)."""
+    from ._verify import kernel_inputs, make_inputs
+
+    fam, problem, _, impl, _, _ = _setup(task)
+    logical = make_inputs(problem, task.seed + 2)
+    candidates = {}
+    for i, cfg in enumerate(task.finalists):
+        _, _, _, _, kernel, geo = _setup(task, cfg)
+        inputs = kernel_inputs(problem, logical, geo)
+        candidates[f"f{i}"] = impl.launcher(kernel, geo, inputs, problem.dtype)  # type: ignore[attr-defined]
+    out: dict = {}
+    try:
+        candidates["baseline"] = impl.baseline_launcher(fam, problem, logical)  # type: ignore[attr-defined]
+    except Exception as exc:  # noqa: BLE001 - no baseline is not fatal, and is said
+        out["baseline_error"] = str(exc)
+    sets = candidates.pop("_sets", None)
+    samples = interleaved(candidates, input_sets=1 if sets is None else sets)
+    out["finalists"] = [samples[f"f{i}"] for i in range(len(task.finalists))]
+    out["baseline"] = samples.get("baseline")
+    return out

@@ -1,0 +1,677 @@
+"""The search: one Optuna study per problem, a trial per kernel variant, failures recorded, never fatal.
+
+Python API (what the CLI, the nightly flows and the GPU scripts call)::
+
+    from kernsearch._study import run_study
+    result = run_study(family, problem, chip, "cuda", trials=200, time_budget="10m", seed=0,
+                       storage=None, study_name=None)          # -> StudyResult
+    result.best.config, result.best.time_ms, result.evidence, result.top, result.failures
+
+``run_study`` also takes any :class:`Objective` in place of the family (the replay back-end's
+``ReplayBackend(path).objective()`` is one), and keyword options: ``sampler`` (``tpe`` | ``random`` |
+``grid``), ``patience`` (stop after that many evaluated trials without a new best), ``finalists``,
+``verify`` (``all`` | ``finalists`` | ``none``; for the model back-end), ``timeout`` (seconds per variant),
+``progress`` (a callback receiving :class:`Progress`), ``stop`` (a callable; true ends the search).
+
+The loop (``_search``): ask the sampler for a config → reject it before compiling if a constraint
+forbids it (the constraint is recorded) → skip it if the study already evaluated it (its recorded value
+is told again, nothing is measured twice; two processes on one study claim configs through the shared
+storage) → otherwise evaluate it (render → build → verify → time in an isolated worker) and record every
+figure as trial attributes; a :class:`VariantFailure` marks the trial failed with its reason. When the
+sampler keeps proposing configs that are invalid or known, an unevaluated neighbour of a leader (or a
+random unevaluated config) is enqueued, so the budget is always spent on new configs. Trial 0 is the
+family's default config. ``--trials N`` is the number of evaluated configs the *study* should hold, so
+re-running a command resumes the study and two processes on one study share one budget.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import re
+import time
+from abc import ABC, abstractmethod
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from ._errors import BackendError, KernsearchError, VariantFailure
+from ._space import Config, format_config
+
+if TYPE_CHECKING:
+    import optuna
+
+    from ._chips import Chip
+    from ._space import Problem, Space
+    from ._spec import Family
+
+STATUS_OK, STATUS_FAILED, STATUS_INVALID, STATUS_KNOWN = "ok", "failed", "invalid", "known"
+SAMPLERS = ("tpe", "random", "grid")
+
+
+# -- what a study optimises ---------------------------------------------------------------------------
+
+@dataclass
+class Record:
+    """Everything measured (or predicted, or replayed) about one variant."""
+
+    time_ms: float
+    evidence: str  # measured | modeled (interpreted runs are correctness only and never a time)
+    samples_ms: list[float] = field(default_factory=list)
+    spread: float = 0.0
+    compile_seconds: float = 0.0
+    sha256: str = ""
+    gflops: float | None = None
+    peak_pct: float | None = None
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    verified: str | None = None  # "device", "interpreter" or None (not verified)
+
+
+class Objective(ABC):
+    """A space of configs and a way to evaluate one; a study minimises its time."""
+
+    backend: str
+    evidence: str
+
+    @property
+    @abstractmethod
+    def knobs(self) -> dict[str, list[Any]]:
+        """Knob name → values, as the sampler sees them."""
+
+    @property
+    @abstractmethod
+    def study_key(self) -> dict[str, str]:
+        """What identifies the study: family, chip, dtype, shape, backend."""
+
+    @abstractmethod
+    def violation(self, config: Config) -> str | None:
+        """Why ``config`` cannot be built (a constraint's name), or None when it is valid."""
+
+    @abstractmethod
+    def valid_configs(self) -> list[Config]:
+        """Every valid config (used to fill in when the sampler only proposes known ones)."""
+
+    @abstractmethod
+    def evaluate(self, config: Config) -> Record:
+        """Measure one config; raise :class:`VariantFailure` when it fails."""
+
+    def default(self) -> Config | None:
+        return None
+
+    def warm_start(self) -> list[Config]:
+        return []
+
+    def finalize(self, top: list[TrialSummary]) -> dict[str, Any]:
+        """Final checks of the leaders (re-measure, verify); returns what to record on the study."""
+        return {"winner": top[0].number if top else None}
+
+    def close(self) -> None:
+        """Release workers."""
+
+
+# -- results ------------------------------------------------------------------------------------------
+
+@dataclass
+class TrialSummary:
+    number: int
+    config: Config
+    time_ms: float
+    evidence: str
+    spread: float = 0.0
+    gflops: float | None = None
+    peak_pct: float | None = None
+    max_abs_err: float | None = None
+    verified: str | None = None
+    sha256: str = ""
+
+    @classmethod
+    def from_trial(cls, t: optuna.trial.FrozenTrial) -> TrialSummary:
+        a = t.user_attrs
+        return cls(t.number, dict(a["config"]), float(t.value), a.get("evidence", ""), a.get("spread", 0.0),
+                   a.get("gflops"), a.get("peak_pct"), a.get("max_abs_err"), a.get("verified"),
+                   a.get("sha256", ""))
+
+
+@dataclass
+class StudyResult:
+    study_name: str
+    storage: str
+    backend: str
+    evidence: str
+    key: dict[str, str]
+    best: TrialSummary | None
+    top: list[TrialSummary]
+    evaluated: int  # distinct configs evaluated in the study (ok + failed)
+    failures: Counter[str]
+    invalid: int  # proposals rejected before compiling
+    elapsed_s: float
+    stop_reason: str
+    final: dict[str, Any] = field(default_factory=dict)
+    overhead_s_per_trial: float = 0.0  # time per new trial not spent evaluating (sampler, storage, loop)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["failures"] = dict(self.failures)
+        return d
+
+
+@dataclass
+class Progress:
+    """What the progress display shows after each trial."""
+
+    done: int
+    total: int | None
+    elapsed_s: float
+    remaining_s: float | None
+    best: TrialSummary | None
+    failures: Counter[str]
+    invalid: int
+    last: str
+
+
+# -- options ------------------------------------------------------------------------------------------
+
+def parse_duration(text: str | float | None) -> float | None:
+    """``"10m"``, ``"90s"``, ``"1h30m"`` or seconds → seconds."""
+    if text is None or isinstance(text, (int, float)):
+        return None if text is None else float(text)
+    parts = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text)
+    if not text.strip() or parts is None or not any(parts.groups()):
+        raise KernsearchError(f"bad duration {text!r}: use e.g. 90s, 10m, 1h30m")
+    h, m, s = (float(g) if g else 0.0 for g in parts.groups())
+    return h * 3600 + m * 60 + s
+
+
+def data_home() -> Path:
+    return Path(os.environ.get("KERNSEARCH_HOME") or Path.home() / ".kernsearch")
+
+
+def default_storage() -> str:
+    home = data_home()
+    home.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{home / 'studies.db'}"
+
+
+def make_storage(url: str | None) -> Any:
+    """Optuna storage for a URL (SQLite waits on locks instead of failing; ``:memory:`` = in memory)."""
+    import optuna
+
+    url = url or default_storage()
+    if url == ":memory:":
+        return optuna.storages.InMemoryStorage()
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable server
+        raise KernsearchError(f"cannot open study storage {url!r}: {str(exc).splitlines()[0]}") from None
+
+
+def study_name_for(key: dict[str, str]) -> str:
+    """Predictable: ``gemm/M2 Max/float16/4096x4096x4096/model``."""
+    return "/".join(key[k] for k in ("family", "chip", "dtype", "shape", "backend"))
+
+
+def make_sampler(name: str, seed: int | None, knobs: dict[str, list[Any]]) -> optuna.samplers.BaseSampler:
+    import optuna
+
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        return optuna.samplers.GridSampler(knobs, seed=seed)
+    raise KernsearchError(f"unknown sampler {name!r} (known: {', '.join(SAMPLERS)})")
+
+
+# -- the loop -----------------------------------------------------------------------------------------
+
+def run_study(objective: Objective | Family, problem: Problem | None = None, chip: Chip | None = None,
+              backend: str | None = None, *, trials: int | None = 100, time_budget: str | float | None = None,
+              patience: int | None = None, sampler: str = "tpe", seed: int | None = None,
+              storage: str | None = None, study_name: str | None = None, finalists: int = 3,
+              progress: Callable[[Progress], None] | None = None, stop: Callable[[], bool] | None = None,
+              **objective_options: Any) -> StudyResult:
+    """Search for the fastest correct variant; see the module docstring. Ctrl-C keeps finished trials."""
+    if not isinstance(objective, Objective):
+        if problem is None or chip is None or backend is None:
+            raise TypeError("run_study(family, problem, chip, backend, ...) needs all four")
+        objective = KernelObjective(problem, chip, backend, seed=seed or 0, **objective_options)
+    try:
+        return _search(objective, trials=trials, time_budget=parse_duration(time_budget), patience=patience,
+                       sampler=sampler, seed=seed, storage=storage, study_name=study_name,
+                       finalists=finalists, progress=progress, stop=stop)
+    finally:
+        objective.close()
+
+
+def open_study(objective: Objective, storage: str | None, study_name: str | None, sampler: str,
+               seed: int | None) -> optuna.Study:
+    """Create or resume the study (before any worker starts: a new SQLite file must not race)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    name = study_name or study_name_for(objective.study_key)
+    study = optuna.create_study(study_name=name, storage=make_storage(storage), direction="minimize",
+                                sampler=make_sampler(sampler, seed, objective.knobs), load_if_exists=True)
+    stored = study.user_attrs.get("knobs")
+    if stored is None:
+        for k, v in objective.study_key.items():
+            study.set_user_attr(k, v)
+        study.set_user_attr("knobs", objective.knobs)
+        study.set_user_attr("evidence", objective.evidence)
+    elif stored != objective.knobs or study.user_attrs.get("backend") != objective.backend:
+        raise KernsearchError(f"study {name!r} was made for another space or back-end; "
+                              "choose another --study name")
+    return study
+
+
+def _search(objective: Objective, *, trials: int | None, time_budget: float | None, patience: int | None,
+            sampler: str, seed: int | None, storage: str | None, study_name: str | None, finalists: int,
+            progress: Callable[[Progress], None] | None, stop: Callable[[], bool] | None) -> StudyResult:
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState
+
+    started = time.monotonic()
+    study = open_study(objective, storage, study_name, sampler, seed)
+    dists = {k: CategoricalDistribution(v) for k, v in objective.knobs.items()}
+    rng = random.Random(seed)
+    valid = objective.valid_configs()
+    known = _known(study)  # key -> (value or None for failed, trial number)
+    if not study.trials:
+        for i, cfg in enumerate([objective.default()] + objective.warm_start()):
+            if cfg is not None:
+                study.enqueue_trial(cfg, user_attrs={"source": "default" if i == 0 else "warm start"},
+                                    skip_if_exists=True)
+    _fail_stale(study)
+    failures: Counter[str] = Counter(t.user_attrs.get("reason", "?") for t in study.trials
+                                     if t.user_attrs.get("status") == STATUS_FAILED)
+    invalid = skips = new = 0
+    eval_seconds = 0.0
+    stop_reason = "trial budget reached"
+    trial = None
+    try:
+        while True:
+            evaluated = len(known)
+            if trials is not None and evaluated >= trials:
+                break
+            if time_budget is not None and time.monotonic() - started >= time_budget:
+                stop_reason = "time budget reached"
+                break
+            if evaluated >= len(valid):
+                stop_reason = "every valid config evaluated"
+                break
+            if patience is not None and _stale_for(study) >= patience:
+                stop_reason = f"no improvement in {patience} trials"
+                break
+            if stop is not None and stop():
+                stop_reason = "stopped"
+                break
+            if skips >= 5:  # the sampler keeps proposing invalid or known configs: spend on a new one
+                cfg = _fill(study, valid, known, objective, rng)
+                if cfg is not None:
+                    study.enqueue_trial(cfg, user_attrs={"source": "fill"})
+                skips = 0
+            trial = study.ask(dists)
+            config = {k: trial.params[k] for k in objective.knobs}
+            key = format_config(config)
+            trial.set_user_attr("config", config)
+            trial.set_user_attr("key", key)
+            why = objective.violation(config)
+            if why is not None:
+                trial.set_user_attr("status", STATUS_INVALID)
+                trial.set_user_attr("reason", why)
+                study.tell(trial, state=TrialState.PRUNED)
+                invalid += 1
+                skips += 1
+                trial = None
+                continue
+            if key not in known:
+                known.update(_known(study))  # another process may have finished it meanwhile
+            holder = known.get(key) or _claimed_elsewhere(study, trial, key)
+            if holder is not None:
+                value, number = holder
+                trial.set_user_attr("status", STATUS_KNOWN)
+                trial.set_user_attr("same_as", number)
+                if value is None or value == "running":
+                    study.tell(trial, state=TrialState.PRUNED)
+                else:
+                    study.tell(trial, value)
+                skips += 1
+                trial = None
+                continue
+            skips = 0
+            t0 = time.monotonic()
+            try:
+                record = objective.evaluate(config)
+            except VariantFailure as exc:
+                eval_seconds += time.monotonic() - t0
+                trial.set_user_attr("status", STATUS_FAILED)
+                trial.set_user_attr("reason", exc.reason)
+                trial.set_user_attr("detail", exc.detail[:2000])
+                study.tell(trial, state=TrialState.FAIL)
+                failures[exc.reason] += 1
+                known[key] = (None, trial.number)
+                last = f"trial {trial.number} failed ({exc.reason})"
+            else:
+                eval_seconds += time.monotonic() - t0
+                trial.set_user_attr("status", STATUS_OK)
+                for k, v in asdict(record).items():
+                    if k != "time_ms" and v is not None:
+                        trial.set_user_attr(k, v)
+                study.tell(trial, record.time_ms)
+                known[key] = (record.time_ms, trial.number)
+                last = f"trial {trial.number}: {record.time_ms:.4g} ms"
+            trial = None
+            new += 1
+            if progress is not None:
+                elapsed = time.monotonic() - started
+                progress(_progress(study, len(known), trials, time_budget, elapsed, failures, invalid, last, new))
+    except KeyboardInterrupt:
+        stop_reason = "interrupted (Ctrl-C); finished trials are kept"
+        if trial is not None:
+            trial.set_user_attr("status", "interrupted")
+            study.tell(trial, state=TrialState.FAIL)
+    elapsed = time.monotonic() - started
+    top = _top(study, finalists)
+    final: dict[str, Any] = {}
+    if top and not stop_reason.startswith("interrupted"):
+        try:
+            final = objective.finalize(top)
+        except KeyboardInterrupt:
+            final = {"note": "final round interrupted"}
+        study.set_user_attr("final", final)
+    winner = final.get("winner", top[0].number if top else None)
+    best = next((t for t in _top(study, None) if t.number == winner), top[0] if top else None)
+    overhead = (elapsed - eval_seconds) / new if new else 0.0
+    return StudyResult(study.study_name, storage or default_storage(), objective.backend, objective.evidence,
+                       objective.study_key, best, top, len(known), failures, invalid, elapsed, stop_reason,
+                       final, overhead)
+
+
+def _known(study: optuna.Study) -> dict[str, tuple[float | None, int]]:
+    """Configs the study has evaluated: key → (time, or None when it failed; trial number)."""
+    out: dict[str, tuple[float | None, int]] = {}
+    for t in study.get_trials(deepcopy=False):
+        status = t.user_attrs.get("status")
+        if status == STATUS_OK and t.value is not None:
+            out.setdefault(t.user_attrs["key"], (t.value, t.number))
+        elif status == STATUS_FAILED:
+            out.setdefault(t.user_attrs["key"], (None, t.number))
+    return out
+
+
+def _claimed_elsewhere(study: optuna.Study, trial: optuna.Trial, key: str) -> tuple[str, int] | None:
+    """Another running trial (another process) holds this config: leave it to that one."""
+    from optuna.trial import TrialState
+
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if t.number != trial.number and t.user_attrs.get("key") == key and \
+                t.user_attrs.get("status") is None:
+            return ("running", t.number)
+    return None
+
+
+def _fail_stale(study: optuna.Study, older_than: timedelta = timedelta(hours=1)) -> None:
+    """Running trials left by a killed process would claim their configs forever: mark them failed."""
+    from optuna.trial import TrialState
+
+    now = datetime.now()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        start = t.datetime_start
+        if start is not None and now - start.replace(tzinfo=None) > older_than:
+            study._storage.set_trial_user_attr(t._trial_id, "status", "abandoned")
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+
+
+def _stale_for(study: optuna.Study) -> int:
+    """Evaluated trials since the last new best."""
+    best = math.inf
+    since = 0
+    for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        status = t.user_attrs.get("status")
+        if status == STATUS_OK and t.value is not None and t.value < best:
+            best, since = t.value, 0
+        elif status in (STATUS_OK, STATUS_FAILED):
+            since += 1
+    return since
+
+
+def _fill(study: optuna.Study, valid: list[Config], known: dict[str, Any], objective: Objective,
+          rng: random.Random) -> Config | None:
+    """An unevaluated config: a one-knob neighbour of a leader if one is left, else a random one."""
+    leaders = _top(study, 3)
+    if leaders and rng.random() < 0.7:
+        base = rng.choice(leaders).config
+        moves = [(k, v) for k, values in objective.knobs.items() for v in values if v != base[k]]
+        rng.shuffle(moves)
+        for k, v in moves:
+            cfg = {**base, k: v}
+            if format_config(cfg) not in known and objective.violation(cfg) is None:
+                return cfg
+    fresh = [c for c in rng.sample(valid, min(len(valid), 2000)) if format_config(c) not in known]
+    if not fresh:
+        fresh = [c for c in valid if format_config(c) not in known]
+    return rng.choice(fresh) if fresh else None
+
+
+def _top(study: optuna.Study, n: int | None) -> list[TrialSummary]:
+    ok = [t for t in study.get_trials(deepcopy=False)
+          if t.user_attrs.get("status") == STATUS_OK and t.value is not None]
+    seen: set[str] = set()
+    out = []
+    for t in sorted(ok, key=lambda t: (t.value, t.number)):
+        if t.user_attrs["key"] not in seen:
+            seen.add(t.user_attrs["key"])
+            out.append(TrialSummary.from_trial(t))
+    return out if n is None else out[:n]
+
+
+def _progress(study: optuna.Study, done: int, total: int | None, budget: float | None, elapsed: float,
+              failures: Counter[str], invalid: int, last: str, new: int) -> Progress:
+    remaining = None
+    if total is not None and new:
+        remaining = elapsed / new * max(0, total - done)
+    if budget is not None:
+        remaining = min(remaining if remaining is not None else budget, max(0.0, budget - elapsed))
+    best = _top(study, 1)
+    return Progress(done, total, elapsed, remaining, best[0] if best else None, failures, invalid, last)
+
+
+# -- kernels: render → build → verify → time ----------------------------------------------------------
+
+class KernelObjective(Objective):
+    """A family's kernel variants on one problem and chip, evaluated by a back-end.
+
+    Measured back-ends (metal, cuda) run every variant in an isolated worker: build, verify against the
+    reference the first time it is seen, then time it. The model back-end predicts times in-process
+    (labeled modeled) and verifies on the CPU interpreter: every trial (``verify="all"``) or only the
+    finalists (the default), on a small problem of the same family (``verify_shape``).
+    """
+
+    def __init__(self, problem: Problem, chip: Chip, backend: str, *, seed: int = 0, timeout: float = 120.0,
+                 verify: str = "finalists", verify_shape: tuple[int, ...] | None = None,
+                 verify_mode: str = "fast", backend_options: dict[str, Any] | None = None) -> None:
+        from ._space import Space
+        from .backends import get_backend
+
+        self.problem, self.chip, self.backend, self.seed = problem, chip, backend, seed
+        self.space: Space = Space(problem, chip)
+        self.family = problem.family
+        self.backend_options = dict(backend_options or {})
+        if backend == "cpu":
+            raise BackendError("the cpu back-end (Metal interpreter) checks correctness only and never times "
+                               "a kernel; tune with --backend model (verified on the interpreter) instead")
+        if backend == "replay":
+            raise BackendError("the replay back-end needs a landscape file: use --landscape PATH")
+        self.impl = get_backend(backend, **({"chip": chip} if backend == "model" else self.backend_options))
+        self.impl.check_available()
+        self.evidence = self.impl.evidence.value
+        self.target = self.impl.target or "metal"
+        if self.target not in self.family.templates:
+            raise BackendError(f"family {self.family.name} has no {self.target} template "
+                               f"(back-end {backend} needs one)")
+        self.verify = verify
+        self.verify_shape = verify_shape or tuple(min(d, 96) for d in problem.shape)
+        self.verify_mode = verify_mode
+        self.timeout = timeout
+        self._valid: list[Config] | None = None
+        self._worker: Any = None
+
+    # -- the space --------------------------------------------------------------------------------
+    @property
+    def knobs(self) -> dict[str, list[Any]]:
+        return self.space.knobs
+
+    @property
+    def study_key(self) -> dict[str, str]:
+        return {"family": self.family.name, "chip": self.chip.name, "dtype": self.problem.dtype,
+                "shape": self.problem.shape_text, "backend": self.backend}
+
+    def violation(self, config: Config) -> str | None:
+        bad = self.space.violations(config)
+        return bad[0].constraint if bad else None
+
+    def valid_configs(self) -> list[Config]:
+        if self._valid is None:
+            self._valid = self.space.enumerate().valid
+        return self._valid
+
+    def default(self) -> Config | None:
+        cfg = dict(self.family.default)
+        return cfg if self.space.is_valid(cfg) else None
+
+    def warm_start(self) -> list[Config]:
+        """Configs of published artifacts of this family (same or related chip/shape), when a store exists."""
+        try:
+            from . import _artifacts  # issue 5; absent until it lands
+        except ImportError:
+            return []
+        finder = getattr(_artifacts, "related_configs", None)
+        if finder is None:
+            return []
+        try:
+            configs = finder(self.family.name, self.chip, self.problem.dtype, self.problem.shape)
+        except Exception:  # noqa: BLE001 - a broken store must not stop a search
+            return []
+        return [c for c in configs if isinstance(c, dict) and set(c) == set(self.knobs) and self.space.is_valid(c)]
+
+    # -- one trial ----------------------------------------------------------------------------------
+    def _task(self, config: Config, backend: str, shape: tuple[int, ...] | None = None, **extra: Any) -> Any:
+        from ._measure import VariantTask
+
+        return VariantTask(family=str(self.family.path), shape=tuple(shape or self.problem.shape),
+                           dtype=self.problem.dtype, chip=self.chip.name, backend=backend, config=config,
+                           seed=self.seed, backend_options=self.backend_options if backend == self.backend else {},
+                           **extra)
+
+    def worker(self) -> Any:
+        if self._worker is None:
+            from ._worker import Worker
+
+            self._worker = Worker(timeout=self.timeout)
+        return self._worker
+
+    def interpret(self, config: Config) -> dict[str, Any]:
+        """Verify ``config`` on the CPU interpreter (small problem); raises VariantFailure."""
+        from ._measure import verify_variant
+
+        task = self._task(config, "cpu", self.verify_shape,
+                          options={"mode": self.verify_mode, "timeout": max(1.0, self.timeout - 5)})
+        return self.worker().call(verify_variant, task)
+
+    def evaluate(self, config: Config) -> Record:
+        from ._render import render
+
+        kernel = render(self.family, config, self.problem.dtype, self.target)
+        flops = self.problem.flops()
+        if self.backend == "model":
+            check = self.interpret(config) if self.verify == "all" else None
+            ms = float(self.impl.predict_ms(self.space, config))  # type: ignore[attr-defined]
+            rec = Record(ms, self.evidence, [ms], sha256=kernel.sha256)
+            if check is not None:
+                rec.verified, rec.max_abs_err, rec.max_rel_err = "interpreter", check["max_abs_err"], check["max_rel_err"]
+        else:
+            from ._measure import measure_variant
+
+            out = self.worker().call(measure_variant, self._task(config, self.backend))
+            samples = out["samples_ms"]
+            rec = Record(out["median_ms"], self.evidence, samples, out["spread"], out["compile_seconds"],
+                         kernel.sha256, max_abs_err=out["max_abs_err"], max_rel_err=out["max_rel_err"],
+                         verified="device")
+        rec.gflops = flops / (rec.time_ms * 1e-3) / 1e9 if rec.time_ms > 0 else None
+        peak = self.chip.peak_tflops(self.problem.dtype) * 1e3
+        rec.peak_pct = 100.0 * rec.gflops / peak if rec.gflops and peak else None
+        return rec
+
+    # -- the end ------------------------------------------------------------------------------------
+    def finalize(self, top: list[TrialSummary]) -> dict[str, Any]:
+        if self.backend == "model":
+            return self._verify_finalists(top)
+        return self._remeasure_finalists(top)
+
+    def _verify_finalists(self, top: list[TrialSummary]) -> dict[str, Any]:
+        """Modeled leaders are only predictions: the winner is the best-predicted one the interpreter passes."""
+        checks: dict[str, Any] = {}
+        winner = None
+        for t in top:
+            if self.verify == "none":
+                break
+            try:
+                c = self.interpret(t.config)
+                checks[str(t.number)] = {"ok": True, "max_abs_err": c["max_abs_err"], "shape": c["shape"]}
+                winner = winner if winner is not None else t.number
+            except VariantFailure as exc:
+                checks[str(t.number)] = {"ok": False, "reason": exc.reason, "detail": exc.detail[:300]}
+        if self.verify == "none":
+            winner = top[0].number
+        return {"winner": winner, "verified_on": "interpreter", "verify_shape": list(self.verify_shape),
+                "checks": checks, "baseline": None,
+                "note": "times are predictions of the performance model (modeled), not measurements"}
+
+    def _remeasure_finalists(self, top: list[TrialSummary]) -> dict[str, Any]:
+        """Fresh worker; finalists and the baseline MLX op interleaved; a lead must exceed the noise."""
+        from ._measure import final_round
+
+        worker = self.worker()
+        worker.restart()
+        task = self._task(top[0].config, self.backend, finalists=[t.config for t in top])
+        try:
+            out = worker.call(final_round, task, timeout=self.timeout * (len(top) + 1))
+        except VariantFailure as exc:
+            return {"winner": top[0].number, "note": f"final round failed ({exc.reason}): {exc.detail[:300]}"}
+        return _judge(top, out)
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+
+
+def _judge(top: list[TrialSummary], out: dict[str, Any]) -> dict[str, Any]:
+    """Pick the winner of the re-measured finalists and its speedup over the baseline."""
+    from ._measure import lead_exceeds_noise, speedup, spread
+
+    samples: list[list[float]] = out["finalists"]
+    base: list[float] | None = out.get("baseline")
+    order = sorted(range(len(top)), key=lambda i: sorted(samples[i])[len(samples[i]) // 2])
+    first = order[0]
+    decisive = len(order) < 2 or lead_exceeds_noise(samples[first], samples[order[1]])
+    result: dict[str, Any] = {
+        "winner": top[first].number,
+        "finalists": {str(top[i].number): {"median_ms": float(sorted(samples[i])[len(samples[i]) // 2]),
+                                           "spread": spread(samples[i])} for i in range(len(top))},
+        "lead_exceeds_noise": decisive,
+    }
+    if base:
+        s = speedup(samples[first], base)
+        result.update(baseline_median_ms=float(sorted(base)[len(base) // 2]), baseline_spread=spread(base),
+                      speedup=s.median, speedup_low=s.low, speedup_high=s.high,
+                      beats_baseline=lead_exceeds_noise(samples[first], base))
+    if out.get("baseline_error"):
+        result["baseline_error"] = out["baseline_error"]
+    return result

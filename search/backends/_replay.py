@@ -1,0 +1,95 @@
+"""The replay back-end: a recorded landscape (KernelTuner cache file) stands in for the GPU.
+
+The space is the file's knobs; a config absent from the file is invalid (rejected before "compiling"),
+a config recorded as failed fails with the recorded reason, and any other config's time is the median of
+a few draws from its recorded repeated ``times``, so the search sees the same noise a real GPU showed.
+The figures were measured on the GPU named in the file (``device_name``), not here; results say so.
+Used to test and benchmark search strategies without a GPU.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._errors import BackendError, VariantFailure
+from .._landscape import Landscape
+from .._render import Geometry, KernelSource
+from ._base import BaseBackend, Evidence, RunResult
+
+
+class ReplayBackend(BaseBackend):
+    name = "replay"
+    evidence = Evidence.MEASURED  # recorded measurements of the file's GPU, replayed
+    target = None
+
+    def __init__(self, path: str | Path | None = None, seed: int | None = 0, draws: int = 5,
+                 landscape: Landscape | None = None) -> None:
+        if landscape is None and path is None:
+            raise BackendError("the replay back-end needs a landscape file (KernelTuner cache format)")
+        self.landscape = landscape if landscape is not None else Landscape.load(path)  # type: ignore[arg-type]
+        self.rng = random.Random(seed)
+        self.draws = draws
+        self.calls = 0
+
+    def run(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
+            init_value: float | None = float("nan"), **options: Any) -> RunResult:
+        raise BackendError("the replay back-end replays recorded times; it runs no kernel")
+
+    def sample(self, config: dict[str, Any]) -> list[float]:
+        """Noisy timing of ``config``: ``draws`` values drawn (with replacement) from its recorded times."""
+        self.calls += 1
+        entry = self.landscape.entry(config)
+        if entry is None:
+            raise VariantFailure("invalid", "config not in the landscape (it was not valid there)")
+        if self.landscape.failed(entry):
+            raise VariantFailure("failed", f"recorded as {entry.get('time')}")
+        times = self.landscape.samples(config) or []
+        return [self.rng.choice(times) for _ in range(self.draws)]
+
+    def objective(self, name: str | None = None) -> Any:
+        """This landscape as a study objective (see ``_study.run_study``)."""
+        from .._study import Objective, Record
+
+        backend = self
+        land = self.landscape
+        label = name or (Path(land.path).name.split(".")[0] if land.path else land.kernel_name or "landscape")
+
+        class ReplayObjective(Objective):
+            evidence = Evidence.MEASURED.value
+
+            def __init__(self) -> None:
+                self.backend = "replay"
+                self._valid = list(land.configs())
+                self._keys = {land.key(c) for c in self._valid}
+
+            @property
+            def knobs(self) -> dict[str, list[Any]]:
+                return land.knobs
+
+            @property
+            def study_key(self) -> dict[str, str]:
+                return {"family": label, "chip": land.device_name or "unknown GPU", "dtype": "-",
+                        "shape": "x".join(map(str, np.atleast_1d(land.problem_size or [0]))), "backend": "replay"}
+
+            def violation(self, config: dict[str, Any]) -> str | None:
+                return None if land.key(config) in self._keys else "absent_from_landscape"
+
+            def valid_configs(self) -> list[dict[str, Any]]:
+                return self._valid
+
+            def evaluate(self, config: dict[str, Any]) -> Record:
+                samples = backend.sample(config)
+                med = float(np.median(samples))
+                lo, hi = np.percentile(samples, [10, 90])
+                return Record(med, self.evidence, samples, float((hi - lo) / med) if med else 0.0,
+                              verified="recorded")
+
+            def finalize(self, top: list[Any]) -> dict[str, Any]:
+                return {"winner": top[0].number if top else None,
+                        "note": f"replayed from {land.path}; measured on {land.device_name}, not here"}
+
+        return ReplayObjective()

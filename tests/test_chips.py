@@ -1,0 +1,63 @@
+"""The chip registry and detection from mx.device_info()."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernsearch._chips import chip_from_device_info, detect_chip, get_chip, registry
+from kernsearch._errors import ChipError
+
+
+def test_registry_covers_m1_to_m4_tiers_and_nvidia() -> None:
+    names = set(registry())
+    for gen in ("M1", "M2", "M3"):
+        assert {gen, f"{gen} Pro", f"{gen} Max", f"{gen} Ultra"} <= names
+    assert {"M4", "M4 Pro", "M4 Max", "H100", "H200", "cpu"} <= names
+    for chip in registry().values():
+        assert chip.threadgroup_memory_bytes >= 32768 and chip.max_threads_per_threadgroup == 1024
+        assert chip.gpu_cores > 0 and chip.memory_bandwidth_gbs > 0 and chip.fp32_tflops > 0
+
+
+@pytest.mark.parametrize(("arch", "device", "expected"), [
+    ("applegpu_g13g", "Apple M1", "M1"),
+    ("applegpu_g13s", "Apple M1 Pro", "M1 Pro"),
+    ("applegpu_g14c", "Apple M2 Max", "M2 Max"),
+    ("applegpu_g15d", "Apple M3 Ultra", "M3 Ultra"),
+    ("applegpu_g16s", "Apple M4 Pro", "M4 Pro"),
+    ("sm_90", "NVIDIA H100 80GB HBM3", "H100"),
+    ("sm_90", "NVIDIA H200", "H200"),
+    ("x86_64", "AMD EPYC", "cpu"),
+])
+def test_detection(arch: str, device: str, expected: str) -> None:
+    chip = chip_from_device_info({"architecture": arch, "device_name": device})
+    assert chip.name == expected and chip.known
+    assert chip.detected == {"architecture": arch, "device_name": device}
+
+
+def test_bfloat16_only_from_m2_and_apple_fp16_rate() -> None:
+    assert not get_chip("M1 Max").bfloat16 and get_chip("M2").bfloat16
+    assert get_chip("M2 Max").peak_tflops("float16") == get_chip("M2 Max").fp32_tflops
+    assert get_chip("H100").peak_tflops("float16") > 10 * get_chip("H100").peak_tflops("float32")
+
+
+def test_unknown_chips_get_conservative_limits_and_a_warning() -> None:
+    with pytest.warns(UserWarning, match="unknown chip 'Apple M7 Max'"):
+        chip = chip_from_device_info({"architecture": "applegpu_g19c", "device_name": "Apple M7 Max"})
+    assert not chip.known and chip.vendor == "apple" and chip.generation == 19
+    assert chip.gpu_cores == min(c.gpu_cores for c in registry().values() if c.vendor == "apple")
+    with pytest.warns(UserWarning):
+        nv = chip_from_device_info({"architecture": "sm_120", "device_name": "NVIDIA RTX 9090"})
+    assert nv.vendor == "nvidia" and nv.threadgroup_memory_bytes == 49152
+
+
+def test_lookup_by_loose_name_and_unknown_name() -> None:
+    assert get_chip("m2max").name == get_chip("M2-Max").name == "M2 Max"
+    with pytest.raises(ChipError, match="unknown chip 'M9'"):
+        get_chip("M9")
+
+
+def test_detect_here_uses_mlx_device_info() -> None:
+    import mlx.core as mx
+
+    chip = detect_chip()
+    assert chip.detected == dict(mx.device_info())

@@ -20,7 +20,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from ._errors import ChipError
 
 DIE_CLASSES = {"g": "base", "s": "Pro", "c": "Max", "d": "Ultra"}
-_TIER_OF_DIE = {"g": "", "s": " Pro", "c": " Max", "d": " Ultra"}
 
 
 class Chip(BaseModel):

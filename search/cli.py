@@ -70,7 +70,7 @@ def families() -> None:
 def chip(name: Optional[str] = typer.Option(None, "--chip", help="show this chip instead of the detected one"),
          all_chips: bool = typer.Option(False, "--all", help="list every chip in the registry")) -> None:
     """Show the detected chip (or --chip NAME) and its figures."""
-    from ._chips import registry
+    from ._chips import DIE_CLASSES, registry
 
     if all_chips:
         table = Table("chip", "vendor", "cores", "GB/s", "FP32 TF", "FP16 TF", "bf16", "tg mem", box=None)
@@ -89,7 +89,7 @@ def chip(name: Optional[str] = typer.Option(None, "--chip", help="show this chip
             ("max threads / threadgroup", c.max_threads_per_threadgroup),
             ("threadgroup memory", f"{c.threadgroup_memory_bytes} bytes")]
     if c.generation is not None:
-        rows.append(("generation / die", f"g{c.generation}{c.die} ({c.die and {'g': 'base', 's': 'Pro', 'c': 'Max', 'd': 'Ultra'}.get(c.die, '?')})"))
+        rows.append(("generation / die", f"g{c.generation}{c.die} ({DIE_CLASSES.get(c.die or '', '?')})"))
     if c.architecture:
         rows.append(("architecture", c.architecture))
     if c.detected:

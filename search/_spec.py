@@ -30,6 +30,8 @@ ARRAY_FUNCTIONS = ("matmul", "einsum", "transpose", "exp", "log", "sqrt", "tanh"
                    "sum", "max", "min", "mean", "where", "abs", "square", "reshape", "softmax")
 #: Names every geometry/constraint expression may read besides knobs, dimensions and derived values.
 CONTEXT_NAMES = frozenset({"chip", "dtype", "dtype_size"}) | frozenset(BUILTINS)
+#: Names the performance model supplies to ``[model]`` expressions (threadgroups resident at once, chip-wide).
+MODEL_NAMES = frozenset({"concurrent"})
 KnobValue = Union[bool, int, str]
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 KnobKind = Literal["tile", "vector", "buffering", "layout", "threadgroup_memory", "threadgroup_size",
@@ -157,6 +159,8 @@ class Family(_Model):
     templates: dict[Literal["metal", "cuda"], str] = Field(min_length=1)
     knobs: dict[str, Knob] = Field(min_length=1)
     derived: dict[str, Expr] = Field(default_factory=dict)
+    #: Inputs of the performance model (``search/backends/_model.py``, ``docs/model.md``); optional.
+    model: dict[str, Expr] = Field(default_factory=dict)
     constraints: list[Constraint] = Field(default_factory=list)
     launch: Launch
     default: dict[str, KnobValue]
@@ -164,7 +168,7 @@ class Family(_Model):
     path: Path
     _check = field_validator("reference", "baseline", mode="before")(lambda v: _expr(v))
 
-    @field_validator("derived", mode="before")
+    @field_validator("derived", "model", mode="before")
     @classmethod
     def _derived(cls, value: Any) -> Any:
         if not isinstance(value, dict):
@@ -223,6 +227,14 @@ def _check_names(fam: Family) -> None:
         expr = getattr(fam.launch, field)
         if expr is not None:
             require(f"launch.{field}", expr, full)
+    model_base = full | set(MODEL_NAMES)
+    for name, expr in fam.model.items():
+        if not _IDENT.match(name):
+            raise ValueError(f"model.{name}: not an identifier")
+        if name in full or name in MODEL_NAMES:
+            raise ValueError(f"model.{name}: name is taken (a knob, dimension, derived value or built-in)")
+        require(f"model.{name}", expr, model_base)
+        model_base = model_base | {name}
     require("problem.flops", fam.problem.flops, dims | set(CONTEXT_NAMES))
     require("problem.bytes", fam.problem.bytes, dims | set(CONTEXT_NAMES))
     for kind, tensors in (("inputs", fam.inputs), ("outputs", fam.outputs)):

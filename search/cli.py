@@ -143,6 +143,156 @@ def render(family: str = typer.Argument(..., help=FAMILY_HELP),
                      f"// ---- header ----\n{kernel.header}// ---- source ----\n{kernel.source}")
 
 
+# -- artifacts and export (issue 5) -----------------------------------------------------------------------
+artifacts_app = typer.Typer(no_args_is_help=True, help="Published kernel versions and their evidence.")
+app.add_typer(artifacts_app, name="artifacts")
+StoreOpt = typer.Option(None, "--store", envvar="KERNSEARCH_ARTIFACTS",
+                        help="artifact store folder (default: ./artifacts)")
+KeyArg = typer.Argument(..., help="FAMILY/CHIP/DTYPE/SHAPE[/vN], as `kernsearch artifacts list` prints it")
+
+
+@artifacts_app.command("list")
+def artifacts_list(store: Optional[str] = StoreOpt,
+                   family: Optional[str] = typer.Option(None, "--family", help="only this family"),
+                   all_versions: bool = typer.Option(False, "--all", help="every version, not only the current")) -> None:
+    """Keys of the store with their current version, evidence and speed."""
+    from ._artifacts import ArtifactStore
+    from ._manifest import ArtifactError
+
+    st = ArtifactStore(store)
+    keys = [k for k in st.keys() if family is None or k.family == family]
+    if not keys:
+        out.print(f"no artifacts in {st.root}")
+        return
+    rows: list[tuple[str, ...]] = [("key", "version", "evidence", "median ms", "speedup", "verifier", "published",
+                                     "state")]
+    for key in keys:
+        pointer = st.pointer(key) if _readable_pointer(st, key) else None
+        versions = st.versions(key) if all_versions else ([pointer.version] if pointer else [])
+        if not versions:
+            rows.append((str(key), "-", "", "", "", "", "", "no version published (see journal)"))
+        for version in versions:
+            current = pointer is not None and version == pointer.version
+            try:
+                m = st.load(key, version).manifest
+            except ArtifactError as exc:
+                rows.append((str(key), version, "", "", "", "", "", f"unreadable: {exc}"))
+                continue
+            meas = m.measurements
+            state = ("current" + (f", invalidated: {pointer.invalidated}" if pointer.invalidated else "")
+                     if current and pointer else "")
+            rows.append((str(key), version, m.evidence, f"{meas.median_ms:.4g}" if meas else "-",
+                         f"{meas.speedup:.2f}x" if meas and meas.speedup else "-", m.correctness.verifier,
+                         m.published_at.strftime("%Y-%m-%d"), state))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for i, row in enumerate(rows):  # plain columns: never truncated, easy to grep
+        line = "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1]
+        out.print(f"[bold]{line}[/]" if i == 0 else line, soft_wrap=True, markup=i == 0)
+
+
+def _readable_pointer(st, key) -> bool:  # noqa: ANN001
+    from ._manifest import ArtifactError
+
+    try:
+        st.pointer(key)
+        return True
+    except ArtifactError as exc:
+        _warn_line(str(exc))
+        return False
+
+
+@artifacts_app.command("show")
+def artifacts_show(key: str = KeyArg, store: Optional[str] = StoreOpt,
+                   source: bool = typer.Option(False, "--source", help="also print the kernel header and body"),
+                   as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON")) -> None:
+    """One version (default: the current one): manifest, evidence, gate decision and history."""
+    from ._artifacts import ArtifactKey, ArtifactStore
+
+    st = ArtifactStore(store)
+    k, version = ArtifactKey.parse(key)
+    art = st.load(k, version)
+    m = art.manifest
+    if as_json:
+        sys.stdout.write(m.to_json())
+        return
+    pointer = st.pointer(k)
+    state = "current" if pointer and pointer.version == art.version else "not current"
+    if pointer and pointer.version == art.version and pointer.invalidated:
+        state += f", invalidated: {pointer.invalidated}"
+    meas, corr, tc = m.measurements, m.correctness, m.toolchain
+    rows = [("evidence", m.evidence),
+            ("chip", f"{m.chip.name} ({m.chip.vendor}; detected: "
+                     f"{', '.join(f'{a}={b}' for a, b in m.chip.detected.items() if a in ('architecture', 'device_name')) or 'no, named'})"),
+            ("problem", f"{m.problem.family} {'x'.join(map(str, m.problem.shape))} {m.problem.dtype}"),
+            ("config", ",".join(f"{a}={b}" for a, b in m.config.items())),
+            ("launch", f"grid {list(m.geometry.grid)}, threadgroup {list(m.geometry.threadgroup)}, "
+                       f"shared memory {m.geometry.shared_memory} B"),
+            ("kernel", f"{m.kernel.name} ({m.kernel.target}), source sha256 {m.source_sha256[:16]}…"),
+            ("template", f"{m.template.file} sha256 {m.template.sha256[:16]}…"),
+            ("toolchain", f"kernsearch {tc.kernsearch_version}, MLX {tc.mlx_version}, {tc.os} {tc.os_release}"
+                          + (f", macOS {tc.macos_version} ({tc.macos_build})" if tc.macos_version else "")),
+            ("timing", (f"median {meas.median_ms:.4g} ms, spread {meas.spread:.1%}, {len(meas.samples_ms)} samples"
+                        + (f"; baseline {meas.baseline_median_ms:.4g} ms, speedup {meas.speedup:.2f}x"
+                           if meas.baseline_median_ms and meas.speedup else "")) if meas else
+             "none (interpreted: correctness only)"),
+            ("correctness", f"{'passed' if corr.passed else 'FAILED'} on the {corr.verifier}: {corr.checks_run} "
+                            f"check(s), shapes {', '.join(corr.shapes_checked)}, max abs error {corr.max_abs_error:.3g}"),
+            ("study", m.study or "-"),
+            ("created / published", f"{m.created_at.isoformat(timespec='seconds')} / "
+                                    f"{m.published_at.isoformat(timespec='seconds')}"),
+            ("gate", m.gate.reason + (f" (replaced {m.gate.replaced})" if m.gate.replaced else ""))]
+    out.print(f"[bold]{k}/{art.version}[/] ({state}; manifest schema {m.schema_version})")
+    for name, value in rows:
+        out.print(f"  {name:<22}{value}", soft_wrap=True)
+    history = st.journal(k)
+    if history:
+        out.print("history:")
+        for h in history[-10:]:
+            out.print(f"  {h.get('time', '')[:19]}  {h.get('outcome', '?'):<11} {h.get('version') or '':<5} "
+                      f"{h.get('reason', '')}", soft_wrap=True)
+    if source:
+        sys.stdout.write(f"// ---- header ----\n{art.kernel.header}// ---- source ----\n{art.kernel.source}")
+
+
+@artifacts_app.command("verify")
+def artifacts_verify(store: Optional[str] = StoreOpt) -> None:
+    """Check every version's manifest schema and source hash, and every current pointer."""
+    from ._artifacts import ArtifactStore
+    from ._manifest import ArtifactError
+
+    st = ArtifactStore(store)
+    results = st.verify()
+    bad = [r for r in results if not r.ok]
+    for r in results:
+        out.print(f"{'ok ' if r.ok else '[red]BAD[/]'} {r.where}" + ("" if r.ok else f": {r.message}"), soft_wrap=True)
+    for tmp in st.stale_temporaries():
+        out.print(f"[dim]note: {tmp} is a half-written version left by an interrupted publisher "
+                  "(invisible to readers; safe to delete)[/]")
+    if bad:
+        raise ArtifactError(f"{len(bad)} of {len(results)} check(s) failed in {st.root}")
+    out.print(f"{len(results)} version(s) verified in {st.root}" if results else f"no artifacts in {st.root}")
+
+
+@app.command()
+def export(families: Optional[list[str]] = typer.Argument(None, help="families to export (default: every "
+                                                                     "family with artifacts)"),
+           out_dir: str = typer.Option("dist", "--out", help="folder for the wheel and its source tree"),
+           store: Optional[str] = StoreOpt,
+           package: str = typer.Option("kernsearch_kernels", "--name", help="Python package name"),
+           version: Optional[str] = typer.Option(None, "--version", help="package version (default: UTC date)")) -> None:
+    """Build an installable package (a wheel) of the current artifacts, dispatching by chip and shape."""
+    from ._artifacts import ArtifactStore
+    from ._export import export as build
+
+    result = build(families, out_dir, ArtifactStore(store), package=package, version=version)
+    for note in result.notes:
+        _warn_line(note)
+    out.print(f"exported {', '.join(result.families)}: {len(result.artifacts)} artifact(s)"
+              + (f" ({', '.join(result.artifacts)})" if result.artifacts else ""), soft_wrap=True)
+    out.print(f"wheel: {result.wheel}\nsource: {result.source_dir}\ninstall: pip install {result.wheel}",
+              soft_wrap=True)
+
+
 def main() -> None:
     """Console-script entry point: user errors → one line on stderr, exit 2."""
     try:

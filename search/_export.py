@@ -1,0 +1,338 @@
+"""Export: the store's current artifacts as an installable Python package (a wheel) for the code that uses them.
+
+The package needs only ``mlx`` and ``numpy`` at run time. It holds the current artifact versions (source,
+manifest) of the families exported, each family's default-config kernels, a dispatch table
+(``dispatch.json``) and the run-time dispatcher (``export_runtime/_runtime.py``, copied verbatim), and
+exposes one function per family (``gemm(a, b)``) plus ``explain(...)``. Geometry and constraints for
+shapes nobody tuned are computed at run time: the family's expressions are parsed here with Jinja's
+parser and shipped as small JSON trees that the dispatcher evaluates without ``eval`` and without Jinja.
+
+The wheel is written directly (a zip with ``METADATA``, ``WHEEL`` and a hashed ``RECORD``, PEP 427), so
+exporting needs no build back-end and no network; the source tree beside it has a ``pyproject.toml``
+for anyone who prefers to build it themselves.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import keyword
+import re
+import shutil
+import zipfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from jinja2 import nodes
+
+from . import __version__
+from ._artifacts import ArtifactStore
+from ._errors import KernsearchError
+from ._expr import Expr, _ENV
+from ._manifest import ArtifactError
+from ._render import render
+from ._spec import ARRAY_FUNCTIONS, DTYPES, Family, load_family
+
+DEFAULT_PACKAGE = "kernsearch_kernels"
+RUNTIME_REQUIRES = ("mlx>=0.29", "numpy>=1.26")
+_SUFFIX = {"metal": "metal", "cuda": "cu"}
+_BINOPS = {nodes.Add: "+", nodes.Sub: "-", nodes.Mul: "*", nodes.Div: "/", nodes.FloorDiv: "//",
+           nodes.Mod: "%", nodes.Pow: "**"}
+_UNARY = {nodes.Not: "not", nodes.Neg: "neg", nodes.Pos: "pos"}
+
+
+class ExportError(KernsearchError):
+    """The export cannot be built (bad package name, an expression the run time cannot evaluate...)."""
+
+
+@dataclass
+class ExportResult:
+    package: str
+    version: str
+    source_dir: Path
+    wheel: Path
+    families: list[str]
+    artifacts: list[str] = field(default_factory=list)  # key/version of every artifact shipped
+    notes: list[str] = field(default_factory=list)
+
+
+# -- expressions as trees --------------------------------------------------------------------------------
+
+def expr_tree(expr: Expr | str) -> list[Any]:
+    """A spec expression as the JSON tree ``_runtime.evaluate`` reads (refuses what it cannot evaluate)."""
+    text = expr.text if isinstance(expr, Expr) else expr
+    body = _ENV.parse("{{ " + text + " }}").body
+    if len(body) != 1 or not isinstance(body[0], nodes.Output) or len(body[0].nodes) != 1:
+        raise ExportError(f"{text!r}: not a single expression")
+    try:
+        return _tree(body[0].nodes[0])
+    except ExportError as exc:
+        raise ExportError(f"{text!r}: {exc}") from None
+
+
+def _tree(node: nodes.Node) -> list[Any]:
+    if isinstance(node, nodes.Const):
+        if not isinstance(node.value, (bool, int, float, str, type(None))):
+            raise ExportError(f"constant {node.value!r} cannot be exported")
+        return ["const", node.value]
+    if isinstance(node, nodes.Name):
+        return ["name", node.name]
+    if isinstance(node, (nodes.List, nodes.Tuple)):
+        return ["list", [_tree(n) for n in node.items]]
+    if type(node) in _BINOPS:
+        return ["bin", _BINOPS[type(node)], _tree(node.left), _tree(node.right)]
+    if type(node) in _UNARY:
+        return [_UNARY[type(node)], _tree(node.node)]
+    if isinstance(node, nodes.Concat):
+        return ["concat", [_tree(n) for n in node.nodes]]
+    if isinstance(node, nodes.And):
+        return ["and", _tree(node.left), _tree(node.right)]
+    if isinstance(node, nodes.Or):
+        return ["or", _tree(node.left), _tree(node.right)]
+    if isinstance(node, nodes.Compare):
+        return ["cmp", _tree(node.expr), [[op.op, _tree(op.expr)] for op in node.ops]]
+    if isinstance(node, nodes.CondExpr):
+        return ["if", _tree(node.test), _tree(node.expr1), None if node.expr2 is None else _tree(node.expr2)]
+    if isinstance(node, nodes.Call):
+        if not isinstance(node.node, nodes.Name) or node.dyn_args is not None or node.dyn_kwargs is not None:
+            raise ExportError("only calls of named functions with plain arguments can be exported")
+        return ["call", node.node.name, [_tree(a) for a in node.args], {k.key: _tree(k.value) for k in node.kwargs}]
+    if isinstance(node, nodes.Getattr):
+        return ["attr", _tree(node.node), node.attr]
+    if isinstance(node, nodes.Getitem) and not isinstance(node.arg, nodes.Slice):
+        return ["item", _tree(node.node), _tree(node.arg)]
+    raise ExportError(f"{type(node).__name__} expressions (filters, tests, slices...) cannot be exported")
+
+
+# -- the dispatch table ----------------------------------------------------------------------------------
+
+def _family_table(fam: Family) -> dict[str, Any]:
+    inputs = []
+    for t in fam.inputs:
+        shape = expr_tree(t.shape)
+        if shape[0] != "list" or any(a[0] not in ("name", "const") for a in shape[1]):
+            raise ExportError(f"family {fam.name}: input {t.name} shape {t.shape.text!r} is not a list of "
+                              "dimension names (the exported function reads the problem size off its inputs)")
+        inputs.append({"name": t.name, "axes": [a[1] for a in shape[1]],
+                       "transposed": expr_tree(t.transposed) if t.transposed is not None else None})
+    launch = {name: expr_tree(e) for name in ("grid", "threadgroup", "shared_memory")
+              if (e := getattr(fam.launch, name)) is not None}
+    return {
+        "description": fam.description,
+        "dims": list(fam.dims),
+        "dtypes": list(fam.problem.dtypes),
+        "dtype_sizes": {d: DTYPES[d] for d in fam.problem.dtypes},
+        "inputs": inputs,
+        "outputs": [{"name": t.name, "shape": expr_tree(t.shape)} for t in fam.outputs],
+        "derived": [[name, expr_tree(e)] for name, e in fam.derived.items()],
+        "constraints": [{"name": c.name, "why": c.why, "expr": expr_tree(c.expr)} for c in fam.constraints],
+        "launch": launch,
+        "baseline": expr_tree(fam.baseline),
+        "array_functions": list(ARRAY_FUNCTIONS),
+        "default": {"config": dict(fam.default), "kernels": {}},
+        "artifacts": [],
+    }
+
+
+def _kernel_record(kernel: Any) -> dict[str, Any]:
+    return {"name": kernel.name, "target": kernel.target, "input_names": list(kernel.input_names),
+            "output_names": list(kernel.output_names), "template": [list(t) for t in kernel.template]}
+
+
+def _chips() -> list[dict[str, Any]]:
+    from ._chips import registry
+
+    return [c.model_dump(exclude={"detected"}) for c in registry().values()]
+
+
+# -- building --------------------------------------------------------------------------------------------
+
+def export(families: list[str] | None, out: str | Path, store: ArtifactStore | None = None,
+           package: str = DEFAULT_PACKAGE, version: str | None = None) -> ExportResult:
+    """Build the package source tree and its wheel under ``out``; returns where they are."""
+    store = store or ArtifactStore()
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*", package) or keyword.iskeyword(package):
+        raise ExportError(f"package name {package!r} must be a lower-case Python identifier")
+    version = version or datetime.now(timezone.utc).strftime("%Y.%m.%d.%H%M%S")
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", version):
+        raise ExportError(f"version {version!r} must be numbers separated by dots, e.g. 1.2.0")
+    names = list(dict.fromkeys(families or sorted({k.family for k in store.keys()})))
+    if not names:
+        raise ExportError(f"no artifacts in {store.root} and no family named: nothing to export "
+                          "(name a family to ship its default config and MLX fallback)")
+
+    out = Path(out)
+    source_dir = out / f"{package}-{version}"
+    if source_dir.exists():
+        shutil.rmtree(source_dir)
+    pkg = source_dir / package
+    pkg.mkdir(parents=True)
+    table: dict[str, Any] = {"format": 1, "package": package, "version": version,
+                             "kernsearch_version": __version__,
+                             "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                             "chips": _chips(), "families": {}}
+    result = ExportResult(package, version, source_dir, out / "unbuilt", [])
+    for name in names:
+        fam = load_family(name)
+        entry = _family_table(fam)
+        for target in fam.templates:
+            for dtype in fam.problem.dtypes:
+                kernel = render(fam, dict(fam.default), dtype, target)
+                rel = f"defaults/{fam.name}/{target}-{dtype}"
+                _write(pkg / rel / f"header.{_SUFFIX[target]}", kernel.header)
+                _write(pkg / rel / f"source.{_SUFFIX[target]}", kernel.source)
+                entry["default"]["kernels"][f"{target}:{dtype}"] = {
+                    "config": dict(fam.default), "kernel": _kernel_record(kernel), "sha256": kernel.sha256,
+                    "header": f"{rel}/header.{_SUFFIX[target]}", "source": f"{rel}/source.{_SUFFIX[target]}"}
+        shipped = 0
+        for art in store.current_artifacts(fam.name):  # verified on load: tampered ones stop the export
+            m = art.manifest
+            rel = f"artifacts/{art.key.path}/{art.version}"
+            for filename in (m.kernel.header_file, m.kernel.source_file, "manifest.json"):
+                _write_bytes(pkg / rel / filename, (art.path / filename).read_bytes())
+            entry["artifacts"].append({
+                "key": art.key.path, "version": art.version, "chip": m.chip.name, "vendor": m.chip.vendor,
+                "lineage": list(m.chip.lineage), "dtype": m.problem.dtype, "shape": list(m.problem.shape),
+                "config": dict(m.config), "target": m.kernel.target, "evidence": m.evidence,
+                "median_ms": m.measurements.median_ms if m.measurements else None,
+                "speedup": m.measurements.speedup if m.measurements else None,
+                "kernel": _kernel_record(art.kernel), "sha256": m.source_sha256,
+                "header": f"{rel}/{m.kernel.header_file}", "source": f"{rel}/{m.kernel.source_file}"})
+            result.artifacts.append(f"{art.key.path}/{art.version}")
+            shipped += 1
+        if not shipped:
+            result.notes.append(f"{fam.name}: no current artifact in {store.root}; the package uses its "
+                                "default config and the MLX op")
+        table["families"][fam.name] = entry
+        result.families.append(fam.name)
+
+    _write(pkg / "dispatch.json", json.dumps(table, indent=1) + "\n")
+    runtime = resources.files("kernsearch.export_runtime").joinpath("_runtime.py").read_text(encoding="utf-8")
+    _write(pkg / "_runtime.py", runtime)
+    _write(pkg / "__init__.py", _init_module(table, package))
+    _write(source_dir / "pyproject.toml", _pyproject(package, version))
+    result.wheel = build_wheel(source_dir, package, version, out)
+    return result
+
+
+def _function_name(family: str) -> str:
+    name = re.sub(r"\W", "_", family)
+    return f"{name}_" if keyword.iskeyword(name) or name in ("explain",) or name[0].isdigit() else name
+
+
+def _param_names(names: list[str]) -> list[str]:
+    lowered = [n.lower() for n in names]
+    chosen = lowered if len(set(lowered)) == len(lowered) else list(names)
+    return [f"{n}_" if keyword.iskeyword(n) else n for n in chosen]
+
+
+def _init_module(table: dict[str, Any], package: str) -> str:
+    functions = []
+    for family, entry in table["families"].items():
+        fn = _function_name(family)
+        params = _param_names([i["name"] for i in entry["inputs"]])
+        args = ", ".join(params)
+        shipped = ", ".join(f"{a['chip']} {a['dtype']} {'x'.join(map(str, a['shape']))}" for a in entry["artifacts"])
+        functions.append(f'''
+
+def {fn}({args}):
+    """{entry["description"]}.
+
+    Tuned kernels shipped: {shipped or "none (default config, then the MLX op)"}.
+    ``{fn}.explain({args})`` says which kernel this call uses here, and why.
+    """
+    return _dispatcher.call({family!r}, {args})
+
+
+{fn}.explain = lambda {args}, chip=None: _dispatcher.explain({family!r}, {args}, chip=chip)''')
+    names = [_function_name(f) for f in table["families"]]
+    return f'''"""Tuned MLX kernels exported by kernsearch {table["kernsearch_version"]} ({table["built_at"]}).
+
+Functions: {", ".join(names)}. Each picks the kernel for the chip it runs on (exact chip, same generation
+and die, same generation, the family's default config, then the plain MLX op) and the nearest tuned
+shape valid for the call. ``explain(family, *arrays)`` says which and why. Needs only mlx and numpy.
+"""
+
+from pathlib import Path as _Path
+
+from ._runtime import Decision, Dispatcher
+
+__version__ = {table["version"]!r}
+_dispatcher = Dispatcher(_Path(__file__).resolve().parent)
+
+
+def explain(family, *arrays, chip=None):
+    """Which artifact (or fallback) ``family(*arrays)`` uses here (or on ``chip``: a name or device_info)."""
+    return _dispatcher.explain(family, *arrays, chip=chip)
+{"".join(functions)}
+
+
+__all__ = {sorted(["explain", "Decision", "Dispatcher", *names])!r}
+'''
+
+
+def _pyproject(package: str, version: str) -> str:
+    deps = ", ".join(json.dumps(r) for r in RUNTIME_REQUIRES)
+    return f'''[build-system]
+requires = ["setuptools>=69"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{package.replace("_", "-")}"
+version = "{version}"
+description = "Tuned MLX kernels exported by kernsearch"
+requires-python = ">=3.9"
+dependencies = [{deps}]
+
+[tool.setuptools]
+packages = ["{package}"]
+
+[tool.setuptools.package-data]
+"{package}" = ["dispatch.json", "defaults/**/*", "artifacts/**/*"]
+'''
+
+
+def build_wheel(source_dir: Path, package: str, version: str, out: Path) -> Path:
+    """Zip ``source_dir/package`` into ``out/{package}-{version}-py3-none-any.whl`` (PEP 427)."""
+    dist_info = f"{package}-{version}.dist-info"
+    wheel_path = out / f"{package}-{version}-py3-none-any.whl"
+    files = sorted(p for p in (source_dir / package).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    metadata = "\n".join(["Metadata-Version: 2.1", f"Name: {package.replace('_', '-')}", f"Version: {version}",
+                          "Summary: Tuned MLX kernels exported by kernsearch", "Requires-Python: >=3.9",
+                          *(f"Requires-Dist: {r}" for r in RUNTIME_REQUIRES)]) + "\n"
+    wheel_meta = (f"Wheel-Version: 1.0\nGenerator: kernsearch {__version__}\nRoot-Is-Purelib: true\n"
+                  "Tag: py3-none-any\n")
+    entries = [(p.relative_to(source_dir).as_posix(), p.read_bytes()) for p in files]
+    entries += [(f"{dist_info}/METADATA", metadata.encode()), (f"{dist_info}/WHEEL", wheel_meta.encode())]
+    record = [f"{name},sha256={_b64(hashlib.sha256(data).digest())},{len(data)}" for name, data in entries]
+    entries.append((f"{dist_info}/RECORD", ("\n".join(record + [f"{dist_info}/RECORD,,"]) + "\n").encode()))
+    tmp = wheel_path.with_suffix(".whl.part")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name, data in entries:
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))  # reproducible
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, data)
+    tmp.replace(wheel_path)
+    return wheel_path
+
+
+def _b64(digest: bytes) -> str:
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+__all__ = ["ArtifactError", "ExportError", "ExportResult", "build_wheel", "export", "expr_tree"]

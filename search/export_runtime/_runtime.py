@@ -1,0 +1,446 @@
+"""Run-time dispatch of an exported kernsearch package (copied verbatim into every exported package).
+
+Depends on ``mlx`` only (plus the standard library): it must import and give correct results anywhere
+MLX does, GPU or not. For each call it picks, for the running chip, the kernel through a fallback chain
+— exact chip → same generation and die → same generation → the family's default config → the plain MLX
+op — and, within a chip level, the tuned shape nearest the call's shape whose config is valid for it
+(the family's constraints, evaluated here). Spec expressions arrive pre-parsed as small JSON trees and are
+evaluated by :func:`evaluate` (a closed set of operators and functions; never Python's ``eval``).
+Every kernel file's hash is checked before it is used; each kernel is built once per process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+FORMAT = 1
+LEVELS = ("exact chip", "same generation and die", "same generation", "family default", "mlx op")
+
+
+# -- expressions -----------------------------------------------------------------------------------------
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+FUNCTIONS: Dict[str, Callable[..., Any]] = {
+    "ceil_div": _ceil_div, "round_up": lambda a, b: _ceil_div(a, b) * b,
+    "is_pow2": lambda n: n > 0 and n & (n - 1) == 0, "min": min, "max": max, "abs": abs, "int": int,
+    "float": float, "len": len, "sqrt": math.sqrt, "log2": math.log2,
+}
+_BINARY: Dict[str, Callable[[Any, Any], Any]] = {
+    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b,
+    "//": lambda a, b: a // b, "%": lambda a, b: a % b, "**": lambda a, b: a ** b,
+}
+_COMPARE: Dict[str, Callable[[Any, Any], bool]] = {
+    "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b, "lteq": lambda a, b: a <= b,
+    "gt": lambda a, b: a > b, "gteq": lambda a, b: a >= b, "in": lambda a, b: a in b,
+    "notin": lambda a, b: a not in b,
+}
+
+
+class ExpressionError(ValueError):
+    """An exported expression could not be evaluated (a name is missing, an operator is unknown)."""
+
+
+def evaluate(tree: Any, names: Dict[str, Any], functions: Dict[str, Callable[..., Any]] = FUNCTIONS) -> Any:
+    """Evaluate an expression tree: ``["const", v]``, ``["name", n]``, ``["bin", op, a, b]``, ..."""
+    kind = tree[0]
+    if kind == "const":
+        return tree[1]
+    if kind == "name":
+        if tree[1] not in names:
+            raise ExpressionError(f"unknown name {tree[1]!r}")
+        return names[tree[1]]
+    if kind == "list":
+        return [evaluate(t, names, functions) for t in tree[1]]
+    if kind == "bin":
+        return _BINARY[tree[1]](evaluate(tree[2], names, functions), evaluate(tree[3], names, functions))
+    if kind == "concat":
+        return "".join(str(evaluate(t, names, functions)) for t in tree[1])
+    if kind == "not":
+        return not evaluate(tree[1], names, functions)
+    if kind == "neg":
+        return -evaluate(tree[1], names, functions)
+    if kind == "pos":
+        return +evaluate(tree[1], names, functions)
+    if kind == "and":
+        return evaluate(tree[1], names, functions) and evaluate(tree[2], names, functions)
+    if kind == "or":
+        return evaluate(tree[1], names, functions) or evaluate(tree[2], names, functions)
+    if kind == "cmp":
+        left = evaluate(tree[1], names, functions)
+        for op, operand in tree[2]:
+            right = evaluate(operand, names, functions)
+            if not _COMPARE[op](left, right):
+                return False
+            left = right
+        return True
+    if kind == "if":
+        if evaluate(tree[1], names, functions):
+            return evaluate(tree[2], names, functions)
+        return evaluate(tree[3], names, functions) if tree[3] is not None else None
+    if kind == "call":
+        if tree[1] not in functions:
+            raise ExpressionError(f"unknown function {tree[1]!r}")
+        args = [evaluate(t, names, functions) for t in tree[2]]
+        kwargs = {k: evaluate(t, names, functions) for k, t in tree[3].items()}
+        return functions[tree[1]](*args, **kwargs)
+    if kind == "attr":  # only records (dicts) have attributes here, e.g. chip.simd_width
+        obj = evaluate(tree[1], names, functions)
+        if not isinstance(obj, dict) or tree[2] not in obj:
+            raise ExpressionError(f"no attribute {tree[2]!r}")
+        return obj[tree[2]]
+    if kind == "item":
+        return evaluate(tree[1], names, functions)[evaluate(tree[2], names, functions)]
+    raise ExpressionError(f"unknown expression node {kind!r}")
+
+
+# -- chips -----------------------------------------------------------------------------------------------
+
+def lineage(chip: Dict[str, Any]) -> Tuple[Optional[str], Optional[str]]:
+    """(generation key, generation+die key), as kernsearch's ``Chip.lineage``."""
+    if chip.get("vendor") == "apple" and chip.get("generation") is not None:
+        return f"apple-g{chip['generation']}", f"apple-g{chip['generation']}{chip.get('die') or ''}"
+    if chip.get("architecture"):
+        return chip["architecture"], chip["architecture"]
+    return None, None
+
+
+def identify(info: Dict[str, Any], registry: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The chip record for ``mx.device_info()`` output (an unknown GPU gets a same-vendor stand-in)."""
+    arch, device = str(info.get("architecture", "")), str(info.get("device_name", ""))
+    apple = re.fullmatch(r"applegpu_g(\d+)([a-z])", arch)
+    if apple:
+        gen, die = int(apple.group(1)), apple.group(2)
+        for chip in registry:
+            if chip.get("generation") == gen and chip.get("die") == die:
+                return dict(chip)
+        return _stand_in(registry, "apple", device or arch, generation=gen, die=die)
+    if arch.startswith("sm_"):
+        for chip in registry:
+            if chip.get("architecture") == arch and chip.get("device_match") and chip["device_match"] in device:
+                return dict(chip)
+        return _stand_in(registry, "nvidia", device or arch, architecture=arch)
+    cpu = next((c for c in registry if c.get("vendor") == "cpu"), {"name": "cpu", "vendor": "cpu"})
+    return dict(cpu)
+
+
+def _stand_in(registry: List[Dict[str, Any]], vendor: str, name: str, **identity: Any) -> Dict[str, Any]:
+    same = [c for c in registry if c.get("vendor") == vendor] or [{"vendor": vendor}]
+    gen = [c for c in same if identity.get("generation") in (None, c.get("generation"))]
+    smallest = min(gen or same, key=lambda c: c.get("gpu_cores", 0))
+    return {**smallest, "name": name, "known": False, "die": None, "generation": None, "architecture": None,
+            **identity}
+
+
+# -- decisions -------------------------------------------------------------------------------------------
+
+@dataclass
+class Decision:
+    """Which kernel (or fallback) a call uses, and why."""
+
+    family: str
+    level: str
+    chip: str
+    shape: Tuple[int, ...]
+    dtype: str
+    entry: Optional[Dict[str, Any]] = None  # the artifact or default kernel chosen (None: the MLX op)
+    why: List[str] = field(default_factory=list)
+
+    @property
+    def artifact(self) -> Optional[str]:
+        """``key/version`` of the chosen artifact, None for the default config or the MLX op."""
+        if self.entry and "key" in self.entry:
+            return f"{self.entry['key']}/{self.entry['version']}"
+        return None
+
+    @property
+    def config(self) -> Optional[Dict[str, Any]]:
+        return dict(self.entry["config"]) if self.entry else None
+
+    def __str__(self) -> str:
+        what = self.artifact or ("default config" if self.entry else "plain MLX op")
+        lines = [f"{self.family} {'x'.join(map(str, self.shape))} {self.dtype} on {self.chip}: "
+                 f"{self.level} -> {what}"]
+        return "\n".join(lines + [f"  - {w}" for w in self.why])
+
+
+class Dispatcher:
+    """Loads an exported package's dispatch table and runs its families."""
+
+    def __init__(self, root: Path, device_info: Optional[Dict[str, Any]] = None) -> None:
+        self.root = Path(root)
+        self.table = json.loads((self.root / "dispatch.json").read_text(encoding="utf-8"))
+        if self.table.get("format") != FORMAT:
+            raise RuntimeError(f"{self.root}: dispatch table format {self.table.get('format')!r} is not {FORMAT}")
+        self._device_info = device_info
+        self._decisions: Dict[Any, Decision] = {}
+        self._sources: Dict[str, Optional[Dict[str, Any]]] = {}
+        self._kernels: Dict[Any, Any] = {}
+        self._refused: Dict[str, str] = {}
+        #: Builds a kernel object from a source record; tests may replace it.
+        self.kernel_factory: Callable[[Dict[str, Any], int], Any] = _mlx_kernel
+
+    # -- the running chip --------------------------------------------------------------------------------
+    def running_chip(self, chip: Any = None) -> Tuple[Dict[str, Any], str]:
+        """(chip record, target) for an injected identity or the device MLX runs on; target "" = none."""
+        registry = self.table["chips"]
+        if isinstance(chip, dict):
+            record = identify(chip, registry)
+        elif isinstance(chip, str):
+            wanted = re.sub(r"[\s_\-]+", "", chip).lower()
+            record = next((dict(c) for c in registry
+                           if re.sub(r"[\s_\-]+", "", c["name"]).lower() == wanted), None)
+            if record is None:
+                raise ValueError(f"unknown chip {chip!r}")
+        else:
+            info = self._device_info
+            if info is None:
+                info = _device_info()
+            record = identify(info, registry) if _gpu_available() else dict(identify({}, registry))
+        target = {"apple": "metal", "nvidia": "cuda"}.get(record.get("vendor", ""), "")
+        return record, target
+
+    # -- choosing --------------------------------------------------------------------------------------
+    def decide(self, family: str, shapes: Sequence[Sequence[int]], dtype: str, chip: Any = None) -> Decision:
+        fam = self._family(family)
+        record, target = self.running_chip(chip)
+        cache_key = (family, tuple(tuple(s) for s in shapes), dtype, record["name"], target)
+        if cache_key in self._decisions:
+            return self._decisions[cache_key]
+        decision = self._decide(fam, family, shapes, dtype, record, target)
+        self._decisions[cache_key] = decision
+        return decision
+
+    def _decide(self, fam: Dict[str, Any], family: str, shapes: Sequence[Sequence[int]], dtype: str,
+                chip: Dict[str, Any], target: str) -> Decision:
+        dims, problem = _bind_dims(fam, shapes)
+        shape = tuple(dims[d] for d in fam["dims"]) if dims else tuple()
+        decision = Decision(family, LEVELS[4], chip["name"], shape, dtype)
+        why = decision.why
+        if dims is None:
+            why.append(f"inputs do not match the family's inputs ({problem})")
+            return decision
+        if dtype not in fam["dtypes"]:
+            why.append(f"dtype {dtype} is not one the family supports ({', '.join(fam['dtypes'])})")
+            return decision
+        if not target:
+            why.append(f"no GPU back-end here (chip {chip['name']}): custom kernels need Metal or CUDA")
+            return decision
+        pool = [a for a in fam["artifacts"] if a["dtype"] == dtype and a["target"] == target]
+        running = lineage(chip)
+        tests = (lambda a: a["chip"] == chip["name"],
+                 lambda a: running[1] is not None and tuple(a["lineage"])[1] == running[1],
+                 lambda a: running[0] is not None and tuple(a["lineage"])[0] == running[0])
+        seen: set = set()
+        for level, matches in zip(LEVELS[:3], tests):
+            here = [a for a in pool if matches(a) and id(a) not in seen]
+            seen.update(id(a) for a in here)
+            if not here:
+                why.append(f"{level}: no {target} {dtype} artifact")
+                continue
+            valid, reasons = [], []
+            for a in here:
+                bad = self._invalid(fam, a["config"], dims, chip, dtype) or self._refusal(a)
+                (reasons.append(f"{a['key']}: {bad}") if bad else valid.append(a))
+            if not valid:
+                why.append(f"{level}: {len(here)} artifact(s), none usable: " + "; ".join(reasons))
+                continue
+            best = min(valid, key=lambda a: (_distance(a["shape"], shape), a.get("median_ms") or math.inf))
+            decision.level, decision.entry = level, best
+            why.append(f"{level}: {best['key']}/{best['version']} ({best['evidence']}, tuned for "
+                       f"{'x'.join(map(str, best['shape']))}, nearest valid of {len(valid)})")
+            return decision
+        default = fam["default"]["kernels"].get(f"{target}:{dtype}")
+        if default is None:
+            why.append(f"family default: no {target} {dtype} kernel in this package")
+            return decision
+        bad = self._invalid(fam, fam["default"]["config"], dims, chip, dtype) or self._refusal(default)
+        if bad:
+            why.append(f"family default: {bad}")
+            return decision
+        decision.level, decision.entry = LEVELS[3], default
+        why.append("family default: the family's untuned default config")
+        return decision
+
+    def _invalid(self, fam: Dict[str, Any], config: Dict[str, Any], dims: Dict[str, int],
+                 chip: Dict[str, Any], dtype: str) -> str:
+        """'' if ``config`` obeys every constraint for this shape and chip, else the first violated."""
+        try:
+            names = _context(fam, config, dims, chip, dtype)
+            for c in fam["constraints"]:
+                if not evaluate(c["expr"], names):
+                    return f"violates {c['name']}" + (f" ({c['why']})" if c.get("why") else "")
+        except (ExpressionError, ArithmeticError, TypeError, ValueError, KeyError) as exc:
+            return f"cannot evaluate constraints: {exc}"
+        return ""
+
+    def _refusal(self, entry: Dict[str, Any]) -> str:
+        """'' if the entry's kernel files are intact, else why it is refused."""
+        return "" if self._source(entry) is not None else f"refused: {self._refused[entry['sha256']]}"
+
+    def _source(self, entry: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """The kernel's source record, read once and hash-checked; None (with a warning) if tampered."""
+        sha = entry["sha256"]
+        if sha not in self._sources:
+            record = None
+            try:
+                header = (self.root / entry["header"]).read_text(encoding="utf-8")
+                source = (self.root / entry["source"]).read_text(encoding="utf-8")
+                k = entry["kernel"]
+                actual = source_sha256(header, source, k["template"], k["input_names"], k["output_names"])
+                if actual != sha:
+                    self._refused[sha] = f"source hash mismatch ({actual[:12]}, expected {sha[:12]})"
+                else:
+                    record = {**k, "header": header, "source": source, "sha256": sha}
+            except (OSError, UnicodeDecodeError) as exc:
+                self._refused[sha] = f"cannot read kernel files ({exc})"
+            if record is None:
+                warnings.warn(f"kernel {entry.get('key', 'default')} {sha[:12]}: {self._refused[sha]}; "
+                              "falling back", RuntimeWarning, stacklevel=4)
+            self._sources[sha] = record
+        return self._sources[sha]
+
+    # -- running ---------------------------------------------------------------------------------------
+    def explain(self, family: str, *arrays: Any, chip: Any = None) -> Decision:
+        """Which artifact (or fallback) ``family(*arrays)`` would use here (or on ``chip``), and why."""
+        return self.decide(family, [tuple(a.shape) for a in arrays], _dtype_name(arrays), chip)
+
+    def call(self, family: str, *arrays: Any, chip: Any = None) -> Any:
+        import mlx.core as mx
+
+        fam = self._family(family)
+        arrays = tuple(a if isinstance(a, mx.array) else mx.array(a) for a in arrays)
+        decision = self.explain(family, *arrays, chip=chip)
+        if decision.entry is None:
+            return self._mlx_op(fam, arrays)
+        record, _ = self.running_chip(chip)
+        dims = dict(zip(fam["dims"], decision.shape))
+        names = _context(fam, decision.entry["config"], dims, record, decision.dtype)
+        launch = fam["launch"]
+        grid = tuple(int(v) for v in evaluate(launch["grid"], names))
+        threadgroup = tuple(int(v) for v in evaluate(launch["threadgroup"], names))
+        shared = int(evaluate(launch["shared_memory"], names)) if launch.get("shared_memory") else 0
+        inputs = [mx.transpose(a) if spec["transposed"] is not None and evaluate(spec["transposed"], names) else a
+                  for spec, a in zip(fam["inputs"], arrays)]
+        source = self._source(decision.entry)
+        assert source is not None  # checked while deciding
+        kernel = self._kernel(source, shared)
+        outputs = kernel(inputs=inputs,
+                         template=[(k, getattr(mx, v) if isinstance(v, str) and hasattr(mx, v) else v)
+                                   for k, v in source["template"]],
+                         grid=grid, threadgroup=threadgroup,
+                         output_shapes=[tuple(int(s) for s in evaluate(o["shape"], names)) for o in fam["outputs"]],
+                         output_dtypes=[arrays[0].dtype for _ in fam["outputs"]])
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _kernel(self, source: Dict[str, Any], shared_memory: int) -> Any:
+        key = (source["sha256"], shared_memory if source["target"] == "cuda" else 0)
+        if key not in self._kernels:
+            self._kernels[key] = self.kernel_factory(source, key[1])
+        return self._kernels[key]
+
+    def _mlx_op(self, fam: Dict[str, Any], arrays: Sequence[Any]) -> Any:
+        import mlx.core as mx
+
+        functions = {name: getattr(mx, name) for name in fam["array_functions"] if hasattr(mx, name)}
+        names = {spec["name"]: a for spec, a in zip(fam["inputs"], arrays)}
+        dims, _ = _bind_dims(fam, [tuple(a.shape) for a in arrays])
+        names.update(dims or {})
+        return evaluate(fam["baseline"], names, functions)
+
+    def _family(self, family: str) -> Dict[str, Any]:
+        try:
+            return self.table["families"][family]
+        except KeyError:
+            raise ValueError(f"unknown family {family!r} (this package has: "
+                             f"{', '.join(self.table['families'])})") from None
+
+
+# -- helpers ---------------------------------------------------------------------------------------------
+
+def source_sha256(header: str, source: str, template: Any, input_names: Any, output_names: Any) -> str:
+    """The kernel hash kernsearch computes (``kernsearch._render.source_sha256``): same JSON, same order."""
+    blob = json.dumps([header, source, [list(t) for t in template], list(input_names), list(output_names)])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _bind_dims(fam: Dict[str, Any], shapes: Sequence[Sequence[int]]) -> Tuple[Optional[Dict[str, int]], str]:
+    """Problem dimensions read off the input shapes; (None, why) if they do not fit the family."""
+    if len(shapes) != len(fam["inputs"]):
+        return None, f"{len(shapes)} inputs given, {len(fam['inputs'])} expected"
+    dims: Dict[str, int] = {}
+    for spec, shape in zip(fam["inputs"], shapes):
+        if len(shape) != len(spec["axes"]):
+            return None, f"{spec['name']} has {len(shape)} dimensions, expected {len(spec['axes'])}"
+        for axis, size in zip(spec["axes"], shape):
+            if isinstance(axis, int):
+                if axis != size:
+                    return None, f"{spec['name']}: size {size} where {axis} is required"
+            elif dims.setdefault(axis, int(size)) != size:
+                return None, f"{axis} is {dims[axis]} and {size}"
+    missing = [d for d in fam["dims"] if d not in dims]
+    if missing:
+        return None, f"dimension(s) {missing} not given by any input"
+    return dims, ""
+
+
+def _context(fam: Dict[str, Any], config: Dict[str, Any], dims: Dict[str, int], chip: Dict[str, Any],
+             dtype: str) -> Dict[str, Any]:
+    names: Dict[str, Any] = {**FUNCTIONS, **dims, "dtype": dtype, "dtype_size": fam["dtype_sizes"][dtype],
+                             "chip": chip, **config}
+    for name, tree in fam["derived"]:
+        names[name] = evaluate(tree, names)
+    return names
+
+
+def _distance(tuned: Sequence[int], wanted: Sequence[int]) -> float:
+    """How far two shapes are: the sum of |log ratio| over dimensions."""
+    return sum(abs(math.log(max(t, 1) / max(w, 1))) for t, w in zip(tuned, wanted))
+
+
+def _dtype_name(arrays: Sequence[Any]) -> str:
+    names = {str(a.dtype).rsplit(".", 1)[-1] for a in arrays}
+    return names.pop() if len(names) == 1 else "mixed"
+
+
+def _gpu_available() -> bool:
+    try:
+        import mlx.core as mx
+
+        if mx.default_device().type != mx.DeviceType.gpu:
+            return False
+        if mx.metal.is_available():
+            return True
+        cuda = getattr(mx, "cuda", None)
+        return bool(cuda is not None and cuda.is_available())
+    except Exception:  # noqa: BLE001 - any MLX without a GPU back-end
+        return False
+
+
+def _device_info() -> Dict[str, Any]:
+    try:
+        import mlx.core as mx
+
+        return dict(mx.device_info())
+    except Exception:  # noqa: BLE001 - older MLX
+        return {}
+
+
+def _mlx_kernel(source: Dict[str, Any], shared_memory: int) -> Any:
+    """``mx.fast.metal_kernel`` or ``mx.fast.cuda_kernel`` for one source record."""
+    import mlx.core as mx
+
+    args = dict(name=source["name"], input_names=list(source["input_names"]),
+                output_names=list(source["output_names"]), source=source["source"], header=source["header"])
+    if source["target"] == "cuda":
+        return mx.fast.cuda_kernel(**args, shared_memory=shared_memory)
+    return mx.fast.metal_kernel(**args)

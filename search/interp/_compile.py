@@ -1,0 +1,108 @@
+"""Compiling a kernel's C++ translation with g++ (or clang++), cached by source + flags + shim version.
+
+Objects live under ``$KERNSEARCH_CACHE`` (or ``~/.cache/kernsearch/interp``); a cache entry is written
+to a temporary name and renamed, so concurrent processes never see half-written objects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from .._errors import BackendError, VariantFailure
+
+SHIM_DIR = Path(__file__).parent / "shim"
+
+#: Never -ffast-math: it folds NaN checks away and breaks NaN poisoning.
+BASE_FLAGS = ("-std=c++17", "-O1", "-fno-strict-aliasing", "-fno-exceptions", "-w", "-pipe")
+
+
+@dataclass(frozen=True)
+class Compiled:
+    path: Path
+    seconds: float  # 0.0 when it came from the cache
+    cached: bool
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("KERNSEARCH_CACHE")
+    base = Path(root) / "interp" if root else Path.home() / ".cache" / "kernsearch" / "interp"
+    base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+@lru_cache(maxsize=1)
+def compiler() -> str:
+    for name in (os.environ.get("KERNSEARCH_CXX"), "g++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    raise BackendError("the cpu back-end needs a C++ compiler (g++ or clang++) on PATH")
+
+
+@lru_cache(maxsize=1)
+def shim_version() -> str:
+    h = hashlib.sha256()
+    for f in sorted(SHIM_DIR.iterdir()):
+        h.update(f.name.encode() + f.read_bytes())
+    try:
+        h.update(subprocess.run([compiler(), "--version"], capture_output=True, text=True).stdout.encode())
+    except OSError:
+        pass
+    return h.hexdigest()[:16]
+
+
+def flags(mode: str) -> list[str]:
+    f = list(BASE_FLAGS) + [f"-I{SHIM_DIR}"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        f.append("-mf16c")
+    if mode == "check":
+        f.append("-DKS_CHECK=1")
+    if mode == "sanitize":
+        f += ["-DKS_SANITIZE=1", "-DKS_DRIVER=1", "-fsanitize=address", "-fno-omit-frame-pointer", "-g"]
+    else:
+        f += ["-fPIC", "-shared"]
+    return f
+
+
+_ERROR_LINE = re.compile(r"kernel\.metal:(\d+):(?:\d+:)?\s*(?:fatal )?error:\s*(.*)")
+
+
+def compile_unit(cpp: str, mode: str) -> Compiled:
+    """Compile (or fetch from the cache) one translation unit; errors are a ``compile`` variant failure."""
+    cmd_flags = flags(mode)
+    key = hashlib.sha256("\0".join([cpp, *cmd_flags, shim_version()]).encode()).hexdigest()[:32]
+    suffix = ".exe" if mode == "sanitize" else ".so"
+    target = cache_dir() / f"{key}{suffix}"
+    if target.exists():
+        return Compiled(target, 0.0, True)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ks-build-", dir=cache_dir()) as tmp:
+        src = Path(tmp) / "kernel.cpp"
+        src.write_text(cpp)
+        out = Path(tmp) / f"out{suffix}"
+        proc = subprocess.run([compiler(), *cmd_flags, str(src), "-o", str(out)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise VariantFailure("compile", first_error(proc.stderr))
+        os.replace(out, target)
+    return Compiled(target, time.perf_counter() - start, False)
+
+
+def first_error(stderr: str) -> str:
+    """The first compiler error, named by its line in the full kernel when it is in the kernel."""
+    for line in stderr.splitlines():
+        m = _ERROR_LINE.search(line)
+        if m:
+            return f"line {m.group(1)}: {m.group(2)}"
+    for line in stderr.splitlines():
+        if "error" in line:
+            return line.strip()[:300]
+    return stderr.strip().splitlines()[-1][:300] if stderr.strip() else "compiler failed"

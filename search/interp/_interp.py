@@ -1,0 +1,122 @@
+"""One kernel run on the interpreter: lint, translate, compile (cached), launch in a child, map diagnostics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._errors import VariantFailure
+from ._compile import compile_unit
+from ._lint import lint
+from ._linemap import TemplateLines
+from ._run import RawDiag, run_forked, run_sanitized
+from ._source import cpp_unit, from_storage, mlx_source, signature, to_storage
+
+MODES = ("fast", "check", "sanitize")
+#: Threadgroup memory limit when no chip is given: every Apple GPU kernsearch knows has 32 KiB.
+DEFAULT_TG_LIMIT = 32768
+
+
+@dataclass
+class InterpDiagnostic:
+    kind: str
+    severity: str
+    message: str
+    line: int | None  # line of the full kernel (as MLX builds it)
+    template_line: str | None
+    count: int
+    code: str = ""  # the offending line of the kernel
+
+
+@dataclass
+class InterpResult:
+    outputs: list[np.ndarray]
+    diagnostics: list[InterpDiagnostic] = field(default_factory=list)
+    compile_seconds: float = 0.0
+    cached: bool = False
+    kernel_text: str = ""  # the full kernel as MLX builds it
+
+
+def _input_dtype(a: np.ndarray, dtype: str) -> str:
+    if np.issubdtype(a.dtype, np.floating):
+        return dtype
+    if a.dtype == np.bool_:
+        return "bool"
+    if a.dtype == np.int64:
+        return "int64"
+    if a.dtype == np.uint32:
+        return "uint32"
+    return "int32"
+
+
+def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, int, int],
+               output_shapes: list[tuple[int, ...]], output_dtypes: list[str], inputs: list[np.ndarray],
+               dtype: str, init_value: float | None = float("nan"), mode: str = "fast", timeout: float = 30.0,
+               tg_limit: int = DEFAULT_TG_LIMIT, lines: TemplateLines | None = None,
+               stack_kb: int = 0) -> InterpResult:
+    """Run ``kernel`` (a :class:`~kernsearch._render.KernelSource`) on ``inputs``; outputs come back
+    pre-filled with ``init_value`` where the kernel did not write. A variant that cannot run raises
+    :class:`VariantFailure` (``unsupported``, ``compile``, ``crash``, ``timeout``)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown interpreter mode {mode!r} (known: {', '.join(MODES)})")
+    problem = lint(kernel.header, kernel.source)
+    if problem:
+        raise VariantFailure("unsupported", problem)
+    if len(inputs) != len(kernel.input_names):
+        raise VariantFailure("crash", f"{len(inputs)} inputs given, the kernel takes {len(kernel.input_names)}")
+    in_dtypes = [_input_dtype(np.asarray(a), dtype) for a in inputs]
+    shapes = [tuple(np.shape(a)) for a in inputs]
+    sig = signature(kernel.name, kernel.input_names, kernel.output_names, kernel.source, in_dtypes, shapes,
+                    list(output_dtypes), tuple(kernel.template))
+    text = mlx_source(sig, kernel.header, kernel.source)
+    compiled = compile_unit(cpp_unit(sig, kernel.header, kernel.source, check=(mode == "check")), mode)
+
+    args: list[np.ndarray] = []
+    out_index: list[int] = []
+    for p in sig.params:
+        if p.role == "input":
+            args.append(np.ascontiguousarray(to_storage(np.asarray(inputs[p.index]), in_dtypes[p.index])))
+        elif p.role == "shape":
+            args.append(np.asarray(shapes[p.index], dtype=np.int32).reshape(-1))
+        elif p.role == "strides":
+            shape = shapes[p.index]
+            strides = [int(np.prod(shape[k + 1:])) for k in range(len(shape))]
+            args.append(np.asarray(strides, dtype=np.int64).reshape(-1))
+        elif p.role == "ndim":
+            args.append(np.asarray([len(shapes[p.index])], dtype=np.int32))
+        else:
+            shape, odt = output_shapes[p.index], output_dtypes[p.index]
+            fill = np.full(shape, np.nan if init_value is None else init_value, dtype=np.float64)
+            out_index.append(len(args))
+            args.append(np.ascontiguousarray(to_storage(fill, odt)).reshape(-1))
+    for i, a in enumerate(args):  # empty shape / strides arrays still need an address
+        if a.size == 0:
+            args[i] = np.zeros(1, dtype=a.dtype)
+    stack = stack_kb or (512 if mode == "sanitize" else 128)
+    runner = run_sanitized if mode == "sanitize" else run_forked
+    raw = runner(compiled.path, args, out_index, tuple(int(g) for g in grid),  # type: ignore[arg-type]
+                 tuple(int(t) for t in threadgroup), int(tg_limit), stack, timeout)  # type: ignore[arg-type]
+    outputs = [from_storage(args[i], odt).reshape(shape)
+               for i, odt, shape in zip(out_index, output_dtypes, output_shapes)]
+    return InterpResult(outputs, [_diagnostic(d, sig, kernel, text, lines) for d in raw], compiled.seconds,
+                        compiled.cached, text)
+
+
+def _diagnostic(d: RawDiag, sig: Any, kernel: Any, text: str, lines: TemplateLines | None) -> InterpDiagnostic:
+    code = ""
+    tmpl = None
+    if d.line is not None:
+        all_lines = text.split("\n")
+        if 0 < d.line <= len(all_lines):
+            code = all_lines[d.line - 1].strip()
+        header_lines = kernel.header.count("\n")
+        source_start = header_lines + (1 if sig.template else 0) + 1 + max(len(sig.params) + len(sig.attributes), 1) + 1
+        if lines is not None:
+            if d.line <= header_lines and d.line in lines.header:
+                tmpl = f"{lines.file}:{lines.header[d.line]}"
+            elif d.line >= source_start and d.line - source_start + 1 in lines.source:
+                tmpl = f"{lines.file}:{lines.source[d.line - source_start + 1]}"
+    count = f" ({d.count} times)" if d.count > 1 else ""
+    return InterpDiagnostic(d.kind, d.severity, d.message + count, d.line, tmpl, d.count, code)

@@ -1,0 +1,185 @@
+"""Running a compiled kernel in a child process, so that a hang or a crash fails the variant only.
+
+fast / check: the shared object is loaded and called (ctypes) in a forked child that writes outputs and
+diagnostics into shared memory; the parent waits up to ``timeout`` seconds and kills it after that.
+sanitize: an AddressSanitizer executable reads the launch from a file; its report becomes a diagnostic.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import re
+import select
+import signal
+import struct
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .._errors import VariantFailure
+
+MAX_DIAGS = 64
+KIND_NAMES = {1: "divergence", 2: "inactive_lane", 3: "partial_simdgroup", 4: "threadgroup_limit", 5: "race",
+              6: "uninitialized", 7: "threadgroup_bounds", 8: "partial_collective"}
+#: Exit code of a child whose threadgroup arena ran out (far past any chip's limit).
+_ARENA_EXHAUSTED = 86
+
+
+class _Diag(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int32), ("severity", ctypes.c_int32), ("line", ctypes.c_int32),
+                ("count", ctypes.c_int32), ("msg", ctypes.c_char * 232)]
+
+
+@dataclass
+class RawDiag:
+    kind: str
+    severity: str
+    line: int | None
+    count: int
+    message: str
+
+
+def _decode(diags: "ctypes.Array[_Diag]", n: int) -> list[RawDiag]:
+    return [RawDiag(KIND_NAMES.get(d.kind, "unknown"), "warning" if d.severity else "error",
+                    d.line if d.line > 0 else None, d.count, d.msg.decode(errors="replace"))
+            for d in diags[:n]]
+
+
+def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid: tuple[int, int, int],
+               tg: tuple[int, int, int], tg_limit: int, stack_kb: int, timeout: float) -> list[RawDiag]:
+    """Run the kernel in a forked child; ``args[i]`` for i in ``outputs`` are written back in place."""
+    shared = [mmap.mmap(-1, max(args[i].nbytes, 1)) for i in outputs]
+    views = [np.frombuffer(m, dtype=args[i].dtype, count=args[i].size) for m, i in zip(shared, outputs)]
+    for v, i in zip(views, outputs):
+        v[:] = args[i].reshape(-1)
+    call_args = list(args)
+    for v, i in zip(views, outputs):
+        call_args[i] = v
+    diag_mem = mmap.mmap(-1, ctypes.sizeof(_Diag) * MAX_DIAGS + 16)
+    pid = os.fork()
+    if pid == 0:  # child: never returns into the caller's code
+        code = 4
+        try:
+            lib = ctypes.CDLL(str(lib_path))
+            argv = (ctypes.c_void_p * len(call_args))(*[a.ctypes.data for a in call_args])
+            diags = (_Diag * MAX_DIAGS).from_buffer(diag_mem, 16)
+            nd = ctypes.c_int(0)
+            rc = lib.ks_run(argv, (ctypes.c_uint32 * 3)(*grid), (ctypes.c_uint32 * 3)(*tg), ctypes.c_int64(tg_limit),
+                            ctypes.c_int(stack_kb), diags, ctypes.c_int(MAX_DIAGS), ctypes.byref(nd))
+            diag_mem[0:8] = struct.pack("ii", rc, nd.value)
+            code = 0 if rc == 0 else 3
+        finally:
+            os._exit(code)
+    status = _wait(pid, timeout)
+    rc, nd = struct.unpack("ii", diag_mem[0:8])
+    diags = _decode((_Diag * MAX_DIAGS).from_buffer_copy(diag_mem, 16), nd)
+    if os.WIFSIGNALED(status):
+        sig = signal.Signals(os.WTERMSIG(status)).name
+        raise VariantFailure("crash", f"the kernel crashed ({sig})" + _diag_suffix(diags))
+    code = os.WEXITSTATUS(status)
+    if code == _ARENA_EXHAUSTED:
+        raise VariantFailure("crash", "threadgroup memory far beyond any chip's limit")
+    if code != 0:
+        raise VariantFailure("crash", f"the interpreter could not launch the kernel (code {code}, rc {rc})")
+    for v, i in zip(views, outputs):
+        args[i].reshape(-1)[:] = v
+    return diags
+
+
+def _diag_suffix(diags: list[RawDiag]) -> str:
+    return f"; {diags[0].message}" if diags else ""
+
+
+def _wait(pid: int, timeout: float) -> int:
+    """Wait for the child up to ``timeout`` seconds; kill it and fail the variant after that."""
+    deadline = time.monotonic() + timeout
+    fd = None
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        fd = None
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return status
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise VariantFailure("timeout", f"the kernel ran longer than {timeout:g} s (stopped)")
+            if fd is not None:
+                select.select([fd], [], [], left)
+            else:
+                time.sleep(min(0.002, left))
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+_ASAN_KIND = re.compile(r"ERROR: AddressSanitizer: ([\w-]+)")
+_ASAN_ACCESS = re.compile(r"(READ|WRITE) of size (\d+)")
+_KERNEL_FRAME = re.compile(r"kernel\.metal:(\d+)")
+
+
+def run_sanitized(exe: Path, args: list[np.ndarray], outputs: list[int], grid: tuple[int, int, int],
+                  tg: tuple[int, int, int], tg_limit: int, stack_kb: int, timeout: float) -> list[RawDiag]:
+    """Run the AddressSanitizer build; device-buffer overflows become ``device_bounds`` diagnostics."""
+    with tempfile.TemporaryDirectory(prefix="ks-asan-") as tmp:
+        launch, result = Path(tmp) / "launch.bin", Path(tmp) / "result.bin"
+        out_set = set(outputs)
+        with open(launch, "wb") as f:
+            f.write(struct.pack("i3I3Iqi", len(args), *grid, *tg, tg_limit, stack_kb))
+            for i, a in enumerate(args):
+                data = np.ascontiguousarray(a).tobytes()
+                f.write(struct.pack("iq", 1 if i in out_set else 0, len(data)))
+                f.write(data)
+        env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0:halt_on_error=0:detect_stack_use_after_return=0:"
+                                            "print_legend=0:symbolize=1:exitcode=23")
+        try:
+            proc = subprocess.run([str(exe), str(launch), str(result)], capture_output=True, text=True,
+                                  timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            raise VariantFailure("timeout", f"the kernel ran longer than {timeout:g} s (stopped)") from None
+        diags = _asan_diags(proc.stderr)
+        if proc.returncode < 0:
+            sig = signal.Signals(-proc.returncode).name
+            raise VariantFailure("crash", f"the kernel crashed ({sig})" + _diag_suffix(diags))
+        if not result.exists():
+            raise VariantFailure("crash", "the sanitizer build stopped before writing results"
+                                 + _diag_suffix(diags))
+        blob = result.read_bytes()
+        pos = 0
+        for i in outputs:
+            n = args[i].nbytes
+            args[i].reshape(-1)[:] = np.frombuffer(blob, dtype=args[i].dtype, count=args[i].size, offset=pos)
+            pos += n
+        (nd,) = struct.unpack_from("i", blob, pos)
+        arr = (_Diag * max(nd, 1)).from_buffer_copy(blob[pos + 4:pos + 4 + ctypes.sizeof(_Diag) * nd].ljust(
+            ctypes.sizeof(_Diag) * max(nd, 1), b"\0"))
+        return _decode(arr, nd) + diags
+
+
+def _asan_diags(stderr: str) -> list[RawDiag]:
+    found: dict[tuple[str, int | None], RawDiag] = {}
+    for report in stderr.split("=================================================================")[1:]:
+        kind = _ASAN_KIND.search(report)
+        if not kind:
+            continue
+        access = _ASAN_ACCESS.search(report)
+        frame = _KERNEL_FRAME.search(report)
+        line = int(frame.group(1)) if frame else None
+        what = f"{access.group(1).lower()} of {access.group(2)} bytes" if access else "access"
+        key = (kind.group(1), line)
+        if key in found:
+            found[key].count += 1
+            continue
+        found[key] = RawDiag("device_bounds", "error", line, 1,
+                             f"{kind.group(1)}: {what} outside a device buffer (AddressSanitizer)")
+    return list(found.values())

@@ -1,0 +1,237 @@
+"""The full kernel exactly as MLX builds it, and its C++ translation for the interpreter.
+
+``mx.fast.metal_kernel`` wraps the body in a generated signature (``mlx/backend/metal/custom_kernel.cpp``):
+inputs as ``const device T*`` (``const constant T*`` below 8 elements, ``const constant T&`` when 0-d),
+``NAME_shape`` / ``NAME_strides`` / ``NAME_ndim`` only when the body mentions them, outputs as
+``device T*``, and the thread attributes the body mentions (substring search), in alphabetical order.
+The C++ translation keeps every line where MLX puts it, so ``__LINE__`` is the line of the full kernel.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: Metal thread attributes MLX can pass to a custom kernel: name -> type.
+ATTRIBUTES: dict[str, str] = {
+    "dispatch_quadgroups_per_threadgroup": "uint",
+    "dispatch_simdgroups_per_threadgroup": "uint",
+    "dispatch_threads_per_threadgroup": "uint3",
+    "grid_origin": "uint3",
+    "grid_size": "uint3",
+    "quadgroup_index_in_threadgroup": "uint",
+    "quadgroups_per_threadgroup": "uint",
+    "simdgroup_index_in_threadgroup": "uint",
+    "simdgroups_per_threadgroup": "uint",
+    "thread_execution_width": "uint",
+    "thread_index_in_quadgroup": "uint",
+    "thread_index_in_simdgroup": "uint",
+    "thread_index_in_threadgroup": "uint",
+    "thread_position_in_grid": "uint3",
+    "thread_position_in_threadgroup": "uint3",
+    "threadgroup_position_in_grid": "uint3",
+    "threadgroups_per_grid": "uint3",
+    "threads_per_grid": "uint3",
+    "threads_per_simdgroup": "uint",
+    "threads_per_threadgroup": "uint3",
+}
+
+#: How each attribute is computed inside the interpreter (C++ expressions over the launch state).
+_ATTRIBUTE_VALUES: dict[str, str] = {
+    "dispatch_quadgroups_per_threadgroup": "uint((_n + 3) / 4)",
+    "dispatch_simdgroups_per_threadgroup": "uint((_n + 31) / 32)",
+    "dispatch_threads_per_threadgroup": "uint3(L->tgsize[0], L->tgsize[1], L->tgsize[2])",
+    "grid_origin": "uint3(0u)",
+    "grid_size": "uint3(L->grid[0], L->grid[1], L->grid[2])",
+    "quadgroup_index_in_threadgroup": "uint(f->tid / 4)",
+    "quadgroups_per_threadgroup": "uint((_n + 3) / 4)",
+    "simdgroup_index_in_threadgroup": "uint(f->tid / 32)",
+    "simdgroups_per_threadgroup": "uint((_n + 31) / 32)",
+    "thread_execution_width": "32u",
+    "thread_index_in_quadgroup": "uint(f->tid % 4)",
+    "thread_index_in_simdgroup": "uint(f->tid % 32)",
+    "thread_index_in_threadgroup": "uint(f->tid)",
+    "thread_position_in_grid": "uint3(L->cur_tg[0] * L->tgsize[0] + _tp[0], L->cur_tg[1] * L->tgsize[1] + _tp[1], "
+                               "L->cur_tg[2] * L->tgsize[2] + _tp[2])",
+    "thread_position_in_threadgroup": "uint3(_tp[0], _tp[1], _tp[2])",
+    "threadgroup_position_in_grid": "uint3(L->cur_tg[0], L->cur_tg[1], L->cur_tg[2])",
+    "threadgroups_per_grid": "uint3(L->tgcount[0], L->tgcount[1], L->tgcount[2])",
+    "threads_per_grid": "uint3(L->grid[0], L->grid[1], L->grid[2])",
+    "threads_per_simdgroup": "32u",
+    "threads_per_threadgroup": "uint3(L->tgext[0], L->tgext[1], L->tgext[2])",
+}
+
+#: MLX dtype name -> Metal type name (as MLX writes it) and NumPy storage dtype.
+DTYPES: dict[str, tuple[str, Any]] = {
+    "float32": ("float", np.float32),
+    "float16": ("float16_t", np.float16),
+    "bfloat16": ("bfloat16_t", np.uint16),  # stored as the upper 16 bits of a float32
+    "int32": ("int32_t", np.int32),
+    "uint32": ("uint32_t", np.uint32),
+    "int64": ("int64_t", np.int64),
+    "bool": ("bool", np.bool_),
+}
+
+
+def to_storage(values: np.ndarray, dtype: str) -> np.ndarray:
+    """NumPy values -> the bytes a kernel of ``dtype`` reads (bfloat16: round to nearest even)."""
+    if dtype == "bfloat16":
+        f = np.ascontiguousarray(values, dtype=np.float32)
+        bits = f.view(np.uint32).astype(np.uint64)
+        nan = np.isnan(f)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        bits[nan] = 0x7FC0
+        return bits
+    return np.ascontiguousarray(values, dtype=DTYPES[dtype][1])
+
+
+def from_storage(data: np.ndarray, dtype: str) -> np.ndarray:
+    """Kernel bytes -> NumPy values (float32 for the float types)."""
+    if dtype == "bfloat16":
+        return (data.astype(np.uint32) << 16).view(np.float32)
+    if dtype in ("float16", "float32"):
+        return data.astype(np.float32)
+    return data
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of the generated kernel signature, in buffer order."""
+
+    name: str
+    decl: str  # as MLX writes it, e.g. "const device float* A"
+    role: str  # "input", "shape", "strides", "ndim", "output"
+    index: int  # input / output index
+    cast: str  # C++ expression turning ``args[i]`` (void*) into the parameter
+
+
+@dataclass(frozen=True)
+class Signature:
+    kernel_name: str
+    params: tuple[Param, ...]
+    attributes: tuple[str, ...]
+    template: tuple[tuple[str, str, str], ...]  # (name, C++ value, declared kind: typename / int / bool)
+
+
+def _template_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str) and value in DTYPES:
+        return DTYPES[value][0]
+    name = getattr(value, "__str__", lambda: repr(value))()
+    text = str(name).removeprefix("mlx.core.")
+    if text in DTYPES:
+        return DTYPES[text][0]
+    raise ValueError(f"unsupported template argument {value!r}")
+
+
+def signature(name: str, input_names: tuple[str, ...], output_names: tuple[str, ...], source: str,
+              input_dtypes: list[str], input_shapes: list[tuple[int, ...]], output_dtypes: list[str],
+              template: tuple[tuple[str, Any], ...] = ()) -> Signature:
+    """The signature MLX generates for this kernel call (buffer order, attributes, kernel name)."""
+    params: list[Param] = []
+    name_parts = [f"custom_kernel_{name}"]
+    tmpl = tuple((k, _template_value(v), _template_kind(v)) for k, v in template)
+    if tmpl:
+        name_parts.append("_" + "".join(f"_{v}" for _, v, _ in tmpl))
+    for i, (inp, dt, shape) in enumerate(zip(input_names, input_dtypes, input_shapes)):
+        ctype = DTYPES[dt][0]
+        size = int(np.prod(shape)) if shape else 1
+        if len(shape) == 0:
+            params.append(Param(inp, f"const constant {ctype}& {inp}", "input", i, f"*(const {ctype}*)"))
+            name_parts.append(f"_{ctype}s")
+        else:
+            space = "constant" if size < 8 else "device"
+            params.append(Param(inp, f"const {space} {ctype}* {inp}", "input", i, f"(const {ctype}*)"))
+            name_parts.append(f"_{ctype}{'c' if space == 'constant' else ''}")
+        if f"{inp}_shape" in source:
+            params.append(Param(f"{inp}_shape", f"const constant int* {inp}_shape", "shape", i, "(const int*)"))
+        if f"{inp}_strides" in source:
+            params.append(Param(f"{inp}_strides", f"const constant int64_t* {inp}_strides", "strides", i,
+                                "(const int64_t*)"))
+        if f"{inp}_ndim" in source:
+            params.append(Param(f"{inp}_ndim", f"const constant int& {inp}_ndim", "ndim", i, "*(const int*)"))
+    for i, (out, dt) in enumerate(zip(output_names, output_dtypes)):
+        ctype = DTYPES[dt][0]
+        params.append(Param(out, f"device {ctype}* {out}", "output", i, f"({ctype}*)"))
+        name_parts.append(f"_{ctype}")
+    attrs = tuple(a for a in ATTRIBUTES if a in source)
+    return Signature("".join(name_parts), tuple(params), attrs, tmpl)
+
+
+def mlx_source(sig: Signature, header: str, source: str) -> str:
+    """The Metal source MLX compiles for this call (the text ``mx.export_function`` records)."""
+    lines = [f"  {p.decl} [[buffer({i})]]" for i, p in enumerate(sig.params)]
+    lines += [f"  {ATTRIBUTES[a]} {a} [[{a}]]" for a in sig.attributes]
+    text = header
+    if sig.template:
+        text += "template <" + ", ".join(f"{kind} {k}" for k, _, kind in sig.template) + ">\n"
+    text += f"[[kernel]] void {sig.kernel_name}(\n" + ",\n".join(lines) + ") {\n" + source + "\n}\n"
+    if sig.template:
+        args = ", ".join(v for _, v, _ in sig.template)
+        text += (f"\ntemplate [[host_name(\"{sig.kernel_name}\")]] [[kernel]] decltype({sig.kernel_name}<{args}>) "
+                 f"{sig.kernel_name}<{args}>;\n")
+    return text
+
+
+def _template_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    return "int" if isinstance(value, int) else "typename"
+
+
+# -- C++ translation ------------------------------------------------------------------------------------
+
+_TYPE = r"(?:const\s+)?[A-Za-z_][\w:]*(?:\s*<[^;<>]*>)?"
+_TG_ARRAY = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*\[([^\]\n]+)\]\s*;")
+_TG_POINTER = re.compile(rf"\bthreadgroup\s+({_TYPE})\s*\*\s*(\w+)")
+_SWIZZLE = re.compile(r"\.([xyzw]{2,4})\b")
+
+
+def _swizzle(match: re.Match[str]) -> str:
+    idx = ",".join(str("xyzw".index(c)) for c in match.group(1))
+    return f".template swz<{idx}>()"
+
+
+def translate(text: str, check: bool) -> str:
+    """MSL text -> C++ over the shim; keeps every line in place."""
+    text = _SWIZZLE.sub(_swizzle, text)
+    if check:
+        text = _TG_ARRAY.sub(lambda m: f"ks::tgptr<{m[1]}> {m[2]} = ks::tg_alloc_checked<{m[1]}>(({m[3]}), "
+                                       f"\"{m[2]}\", __LINE__);", text)
+        text = _TG_POINTER.sub(lambda m: f"ks::tgptr<{m[1]}> {m[2]}", text)
+    else:
+        text = _TG_ARRAY.sub(lambda m: f"{m[1]} (&{m[2]})[{m[3]}] = *reinterpret_cast<{m[1]} (*)[{m[3]}]>("
+                                       f"ks::tg_alloc(sizeof({m[1]}) * ({m[3]}), ({m[3]}), sizeof({m[1]}), "
+                                       f"\"{m[2]}\", __LINE__));", text)
+    return text
+
+
+def cpp_unit(sig: Signature, header: str, source: str, check: bool) -> str:
+    """The translation unit compiled for the interpreter: shim, kernel (MLX line layout), thread entry."""
+    lines = [f"  {p.decl}" for p in sig.params] + [f"  {ATTRIBUTES[a]} {a}" for a in sig.attributes]
+    body = header
+    if sig.template:
+        body += "template <" + ", ".join(f"{kind} {k}" for k, _, kind in sig.template) + ">\n"
+    body += f"void {sig.kernel_name}(\n" + ",\n".join(lines) + ") {\n" + source + "\n}\n"
+    call_args = [f"{p.cast}args[{i}]" for i, p in enumerate(sig.params)] + list(sig.attributes)
+    targs = f"<{', '.join(v for _, v, _ in sig.template)}>" if sig.template else ""
+    entry = (
+        "\n#line 100000 \"ks_entry\"\n"
+        "void ks_thread_main(ks::Launch* L, ks::Fiber* f) {\n"
+        "  void** args = L->args;\n"
+        "  const uint _n = L->tgext[0] * L->tgext[1] * L->tgext[2];\n"
+        "  const uint _tp[3] = {f->tid % L->tgext[0], (f->tid / L->tgext[0]) % L->tgext[1],"
+        " f->tid / (L->tgext[0] * L->tgext[1])};\n"
+        "  (void)_n; (void)_tp;\n"
+        + "".join(f"  const {ATTRIBUTES[a]} {a} = {_ATTRIBUTE_VALUES[a]};\n" for a in sig.attributes)
+        + f"  {sig.kernel_name}{targs}({', '.join(call_args)});\n"
+        "}\n"
+    )
+    return ("#define KS_RUNTIME_IMPL 1\n#include \"ks_shim.h\"\n#line 1 \"kernel.metal\"\n"
+            + translate(body, check) + entry)

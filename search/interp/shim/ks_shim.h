@@ -1,0 +1,642 @@
+// kernsearch MSL shim: Metal Shading Language as C++ for the CPU interpreter.
+//
+// Each GPU thread is a cooperative fiber; barriers and simd collectives yield to a scheduler that
+// resumes them once every participating thread has arrived. Threadgroups run one after another.
+// Build modes: KS_CHECK (threadgroup race / uninitialised / bounds detector), KS_SANITIZE (ASan build,
+// ucontext fibers, driver main). Never build with -ffast-math: NaN poisoning relies on IEEE NaNs.
+#pragma once
+#include <cmath>
+#include <cstdarg>
+#include <string>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+#include <sys/mman.h>
+#if defined(KS_SANITIZE) || !(defined(__x86_64__) || defined(__aarch64__))
+#define KS_UCONTEXT 1
+#include <ucontext.h>
+#endif
+
+#define device
+#define constant
+#define thread
+#ifndef KS_CHECK
+#define threadgroup
+#endif
+#define METAL_FUNC inline
+#define metal_func inline
+
+// ------------------------------------------------------------------------------------------------
+// Scalar types
+// ------------------------------------------------------------------------------------------------
+typedef unsigned int uint;
+typedef unsigned short ushort;
+typedef unsigned char uchar;
+typedef unsigned long ulong;
+typedef _Float16 half;
+
+struct bfloat {
+  uint16_t bits;
+  bfloat() = default;
+  static uint16_t round(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // keep NaN a NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return uint16_t(u >> 16);
+  }
+  template <class U, class = std::enable_if_t<std::is_arithmetic<U>::value || std::is_same<U, half>::value>>
+  bfloat(U v) : bits(round(float(v))) {}
+  operator float() const {
+    uint32_t u = uint32_t(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  template <class U> bfloat& operator+=(U o) { return *this = bfloat(float(*this) + float(o)); }
+  template <class U> bfloat& operator-=(U o) { return *this = bfloat(float(*this) - float(o)); }
+  template <class U> bfloat& operator*=(U o) { return *this = bfloat(float(*this) * float(o)); }
+  template <class U> bfloat& operator/=(U o) { return *this = bfloat(float(*this) / float(o)); }
+  bfloat operator-() const { bfloat r; r.bits = bits ^ 0x8000; return r; }
+};
+typedef half float16_t;
+typedef bfloat bfloat16_t;
+typedef bfloat bfloat16;
+
+// ------------------------------------------------------------------------------------------------
+// Vector types: vec<T, N>, .x .y .z .w, multi-letter swizzles (rewritten to .template swz<...>()),
+// MSL-style conversion constructors.
+// ------------------------------------------------------------------------------------------------
+template <class T, int N> struct vec;
+template <class T, int N> struct vec_storage;
+template <class T> struct vec_storage<T, 2> { union { T v[2]; struct { T x, y; }; }; };
+template <class T> struct vec_storage<T, 3> { union { T v[4]; struct { T x, y, z; }; }; };
+template <class T> struct vec_storage<T, 4> { union { T v[4]; struct { T x, y, z, w; }; }; };
+
+template <class T> struct is_vec : std::false_type {};
+template <class T, int N> struct is_vec<vec<T, N>> : std::true_type {};
+template <class T> struct vec_size { static constexpr int value = 1; };
+template <class T, int N> struct vec_size<vec<T, N>> { static constexpr int value = N; };
+
+template <class T, int N, int... I> struct swizzle_ref;
+
+template <class T, int N>
+struct alignas((N == 3 ? 4 : N) * sizeof(T)) vec : vec_storage<T, N> {
+  using value_type = T;
+  using vec_storage<T, N>::v;
+  vec() = default;
+  template <class U, class = std::enable_if_t<!is_vec<U>::value>>
+  vec(U s) { for (int i = 0; i < N; ++i) v[i] = T(s); }
+  template <class U> explicit vec(const vec<U, N>& o) { for (int i = 0; i < N; ++i) v[i] = T(o.v[i]); }
+  template <class A, class B, class... R, class = std::enable_if_t<(sizeof...(R) + 2 <= N)>>
+  vec(const A& a, const B& b, const R&... r) { int k = 0; put(k, a); put(k, b); (put(k, r), ...); }
+  template <class U> void put(int& k, const U& s) {
+    if constexpr (is_vec<U>::value) { for (int i = 0; i < vec_size<U>::value; ++i) v[k++] = T(s.v[i]); }
+    else v[k++] = T(s);
+  }
+  T& operator[](int i) { return v[i]; }
+  const T& operator[](int i) const { return v[i]; }
+  template <int... I> swizzle_ref<T, N, I...> swz() { return swizzle_ref<T, N, I...>{this}; }
+  template <int... I> vec<T, sizeof...(I)> swz() const { return vec<T, sizeof...(I)>(v[I]...); }
+#define KS_VEC_OPASSIGN(op)                                                                          \
+  template <class U> vec& operator op##=(const U& o) {                                              \
+    if constexpr (is_vec<U>::value) { for (int i = 0; i < N; ++i) v[i] = T(v[i] op o.v[i]); }       \
+    else { for (int i = 0; i < N; ++i) v[i] = T(v[i] op o); }                                       \
+    return *this;                                                                                   \
+  }
+  KS_VEC_OPASSIGN(+) KS_VEC_OPASSIGN(-) KS_VEC_OPASSIGN(*) KS_VEC_OPASSIGN(/)
+#undef KS_VEC_OPASSIGN
+  vec operator-() const { vec r; for (int i = 0; i < N; ++i) r.v[i] = T(-v[i]); return r; }
+};
+
+template <class T, int N, int... I> struct swizzle_ref {
+  vec<T, N>* p;
+  operator vec<T, sizeof...(I)>() const { return vec<T, sizeof...(I)>(p->v[I]...); }
+  swizzle_ref& operator=(const vec<T, sizeof...(I)>& o) { int k = 0; ((p->v[I] = o.v[k++]), ...); return *this; }
+};
+
+#define KS_VEC_BINOP(op)                                                                             \
+  template <class T, int N, class U> auto operator op(const vec<T, N>& a, const U& b) {             \
+    if constexpr (is_vec<U>::value) {                                                               \
+      vec<T, N> r; for (int i = 0; i < N; ++i) r.v[i] = T(a.v[i] op b.v[i]); return r;              \
+    } else {                                                                                        \
+      vec<T, N> r; for (int i = 0; i < N; ++i) r.v[i] = T(a.v[i] op b); return r;                   \
+    }                                                                                               \
+  }                                                                                                 \
+  template <class U, class T, int N, class = std::enable_if_t<!is_vec<U>::value>>                  \
+  vec<T, N> operator op(const U& a, const vec<T, N>& b) {                                           \
+    vec<T, N> r; for (int i = 0; i < N; ++i) r.v[i] = T(a op b.v[i]); return r;                     \
+  }
+KS_VEC_BINOP(+) KS_VEC_BINOP(-) KS_VEC_BINOP(*) KS_VEC_BINOP(/)
+#undef KS_VEC_BINOP
+
+#define KS_VEC_TYPES(T, name)                                                                        \
+  typedef vec<T, 2> name##2;                                                                        \
+  typedef vec<T, 3> name##3;                                                                        \
+  typedef vec<T, 4> name##4;
+KS_VEC_TYPES(float, float) KS_VEC_TYPES(half, half) KS_VEC_TYPES(bfloat, bfloat) KS_VEC_TYPES(int, int)
+KS_VEC_TYPES(uint, uint) KS_VEC_TYPES(short, short) KS_VEC_TYPES(ushort, ushort) KS_VEC_TYPES(bool, bool)
+KS_VEC_TYPES(char, char) KS_VEC_TYPES(uchar, uchar)
+#undef KS_VEC_TYPES
+typedef vec<unsigned long, 2> ulong2;
+
+// ------------------------------------------------------------------------------------------------
+// Runtime: fibers, scheduler, diagnostics
+// ------------------------------------------------------------------------------------------------
+namespace ks {
+
+enum DiagKind { D_DIVERGENCE = 1, D_INACTIVE_LANE, D_PARTIAL_SIMD, D_TG_LIMIT, D_RACE, D_UNINIT, D_TG_BOUNDS, D_PARTIAL_COLLECTIVE };
+enum Severity { S_ERROR = 0, S_WARNING = 1 };
+
+struct Diag { int32_t kind, severity, line, count; char msg[232]; };
+struct DiagTable { int32_t n, max; Diag* d; };
+
+enum WaitKind { W_NONE = 0, W_BARRIER, W_SIMD, W_DONE };
+
+struct Fiber;
+typedef void (*CollectiveOp)(Fiber** lanes, int n, Fiber* self_or_null);
+
+struct Fiber {
+#ifdef KS_UCONTEXT
+  ucontext_t uc;
+#else
+  void* sp;
+#endif
+  char* stack;
+  int tid;       // index in threadgroup
+  int lane, sg;  // lane in simdgroup, simdgroup index
+  int wait;      // WaitKind
+  int line;      // call site of the current wait
+  CollectiveOp op;
+  const void* in[4];
+  void* out;
+  int arg;       // shuffle source lane, etc.
+  int ok;        // collective result flag
+};
+
+struct Launch;
+typedef void (*ThreadMain)(Launch* L, Fiber* f);
+
+struct TgAlloc { int line; int64_t offset, bytes, elems; int elem_size; const char* name; };
+
+struct Shadow { int32_t writer, reader; uint32_t w_epoch, r_epoch, w_sepoch, r_sepoch; };
+
+struct Launch {
+  // inputs
+  void** args;
+  uint32_t grid[3], tgsize[3];
+  int64_t tg_limit;
+  int32_t stack_kb;
+  DiagTable* diags;
+  // state
+  ThreadMain main;
+  Fiber* fibers;
+  int nthreads;
+  uint32_t tgext[3], tgcount[3], cur_tg[3];
+  char* arena;
+  int64_t arena_cap, arena_used;
+  TgAlloc allocs[64];
+  int nallocs;
+  bool over_limit_reported;
+  uint32_t epoch;
+  uint32_t sepoch[64];
+  Shadow* shadow;  // one per arena byte-element slot (allocated per element of each allocation)
+  int64_t shadow_cap, shadow_dirty;
+#ifdef KS_UCONTEXT
+  ucontext_t sched_uc;
+#else
+  void* sched_sp;
+#endif
+};
+
+extern thread_local Launch* L;
+extern thread_local Fiber* cur;
+
+inline void report(int kind, int severity, int line, const char* fmt, ...) __attribute__((format(printf, 4, 5)));
+inline void report(int kind, int severity, int line, const char* fmt, ...) {
+  DiagTable* t = L->diags;
+  for (int i = 0; i < t->n; ++i)
+    if (t->d[i].kind == kind && t->d[i].line == line) { t->d[i].count++; return; }
+  if (t->n >= t->max) return;
+  Diag& d = t->d[t->n++];
+  d.kind = kind; d.severity = severity; d.line = line; d.count = 1;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(d.msg, sizeof d.msg, fmt, ap);
+  va_end(ap);
+}
+
+// ---- context switch ------------------------------------------------------------------------------
+#ifndef KS_UCONTEXT
+extern "C" void ks_switch(void** save_sp, void* to_sp);
+#endif
+
+inline void yield_to_scheduler() {
+#ifdef KS_UCONTEXT
+  swapcontext(&cur->uc, &L->sched_uc);
+#else
+  ks_switch(&cur->sp, L->sched_sp);
+#endif
+}
+
+inline void wait_here(int kind, int line) {
+  cur->wait = kind;
+  cur->line = line;
+  yield_to_scheduler();
+}
+
+}  // namespace ks
+
+// ------------------------------------------------------------------------------------------------
+// Threadgroup memory
+// ------------------------------------------------------------------------------------------------
+namespace ks {
+inline void* tg_alloc(int64_t bytes, int64_t elems, int elem_size, const char* name, int line) {
+  for (int i = 0; i < L->nallocs; ++i)
+    if (L->allocs[i].line == line && std::strcmp(L->allocs[i].name, name) == 0) return L->arena + L->allocs[i].offset;
+  int64_t off = (L->arena_used + 63) & ~int64_t(63);
+  if (L->nallocs >= 64 || off + bytes > L->arena_cap) {
+    report(D_TG_LIMIT, S_ERROR, line, "threadgroup memory: arena exhausted (%lld bytes requested)", (long long)(off + bytes));
+    std::fflush(stderr);
+    std::_Exit(86);
+  }
+  L->allocs[L->nallocs++] = TgAlloc{line, off, bytes, elems, elem_size, name};
+  L->arena_used = off + bytes;
+  std::memset(L->arena + off, 0xff, bytes);  // poison: all-ones bytes are NaN in float, half and bfloat
+  int64_t total = 0;
+  for (int i = 0; i < L->nallocs; ++i) total += L->allocs[i].bytes;
+  if (total > L->tg_limit && !L->over_limit_reported) {
+    L->over_limit_reported = true;
+    report(D_TG_LIMIT, S_ERROR, line, "threadgroup memory %lld bytes exceeds the chip's %lld bytes",
+           (long long)total, (long long)L->tg_limit);
+  }
+  return L->arena + off;
+}
+}  // namespace ks
+
+#ifdef KS_CHECK
+namespace ks {
+// Checked threadgroup pointer: every element access goes through the race / uninitialised / bounds
+// detector. Indices carry the caller's line through a converting constructor's default argument.
+struct idx {
+  int64_t v;
+  int line;
+  template <class I, class = std::enable_if_t<std::is_integral<I>::value>>
+  idx(I i, int l = __builtin_LINE()) : v(int64_t(i)), line(l) {}
+};
+
+inline Shadow* shadow_for(const TgAlloc* a, int64_t i) {
+  return L->shadow + (a->offset / 1) + i;  // shadow indexed by arena byte offset + element (elements >= 1 byte)
+}
+
+inline bool ordered_by_simd_barrier(int other, uint32_t other_sepoch) {
+  int other_sg = other / 32;
+  return other >= 0 && other_sg == cur->sg && L->sepoch[cur->sg] != other_sepoch;
+}
+
+template <class T> inline T* tg_access(const TgAlloc* a, int64_t i, bool write, int line, T* dummy) {
+  if (i < 0 || i >= a->elems) {
+    report(D_TG_BOUNDS, S_ERROR, line, "threadgroup index %lld outside %s[0:%lld]", (long long)i, a->name, (long long)a->elems);
+    return dummy;
+  }
+  Shadow* s = shadow_for(a, i);
+  int t = cur->tid;
+  uint32_t e = L->epoch;
+  uint32_t se = L->sepoch[cur->sg];
+  if (write) {
+    if (s->w_epoch == e && s->writer != t && !ordered_by_simd_barrier(s->writer, s->w_sepoch))
+      report(D_RACE, S_ERROR, line, "race on %s[%lld]: written by threads %d and %d with no barrier between", a->name, (long long)i, s->writer, t);
+    else if (s->r_epoch == e && s->reader != t && !(s->reader >= 0 && ordered_by_simd_barrier(s->reader, s->r_sepoch)))
+      report(D_RACE, S_ERROR, line, "race on %s[%lld]: thread %d writes what thread %s read with no barrier between", a->name, (long long)i, t,
+             s->reader == -2 ? "s" : std::to_string(s->reader).c_str());
+    s->writer = t; s->w_epoch = e; s->w_sepoch = se;
+  } else {
+    if (s->w_epoch == 0)
+      report(D_UNINIT, S_ERROR, line, "read of never-written threadgroup memory %s[%lld] by thread %d", a->name, (long long)i, t);
+    else if (s->w_epoch == e && s->writer != t && !ordered_by_simd_barrier(s->writer, s->w_sepoch))
+      report(D_RACE, S_ERROR, line, "race on %s[%lld]: thread %d reads what thread %d wrote with no barrier between", a->name, (long long)i, t, s->writer);
+    if (s->r_epoch == e && s->reader != t) s->reader = -2;
+    else { s->reader = t; s->r_sepoch = se; }
+    s->r_epoch = e;
+  }
+  return reinterpret_cast<T*>(L->arena + a->offset) + i;
+}
+
+template <class T> struct tgptr;
+
+template <class T> struct tgref {
+  const TgAlloc* a;
+  int64_t i;
+  int line;
+  T load() const { T d; std::memset((void*)&d, 0xff, sizeof d); return *tg_access<T>(a, i, false, line, &d); }
+  template <class U, class = std::enable_if_t<std::is_convertible<T, U>::value || std::is_constructible<U, T>::value>>
+  operator U() const { return U(load()); }
+  template <class U> tgref& operator=(const U& v) { T d; *tg_access<T>(a, i, true, line, &d) = T(v); return *this; }
+  tgref& operator=(const tgref& o) { return *this = o.load(); }
+  template <class U> tgref& operator+=(const U& v) { return *this = T(load() + v); }
+  template <class U> tgref& operator-=(const U& v) { return *this = T(load() - v); }
+  template <class U> tgref& operator*=(const U& v) { return *this = T(load() * v); }
+  template <class U> tgref& operator/=(const U& v) { return *this = T(load() / v); }
+  tgptr<T> operator&() const { return tgptr<T>{a, i}; }
+};
+#define KS_TGREF_BINOP(op)                                                                           \
+  template <class T, class U> auto operator op(const tgref<T>& r, const U& u) { return r.load() op u; } \
+  template <class T, class U, class = std::enable_if_t<!std::is_same<U, tgref<T>>::value>>          \
+  auto operator op(const U& u, const tgref<T>& r) { return u op r.load(); }
+KS_TGREF_BINOP(+) KS_TGREF_BINOP(-) KS_TGREF_BINOP(*) KS_TGREF_BINOP(/) KS_TGREF_BINOP(<) KS_TGREF_BINOP(>)
+KS_TGREF_BINOP(<=) KS_TGREF_BINOP(>=) KS_TGREF_BINOP(==) KS_TGREF_BINOP(!=)
+#undef KS_TGREF_BINOP
+
+template <class T> struct tgptr {
+  const TgAlloc* a = nullptr;
+  int64_t off = 0;
+  tgref<T> operator[](idx i) const { return tgref<T>{a, off + i.v, i.line}; }
+  tgref<T> operator*() const { return tgref<T>{a, off, __LINE__}; }
+  tgptr operator+(int64_t d) const { return tgptr{a, off + d}; }
+  tgptr operator-(int64_t d) const { return tgptr{a, off - d}; }
+  tgptr& operator+=(int64_t d) { off += d; return *this; }
+  tgptr& operator-=(int64_t d) { off -= d; return *this; }
+  tgptr& operator++() { ++off; return *this; }
+};
+
+template <class T> inline tgptr<T> tg_alloc_checked(int64_t elems, const char* name, int line) {
+  void* p = tg_alloc(elems * int64_t(sizeof(T)), elems, int(sizeof(T)), name, line);
+  (void)p;
+  for (int k = 0; k < L->nallocs; ++k)
+    if (L->allocs[k].line == line && std::strcmp(L->allocs[k].name, name) == 0) return tgptr<T>{&L->allocs[k], 0};
+  return tgptr<T>{};
+}
+}  // namespace ks
+#define threadgroup
+#endif  // KS_CHECK
+
+// ------------------------------------------------------------------------------------------------
+// Barriers and simd collectives
+// ------------------------------------------------------------------------------------------------
+namespace metal {
+enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4, mem_threadgroup_imageblock = 8 };
+inline mem_flags operator|(mem_flags a, mem_flags b) { return mem_flags(int(a) | int(b)); }
+
+inline void threadgroup_barrier(mem_flags = mem_flags::mem_none, int line = __builtin_LINE()) {
+  ks::wait_here(ks::W_BARRIER, line);
+}
+
+namespace ksd {
+inline void noop_op(ks::Fiber**, int, ks::Fiber*) {}
+}
+inline void simdgroup_barrier(mem_flags = mem_flags::mem_none, int line = __builtin_LINE()) {
+  ks::cur->op = ksd::noop_op;
+  ks::wait_here(ks::W_SIMD, line);
+}
+
+namespace ksd {
+template <class V, int K> void reduce_op(ks::Fiber** lanes, int n, ks::Fiber*) {
+  V acc = *static_cast<const V*>(lanes[0]->in[0]);
+  for (int i = 1; i < n; ++i) {
+    V x = *static_cast<const V*>(lanes[i]->in[0]);
+    if constexpr (K == 0) acc = V(acc + x);
+    else if constexpr (K == 1) acc = x > acc ? x : acc;
+    else if constexpr (K == 2) acc = x < acc ? x : acc;
+    else if constexpr (K == 3) acc = V(acc * x);
+  }
+  for (int i = 0; i < n; ++i) *static_cast<V*>(lanes[i]->out) = acc;
+}
+template <class V, bool Exclusive> void prefix_op(ks::Fiber** lanes, int n, ks::Fiber*) {
+  V acc = V(0);
+  for (int i = 0; i < n; ++i) {
+    V x = *static_cast<const V*>(lanes[i]->in[0]);
+    if (Exclusive) { *static_cast<V*>(lanes[i]->out) = acc; acc = V(acc + x); }
+    else { acc = V(acc + x); *static_cast<V*>(lanes[i]->out) = acc; }
+  }
+}
+// arg: 0 shuffle (absolute lane), 1 xor, 2 up, 3 down, 4 broadcast
+template <class V, int K> void shuffle_op(ks::Fiber** lanes, int n, ks::Fiber*) {
+  for (int i = 0; i < n; ++i) {
+    int me = lanes[i]->lane, src;
+    if (K == 0 || K == 4) src = lanes[i]->arg;
+    else if (K == 1) src = me ^ lanes[i]->arg;
+    else if (K == 2) src = me - lanes[i]->arg;
+    else src = me + lanes[i]->arg;
+    const ks::Fiber* from = nullptr;
+    for (int j = 0; j < n; ++j) if (lanes[j]->lane == src) from = lanes[j];
+    if ((K == 2 || K == 3) && (src < 0 || src >= 32)) from = lanes[i];  // up/down keep own value at the edge
+    if (!from) {
+      ks::report(ks::D_INACTIVE_LANE, ks::S_ERROR, lanes[i]->line,
+                 "simd shuffle/broadcast in lane %d reads lane %d, which is not active here", me, src);
+      from = lanes[i];
+    }
+    *static_cast<V*>(lanes[i]->out) = *static_cast<const V*>(from->in[0]);
+  }
+}
+template <class V> inline V collective(ks::CollectiveOp op, const V& x, int arg, int line) {
+  V r = x;
+  ks::cur->op = op;
+  ks::cur->in[0] = &x;
+  ks::cur->out = &r;
+  ks::cur->arg = arg;
+  ks::wait_here(ks::W_SIMD, line);
+  return r;
+}
+}  // namespace ksd
+
+template <class V> V simd_sum(V x, int line = __builtin_LINE()) { return ksd::collective(ksd::reduce_op<V, 0>, x, 0, line); }
+template <class V> V simd_max(V x, int line = __builtin_LINE()) { return ksd::collective(ksd::reduce_op<V, 1>, x, 0, line); }
+template <class V> V simd_min(V x, int line = __builtin_LINE()) { return ksd::collective(ksd::reduce_op<V, 2>, x, 0, line); }
+template <class V> V simd_product(V x, int line = __builtin_LINE()) { return ksd::collective(ksd::reduce_op<V, 3>, x, 0, line); }
+template <class V> V simd_prefix_inclusive_sum(V x, int line = __builtin_LINE()) { return ksd::collective(ksd::prefix_op<V, false>, x, 0, line); }
+template <class V> V simd_prefix_exclusive_sum(V x, int line = __builtin_LINE()) { return ksd::collective(ksd::prefix_op<V, true>, x, 0, line); }
+template <class V> V simd_shuffle(V x, ushort l, int line = __builtin_LINE()) { return ksd::collective(ksd::shuffle_op<V, 0>, x, l, line); }
+template <class V> V simd_shuffle_xor(V x, ushort m, int line = __builtin_LINE()) { return ksd::collective(ksd::shuffle_op<V, 1>, x, m, line); }
+template <class V> V simd_shuffle_up(V x, ushort d, int line = __builtin_LINE()) { return ksd::collective(ksd::shuffle_op<V, 2>, x, d, line); }
+template <class V> V simd_shuffle_down(V x, ushort d, int line = __builtin_LINE()) { return ksd::collective(ksd::shuffle_op<V, 3>, x, d, line); }
+template <class V> V simd_broadcast(V x, ushort l, int line = __builtin_LINE()) { return ksd::collective(ksd::shuffle_op<V, 4>, x, l, line); }
+
+// ------------------------------------------------------------------------------------------------
+// simdgroup_matrix<T, 8, 8>: each lane holds (row, col) and (row, col + 1) in MLX steel's layout.
+// ------------------------------------------------------------------------------------------------
+namespace ksd {
+inline int frag_row(int l) { int q = l / 4; return (q & 4) + (l / 2) % 4; }
+inline int frag_col(int l) { int q = l / 4; return (q & 2) * 2 + (l % 2) * 2; }
+}  // namespace ksd
+
+template <class T, int R, int C> struct simdgroup_matrix {
+  static_assert(R == 8 && C == 8, "the interpreter supports 8x8 simdgroup_matrix only");
+  vec<T, 2> e;
+  vec<T, 2>& thread_elements() { return e; }
+  const vec<T, 2>& thread_elements() const { return e; }
+};
+typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
+typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
+typedef simdgroup_matrix<bfloat, 8, 8> simdgroup_bfloat8x8;
+
+template <class T, int R, int C> simdgroup_matrix<T, R, C> make_filled_simdgroup_matrix(T v) {
+  simdgroup_matrix<T, R, C> m;
+  m.e = vec<T, 2>(v);
+  return m;
+}
+
+namespace ksd {
+template <class T> void mma_op(ks::Fiber** lanes, int n, ks::Fiber*) {
+  if (n != 32) {
+    ks::report(ks::D_PARTIAL_SIMD, ks::S_ERROR, lanes[0]->line,
+               "simdgroup_matrix multiply-accumulate with %d of 32 lanes active (partial simdgroup)", n);
+    return;
+  }
+  float a[8][8], b[8][8], c[8][8];
+  for (int i = 0; i < n; ++i) {
+    int l = lanes[i]->lane, r = frag_row(l), cc = frag_col(l);
+    for (int k = 0; k < 2; ++k) {
+      a[r][cc + k] = float(static_cast<const simdgroup_matrix<T, 8, 8>*>(lanes[i]->in[0])->e.v[k]);
+      b[r][cc + k] = float(static_cast<const simdgroup_matrix<T, 8, 8>*>(lanes[i]->in[1])->e.v[k]);
+      c[r][cc + k] = float(static_cast<const simdgroup_matrix<T, 8, 8>*>(lanes[i]->in[2])->e.v[k]);
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    int l = lanes[i]->lane, r = frag_row(l), cc = frag_col(l);
+    auto* d = static_cast<simdgroup_matrix<T, 8, 8>*>(lanes[i]->out);
+    for (int k = 0; k < 2; ++k) {
+      float s = c[r][cc + k];
+      for (int j = 0; j < 8; ++j) s = std::fma(a[r][j], b[j][cc + k], s);
+      d->e.v[k] = T(s);
+    }
+  }
+}
+}  // namespace ksd
+
+template <class T>
+void simdgroup_multiply_accumulate(simdgroup_matrix<T, 8, 8>& d, const simdgroup_matrix<T, 8, 8>& a,
+                                   const simdgroup_matrix<T, 8, 8>& b, const simdgroup_matrix<T, 8, 8>& c,
+                                   int line = __builtin_LINE()) {
+  simdgroup_matrix<T, 8, 8> ca = a, cb = b, cc = c, r = c;
+  ks::cur->op = ksd::mma_op<T>;
+  ks::cur->in[0] = &ca; ks::cur->in[1] = &cb; ks::cur->in[2] = &cc;
+  ks::cur->out = &r;
+  ks::wait_here(ks::W_SIMD, line);
+  d = r;
+}
+template <class T>
+void simdgroup_multiply(simdgroup_matrix<T, 8, 8>& d, const simdgroup_matrix<T, 8, 8>& a,
+                        const simdgroup_matrix<T, 8, 8>& b, int line = __builtin_LINE()) {
+  simdgroup_multiply_accumulate(d, a, b, make_filled_simdgroup_matrix<T, 8, 8>(T(0)), line);
+}
+
+template <class T, class P>
+void simdgroup_load(simdgroup_matrix<T, 8, 8>& m, P src, unsigned long elements_per_row = 8,
+                    ulong2 origin = ulong2(0), bool transpose = false) {
+  int l = ks::cur->lane, r = ksd::frag_row(l), c = ksd::frag_col(l);
+  for (int k = 0; k < 2; ++k) {
+    long row = r, col = c + k;
+    if (transpose) { long t = row; row = col; col = t; }
+    m.e.v[k] = T(src[(row + long(origin.v[1])) * long(elements_per_row) + col + long(origin.v[0])]);
+  }
+}
+template <class T, class P>
+void simdgroup_store(const simdgroup_matrix<T, 8, 8>& m, P dst, unsigned long elements_per_row = 8,
+                     ulong2 origin = ulong2(0), bool transpose = false) {
+  int l = ks::cur->lane, r = ksd::frag_row(l), c = ksd::frag_col(l);
+  for (int k = 0; k < 2; ++k) {
+    long row = r, col = c + k;
+    if (transpose) { long t = row; row = col; col = t; }
+    dst[(row + long(origin.v[1])) * long(elements_per_row) + col + long(origin.v[0])] = m.e.v[k];
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Math (metal::, metal::fast::, metal::precise::), element-wise on vectors
+// ------------------------------------------------------------------------------------------------
+template <class U, class V> inline U as_type(const V& v) {
+  static_assert(sizeof(U) == sizeof(V), "as_type needs equal sizes");
+  U u;
+  std::memcpy((void*)&u, (const void*)&v, sizeof u);
+  return u;
+}
+
+namespace ksd {
+template <class T> using scalar_of = std::conditional_t<is_vec<T>::value, typename T::value_type, T>;
+template <class T> inline float tof(T x) { return float(x); }
+inline double tof(double x) { return x; }
+}  // namespace ksd
+
+#define KS_UNARY(name, expr)                                                                         \
+  template <class T> inline auto name(const T& x) {                                                 \
+    if constexpr (is_vec<T>::value) {                                                               \
+      T r; for (int i = 0; i < vec_size<T>::value; ++i) r.v[i] = name(x.v[i]); return r;            \
+    } else if constexpr (std::is_integral<T>::value && !std::is_same<T, bool>::value) {             \
+      return T(expr(double(x)));                                                                    \
+    } else {                                                                                        \
+      return T(expr(ksd::tof(x)));                                                                  \
+    }                                                                                               \
+  }
+KS_UNARY(exp, std::exp) KS_UNARY(exp2, std::exp2) KS_UNARY(log, std::log) KS_UNARY(log2, std::log2)
+KS_UNARY(sqrt, std::sqrt) KS_UNARY(sin, std::sin) KS_UNARY(cos, std::cos) KS_UNARY(tanh, std::tanh)
+KS_UNARY(floor, std::floor) KS_UNARY(ceil, std::ceil) KS_UNARY(round, std::round) KS_UNARY(trunc, std::trunc)
+KS_UNARY(fabs, std::fabs) KS_UNARY(erf, std::erf) KS_UNARY(log1p, std::log1p) KS_UNARY(expm1, std::expm1)
+KS_UNARY(tan, std::tan) KS_UNARY(exp10, [](auto v) { return std::pow(decltype(v)(10), v); })
+KS_UNARY(rsqrt, [](auto v) { return decltype(v)(1) / std::sqrt(v); })
+#undef KS_UNARY
+template <class T> inline T abs(const T& x) {
+  if constexpr (is_vec<T>::value) { T r; for (int i = 0; i < vec_size<T>::value; ++i) r.v[i] = abs(x.v[i]); return r; }
+  else return x < T(0) ? T(-x) : x;
+}
+template <class T> inline bool isnan(const T& x) { return std::isnan(float(x)); }
+template <class T> inline bool isinf(const T& x) { return std::isinf(float(x)); }
+template <class T> inline bool isfinite(const T& x) { return std::isfinite(float(x)); }
+template <class T, class U> inline T max(const T& a, const U& b) {
+  if constexpr (is_vec<T>::value) { T r; for (int i = 0; i < vec_size<T>::value; ++i) r.v[i] = max(a.v[i], T(b).v[i]); return r; }
+  else { T bb = T(b); return std::isnan(ksd::tof(a)) ? bb : (std::isnan(ksd::tof(bb)) ? a : (a < bb ? bb : a)); }
+}
+template <class T, class U> inline T min(const T& a, const U& b) {
+  if constexpr (is_vec<T>::value) { T r; for (int i = 0; i < vec_size<T>::value; ++i) r.v[i] = min(a.v[i], T(b).v[i]); return r; }
+  else { T bb = T(b); return std::isnan(ksd::tof(a)) ? bb : (std::isnan(ksd::tof(bb)) ? a : (bb < a ? bb : a)); }
+}
+template <class T, class U> inline T fmax(const T& a, const U& b) { return max(a, b); }
+template <class T, class U> inline T fmin(const T& a, const U& b) { return min(a, b); }
+template <class T, class U, class V> inline T clamp(const T& x, const U& lo, const V& hi) { return min(max(x, lo), hi); }
+template <class T, class U> inline T pow(const T& a, const U& b) { return T(std::pow(ksd::tof(a), ksd::tof(b))); }
+template <class T, class U> inline T powr(const T& a, const U& b) { return T(std::pow(ksd::tof(a), ksd::tof(b))); }
+template <class T> inline T fma(const T& a, const T& b, const T& c) {
+  if constexpr (is_vec<T>::value) { T r; for (int i = 0; i < vec_size<T>::value; ++i) r.v[i] = fma(a.v[i], b.v[i], c.v[i]); return r; }
+  else if constexpr (std::is_same<T, float>::value || std::is_same<T, double>::value) return std::fma(a, b, c);
+  else return T(std::fma(float(a), float(b), float(c)));
+}
+template <class T, class U, class V, class = std::enable_if_t<!(std::is_same<T, U>::value && std::is_same<T, V>::value)>>
+inline auto fma(const T& a, const U& b, const V& c) { using R = std::common_type_t<float, T>; return fma(R(a), R(b), R(c)); }
+template <class T, int N> inline T dot(const vec<T, N>& a, const vec<T, N>& b) {
+  T s = T(0);
+  for (int i = 0; i < N; ++i) s = T(s + a.v[i] * b.v[i]);
+  return s;
+}
+template <class T> inline T select(const T& a, const T& b, bool c) { return c ? b : a; }
+template <class T> inline T mix(const T& a, const T& b, const T& t) { return a + (b - a) * t; }
+template <class T> inline T precise_divide(const T& a, const T& b) { return a / b; }
+template <class T> inline T divide(const T& a, const T& b) { return a / b; }
+
+namespace fast {
+using metal::exp; using metal::exp2; using metal::log; using metal::log2; using metal::sqrt; using metal::rsqrt;
+using metal::max; using metal::min; using metal::tanh; using metal::sin; using metal::cos; using metal::pow;
+using metal::divide; using metal::abs; using metal::fabs;
+}  // namespace fast
+namespace precise {
+using metal::exp; using metal::exp2; using metal::log; using metal::log2; using metal::sqrt; using metal::rsqrt;
+using metal::max; using metal::min; using metal::tanh; using metal::sin; using metal::cos; using metal::pow;
+using metal::divide; using metal::abs; using metal::fabs;
+}  // namespace precise
+
+template <class T> struct numeric_limits {
+  static constexpr T max() { return std::is_same<T, half>::value ? T(65504.0f) : T(3.4028234663852886e38f); }
+  static constexpr T lowest() { return -max(); }
+  static constexpr T infinity() { return T(__builtin_inff()); }
+  static constexpr T quiet_NaN() { return T(__builtin_nanf("")); }
+};
+}  // namespace metal
+
+using metal::mem_flags;
+
+// ------------------------------------------------------------------------------------------------
+// The scheduler (one definition per kernel object; the kernel TU defines KS_RUNTIME_IMPL)
+// ------------------------------------------------------------------------------------------------
+#ifdef KS_RUNTIME_IMPL
+#include "ks_runtime.inc"
+#endif

@@ -293,6 +293,12 @@ def export(families: Optional[list[str]] = typer.Argument(None, help="families t
               soft_wrap=True)
 
 
+# -- nightly flows (issue 6): the sub-app imports Prefect only inside its commands --------------------
+from .flows._cli import app as _flows_app  # noqa: E402
+
+app.add_typer(_flows_app, name="flows")
+
+
 def main() -> None:
     """Console-script entry point: user errors → one line on stderr, exit 2."""
     try:

@@ -1,0 +1,60 @@
+"""``kernsearch flows serve|run``: the Typer sub-app (Prefect is imported only when a command runs)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, help="Nightly search flows (Prefect): serve the schedule or run once now.")
+
+JobFileArg = typer.Argument(..., help="job file (.toml or .yaml): families, shapes, dtypes, chips, budgets")
+ChipOpt = typer.Option(None, "--chip", help="the chip whose jobs run here (default: detected; name one to run "
+                                            "modeled searches for it on a machine without that GPU)")
+
+
+@app.command()
+def serve(job_file: str = JobFileArg, chip: Optional[str] = ChipOpt,
+          cron: str = typer.Option("0 2 * * *", "--cron", help="when the nightly run starts (cron syntax)"),
+          timezone: Optional[str] = typer.Option(None, "--timezone", help="IANA time zone of --cron (default: UTC)"),
+          name: Optional[str] = typer.Option(None, "--name", help="deployment name (default: nightly-<chip>)")) -> None:
+    """Serve this machine's nightly deployment on a cron schedule until interrupted."""
+    from ._serve import serve as serve_deployment
+
+    serve_deployment(job_file, chip=chip, cron=cron, timezone=timezone, name=name)
+
+
+@app.command()
+def run(job_file: str = JobFileArg, chip: Optional[str] = ChipOpt) -> None:
+    """Run the nightly flow once, now, without a schedule; exit 1 if a job failed."""
+    from ._serve import run_once
+
+    report = run_once(job_file, chip=chip)
+    print_report(report)
+    if report["failed"]:
+        raise typer.Exit(1)
+
+
+def print_report(report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from kernsearch.cli import out
+
+    table = Table("job", "problem", "old ms", "new ms", "speedup", "outcome", "evidence", "reason", box=None)
+    for r in report["jobs"]:
+        table.add_row(r["job"], f"{r['family']} {r['dtype']} {r['shape']}",
+                      _ms(r["old_ms"]) + (f" ({r['old_version']})" if r["old_version"] else ""), _ms(r["new_ms"]),
+                      f"{r['speedup']:.3f}x" if r["speedup"] else "-",
+                      r["outcome"] + (f" {r['version']}" if r["version"] else ""), r["evidence"] or "-", r["reason"])
+    out.print(f"[bold]kernsearch nightly on {report['chip']}[/]: {report['published']} published, "
+              f"{report['rejected']} rejected, {report['failed']} failed")
+    out.print(table)
+    export = report["export"]
+    out.print(f"export: {export['status']}" + (f" ({export.get('reason')})" if export.get("reason") else "")
+              + (f": {export['wheel']}" if export.get("wheel") else ""), soft_wrap=True)
+    if any(r["evidence"] == "modeled" for r in report["jobs"]):
+        out.print("[dim]modeled times are predictions of the performance model, not measurements[/]")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"

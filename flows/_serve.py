@@ -1,0 +1,79 @@
+"""Serving the nightly deployment of this machine's chip, and running the flow once, now.
+
+One deployment per chip (``nightly-m2-max``), tagged ``chip:m2-max`` and parameterised with that chip:
+the machine that serves it is the only one that runs it, so a job for an M3 Max never runs on an M2 Max.
+(With work pools instead of ``serve``: one pool per chip, one worker per machine; see docs/flows.md.)
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+from kernsearch._errors import KernsearchError
+
+DEFAULT_CRON = "0 2 * * *"
+
+
+def machine_chip(chip: str | None) -> str:
+    """The chip whose jobs this machine runs: ``--chip`` or the detected one (registry name)."""
+    from kernsearch._chips import get_chip, resolve_chip
+
+    if chip:
+        return get_chip(chip).name
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return resolve_chip(None).name
+
+
+def deployment_name(chip: str) -> str:
+    from .nightly import slug
+
+    return f"nightly-{slug(chip)}"
+
+
+def check_schedule(cron: str, timezone: str | None) -> None:
+    """A bad cron string or time zone is a one-line error before anything is served."""
+    from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
+
+    try:
+        CronSchedule(cron=cron, timezone=timezone or "UTC")
+    except (ValidationError, ValueError) as exc:
+        errors = exc.errors() if isinstance(exc, ValidationError) else [{"msg": str(exc)}]
+        raise KernsearchError(f"bad schedule: {errors[0]['msg'].removeprefix('Value error, ')}") from None
+
+
+def serve(job_file: str | Path, *, chip: str | None = None, cron: str = DEFAULT_CRON, timezone: str | None = None,
+          name: str | None = None) -> None:
+    """Serve the nightly deployment of this machine's chip until interrupted (blocks)."""
+    from ._jobs import load_jobs
+
+    jobs = load_jobs(job_file)
+    check_schedule(cron, timezone)
+    machine = machine_chip(chip)
+    if not jobs.units(machine):
+        raise KernsearchError(f"{job_file}: no job is for {machine} (jobs are for: {', '.join(jobs.chips())}); "
+                              "pass --chip to serve another chip's jobs")
+
+    from prefect.schedules import Cron
+    from prefect.types.entrypoint import EntrypointType
+
+    from .nightly import nightly, slug
+
+    nightly.serve(name=name or deployment_name(machine), schedules=[Cron(cron, timezone=timezone or "UTC")],
+                  parameters={"job_file": str(jobs.path), "chip": machine}, tags=["kernsearch", f"chip:{slug(machine)}"],
+                  description=f"kernsearch nightly searches for {machine} ({jobs.path})", limit=1,
+                  entrypoint_type=EntrypointType.MODULE_PATH)
+
+
+def run_once(job_file: str | Path, *, chip: str | None = None) -> dict[str, Any]:
+    """Run the nightly flow now, in this process, without a schedule; returns its report."""
+    from ._jobs import load_jobs
+
+    jobs = load_jobs(job_file)  # a bad file is one line, before Prefect starts
+    machine = machine_chip(chip)
+    from .nightly import nightly
+
+    return nightly(job_file=str(jobs.path), chip=machine)

@@ -1,0 +1,208 @@
+"""The steps of a nightly job, as plain functions, and a way to run one in a killable subprocess.
+
+Prefect's task timeout cannot interrupt a call that blocks in native code (a kernel spinning on the CPU
+interpreter, a GPU driver that never returns), so every step that runs kernels — ``tune`` and
+``verify`` — runs as ``python -m kernsearch.flows._steps STEP IN OUT`` in its own process group, with its
+own timeout; on timeout (or any error in the caller) the whole group is killed, grand-children included.
+The payloads are JSON: a step process shares nothing with the flow but the files it names.
+
+``publish`` and ``export`` only move files under locks with their own time limits; they run in the flow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+from kernsearch._errors import KernsearchError
+
+
+class StepError(Exception):
+    """A step did not produce a result; ``reason`` is short (``timeout``, ``crash``, ``no-winner``...)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class StepTimeout(StepError):
+    """The step ran past its timeout; its process group was killed."""
+
+
+class StepCrashed(StepError):
+    """The step process died without a result (signal, out of memory): worth one retry."""
+
+
+# -- running a step in a subprocess -------------------------------------------------------------------
+
+def run_step(step: str, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run ``STEPS[step](payload)`` in a fresh process group; kill the group on timeout or interruption."""
+    if step not in STEPS:
+        raise ValueError(f"unknown step {step!r}")
+    with tempfile.TemporaryDirectory(prefix=f"kernsearch-{step}-") as tmp:
+        src, dst = Path(tmp) / "in.json", Path(tmp) / "out.json"
+        src.write_text(json.dumps(payload), encoding="utf-8")
+        log = open(Path(tmp) / "log.txt", "w+", encoding="utf-8")  # noqa: SIM115 - closed below
+        proc = subprocess.Popen([sys.executable, "-m", "kernsearch.flows._steps", step, str(src), str(dst)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            try:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise StepTimeout("timeout", f"{step} step ran past {timeout:g} s; its processes were killed") \
+                    from None
+        finally:
+            _kill_group(proc)
+            log.seek(0)
+            output = log.read()
+            log.close()
+        if dst.is_file():
+            result = json.loads(dst.read_text(encoding="utf-8"))
+            if result.get("ok"):
+                return result["value"]
+            if result.get("user"):
+                raise KernsearchError(result["detail"])
+            raise StepError(result.get("reason", "error"), result.get("detail", ""))
+        tail = " | ".join(output.strip().splitlines()[-3:])
+        raise StepCrashed("crash", f"{step} step exited with {_describe(code)} and no result"
+                                   + (f": {tail}" if tail else ""))
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the step's process group (its workers too), then reap the step process."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover - a process that survives SIGKILL
+        pass
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+# -- the steps ----------------------------------------------------------------------------------------
+
+def tune(p: dict[str, Any]) -> dict[str, Any]:
+    """Run (or resume) the unit's study; return its verified winner, or fail with the reason."""
+    from kernsearch._chips import get_chip
+    from kernsearch._space import make_problem
+    from kernsearch._spec import load_family
+    from kernsearch._study import run_study
+
+    fam = load_family(p["family"])
+    chip = get_chip(p["chip"])
+    problem = make_problem(fam, tuple(p["shape"]), p["dtype"], chip)
+    o = p["options"]
+    result = run_study(fam, problem, chip, p["backend"], trials=o["trials"], time_budget=o["time_budget"],
+                       patience=o["patience"], sampler=o["sampler"], seed=o["seed"], storage=p["storage"],
+                       finalists=o["finalists"], timeout=o["timeout"])
+    failures = dict(result.failures)
+    if result.best is None:
+        raise StepError("no-winner", f"no variant ran correctly in {result.evaluated} evaluated "
+                                     f"(failures: {_counts(failures)})")
+    best, final = result.best, result.final
+    checks: list[dict[str, Any]] = []
+    if result.evidence == "modeled":
+        verdict = final.get("checks", {}).get(str(best.number))
+        if final.get("winner") != best.number or not verdict or not verdict.get("ok"):
+            why = "; ".join(f"trial {n}: {c.get('reason')} {c.get('detail', '')[:120]}".strip()
+                            for n, c in final.get("checks", {}).items() if not c.get("ok"))
+            raise StepError("no-winner", "no finalist passed the interpreter" + (f" ({why})" if why else ""))
+        checks.append({"shape": list(verdict["shape"]), "verifier": "interpreter",
+                       "max_abs_err": verdict["max_abs_err"], "max_rel_err": None})
+    elif best.verified == "device":
+        checks.append({"shape": list(problem.shape), "verifier": "device", "max_abs_err": best.max_abs_err or 0.0,
+                       "max_rel_err": None})
+    else:
+        raise StepError("unverified", f"the winner (trial {best.number}) was never verified")
+    median, spread_ = best.time_ms, best.spread
+    finalist = final.get("finalists", {}).get(str(best.number))
+    if finalist:  # measured: the interleaved final round is the better figure
+        median, spread_ = finalist["median_ms"], finalist["spread"]
+    return {"study": result.study_name, "evidence": result.evidence, "evaluated": result.evaluated,
+            "failures": failures, "stop_reason": result.stop_reason, "config": best.config,
+            "trial": best.number, "median_ms": median, "spread": spread_,
+            "baseline_median_ms": final.get("baseline_median_ms"), "checks": checks,
+            "best": _jsonable(asdict(best))}
+
+
+def verify(p: dict[str, Any]) -> dict[str, Any]:
+    """Verify the winner on the unit's extra shapes (a shape its config is not valid for is skipped)."""
+    from kernsearch._chips import get_chip
+    from kernsearch._errors import VariantFailure
+    from kernsearch._measure import VariantTask, verify_variant
+    from kernsearch._space import Space, make_problem
+    from kernsearch._spec import load_family
+
+    fam = load_family(p["family"])
+    chip = get_chip(p["chip"])
+    backend = p["verifier_backend"]
+    checks, skipped = [], []
+    for shape in p["shapes"]:
+        problem = make_problem(fam, tuple(shape), p["dtype"], chip)
+        bad = Space(problem, chip).violations(p["config"])
+        if bad:
+            skipped.append({"shape": list(problem.shape), "why": "; ".join(map(str, bad))})
+            continue
+        options = {"mode": "fast", "timeout": p["timeout"]} if backend == "cpu" else {}
+        task = VariantTask(family=str(fam.path), shape=problem.shape, dtype=p["dtype"], chip=chip.name,
+                           backend=backend, config=p["config"], seed=p["seed"] + 7, options=options)
+        try:
+            out = verify_variant(task)
+        except VariantFailure as exc:
+            raise StepError(exc.reason, f"winner wrong at shape {problem.shape_text}: {exc.detail[:300]}") from None
+        checks.append({"shape": list(problem.shape), "verifier": "interpreter" if backend == "cpu" else "device",
+                       "max_abs_err": out["max_abs_err"], "max_rel_err": out["max_rel_err"]})
+    return {"checks": checks, "skipped": skipped}
+
+
+STEPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"tune": tune, "verify": verify}
+
+
+def _counts(counter: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counter.items())) or "none"
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def main(argv: list[str]) -> int:
+    """``python -m kernsearch.flows._steps STEP IN.json OUT.json``: the subprocess side of :func:`run_step`."""
+    step, src, dst = argv
+    payload = json.loads(Path(src).read_text(encoding="utf-8"))
+    started = time.monotonic()
+    try:
+        reply: dict[str, Any] = {"ok": True, "value": STEPS[step](payload)}
+    except StepError as exc:
+        reply = {"ok": False, "reason": exc.reason, "detail": exc.detail}
+    except KernsearchError as exc:
+        reply = {"ok": False, "user": True, "reason": "user", "detail": str(exc)}
+    reply["seconds"] = time.monotonic() - started
+    tmp = Path(dst).with_suffix(".tmp")
+    tmp.write_text(json.dumps(reply, default=str), encoding="utf-8")
+    os.replace(tmp, dst)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,307 @@
+"""The nightly search flow: tune → verify → publish every job for this machine's chip, then export.
+
+Importing this module imports Prefect (over a second); only ``kernsearch flows ...`` does.
+
+Each step is a Prefect task. ``tune`` and ``verify`` run kernels, so they run in a killable subprocess
+(:mod:`kernsearch.flows._steps`) with their own timeout, and hold this machine's GPU slot: a Prefect
+global concurrency limit of 1 named ``kernsearch-gpu-<host>``, so two runs on one machine (a nightly and
+a manual one, two deployments) never time kernels at the same time. ``tune`` is retried once when its
+process crashed (the study resumes where it stopped); a timeout or a search without a correct winner is
+not retried. ``publish`` is retried when the artifact key is busy. A job that fails is reported and the
+run goes on with the next job. The run ends with a table artifact: per job the old and new time, the
+speedup, published or rejected (with the gate's reason) or failed (with the reason), and the evidence.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.concurrency.sync import concurrency
+
+from kernsearch._errors import KernsearchError
+
+from ._jobs import Jobs, Unit, load_jobs
+from ._steps import StepCrashed, StepError, run_step
+
+FLOW_NAME = "kernsearch-nightly"
+GPU_LIMIT_PREFIX = "kernsearch-gpu-"
+#: Seconds the verify step may take per extra shape (interpreter runs of small shapes take seconds).
+VERIFY_SECONDS_PER_SHAPE = 300.0
+
+
+def slug(text: str) -> str:
+    """Lower-case letters, digits and dashes (Prefect artifact keys and deployment names)."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "x"
+
+
+def gpu_limit_name(host: str | None = None) -> str:
+    """The per-machine concurrency limit that serialises GPU measurement."""
+    return GPU_LIMIT_PREFIX + slug(host or socket.gethostname())
+
+
+def ensure_gpu_limit(name: str) -> None:
+    """Create the machine's global concurrency limit (1 slot) if the server does not have it yet."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            try:
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+            except ObjectAlreadyExists:  # another run created it meanwhile
+                pass
+
+
+def _retry_on_crash(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry a step only when its process died (a resumed study continues); never after a timeout."""
+    try:
+        state.result()
+    except StepCrashed:
+        return True
+    except BaseException:  # noqa: BLE001 - any other failure is deterministic
+        return False
+    return False
+
+
+def _retry_when_busy(task: Any, task_run: Any, state: Any) -> bool:
+    try:
+        state.result()
+    except KernsearchError as exc:
+        return "busy" in str(exc)
+    except BaseException:  # noqa: BLE001
+        return False
+    return False
+
+
+# -- tasks --------------------------------------------------------------------------------------------
+
+@task(name="tune", retries=1, retry_delay_seconds=10, retry_condition_fn=_retry_on_crash)
+def tune_task(unit: Unit, backend: str, storage: str | None, gpu_limit: str) -> dict[str, Any]:
+    """Run or resume the unit's study in a subprocess, holding this machine's GPU slot."""
+    payload = {"family": unit.family, "shape": list(unit.shape), "dtype": unit.dtype, "chip": unit.chip,
+               "backend": backend, "storage": storage, "options": unit.options.model_dump()}
+    with concurrency(gpu_limit, occupy=1, strict=True):
+        return run_step("tune", payload, timeout=unit.step_timeout())
+
+
+@task(name="verify")
+def verify_task(unit: Unit, backend: str, config: dict[str, Any], gpu_limit: str) -> dict[str, Any]:
+    """Verify the winner on the unit's extra shapes (interpreter for modeled searches, else the device)."""
+    payload = {"family": unit.family, "dtype": unit.dtype, "chip": unit.chip, "config": config,
+               "shapes": [list(s) for s in unit.verify_shapes], "seed": unit.options.seed,
+               "verifier_backend": "cpu" if backend == "model" else backend, "timeout": unit.options.timeout}
+    with concurrency(gpu_limit, occupy=1, strict=True):
+        return run_step("verify", payload, timeout=VERIFY_SECONDS_PER_SHAPE * max(1, len(unit.verify_shapes)))
+
+
+@task(name="publish", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_when_busy, timeout_seconds=600)
+def publish_task(unit: Unit, backend: str, tuned: dict[str, Any], verified: dict[str, Any],
+                 artifacts: str | None) -> dict[str, Any]:
+    """Offer the verified winner to the store's regression gate; returns the outcome and the old time."""
+    from kernsearch._artifacts import ArtifactStore, Candidate
+    from kernsearch._chips import get_chip
+    from kernsearch._manifest import Correctness, Measurements
+    from kernsearch._space import Space, make_problem
+    from kernsearch._spec import load_family
+
+    fam = load_family(unit.family)
+    chip = get_chip(unit.chip)
+    space = Space(make_problem(fam, unit.shape, unit.dtype, chip), chip)
+    checks = tuned["checks"] + verified["checks"]
+    rel = [c["max_rel_err"] for c in checks if c.get("max_rel_err") is not None]
+    correctness = Correctness(verifier=checks[0]["verifier"], passed=True,
+                              shapes_checked=sorted({"x".join(map(str, c["shape"])) for c in checks}),
+                              max_abs_error=max(c["max_abs_err"] for c in checks),
+                              max_rel_error=max(rel) if rel else None, checks_run=len(checks))
+    measurements = Measurements(median_ms=tuned["median_ms"], spread=tuned["spread"],
+                                samples_ms=list(tuned["best"].get("samples_ms", [])) or [tuned["median_ms"]],
+                                baseline_median_ms=tuned.get("baseline_median_ms"))
+    target = "cuda" if backend == "cuda" else "metal"
+    candidate = Candidate.for_config(space, tuned["config"], target=target, correctness=correctness,
+                                     evidence=tuned["evidence"], measurements=measurements, study=tuned["study"])
+    store = ArtifactStore(artifacts)
+    old = _current(store, candidate.key)
+    outcome = store.publish(candidate, min_gain=unit.options.min_gain)
+    return {"published": outcome.published, "version": outcome.version, "reason": outcome.reason,
+            "key": outcome.key, "current": outcome.current, **old}
+
+
+@task(name="export", retries=1, retry_delay_seconds=10, timeout_seconds=1800)
+def export_task(artifacts: str | None, out: str, families: list[str]) -> dict[str, Any]:
+    """Build the installable package of the current artifacts (``kernsearch export``)."""
+    return export_package(artifacts, out, families)
+
+
+def export_package(artifacts: str | None, out: str, families: list[str]) -> dict[str, Any]:
+    from kernsearch._artifacts import ArtifactStore
+    from kernsearch._export import export
+
+    result = export(families, out, ArtifactStore(artifacts))
+    return {"out": out, "wheel": str(result.wheel), "package": result.package, "version": result.version,
+            "artifacts": result.artifacts, "notes": result.notes}
+
+
+# -- the flow -----------------------------------------------------------------------------------------
+
+@flow(name=FLOW_NAME, description="Re-tune, verify and publish the kernels of a job file for this machine's chip.")
+def nightly(job_file: str, chip: str | None = None) -> dict[str, Any]:
+    """Run every job of ``job_file`` listed for ``chip`` (default: the detected chip); see the module doc."""
+    logger = get_run_logger()
+    jobs = load_jobs(job_file)
+    machine, detected = _machine(chip)
+    units = jobs.units(machine.name)
+    if not units:
+        logger.warning("no job in %s is for %s (jobs are for: %s)", job_file, machine.name, ", ".join(jobs.chips()))
+    limit = gpu_limit_name()
+    ensure_gpu_limit(limit)
+    rows = [_run_unit(unit, jobs, detected, limit, logger) for unit in units]
+    export = _maybe_export(jobs, rows, logger)
+    report = {"chip": machine.name, "job_file": str(jobs.path), "jobs": rows, "export": export,
+              **{k: sum(r["outcome"] == k for r in rows) for k in ("published", "rejected", "failed")}}
+    _summarise(report)
+    logger.info("%s: %d published, %d rejected, %d failed", machine.name, report["published"],
+                report["rejected"], report["failed"])
+    return report
+
+
+def _machine(chip: str | None) -> tuple[Any, Any]:
+    """(the chip whose jobs run here, the chip detected here)."""
+    import warnings
+
+    from kernsearch._chips import get_chip, resolve_chip
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        detected = resolve_chip(None)
+    return (get_chip(chip) if chip else detected), detected
+
+
+def _backend(choice: str, detected: Any) -> str:
+    """``auto``: metal on an Apple GPU, cuda on an NVIDIA one, else the model (verified on the interpreter)."""
+    if choice != "auto":
+        return choice
+    return {"apple": "metal", "nvidia": "cuda"}.get(detected.vendor, "model")
+
+
+def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) -> dict[str, Any]:
+    backend = _backend(unit.options.backend, detected)
+    row: dict[str, Any] = {"job": unit.job, "family": _family_name(unit.family), "family_ref": unit.family,
+                           "chip": unit.chip,
+                           "dtype": unit.dtype, "shape": unit.shape_text, "backend": backend, "evidence": None,
+                           "old_ms": None, "old_version": None, "new_ms": None, "speedup": None,
+                           "outcome": "failed", "version": None, "reason": ""}
+    if backend in ("metal", "cuda") and detected.name != unit.chip:
+        row["reason"] = (f"a {backend} search measures the chip it runs on: this machine is {detected.name}, "
+                         f"the job is for {unit.chip}")
+        logger.error("%s: %s", unit.name, row["reason"])
+        return row
+    timeout = unit.step_timeout() + 120.0
+    state = tune_task.with_options(timeout_seconds=timeout)(unit, backend, jobs.storage, limit, return_state=True)
+    tuned = _value(state, row, "tune")
+    if tuned is None:
+        logger.error("%s: tune failed: %s", unit.name, row["reason"])
+        return row
+    row.update(evidence=tuned["evidence"], new_ms=tuned["median_ms"], study=tuned["study"],
+               evaluated=tuned["evaluated"])
+    vtimeout = VERIFY_SECONDS_PER_SHAPE * max(1, len(unit.verify_shapes)) + 60.0
+    state = verify_task.with_options(timeout_seconds=vtimeout)(unit, backend, tuned["config"], limit,
+                                                                return_state=True)
+    verified = _value(state, row, "verify")
+    if verified is None:
+        logger.error("%s: verification failed: %s", unit.name, row["reason"])
+        return row
+    state = publish_task(unit, backend, tuned, verified, str(jobs.artifacts) if jobs.artifacts else None,
+                         return_state=True)
+    outcome = _value(state, row, "publish")
+    if outcome is None:
+        return row
+    old = outcome.get("old_ms")
+    row.update(old_ms=old, old_version=outcome.get("old_version"), version=outcome["version"],
+               outcome="published" if outcome["published"] else "rejected", reason=outcome["reason"],
+               speedup=(old / tuned["median_ms"]) if old else None)
+    if verified["skipped"]:
+        row["reason"] += "; not verified at " + ", ".join(
+            f"{'x'.join(map(str, s['shape']))} ({s['why']})" for s in verified["skipped"])
+    logger.info("%s: %s: %s", unit.name, row["outcome"], row["reason"])
+    return row
+
+
+def _value(state: Any, row: dict[str, Any], step: str) -> Any:
+    """The task's result, or None with the row marked failed and why."""
+    if state.is_completed():
+        return state.result()
+    exc = state.result(raise_on_failure=False)
+    if isinstance(exc, StepError):
+        why = f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason
+    elif isinstance(exc, BaseException):
+        why = str(exc) or type(exc).__name__
+    else:
+        why = state.message or state.name
+    row["reason"] = f"{step}: {' '.join(str(why).split())}"
+    return None
+
+
+def _current(store: Any, key: Any) -> dict[str, Any]:
+    """The current version's time, before publishing (for the summary)."""
+    try:
+        pointer = store.pointer(key)
+        if pointer is None:
+            return {"old_ms": None, "old_version": None}
+        manifest = store.load(key, pointer.version).manifest
+    except KernsearchError:
+        return {"old_ms": None, "old_version": None}
+    m = manifest.measurements
+    return {"old_ms": m.median_ms if m else None, "old_version": pointer.version,
+            "old_evidence": manifest.evidence}
+
+
+def _family_name(ref: str) -> str:
+    from pathlib import Path
+
+    return Path(ref).name if "/" in ref else ref
+
+
+def _maybe_export(jobs: Jobs, rows: list[dict[str, Any]], logger: Any) -> dict[str, Any]:
+    if jobs.export is None:
+        return {"status": "skipped", "reason": "the job file names no export folder"}
+    if not any(r["outcome"] == "published" for r in rows):
+        return {"status": "skipped", "reason": "nothing new was published"}
+    families = jobs.families()  # every family of the file: the package ships them all, not only tonight's
+    state = export_task(str(jobs.artifacts) if jobs.artifacts else None, str(jobs.export), families,
+                        return_state=True)
+    row: dict[str, Any] = {}
+    value = _value(state, row, "export")
+    if value is None:
+        logger.error("export failed: %s", row["reason"])
+        return {"status": "failed", "reason": row["reason"]}
+    return {"status": "exported", **value}
+
+
+def _summarise(report: dict[str, Any]) -> None:
+    """The run's summary as Prefect artifacts: a table of jobs and a short markdown note."""
+    table = [{"job": r["job"], "problem": f"{r['family']} {r['dtype']} {r['shape']}", "chip": r["chip"],
+              "old ms": _ms(r["old_ms"]) + (f" ({r['old_version']})" if r["old_version"] else ""),
+              "new ms": _ms(r["new_ms"]), "speedup": f"{r['speedup']:.3f}x" if r["speedup"] else "-",
+              "outcome": r["outcome"] + (f" {r['version']}" if r["version"] else ""),
+              "reason": r["reason"], "evidence": r["evidence"] or "-"} for r in report["jobs"]]
+    key = f"kernsearch-nightly-{slug(report['chip'])}"
+    create_table_artifact(table=table, key=key,
+                          description=f"kernsearch nightly on {report['chip']}: {report['published']} published, "
+                                      f"{report['rejected']} rejected, {report['failed']} failed")
+    lines = [f"# kernsearch nightly on {report['chip']}", "",
+             f"{report['published']} published, {report['rejected']} rejected, {report['failed']} failed "
+             f"(job file `{report['job_file']}`).", "",
+             "Times labelled *modeled* are predictions of the performance model, not measurements.", "",
+             f"Export: {report['export']['status']}: {report['export'].get('reason') or report['export'].get('out')}"]
+    create_markdown_artifact(markdown="\n".join(lines), key=f"{key}-note")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"

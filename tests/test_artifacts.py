@@ -1,0 +1,343 @@
+"""The artifact store: versions, the regression gate, refusal of bad artifacts, concurrency and crashes."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kernsearch._artifacts import ArtifactKey, ArtifactStore, Candidate, gate
+from kernsearch._chips import get_chip
+from kernsearch._manifest import (SCHEMA_VERSION, ArtifactError, Correctness, Manifest, Measurements, Toolchain,
+                                  parse_manifest)
+from kernsearch._space import Space, make_problem
+from kernsearch._spec import load_family
+
+REPO = Path(__file__).resolve().parents[1]
+M2MAX_INFO = {"architecture": "applegpu_g14c", "device_name": "Apple M2 Max"}
+KEY = "gemm/M2-Max/float32/64x64x64"
+
+
+def candidate(median: float = 1.0, spread: float = 0.0, evidence: str = "modeled", chip: str = "M2 Max",
+              shape: tuple[int, ...] = (64, 64, 64), dtype: str = "float32", config: dict | None = None,
+              passed: bool = True, detected: dict | None = None, toolchain: Toolchain | None = None,
+              target: str = "metal") -> Candidate:
+    """A gemm candidate with the given evidence (the store's input; the figures are the test's choice)."""
+    fam = load_family("gemm")
+    c = get_chip(chip)
+    if detected is not None:
+        c = c.model_copy(update={"detected": detected})
+    space = Space(make_problem(fam, shape, dtype, c), c)
+    corr = Correctness(verifier="device" if evidence == "measured" else "interpreter", passed=passed,
+                       shapes_checked=["x".join(map(str, shape))], max_abs_error=1e-6, checks_run=2)
+    meas = None if evidence == "interpreted" else Measurements(
+        median_ms=median, spread=spread, samples_ms=[median] * 5, baseline_median_ms=2.0 * median)
+    return Candidate.for_config(space, space.parse_config(config or {}), target=target, correctness=corr,
+                                evidence=evidence, measurements=meas, study="test-study", toolchain=toolchain)
+
+
+def toolchain(mlx: str = "0.32.4") -> Toolchain:
+    return Toolchain(kernsearch_version="0.1.0", mlx_version=mlx, python_version="3.11.7", os="Darwin",
+                     os_release="24.1.0", macos_version="15.1", macos_build="24B83")
+
+
+def key(text: str = KEY) -> ArtifactKey:
+    return ArtifactKey.parse(text)[0]
+
+
+# -- versions and the gate ---------------------------------------------------------------------------------
+
+def test_publish_creates_versions_and_the_gate_needs_a_gain_beyond_noise(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    first = store.publish(candidate(median=1.0, spread=0.02))
+    assert (first.published, first.version, first.key) == (True, "v1", KEY)
+    same = store.publish(candidate(median=0.99, spread=0.02))  # 1 % faster, 2 % noise
+    assert not same.published and same.version is None and "not faster than v1 beyond the noise" in same.reason
+    assert same.current == "v1"
+    faster = store.publish(candidate(median=0.5, spread=0.02, config={"BM": 64}))
+    assert (faster.published, faster.version) == (True, "v2") and "faster than v1" in faster.reason
+    assert store.versions(key()) == ["v1", "v2"] and store.pointer(key()).version == "v2"
+    art = store.load(key())
+    assert art.version == "v2" and art.manifest.config["BM"] == 64 and art.manifest.gate.replaced == "v1"
+    assert art.manifest.measurements.speedup == pytest.approx(2.0)
+    # v1 is untouched by later publishes
+    assert store.load(key(), "v1").manifest.measurements.median_ms == 1.0
+    assert [e["outcome"] for e in store.journal(key())] == ["published", "rejected", "published"]
+    # min_gain is required on top of the noise
+    assert not store.publish(candidate(median=0.47, spread=0.02), min_gain=0.05).published
+
+
+def test_version_holds_source_config_geometry_and_evidence(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    c = candidate(median=0.8, evidence="measured", detected=M2MAX_INFO, config={"LAYOUT_B": "t"})
+    store.publish(c)
+    art = store.load(key())
+    m = art.manifest
+    assert art.kernel.header == c.kernel.header and art.kernel.source == c.kernel.source
+    assert m.source_sha256 == c.kernel.sha256 and len(m.template.sha256) == 64
+    assert m.schema_version == SCHEMA_VERSION and m.evidence == "measured" and m.correctness.verifier == "device"
+    assert m.chip.detected == M2MAX_INFO and m.chip.lineage == ("apple-g14", "apple-g14c")
+    assert art.geometry == c.geometry and m.geometry.transposed_inputs == ["B"]
+    assert m.problem.flops == 2 * 64 ** 3 and m.study == "test-study" and m.toolchain.mlx_version
+    assert (art.path / "header.metal").read_text() == c.kernel.header
+
+
+def test_modeled_never_replaces_measured_but_measured_replaces_modeled(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    assert store.publish(candidate(median=1.0, evidence="measured", detected=M2MAX_INFO)).published
+    modeled = store.publish(candidate(median=0.1, evidence="modeled"))
+    assert not modeled.published and "modeled results never replace measured" in modeled.reason
+    interpreted = store.publish(candidate(evidence="interpreted"))
+    assert not interpreted.published and store.pointer(key()).version == "v1"
+
+    other = ArtifactStore(tmp_path / "other")
+    other.publish(candidate(median=0.1, evidence="modeled"))
+    slower_but_measured = other.publish(candidate(median=5.0, evidence="measured", detected=M2MAX_INFO))
+    assert slower_but_measured.published and "replaces modeled v1" in slower_but_measured.reason
+
+
+def test_toolchain_change_invalidates_a_measured_current(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    store.publish(candidate(median=1.0, evidence="measured", detected=M2MAX_INFO, toolchain=toolchain("0.30.0")))
+    same_toolchain = store.publish(candidate(median=2.0, evidence="measured", detected=M2MAX_INFO,
+                                             toolchain=toolchain("0.30.0")))
+    assert not same_toolchain.published
+    new_mlx = store.publish(candidate(median=2.0, evidence="measured", detected=M2MAX_INFO,
+                                      toolchain=toolchain("0.32.4")))
+    assert new_mlx.published and "toolchain changed (mlx_version 0.30.0 → 0.32.4)" in new_mlx.reason
+
+
+def test_explicit_invalidation_and_unreadable_current_let_a_correct_candidate_in(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    store.publish(candidate(median=1.0))
+    store.invalidate(key(), "wrong results reported on M2 Max")
+    assert store.pointer(key()).invalidated == "wrong results reported on M2 Max"
+    assert list(store.current_artifacts()) == []  # invalidated versions are not shipped
+    out = store.publish(candidate(median=3.0))
+    assert out.published and out.version == "v2" and "invalidated: wrong results" in out.reason
+    (store.key_dir(key()) / "v2" / "source.metal").write_text("// tampered\n")
+    out = store.publish(candidate(median=9.0))
+    assert out.published and out.version == "v3" and "unreadable" in out.reason
+
+
+def test_failed_verification_is_refused_and_recorded(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    out = store.publish(candidate(passed=False))
+    assert not out.published and out.version is None and "failed verification" in out.reason
+    assert store.versions(key()) == [] and store.pointer(key()) is None
+    assert store.journal(key())[-1]["outcome"] == "rejected"
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: candidate(evidence="measured"), "measured evidence needs a GPU detected"),
+    (lambda: candidate(evidence="measured", chip="cpu", detected={"architecture": "x86_64"}), "a CPU"),
+    (lambda: candidate(config={"VEC": 4}, shape=(63, 64, 63)), "vector_alignment"),
+])
+def test_inconsistent_candidates_are_refused(tmp_path: Path, make, message: str) -> None:
+    with pytest.raises(ArtifactError, match=message):
+        ArtifactStore(tmp_path).publish(make())
+
+
+def test_a_kernel_that_is_not_what_the_template_renders_is_refused(tmp_path: Path) -> None:
+    import dataclasses
+
+    c = candidate()
+    edited = dataclasses.replace(c.kernel, source=c.kernel.source + "// edited by hand\n")
+    with pytest.raises(ArtifactError, match="differs from what gemm.metal.j2 renders"):
+        ArtifactStore(tmp_path).publish(dataclasses.replace(c, kernel=edited))
+
+
+def test_gate_is_a_pure_decision() -> None:
+    store_free = candidate(median=1.0)
+    from kernsearch._artifacts import _draft_manifest
+
+    draft = _draft_manifest(store_free)
+    assert gate(draft, None, None) == (True, "first version for this key (modeled)")
+
+
+# -- refusing bad artifacts ------------------------------------------------------------------------------
+
+@pytest.fixture
+def published(tmp_path: Path) -> ArtifactStore:
+    store = ArtifactStore(tmp_path / "store")
+    store.publish(candidate(median=1.0))
+    return store
+
+
+def _manifest_file(store: ArtifactStore) -> Path:
+    return store.key_dir(key()) / "v1" / "manifest.json"
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda s: (s.key_dir(key()) / "v1" / "source.metal").write_text("kernel void evil() {}\n"),
+     "source hash mismatch .* tampered or corrupted"),
+    (lambda s: (s.key_dir(key()) / "v1" / "header.metal").unlink(), "missing kernel file header.metal"),
+    (lambda s: _manifest_file(s).write_text("{ not json"), "malformed manifest: not JSON"),
+    (lambda s: _manifest_file(s).write_text("[]"), "malformed manifest: expected a JSON object"),
+    (lambda s: _manifest_file(s).write_text(json.dumps({
+        k: v for k, v in json.loads(_manifest_file(s).read_text()).items() if k != "correctness"})),
+     "malformed manifest: correctness: Field required"),
+    (lambda s: _manifest_file(s).write_text(json.dumps({
+        **json.loads(_manifest_file(s).read_text()), "evidence": "guessed"})), "malformed manifest: evidence"),
+    (lambda s: _manifest_file(s).write_text(json.dumps({
+        **json.loads(_manifest_file(s).read_text()), "schema_version": 2})),
+     "unknown manifest schema version 2 \\(this kernsearch reads version 1\\)"),
+    (lambda s: _manifest_file(s).write_text(json.dumps({
+        k: v for k, v in json.loads(_manifest_file(s).read_text()).items() if k != "schema_version"})),
+     "no schema_version"),
+    (lambda s: _manifest_file(s).write_text(json.dumps({
+        **json.loads(_manifest_file(s).read_text()), "version": "v7"})), "manifest describes .*/v7, not this folder"),
+])
+def test_tampered_or_malformed_artifacts_are_refused_in_one_line(published: ArtifactStore, damage,
+                                                                 message: str) -> None:
+    damage(published)
+    with pytest.raises(ArtifactError, match=message) as info:
+        published.load(key())
+    assert "\n" not in str(info.value)
+    bad = [r for r in published.verify() if not r.ok]
+    assert len(bad) == 1 and bad[0].where == f"{KEY}/v1"
+
+
+def test_cli_refuses_a_tampered_artifact_with_one_line_and_exit_2(published: ArtifactStore) -> None:
+    (published.key_dir(key()) / "v1" / "source.metal").write_text("// tampered\n")
+    env = {**os.environ, "KERNSEARCH_ARTIFACTS": str(published.root)}
+    for args in (["artifacts", "verify"], ["artifacts", "show", KEY]):
+        res = subprocess.run([sys.executable, "-m", "kernsearch", *args], capture_output=True, text=True, env=env,
+                             timeout=120)
+        assert res.returncode == 2, res
+        assert "Traceback" not in res.stderr
+        error_lines = [line for line in res.stderr.splitlines() if line.strip()]
+        assert len(error_lines) == 1 and error_lines[0].startswith("error:"), res.stderr
+    assert "source hash mismatch" in res.stderr
+
+
+def test_manifest_round_trips_and_rejects_unknown_fields(published: ArtifactStore) -> None:
+    text = _manifest_file(published).read_text()
+    m = parse_manifest(text, "here")
+    assert isinstance(m, Manifest) and parse_manifest(m.to_json(), "again") == m
+    with pytest.raises(ArtifactError, match="malformed manifest: surprise: Extra inputs"):
+        parse_manifest(json.dumps({**json.loads(text), "surprise": 1}), "here")
+
+
+def test_bad_keys_are_one_line_errors() -> None:
+    assert ArtifactKey.parse("gemm/M2 Max/float16/8x8x8/v3") == (ArtifactKey("gemm", "M2-Max", "float16", (8, 8, 8)),
+                                                                "v3")
+    for bad in ("gemm", "gemm/M2-Max/float16/eightxeight", "a/b/c/d/e/f"):
+        with pytest.raises(ArtifactError, match="bad artifact key"):
+            ArtifactKey.parse(bad)
+
+
+def test_docs_describe_every_manifest_field_and_the_schema_version() -> None:
+    doc = (REPO / "docs" / "artifacts.md").read_text()
+    assert f"schema version {SCHEMA_VERSION}" in doc.lower()
+    missing = [name for name in Manifest.model_fields if f"`{name}`" not in doc]
+    assert not missing, f"docs/artifacts.md does not describe {missing}"
+
+
+# -- concurrency and faults --------------------------------------------------------------------------------
+
+PUBLISHER = textwrap.dedent("""
+    import json, os, sys, time
+    sys.path.insert(0, {tests!r})
+    from test_artifacts import candidate
+    from kernsearch._artifacts import ArtifactStore
+    store = ArtifactStore({root!r}, lock_timeout=60)
+    medians = json.loads(sys.argv[1])
+    cands = [candidate(median=m) for m in medians]
+    open(f"{barrier}/{{sys.argv[2]}}", "w").close()
+    while len(os.listdir({barrier!r})) < {n!r}:  # start together
+        time.sleep(0.002)
+    t0 = time.time()
+    outs = [store.publish(c) for c in cands]
+    window = [t0, time.time()]
+    print(json.dumps({{"window": window,
+                      "outs": [[m, o.published, o.version, o.reason] for m, o in zip(medians, outs)]}}))
+""")
+
+
+def test_concurrent_publishers_get_distinct_versions_and_a_consistent_gate(tmp_path: Path) -> None:
+    root, barrier = tmp_path / "store", tmp_path / "barrier"
+    barrier.mkdir()
+    script = PUBLISHER.format(tests=str(Path(__file__).parent), root=str(root), barrier=str(barrier), n=4)
+    medians = [[5.0 - 0.25 * (p + 4 * i) for i in range(3)] for p in range(4)]  # 12 distinct medians
+    procs = [subprocess.Popen([sys.executable, "-c", script, json.dumps(m), str(i)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i, m in enumerate(medians)]
+    results, windows = [], []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, stderr
+        report = json.loads(stdout)
+        results += report["outs"]
+        windows.append(report["window"])
+    # the publishers really ran at the same time (at least two publish windows overlap)
+    assert any(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(windows) for b in windows[i + 1:]), windows
+    store = ArtifactStore(root)
+    published = [r for r in results if r[1]]
+    versions = [r[2] for r in published]
+    assert len(set(versions)) == len(versions), "two publishers got the same version"
+    assert sorted(versions, key=lambda v: int(v[1:])) == [f"v{i}" for i in range(1, len(versions) + 1)]
+    assert store.versions(key()) == sorted(versions, key=lambda v: int(v[1:]))
+    # The gate ran serially: each published version is faster than the one before it, and the current
+    # version is the fastest ever offered (nothing was lost).
+    chain = [store.load(key(), v).manifest.measurements.median_ms for v in store.versions(key())]
+    assert chain == sorted(chain, reverse=True) and len(set(chain)) == len(chain)
+    assert store.load(key()).manifest.measurements.median_ms == min(m for ms in medians for m in ms)
+    assert all(r.ok for r in store.verify())
+    assert len(store.journal(key())) == 12 and all(r[3] for r in results)
+
+
+KILLED_PUBLISHER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    from test_artifacts import candidate
+    import kernsearch._artifacts as A
+    real_write = A._write_file
+    def slow_write(path, text):
+        if path.name == "manifest.json":  # half the manifest on disk, then hang until killed
+            real_write(path, text[: len(text) // 2])
+            open({marker!r}, "w").close()
+            time.sleep(120)
+        real_write(path, text)
+    A._write_file = slow_write
+    A.ArtifactStore({root!r}).publish(candidate(median=0.1, config={{"BM": 64}}))
+""")
+
+
+def test_kill_9_during_publish_leaves_the_store_valid(tmp_path: Path) -> None:
+    root, marker = tmp_path / "store", tmp_path / "writing"
+    store = ArtifactStore(root, lock_timeout=30)
+    store.publish(candidate(median=1.0))
+    script = KILLED_PUBLISHER.format(tests=str(Path(__file__).parent), root=str(root), marker=str(marker))
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not marker.exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.time() < deadline, "the publisher never reached the manifest write"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    # Readers see only the complete v1; the half-written version is a hidden temporary folder.
+    assert store.versions(key()) == ["v1"] and store.pointer(key()).version == "v1"
+    assert store.load(key()).version == "v1" and all(r.ok for r in store.verify())
+    assert len(store.stale_temporaries()) == 1
+    # The dead publisher's lock is gone: the next publish gets v2 at once.
+    out = store.publish(candidate(median=0.2, config={"BM": 64}))
+    assert out.published and out.version == "v2"
+
+
+def test_a_busy_key_is_refused_cleanly_after_the_timeout(published: ArtifactStore) -> None:
+    with open(published.key_dir(key()) / ".lock", "a+") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        t0 = time.monotonic()
+        with pytest.raises(ArtifactError, match="is busy: another publisher holds"):
+            ArtifactStore(published.root, lock_timeout=0.3).publish(candidate(median=0.1))
+        assert time.monotonic() - t0 < 5
+    assert published.versions(key()) == ["v1"]

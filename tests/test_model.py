@@ -1,0 +1,266 @@
+"""The ``model`` back-end: predictions move the right way for each effect, stay positive and finite, and are
+labelled modeled. Isolated effects use a toy family whose ``[model]`` table exposes one effect per knob."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from kernsearch._chips import get_chip
+from kernsearch._errors import BackendError, ConfigError, SpecError
+from kernsearch._space import Space, make_problem
+from kernsearch._spec import load_family
+from kernsearch.backends import Evidence, get_backend
+from kernsearch.backends._model import ModelBackend
+
+TOY_SPEC = """
+name = "toy"
+description = "one model effect per knob"
+reference = "A"
+baseline = "A"
+
+[problem]
+dims = ["N"]
+default_shape = [1048576]
+dtypes = ["float32"]
+default_dtype = "float32"
+flops = "N"
+bytes = "2 * N * dtype_size"
+
+[[inputs]]
+name = "A"
+shape = "[N]"
+
+[[outputs]]
+name = "C"
+shape = "[N]"
+
+[templates]
+metal = "toy.metal.j2"
+
+[knobs.TILE]
+kind = "tile"
+values = [1024, 4096]
+[knobs.READS]
+kind = "other"
+values = [1, 4]
+[knobs.ARITH]
+kind = "other"
+values = [1, 256, 1024]
+[knobs.TGMEM]
+kind = "threadgroup_memory"
+values = [0, 32768]
+[knobs.DB]
+kind = "buffering"
+values = [false, true]
+[knobs.VEC]
+kind = "vector"
+values = [1, 4]
+
+[launch]
+grid = "[ceil_div(N, TILE) * 256, 1, 1]"
+threadgroup = "[256, 1, 1]"
+
+[default]
+TILE = 1024
+READS = 1
+ARITH = 1
+TGMEM = 0
+DB = false
+VEC = 1
+
+[tolerance.float32]
+rtol = 0
+atol = 0
+"""
+
+TOY_MODEL = """
+[model]
+threadgroups = "ceil_div(N, TILE)"
+threadgroup_threads = "256"
+threadgroup_memory = "TGMEM"
+flops = "ARITH * TILE"
+cache_bytes = "READS * 2 * TILE * dtype_size"
+load_bytes = "VEC * dtype_size"
+buffers = "2 if DB else 1"
+"""
+
+
+def make_toy(folder: Path, model: str = TOY_MODEL) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "family.toml").write_text(TOY_SPEC + model)
+    (folder / "toy.metal.j2").write_text("{% block header %}{% endblock %}{% block source %}"
+                                         "C[0] = A[0];{% endblock %}\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory: pytest.TempPathFactory):
+    return load_family(make_toy(tmp_path_factory.mktemp("toy") / "toy"))
+
+
+def space_for(family, chip: str = "M2 Max", shape=None, dtype=None) -> Space:
+    c = get_chip(chip)
+    return Space(make_problem(family, shape, dtype, c), c)
+
+
+def predict(space: Space, **knobs) -> float:
+    return ModelBackend().predict_ms(space, space.parse_config(knobs))
+
+
+# -- the back-end's contract ------------------------------------------------------------------------------
+
+def test_model_backend_is_labelled_modeled_and_runs_nothing(gemm):
+    backend = get_backend("model")
+    assert isinstance(backend, ModelBackend)
+    assert backend.evidence is Evidence.MODELED and backend.name == "model" and backend.target is None
+    space = space_for(gemm)
+    assert backend.breakdown(space, dict(gemm.default))["evidence"] == "modeled"
+    with pytest.raises(BackendError, match="runs no kernel"):
+        backend.run(None, None, [], "float16")  # type: ignore[arg-type]
+    with pytest.raises(BackendError, match="predict_ms"):
+        backend.time(None, None, [], "float16")  # type: ignore[arg-type]
+
+
+def test_invalid_or_incomplete_config_is_refused(gemm):
+    space = space_for(gemm)
+    with pytest.raises(ConfigError, match="threadgroup_memory"):
+        ModelBackend().predict_ms(space, space.parse_config("BM=128,BN=128,BK=32,DOUBLE_BUFFER=1,PAD=4,WM=4,WN=4"))
+    with pytest.raises(ConfigError, match="lacks knob"):
+        ModelBackend().predict_ms(space, {"BM": 32})
+
+
+# -- each effect, isolated on the toy family ------------------------------------------------------------
+
+def test_more_operand_rereads_is_slower(toy):
+    space = space_for(toy)
+    assert predict(space, READS=4) > 2 * predict(space, READS=1)
+    assert predict(space, READS=4, ARITH=256) > predict(space, READS=1, ARITH=256)
+
+
+def test_idle_cores_in_the_last_wave_cost_a_whole_wave(toy):
+    cores = get_chip("M2 Max").gpu_cores
+    backend = ModelBackend()
+    per_tg = {}
+    for tgs in (4 * cores, 4 * cores + 1):
+        space = space_for(toy, shape=(tgs * 4096,))
+        b = backend.breakdown(space, space.parse_config("TILE=4096,ARITH=1024"))
+        assert b["threadgroups"] == tgs
+        per_tg[tgs] = b["time_ms"] / tgs
+    # One extra threadgroup adds a partial wave on one core: far more than 1/(4·cores) more time.
+    assert per_tg[4 * cores + 1] > 1.1 * per_tg[4 * cores]
+
+
+def test_threadgroup_memory_that_cuts_occupancy_is_slower(toy):
+    space = space_for(toy)
+    backend = ModelBackend()
+    small = backend.breakdown(space, space.parse_config("TGMEM=0"))
+    big = backend.breakdown(space, space.parse_config("TGMEM=32768"))
+    assert big["resident_per_core"] < small["resident_per_core"]
+    assert big["occupancy_limit"] == "threadgroup memory"
+    assert big["time_ms"] > small["time_ms"]
+
+
+@pytest.mark.parametrize("arith", [1, 256])
+def test_double_buffering_and_vector_loads_help_memory_bound_cases(toy, arith):
+    space = space_for(toy)
+    backend = ModelBackend()
+    for occupancy in ("TGMEM=0", "TGMEM=32768"):
+        base = backend.breakdown(space, space.parse_config(f"READS=4,ARITH={arith},{occupancy}"))
+        assert base["bound"] == "cache bandwidth"
+        assert predict(space, READS=4, ARITH=arith, TGMEM=int(occupancy[6:]), DB=True) < base["time_ms"]
+    # Wider loads keep more bytes in flight: they matter where few threads are resident.
+    low = backend.breakdown(space, space.parse_config(f"READS=4,ARITH={arith},TGMEM=32768"))
+    assert low["bandwidth_efficiency"] < 1
+    assert predict(space, READS=4, ARITH=arith, TGMEM=32768, VEC=4) < low["time_ms"]
+
+
+def test_predictions_scale_with_chip_size(toy, gemm):
+    tiers = ["M1", "M1 Pro", "M1 Max", "M1 Ultra"]
+    for family, config in ((toy, "ARITH=256"), (gemm, None)):
+        times = [ModelBackend().predict_ms(s := space_for(family, chip), s.parse_config(config)) for chip in tiers]
+        assert times == sorted(times, reverse=True) and times[-1] < times[0] / 4, (family.name, times)
+
+
+def test_chip_argument_overrides_the_space_chip(gemm):
+    space = space_for(gemm, "M2 Max")
+    config = dict(gemm.default)
+    ultra = ModelBackend(chip="M2 Ultra")
+    assert ultra.breakdown(space, config)["chip"] == "M2 Ultra"
+    assert ultra.predict_ms(space, config) < ModelBackend().predict_ms(space, config)
+
+
+# -- GEMM: the spec's [model] expressions -------------------------------------------------------------------
+
+def test_gemm_smaller_tiles_and_unstaged_operands_reread_more_and_run_slower(gemm):
+    space = space_for(gemm, dtype="float32")
+    backend = ModelBackend()
+    big = backend.breakdown(space, space.parse_config("BM=64,BN=64,WM=2,WN=2"))
+    small = backend.breakdown(space, space.parse_config("BM=16,BN=16,WM=2,WN=2"))
+    assert small["cache_bytes"] > 3 * big["cache_bytes"] and small["time_ms"] > big["time_ms"]
+    staged = backend.breakdown(space, space.parse_config("STAGE=AB"))
+    direct = backend.breakdown(space, space.parse_config("STAGE=none"))
+    assert direct["cache_bytes"] > staged["cache_bytes"] and direct["time_ms"] > staged["time_ms"]
+
+
+def test_gemm_simdgroup_matrix_beats_scalar_at_equal_tiles(gemm):
+    space = space_for(gemm)
+    assert predict(space, MMA="simdgroup") < predict(space, MMA="scalar")
+
+
+@pytest.mark.parametrize("chip,shape", [("M2 Max", "4096,4096,4096"), ("H100", "17,4099,33")])
+def test_every_valid_gemm_config_gets_a_positive_finite_time(gemm, chip, shape):
+    space = space_for(gemm, chip, shape)
+    valid = space.enumerate().valid
+    backend = ModelBackend()
+    times = [backend.predict_ms(space, c) for c in valid]
+    bad = [(c, t) for c, t in zip(valid, times) if not (math.isfinite(t) and t > 0)]
+    assert valid and not bad, bad[:3]
+    # Memoised evaluation gives the same answers in any order and on a fresh back-end.
+    fresh = ModelBackend()
+    step = max(1, len(valid) // 200)
+    assert [fresh.predict_ms(space, c) for c in reversed(valid[::step])] == list(reversed(times[::step]))
+    # The problem's FLOPs at the chip's peak bound every prediction from below.
+    floor = space.problem.flops() / (get_chip(chip).peak_tflops(space.problem.dtype) * 1e9)
+    assert min(times) > floor
+
+
+# -- families without a model, and malformed model tables ------------------------------------------------
+
+def test_family_without_model_table_gets_a_plain_roofline(tmp_path):
+    fam = load_family(make_toy(tmp_path / "plain", model=""))
+    backend = ModelBackend()
+    chip = get_chip("M2 Max")
+    b = backend.breakdown(space_for(fam, shape=(1 << 24,)), dict(fam.default))
+    assert b["model"] == "roofline" and b["bound"] == "memory"
+    assert b["time_ms"] == pytest.approx(2 * 4 * (1 << 24) / (chip.memory_bandwidth_gbs * 1e9) * 1e3
+                                         + b["launch_ms"])
+    assert backend.predict_ms(space_for(fam, shape=(1 << 25,)), dict(fam.default)) > b["time_ms"]
+
+
+@pytest.mark.parametrize("model,message", [
+    ('[model]\nthreadgroups = "1"\nflops = "TILE"\n', "missing entry 'cache_bytes'"),
+    (TOY_MODEL + 'treadgroups = "2"\n', "model.treadgroups: not a model input"),
+    (TOY_MODEL + 'registers = "-1"\n', "model.registers: expected a non-negative number"),
+    (TOY_MODEL.replace('"ARITH * TILE"', '"ARITH / (TILE - TILE)"'), "model.flops"),
+])
+def test_malformed_model_inputs_are_one_line_spec_errors(tmp_path, model, message):
+    fam = load_family(make_toy(tmp_path / "bad", model=model))
+    with pytest.raises(SpecError, match=message):
+        ModelBackend().predict_ms(space_for(fam), dict(fam.default))
+
+
+@pytest.mark.parametrize("model,message", [
+    (TOY_MODEL + 'extra = "NOPE * 2"\n', "model.extra: unknown name"),
+    (TOY_MODEL + 'TILE = "1"\n', "model.TILE: name is taken"),
+    (TOY_MODEL + 'later = "concurrent * 2"\n', None),  # `concurrent` is supplied by the model
+])
+def test_model_table_names_are_checked_on_load(tmp_path, model, message):
+    folder = make_toy(tmp_path / "names", model=model)
+    if message is None:
+        assert "later" in load_family(folder).model
+        return
+    with pytest.raises(SpecError, match=message):
+        load_family(folder)

@@ -299,6 +299,68 @@ from .flows._cli import app as _flows_app  # noqa: E402
 app.add_typer(_flows_app, name="flows")
 
 
+@app.command()
+def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
+           config: Optional[str] = typer.Option(None, "--config", help="KNOB=VALUE,... (others: the default)"),
+           shape: Optional[str] = ShapeOpt, dtype: Optional[str] = DtypeOpt, chip_name: Optional[str] = ChipOpt,
+           backend: str = typer.Option("cpu", "--backend", help="cpu (the Metal interpreter), metal or cuda"),
+           check: bool = typer.Option(False, "--check", help="cpu: also detect threadgroup races, reads of "
+                                      "never-written and out-of-bounds threadgroup memory"),
+           sanitize: bool = typer.Option(False, "--sanitize", help="cpu: detect device-buffer out-of-bounds "
+                                         "accesses (AddressSanitizer)"),
+           seed: int = typer.Option(0, "--seed", help="seed of the random inputs"),
+           timeout: float = typer.Option(30.0, "--timeout", help="cpu: seconds before a hanging kernel is stopped")
+           ) -> None:
+    """Run one variant against the float64 NumPy reference: pass/fail, error, diagnostics (exit 1 on fail)."""
+    from ._chips import default_apple_chip
+    from ._errors import VariantFailure
+    from rich.markup import escape
+
+    from ._render import geometry, render as render_variant
+    from ._space import format_config
+    from ._verify import tolerance, verify_kernel
+    from .backends import get_backend
+
+    if check and sanitize:
+        raise KernsearchError("--check and --sanitize are separate runs: give one of them")
+    if backend == "cpu" and chip_name is None:
+        detected = resolve_chip(None)
+        chip_name = detected.name if detected.vendor == "apple" else default_apple_chip().name
+    fam, c, problem, sp = problem_and_space(family, shape, dtype, chip_name)
+    cfg = sp.validate(sp.parse_config(config))
+    be = get_backend(backend)
+    be.check_available()
+    target = be.target or "metal"
+    kernel = render_variant(fam, cfg, problem.dtype, target)
+    geo = geometry(sp, cfg)
+    options: dict = {}
+    mode = "sanitize" if sanitize else ("check" if check else "fast")
+    if backend == "cpu":
+        from .interp import template_lines
+
+        options = {"mode": mode, "timeout": timeout, "chip": c, "lines": template_lines(fam, cfg, problem.dtype, target)}
+    elif check or sanitize:
+        raise KernsearchError("--check and --sanitize need --backend cpu")
+    how = f"{be.name} back-end ({be.evidence.value}" + (f", {mode} mode)" if backend == "cpu" else ")")
+    out.print(f"[bold]{fam.name}[/] {problem.shape_text} {problem.dtype} for {c.name} · "
+              f"{format_config(cfg)} · {how}", soft_wrap=True)
+    try:
+        result, diagnostics = verify_kernel(be, kernel, geo, problem, seed, **options)
+    except VariantFailure as exc:
+        out.print(f"[red]FAIL ({exc.reason})[/]: {escape(exc.detail)}", soft_wrap=True)
+        raise typer.Exit(1) from None
+    rtol, atol = tolerance(problem)
+    colour = "green" if result.ok else "red"
+    out.print(f"[{colour}]{result.summary()}[/] (tolerance: rtol {rtol:g}, atol {atol:.3g})", soft_wrap=True)
+    errors = [d for d in diagnostics if d.severity == "error"]
+    for d in diagnostics:
+        out.print(f"  [{'red' if d.severity == 'error' else 'yellow'}]{escape(str(d))}[/]", soft_wrap=True)
+    if not result.ok or errors:
+        if result.ok:
+            out.print(f"[red]FAIL[/]: {len(errors)} error diagnostic(s)")
+        raise typer.Exit(1)
+
+
 def main() -> None:
     """Console-script entry point: user errors → one line on stderr, exit 2."""
     try:

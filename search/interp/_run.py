@@ -135,10 +135,10 @@ def run_sanitized(exe: Path, args: list[np.ndarray], outputs: list[int], grid: t
         launch, result = Path(tmp) / "launch.bin", Path(tmp) / "result.bin"
         out_set = set(outputs)
         with open(launch, "wb") as f:
-            f.write(struct.pack("i3I3Iqi", len(args), *grid, *tg, tg_limit, stack_kb))
+            f.write(struct.pack("<i3I3Iqi", len(args), *grid, *tg, tg_limit, stack_kb))
             for i, a in enumerate(args):
                 data = np.ascontiguousarray(a).tobytes()
-                f.write(struct.pack("iq", 1 if i in out_set else 0, len(data)))
+                f.write(struct.pack("<iq", 1 if i in out_set else 0, len(data)))
                 f.write(data)
         env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0:halt_on_error=0:detect_stack_use_after_return=0:"
                                             "print_legend=0:symbolize=1:exitcode=23")

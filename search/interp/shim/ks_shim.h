@@ -5,9 +5,8 @@
 // Build modes: KS_CHECK (threadgroup race / uninitialised / bounds detector), KS_SANITIZE (ASan build,
 // ucontext fibers, driver main). Never build with -ffast-math: NaN poisoning relies on IEEE NaNs.
 #pragma once
-#include <cmath>
+// Only small headers: <cmath> / <string> / <vector> would triple the compile time of every variant.
 #include <cstdarg>
-#include <string>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -308,9 +307,12 @@ template <class T> inline T* tg_access(const TgAlloc* a, int64_t i, bool write, 
   if (write) {
     if (s->w_epoch == e && s->writer != t && !ordered_by_simd_barrier(s->writer, s->w_sepoch))
       report(D_RACE, S_ERROR, line, "race on %s[%lld]: written by threads %d and %d with no barrier between", a->name, (long long)i, s->writer, t);
-    else if (s->r_epoch == e && s->reader != t && !(s->reader >= 0 && ordered_by_simd_barrier(s->reader, s->r_sepoch)))
-      report(D_RACE, S_ERROR, line, "race on %s[%lld]: thread %d writes what thread %s read with no barrier between", a->name, (long long)i, t,
-             s->reader == -2 ? "s" : std::to_string(s->reader).c_str());
+    else if (s->r_epoch == e && s->reader != t && !(s->reader >= 0 && ordered_by_simd_barrier(s->reader, s->r_sepoch))) {
+      if (s->reader == -2)
+        report(D_RACE, S_ERROR, line, "race on %s[%lld]: thread %d writes what other threads read with no barrier between", a->name, (long long)i, t);
+      else
+        report(D_RACE, S_ERROR, line, "race on %s[%lld]: thread %d writes what thread %d read with no barrier between", a->name, (long long)i, t, s->reader);
+    }
     s->writer = t; s->w_epoch = e; s->w_sepoch = se;
   } else {
     if (s->w_epoch == 0)
@@ -498,7 +500,7 @@ template <class T> void mma_op(ks::Fiber** lanes, int n, ks::Fiber*) {
     auto* d = static_cast<simdgroup_matrix<T, 8, 8>*>(lanes[i]->out);
     for (int k = 0; k < 2; ++k) {
       float s = c[r][cc + k];
-      for (int j = 0; j < 8; ++j) s = std::fma(a[r][j], b[j][cc + k], s);
+      for (int j = 0; j < 8; ++j) s = __builtin_fmaf(a[r][j], b[j][cc + k], s);
       d->e.v[k] = T(s);
     }
   }
@@ -553,53 +555,47 @@ template <class U, class V> inline U as_type(const V& v) {
   return u;
 }
 
-namespace ksd {
-template <class T> using scalar_of = std::conditional_t<is_vec<T>::value, typename T::value_type, T>;
-template <class T> inline float tof(T x) { return float(x); }
-inline double tof(double x) { return x; }
-}  // namespace ksd
-
-#define KS_UNARY(name, expr)                                                                         \
+#define KS_UNARY(name, fn)                                                                           \
   template <class T> inline auto name(const T& x) {                                                 \
     if constexpr (is_vec<T>::value) {                                                               \
       T r; for (int i = 0; i < vec_size<T>::value; ++i) r.v[i] = name(x.v[i]); return r;            \
-    } else if constexpr (std::is_integral<T>::value && !std::is_same<T, bool>::value) {             \
-      return T(expr(double(x)));                                                                    \
     } else {                                                                                        \
-      return T(expr(ksd::tof(x)));                                                                  \
+      return T(fn(float(x)));                                                                       \
     }                                                                                               \
   }
-KS_UNARY(exp, std::exp) KS_UNARY(exp2, std::exp2) KS_UNARY(log, std::log) KS_UNARY(log2, std::log2)
-KS_UNARY(sqrt, std::sqrt) KS_UNARY(sin, std::sin) KS_UNARY(cos, std::cos) KS_UNARY(tanh, std::tanh)
-KS_UNARY(floor, std::floor) KS_UNARY(ceil, std::ceil) KS_UNARY(round, std::round) KS_UNARY(trunc, std::trunc)
-KS_UNARY(fabs, std::fabs) KS_UNARY(erf, std::erf) KS_UNARY(log1p, std::log1p) KS_UNARY(expm1, std::expm1)
-KS_UNARY(tan, std::tan) KS_UNARY(exp10, [](auto v) { return std::pow(decltype(v)(10), v); })
-KS_UNARY(rsqrt, [](auto v) { return decltype(v)(1) / std::sqrt(v); })
+KS_UNARY(exp, __builtin_expf) KS_UNARY(exp2, __builtin_exp2f) KS_UNARY(log, __builtin_logf)
+KS_UNARY(log2, __builtin_log2f) KS_UNARY(sqrt, __builtin_sqrtf) KS_UNARY(sin, __builtin_sinf)
+KS_UNARY(cos, __builtin_cosf) KS_UNARY(tanh, __builtin_tanhf) KS_UNARY(floor, __builtin_floorf)
+KS_UNARY(ceil, __builtin_ceilf) KS_UNARY(round, __builtin_roundf) KS_UNARY(trunc, __builtin_truncf)
+KS_UNARY(fabs, __builtin_fabsf) KS_UNARY(erf, __builtin_erff) KS_UNARY(log1p, __builtin_log1pf)
+KS_UNARY(expm1, __builtin_expm1f) KS_UNARY(tan, __builtin_tanf)
+KS_UNARY(exp10, [](float v) { return __builtin_powf(10.0f, v); })
+KS_UNARY(rsqrt, [](float v) { return 1.0f / __builtin_sqrtf(v); })
 #undef KS_UNARY
 template <class T> inline T abs(const T& x) {
   if constexpr (is_vec<T>::value) { T r; for (int i = 0; i < vec_size<T>::value; ++i) r.v[i] = abs(x.v[i]); return r; }
   else return x < T(0) ? T(-x) : x;
 }
-template <class T> inline bool isnan(const T& x) { return std::isnan(float(x)); }
-template <class T> inline bool isinf(const T& x) { return std::isinf(float(x)); }
-template <class T> inline bool isfinite(const T& x) { return std::isfinite(float(x)); }
+template <class T> inline bool isnan(const T& x) { return __builtin_isnan(float(x)); }
+template <class T> inline bool isinf(const T& x) { return __builtin_isinf(float(x)); }
+template <class T> inline bool isfinite(const T& x) { return __builtin_isfinite(float(x)); }
 template <class T, class U> inline T max(const T& a, const U& b) {
   if constexpr (is_vec<T>::value) { T r; for (int i = 0; i < vec_size<T>::value; ++i) r.v[i] = max(a.v[i], T(b).v[i]); return r; }
-  else { T bb = T(b); return std::isnan(ksd::tof(a)) ? bb : (std::isnan(ksd::tof(bb)) ? a : (a < bb ? bb : a)); }
+  else { T bb = T(b); return __builtin_isnan(float(a)) ? bb : (__builtin_isnan(float(bb)) ? a : (a < bb ? bb : a)); }
 }
 template <class T, class U> inline T min(const T& a, const U& b) {
   if constexpr (is_vec<T>::value) { T r; for (int i = 0; i < vec_size<T>::value; ++i) r.v[i] = min(a.v[i], T(b).v[i]); return r; }
-  else { T bb = T(b); return std::isnan(ksd::tof(a)) ? bb : (std::isnan(ksd::tof(bb)) ? a : (bb < a ? bb : a)); }
+  else { T bb = T(b); return __builtin_isnan(float(a)) ? bb : (__builtin_isnan(float(bb)) ? a : (bb < a ? bb : a)); }
 }
 template <class T, class U> inline T fmax(const T& a, const U& b) { return max(a, b); }
 template <class T, class U> inline T fmin(const T& a, const U& b) { return min(a, b); }
 template <class T, class U, class V> inline T clamp(const T& x, const U& lo, const V& hi) { return min(max(x, lo), hi); }
-template <class T, class U> inline T pow(const T& a, const U& b) { return T(std::pow(ksd::tof(a), ksd::tof(b))); }
-template <class T, class U> inline T powr(const T& a, const U& b) { return T(std::pow(ksd::tof(a), ksd::tof(b))); }
+template <class T, class U> inline T pow(const T& a, const U& b) { return T(__builtin_powf(float(a), float(b))); }
+template <class T, class U> inline T powr(const T& a, const U& b) { return T(__builtin_powf(float(a), float(b))); }
 template <class T> inline T fma(const T& a, const T& b, const T& c) {
   if constexpr (is_vec<T>::value) { T r; for (int i = 0; i < vec_size<T>::value; ++i) r.v[i] = fma(a.v[i], b.v[i], c.v[i]); return r; }
-  else if constexpr (std::is_same<T, float>::value || std::is_same<T, double>::value) return std::fma(a, b, c);
-  else return T(std::fma(float(a), float(b), float(c)));
+  else if constexpr (std::is_same<T, float>::value) return __builtin_fmaf(a, b, c);
+  else return T(__builtin_fmaf(float(a), float(b), float(c)));
 }
 template <class T, class U, class V, class = std::enable_if_t<!(std::is_same<T, U>::value && std::is_same<T, V>::value)>>
 inline auto fma(const T& a, const U& b, const V& c) { using R = std::common_type_t<float, T>; return fma(R(a), R(b), R(c)); }

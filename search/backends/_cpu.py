@@ -1,0 +1,60 @@
+"""The ``cpu`` back-end: Metal kernels run on the CPU interpreter (:mod:`kernsearch.interp`).
+
+Its results are *interpreted* evidence: correctness and diagnostics, never a timing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .._errors import BackendError
+from .._render import Geometry, KernelSource
+from ._base import BaseBackend, Diagnostic, Evidence, RunResult
+
+
+class CpuBackend(BaseBackend):
+    """Runs the exact Metal source MLX would compile, on the CPU, in a child process per run.
+
+    Options of :meth:`run`: ``mode`` ("fast", "check", "sanitize"), ``timeout`` (seconds before a
+    hanging kernel is stopped), ``chip`` (its threadgroup-memory limit is checked), ``lines``
+    (a :class:`kernsearch.interp.TemplateLines`, so diagnostics name the template line).
+    """
+
+    name: ClassVar[str] = "cpu"
+    evidence: ClassVar[Evidence] = Evidence.INTERPRETED
+    target: ClassVar[str | None] = "metal"
+
+    def __init__(self, mode: str = "fast", timeout: float = 30.0) -> None:
+        from ..interp import MODES
+
+        if mode not in MODES:
+            raise BackendError(f"unknown cpu back-end mode {mode!r} (known: {', '.join(MODES)})")
+        self.mode = mode
+        self.timeout = timeout
+
+    def check_available(self) -> None:
+        from ..interp._compile import compiler
+
+        compiler()
+
+    def run(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
+            init_value: float | None = float("nan"), mode: str | None = None, timeout: float | None = None,
+            chip: Any = None, lines: Any = None, **options: Any) -> RunResult:
+        """Execute once; a variant that cannot run raises :class:`~kernsearch._errors.VariantFailure`."""
+        from ..interp import MODES, run_kernel
+        from ..interp._interp import DEFAULT_TG_LIMIT
+
+        mode = mode or self.mode
+        if mode not in MODES:
+            raise BackendError(f"unknown cpu back-end mode {mode!r} (known: {', '.join(MODES)})")
+        if kernel.target != "metal":
+            raise BackendError(f"the cpu back-end runs Metal kernels, not {kernel.target}")
+        limit = getattr(chip, "threadgroup_memory_bytes", None) or DEFAULT_TG_LIMIT
+        result = run_kernel(kernel, geometry.grid, geometry.threadgroup, list(geometry.output_shapes),
+                            list(geometry.output_dtypes), inputs, dtype, init_value=init_value, mode=mode,
+                            timeout=self.timeout if timeout is None else timeout, tg_limit=limit, lines=lines)
+        diagnostics = [Diagnostic(d.kind, d.message + (f" | {d.code}" if d.code else ""), d.line, d.template_line,
+                                  d.severity) for d in result.diagnostics]
+        return RunResult(result.outputs, diagnostics, result.compile_seconds)

@@ -51,7 +51,7 @@ OPTIONAL = {
     "device_fetch_fraction": 0.0,  # share of those fetches that go to device memory (unstaged operands)
     "bank_conflicts": 1.0,  # ways of threadgroup-memory bank conflict on operand fetches
     "barriers": 0.0,  # threadgroup barriers per threadgroup
-    "copy_instructions": 0.0,  # per-thread instructions × threads spent copying tiles (issue slots)
+    "copy_instructions": 0.0,  # lane instructions per threadgroup spent copying tiles (issue slots)
 }
 KNOWN = frozenset(REQUIRED) | frozenset(OPTIONAL)
 _MISSING = object()

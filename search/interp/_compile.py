@@ -68,7 +68,7 @@ def flags(mode: str) -> list[str]:
     if mode == "check":
         f.append("-DKS_CHECK=1")
     if mode == "sanitize":
-        f += ["-DKS_SANITIZE=1", "-DKS_DRIVER=1", "-fsanitize=address", "-fno-omit-frame-pointer", "-g"]
+        f += ["-DKS_SANITIZE=1", "-DKS_DRIVER=1", "-fsanitize=address", "-fsanitize-recover=address", "-fno-omit-frame-pointer", "-g"]
     else:
         f += ["-fPIC", "-shared"]
     return f

@@ -1,7 +1,7 @@
 """Which template line produced each rendered line (for diagnostics that name the template file:line).
 
 The template is rendered a second time with an invisible marker at the end of every plain template
-line (lines with no ``{% %}`` / ``{# #}`` tag, so whitespace control is unchanged); a rendered line
+line (lines with no ``{% %}`` / ``{# #}`` tag and no ``-}}`` / ``{{-``, so whitespace control is unchanged); a rendered line
 carries the markers of the template lines it came from. If the marked rendering, markers removed,
 differs from the real one, no mapping is returned rather than a wrong one.
 """
@@ -29,7 +29,7 @@ def _mark(text: str) -> str:
     out = []
     in_comment = False
     for i, line in enumerate(text.split("\n"), start=1):
-        plain = not in_comment and not any(t in line for t in ("{%", "%}", "{#", "#}"))
+        plain = not in_comment and not any(t in line for t in ("{%", "%}", "{#", "#}", "-}}", "{{-"))
         if "{#" in line and "#}" not in line[line.index("{#"):]:
             in_comment = True
         elif in_comment and "#}" in line:

@@ -66,6 +66,9 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
     if pid == 0:  # child: never returns into the caller's code
         code = 4
         try:
+            import faulthandler
+
+            faulthandler.disable()  # a crashing kernel is reported by the parent, not dumped here
             lib = ctypes.CDLL(str(lib_path))
             argv = (ctypes.c_void_p * len(call_args))(*[a.ctypes.data for a in call_args])
             diags = (_Diag * MAX_DIAGS).from_buffer(diag_mem, 16)

@@ -1,0 +1,101 @@
+"""The GEMM template on the interpreter: a knob-covering sample of valid configs on ragged and square
+shapes in every dtype matches the float64 reference (fast mode); a stratified subset is clean in check mode."""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from kernsearch._chips import get_chip
+from kernsearch._render import geometry, render
+from kernsearch._space import Space, format_config, make_problem
+from kernsearch._verify import verify_kernel
+from kernsearch.backends import get_backend
+
+SHAPES = ("33,65,7", "100,72,40", "64,64,64")
+DTYPES = ("float32", "float16", "bfloat16")
+SAMPLE = 200
+CHECK_SUBSET = 16
+
+
+def covering_sample(space: Space, n: int, seed: int) -> list[dict]:
+    """``n`` valid configs such that every value of every knob appears at least once."""
+    valid = space.enumerate().valid
+    rng = random.Random(seed)
+    rng.shuffle(valid)
+    chosen: list[dict] = []
+    for name, knob in space.family.knobs.items():
+        for value in knob.values:
+            if not any(c[name] == value for c in chosen):
+                chosen.append(next(c for c in valid if c[name] == value))
+    keys = {format_config(c) for c in chosen}
+    for c in valid:
+        if len(chosen) >= n:
+            break
+        if format_config(c) not in keys:
+            chosen.append(c)
+            keys.add(format_config(c))
+    return chosen
+
+
+def _precompile(jobs: list[tuple]) -> None:
+    """Compile every variant first, two at a time (compiles are subprocesses); runs stay sequential."""
+    from kernsearch.interp._compile import compile_unit
+    from kernsearch.interp._source import cpp_unit, signature
+
+    def one(job: tuple) -> None:
+        kernel, mode, dtype = job
+        sig = signature(kernel.name, kernel.input_names, kernel.output_names, kernel.source, [dtype, dtype],
+                        [(64, 64), (64, 64)], [dtype], kernel.template)
+        compile_unit(cpp_unit(sig, kernel.header, kernel.source, check=mode == "check"), mode)
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(one, jobs))
+
+
+@pytest.mark.slow
+def test_gemm_sample_matches_reference_on_all_shapes_and_dtypes(gemm):
+    chip = get_chip("M2 Max")
+    square = Space(make_problem(gemm, "64,64,64", "float32", chip), chip)
+    configs = covering_sample(square, SAMPLE, seed=3)
+    assert len(configs) == SAMPLE
+    for name, knob in gemm.knobs.items():  # every knob value appears
+        assert {c[name] for c in configs} == set(knob.values), name
+    plan = [(cfg, DTYPES[i % len(DTYPES)]) for i, cfg in enumerate(configs)]
+    _precompile([(render(gemm, cfg, dt), "fast", dt) for cfg, dt in plan])
+    cpu = get_backend("cpu")
+    runs, failures, dtypes_seen = 0, [], set()
+    for cfg, dtype in plan:
+        for shape in SHAPES:
+            problem = make_problem(gemm, shape, dtype, chip)
+            space = Space(problem, chip)
+            if not space.is_valid(cfg):  # e.g. VEC > 1 needs K % VEC == 0; K = 7 allows VEC = 1 only
+                continue
+            check, diags = verify_kernel(cpu, render(gemm, cfg, dtype), geometry(space, cfg), problem, seed=runs)
+            runs += 1
+            dtypes_seen.add(dtype)
+            errors = [d for d in diags if d.severity == "error"]
+            if not check.ok or errors:
+                failures.append(f"{format_config(cfg)} {shape} {dtype}: {check.summary()} {errors}")
+    assert not failures, "\n".join(failures[:10])
+    assert dtypes_seen == set(DTYPES)
+    assert runs >= 2 * SAMPLE  # every config ran on the square shape and on at least one ragged shape
+
+
+@pytest.mark.slow
+def test_gemm_stratified_subset_is_clean_in_check_mode(gemm):
+    chip = get_chip("M2 Max")
+    square = Space(make_problem(gemm, "64,64,64", "float32", chip), chip)
+    configs = covering_sample(square, CHECK_SUBSET, seed=11)
+    _precompile([(render(gemm, cfg, "float16"), "check", "float16") for cfg in configs])
+    cpu = get_backend("cpu")
+    for i, cfg in enumerate(configs):
+        shape = "33,65,7" if cfg["VEC"] == 1 else "100,72,40"
+        problem = make_problem(gemm, shape, "float16", chip)
+        space = Space(problem, chip)
+        check, diags = verify_kernel(cpu, render(gemm, cfg, "float16"), geometry(space, cfg), problem, seed=i,
+                                     mode="check", chip=chip)
+        assert check.ok, f"{format_config(cfg)} {shape}: {check.summary()}"
+        assert diags == [], f"{format_config(cfg)} {shape}: {[str(d) for d in diags]}"

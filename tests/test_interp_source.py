@@ -1,0 +1,125 @@
+"""The interpreter builds kernels exactly as MLX does, and every kernsearch template stays in its subset."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kernsearch._chips import get_chip
+from kernsearch._render import render
+from kernsearch._space import Space, make_problem
+from kernsearch._spec import builtin_family_names, load_family
+from kernsearch.interp import lint, mlx_source, signature
+
+# Runs in a child: MLX writes the source it generates into the exported .mlxfn file.
+_EXPORT = r"""
+import json, sys, tempfile, os
+import mlx.core as mx
+spec = json.loads(sys.argv[1])
+dt = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16, "int32": mx.int32}
+k = mx.fast.metal_kernel(name=spec["name"], input_names=spec["inputs"], output_names=["C"],
+                         source=spec["source"], header=spec["header"])
+tmpl = [(n, dt[v] if isinstance(v, str) else v) for n, v in spec["template"]]
+def f(*xs):
+    return k(inputs=list(xs), template=tmpl or None, grid=(32, 1, 1), threadgroup=(32, 1, 1),
+             output_shapes=[(4,)], output_dtypes=[dt[spec["out"]]])
+args = [mx.zeros(tuple(s), dtype=dt[d]) for s, d in zip(spec["shapes"], spec["dtypes"])]
+path = os.path.join(tempfile.mkdtemp(), "k.mlxfn")
+mx.export_function(path, f, *args)
+data = open(path, "rb").read()
+start = data.index(spec["header"].encode())
+end = data.index(b"\n}\n", start) + 3
+if spec["template"]:
+    end = data.index(b";\n", end) + 2
+sys.stdout.write(data[start:end].decode())
+"""
+
+CASES = [
+    # name, header, source, inputs, shapes, dtypes, template, output dtype
+    ("plain", "// h1\n", "uint i = thread_position_in_grid.x;\nC[i] = A[i];", ["A"], [[64]], ["float32"], [],
+     "float32"),
+    ("templ", "#include <metal_stdlib>\nusing namespace metal;\n",
+     "uint i = thread_position_in_grid.x + threadgroup_position_in_grid.x * threads_per_threadgroup.x;\n"
+     "C[i] = A[i] * s + B[0] + A_shape[0] + A_strides[0] + A_ndim + thread_index_in_simdgroup;",
+     ["A", "B", "s"], [[8, 4], [7], []], ["float16", "float16", "float16"], [["T", "float16"], ["N", 3], ["F", True]],
+     "float16"),
+    ("bf", "// bf\n", "C[thread_index_in_threadgroup + simdgroup_index_in_threadgroup + grid_size.x] = X[0] + Y[n];",
+     ["X", "Y", "n"], [[3, 3], [100], []], ["bfloat16", "bfloat16", "int32"], [["T", "bfloat16"]], "bfloat16"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_signature_matches_mlx_export(case):
+    import json
+
+    name, header, source, inputs, shapes, dtypes, template, out = case
+    spec = {"name": name, "header": header, "source": source, "inputs": inputs, "shapes": shapes,
+            "dtypes": dtypes, "template": template, "out": out}
+    proc = subprocess.run([sys.executable, "-c", _EXPORT, json.dumps(spec)], capture_output=True, text=True,
+                          timeout=120)
+    if proc.returncode != 0 and "export_function" in proc.stderr and "not" in proc.stderr:
+        pytest.skip(f"this MLX build cannot export custom kernels: {proc.stderr.strip().splitlines()[-1]}")
+    assert proc.returncode == 0, proc.stderr
+    sig = signature(name, tuple(inputs), ("C",), source, dtypes, [tuple(s) for s in shapes], [out],
+                    tuple((k, v) for k, v in template))
+    assert mlx_source(sig, header, source) == proc.stdout
+
+
+def test_gemm_signature_matches_mlx_export(gemm):
+    """The rendered GEMM kernel, as MLX compiles it (float16, ragged shape)."""
+    import json
+
+    chip = get_chip("M2 Max")
+    space = Space(make_problem(gemm, "33,65,7", "float16", chip), chip)
+    kernel = render(gemm, space.validate(dict(gemm.default)), "float16")
+    spec = {"name": kernel.name, "header": kernel.header, "source": kernel.source, "inputs": list(kernel.input_names),
+            "shapes": [[33, 7], [7, 65]], "dtypes": ["float16", "float16"], "template": [["T", "float16"]],
+            "out": "float16"}
+    proc = subprocess.run([sys.executable, "-c", _EXPORT, json.dumps(spec)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    sig = signature(kernel.name, kernel.input_names, kernel.output_names, kernel.source, ["float16"] * 2,
+                    [(33, 7), (7, 65)], ["float16"], kernel.template)
+    assert mlx_source(sig, kernel.header, kernel.source) == proc.stdout
+
+
+@pytest.mark.parametrize("family", builtin_family_names())
+def test_every_template_stays_inside_the_subset(family):
+    fam = load_family(family)
+    if "metal" not in fam.templates:
+        pytest.skip(f"{family} has no Metal template")
+    chip = get_chip("M2 Max")
+    shape = ",".join("64" for _ in fam.problem.dims) if hasattr(fam.problem, "dims") else None
+    space = Space(make_problem(fam, shape, None, chip), chip)
+    valid = space.enumerate().valid
+    sample = random.Random(0).sample(valid, min(len(valid), 400))
+    for dtype in ("float32", "float16", "bfloat16"):
+        for cfg in sample[:: 3 if dtype != "float32" else 1]:
+            kernel = render(fam, cfg, dtype)
+            assert lint(kernel.header, kernel.source) is None, (cfg, lint(kernel.header, kernel.source))
+
+
+@pytest.mark.parametrize("snippet,word", [
+    ("atomic_fetch_add_explicit(x, 1, memory_order_relaxed);", "atomic"),
+    ("threadgroup float tile[4][8];", "threadgroup declaration"),
+    ("float q = quad_sum(1.0f);", "quad"),
+    ("float v = simd_ballot(true);", "simd_ballot"),
+    ("simdgroup_matrix<float, 4, 4> m;", "4x4"),
+    ("texture2d<float> t;", "texture"),
+    ("float y = metal::sinh(1.0f);", "metal::sinh"),
+])
+def test_lint_rejects_outside_the_subset_in_one_line(snippet, word):
+    message = lint("", snippet)
+    assert message is not None and word in message and "\n" not in message and message.startswith("source line 1")
+
+
+def test_storage_round_trips_bfloat16():
+    from kernsearch.interp._source import from_storage, to_storage
+
+    x = np.array([1.0, -2.5, 0.0078125, 3.140625, np.nan], dtype=np.float64)
+    back = from_storage(to_storage(x, "bfloat16"), "bfloat16")
+    assert np.array_equal(back[:4], x[:4]) and np.isnan(back[4])

@@ -3,9 +3,11 @@ labelled modeled. Isolated effects use a toy family whose ``[model]`` table expo
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kernsearch._chips import get_chip
@@ -264,3 +266,35 @@ def test_model_table_names_are_checked_on_load(tmp_path, model, message):
         return
     with pytest.raises(SpecError, match=message):
         load_family(folder)
+
+
+# -- benchmarks/model_vs_measured.py on synthetic landscapes -------------------------------------------
+
+def test_model_vs_measured_script_ranks_a_landscape(tmp_path, gemm):
+    import importlib.util
+
+    from kernsearch._landscape import LandscapeWriter
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("model_vs_measured", REPO / "benchmarks" / "model_vs_measured.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)  # type: ignore[union-attr]
+    assert list(script.ranks(np.array([3.0, 1.0, 3.0, 2.0]))) == [3.5, 1.0, 3.5, 2.0]
+
+    space = space_for(gemm, "H100", "512,512,512")
+    configs = [c for c in itertools.islice(space.iter_all(), 0, None, 97) if space.is_valid(c)]
+    model = ModelBackend()
+    times = [model.predict_ms(space, c) for c in configs]
+    for name, recorded in (("same", times), ("reversed", [1.0 / t for t in times])):
+        writer = LandscapeWriter(tmp_path / f"{name}_gemm.json", {k: v.values for k, v in
+                                 gemm.knobs.items()}, device_name="synthetic", problem_size=[512, 512, 512])
+        for c, t in zip(configs, recorded):
+            writer.add(c, [t, t])
+        writer.add(configs[0] | {"BM": 999}, failure="RuntimeFailedConfig")  # not a known config key
+        result = script.compare(writer.save(), "H100", None, "float16")
+        assert result["configs"] == len(configs) and result["failed"] == 1
+        expected = 1.0 if name == "same" else -1.0
+        assert result["spearman"] == pytest.approx(expected, abs=0.02)
+        if name == "same":
+            assert result["pick_vs_best"] == pytest.approx(1.0)

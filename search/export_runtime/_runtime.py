@@ -249,7 +249,7 @@ class Dispatcher:
                 continue
             valid, reasons = [], []
             for a in here:
-                bad = self._invalid(fam, a["config"], dims, chip, dtype) or self._refusal(a)
+                bad = violation(fam, a["config"], dims, chip, dtype) or self._refusal(a)
                 (reasons.append(f"{a['key']}: {bad}") if bad else valid.append(a))
             if not valid:
                 why.append(f"{level}: {len(here)} artifact(s), none usable: " + "; ".join(reasons))
@@ -257,31 +257,20 @@ class Dispatcher:
             best = min(valid, key=lambda a: (_distance(a["shape"], shape), a.get("median_ms") or math.inf))
             decision.level, decision.entry = level, best
             why.append(f"{level}: {best['key']}/{best['version']} ({best['evidence']}, tuned for "
-                       f"{'x'.join(map(str, best['shape']))}, nearest valid of {len(valid)})")
+                       f"{'x'.join(map(str, best['shape']))}, nearest valid of {len(valid)})"
+                       + (f"; passed over: {'; '.join(reasons)}" if reasons else ""))
             return decision
         default = fam["default"]["kernels"].get(f"{target}:{dtype}")
         if default is None:
             why.append(f"family default: no {target} {dtype} kernel in this package")
             return decision
-        bad = self._invalid(fam, fam["default"]["config"], dims, chip, dtype) or self._refusal(default)
+        bad = violation(fam, fam["default"]["config"], dims, chip, dtype) or self._refusal(default)
         if bad:
             why.append(f"family default: {bad}")
             return decision
         decision.level, decision.entry = LEVELS[3], default
         why.append("family default: the family's untuned default config")
         return decision
-
-    def _invalid(self, fam: Dict[str, Any], config: Dict[str, Any], dims: Dict[str, int],
-                 chip: Dict[str, Any], dtype: str) -> str:
-        """'' if ``config`` obeys every constraint for this shape and chip, else the first violated."""
-        try:
-            names = _context(fam, config, dims, chip, dtype)
-            for c in fam["constraints"]:
-                if not evaluate(c["expr"], names):
-                    return f"violates {c['name']}" + (f" ({c['why']})" if c.get("why") else "")
-        except (ExpressionError, ArithmeticError, TypeError, ValueError, KeyError) as exc:
-            return f"cannot evaluate constraints: {exc}"
-        return ""
 
     def _refusal(self, entry: Dict[str, Any]) -> str:
         """'' if the entry's kernel files are intact, else why it is refused."""
@@ -400,6 +389,19 @@ def _context(fam: Dict[str, Any], config: Dict[str, Any], dims: Dict[str, int], 
     for name, tree in fam["derived"]:
         names[name] = evaluate(tree, names)
     return names
+
+
+def violation(fam: Dict[str, Any], config: Dict[str, Any], dims: Dict[str, int], chip: Dict[str, Any],
+              dtype: str) -> str:
+    """'' if ``config`` obeys every family constraint for this shape and chip, else the first violated."""
+    try:
+        names = _context(fam, config, dims, chip, dtype)
+        for c in fam["constraints"]:
+            if not evaluate(c["expr"], names):
+                return f"violates {c['name']}" + (f" ({c['why']})" if c.get("why") else "")
+    except (ExpressionError, ArithmeticError, TypeError, ValueError, KeyError) as exc:
+        return f"cannot evaluate constraints: {exc}"
+    return ""
 
 
 def _distance(tuned: Sequence[int], wanted: Sequence[int]) -> float:

@@ -1,0 +1,322 @@
+"""The exported package: dispatch through the fallback chain, run-time geometry, hash checks, and the wheel."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import ModuleType
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from kernsearch._artifacts import ArtifactKey, ArtifactStore, Candidate
+from kernsearch._chips import get_chip
+from kernsearch._export import ExportError, export, expr_tree
+from kernsearch._manifest import ArtifactError, Correctness, Measurements
+from kernsearch._render import geometry
+from kernsearch._space import Space, make_problem
+from kernsearch._spec import load_family
+from kernsearch.export_runtime import _runtime
+
+M2MAX = {"architecture": "applegpu_g14c", "device_name": "Apple M2 Max"}
+M2PRO = {"architecture": "applegpu_g14s", "device_name": "Apple M2 Pro"}
+M3MAX = {"architecture": "applegpu_g15c", "device_name": "Apple M3 Max"}
+H100 = {"architecture": "sm_90", "device_name": "NVIDIA H100 80GB HBM3"}
+H200 = {"architecture": "sm_90", "device_name": "NVIDIA H200"}
+CPU = {"architecture": "x86_64", "device_name": "AMD EPYC"}
+HAS_CUDA_TEMPLATE = "cuda" in load_family("gemm").templates
+needs_cuda_template = pytest.mark.skipif(not HAS_CUDA_TEMPLATE, reason="gemm has no CUDA template in this checkout")
+
+
+def candidate(chip: str, shape: tuple[int, ...], dtype: str = "float32", config: dict | None = None,
+              median: float = 1.0, target: str = "metal") -> Candidate:
+    fam = load_family("gemm")
+    c = get_chip(chip)
+    space = Space(make_problem(fam, shape, dtype, c), c)
+    corr = Correctness(verifier="interpreter", passed=True, shapes_checked=["x".join(map(str, shape))],
+                       max_abs_error=1e-6, checks_run=1)
+    return Candidate.for_config(space, space.parse_config(config or {}), target=target, correctness=corr,
+                                evidence="modeled", measurements=Measurements(median_ms=median, spread=0.0),
+                                study="test")
+
+
+def import_package(source_dir: Path, name: str) -> ModuleType:
+    """Import an exported package from its source tree under its own name."""
+    pkg = source_dir / name
+    spec = importlib.util.spec_from_file_location(name, pkg / "__init__.py", submodule_search_locations=[str(pkg)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("export")
+    store = ArtifactStore(root / "store")
+    published = [
+        store.publish(candidate("M2 Max", (64, 64, 64), config={"LAYOUT_B": "t"})),
+        store.publish(candidate("M2 Max", (2048, 2048, 2048), config={"BM": 64, "BN": 64, "VEC": 4})),
+    ]
+    if HAS_CUDA_TEMPLATE:
+        published.append(store.publish(candidate("H100", (256, 256, 256), "float16", target="cuda")))
+    assert all(p.published for p in published), published
+    result = export(["gemm"], root / "dist", store, package="ks_test_kernels", version="1.0.0")
+    return result, store, import_package(result.source_dir, "ks_test_kernels")
+
+
+def arrays(m: int, n: int, k: int, dtype=mx.float32):
+    return mx.zeros((m, k), dtype=dtype), mx.zeros((k, n), dtype=dtype)  # lazy: never allocated
+
+
+# -- the fallback chain ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("chip, dtype, level, artifact", [
+    (M2MAX, mx.float32, "exact chip", "gemm/M2-Max/float32/64x64x64/v1"),
+    (M2PRO, mx.float32, "same generation", "gemm/M2-Max/float32/64x64x64/v1"),
+    (M3MAX, mx.float32, "family default", None),
+    (CPU, mx.float32, "mlx op", None),
+    (None, mx.float32, "mlx op", None),  # this machine: no GPU back-end
+    (M2MAX, mx.int32, "mlx op", None),  # a dtype the family does not support
+    pytest.param(H100, mx.float16, "exact chip", "gemm/H100/float16/256x256x256/v1", marks=needs_cuda_template),
+    pytest.param(H200, mx.float16, "same generation and die", "gemm/H100/float16/256x256x256/v1",
+                 marks=needs_cuda_template),
+])
+def test_each_level_of_the_fallback_chain(exported, chip, dtype, level: str, artifact: str | None) -> None:
+    _, _, pkg = exported
+    decision = pkg.gemm.explain(*arrays(64, 64, 64, dtype), chip=chip)
+    assert decision.level == level, str(decision)
+    assert decision.artifact == artifact, str(decision)
+    if level == "family default":
+        assert decision.config == dict(load_family("gemm").default)
+    assert pkg.explain("gemm", *arrays(64, 64, 64, dtype), chip=chip).level == level
+    assert str(decision).count("\n") == len(decision.why)  # one line per reason
+
+
+def test_the_chain_says_why_each_level_was_passed(exported) -> None:
+    _, _, pkg = exported
+    text = str(pkg.gemm.explain(*arrays(64, 64, 64), chip=M3MAX))
+    assert "exact chip: no metal float32 artifact" in text and "family default" in text
+    assert "no GPU back-end here" in str(pkg.gemm.explain(*arrays(8, 8, 8)))
+    assert "A has 3 dimensions" in str(pkg.gemm.explain(mx.zeros((2, 3, 4)), mx.zeros((4, 5)), chip=M2MAX))
+
+
+@pytest.mark.parametrize("shape, tuned", [
+    ((1500, 1500, 1500), "2048x2048x2048"),  # nearest, and K % 4 == 0 suits its VEC=4
+    ((1500, 1500, 1501), "64x64x64"),  # the nearest one's VEC=4 needs K % 4 == 0: the next valid one
+    ((100, 80, 90), "64x64x64"),
+])
+def test_nearest_valid_tuned_shape(exported, shape, tuned: str) -> None:
+    _, _, pkg = exported
+    m, n, k = shape
+    decision = pkg.gemm.explain(*arrays(m, n, k), chip=M2MAX)
+    assert decision.level == "exact chip" and decision.artifact.split("/")[3] == tuned, str(decision)
+
+
+# -- run-time expressions agree with kernsearch's --------------------------------------------------------
+
+@pytest.mark.parametrize("chip_name", ["M2 Max", "M1", "H100"])
+def test_runtime_constraints_and_geometry_match_kernsearch(exported, chip_name: str) -> None:
+    result, _, _ = exported
+    table = json.loads((result.source_dir / "ks_test_kernels" / "dispatch.json").read_text())
+    fam_table = table["families"]["gemm"]
+    fam = load_family("gemm")
+    chip = get_chip(chip_name)
+    record = next(c for c in table["chips"] if c["name"] == chip_name)
+    rng = random.Random(7)
+    seen = {True: 0, False: 0}
+    for shape in [(64, 64, 64), (100, 37, 513), (4096, 16, 4096)]:
+        dtype = "float16"
+        space = Space(make_problem(fam, shape, dtype, chip), chip)
+        configs = rng.sample(list(space.iter_all()), 250)
+        dims = dict(zip(fam.dims, shape))
+        for config in configs:
+            bad = _runtime.violation(fam_table, config, dims, record, dtype)
+            assert (bad == "") == space.is_valid(config), (config, bad)
+            seen[not bad] += 1
+            if not bad:
+                names = _runtime._context(fam_table, config, dims, record, dtype)
+                geo = geometry(space, config)
+                launch = fam_table["launch"]
+                assert tuple(_runtime.evaluate(launch["grid"], names)) == geo.grid
+                assert tuple(_runtime.evaluate(launch["threadgroup"], names)) == geo.threadgroup
+                if "shared_memory" in launch:
+                    assert _runtime.evaluate(launch["shared_memory"], names) == geo.shared_memory
+                assert tuple(_runtime.evaluate(fam_table["outputs"][0]["shape"], names)) == geo.output_shapes[0]
+    assert seen[True] >= 100 and seen[False] >= 100  # both verdicts were compared, many times
+
+
+def test_expression_trees_evaluate_like_the_spec_sandbox() -> None:
+    ctx = {"a": 7, "b": 2, "s": "AB", "chip": {"vendor": "nvidia"}, "xs": [3, 4]}
+    for text in ["a // b + a % b * 3 - -a", "a / b", "a ** b", "ceil_div(a, b) * 2", "'A' in s and not 'C' in s",
+                 "1 < a <= 7 != b", "a if chip.vendor == 'nvidia' else b", "[a, b, max(a, b, 9)]", "xs[1]",
+                 "s ~ 'x'", "round_up(a, 4) == 8 or false", "is_pow2(b) and abs(-a) == a"]:
+        from kernsearch._expr import BUILTINS, Expr
+
+        assert _runtime.evaluate(expr_tree(text), {**_runtime.FUNCTIONS, **ctx}) == Expr(text)({**BUILTINS, **ctx}), text
+    for refused in ["a | abs", "a is even", "xs[0:1]", "f(*xs)"]:
+        with pytest.raises(ExportError):
+            expr_tree(refused)
+
+
+# -- launching and hash checks ----------------------------------------------------------------------------
+
+def test_a_kernel_is_built_once_and_launched_with_the_runtime_geometry(exported) -> None:
+    result, _, _ = exported
+    dispatcher = _runtime.Dispatcher(result.source_dir / "ks_test_kernels")
+    built, launches = [], []
+
+    def factory(source: dict, shared_memory: int):
+        built.append(source["sha256"])
+
+        def kernel(*, inputs, template, grid, threadgroup, output_shapes, output_dtypes):
+            launches.append((grid, threadgroup, output_shapes, template))
+            a, b = inputs
+            assert b.shape == (output_shapes[0][1], a.shape[1])  # LAYOUT_B = t: B arrives as [N, K]
+            return [mx.matmul(a, mx.transpose(b)).astype(output_dtypes[0])]
+
+        return kernel
+
+    dispatcher.kernel_factory = factory
+    rng = np.random.default_rng(0)
+    fam, chip = load_family("gemm"), get_chip("M2 Max")
+    for m, n, k in [(64, 48, 80), (64, 48, 80), (33, 17, 29)]:
+        a, b = rng.uniform(-1, 1, (m, k)).astype(np.float32), rng.uniform(-1, 1, (k, n)).astype(np.float32)
+        c = dispatcher.call("gemm", mx.array(a), mx.array(b), chip=M2MAX)
+        np.testing.assert_allclose(np.array(c), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+        decision = dispatcher.explain("gemm", mx.array(a), mx.array(b), chip=M2MAX)
+        assert decision.artifact == "gemm/M2-Max/float32/64x64x64/v1"
+        geo = geometry(Space(make_problem(fam, (m, n, k), "float32", chip), chip), decision.config)
+        assert launches[-1][:3] == (geo.grid, geo.threadgroup, [geo.output_shapes[0]])
+        assert launches[-1][3] == [("T", mx.float32)]
+    assert len(built) == 1 and len(launches) == 3
+
+
+@pytest.mark.skipif(not HAS_CUDA_TEMPLATE, reason="gemm has no CUDA template in this checkout")
+def test_cuda_kernels_get_the_launch_shared_memory(exported) -> None:
+    result, _, _ = exported
+    dispatcher = _runtime.Dispatcher(result.source_dir / "ks_test_kernels")
+    built = []
+    dispatcher.kernel_factory = lambda source, shm: built.append((source["target"], shm)) or (
+        lambda **kw: [mx.matmul(*kw["inputs"])])
+    dispatcher.call("gemm", mx.ones((256, 256), dtype=mx.float16), mx.ones((256, 256), dtype=mx.float16), chip=H200)
+    fam, chip = load_family("gemm"), get_chip("H200")
+    decision = dispatcher.explain("gemm", *arrays(256, 256, 256, mx.float16), chip=H200)
+    geo = geometry(Space(make_problem(fam, (256, 256, 256), "float16", chip), chip), decision.config)
+    assert built == [("cuda", geo.shared_memory)] and geo.shared_memory > 0
+
+
+def test_a_tampered_kernel_in_the_package_is_refused_and_the_chain_goes_on(exported, tmp_path: Path) -> None:
+    import shutil
+
+    result, _, _ = exported
+    copy = tmp_path / "pkg"
+    shutil.copytree(result.source_dir / "ks_test_kernels", copy)
+    (copy / "artifacts/gemm/M2-Max/float32/64x64x64/v1/source.metal").write_text("kernel void evil() {}\n")
+    dispatcher = _runtime.Dispatcher(copy)
+    with pytest.warns(RuntimeWarning, match="source hash mismatch"):
+        decision = dispatcher.explain("gemm", *arrays(64, 64, 64), chip=M2MAX)
+    # the same level's other artifact (tuned for 2048^3, valid here) takes over
+    assert decision.level == "exact chip" and decision.artifact == "gemm/M2-Max/float32/2048x2048x2048/v1"
+    assert "64x64x64: refused: source hash mismatch" in str(decision)
+    decision = dispatcher.explain("gemm", *arrays(64, 64, 65), chip=M2MAX)  # K odd: the VEC=4 one is invalid
+    assert decision.level == "family default" and "refused: source hash mismatch" in str(decision)
+    (copy / "defaults/gemm/metal-float32/header.metal").write_text("// evil\n")
+    with pytest.warns(RuntimeWarning):  # a new process (files are read and checked once per process)
+        decision = _runtime.Dispatcher(copy).explain("gemm", *arrays(64, 64, 66), chip=M2MAX)
+    assert decision.level == "mlx op" and "family default: refused: source hash mismatch" in str(decision)
+
+
+# -- building -----------------------------------------------------------------------------------------------
+
+def test_export_refuses_tampered_artifacts_and_skips_invalidated_ones(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    with pytest.raises(ExportError, match="nothing to export"):
+        export(None, tmp_path / "dist", store)
+    only_defaults = export(["gemm"], tmp_path / "dist", store, version="1.0")
+    assert only_defaults.artifacts == [] and "no current artifact" in only_defaults.notes[0]
+    store.publish(candidate("M2 Max", (64, 64, 64)))
+    store.publish(candidate("M1", (64, 64, 64)))
+    key = ArtifactKey.parse("gemm/M1/float32/64x64x64")[0]
+    store.invalidate(key, "bad")
+    shipped = export(None, tmp_path / "dist", store, version="1.1")
+    assert shipped.artifacts == ["gemm/M2-Max/float32/64x64x64/v1"]
+    (store.key_dir(ArtifactKey.parse("gemm/M2-Max/float32/64x64x64")[0]) / "v1" / "manifest.json").write_text("{}")
+    with pytest.raises(ArtifactError, match="malformed manifest"):
+        export(None, tmp_path / "dist", store, version="1.2")
+    with pytest.raises(ExportError, match="lower-case Python identifier"):
+        export(["gemm"], tmp_path / "dist", store, package="Bad-Name")
+
+
+CONSUMER = textwrap.dedent("""
+    import importlib.util, json, sys
+    import numpy as np, mlx.core as mx
+    import {name} as pkg
+    rng = np.random.default_rng(1)
+    a = rng.uniform(-1, 1, (33, 17)).astype(np.float32)
+    b = rng.uniform(-1, 1, (17, 20)).astype(np.float32)
+    c = pkg.gemm(mx.array(a), mx.array(b))
+    print(json.dumps({{
+        "err": float(np.abs(np.array(c) - a.astype(np.float64) @ b).max()),
+        "shape": list(c.shape),
+        "level": pkg.gemm.explain(mx.array(a), mx.array(b)).level,
+        "m2max": str(pkg.explain("gemm", mx.array(a), mx.array(b), chip={m2max!r})),
+        "file": pkg.__file__,
+        "kernsearch_importable": importlib.util.find_spec("kernsearch") is not None,
+        "heavy_modules": sorted(m for m in ("kernsearch", "jinja2", "pydantic", "optuna") if m in sys.modules),
+    }}))
+""")
+
+
+@pytest.mark.slow
+def test_publish_list_show_export_install_import_call(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kernsearch.cli import app
+
+    store_dir = tmp_path / "store"
+    outcome = ArtifactStore(store_dir).publish(candidate("M2 Max", (64, 64, 64), config={"BM": 64}, median=0.7))
+    assert outcome.published
+    runner = CliRunner()
+    listed = runner.invoke(app, ["artifacts", "list", "--store", str(store_dir)])
+    assert listed.exit_code == 0 and "gemm/M2-Max/float32/64x64x64  v1" in listed.output and "current" in listed.output
+    shown = runner.invoke(app, ["artifacts", "show", "gemm/M2-Max/float32/64x64x64", "--store", str(store_dir)])
+    assert shown.exit_code == 0 and "modeled" in shown.output and "BM=64" in shown.output
+    assert "first version for this key" in shown.output
+    verified = runner.invoke(app, ["artifacts", "verify", "--store", str(store_dir)])
+    assert verified.exit_code == 0 and "1 version(s) verified" in verified.output
+    built = runner.invoke(app, ["export", "gemm", "--store", str(store_dir), "--out", str(tmp_path / "dist"),
+                                "--name", "ks_e2e_kernels", "--version", "2.0.1"])
+    assert built.exit_code == 0, built.output
+    wheel = tmp_path / "dist" / "ks_e2e_kernels-2.0.1-py3-none-any.whl"
+    assert wheel.is_file()
+
+    # A fresh venv that sees only mlx and numpy (through a .pth to a folder holding just those).
+    venv = tmp_path / "fresh"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    test_site = Path(np.__file__).resolve().parents[1]
+    for entry in test_site.iterdir():
+        if entry.name.split("-")[0].split(".")[0] in ("mlx", "mlx_cpu", "numpy"):
+            (deps / entry.name).symlink_to(entry)
+    Path(site, "deps.pth").write_text(f"{deps}\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
+                    "-q", str(wheel)], check=True, capture_output=True, timeout=300)
+    res = subprocess.run([str(python), "-I", "-c", CONSUMER.format(name="ks_e2e_kernels", m2max=M2MAX)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["file"].startswith(str(venv)) and report["shape"] == [33, 20]
+    assert report["err"] < 1e-4 and report["level"] == "mlx op"
+    assert "exact chip -> gemm/M2-Max/float32/64x64x64/v1" in report["m2max"]
+    assert not report["kernsearch_importable"] and report["heavy_modules"] == []

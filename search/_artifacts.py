@@ -400,6 +400,39 @@ class ArtifactStore:
             os.fsync(fh.fileno())
 
 
+def related_configs(family: str, chip: Chip, dtype: str, shape: tuple[int, ...],
+                    store: ArtifactStore | None = None, limit: int = 8) -> list[dict[str, Any]]:
+    """Configs of current artifacts worth trying first in a new search (warm start), best bets first.
+
+    Ordered by chip kinship (same chip, same generation and die, same generation, any), then same dtype,
+    then nearest shape (sum of |log ratio| per dimension). Unreadable artifacts are skipped.
+    """
+    import math
+
+    store = store or ArtifactStore()
+    gen, gen_die = chip.lineage
+    ranked = []
+    for key in store.keys():
+        if key.family != family:
+            continue
+        try:
+            pointer = store.pointer(key)
+            if pointer is None or pointer.invalidated:
+                continue
+            m = store.load(key, pointer.version).manifest
+        except ArtifactError:
+            continue
+        kin = 0 if m.chip.name == chip.name else 1 if gen_die and m.chip.lineage[1] == gen_die else \
+            2 if gen and m.chip.lineage[0] == gen else 3
+        distance = sum(abs(math.log(max(a, 1) / max(b, 1))) for a, b in zip(m.problem.shape, shape))
+        ranked.append(((kin, m.problem.dtype != dtype, distance), dict(m.config)))
+    configs: list[dict[str, Any]] = []
+    for _, config in sorted(ranked, key=lambda r: r[0]):
+        if config not in configs:
+            configs.append(config)
+    return configs[:limit]
+
+
 # -- the regression gate -------------------------------------------------------------------------------
 
 def gate(draft: dict[str, Any], current: Manifest | None, invalid: str | None,

@@ -341,3 +341,37 @@ def test_a_busy_key_is_refused_cleanly_after_the_timeout(published: ArtifactStor
             ArtifactStore(published.root, lock_timeout=0.3).publish(candidate(median=0.1))
         assert time.monotonic() - t0 < 5
     assert published.versions(key()) == ["v1"]
+
+
+def test_related_configs_warm_start_a_search_with_the_nearest_chips_and_shapes(tmp_path: Path) -> None:
+    from kernsearch._artifacts import related_configs
+
+    store = ArtifactStore(tmp_path)
+    a, b, c = {"BM": 64}, {"BN": 64}, {"BK": 32}
+    store.publish(candidate(config=a))  # M2 Max, 64^3
+    store.publish(candidate(config=b, shape=(2048, 2048, 2048)))  # M2 Max, 2048^3
+    store.publish(candidate(config=c, chip="M1"))  # another generation
+    full = {k: load_family("gemm").default | v for k, v in (("a", a), ("b", b), ("c", c))}
+    near_big = related_configs("gemm", get_chip("M2 Max"), "float32", (1500, 1500, 1500), store)
+    assert near_big == [full["b"], full["a"], full["c"]]
+    small_on_pro = related_configs("gemm", get_chip("M2 Pro"), "float32", (64, 64, 64), store)
+    assert small_on_pro == [full["a"], full["b"], full["c"]]
+    assert related_configs("gemm", get_chip("M1"), "float32", (64, 64, 64), store, limit=1) == [full["c"]]
+    assert related_configs("other", get_chip("M1"), "float32", (64, 64, 64), store) == []
+
+
+def test_evidence_helpers_take_timings_and_checks(tmp_path: Path) -> None:
+    import dataclasses
+
+    from kernsearch._verify import Check
+    from kernsearch.backends._base import Evidence, Timing
+
+    timing = Timing([1.0, 1.1, 0.9, 1.0, 1.05], Evidence.MEASURED)
+    m = Measurements.from_timing(timing, Timing([2.0] * 5, Evidence.MEASURED))
+    assert m.median_ms == 1.0 and m.speedup == pytest.approx(2.0) and m.spread == pytest.approx(timing.spread) > 0
+    corr = Correctness.from_checks("device", [("64x64x64", Check(True, max_abs_err=1e-3, max_rel_err=1e-4)),
+                                              ("65x63x61", Check(False, "wrong", 0.5, 0.2))])
+    assert (corr.passed, corr.checks_run, corr.max_abs_error, corr.shapes_checked) == (
+        False, 2, 0.5, ["64x64x64", "65x63x61"])
+    out = ArtifactStore(tmp_path).publish(dataclasses.replace(candidate(), correctness=corr))
+    assert not out.published and "failed verification" in out.reason

@@ -368,7 +368,8 @@ def test_evidence_helpers_take_timings_and_checks(tmp_path: Path) -> None:
 
     timing = Timing([1.0, 1.1, 0.9, 1.0, 1.05], Evidence.MEASURED)
     m = Measurements.from_timing(timing, Timing([2.0] * 5, Evidence.MEASURED))
-    assert m.median_ms == 1.0 and m.speedup == pytest.approx(2.0) and m.spread == pytest.approx(timing.spread) > 0
+    assert m.median_ms == 1.0 and m.speedup == pytest.approx(2.0)
+    assert m.spread == pytest.approx(timing.spread) and m.spread > 0 and m.samples_ms == timing.samples_ms
     corr = Correctness.from_checks("device", [("64x64x64", Check(True, max_abs_err=1e-3, max_rel_err=1e-4)),
                                               ("65x63x61", Check(False, "wrong", 0.5, 0.2))])
     assert (corr.passed, corr.checks_run, corr.max_abs_error, corr.shapes_checked) == (

@@ -7,6 +7,7 @@ the machine that serves it is the only one that runs it, so a job for an M3 Max 
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,9 @@ def run_once(job_file: str | Path, *, chip: str | None = None) -> dict[str, Any]
 
     jobs = load_jobs(job_file)  # a bad file is one line, before Prefect starts
     machine = machine_chip(chip)
+    # Without PREFECT_API_URL, Prefect starts a temporary local server; on a busy machine that takes
+    # longer than its 20 s default.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     from .nightly import nightly
 
     return nightly(job_file=str(jobs.path), chip=machine)

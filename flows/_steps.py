@@ -35,7 +35,9 @@ class StepError(Exception):
 
 
 class StepTimeout(StepError):
-    """The step ran past its timeout; its process group was killed."""
+    """The step ran past its timeout; its process group (``pgid``) was killed."""
+
+    pgid: int | None = None
 
 
 class StepCrashed(StepError):
@@ -59,8 +61,9 @@ def run_step(step: str, payload: dict[str, Any], timeout: float) -> dict[str, An
             try:
                 code = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                raise StepTimeout("timeout", f"{step} step ran past {timeout:g} s; its processes were killed") \
-                    from None
+                exc = StepTimeout("timeout", f"{step} step ran past {timeout:g} s; its processes were killed")
+                exc.pgid = proc.pid
+                raise exc from None
         finally:
             _kill_group(proc)
             log.seek(0)

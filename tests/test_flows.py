@@ -1,0 +1,406 @@
+"""Issue 6: nightly search flows. Job files, the killable step subprocess, the Prefect flow on the model+cpu
+back-ends (prefect_test_harness, one per session), and a real `prefect server` serving the deployment.
+
+The flows search GEMM with the performance model (modeled) and prove winners on the CPU Metal interpreter,
+so they run here without a GPU. Shapes and budgets are tiny; the whole file takes a few minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kernsearch.flows._jobs import JobFileError, load_jobs
+
+REPO = Path(__file__).resolve().parents[1]
+KERNSEARCH = [sys.executable, "-m", "kernsearch"]
+PREFECT = str(Path(sys.executable).with_name("prefect"))
+TELEMETRY_OFF = {"DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
+
+# -- helpers --------------------------------------------------------------------------------------------
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def hanging_family(root: Path) -> Path:
+    """A copy of GEMM named gemmhang whose Metal kernel spins forever (a volatile loop: not optimised away)."""
+    dst = root / "gemmhang"
+    if not dst.exists():
+        shutil.copytree(REPO / "templates" / "gemm", dst)
+        toml = dst / "family.toml"
+        toml.write_text(toml.read_text().replace('name = "gemm"', 'name = "gemmhang"', 1))
+        tpl = dst / "gemm.metal.j2"
+        text = tpl.read_text()
+        assert "{% block source %}\n" in text
+        tpl.write_text(text.replace("{% block source %}\n",
+                                    "{% block source %}\n    volatile int ks_spin = 1; while (ks_spin) {}\n", 1))
+    return dst
+
+
+GOOD_JOBS = """
+artifacts = "store"
+storage = "sqlite:///studies.db"
+export = "dist"
+
+[defaults]
+backend = "model"
+trials = 4
+finalists = 1
+sampler = "random"
+verify_shapes = ["20,24,16"]
+
+[[jobs]]
+name = "square"
+family = "gemm"
+shapes = ["64,64,64"]
+dtypes = ["float16"]
+chips = ["M2 Max"]
+
+[[jobs]]
+name = "decode"
+family = "gemm"
+shapes = [[16, 64, 32]]
+dtypes = ["float32"]
+chips = ["M2 Max", "M3 Max"]
+"""
+
+HANG_JOB = """
+[[jobs]]
+name = "hang"
+family = "./gemmhang"
+shapes = ["32,32,32"]
+dtypes = ["float32"]
+chips = ["M2 Max"]
+timeout = 12
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def group_members(pgid: int, wait: float = 10.0) -> list[str]:
+    """Live (not zombie) processes of a process group, after giving SIGKILLed ones ``wait`` s to die."""
+    deadline = time.monotonic() + wait
+    while True:
+        members = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+                members.append(stat.parent.name)
+        if not members or time.monotonic() > deadline:
+            return members
+        time.sleep(0.2)
+
+
+def alive(pgid: int) -> bool:
+    return bool(group_members(pgid))
+
+
+# -- job files ------------------------------------------------------------------------------------------
+
+def test_job_file_units_per_chip_and_defaults(tmp_path: Path) -> None:
+    jobs = load_jobs(write(tmp_path / "jobs.toml", GOOD_JOBS))
+    m2 = jobs.units("M2 Max")
+    assert [(u.job, u.shape, u.dtype, u.chip) for u in m2] == [
+        ("square", (64, 64, 64), "float16", "M2 Max"), ("decode", (16, 64, 32), "float32", "M2 Max")]
+    assert [u.job for u in jobs.units("M3 Max")] == ["decode"]  # a job runs only on the chips it lists
+    assert jobs.units("M4 Max") == []
+    assert jobs.chips() == ["M2 Max", "M3 Max"]
+    assert m2[0].options.trials == 4 and m2[0].options.finalists == 1  # [defaults] apply
+    assert m2[0].verify_shapes == ((20, 24, 16),)
+    # relative paths are taken from the job file's folder, not the working directory
+    assert jobs.artifacts == tmp_path / "store" and jobs.export == tmp_path / "dist"
+    assert jobs.storage == f"sqlite:///{tmp_path / 'studies.db'}"
+
+
+def test_job_file_yaml_and_job_overrides(tmp_path: Path) -> None:
+    path = write(tmp_path / "jobs.yaml", """
+defaults: {trials: 7, time_budget: 90s}
+jobs:
+  - family: gemm
+    chips: [H100]
+    trials: 3
+""")
+    (unit,) = load_jobs(path).units("H100")
+    assert unit.options.trials == 3 and unit.options.time_budget == "90s"  # the job's own value wins
+    assert unit.shape == (4096, 4096, 4096)  # no shapes: the family's default
+    assert unit.verify_shapes == ((68, 68, 68),)  # default extra check: a small ragged shape
+    assert unit.step_timeout() == pytest.approx(90 * 1.5 + 600)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[[jobs]]\nfamily = 'nope'\nchips = ['M2 Max']\n", "jobs.0: unknown family"),
+    ("[[jobs]]\nfamily = 'gemm'\nchips = ['M9 Mega']\n", "jobs.0: unknown chip"),
+    ("[[jobs]]\nfamily = 'gemm'\nchips = ['M2 Max']\nshapes = ['64,64']\n", "jobs.0:"),
+    ("[[jobs]]\nfamily = 'gemm'\nchips = ['M2 Max']\ntrials = 0\n", "jobs.0.trials"),
+    ("[[jobs]]\nfamily = 'gemm'\nchips = ['M2 Max']\ntime_budget = 'soon'\n", "bad duration"),
+    ("[[jobs]]\nfamily = 'gemm'\nchips = ['M2 Max']\nbudget = 3\n", "jobs.0.budget: Extra inputs"),
+    ("[[jobs]]\nfamily = 'gemm'\nchips = []\n", "jobs.0.chips"),
+    ("jobs = []\n", "jobs: List should have at least 1 item"),
+    ("[[jobs]\nfamily = 'gemm'\n", "not valid TOML"),
+])
+def test_bad_job_files_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path / "jobs.toml", text)
+    with pytest.raises(JobFileError) as info:
+        load_jobs(path)
+    assert message.lower() in str(info.value).lower()
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_cli_bad_job_file_exit_2_one_line_and_no_prefect_import(tmp_path: Path) -> None:
+    bad = write(tmp_path / "jobs.toml", "[[jobs]]\nfamily = 'gemm'\nchips = ['M9 Mega']\n")
+    env = {**os.environ, **TELEMETRY_OFF}
+    for args in (["flows", "run", str(bad)], ["flows", "serve", str(bad)],
+                 ["flows", "run", str(tmp_path / "missing.yaml")]):
+        proc = subprocess.run(KERNSEARCH + args, capture_output=True, text=True, env=env, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+        assert "Traceback" not in proc.stderr
+    good = write(tmp_path / "good.toml", GOOD_JOBS)
+    proc = subprocess.run(KERNSEARCH + ["flows", "serve", str(good), "--chip", "M2 Max", "--cron", "61 2 * * *"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2 and "bad schedule" in proc.stderr and proc.stderr.count("\n") == 1
+    # the CLI (and the job-file module) load without Prefect: it is imported only by the flow commands
+    code = ("import sys, kernsearch.cli, kernsearch.flows._jobs, kernsearch.flows._cli; "
+            "print(sorted(m for m in sys.modules if m == 'prefect' or m.startswith('prefect.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+# -- the killable step subprocess ------------------------------------------------------------------------
+
+def test_step_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    """A kernel that spins on the interpreter is killed by the step's timeout, worker processes included."""
+    from kernsearch.flows._steps import StepTimeout, run_step
+
+    fam = hanging_family(tmp_path)
+    payload = {"family": str(fam), "dtype": "float32", "chip": "M2 Max", "seed": 0, "shapes": [[16, 16, 16]],
+               "config": {}, "verifier_backend": "cpu", "timeout": 600}
+    from kernsearch._spec import load_family
+
+    payload["config"] = dict(load_family(str(fam)).default)
+    started = time.monotonic()
+    with pytest.raises(StepTimeout) as info:
+        run_step("verify", payload, timeout=8)
+    assert time.monotonic() - started < 60
+    assert info.value.pgid and not alive(info.value.pgid)
+
+
+def test_step_errors_come_back_with_their_reason(tmp_path: Path) -> None:
+    from kernsearch.flows._steps import run_step
+
+    with pytest.raises(Exception) as info:  # a user error inside the step is the same one-line error here
+        run_step("verify", {"family": "nope", "dtype": "float32", "chip": "M2 Max", "shapes": [], "config": {},
+                            "seed": 0, "verifier_backend": "cpu", "timeout": 10}, timeout=120)
+    assert type(info.value).__name__ == "KernsearchError" and "unknown family" in str(info.value)
+
+
+# -- the flow, against prefect_test_harness ----------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
+    """One temporary Prefect server for the session (its start takes ~15 s on 2 cores)."""
+    saved = {k: os.environ.get(k) for k in (*TELEMETRY_OFF, "PREFECT_HOME")}
+    os.environ.update(TELEMETRY_OFF)
+    os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
+    from prefect.testing.utilities import prefect_test_harness
+
+    try:
+        with prefect_test_harness(server_startup_timeout=180):
+            yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("farm")
+    hanging_family(root)
+    write(root / "first.toml", GOOD_JOBS + HANG_JOB)
+    write(root / "again.toml", GOOD_JOBS)
+    return root
+
+
+def _artifact_table(key: str) -> list[dict]:
+    from prefect.artifacts import Artifact
+
+    art = Artifact.get(key)
+    assert art is not None, f"no artifact {key}"
+    data = art.data
+    return json.loads(data) if isinstance(data, str) else data
+
+
+def test_nightly_publishes_then_rejects_and_a_hanging_job_fails_alone(prefect_harness, farm: Path) -> None:
+    from kernsearch._artifacts import ArtifactKey, ArtifactStore
+    from kernsearch.flows.nightly import gpu_limit_name, nightly
+
+    first = nightly(job_file=str(farm / "first.toml"), chip="M2 Max")
+    rows = {r["job"]: r for r in first["jobs"]}
+    assert set(rows) == {"square", "decode", "hang"}
+    for name in ("square", "decode"):
+        r = rows[name]
+        assert r["outcome"] == "published" and r["version"] == "v1", r
+        assert r["evidence"] == "modeled" and r["new_ms"] > 0 and r["old_ms"] is None
+        assert r["reason"].startswith("first version for this key")
+    hang = rows["hang"]
+    assert hang["outcome"] == "failed" and "timeout" in hang["reason"], hang
+    assert (first["published"], first["rejected"], first["failed"]) == (2, 0, 1)
+
+    store = ArtifactStore(farm / "store")
+    art = store.load(ArtifactKey("gemm", "M2-Max", "float16", (64, 64, 64)))
+    assert art.manifest.evidence == "modeled" and art.manifest.correctness.verifier == "interpreter"
+    assert {"64x64x64", "20x24x16"} <= set(art.manifest.correctness.shapes_checked)  # tuned + extra shape
+    assert art.manifest.measurements.median_ms == pytest.approx(rows["square"]["new_ms"])
+    assert not any(k.family == "gemmhang" for k in store.keys() if store.versions(k))  # the hang published nothing
+    assert first["export"]["status"] == "exported" and Path(first["export"]["wheel"]).is_file()
+    assert any("gemm/M2-Max/float16/64x64x64/v1" == a for a in first["export"]["artifacts"])
+
+    table = _artifact_table("kernsearch-nightly-m2-max")
+    assert [t["job"] for t in table] == ["square", "decode", "hang"]
+    assert table[0]["outcome"] == "published v1" and table[0]["evidence"] == "modeled"
+    assert table[2]["outcome"] == "failed" and "timeout" in table[2]["reason"]
+
+    # a second night with nothing better: the studies resume, the gate refuses, nothing is exported
+    again = nightly(job_file=str(farm / "again.toml"), chip="M2 Max")
+    assert (again["published"], again["rejected"], again["failed"]) == (0, 2, 0)
+    for r in again["jobs"]:
+        assert r["outcome"] == "rejected" and r["old_version"] == "v1"
+        assert r["reason"].startswith("not faster than v1 beyond the noise"), r["reason"]
+        assert r["speedup"] == pytest.approx(1.0)
+    assert again["export"] == {"status": "skipped", "reason": "nothing new was published"}
+    assert store.versions(ArtifactKey("gemm", "M2-Max", "float16", (64, 64, 64))) == ["v1"]
+    table = _artifact_table("kernsearch-nightly-m2-max")  # the latest table is tonight's
+    assert [t["outcome"] for t in table] == ["rejected", "rejected"]
+    assert "not faster than v1" in table[0]["reason"] and table[0]["old ms"].endswith("(v1)")
+
+    # GPU work on this machine is serialised by a one-slot Prefect limit, released after the run
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        limit = client.read_global_concurrency_limit_by_name(gpu_limit_name())
+    assert limit.limit == 1 and limit.active_slots == 0
+
+
+def test_nightly_skips_jobs_for_other_chips(prefect_harness, farm: Path) -> None:
+    from kernsearch.flows.nightly import nightly
+
+    report = nightly(job_file=str(farm / "again.toml"), chip="M4 Max")
+    assert report["jobs"] == [] and report["export"]["status"] == "skipped"
+
+
+# -- a real Prefect server on 127.0.0.1 ----------------------------------------------------------------------
+
+def _wait(check, timeout: float, what: str, procs: list[subprocess.Popen]):  # noqa: ANN001, ANN202
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in procs:
+            if p.poll() is not None:
+                raise AssertionError(f"{what}: {p.args[:4]} exited with {p.returncode}")
+        value = check()
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+def test_real_server_serves_the_cron_deployment_and_runs_it_by_name(tmp_path: Path) -> None:
+    import httpx
+
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, **TELEMETRY_OFF, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": api,
+           "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_UI_ENABLED": "false",
+           "KERNSEARCH_HOME": str(tmp_path / "home")}
+    write(tmp_path / "jobs.toml", GOOD_JOBS.split("[[jobs]]\nname = \"decode\"")[0])  # the "square" job only
+    logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("server", "serve")}  # noqa: SIM115
+    procs: list[subprocess.Popen] = []
+    try:
+        server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                                  env=env, stdout=logs["server"], stderr=subprocess.STDOUT,
+                                  start_new_session=True, cwd=tmp_path)
+        procs.append(server)
+
+        def healthy() -> bool:
+            try:
+                return httpx.get(f"{api}/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        _wait(healthy, 180, "the Prefect server", procs)
+        serve = subprocess.Popen(KERNSEARCH + ["flows", "serve", str(tmp_path / "jobs.toml"), "--chip", "M2 Max",
+                                               "--cron", "0 2 * * *", "--timezone", "Europe/Paris"],
+                                 env=env, stdout=logs["serve"], stderr=subprocess.STDOUT, start_new_session=True,
+                                 cwd=tmp_path)
+        procs.append(serve)
+        name = "kernsearch-nightly/nightly-m2-max"
+
+        def deployment() -> dict | None:
+            r = httpx.get(f"{api}/deployments/name/{name}", timeout=5)
+            return r.json() if r.status_code == 200 else None
+
+        dep = _wait(deployment, 180, "the served deployment", procs)
+        (schedule,) = dep["schedules"]
+        assert schedule["schedule"]["cron"] == "0 2 * * *" and schedule["schedule"]["timezone"] == "Europe/Paris"
+        assert schedule["active"] and "chip:m2-max" in dep["tags"]
+        assert dep["parameters"] == {"job_file": str(tmp_path / "jobs.toml"), "chip": "M2 Max"}
+
+        trigger = subprocess.run([PREFECT, "deployment", "run", name], env=env, capture_output=True, text=True,
+                                 timeout=120)
+        assert trigger.returncode == 0, trigger.stdout + trigger.stderr
+        runs = httpx.post(f"{api}/flow_runs/filter", json={"deployments": {"id": {"any_": [dep["id"]]}}},
+                          timeout=10).json()
+        manual = [r for r in runs if r["state"]["type"] != "SCHEDULED"]
+        assert len(manual) == 1
+
+        def finished() -> dict | None:
+            run = httpx.get(f"{api}/flow_runs/{manual[0]['id']}", timeout=5).json()
+            return run if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
+
+        run = _wait(finished, 300, "the triggered flow run", procs)
+        assert run["state"]["type"] == "COMPLETED", run["state"]
+        assert list((tmp_path / "store" / "gemm" / "M2-Max" / "float16" / "64x64x64").glob("v1/manifest.json"))
+    finally:
+        for p in reversed(procs):  # stop every process this test started (and their children)
+            with _suppress():
+                os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with _suppress():
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+            with _suppress():
+                os.killpg(p.pid, signal.SIGKILL)  # stragglers of the group
+        for f in logs.values():
+            f.close()
+    assert all(p.poll() is not None for p in procs) and not any(alive(p.pid) for p in procs)
+
+
+def _suppress():  # noqa: ANN202
+    import contextlib
+
+    return contextlib.suppress(ProcessLookupError, PermissionError)

@@ -147,6 +147,7 @@ class _Evaluator:
         self.space, self.family, self.chip, self.problem = space, space.family, space.chip, space.problem
         self.core = CORES.get(self.chip.vendor, CORES["apple"])
         self.base: dict[str, Any] = dict(space.base)
+        self.problem_flops, self.problem_bytes = self.problem.flops(), self.problem.bytes()
         fam = self.family
         unknown_read = {n for e in fam.model.values() for n in e.names}
         stray = [k for k in fam.model if k not in KNOWN and k not in unknown_read]
@@ -237,13 +238,13 @@ class _Evaluator:
 def _roofline(ev: _Evaluator) -> dict[str, Any]:
     """No ``[model]`` table: the problem's FLOPs at peak, its bytes at DRAM bandwidth, plus launch."""
     chip, p = ev.chip, ev.problem
-    compute = p.flops() / (chip.peak_tflops(p.dtype) * 1e12)
-    memory = p.bytes() / (chip.memory_bandwidth_gbs * 1e9)
+    compute = ev.problem_flops / (chip.peak_tflops(p.dtype) * 1e12)
+    memory = ev.problem_bytes / (chip.memory_bandwidth_gbs * 1e9)
     launch = ev.core.launch_us * 1e-6
     total = launch + max(compute, memory)
     return {"model": "roofline", "time_ms": total * 1e3, "compute_ms": compute * 1e3, "memory_ms": memory * 1e3,
             "launch_ms": launch * 1e3, "bound": "compute" if compute >= memory else "memory",
-            "predicted_tflops": p.flops() / total / 1e12}
+            "predicted_tflops": ev.problem_flops / total / 1e12}
 
 
 def _predict(ev: _Evaluator, ctx: dict[str, Any]) -> dict[str, Any]:
@@ -314,7 +315,7 @@ def _predict(ev: _Evaluator, ctx: dict[str, Any]) -> dict[str, Any]:
 
     # DRAM floor: distinct bytes at least, every cache byte at most; a problem that fits in half the
     # system cache is read from DRAM once.
-    unique = p.bytes()
+    unique = ev.problem_bytes
     dram = num(ctx, "dram_bytes", None)
     dram = unique if dram is None else min(max(dram, unique), tgs * cache_bytes)
     if unique <= chip.system_cache_mb * 2**20 / 2:
@@ -339,5 +340,5 @@ def _predict(ev: _Evaluator, ctx: dict[str, Any]) -> dict[str, Any]:
         "peak_tflops": peak, "compute_efficiency": compute_eff, "latency_hiding": main["hide"],
         "bandwidth_efficiency": main["mlp"], "overlap": main["overlap"],
         "flops": tgs * flops, "cache_bytes": tgs * cache_bytes, "dram_bytes": dram,
-        "predicted_tflops": p.flops() / total / 1e12,
+        "predicted_tflops": ev.problem_flops / total / 1e12,
     }

@@ -39,6 +39,7 @@ different compile toolchain or on a different device), or it is faster by more t
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -52,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from ._manifest import (EVIDENCE_RANK, ArtifactError, ChipIdentity, Correctness, GateRecord, KernelInfo,
                         LaunchGeometry, Manifest, Measurements, ProblemInfo, TemplateInfo, Toolchain,
                         parse_manifest, utcnow)
-from ._render import Geometry, KernelSource, source_sha256
+from ._render import Geometry, KernelSource, geometry, render, source_sha256
 
 if TYPE_CHECKING:
     from ._chips import Chip
@@ -138,8 +139,6 @@ class Candidate:
                    evidence: Evidence | str, measurements: Measurements | None = None,
                    study: str | None = None, toolchain: Toolchain | None = None) -> Candidate:
         """Render ``config`` for the space's problem and wrap it with its evidence."""
-        from ._render import geometry, render
-
         problem = space.problem
         return cls(family=space.family, chip=space.chip, dtype=problem.dtype, shape=problem.shape,
                    config=dict(config), kernel=render(space.family, config, problem.dtype, target),
@@ -484,15 +483,15 @@ def _identity_changes(current: Manifest, draft: dict[str, Any]) -> str:
 
 def _draft_manifest(c: Candidate) -> dict[str, Any]:
     """Every manifest field but version, gate and published_at; refuses inconsistent candidates."""
-    from ._render import render
     from ._space import Space, make_problem
 
     fam, kind = c.family, c.evidence_kind
     if kind not in EVIDENCE_RANK:
         raise ArtifactError(f"unknown evidence kind {kind!r} (measured, interpreted or modeled)")
     if kind == "measured" and (c.chip.vendor == "cpu" or not c.chip.detected):
-        raise ArtifactError(f"measured evidence needs a GPU detected on the machine that timed it; chip "
-                            f"{c.chip.name} was {'named, not detected' if not c.chip.detected else 'a CPU'}")
+        raise ArtifactError(f"measured evidence needs a GPU detected on the machine that timed it (the Chip "
+                            f"from detect_chip(), carrying mx.device_info()); chip {c.chip.name} was "
+                            f"{'named, not detected' if not c.chip.detected else 'a CPU'}")
     if kind == "interpreted" and c.measurements is not None:
         raise ArtifactError("interpreted evidence is correctness only: drop the measurements or call them modeled")
     if kind != "interpreted" and c.measurements is None:
@@ -504,8 +503,6 @@ def _draft_manifest(c: Candidate) -> dict[str, Any]:
     bad = space.violations(dict(c.config))
     if bad:
         raise ArtifactError(f"config is not valid for {c.key}: " + "; ".join(map(str, bad)))
-    from ._render import geometry
-
     if LaunchGeometry.of(geometry(space, dict(c.config))) != LaunchGeometry.of(c.geometry):
         raise ArtifactError(f"geometry does not match the family's launch for this config and shape ({c.key})")
     sha = c.kernel.sha256
@@ -513,8 +510,6 @@ def _draft_manifest(c: Candidate) -> dict[str, Any]:
         raise ArtifactError(f"kernel source differs from what {fam.templates[c.kernel.target]} renders for "
                             "this config (stale template or edited source)")
     template_file = fam.template_path(c.kernel.target)
-    import hashlib
-
     suffix = _SOURCE_SUFFIX[c.kernel.target]
     return {
         "schema_version": 1,

@@ -80,7 +80,9 @@ def arrays(m: int, n: int, k: int, dtype=mx.float32):
 @pytest.mark.parametrize("chip, dtype, level, artifact", [
     (M2MAX, mx.float32, "exact chip", "gemm/M2-Max/float32/64x64x64/v1"),
     (M2PRO, mx.float32, "same generation", "gemm/M2-Max/float32/64x64x64/v1"),
+    ("M2 Pro", mx.float32, "same generation", "gemm/M2-Max/float32/64x64x64/v1"),  # a chip named, not detected
     (M3MAX, mx.float32, "family default", None),
+    ({"architecture": "applegpu_g17c", "device_name": "Apple M9 Max"}, mx.float32, "family default", None),
     (CPU, mx.float32, "mlx op", None),
     (None, mx.float32, "mlx op", None),  # this machine: no GPU back-end
     (M2MAX, mx.int32, "mlx op", None),  # a dtype the family does not support

@@ -322,3 +322,30 @@ def test_publish_list_show_export_install_import_call(tmp_path: Path) -> None:
     assert report["err"] < 1e-4 and report["level"] == "mlx op"
     assert "exact chip -> gemm/M2-Max/float32/64x64x64/v1" in report["m2max"]
     assert not report["kernsearch_importable"] and report["heavy_modules"] == []
+
+
+def _gpu() -> str:
+    if mx.metal.is_available():
+        return "metal"
+    cuda = getattr(mx, "cuda", None)
+    return "cuda" if cuda is not None and cuda.is_available() else ""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs a GPU MLX can use (Metal, or CUDA through MLX's CUDA back-end)")
+def test_exported_kernel_runs_on_this_gpu(tmp_path: Path) -> None:
+    """The package's own launch path (mx.fast.metal_kernel / cuda_kernel) on real hardware."""
+    fam = load_family("gemm")
+    if _gpu() not in fam.templates:
+        pytest.skip(f"gemm has no {_gpu()} template in this checkout")
+    result = export(["gemm"], tmp_path / "dist", ArtifactStore(tmp_path / "store"), package="ks_gpu_kernels",
+                    version="1.0.0")
+    pkg = import_package(result.source_dir, "ks_gpu_kernels")
+    rng = np.random.default_rng(3)
+    a, b = rng.uniform(-1, 1, (300, 260)), rng.uniform(-1, 1, (260, 200))
+    ma, mb = mx.array(a.astype(np.float16)), mx.array(b.astype(np.float16))
+    decision = pkg.gemm.explain(ma, mb)
+    assert decision.level == "family default", str(decision)
+    c = np.array(pkg.gemm(ma, mb).astype(mx.float32), dtype=np.float64)
+    ref = a.astype(np.float16).astype(np.float64) @ b.astype(np.float16).astype(np.float64)
+    np.testing.assert_allclose(c, ref, rtol=2e-3, atol=2e-3 * np.sqrt(260))

@@ -247,6 +247,9 @@ def test_family_without_model_table_gets_a_plain_roofline(tmp_path):
     (TOY_MODEL + 'treadgroups = "2"\n', "model.treadgroups: not a model input"),
     (TOY_MODEL + 'registers = "-1"\n', "model.registers: expected a non-negative number"),
     (TOY_MODEL.replace('"ARITH * TILE"', '"ARITH / (TILE - TILE)"'), "model.flops"),
+    (TOY_MODEL + 'barriers = "1e300 * 1e300"\n', "model.barriers: expected a non-negative number"),
+    (TOY_MODEL.replace('threadgroup_memory = "TGMEM"', 'threadgroup_memory = "TGMEM + concurrent"'),
+     "model.threadgroup_memory: sets the occupancy"),
 ])
 def test_malformed_model_inputs_are_one_line_spec_errors(tmp_path, model, message):
     fam = load_family(make_toy(tmp_path / "bad", model=model))

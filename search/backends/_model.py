@@ -54,6 +54,8 @@ OPTIONAL = {
     "copy_instructions": 0.0,  # lane instructions per threadgroup spent copying tiles (issue slots)
 }
 KNOWN = frozenset(REQUIRED) | frozenset(OPTIONAL)
+#: Entries the occupancy is computed from (so they cannot read `concurrent`).
+OCCUPANCY_INPUTS = ("threadgroups", "threadgroup_threads", "threadgroup_memory", "registers")
 _MISSING = object()
 
 
@@ -163,6 +165,10 @@ class _Evaluator:
         for name, expr in fam.model.items():
             if "concurrent" in expr.names or expr.names & late:
                 late.add(name)
+        circular = sorted(late & set(OCCUPANCY_INPUTS))
+        if circular:
+            raise SpecError(f"{fam.path}/family.toml: model.{circular[0]}: sets the occupancy, so it cannot "
+                            "read `concurrent`")
         steps = [(f"derived.{n}", n, e) for n, e in fam.derived.items()]
         self._derived = [self._step(*s) for s in steps]
         self._checks = [self._step(f"constraint {c.name}", c.name, c.expr) for c in fam.constraints]
@@ -221,7 +227,8 @@ class _Evaluator:
         value = ctx[key]
         if isinstance(value, bool):
             return float(value)
-        if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+        if not isinstance(value, (int, float)) or math.isnan(value) or value < 0 \
+                or (math.isinf(value) and key != "fma_per_fetch"):
             raise SpecError(f"{self.family.path}/family.toml: model.{key}: expected a non-negative number, "
                             f"got {value!r}")
         return float(value)

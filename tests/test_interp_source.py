@@ -123,3 +123,24 @@ def test_storage_round_trips_bfloat16():
     x = np.array([1.0, -2.5, 0.0078125, 3.140625, np.nan], dtype=np.float64)
     back = from_storage(to_storage(x, "bfloat16"), "bfloat16")
     assert np.array_equal(back[:4], x[:4]) and np.isnan(back[4])
+
+
+def test_compiled_objects_are_cached_by_source_flags_and_place(tmp_path, monkeypatch):
+    from kernsearch._render import Geometry, KernelSource
+    from kernsearch.backends import get_backend
+
+    monkeypatch.setenv("KERNSEARCH_CACHE", str(tmp_path / "one"))
+    geo = Geometry(grid=(8, 1, 1), threadgroup=(8, 1, 1), output_shapes=((8,),), output_dtypes=("float32",))
+    k = KernelSource("cached", "metal", ("A",), ("C",), "", "C[thread_position_in_grid.x] = A[0] + 1.0f;",
+                     (("T", "float32"),))
+    cpu = get_backend("cpu")
+    a = [np.ones(8)]
+    first = cpu.run(k, geo, a, "float32")
+    assert first.compile_seconds > 0 and list((tmp_path / "one" / "interp").glob("*.so"))
+    again = cpu.run(k, geo, a, "float32")
+    assert again.compile_seconds == 0.0 and np.array_equal(again.outputs[0], first.outputs[0])
+    assert cpu.run(k, geo, a, "float32", mode="check").compile_seconds > 0  # other flags: another object
+    changed = KernelSource("cached", "metal", ("A",), ("C",), "", k.source.replace("1.0f", "2.0f"), k.template)
+    assert cpu.run(changed, geo, a, "float32").outputs[0][0] == 3.0
+    monkeypatch.setenv("KERNSEARCH_CACHE", str(tmp_path / "two"))
+    assert cpu.run(k, geo, a, "float32").compile_seconds > 0

@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,13 @@ def _decode(diags: "ctypes.Array[_Diag]", n: int) -> list[RawDiag]:
             for d in diags[:n]]
 
 
+@lru_cache(maxsize=512)
+def _load(lib_path: Path) -> ctypes.CDLL:
+    """Load in the parent, before forking: the child then never takes the dynamic loader's lock
+    (which another thread of the parent may have held at fork time)."""
+    return ctypes.CDLL(str(lib_path))
+
+
 def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid: tuple[int, int, int],
                tg: tuple[int, int, int], tg_limit: int, stack_kb: int, timeout: float) -> list[RawDiag]:
     """Run the kernel in a forked child; ``args[i]`` for i in ``outputs`` are written back in place."""
@@ -62,6 +70,7 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
     for v, i in zip(views, outputs):
         call_args[i] = v
     diag_mem = mmap.mmap(-1, ctypes.sizeof(_Diag) * MAX_DIAGS + 16)
+    lib = _load(lib_path)
     pid = os.fork()
     if pid == 0:  # child: never returns into the caller's code
         code = 4
@@ -69,7 +78,6 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
             import faulthandler
 
             faulthandler.disable()  # a crashing kernel is reported by the parent, not dumped here
-            lib = ctypes.CDLL(str(lib_path))
             argv = (ctypes.c_void_p * len(call_args))(*[a.ctypes.data for a in call_args])
             diags = (_Diag * MAX_DIAGS).from_buffer(diag_mem, 16)
             nd = ctypes.c_int(0)

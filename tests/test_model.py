@@ -247,7 +247,7 @@ def test_family_without_model_table_gets_a_plain_roofline(tmp_path):
     (TOY_MODEL + 'treadgroups = "2"\n', "model.treadgroups: not a model input"),
     (TOY_MODEL + 'registers = "-1"\n', "model.registers: expected a non-negative number"),
     (TOY_MODEL.replace('"ARITH * TILE"', '"ARITH / (TILE - TILE)"'), "model.flops"),
-    (TOY_MODEL + 'barriers = "1e300 * 1e300"\n', "model.barriers: expected a non-negative number"),
+    (TOY_MODEL + 'barriers = "ARITH * 1e300 * 1e300"\n', "model.barriers: expected a non-negative number"),
     (TOY_MODEL.replace('threadgroup_memory = "TGMEM"', 'threadgroup_memory = "TGMEM + concurrent"'),
      "model.threadgroup_memory: sets the occupancy"),
 ])

@@ -320,8 +320,15 @@ class ArtifactStore:
         ``min_gain`` is a relative speed-up required on top of the measured noise (0.02 = 2 %).
         Raises :class:`ArtifactError` for a malformed candidate or a key busy beyond ``lock_timeout``.
         """
-        key = candidate.key
         draft = _draft_manifest(candidate)
+        try:
+            return self._publish(candidate, draft, min_gain)
+        except OSError as exc:  # read-only store, full disk...: nothing half-written is visible
+            raise ArtifactError(f"cannot publish to {self.key_dir(candidate.key)}: "
+                                f"{exc.strerror or exc}") from None
+
+    def _publish(self, candidate: Candidate, draft: dict[str, Any], min_gain: float) -> PublishOutcome:
+        key = candidate.key
         folder = self.key_dir(key)
         folder.mkdir(parents=True, exist_ok=True)
         with _locked(folder / LOCK, self.lock_timeout, key):

@@ -165,7 +165,13 @@ def export(families: list[str] | None, out: str | Path, store: ArtifactStore | N
         raise ExportError(f"no artifacts in {store.root} and no family named: nothing to export "
                           "(name a family to ship its default config and MLX fallback)")
 
-    out = Path(out)
+    try:
+        return _export(names, Path(out), store, package, version)
+    except OSError as exc:
+        raise ExportError(f"cannot write the package under {out}: {exc.strerror or exc}") from None
+
+
+def _export(names: list[str], out: Path, store: ArtifactStore, package: str, version: str) -> ExportResult:
     source_dir = out / f"{package}-{version}"
     if source_dir.exists():
         shutil.rmtree(source_dir)

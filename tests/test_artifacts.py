@@ -376,3 +376,14 @@ def test_evidence_helpers_take_timings_and_checks(tmp_path: Path) -> None:
         False, 2, 0.5, ["64x64x64", "65x63x61"])
     out = ArtifactStore(tmp_path).publish(dataclasses.replace(candidate(), correctness=corr))
     assert not out.published and "failed verification" in out.reason
+
+
+def test_an_unwritable_store_is_a_one_line_error(tmp_path: Path) -> None:
+    root = tmp_path / "not-a-folder"
+    root.write_text("a file where the store should be\n")
+    with pytest.raises(ArtifactError, match="cannot publish to .*not-a-folder/gemm"):
+        ArtifactStore(root).publish(candidate())
+    from kernsearch._export import ExportError, export
+
+    with pytest.raises(ExportError, match="cannot write the package under"):
+        export(["gemm"], root / "dist", ArtifactStore(tmp_path / "empty"), version="1.0")

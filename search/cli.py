@@ -361,6 +361,34 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
         raise typer.Exit(1)
 
 
+@app.command()
+def predict(family: str = typer.Argument(..., help=FAMILY_HELP),
+            config: Optional[str] = typer.Option(None, "--config", help="KNOB=VALUE,... (others: the default)"),
+            shape: Optional[str] = ShapeOpt, dtype: Optional[str] = DtypeOpt,
+            chip_name: Optional[str] = typer.Option(None, "--chip", help="chip to predict for (default: M2 Max)"),
+            as_json: bool = typer.Option(False, "--json", help="print the breakdown as JSON")) -> None:
+    """Predict one variant's time with the performance model: modeled, never a measurement."""
+    import json
+
+    from ._chips import default_apple_chip
+    from .backends import get_backend
+
+    _, c, problem, sp = problem_and_space(family, shape, dtype, chip_name or default_apple_chip().name)
+    cfg = sp.validate(sp.parse_config(config))
+    b = get_backend("model", chip=c).breakdown(sp, cfg)
+    if as_json:
+        sys.stdout.write(json.dumps({"config": cfg, **b}) + "\n")
+        return
+    peak = c.peak_tflops(problem.dtype)
+    out.print(f"[bold]{problem.family.name}[/] {problem.shape_text} {problem.dtype} on {c.name}: "
+              f"[bold]{b['time_ms']:.4g} ms modeled[/] (a prediction, not a measurement), "
+              f"{b['predicted_tflops']:.3g} TFLOP/s = {100 * b['predicted_tflops'] / peak:.0f} % of peak, "
+              f"bound: {b['bound']}")
+    for key, value in b.items():
+        if key not in ("evidence", "chip", "time_ms", "bound"):
+            out.print(f"  {key:<30}{value:.4g}" if isinstance(value, float) else f"  {key:<30}{value}")
+
+
 def main() -> None:
     """Console-script entry point: user errors → one line on stderr, exit 2."""
     try:

@@ -301,3 +301,21 @@ def test_model_vs_measured_script_ranks_a_landscape(tmp_path, gemm):
         assert result["spearman"] == pytest.approx(expected, abs=0.02)
         if name == "same":
             assert result["pick_vs_best"] == pytest.approx(1.0)
+
+
+def test_cli_predict_labels_its_figure_modeled():
+    import json
+    import subprocess
+    import sys
+
+    def ks(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "kernsearch", *args], capture_output=True, text=True, timeout=60)
+
+    res = ks("predict", "gemm", "--config", "BM=64,BN=64", "--chip", "M2 Ultra", "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["evidence"] == "modeled" and data["chip"] == "M2 Ultra" and data["config"]["BM"] == 64
+    res = ks("predict", "gemm", "--shape", "256,256,256")
+    assert res.returncode == 0 and "ms modeled" in res.stdout and "M2 Max" in res.stdout
+    res = ks("predict", "gemm", "--config", "BM=128,BN=128,BK=32,DOUBLE_BUFFER=1,PAD=4")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "threadgroup_memory" in res.stderr

@@ -344,7 +344,7 @@ def _predict(ev: _Evaluator, ctx: dict[str, Any]) -> dict[str, Any]:
         "resident_per_core": resident, "occupancy_limit": limiter, "concurrent": concurrent,
         "waves": waves, "wave_efficiency": tgs / (waves * cores * resident),
         "threadgroups_on_busiest_core": per_core,
-        "peak_tflops": peak, "compute_efficiency": compute_eff, "latency_hiding": main["hide"],
+        "reachable_peak_tflops": peak, "compute_efficiency": compute_eff, "latency_hiding": main["hide"],
         "bandwidth_efficiency": main["mlp"], "overlap": main["overlap"],
         "flops": tgs * flops, "cache_bytes": tgs * cache_bytes, "dram_bytes": dram,
         "predicted_tflops": ev.problem_flops / total / 1e12,

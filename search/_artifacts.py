@@ -499,6 +499,17 @@ def _draft_manifest(c: Candidate) -> dict[str, Any]:
         raise ArtifactError(f"measured evidence needs a GPU detected on the machine that timed it (the Chip "
                             f"from detect_chip(), carrying mx.device_info()); chip {c.chip.name} was "
                             f"{'named, not detected' if not c.chip.detected else 'a CPU'}")
+    if kind == "measured":
+        import warnings
+
+        from ._chips import chip_from_device_info
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an unknown GPU is fine here; only its lineage matters
+            seen = chip_from_device_info(c.chip.detected)
+        if (seen.vendor, seen.lineage) != (c.chip.vendor, c.chip.lineage):
+            raise ArtifactError(f"chip {c.chip.name} does not match the device that timed it "
+                                f"({c.chip.detected.get('device_name')}, {c.chip.detected.get('architecture')})")
     if kind == "interpreted" and c.measurements is not None:
         raise ArtifactError("interpreted evidence is correctness only: drop the measurements or call them modeled")
     if kind != "interpreted" and c.measurements is None:

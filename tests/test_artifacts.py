@@ -139,6 +139,8 @@ def test_failed_verification_is_refused_and_recorded(tmp_path: Path) -> None:
 @pytest.mark.parametrize("make, message", [
     (lambda: candidate(evidence="measured"), "measured evidence needs a GPU detected"),
     (lambda: candidate(evidence="measured", chip="cpu", detected={"architecture": "x86_64"}), "a CPU"),
+    (lambda: candidate(evidence="measured", detected={"architecture": "sm_90", "device_name": "NVIDIA H100"}),
+     "does not match the device that timed it"),
     (lambda: candidate(config={"VEC": 4}, shape=(63, 64, 63)), "vector_alignment"),
 ])
 def test_inconsistent_candidates_are_refused(tmp_path: Path, make, message: str) -> None:

@@ -101,6 +101,14 @@ def test_each_level_of_the_fallback_chain(exported, chip, dtype, level: str, art
     assert str(decision).count("\n") == len(decision.why)  # one line per reason
 
 
+def test_tuned_kernels_can_be_switched_off(exported, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, _, pkg = exported
+    assert pkg.gemm.explain(*arrays(64, 64, 64), chip=M2MAX).level == "exact chip"
+    monkeypatch.setenv("KERNSEARCH_KERNELS", "off")
+    decision = pkg.gemm.explain(*arrays(64, 64, 64), chip=M2MAX)
+    assert decision.level == "mlx op" and "switched off" in str(decision)
+
+
 def test_the_chain_says_why_each_level_was_passed(exported) -> None:
     _, _, pkg = exported
     text = str(pkg.gemm.explain(*arrays(64, 64, 64), chip=M3MAX))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -21,6 +22,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 FORMAT = 1
+#: Set to ``off`` (or 0/no/false) to make every call use the plain MLX op: a consumer's escape hatch.
+DISABLE_VAR = "KERNSEARCH_KERNELS"
+MAX_DECISIONS = 4096
 LEVELS = ("exact chip", "same generation and die", "same generation", "family default", "mlx op")
 
 
@@ -213,10 +217,17 @@ class Dispatcher:
     def decide(self, family: str, shapes: Sequence[Sequence[int]], dtype: str, chip: Any = None) -> Decision:
         fam = self._family(family)
         record, target = self.running_chip(chip)
+        if os.environ.get(DISABLE_VAR, "").lower() in ("0", "off", "no", "false"):
+            dims, _ = _bind_dims(fam, shapes)
+            decision = Decision(family, LEVELS[4], record["name"], tuple((dims or {}).values()), dtype)
+            decision.why.append(f"tuned kernels switched off ({DISABLE_VAR}={os.environ[DISABLE_VAR]})")
+            return decision
         cache_key = (family, tuple(tuple(s) for s in shapes), dtype, record["name"], target)
         if cache_key in self._decisions:
             return self._decisions[cache_key]
         decision = self._decide(fam, family, shapes, dtype, record, target)
+        if len(self._decisions) >= MAX_DECISIONS:  # many distinct shapes: start over rather than grow
+            self._decisions.clear()
         self._decisions[cache_key] = decision
         return decision
 

@@ -5,6 +5,15 @@
 // Build modes: KS_CHECK (threadgroup race / uninitialised / bounds detector), KS_SANITIZE (ASan build,
 // ucontext fibers, driver main). Never build with -ffast-math: NaN poisoning relies on IEEE NaNs.
 #pragma once
+// The hand-written context switch is ELF assembly for x86-64 and aarch64 Linux; elsewhere (and under
+// AddressSanitizer, which understands swapcontext) fibers use ucontext.
+#if defined(KS_SANITIZE) || !defined(__linux__) || !(defined(__x86_64__) || defined(__aarch64__))
+#define KS_UCONTEXT 1
+#if defined(__APPLE__) && !defined(_XOPEN_SOURCE)
+#define _XOPEN_SOURCE 700
+#endif
+#include <ucontext.h>
+#endif
 // Only small headers: <cmath> / <string> / <vector> would triple the compile time of every variant.
 #include <cstdarg>
 #include <cstdint>
@@ -13,10 +22,6 @@
 #include <cstring>
 #include <type_traits>
 #include <sys/mman.h>
-#if defined(KS_SANITIZE) || !(defined(__x86_64__) || defined(__aarch64__))
-#define KS_UCONTEXT 1
-#include <ucontext.h>
-#endif
 
 #define device
 #define constant

@@ -67,6 +67,7 @@ POINTER = "CURRENT"
 JOURNAL = "journal.jsonl"
 LOCK = ".lock"
 _VERSION = re.compile(r"^v([1-9][0-9]*)$")
+_PART = re.compile(r"^(?!\.)[A-Za-z0-9._-]+$")
 _SOURCE_SUFFIX = {"metal": "metal", "cuda": "cu"}
 
 
@@ -91,6 +92,13 @@ class ArtifactKey:
     chip: str  # the chip's slug
     dtype: str
     shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        for part in (self.family, self.chip, self.dtype):  # each is one folder name inside the store
+            if not _PART.match(part):
+                raise ArtifactError(f"{part!r} cannot name an artifact folder (letters, digits, . _ - only)")
+        if not self.shape or any(s <= 0 for s in self.shape):
+            raise ArtifactError(f"bad shape {self.shape!r} for an artifact key")
 
     @property
     def path(self) -> str:

@@ -232,6 +232,9 @@ def test_manifest_round_trips_and_rejects_unknown_fields(published: ArtifactStor
 def test_bad_keys_are_one_line_errors() -> None:
     assert ArtifactKey.parse("gemm/M2 Max/float16/8x8x8/v3") == (ArtifactKey("gemm", "M2-Max", "float16", (8, 8, 8)),
                                                                 "v3")
+    for bad in ("../M2-Max/float16/8x8x8", "gemm/M2-Max/../8x8x8", "gemm/M2-Max/float16/0x8x8"):
+        with pytest.raises(ArtifactError, match="cannot name an artifact folder|bad artifact key|bad shape"):
+            ArtifactKey.parse(bad)
     for bad in ("gemm", "gemm/M2-Max/float16/eightxeight", "a/b/c/d/e/f"):
         with pytest.raises(ArtifactError, match="bad artifact key"):
             ArtifactKey.parse(bad)

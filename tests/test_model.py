@@ -207,6 +207,14 @@ def test_gemm_smaller_tiles_and_unstaged_operands_reread_more_and_run_slower(gem
     assert direct["cache_bytes"] > staged["cache_bytes"] and direct["time_ms"] > staged["time_ms"]
 
 
+def test_gemm_padding_helps_where_unpadded_rows_conflict(gemm):
+    space = space_for(gemm)
+    wide = "BM=64,BN=128,BK=32,WM=2,WN=2"
+    b = ModelBackend().breakdown(space, space.parse_config(wide))
+    assert b["bound"] == "compute"
+    assert predict(space, **dict(kv.split("=") for kv in wide.split(",")), PAD="4") < b["time_ms"]
+
+
 def test_gemm_simdgroup_matrix_beats_scalar_at_equal_tiles(gemm):
     space = space_for(gemm)
     assert predict(space, MMA="simdgroup") < predict(space, MMA="scalar")

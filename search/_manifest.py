@@ -21,7 +21,7 @@ from ._errors import KernsearchError
 
 if TYPE_CHECKING:
     from ._chips import Chip
-    from ._render import Geometry, KernelSource
+    from ._render import Geometry
     from ._verify import Check
     from .backends._base import Timing
 

@@ -209,7 +209,7 @@ def test_gemm_smaller_tiles_and_unstaged_operands_reread_more_and_run_slower(gem
 
 def test_gemm_padding_helps_where_unpadded_rows_conflict(gemm):
     space = space_for(gemm)
-    wide = "BM=64,BN=128,BK=32,WM=2,WN=2"
+    wide = "BM=64,BN=128,BK=32,WM=2,WN=4"
     b = ModelBackend().breakdown(space, space.parse_config(wide))
     assert b["bound"] == "compute"
     assert predict(space, **dict(kv.split("=") for kv in wide.split(",")), PAD="4") < b["time_ms"]

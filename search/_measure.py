@@ -201,8 +201,9 @@ def _check(impl, kernel, geo, problem, seed: int, options: dict) -> dict:  # noq
 
 def verify_variant(task: VariantTask) -> dict:
     """Run once with fresh random inputs (outputs pre-filled with NaN) and compare with the reference."""
-    _, problem, _, impl, kernel, geo = _setup(task)
-    return _check(impl, kernel, geo, problem, task.seed, task.options)
+    _, problem, space, impl, kernel, geo = _setup(task)
+    options = {**task.options, **({"chip": space.chip} if impl.name == "cpu" else {})}
+    return _check(impl, kernel, geo, problem, task.seed, options)
 
 
 def measure_variant(task: VariantTask) -> dict:
@@ -218,7 +219,11 @@ def measure_variant(task: VariantTask) -> dict:
 
 
 def final_round(task: VariantTask) -> dict:
-    """Re-measure the finalists interleaved with the family's baseline op (a fresh worker runs this)."""
+    """Re-measure the finalists interleaved with the family's baseline op (a fresh worker runs this).
+
+    The back-end provides ``launcher(kernel, geometry, inputs, dtype) -> (launch, sync)`` and
+    ``baseline_launcher(family, problem, logical_inputs) -> (launch, sync)``.
+    """
     from ._verify import kernel_inputs, make_inputs
 
     fam, problem, _, impl, _, _ = _setup(task)
@@ -233,8 +238,7 @@ def final_round(task: VariantTask) -> dict:
         candidates["baseline"] = impl.baseline_launcher(fam, problem, logical)  # type: ignore[attr-defined]
     except Exception as exc:  # noqa: BLE001 - no baseline is not fatal, and is said
         out["baseline_error"] = str(exc)
-    sets = candidates.pop("_sets", None)
-    samples = interleaved(candidates, input_sets=1 if sets is None else sets)
+    samples = interleaved(candidates)  # each launcher rotates its own input copies
     out["finalists"] = [samples[f"f{i}"] for i in range(len(task.finalists))]
     out["baseline"] = samples.get("baseline")
     return out

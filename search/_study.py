@@ -93,7 +93,20 @@ class Objective(ABC):
 
     @abstractmethod
     def valid_configs(self) -> list[Config]:
-        """Every valid config (used to fill in when the sampler only proposes known ones)."""
+        """Every valid config (may be slow for large spaces: the loop asks only when it must)."""
+
+    def size(self) -> int | None:
+        """How many valid configs there are, when that is cheap to know (the search stops at it)."""
+        return len(self.valid_configs())
+
+    def random_config(self, rng: random.Random, tries: int = 200) -> Config | None:
+        """A random valid config: rejection sampling over the knobs, else one from the enumeration."""
+        for _ in range(tries):
+            cfg = {k: rng.choice(v) for k, v in self.knobs.items()}
+            if self.violation(cfg) is None:
+                return cfg
+        valid = self.valid_configs()
+        return rng.choice(valid) if valid else None
 
     @abstractmethod
     def evaluate(self, config: Config) -> Record:
@@ -130,8 +143,8 @@ class TrialSummary:
 
     @classmethod
     def from_trial(cls, t: optuna.trial.FrozenTrial) -> TrialSummary:
-        a = t.user_attrs
-        return cls(t.number, dict(a["config"]), float(t.value), a.get("evidence", ""), a.get("spread", 0.0),
+        a = t.user_attrs.get("record", {})
+        return cls(t.number, dict(t.user_attrs["config"]), float(t.value), a.get("evidence", ""), a.get("spread", 0.0),
                    a.get("gflops"), a.get("peak_pct"), a.get("max_abs_err"), a.get("verified"),
                    a.get("sha256", ""))
 
@@ -204,15 +217,61 @@ def make_storage(url: str | None) -> Any:
     if url == ":memory:":
         return optuna.storages.InMemoryStorage()
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    if url.startswith("sqlite"):
+        _sqlite_wal()
     try:
         return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
     except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable server
         raise KernsearchError(f"cannot open study storage {url!r}: {str(exc).splitlines()[0]}") from None
 
 
+_WAL = False
+
+
+def _sqlite_wal() -> None:
+    """SQLite in WAL mode with synchronous=NORMAL: a commit no longer waits for fsync (Optuna commits ~20
+    times a trial), readers do not block the writer (several processes on one study), and a killed
+    process still leaves a consistent database."""
+    global _WAL
+    if _WAL:
+        return
+    import sqlite3
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    def pragmas(conn: Any, _record: Any) -> None:
+        if isinstance(conn, sqlite3.Connection):
+            cur = conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+    event.listen(Engine, "connect", pragmas)
+    _WAL = True
+
+
 def study_name_for(key: dict[str, str]) -> str:
     """Predictable: ``gemm/M2 Max/float16/4096x4096x4096/model``."""
     return "/".join(key[k] for k in ("family", "chip", "dtype", "shape", "backend"))
+
+
+def ordinal(values: list[Any]) -> bool:
+    """Numeric knobs with more than two values: a local step moves them to an adjacent value."""
+    return len(values) > 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+def distributions(knobs: dict[str, list[Any]]) -> dict[str, Any]:
+    """Every knob is categorical for the sampler. (Numeric knobs searched by position were tried: no
+    better on the four benchmark landscapes, worse on two.)"""
+    from optuna.distributions import CategoricalDistribution
+
+    return {k: CategoricalDistribution(v) for k, v in knobs.items()}
+
+
+#: Every LOCAL_EVERY-th new trial (after ten) is a one-knob neighbour of a leader instead of a TPE
+#: proposal: tuned on the four landscapes of benchmarks/search_landscapes.py (0 turns it off).
+LOCAL_EVERY = 3
 
 
 def make_sampler(name: str, seed: int | None, knobs: dict[str, list[Any]]) -> optuna.samplers.BaseSampler:
@@ -272,108 +331,113 @@ def open_study(objective: Objective, storage: str | None, study_name: str | None
 def _search(objective: Objective, *, trials: int | None, time_budget: float | None, patience: int | None,
             sampler: str, seed: int | None, storage: str | None, study_name: str | None, finalists: int,
             progress: Callable[[Progress], None] | None, stop: Callable[[], bool] | None) -> StudyResult:
-    import optuna
-    from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState
 
     started = time.monotonic()
     study = open_study(objective, storage, study_name, sampler, seed)
-    dists = {k: CategoricalDistribution(v) for k, v in objective.knobs.items()}
+    dists = distributions(objective.knobs)
     rng = random.Random(seed)
-    valid = objective.valid_configs()
-    known = _known(study)  # key -> (value or None for failed, trial number)
+    size = objective.size()
+    _fail_stale(study)
+    known = _known(study)  # key -> Seen: every config the study has evaluated (ok or failed)
+    # Another process working on this study (running trials now, or gaps in trial numbers later) means
+    # claims must be checked against the shared storage; alone, the local view is complete.
+    shared = any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False))
     if not study.trials:
         for i, cfg in enumerate([objective.default()] + objective.warm_start()):
             if cfg is not None:
-                study.enqueue_trial(cfg, user_attrs={"source": "default" if i == 0 else "warm start"},
-                                    skip_if_exists=True)
-    _fail_stale(study)
-    failures: Counter[str] = Counter(t.user_attrs.get("reason", "?") for t in study.trials
-                                     if t.user_attrs.get("status") == STATUS_FAILED)
+                study.enqueue_trial(cfg, skip_if_exists=True,
+                                    user_attrs={"source": "default" if i == 0 else "warm start"})
+    failures: Counter[str] = Counter(s.reason for s in known.values() if s.value is None)
     invalid = skips = new = 0
+    last_number: int | None = None
+    pending_local = False
     eval_seconds = 0.0
     stop_reason = "trial budget reached"
     trial = None
     try:
         while True:
-            evaluated = len(known)
-            if trials is not None and evaluated >= trials:
+            if trials is not None and len(known) >= trials:
                 break
             if time_budget is not None and time.monotonic() - started >= time_budget:
                 stop_reason = "time budget reached"
                 break
-            if evaluated >= len(valid):
+            if size is not None and len(known) >= size:
                 stop_reason = "every valid config evaluated"
                 break
-            if patience is not None and _stale_for(study) >= patience:
+            if patience is not None and _stale_for(known) >= patience:
                 stop_reason = f"no improvement in {patience} trials"
                 break
             if stop is not None and stop():
                 stop_reason = "stopped"
                 break
             if skips >= 5:  # the sampler keeps proposing invalid or known configs: spend on a new one
-                cfg = _fill(study, valid, known, objective, rng)
+                cfg = _fill(known, objective, rng)
                 if cfg is not None:
                     study.enqueue_trial(cfg, user_attrs={"source": "fill"})
                 skips = 0
+            elif sampler == "tpe" and LOCAL_EVERY and new >= 10 and new % LOCAL_EVERY == LOCAL_EVERY - 1 \
+                    and not pending_local:
+                cfg = _neighbour(known, objective, rng)
+                if cfg is not None:  # a local step: one knob away from a leader
+                    study.enqueue_trial(cfg, user_attrs={"source": "local"})
+                    pending_local = True
             trial = study.ask(dists)
+            shared = shared or (last_number is not None and trial.number != last_number + 1)
+            last_number = trial.number
             config = {k: trial.params[k] for k in objective.knobs}
             key = format_config(config)
             trial.set_user_attr("config", config)
-            trial.set_user_attr("key", key)
             why = objective.violation(config)
-            if why is not None:
+            if why is not None:  # rejected before compiling; the constraint is recorded
                 trial.set_user_attr("status", STATUS_INVALID)
-                trial.set_user_attr("reason", why)
+                trial.set_user_attr("failure", {"reason": why})
                 study.tell(trial, state=TrialState.PRUNED)
                 invalid += 1
                 skips += 1
                 trial = None
                 continue
-            if key not in known:
+            if shared and key not in known:
                 known.update(_known(study))  # another process may have finished it meanwhile
-            holder = known.get(key) or _claimed_elsewhere(study, trial, key)
-            if holder is not None:
-                value, number = holder
+            seen = known.get(key) or (_claimed_elsewhere(study, trial, objective, key) if shared else None)
+            if seen is not None:  # never measure a config twice: tell the sampler what is known
                 trial.set_user_attr("status", STATUS_KNOWN)
-                trial.set_user_attr("same_as", number)
-                if value is None or value == "running":
+                trial.set_user_attr("failure", {"reason": "known", "same_as": seen.number})
+                if seen.value is None:
                     study.tell(trial, state=TrialState.PRUNED)
                 else:
-                    study.tell(trial, value)
+                    study.tell(trial, seen.value)
                 skips += 1
                 trial = None
                 continue
             skips = 0
+            pending_local = False
             t0 = time.monotonic()
             try:
                 record = objective.evaluate(config)
             except VariantFailure as exc:
                 eval_seconds += time.monotonic() - t0
                 trial.set_user_attr("status", STATUS_FAILED)
-                trial.set_user_attr("reason", exc.reason)
-                trial.set_user_attr("detail", exc.detail[:2000])
+                trial.set_user_attr("failure", {"reason": exc.reason, "detail": exc.detail[:2000]})
                 study.tell(trial, state=TrialState.FAIL)
                 failures[exc.reason] += 1
-                known[key] = (None, trial.number)
+                known[key] = Seen(None, trial.number, config, exc.reason)
                 last = f"trial {trial.number} failed ({exc.reason})"
             else:
                 eval_seconds += time.monotonic() - t0
                 trial.set_user_attr("status", STATUS_OK)
-                for k, v in asdict(record).items():
-                    if k != "time_ms" and v is not None:
-                        trial.set_user_attr(k, v)
+                trial.set_user_attr("record", {k: v for k, v in asdict(record).items() if v is not None})
                 study.tell(trial, record.time_ms)
-                known[key] = (record.time_ms, trial.number)
+                known[key] = Seen(record.time_ms, trial.number, config)
                 last = f"trial {trial.number}: {record.time_ms:.4g} ms"
             trial = None
             new += 1
             if progress is not None:
-                elapsed = time.monotonic() - started
-                progress(_progress(study, len(known), trials, time_budget, elapsed, failures, invalid, last, new))
+                progress(_progress(known, trials, time_budget, time.monotonic() - started, failures, invalid,
+                                   last, new))
     except KeyboardInterrupt:
         stop_reason = "interrupted (Ctrl-C); finished trials are kept"
-        if trial is not None:
+        if trial is not None:  # the trial in flight is not a result: record why, and keep the rest
             trial.set_user_attr("status", "interrupted")
             study.tell(trial, state=TrialState.FAIL)
     elapsed = time.monotonic() - started
@@ -383,41 +447,55 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
         try:
             final = objective.finalize(top)
         except KeyboardInterrupt:
-            final = {"note": "final round interrupted"}
+            final = {"winner": None, "note": "final round interrupted"}
         study.set_user_attr("final", final)
     winner = final.get("winner", top[0].number if top else None)
-    best = next((t for t in _top(study, None) if t.number == winner), top[0] if top else None)
+    best = next((t for t in _top(study, None) if t.number == winner), None) if winner is not None else None
     overhead = (elapsed - eval_seconds) / new if new else 0.0
     return StudyResult(study.study_name, storage or default_storage(), objective.backend, objective.evidence,
                        objective.study_key, best, top, len(known), failures, invalid, elapsed, stop_reason,
                        final, overhead)
 
 
-def _known(study: optuna.Study) -> dict[str, tuple[float | None, int]]:
-    """Configs the study has evaluated: key → (time, or None when it failed; trial number)."""
-    out: dict[str, tuple[float | None, int]] = {}
+@dataclass
+class Seen:
+    """A config the study has evaluated (``value`` None: it failed) or that another process holds."""
+
+    value: float | None
+    number: int
+    config: Config
+    reason: str = ""
+
+
+def _known(study: optuna.Study) -> dict[str, Seen]:
+    out: dict[str, Seen] = {}
     for t in study.get_trials(deepcopy=False):
         status = t.user_attrs.get("status")
         if status == STATUS_OK and t.value is not None:
-            out.setdefault(t.user_attrs["key"], (t.value, t.number))
+            out.setdefault(format_config(t.user_attrs["config"]), Seen(t.value, t.number, t.user_attrs["config"]))
         elif status == STATUS_FAILED:
-            out.setdefault(t.user_attrs["key"], (None, t.number))
+            out.setdefault(format_config(t.user_attrs["config"]),
+                           Seen(None, t.number, t.user_attrs["config"], _reason(t)))
     return out
 
 
-def _claimed_elsewhere(study: optuna.Study, trial: optuna.Trial, key: str) -> tuple[str, int] | None:
-    """Another running trial (another process) holds this config: leave it to that one."""
+def _reason(t: optuna.trial.FrozenTrial) -> str:
+    return str(t.user_attrs.get("failure", {}).get("reason", "?"))
+
+
+def _claimed_elsewhere(study: optuna.Study, trial: optuna.Trial, objective: Objective, key: str) -> Seen | None:
+    """A running trial of another process holds this config (its params are stored when it is asked for)."""
     from optuna.trial import TrialState
 
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.number != trial.number and t.user_attrs.get("key") == key and \
-                t.user_attrs.get("status") is None:
-            return ("running", t.number)
+        if t.number != trial.number and set(t.params) == set(objective.knobs) and \
+                t.user_attrs.get("status") is None and format_config({k: t.params[k] for k in objective.knobs}) == key:
+            return Seen(None, t.number, dict(t.params), "running elsewhere")
     return None
 
 
-def _fail_stale(study: optuna.Study, older_than: timedelta = timedelta(hours=1)) -> None:
-    """Running trials left by a killed process would claim their configs forever: mark them failed."""
+def _fail_stale(study: optuna.Study, older_than: timedelta = timedelta(hours=2)) -> None:
+    """Running trials left by a killed process would hold their configs forever: mark them failed."""
     from optuna.trial import TrialState
 
     now = datetime.now()
@@ -428,58 +506,78 @@ def _fail_stale(study: optuna.Study, older_than: timedelta = timedelta(hours=1))
             study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
 
 
-def _stale_for(study: optuna.Study) -> int:
-    """Evaluated trials since the last new best."""
-    best = math.inf
-    since = 0
-    for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
-        status = t.user_attrs.get("status")
-        if status == STATUS_OK and t.value is not None and t.value < best:
-            best, since = t.value, 0
-        elif status in (STATUS_OK, STATUS_FAILED):
+def _stale_for(known: dict[str, Seen]) -> int:
+    """Evaluated configs since the last new best, in trial order."""
+    best, since = math.inf, 0
+    for s in sorted(known.values(), key=lambda s: s.number):
+        if s.value is not None and s.value < best:
+            best, since = s.value, 0
+        else:
             since += 1
     return since
 
 
-def _fill(study: optuna.Study, valid: list[Config], known: dict[str, Any], objective: Objective,
-          rng: random.Random) -> Config | None:
+def _leaders(known: dict[str, Seen], n: int) -> list[Seen]:
+    return sorted((s for s in known.values() if s.value is not None), key=lambda s: (s.value, s.number))[:n]
+
+
+def _fill(known: dict[str, Seen], objective: Objective, rng: random.Random) -> Config | None:
     """An unevaluated config: a one-knob neighbour of a leader if one is left, else a random one."""
-    leaders = _top(study, 3)
-    if leaders and rng.random() < 0.7:
-        base = rng.choice(leaders).config
-        moves = [(k, v) for k, values in objective.knobs.items() for v in values if v != base[k]]
-        rng.shuffle(moves)
-        for k, v in moves:
-            cfg = {**base, k: v}
-            if format_config(cfg) not in known and objective.violation(cfg) is None:
-                return cfg
-    fresh = [c for c in rng.sample(valid, min(len(valid), 2000)) if format_config(c) not in known]
-    if not fresh:
-        fresh = [c for c in valid if format_config(c) not in known]
+    if rng.random() < 0.7:
+        cfg = _neighbour(known, objective, rng)
+        if cfg is not None:
+            return cfg
+    for _ in range(50):
+        cfg = objective.random_config(rng)
+        if cfg is not None and format_config(cfg) not in known:
+            return cfg
+    fresh = [c for c in objective.valid_configs() if format_config(c) not in known]
     return rng.choice(fresh) if fresh else None
 
 
+def _neighbour(known: dict[str, Seen], objective: Objective, rng: random.Random) -> Config | None:
+    """An unevaluated valid config one knob away from one of the three leaders (numeric knobs: one step)."""
+    leaders = _leaders(known, 3)
+    if not leaders:
+        return None
+    base = rng.choice(leaders).config
+    moves = []
+    for k, values in objective.knobs.items():
+        i = values.index(base[k])
+        near = [values[j] for j in (i - 1, i + 1) if 0 <= j < len(values)] if ordinal(values) else values
+        moves += [(k, v) for v in near if v != base[k]]
+    rng.shuffle(moves)
+    for k, v in moves:
+        cfg = {**base, k: v}
+        if format_config(cfg) not in known and objective.violation(cfg) is None:
+            return cfg
+    return None
+
+
 def _top(study: optuna.Study, n: int | None) -> list[TrialSummary]:
+    """The study's best distinct configs, fastest first."""
     ok = [t for t in study.get_trials(deepcopy=False)
           if t.user_attrs.get("status") == STATUS_OK and t.value is not None]
     seen: set[str] = set()
     out = []
     for t in sorted(ok, key=lambda t: (t.value, t.number)):
-        if t.user_attrs["key"] not in seen:
-            seen.add(t.user_attrs["key"])
+        key = format_config(t.user_attrs["config"])
+        if key not in seen:
+            seen.add(key)
             out.append(TrialSummary.from_trial(t))
     return out if n is None else out[:n]
 
 
-def _progress(study: optuna.Study, done: int, total: int | None, budget: float | None, elapsed: float,
+def _progress(known: dict[str, Seen], total: int | None, budget: float | None, elapsed: float,
               failures: Counter[str], invalid: int, last: str, new: int) -> Progress:
     remaining = None
     if total is not None and new:
-        remaining = elapsed / new * max(0, total - done)
+        remaining = elapsed / new * max(0, total - len(known))
     if budget is not None:
         remaining = min(remaining if remaining is not None else budget, max(0.0, budget - elapsed))
-    best = _top(study, 1)
-    return Progress(done, total, elapsed, remaining, best[0] if best else None, failures, invalid, last)
+    lead = _leaders(known, 1)
+    best = TrialSummary(lead[0].number, lead[0].config, lead[0].value, "") if lead else None  # type: ignore[arg-type]
+    return Progress(len(known), total, elapsed, remaining, best, failures, invalid, last)
 
 
 # -- kernels: render → build → verify → time ----------------------------------------------------------
@@ -540,6 +638,10 @@ class KernelObjective(Objective):
         if self._valid is None:
             self._valid = self.space.enumerate().valid
         return self._valid
+
+    def size(self) -> int | None:
+        """Enumerating a large space takes long and only matters when a search could exhaust it."""
+        return len(self.valid_configs()) if self.space.total <= 20000 else None
 
     def default(self) -> Config | None:
         cfg = dict(self.family.default)

@@ -361,6 +361,237 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
         raise typer.Exit(1)
 
 
+# -- the search (issue 4) -----------------------------------------------------------------------------
+StorageOpt = typer.Option(None, "--storage", help="Optuna storage URL (default: SQLite under $KERNSEARCH_HOME "
+                          "or ~/.kernsearch; e.g. postgresql://... to share a study between machines)")
+
+
+def _pick_backend(backend: str, chip_name: str | None):  # noqa: ANN202 - (backend name, Chip, one-line note)
+    """``--backend auto``: metal on Apple GPUs, cuda on NVIDIA, else the model for --chip (or an M-series)."""
+    from ._chips import default_apple_chip, get_chip
+
+    if backend != "auto":
+        chip = resolve_chip(chip_name) if backend in ("metal", "cuda") else (
+            get_chip(chip_name) if chip_name else default_apple_chip())
+        return backend, chip, None
+    here = resolve_chip(None)
+    wanted = get_chip(chip_name) if chip_name else None
+    if here.vendor in ("apple", "nvidia") and (wanted is None or wanted.name == here.name):
+        return ("metal" if here.vendor == "apple" else "cuda"), here, None
+    chip = wanted or default_apple_chip()
+    why = f"{here.name} is not the chip to tune for" if here.vendor != "cpu" else "no GPU here"
+    return "model", chip, (f"{why}: times are predicted by the performance model for {chip.name} "
+                           f"([bold]modeled[/], not measured); the winner and top finalists are verified "
+                           f"on the CPU Metal interpreter")
+
+
+def _fmt(value, spec: str, none: str = "-") -> str:  # noqa: ANN001
+    return none if value is None else format(value, spec)
+
+
+def _top_table(rows, evidence: str, winner: int | None, title: str = "top configs"):  # noqa: ANN001, ANN202
+    from ._space import format_config
+
+    label = {"modeled": "time (predicted)", "measured": "time"}.get(evidence, "time")
+    table = Table("#", "trial", "config", f"{label} ms", "spread", "GFLOP/s", "% peak", "max err",
+                  "evidence", "verified", title=title, title_justify="left", box=None)
+    for i, t in enumerate(rows, 1):
+        mark = " *" if t.number == winner else ""
+        table.add_row(f"{i}{mark}", str(t.number), format_config(t.config), f"{t.time_ms:.4g}",
+                      f"{t.spread:.1%}" if t.spread else "-", _fmt(t.gflops, ".0f"), _fmt(t.peak_pct, ".1f"),
+                      _fmt(t.max_abs_err, ".2g"), t.evidence, t.verified or "-")
+    return table
+
+
+def _final_lines(final: dict, evidence: str) -> list[str]:
+    lines = []
+    if final.get("speedup") is not None:
+        beats = "" if final.get("beats_baseline") else " [yellow](lead within the measured noise)[/]"
+        lines.append(f"speedup over the baseline op: {final['speedup']:.2f}x (range {final['speedup_low']:.2f}-"
+                     f"{final['speedup_high']:.2f}; baseline {final['baseline_median_ms']:.4g} ms){beats}")
+    elif evidence == "modeled":
+        lines.append("speedup over the baseline op: not available (modeled times; the baseline is not modeled)")
+    if "lead_exceeds_noise" in final and not final["lead_exceeds_noise"]:
+        lines.append("[yellow]the winner's lead over the runner-up is within the measured noise[/]")
+    for number, check in (final.get("checks") or {}).items():
+        state = f"[green]pass[/] (max abs err {check['max_abs_err']:.2g})" if check["ok"] else \
+            f"[red]FAIL ({check['reason']})[/]"
+        lines.append(f"trial {number} on the interpreter at {'x'.join(map(str, final.get('verify_shape', [])))}: {state}")
+    if final.get("note"):
+        lines.append(str(final["note"]))
+    return lines
+
+
+@app.command()
+def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[str] = ShapeOpt,
+         dtype: Optional[str] = DtypeOpt, chip_name: Optional[str] = ChipOpt,
+         trials: int = typer.Option(150, "--trials", help="configs the study should have evaluated"),
+         time_budget: Optional[str] = typer.Option(None, "--time-budget", help="e.g. 90s, 10m, 1h"),
+         patience: Optional[int] = typer.Option(60, "--patience", help="stop after this many trials without "
+                                                "a new best (0: never)"),
+         backend: str = typer.Option("auto", "--backend", help="auto, metal, cuda, model or replay"),
+         landscape: Optional[str] = typer.Option(None, "--landscape", help="replay: a KernelTuner cache file"),
+         sampler: str = typer.Option("tpe", "--sampler", help="tpe, random or grid"),
+         storage: Optional[str] = StorageOpt,
+         study: Optional[str] = typer.Option(None, "--study", help="study name (default: family/chip/dtype/"
+                                             "shape/backend)"),
+         seed: int = typer.Option(0, "--seed", help="sampler and input seed"),
+         finalists: int = typer.Option(3, "--finalists", help="leaders re-measured (or verified) at the end"),
+         verify: str = typer.Option("finalists", "--verify", help="model back-end: verify all trials, the "
+                                    "finalists or none on the CPU interpreter"),
+         timeout: float = typer.Option(120.0, "--timeout", help="seconds per variant before it counts as hung"),
+         as_json: bool = typer.Option(False, "--json", help="print a machine-readable result on stdout")) -> None:
+    """Search for the fastest correct variant of a family on a problem and chip."""
+    import json
+
+    if verify not in ("all", "finalists", "none"):
+        raise KernsearchError(f"--verify must be all, finalists or none, not {verify!r}")
+    if trials < 1 or finalists < 1:
+        raise KernsearchError("--trials and --finalists must be at least 1")
+    if backend == "replay" or landscape:
+        from .backends._replay import ReplayBackend
+
+        if not landscape:
+            raise KernsearchError("--backend replay needs --landscape PATH (a KernelTuner cache file)")
+        objective = ReplayBackend(landscape, seed=seed).objective(family)
+        note = f"replaying {landscape}: recorded times measured on {objective.study_key['chip']}, not here"
+        kwargs: dict = {}
+    else:
+        name, c, note = _pick_backend(backend, chip_name)
+        from ._space import make_problem
+        from ._spec import load_family
+        from ._study import KernelObjective
+
+        fam = load_family(family)
+        problem = make_problem(fam, shape, dtype, c)
+        objective = KernelObjective(problem, c, name, seed=seed, timeout=timeout, verify=verify)
+    key = objective.study_key
+    if note:
+        err.print(note, soft_wrap=True)
+    err.print(f"tuning [bold]{key['family']}[/] {key['shape']} {key['dtype']} on {key['chip']} "
+              f"({key['backend']} back-end, {objective.evidence})", soft_wrap=True)
+    result = _run_with_progress(objective, trials, time_budget, patience or None, sampler, seed, storage, study,
+                                finalists, as_json)
+    if as_json:
+        data = result.to_dict()
+        data["winner"] = asdict_or_none(result.best)
+        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    else:
+        _print_result(result)
+    if result.stop_reason.startswith("interrupted"):
+        raise typer.Exit(130)
+
+
+def asdict_or_none(obj):  # noqa: ANN001, ANN201
+    from dataclasses import asdict
+
+    return None if obj is None else asdict(obj)
+
+
+def _run_with_progress(objective, trials, time_budget, patience, sampler, seed, storage, study, finalists,  # noqa: ANN001, ANN202
+                       quiet):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ._space import format_config
+    from ._study import run_study
+
+    columns = [TextColumn("trial {task.completed:.0f}/{task.total:.0f}"), BarColumn(bar_width=20),
+               TimeElapsedColumn(), TextColumn("left {task.fields[left]}"), TextColumn("{task.fields[status]}")]
+    with Progress(*columns, console=err, transient=False, disable=quiet) as bar:
+        task = bar.add_task("tune", total=trials, left="?", status="")
+
+        def show(p) -> None:  # noqa: ANN001
+            best = f"best {p.best.time_ms:.4g} ms {format_config(p.best.config)}" if p.best else "no correct variant yet"
+            fails = ", ".join(f"{k} {v}" for k, v in p.failures.most_common()) or "none"
+            left = f"{p.remaining_s:.0f}s" if p.remaining_s is not None else "?"
+            bar.update(task, completed=p.done, left=left, status=f"{best} · failed: {fails}")
+
+        return run_study(objective, trials=trials, time_budget=time_budget, patience=patience, sampler=sampler,
+                         seed=seed, storage=storage, study_name=study, finalists=finalists, progress=show)
+
+
+def _print_result(result) -> None:  # noqa: ANN001
+    from ._space import format_config
+
+    fails = ", ".join(f"{k} {v}" for k, v in result.failures.most_common()) or "none"
+    out.print(f"study [bold]{result.study_name}[/] · {result.evaluated} configs evaluated · failed: {fails} · "
+              f"{result.invalid} invalid proposals rejected before compiling · {result.elapsed_s:.1f} s · "
+              f"{result.stop_reason}", soft_wrap=True)
+    winner = result.final.get("winner", result.best.number if result.best else None)
+    if result.top:
+        out.print(_top_table(result.top, result.evidence, winner), width=max(out.width, 150))
+    for line in _final_lines(result.final, result.evidence):
+        out.print(line, soft_wrap=True)
+    if result.best is None or winner is None:
+        out.print("[red]no correct variant found[/]")
+        return
+    out.print(f"winner: trial {result.best.number} [bold]{format_config(result.best.config)}[/] "
+              f"{result.best.time_ms:.4g} ms ({result.evidence})", soft_wrap=True)
+
+
+@app.command()
+def studies(storage: Optional[str] = StorageOpt) -> None:
+    """List the stored studies: name, trials, best time and its evidence kind."""
+    import optuna
+
+    from ._study import make_storage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    summaries = optuna.get_all_study_summaries(make_storage(storage))
+    if not summaries:
+        out.print("no studies stored yet (run `kernsearch tune FAMILY`)")
+        return
+    table = Table("study", "trials", "best ms", "evidence", "started", box=None)
+    for s in sorted(summaries, key=lambda s: s.study_name):
+        best = s.best_trial.value if s.best_trial is not None else None
+        started = s.datetime_start.strftime("%Y-%m-%d %H:%M") if s.datetime_start else "-"
+        table.add_row(s.study_name, str(s.n_trials), _fmt(best, ".4g"), str(s.user_attrs.get("evidence", "?")),
+                      started)
+    out.print(table)
+
+
+@app.command()
+def show(study: str = typer.Argument(..., help="study name (see `kernsearch studies`)"),
+         storage: Optional[str] = StorageOpt, top: int = typer.Option(10, "--top", help="rows of the table"),
+         as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
+    """One study: what it tuned, trials by outcome, failures by reason, the top configs and the winner."""
+    import json
+    from collections import Counter
+
+    import optuna
+
+    from ._study import _top, make_storage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    store = make_storage(storage)
+    names = [s.study_name for s in optuna.get_all_study_summaries(store)]
+    if study not in names:
+        raise KernsearchError(f"no study {study!r} in this storage (see `kernsearch studies`)")
+    s = optuna.load_study(study_name=study, storage=store)
+    trials = s.get_trials(deepcopy=False)
+    status = Counter(t.user_attrs.get("status", "running") for t in trials)
+    reasons = Counter(t.user_attrs.get("failure", {}).get("reason", "?") for t in trials
+                      if t.user_attrs.get("status") == "failed")
+    rows = _top(s, top)
+    attrs = s.user_attrs
+    final = attrs.get("final", {})
+    if as_json:
+        from dataclasses import asdict
+
+        sys.stdout.write(json.dumps({"study": study, **attrs, "status": dict(status), "failures": dict(reasons),
+                                     "top": [asdict(r) for r in rows]}, indent=2, default=str) + "\n")
+        return
+    evidence = str(attrs.get("evidence", "?"))
+    out.print(f"[bold]{study}[/]: {attrs.get('family')} {attrs.get('shape')} {attrs.get('dtype')} on "
+              f"{attrs.get('chip')} ({attrs.get('backend')} back-end, {evidence})", soft_wrap=True)
+    out.print("trials: " + ", ".join(f"{k} {v}" for k, v in status.most_common()) +
+              (" · failed by reason: " + ", ".join(f"{k} {v}" for k, v in reasons.most_common()) if reasons else ""))
+    if rows:
+        out.print(_top_table(rows, evidence, final.get("winner")), width=max(out.width, 150))
+    for line in _final_lines(final, evidence):
+        out.print(line, soft_wrap=True)
+
+
 @app.command()
 def predict(family: str = typer.Argument(..., help=FAMILY_HELP),
             config: Optional[str] = typer.Option(None, "--config", help="KNOB=VALUE,... (others: the default)"),

@@ -392,3 +392,30 @@ def test_an_unwritable_store_is_a_one_line_error(tmp_path: Path) -> None:
 
     with pytest.raises(ExportError, match="cannot write the package under"):
         export(["gemm"], root / "dist", ArtifactStore(tmp_path / "empty"), version="1.0")
+
+
+def test_a_cpu_search_result_publishes_with_real_interpreter_evidence(tmp_path: Path) -> None:
+    """What a search on a machine without a GPU publishes: interpreter-verified, model-timed (modeled)."""
+    from kernsearch._render import geometry, render
+    from kernsearch._verify import verify_kernel
+    from kernsearch.backends import get_backend
+
+    fam, chip = load_family("gemm"), get_chip("M2 Max")
+    space = Space(make_problem(fam, (64, 64, 64), "float32", chip), chip)
+    config = space.parse_config("BM=64,LAYOUT_B=t")
+    cpu = get_backend("cpu")
+    checks = []
+    for shape in [(64, 64, 64), (33, 20, 17)]:
+        s = Space(make_problem(fam, shape, "float32", chip), chip)
+        check, _ = verify_kernel(cpu, render(fam, config, "float32"), geometry(s, config), s.problem, seed=1)
+        checks.append((s.problem.shape_text, check))
+    correctness = Correctness.from_checks("interpreter", checks)
+    assert correctness.passed and correctness.checks_run == 2 and 0 < correctness.max_abs_error < 1e-4
+    predicted = get_backend("model", chip=chip).predict_ms(space, config)
+    out = ArtifactStore(tmp_path).publish(Candidate.for_config(
+        space, config, target="metal", correctness=correctness, evidence="modeled",
+        measurements=Measurements(median_ms=predicted, spread=0.0), study="cpu-search"))
+    assert out.published, out.reason
+    m = ArtifactStore(tmp_path).load(key()).manifest
+    assert m.evidence == "modeled" and m.correctness.verifier == "interpreter"
+    assert m.correctness.shapes_checked == ["33x20x17", "64x64x64"] and m.measurements.median_ms == predicted

@@ -26,7 +26,8 @@ def test_wheel_contains_templates_and_data(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for required in ["kernsearch/__init__.py", "kernsearch/cli.py", "kernsearch/chips.toml",
                      "kernsearch/backends/_base.py", "kernsearch/templates/gemm/family.toml",
-                     "kernsearch/templates/gemm/gemm.metal.j2", "kernsearch/flows/__init__.py"]:
+                     "kernsearch/templates/gemm/gemm.metal.j2", "kernsearch/templates/gemm/gemm.cu.j2",
+                     "kernsearch/flows/__init__.py", "kernsearch/export_runtime/_runtime.py"]:
         assert required in names, required
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "kernsearch = kernsearch.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -119,17 +119,19 @@ def tune(p: dict[str, Any]) -> dict[str, Any]:
                        patience=o["patience"], sampler=o["sampler"], seed=o["seed"], storage=p["storage"],
                        finalists=o["finalists"], timeout=o["timeout"])
     failures = dict(result.failures)
-    if result.best is None:
+    best, final = result.best, result.final
+    refused = "; ".join(f"trial {n}: {c.get('reason')} {c.get('detail', '')[:120]}".strip()
+                        for n, c in final.get("checks", {}).items() if not c.get("ok"))
+    if best is None:
+        if refused:
+            raise StepError("no-winner", f"no finalist passed the interpreter ({refused})")
         raise StepError("no-winner", f"no variant ran correctly in {result.evaluated} evaluated "
                                      f"(failures: {_counts(failures)})")
-    best, final = result.best, result.final
     checks: list[dict[str, Any]] = []
     if result.evidence == "modeled":
         verdict = final.get("checks", {}).get(str(best.number))
         if final.get("winner") != best.number or not verdict or not verdict.get("ok"):
-            why = "; ".join(f"trial {n}: {c.get('reason')} {c.get('detail', '')[:120]}".strip()
-                            for n, c in final.get("checks", {}).items() if not c.get("ok"))
-            raise StepError("no-winner", "no finalist passed the interpreter" + (f" ({why})" if why else ""))
+            raise StepError("no-winner", "no finalist passed the interpreter" + (f" ({refused})" if refused else ""))
         checks.append({"shape": list(verdict["shape"]), "verifier": "interpreter",
                        "max_abs_err": verdict["max_abs_err"], "max_rel_err": None})
     elif best.verified == "device":

@@ -30,13 +30,16 @@ import math
 import os
 import random
 import re
+import signal
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ._errors import BackendError, KernsearchError, VariantFailure
 from ._space import Config, format_config
@@ -300,11 +303,34 @@ def run_study(objective: Objective | Family, problem: Problem | None = None, chi
             raise TypeError("run_study(family, problem, chip, backend, ...) needs all four")
         objective = KernelObjective(problem, chip, backend, seed=seed or 0, **objective_options)
     try:
-        return _search(objective, trials=trials, time_budget=parse_duration(time_budget), patience=patience,
-                       sampler=sampler, seed=seed, storage=storage, study_name=study_name,
-                       finalists=finalists, progress=progress, stop=stop)
+        with _first_ctrl_c_stops() as interrupted:
+            return _search(objective, trials=trials, time_budget=parse_duration(time_budget), patience=patience,
+                           sampler=sampler, seed=seed, storage=storage, study_name=study_name,
+                           finalists=finalists, progress=progress,
+                           stop=lambda: interrupted.is_set() or bool(stop and stop()))
     finally:
         objective.close()
+
+
+@contextmanager
+def _first_ctrl_c_stops() -> Iterator[threading.Event]:
+    """The first Ctrl-C lets the trial in flight finish, then the search stops and keeps everything;
+    a second one interrupts at once (the trial in flight is then recorded as interrupted)."""
+    event = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield event
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if event.is_set():
+            raise KeyboardInterrupt
+        event.set()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield event
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def open_study(objective: Objective, storage: str | None, study_name: str | None, sampler: str,
@@ -369,7 +395,7 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
                 stop_reason = f"no improvement in {patience} trials"
                 break
             if stop is not None and stop():
-                stop_reason = "stopped"
+                stop_reason = "stopped (Ctrl-C or a stop request); finished trials are kept"
                 break
             if skips >= 5:  # the sampler keeps proposing invalid or known configs: spend on a new one
                 cfg = _fill(known, objective, rng)

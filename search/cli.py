@@ -478,7 +478,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     else:
         _print_result(result)
-    if result.stop_reason.startswith("interrupted"):
+    if "Ctrl-C" in result.stop_reason:
         raise typer.Exit(130)
 
 

@@ -9,6 +9,7 @@ Used to test and benchmark search strategies without a GPU.
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,10 @@ class ReplayBackend(BaseBackend):
                               verified="recorded")
 
             def finalize(self, top: list[Any]) -> dict[str, Any]:
-                return {"winner": top[0].number if top else None,
+                """The final round: finalists re-measured with every recorded repetition, fastest median wins."""
+                medians = {t.number: float(np.median(land.samples(t.config) or [math.inf])) for t in top}
+                winner = min(medians, key=lambda n: (medians[n], n)) if medians else None
+                return {"winner": winner, "finalists": {str(n): {"median_ms": m} for n, m in medians.items()},
                         "note": f"replayed from {land.path}; measured on {land.device_name}, not here"}
 
         return ReplayObjective()

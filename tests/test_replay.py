@@ -1,0 +1,178 @@
+"""Replay: recorded KernelTuner landscapes as the objective (../shared/landscapes, or $KERNSEARCH_LANDSCAPES).
+
+The landscapes are read-only shared data, never copied into the repository; a test that needs them
+skips with the reason only when the folder is absent (in CI it sits beside the clone)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from kernsearch._errors import BackendError, KernsearchError, VariantFailure
+from kernsearch._landscape import Landscape, LandscapeWriter
+from kernsearch._study import open_study, run_study
+from kernsearch.backends import get_backend
+from kernsearch.backends._replay import ReplayBackend
+
+REPO = Path(__file__).resolve().parents[1]
+LANDSCAPES = Path(os.environ.get("KERNSEARCH_LANDSCAPES", REPO.parent / "shared" / "landscapes"))
+PNPOLY = LANDSCAPES / "pnpoly_RTX_3090.json.gz"
+needs_landscapes = pytest.mark.skipif(not PNPOLY.is_file(), reason=f"recorded landscapes not found in {LANDSCAPES}")
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> Path:
+    """A 341-config slice of the pnpoly landscape (between_method = use_method = 0), written with our writer."""
+    if not PNPOLY.is_file():
+        pytest.skip(f"recorded landscapes not found in {LANDSCAPES}")
+    full = Landscape.load(PNPOLY)
+    path = tmp_path_factory.mktemp("land") / "pnpoly_slice.json.gz"
+    writer = LandscapeWriter(path, full.knobs, device_name=full.device_name, kernel_name=full.kernel_name,
+                             problem_size=full.problem_size)
+    for entry in full.entries.values():
+        if entry["between_method"] == 0 and entry["use_method"] == 0:
+            config = full.config_of(entry)
+            if full.failed(entry):
+                writer.add(config, failure=entry["time"])
+            else:
+                writer.add(config, entry["times"], compile_time=entry.get("compile_time"))
+    writer.save()
+    return path
+
+
+def test_writer_round_trip_in_both_encodings(tmp_path):
+    knobs = {"BM": [16, 32], "MMA": ["simdgroup", "scalar"], "DB": [False, True]}
+    for name in ("land.json", "land.json.gz"):
+        w = LandscapeWriter(tmp_path / name, knobs, device_name="NVIDIA H100", problem_size=[64, 64, 64])
+        w.add({"BM": 16, "MMA": "scalar", "DB": True}, [1.0, 2.0, 3.0], compile_time=12.5)
+        w.add({"BM": 32, "MMA": "scalar", "DB": False}, failure="CompileFailedConfig")
+        w.save()
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file left
+        land = Landscape.load(tmp_path / name)
+        assert land.knobs == knobs and land.device_name == "NVIDIA H100" and len(land) == 2
+        assert land.samples({"BM": 16, "MMA": "scalar", "DB": True}) == [1.0, 2.0, 3.0]
+        assert land.entry({"BM": 16, "MMA": "scalar", "DB": True})["time"] == 2.0
+        assert land.samples({"BM": 32, "MMA": "scalar", "DB": False}) is None  # failed
+        assert land.samples({"BM": 32, "MMA": "simdgroup", "DB": False}) is None  # absent
+        assert land.optimum() == ({"BM": 16, "MMA": "scalar", "DB": True}, 2.0)
+    raw = json.loads(gzip.open(tmp_path / "land.json.gz", "rt").read())
+    assert raw["tune_params_keys"] == ["BM", "MMA", "DB"] and "16,scalar,True" in raw["cache"]
+
+
+def test_writer_refuses_incomplete_entries(tmp_path):
+    w = LandscapeWriter(tmp_path / "x.json", {"a": [1, 2]})
+    with pytest.raises(KernsearchError, match="lacks knob"):
+        w.add({}, [1.0])
+    with pytest.raises(ValueError):
+        w.add({"a": 1})
+
+
+def test_unreadable_landscapes_are_one_line_errors(tmp_path):
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "other.json").write_text(json.dumps({"hello": 1}))
+    for name in ("bad.json", "other.json", "missing.json"):
+        with pytest.raises(KernsearchError, match="KernelTuner|no such"):
+            Landscape.load(tmp_path / name)
+    with pytest.raises(BackendError):
+        get_backend("replay")
+
+
+def test_replay_draws_recorded_times_and_refuses_absent_or_failed(small):
+    backend = ReplayBackend(small, seed=0)
+    land = backend.landscape
+    ok = next(land.config_of(e) for e in land.entries.values() if not land.failed(e))
+    draws = backend.sample(ok)
+    assert set(draws) <= set(land.samples(ok)) and len(draws) == backend.draws
+    failed = [land.config_of(e) for e in land.entries.values() if land.failed(e)]
+    with pytest.raises(VariantFailure) as exc:
+        backend.sample({**ok, "use_method": 1})  # outside the slice: absent
+    assert exc.value.reason == "invalid"
+    if failed:
+        with pytest.raises(VariantFailure) as exc:
+            backend.sample(failed[0])
+        assert exc.value.reason == "failed"
+    objective = backend.objective()
+    assert objective.violation({**ok, "use_method": 1}) == "absent_from_landscape"
+    assert objective.violation(ok) is None and objective.size() == len(land)
+
+
+@needs_landscapes
+def test_search_finds_the_optimum_of_a_small_landscape(small, tmp_path):
+    land = Landscape.load(small)
+    optimum, best_time = land.optimum()
+    times = sorted(land.samples(optimum))
+    result = run_study(ReplayBackend(small, seed=0).objective(), trials=90, seed=0,
+                       storage=f"sqlite:///{tmp_path / 's.db'}")
+    import optuna
+
+    study = optuna.load_study(study_name=result.study_name, storage=f"sqlite:///{tmp_path / 's.db'}")
+    evaluated = [t.user_attrs["config"] for t in study.trials if t.user_attrs.get("status") == "ok"]
+    assert optimum in evaluated, "the optimum was never evaluated"
+    picked = float(land.entry(result.best.config)["time"])
+    # The pick is made on noisy replayed times (as on a GPU): it is the optimum, or a config whose
+    # recorded time lies within the optimum's own measured spread (p10..p90 of its repetitions).
+    spread = (times[int(0.9 * len(times))] - times[int(0.1 * len(times))]) / best_time
+    assert picked <= best_time * (1 + spread), (result.best.config, picked, best_time, spread)
+    assert result.evidence == "measured" and "not here" in result.final["note"]
+
+
+@needs_landscapes
+def test_resume_after_interruption_continues_the_same_study(small, tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    first_obj = ReplayBackend(small, seed=1).objective()
+    calls = {"n": 0}
+    real = first_obj.evaluate
+
+    def evaluate(config):
+        calls["n"] += 1
+        if calls["n"] == 12:
+            raise KeyboardInterrupt  # Ctrl-C in the middle of trial 12
+        return real(config)
+
+    first_obj.evaluate = evaluate
+    first = run_study(first_obj, trials=40, seed=1, storage=url)
+    assert first.stop_reason.startswith("interrupted") and first.evaluated == 11
+    second = run_study(ReplayBackend(small, seed=2).objective(), trials=40, seed=2, storage=url)
+    assert second.study_name == first.study_name and second.evaluated == 40
+    import optuna
+
+    study = optuna.load_study(study_name=first.study_name, storage=url)
+    done = [str(t.user_attrs["config"]) for t in study.trials if t.user_attrs.get("status") in ("ok", "failed")]
+    assert len(done) == 40 and len(set(done)) == 40  # nothing lost, nothing measured twice
+    assert Counter(t.user_attrs.get("status") for t in study.trials)["interrupted"] == 1
+
+
+@needs_landscapes
+def test_two_processes_share_one_study_without_duplicates(small, tmp_path):
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    open_study(ReplayBackend(small).objective(), url, "shared", "tpe", 0)  # created before the workers start
+    script = textwrap.dedent(f"""
+        import sys
+        from kernsearch._study import run_study
+        from kernsearch.backends._replay import ReplayBackend
+        seed = int(sys.argv[1])
+        backend = ReplayBackend({str(small)!r}, seed=seed)
+        r = run_study(backend.objective(), trials=70, seed=seed, storage={url!r}, study_name="shared")
+        print(backend.calls)  # configs this process evaluated
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(seed)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for seed in (11, 12)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    import optuna
+
+    study = optuna.load_study(study_name="shared", storage=url)
+    done = [t for t in study.trials if t.user_attrs.get("status") in ("ok", "failed")]
+    keys = [str(sorted(t.user_attrs["config"].items())) for t in done]
+    assert len(keys) == len(set(keys)), "a config was measured by both processes"
+    assert 70 <= len(done) <= 71  # one shared budget (a last trial may be in flight in each process)
+    mine = [int(o[0].split()[-1]) for o in outs]
+    assert all(n > 0 for n in mine) and sum(mine) == len(done), mine  # both did part of the work

@@ -1,0 +1,162 @@
+"""The study loop on a small synthetic objective: budgets, rejection before compiling, no re-measuring,
+failures recorded and survived, resume, samplers, and the result's shape."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from kernsearch._errors import KernsearchError, VariantFailure
+from kernsearch._study import Objective, Record, parse_duration, run_study, study_name_for
+
+
+class Toy(Objective):
+    """x, y in 0..9; x + y > 15 is invalid; x == 0 fails to "compile"; fastest at (7, 3)."""
+
+    backend = "toy"
+    evidence = "measured"
+
+    def __init__(self, fail_x0: bool = True) -> None:
+        self.calls: Counter[str] = Counter()
+        self.fail_x0 = fail_x0
+
+    @property
+    def knobs(self):
+        return {"x": list(range(10)), "y": list(range(10))}
+
+    @property
+    def study_key(self):
+        return {"family": "toy", "chip": "none", "dtype": "float32", "shape": "1", "backend": "toy"}
+
+    def violation(self, config):
+        return "sum_at_most_15" if config["x"] + config["y"] > 15 else None
+
+    def valid_configs(self):
+        return [{"x": x, "y": y} for x in range(10) for y in range(10) if x + y <= 15]
+
+    def default(self):
+        return {"x": 1, "y": 1}
+
+    def evaluate(self, config):
+        key = f"{config['x']},{config['y']}"
+        self.calls[key] += 1
+        assert self.violation(config) is None, "an invalid config reached evaluate"
+        if self.fail_x0 and config["x"] == 0:
+            raise VariantFailure("compile", "planted")
+        t = 1.0 + (config["x"] - 7) ** 2 + (config["y"] - 3) ** 2
+        return Record(t, self.evidence, [t])
+
+
+def storage(tmp_path):
+    return f"sqlite:///{tmp_path / 'studies.db'}"
+
+
+def test_default_config_is_trial_zero_and_nothing_is_measured_twice(tmp_path):
+    toy = Toy()
+    result = run_study(toy, trials=40, seed=1, storage=storage(tmp_path))
+    assert result.evaluated == 40
+    assert max(toy.calls.values()) == 1, "a config was measured twice"
+    assert sum(toy.calls.values()) == 40
+    import optuna
+
+    study = optuna.load_study(study_name=result.study_name, storage=storage(tmp_path))
+    first = min(study.trials, key=lambda t: t.number)
+    assert first.user_attrs["config"] == {"x": 1, "y": 1} and first.user_attrs["status"] == "ok"
+    statuses = Counter(t.user_attrs.get("status") for t in study.trials)
+    assert statuses["ok"] + statuses["failed"] == 40
+    for t in study.trials:  # invalid proposals are rejected with the constraint's name, never evaluated
+        if t.user_attrs.get("status") == "invalid":
+            assert t.user_attrs["failure"]["reason"] == "sum_at_most_15"
+
+
+def test_failures_are_recorded_with_their_reason_and_the_search_goes_on(tmp_path):
+    toy = Toy()
+    result = run_study(toy, trials=91, sampler="grid", seed=0, storage=storage(tmp_path))
+    # 91 valid configs: the grid covers them all, the ten with x == 0 fail to compile
+    assert result.evaluated == 91 and result.failures == Counter({"compile": 10})
+    assert result.best.config == {"x": 7, "y": 3} and result.best.time_ms == 1.0
+    assert all(t.config["x"] != 0 for t in result.top)
+
+
+def test_tpe_beats_a_third_of_the_space_and_records_figures(tmp_path):
+    result = run_study(Toy(), trials=30, seed=3, storage=storage(tmp_path))
+    assert result.best.time_ms <= 3.0, result.best  # top few of 91 configs within a third of the space
+    assert result.best.evidence == "measured"
+    assert [t.time_ms for t in result.top] == sorted(t.time_ms for t in result.top)
+
+
+def test_resume_continues_the_same_study(tmp_path):
+    first = run_study(Toy(), trials=10, seed=0, storage=storage(tmp_path))
+    toy = Toy()
+    second = run_study(toy, trials=25, seed=1, storage=storage(tmp_path))
+    assert second.study_name == first.study_name == study_name_for(Toy().study_key)
+    assert second.evaluated == 25 and sum(toy.calls.values()) == 15  # only the 15 new ones measured
+    again = run_study(Toy(), trials=25, seed=2, storage=storage(tmp_path))
+    assert again.evaluated == 25 and again.stop_reason == "trial budget reached"
+
+
+def test_stop_request_keeps_finished_trials(tmp_path):
+    toy = Toy()
+    result = run_study(toy, trials=50, seed=0, storage=storage(tmp_path), stop=lambda: sum(toy.calls.values()) >= 7)
+    assert result.evaluated == 7 and "stopped" in result.stop_reason
+    resumed = run_study(Toy(), trials=12, seed=0, storage=storage(tmp_path))
+    assert resumed.evaluated == 12
+
+
+def test_keyboard_interrupt_inside_a_trial_keeps_the_others(tmp_path):
+    class Interrupted(Toy):
+        def evaluate(self, config):
+            if sum(self.calls.values()) == 5:
+                self.calls["interrupt"] += 1
+                raise KeyboardInterrupt
+            return super().evaluate(config)
+
+    result = run_study(Interrupted(fail_x0=False), trials=20, seed=0, storage=storage(tmp_path))
+    assert result.stop_reason.startswith("interrupted") and result.evaluated == 5
+    resumed = run_study(Toy(fail_x0=False), trials=8, seed=0, storage=storage(tmp_path))
+    assert resumed.evaluated == 8  # the interrupted config is not counted as evaluated
+
+
+def test_patience_and_time_budget_stop_early(tmp_path):
+    result = run_study(Toy(), trials=91, patience=5, seed=0, sampler="random", storage=":memory:")
+    assert result.stop_reason == "no improvement in 5 trials" and result.evaluated < 91
+    timed = run_study(Toy(), trials=None, time_budget=0.0, storage=":memory:")
+    assert timed.stop_reason == "time budget reached" and timed.evaluated == 0
+
+
+def test_a_study_for_another_space_is_refused(tmp_path):
+    run_study(Toy(), trials=2, storage=storage(tmp_path), study_name="shared")
+
+    class Other(Toy):
+        @property
+        def knobs(self):
+            return {"x": list(range(5)), "y": list(range(10))}
+
+    with pytest.raises(KernsearchError, match="another space"):
+        run_study(Other(), trials=2, storage=storage(tmp_path), study_name="shared")
+
+
+@pytest.mark.parametrize("text,seconds", [("90s", 90), ("10m", 600), ("1h30m", 5400), ("2.5", 2.5)])
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "ten minutes", "5x"])
+def test_bad_durations_are_user_errors(text):
+    with pytest.raises(KernsearchError):
+        parse_duration(text)
+
+
+def test_unknown_sampler_and_bad_storage_are_user_errors(tmp_path):
+    with pytest.raises(KernsearchError, match="unknown sampler"):
+        run_study(Toy(), trials=1, sampler="anneal", storage=":memory:")
+    with pytest.raises(KernsearchError, match="storage"):
+        run_study(Toy(), trials=1, storage="nosuchdb://x")
+
+
+def test_random_fill_only_returns_valid_configs():
+    toy = Toy()
+    rng = random.Random(0)
+    assert all(toy.violation(toy.random_config(rng)) is None for _ in range(50))

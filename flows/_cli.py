@@ -40,15 +40,17 @@ def print_report(report: dict[str, Any]) -> None:
 
     from kernsearch.cli import out
 
-    table = Table("job", "problem", "old ms", "new ms", "speedup", "outcome", "evidence", "reason", box=None)
+    table = Table("job", "problem", "old ms", "new ms", "speedup", "outcome", "evidence", box=None)
     for r in report["jobs"]:
         table.add_row(r["job"], f"{r['family']} {r['dtype']} {r['shape']}",
                       _ms(r["old_ms"]) + (f" ({r['old_version']})" if r["old_version"] else ""), _ms(r["new_ms"]),
                       f"{r['speedup']:.3f}x" if r["speedup"] else "-",
-                      r["outcome"] + (f" {r['version']}" if r["version"] else ""), r["evidence"] or "-", r["reason"])
+                      r["outcome"] + (f" {r['version']}" if r["version"] else ""), r["evidence"] or "-")
     out.print(f"[bold]kernsearch nightly on {report['chip']}[/]: {report['published']} published, "
               f"{report['rejected']} rejected, {report['failed']} failed")
     out.print(table)
+    for r in report["jobs"]:  # reasons are long: one line each, below the table
+        out.print(f"  {r['job']} ({r['dtype']} {r['shape']}): {r['outcome']}: {r['reason']}", soft_wrap=True)
     export = report["export"]
     out.print(f"export: {export['status']}" + (f" ({export.get('reason')})" if export.get("reason") else "")
               + (f": {export['wheel']}" if export.get("wheel") else ""), soft_wrap=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -380,18 +381,29 @@ def test_real_server_serves_the_cron_deployment_and_runs_it_by_name(tmp_path: Pa
         trigger = subprocess.run([PREFECT, "deployment", "run", name], env=env, capture_output=True, text=True,
                                  timeout=120)
         assert trigger.returncode == 0, trigger.stdout + trigger.stderr
+        run_id = re.search(r"UUID: ([0-9a-f-]{36})", trigger.stdout).group(1)
         runs = httpx.post(f"{api}/flow_runs/filter", json={"deployments": {"id": {"any_": [dep["id"]]}}},
                           timeout=10).json()
-        manual = [r for r in runs if r["state"]["type"] != "SCHEDULED"]
-        assert len(manual) == 1
+        manual = [r for r in runs if not r["auto_scheduled"]]
+        assert [r["id"] for r in manual] == [run_id]  # the run we triggered by name (cron runs are auto-scheduled)
 
         def finished() -> dict | None:
-            run = httpx.get(f"{api}/flow_runs/{manual[0]['id']}", timeout=5).json()
+            run = httpx.get(f"{api}/flow_runs/{run_id}", timeout=5).json()
             return run if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
 
         run = _wait(finished, 300, "the triggered flow run", procs)
         assert run["state"]["type"] == "COMPLETED", run["state"]
         assert list((tmp_path / "store" / "gemm" / "M2-Max" / "float16" / "64x64x64").glob("v1/manifest.json"))
+
+        # `kernsearch flows run` against the same server: once, now, no schedule; nothing better tonight
+        once = subprocess.run(KERNSEARCH + ["flows", "run", str(tmp_path / "jobs.toml"), "--chip", "M2 Max"],
+                              env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert once.returncode == 0, once.stdout[-2000:] + once.stderr[-2000:]
+        assert "kernsearch nightly on M2 Max: 0 published, 1 rejected, 0 failed" in once.stdout
+        assert "not faster than v1" in once.stdout and "modeled" in once.stdout
+        runs = httpx.post(f"{api}/flow_runs/filter", json={"flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}},
+                          timeout=10).json()
+        assert len(runs) == 2  # the served run and this one, both recorded by the server
     finally:
         for p in reversed(procs):  # stop every process this test started (and their children)
             with _suppress():

@@ -89,13 +89,14 @@ def test_gemm_stratified_subset_is_clean_in_check_mode(gemm):
     chip = get_chip("M2 Max")
     square = Space(make_problem(gemm, "64,64,64", "float32", chip), chip)
     configs = covering_sample(square, CHECK_SUBSET, seed=11)
-    _precompile([(render(gemm, cfg, "float16"), "check", "float16") for cfg in configs])
+    plan = [(cfg, DTYPES[i % len(DTYPES)]) for i, cfg in enumerate(configs)]
+    _precompile([(render(gemm, cfg, dt), "check", dt) for cfg, dt in plan])
     cpu = get_backend("cpu")
-    for i, cfg in enumerate(configs):
+    for i, (cfg, dtype) in enumerate(plan):
         shape = "33,65,7" if cfg["VEC"] == 1 else "100,72,40"
-        problem = make_problem(gemm, shape, "float16", chip)
+        problem = make_problem(gemm, shape, dtype, chip)
         space = Space(problem, chip)
-        check, diags = verify_kernel(cpu, render(gemm, cfg, "float16"), geometry(space, cfg), problem, seed=i,
+        check, diags = verify_kernel(cpu, render(gemm, cfg, dtype), geometry(space, cfg), problem, seed=i,
                                      mode="check", chip=chip)
-        assert check.ok, f"{format_config(cfg)} {shape}: {check.summary()}"
-        assert diags == [], f"{format_config(cfg)} {shape}: {[str(d) for d in diags]}"
+        assert check.ok, f"{format_config(cfg)} {shape} {dtype}: {check.summary()}"
+        assert diags == [], f"{format_config(cfg)} {shape} {dtype}: {[str(d) for d in diags]}"

@@ -25,6 +25,23 @@ def serve(job_file: str = JobFileArg, chip: Optional[str] = ChipOpt,
 
 
 @app.command()
+def deploy(job_file: str = JobFileArg,
+           chips: Optional[list[str]] = typer.Option(None, "--chip", help="deploy for this chip only (repeatable; "
+                                                                          "default: every chip of the job file)"),
+           cron: str = typer.Option("0 2 * * *", "--cron", help="when the nightly run starts (cron syntax)"),
+           timezone: Optional[str] = typer.Option(None, "--timezone", help="IANA time zone of --cron (default: UTC)")
+           ) -> None:
+    """Register a deployment per chip in work pool kernsearch-<chip>; run one worker per machine on its pool."""
+    from kernsearch.cli import out
+
+    from ._serve import deploy as deploy_chips
+
+    for deployment, pool in deploy_chips(job_file, chips=chips, cron=cron, timezone=timezone):
+        out.print(f"{deployment}  →  work pool {pool}   (on each such machine: prefect worker start --pool {pool})",
+                  soft_wrap=True)
+
+
+@app.command()
 def run(job_file: str = JobFileArg, chip: Optional[str] = ChipOpt) -> None:
     """Run the nightly flow once, now, without a schedule; exit 1 if a job failed."""
     from ._serve import run_once

@@ -69,6 +69,67 @@ def serve(job_file: str | Path, *, chip: str | None = None, cron: str = DEFAULT_
                   entrypoint_type=EntrypointType.MODULE_PATH)
 
 
+def pool_name(chip: str) -> str:
+    from .nightly import slug
+
+    return f"kernsearch-{slug(chip)}"
+
+
+def deploy(job_file: str | Path, *, chips: list[str] | None = None, cron: str = DEFAULT_CRON,
+           timezone: str | None = None) -> list[tuple[str, str]]:
+    """Register one scheduled deployment per chip, each in its chip's process work pool (created if missing).
+
+    Returns ``(deployment, work pool)`` pairs. Each machine then runs ``prefect worker start --pool
+    kernsearch-<chip>``: a worker only takes runs of its own pool, so a chip's jobs run on that chip only.
+    """
+    from ._jobs import load_jobs
+
+    jobs = load_jobs(job_file)
+    check_schedule(cron, timezone)
+    from kernsearch._chips import get_chip
+
+    wanted = [get_chip(c).name for c in chips] if chips else jobs.chips()
+    for chip in wanted:
+        if not jobs.units(chip):
+            raise KernsearchError(f"{job_file}: no job is for {chip} (jobs are for: {', '.join(jobs.chips())})")
+
+    from prefect.schedules import Cron
+    from prefect.types.entrypoint import EntrypointType
+
+    from .nightly import FLOW_NAME, nightly, slug
+
+    done = []
+    for chip in wanted:
+        pool = pool_name(chip)
+        _ensure_process_pool(pool)
+        deployment = nightly.to_deployment(
+            name=deployment_name(chip), schedules=[Cron(cron, timezone=timezone or "UTC")], paused=False,
+            parameters={"job_file": str(jobs.path), "chip": chip}, tags=["kernsearch", f"chip:{slug(chip)}"],
+            description=f"kernsearch nightly searches for {chip} ({jobs.path})", work_pool_name=pool,
+            entrypoint_type=EntrypointType.MODULE_PATH)
+        deployment.apply()
+        done.append((f"{FLOW_NAME}/{deployment_name(chip)}", pool))
+    return done
+
+
+def _ensure_process_pool(name: str) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+    from prefect.workers.process import ProcessWorker
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(name)
+        except ObjectNotFound:
+            try:
+                client.create_work_pool(WorkPoolCreate(
+                    name=name, type="process", description=f"kernsearch nightly runs for chip {name[11:]}",
+                    base_job_template=ProcessWorker.get_default_base_job_template()))
+            except ObjectAlreadyExists:
+                pass
+
+
 def run_once(job_file: str | Path, *, chip: str | None = None) -> dict[str, Any]:
     """Run the nightly flow now, in this process, without a schedule; returns its report."""
     from ._jobs import load_jobs

@@ -344,9 +344,12 @@ def test_real_server_serves_the_cron_deployment_and_runs_it_by_name(tmp_path: Pa
     api = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, **TELEMETRY_OFF, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": api,
            "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_UI_ENABLED": "false",
-           "KERNSEARCH_HOME": str(tmp_path / "home")}
-    write(tmp_path / "jobs.toml", GOOD_JOBS.split("[[jobs]]\nname = \"decode\"")[0])  # the "square" job only
-    logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("server", "serve")}  # noqa: SIM115
+           "KERNSEARCH_HOME": str(tmp_path / "home"), "PREFECT_RUNNER_POLL_FREQUENCY": "2",
+           "PREFECT_WORKER_QUERY_SECONDS": "2"}
+    # the "square" job only, for two chips: this machine serves M2 Max, no one serves M3 Max
+    write(tmp_path / "jobs.toml", GOOD_JOBS.split("[[jobs]]\nname = \"decode\"")[0].replace(
+        'chips = ["M2 Max"]', 'chips = ["M2 Max", "M3 Max"]'))
+    logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("server", "serve", "worker")}  # noqa: SIM115
     procs: list[subprocess.Popen] = []
     try:
         server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
@@ -404,21 +407,54 @@ def test_real_server_serves_the_cron_deployment_and_runs_it_by_name(tmp_path: Pa
         runs = httpx.post(f"{api}/flow_runs/filter", json={"flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}},
                           timeout=10).json()
         assert len(runs) == 2  # the served run and this one, both recorded by the server
+
+        # work pools: a deployment per chip in pool kernsearch-<chip>; only the M2 Max pool has a worker
+        stop(serve)
+        assert serve.returncode is not None
+        deployed = subprocess.run(KERNSEARCH + ["flows", "deploy", str(tmp_path / "jobs.toml")], env=env,
+                                  capture_output=True, text=True, timeout=180, cwd=tmp_path)
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        pools = {}
+        for chip in ("m2-max", "m3-max"):
+            dep = httpx.get(f"{api}/deployments/name/kernsearch-nightly/nightly-{chip}", timeout=5).json()
+            pools[chip] = dep["work_pool_name"]
+            assert dep["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
+        assert pools == {"m2-max": "kernsearch-m2-max", "m3-max": "kernsearch-m3-max"}
+        worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "kernsearch-m2-max", "--limit", "1"],
+                                  env=env, stdout=logs["worker"], stderr=subprocess.STDOUT, start_new_session=True,
+                                  cwd=tmp_path)
+        procs.append(worker)
+        ids = {}
+        for chip in ("m3-max", "m2-max"):
+            t = subprocess.run([PREFECT, "deployment", "run", f"kernsearch-nightly/nightly-{chip}"], env=env,
+                               capture_output=True, text=True, timeout=120)
+            assert t.returncode == 0, t.stdout + t.stderr
+            ids[chip] = re.search(r"UUID: ([0-9a-f-]{36})", t.stdout).group(1)
+        run_id = ids["m2-max"]
+        run = _wait(finished, 300, "the M2 Max run on its pool's worker", [server, worker])
+        assert run["state"]["type"] == "COMPLETED", run["state"]
+        m3 = httpx.get(f"{api}/flow_runs/{ids['m3-max']}", timeout=5).json()
+        assert m3["state"]["type"] == "SCHEDULED"  # no M3 Max worker: the M2 Max worker left it alone
     finally:
         for p in reversed(procs):  # stop every process this test started (and their children)
-            with _suppress():
-                os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                with _suppress():
-                    os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=10)
-            with _suppress():
-                os.killpg(p.pid, signal.SIGKILL)  # stragglers of the group
+            stop(p)
         for f in logs.values():
             f.close()
     assert all(p.poll() is not None for p in procs) and not any(alive(p.pid) for p in procs)
+
+
+def stop(p: subprocess.Popen) -> None:
+    """SIGTERM the process group, SIGKILL it if it lingers, and reap the leader."""
+    with _suppress():
+        os.killpg(p.pid, signal.SIGTERM)
+    try:
+        p.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        with _suppress():
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+    with _suppress():
+        os.killpg(p.pid, signal.SIGKILL)  # stragglers of the group
 
 
 def _suppress():  # noqa: ANN202

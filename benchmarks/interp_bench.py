@@ -179,6 +179,9 @@ def main() -> None:
                   f"check {bc:.2f} s (median) -> check-mode slowdown {bc / bf:.1f}x")
         print(f"scheduling cost: {1e9 * _barrier_cost():.0f} ns per thread per threadgroup barrier "
               "(1024 threads, two fiber switches each, wall clock)")
+        os.environ["KERNSEARCH_INTERP_UCONTEXT"] = "1"
+        print(f"  with the ucontext fallback: {1e9 * _barrier_cost():.0f} ns")
+        del os.environ["KERNSEARCH_INTERP_UCONTEXT"]
         print(f"load average at end: {os.getloadavg()[0]:.2f}")
     if passed != len(configs):
         sys.exit(1)

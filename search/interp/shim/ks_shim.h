@@ -7,7 +7,8 @@
 #pragma once
 // The hand-written context switch is ELF assembly for x86-64 and aarch64 Linux; elsewhere (and under
 // AddressSanitizer, which understands swapcontext) fibers use ucontext.
-#if defined(KS_SANITIZE) || !defined(__linux__) || !(defined(__x86_64__) || defined(__aarch64__))
+#if defined(KS_SANITIZE) || defined(KS_FORCE_UCONTEXT) || !defined(__linux__) || \
+    !(defined(__x86_64__) || defined(__aarch64__))
 #define KS_UCONTEXT 1
 #if defined(__APPLE__) && !defined(_XOPEN_SOURCE)
 #define _XOPEN_SOURCE 700

@@ -1,18 +1,20 @@
 """Brute-force a GEMM sub-space on an NVIDIA GPU and save it as a landscape (KernelTuner cache format).
 
-    python benchmarks/gpu_landscape.py --out OUTDIR [--shape 2048,2048,2048] [--jobs 14]
+    python benchmarks/gpu_landscape.py --out OUTDIR [--shape 2048,2048,2048] [--jobs 14] [--deadline 540]
 
-Every valid config of the sub-space below (float16) is, in order:
-1. compiled in parallel worker processes (NVRTC through ``mx.fast.cuda_kernel``; the compiled module
-   lands in MLX's on-disk cache, which the measuring process then loads) and verified there on a small
-   ragged problem (100x136x72) against the float64 reference; the compile time is the wall time of the
-   first launch of a fresh kernel (compile + module load + one tiny run) with ``--jobs`` compiles at once;
-2. verified at the full size against the float64 reference (outputs pre-filled with NaN);
-3. timed (``kernsearch._measure.measure``: warm-up, batches of at least 5 ms, 10 samples, input sets
-   rotated so the operands are not L2-hot) and recorded with every repetition in ``times``.
-Configs that fail any step are recorded as failed (``time`` is a string naming the failure kind, the
-detail in ``failure_detail``); configs the constraints reject are absent, as in KernelTuner.
-The file is written with :class:`kernsearch._landscape.LandscapeWriter` (atomically, every 25 configs).
+Every valid config of the sub-space below (float16) is handled by one of ``--jobs`` worker processes:
+1. compiled (NVRTC through ``mx.fast.cuda_kernel``) and verified on a small ragged problem (100x136x72)
+   against the float64 reference; the compile time is the wall time of the variant's first launch
+   (compile + module load + one tiny run) while ``--jobs`` processes compile at once;
+2. then, holding a GPU lock (one process at a time), verified at the full size against the float64
+   reference (outputs pre-filled with NaN) and timed (``kernsearch._measure.measure``: warm-up, batches
+   of at least 5 ms, 10 samples, input sets rotated so the operands are not L2-hot), every repetition
+   kept in ``times``. Compiles of other processes go on meanwhile (CPU work; their tiny verification
+   launches are the only other GPU work).
+Configs that fail a step are recorded as failed (``time`` names the failure kind, ``failure_detail``
+says why); configs left when ``--deadline`` seconds have passed are recorded as ``NotMeasured``; configs
+the constraints reject are absent, as in KernelTuner. Written with :class:`LandscapeWriter`
+(atomically, every 25 configs).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import json
 import multiprocessing as mp
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -41,31 +42,80 @@ DTYPE = "float16"
 _STATE: dict = {}
 
 
-def _precompile(args: tuple[str, dict]) -> dict:
-    """In a worker: build and verify one config on the small problem; report compile time."""
-    chip_name, config = args
-    from kernsearch._chips import get_chip
-    from kernsearch._errors import VariantFailure
-    from kernsearch._render import geometry, render
-    from kernsearch._space import Space, make_problem
-    from kernsearch._spec import load_family
-    from kernsearch._verify import verify_kernel
-    from kernsearch.backends import get_backend
+def _init(lock, chip_name: str, shape: tuple[int, ...]) -> None:  # noqa: ANN001
+    _STATE.update(lock=lock, chip_name=chip_name, shape=shape)
 
-    if not _STATE:
+
+def _setup() -> dict:
+    if "fam" not in _STATE:
+        from kernsearch._chips import get_chip
+        from kernsearch._space import Space, make_problem
+        from kernsearch._spec import load_family
+        from kernsearch._verify import make_inputs, reference
+        from kernsearch.backends import get_backend
+
         fam = load_family("gemm")
-        chip = get_chip(chip_name)
-        _STATE.update(fam=fam, space=Space(make_problem(fam, SMALL, DTYPE, chip), chip), cuda=get_backend("cuda"))
-    fam, space, cuda = _STATE["fam"], _STATE["space"], _STATE["cuda"]
+        chip = get_chip(_STATE["chip_name"])
+        full = Space(make_problem(fam, _STATE["shape"], DTYPE, chip), chip)
+        logical = make_inputs(full.problem, 0)
+        _STATE.update(fam=fam, small=Space(make_problem(fam, SMALL, DTYPE, chip), chip), full=full,
+                      cuda=get_backend("cuda"), logical=logical, refs=reference(full.problem, logical), copies={})
+    return _STATE
+
+
+def _evaluate(config: dict) -> tuple[dict, dict]:
+    """In a worker: compile + small check, then (GPU lock held) full-size check and timing."""
+    import mlx.core as mx
+
+    from kernsearch._errors import VariantFailure
+    from kernsearch._measure import TimingPlan, measure
+    from kernsearch._render import geometry, render
+    from kernsearch._verify import SENTINEL, compare, kernel_inputs, verify_kernel
+    from kernsearch.backends._mlx_cuda import _lazy_launcher, to_mx, to_numpy
+
+    st = _setup()
+    fam, cuda, small, full = st["fam"], st["cuda"], st["small"], st["full"]
     kernel = render(fam, config, DTYPE, "cuda")
     try:
-        check, _ = verify_kernel(cuda, kernel, geometry(space, config), space.problem, seed=5)
+        check, _ = verify_kernel(cuda, kernel, geometry(small, config), small.problem, seed=5)
     except VariantFailure as exc:
-        return {"ok": False, "kind": "CompileFailedConfig" if exc.reason == "compile" else "RuntimeFailedConfig",
-                "detail": f"{exc.reason}: {exc.detail}"[:500]}
-    return {"ok": check.ok, "compile_s": cuda.compile_seconds.get(kernel.sha256),
-            "kind": None if check.ok else "WrongResultConfig",
-            "detail": "" if check.ok else f"small {SMALL}: {check.summary()}"[:500]}
+        kind = "CompileFailedConfig" if exc.reason == "compile" else "RuntimeFailedConfig"
+        return config, {"failure": kind, "failure_detail": f"{exc.reason}: {exc.detail}"[:500]}
+    extra = {"compile_time": cuda.compile_seconds.get(kernel.sha256, 0.0) * 1e3}
+    if not check.ok:
+        return config, {"failure": "WrongResultConfig", "failure_detail": f"{SMALL}: {check.summary()}"[:500], **extra}
+    geo = geometry(full, config)
+    with st["lock"]:
+        try:
+            if geo.transposed_inputs not in st["copies"]:
+                arrays = kernel_inputs(full.problem, st["logical"], geo)
+                st["copies"][geo.transposed_inputs] = [[to_mx(x, DTYPE) for x in arrays]
+                                                       for _ in range(cuda.input_sets(arrays, DTYPE, geo))]
+            sets = st["copies"][geo.transposed_inputs]
+            t0 = time.perf_counter()
+
+            def run(init: float) -> list:
+                outs = cuda._call(kernel, geo, sets[0], DTYPE, init)
+                mx.eval(outs)
+                return [to_numpy(o) for o in outs]
+
+            outputs = run(float("nan"))
+            check = compare(full.problem, outputs, st["refs"])
+            if check.reason == "nan":
+                check = compare(full.problem, outputs, st["refs"], sentinel_outputs=run(SENTINEL))
+            extra["verification_time"] = (time.perf_counter() - t0) * 1e3
+            if not check.ok:
+                return config, {"failure": "WrongResultConfig", "failure_detail": check.summary()[:500], **extra}
+            t0 = time.perf_counter()
+            launch, sync = _lazy_launcher(lambda a: cuda._call(kernel, geo, a, DTYPE, None), sets)
+            samples = measure(launch, sync, plan=TimingPlan(warmup=2, min_batch_ms=5.0, min_samples=10,
+                                                            max_samples=10, max_seconds=3.0))
+            extra["benchmark_time"] = (time.perf_counter() - t0) * 1e3
+        except Exception as exc:  # noqa: BLE001 - one variant's failure is recorded, never fatal
+            return config, {"failure": "RuntimeFailedConfig", "failure_detail": str(exc)[:500], **extra}
+    flops = full.problem.flops()
+    return config, {"times": samples, "GFLOP/s": flops / (float(np.median(samples)) * 1e-3) / 1e9,
+                    "max_abs_err": check.max_abs_err, **extra}
 
 
 def main() -> None:
@@ -73,22 +123,19 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--shape", default="2048,2048,2048")
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
+    parser.add_argument("--deadline", type=float, default=540.0, help="seconds; configs left are NotMeasured")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    # A fresh compile cache: every compile time below is a real compile, shared with the workers.
-    os.environ["MLX_PTX_CACHE_DIR"] = tempfile.mkdtemp(prefix="ks-ptx-")
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")  # workers' float64 references share the cores
+    os.environ.setdefault("OMP_NUM_THREADS", "2")
+    started = time.monotonic()
 
     import mlx.core as mx
 
     from kernsearch._landscape import LandscapeWriter
-    from kernsearch._measure import TimingPlan, measure
-    from kernsearch._render import geometry, render
-    from kernsearch._space import Space, format_config, make_problem
+    from kernsearch._space import Space, make_problem
     from kernsearch._spec import load_family
-    from kernsearch._verify import SENTINEL, compare, kernel_inputs, make_inputs, reference
-    from kernsearch.backends import get_backend
-    from kernsearch.backends._mlx_cuda import to_mx, to_numpy
     from gpu_gemm import device_chip  # noqa: E402 - same folder
 
     fam = load_family("gemm")
@@ -99,98 +146,62 @@ def main() -> None:
     sub = [dict(zip(names, values)) for values in itertools.product(*(SUBSPACE[n] for n in names))]
     valid = [c for c in sub if space.is_valid(c)]
     print(f"device {info.get('device_name')} ({chip.name}); {problem.shape_text} {DTYPE}; sub-space "
-          f"{len(sub)} configs, {len(valid)} valid; compiling with {args.jobs} processes", flush=True)
+          f"{len(sub)} configs, {len(valid)} valid; {args.jobs} worker processes", flush=True)
     name = f"gemm_{chip.name}_{DTYPE}_{problem.shape_text}.json".replace(" ", "")
     writer = LandscapeWriter(out / name, SUBSPACE, device_name=str(info.get("device_name")),
                              kernel_name="kernsearch gemm (gemm.cu.j2)", problem_size=list(problem.shape),
                              chip=chip.name, dtype=DTYPE, mlx_version=mx.__version__, evidence="measured",
-                             device_info=info, method="see benchmarks/gpu_landscape.py",
+                             device_info=info, method="benchmarks/gpu_landscape.py (docstring)",
                              date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-
-    started = time.monotonic()
-    with mp.get_context("spawn").Pool(args.jobs) as pool:
-        pre = pool.map(_precompile, [(chip.name, c) for c in valid], chunksize=2)
-    compile_wall = time.monotonic() - started
-    print(f"compiled + small-verified {len(valid)} configs in {compile_wall:.0f} s", flush=True)
-
-    cuda = get_backend("cuda")
-    logical = make_inputs(problem, 0)
-    refs = reference(problem, logical)
-    flops = problem.flops()
-    plan = TimingPlan(warmup=2, min_batch_ms=5.0, min_samples=10, max_samples=10, max_seconds=3.0)
-    copies: dict[tuple, list] = {}
-    done = 0
-    for cfg, p in zip(valid, pre):
-        extra = {"compile_time": (p.get("compile_s") or 0.0) * 1e3}
-        if not p["ok"]:
-            writer.add(cfg, failure=p["kind"], failure_detail=p["detail"], **extra)
-            continue
-        kernel, geo = render(fam, cfg, DTYPE, "cuda"), geometry(space, cfg)
-        layout = geo.transposed_inputs
-        if layout not in copies:
-            arrays = kernel_inputs(problem, logical, geo)
-            sets = cuda.input_sets(arrays, DTYPE, geo)
-            copies[layout] = [[to_mx(x, DTYPE) for x in arrays] for _ in range(sets)]
-        sets_ = copies[layout]
-        try:
-            t0 = time.perf_counter()
-
-            def run(init: float) -> list:
-                outs = cuda._call(kernel, geo, sets_[0], DTYPE, init)
-                mx.eval(outs)
-                return [to_numpy(o) for o in outs]
-
-            outputs = run(float("nan"))
-            check = compare(problem, outputs, refs)
-            if check.reason == "nan":
-                check = compare(problem, outputs, refs, sentinel_outputs=run(SENTINEL))
-            verify_s = time.perf_counter() - t0
-            if not check.ok:
-                writer.add(cfg, failure="WrongResultConfig", failure_detail=check.summary()[:500], **extra)
-                continue
-            from kernsearch.backends._mlx_cuda import _lazy_launcher
-
-            t0 = time.perf_counter()
-            launch, sync = _lazy_launcher(lambda a: cuda._call(kernel, geo, a, DTYPE, None), sets_)
-            samples = measure(launch, sync, plan=plan)
-            bench_s = time.perf_counter() - t0
-        except Exception as exc:  # noqa: BLE001 - one variant's failure is recorded, never fatal
-            writer.add(cfg, failure="RuntimeFailedConfig", failure_detail=str(exc)[:500], **extra)
-            continue
-        med = float(np.median(samples))
-        writer.add(cfg, times=samples, **extra, verification_time=verify_s * 1e3, benchmark_time=bench_s * 1e3,
-                   **{"GFLOP/s": flops / (med * 1e-3) / 1e9}, max_abs_err=check.max_abs_err)
-        done += 1
-        if done % 25 == 0:
-            writer.save()
-            print(f"  {done} measured, {format_config(cfg)}: {med:.4f} ms", flush=True)
+    ctx = mp.get_context("spawn")
+    pending = {json.dumps(c, sort_keys=True): c for c in valid}
+    with ctx.Pool(args.jobs, initializer=_init, initargs=(ctx.Lock(), chip.name, problem.shape)) as pool:
+        results = pool.imap_unordered(_evaluate, valid, chunksize=1)
+        while pending:
+            left = args.deadline - (time.monotonic() - started)
+            try:
+                cfg, res = results.next(timeout=max(1.0, left))
+            except (mp.TimeoutError, StopIteration):
+                break
+            pending.pop(json.dumps(cfg, sort_keys=True), None)
+            if "times" in res:
+                writer.add(cfg, times=res.pop("times"), **res)
+            else:
+                writer.add(cfg, failure=res.pop("failure"), **res)
+            if len(writer.cache) % 25 == 0:
+                writer.save()
+                print(f"  {len(writer.cache)}/{len(valid)} done at {time.monotonic() - started:.0f} s", flush=True)
+        pool.terminate()
+    for cfg in pending.values():
+        writer.add(cfg, failure="NotMeasured", failure_detail=f"sweep deadline ({args.deadline:.0f} s) reached")
     path = writer.save()
+    _summarise(writer, path, out, len(sub), len(valid), problem.flops(), args, time.monotonic() - started)
 
-    entries = writer.cache.values()
+
+def _summarise(writer, path, out, n_sub, n_valid, flops, args, total_s) -> None:  # noqa: ANN001
+    entries = list(writer.cache.values())
     ok = [e for e in entries if not isinstance(e["time"], str)]
     failed: dict[str, int] = {}
     for e in entries:
         if isinstance(e["time"], str):
             failed[e["time"]] = failed.get(e["time"], 0) + 1
     medians = np.array([float(np.median(e["times"])) for e in ok])
-    own_spread = [float((np.percentile(e["times"], 90) - np.percentile(e["times"], 10)) / np.median(e["times"]))
-                  for e in ok]
+    own = [float((np.percentile(e["times"], 90) - np.percentile(e["times"], 10)) / np.median(e["times"])) for e in ok]
     compile_ms = np.array([e["compile_time"] for e in entries if e.get("compile_time")])
-    best = min(ok, key=lambda e: float(np.median(e["times"])))
+    best = ok[int(np.argmin(medians))]
     summary = {
-        "file": path.name, "subspace_configs": len(sub), "valid": len(valid), "measured": len(ok), "failed": failed,
+        "file": path.name, "subspace_configs": n_sub, "valid": n_valid, "measured": len(ok), "failed": failed,
         "best_ms": float(medians.min()), "best_config": {k: best[k] for k in SUBSPACE},
-        "best_gflops": flops / (medians.min() * 1e-3) / 1e9,
-        "median_ms": float(np.median(medians)), "worst_ms": float(medians.max()),
-        "worst_over_best": float(medians.max() / medians.min()),
+        "best_gflops": flops / (medians.min() * 1e-3) / 1e9, "median_ms": float(np.median(medians)),
+        "worst_ms": float(medians.max()), "worst_over_best": float(medians.max() / medians.min()),
         "p10_p90_ms": [float(np.percentile(medians, 10)), float(np.percentile(medians, 90))],
-        "per_config_spread_median": float(np.median(own_spread)),
-        "compile_ms_median": float(np.median(compile_ms)), "compile_ms_p10_p90":
-            [float(np.percentile(compile_ms, 10)), float(np.percentile(compile_ms, 90))],
-        "compile_wall_s": compile_wall, "compile_jobs": args.jobs, "total_s": time.monotonic() - started,
+        "per_config_spread_median": float(np.median(own)),
+        "compile_ms_median": float(np.median(compile_ms)),
+        "compile_ms_p10_p90": [float(np.percentile(compile_ms, 10)), float(np.percentile(compile_ms, 90))],
+        "jobs": args.jobs, "total_s": total_s,
     }
     (out / "landscape_summary.json").write_text(json.dumps(summary, indent=1))
-    print(json.dumps(summary, indent=1))
+    print(json.dumps(summary, indent=1), flush=True)
 
 
 if __name__ == "__main__":

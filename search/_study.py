@@ -19,8 +19,8 @@ is told again, nothing is measured twice; two processes on one study claim confi
 storage) → otherwise evaluate it (render → build → verify → time in an isolated worker) and record every
 figure as trial attributes; a :class:`VariantFailure` marks the trial failed with its reason. When the
 sampler keeps proposing configs that are invalid or known, an unevaluated neighbour of a leader (or a
-random unevaluated config) is enqueued, so the budget is always spent on new configs. Trial 0 is the
-family's default config. ``--trials N`` is the number of evaluated configs the *study* should hold, so
+random unevaluated config) is asked for instead, so the budget is always spent on new configs; after ten
+trials every third one is such a local step. Trial 0 is the family's default config. ``--trials N`` is the number of evaluated configs the *study* should hold, so
 re-running a command resumes the study and two processes on one study share one budget.
 """
 
@@ -33,6 +33,7 @@ import re
 import signal
 import threading
 import time
+import warnings
 from abc import ABC, abstractmethod
 from collections import Counter
 from contextlib import contextmanager
@@ -369,20 +370,21 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
     # Another process working on this study (running trials now, or gaps in trial numbers later) means
     # claims must be checked against the shared storage; alone, the local view is complete.
     shared = any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False))
-    if not study.trials:
-        for i, cfg in enumerate([objective.default()] + objective.warm_start()):
-            if cfg is not None:
-                study.enqueue_trial(cfg, skip_if_exists=True,
-                                    user_attrs={"source": "default" if i == 0 else "warm start"})
+    # The default config first (trial 0 of a new study), then configs of published artifacts. Fixed
+    # configs are asked for through this process's sampler, not Optuna's shared queue of enqueued trials
+    # (two processes popping one queued trial from SQLite at once is a race).
+    first = [c for c in [objective.default()] + objective.warm_start()
+             if c is not None and format_config(c) not in known]
     failures: Counter[str] = Counter(s.reason for s in known.values() if s.value is None)
     invalid = skips = new = 0
     last_number: int | None = None
-    pending_local = False
     eval_seconds = 0.0
     stop_reason = "trial budget reached"
     trial = None
     try:
         while True:
+            if shared:
+                known.update(_known(study))  # the shared budget counts every process's trials
             if trials is not None and len(known) >= trials:
                 break
             if time_budget is not None and time.monotonic() - started >= time_budget:
@@ -397,19 +399,18 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
             if stop is not None and stop():
                 stop_reason = "stopped (Ctrl-C or a stop request); finished trials are kept"
                 break
-            if skips >= 5:  # the sampler keeps proposing invalid or known configs: spend on a new one
-                cfg = _fill(known, objective, rng)
-                if cfg is not None:
-                    study.enqueue_trial(cfg, user_attrs={"source": "fill"})
+            fixed = None
+            if first:
+                fixed = first.pop(0)
+            elif skips >= 5:  # the sampler keeps proposing invalid or known configs: spend on a new one
+                fixed = _fill(known, objective, rng)
                 skips = 0
-            elif sampler == "tpe" and LOCAL_EVERY and new >= 10 and new % LOCAL_EVERY == LOCAL_EVERY - 1 \
-                    and not pending_local:
-                cfg = _neighbour(known, objective, rng)
-                if cfg is not None:  # a local step: one knob away from a leader
-                    study.enqueue_trial(cfg, user_attrs={"source": "local"})
-                    pending_local = True
-            trial = study.ask(dists)
-            shared = shared or (last_number is not None and trial.number != last_number + 1)
+            elif sampler == "tpe" and LOCAL_EVERY and new >= 10 and new % LOCAL_EVERY == LOCAL_EVERY - 1:
+                fixed = _neighbour(known, objective, rng)  # a local step: one knob away from a leader
+            trial = _ask(study, dists, fixed)
+            if not shared:  # another process started on this study: its trials interleave with ours
+                shared = (last_number is not None and trial.number != last_number + 1) or any(
+                    t.number != trial.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
             last_number = trial.number
             config = {k: trial.params[k] for k in objective.knobs}
             key = format_config(config)
@@ -437,7 +438,6 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
                 trial = None
                 continue
             skips = 0
-            pending_local = False
             t0 = time.monotonic()
             try:
                 record = objective.evaluate(config)
@@ -481,6 +481,22 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
     return StudyResult(study.study_name, storage or default_storage(), objective.backend, objective.evidence,
                        objective.study_key, best, top, len(known), failures, invalid, elapsed, stop_reason,
                        final, overhead)
+
+
+def _ask(study: optuna.Study, dists: dict[str, Any], fixed: Config | None) -> optuna.Trial:
+    """A new trial: the sampler's proposal, or ``fixed`` (through a PartialFixedSampler of this process)."""
+    if fixed is None:
+        return study.ask(dists)
+    import optuna
+
+    sampler = study.sampler
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.sampler = optuna.samplers.PartialFixedSampler(fixed, sampler)
+    try:
+        return study.ask(dists)
+    finally:
+        study.sampler = sampler
 
 
 @dataclass

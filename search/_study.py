@@ -286,7 +286,12 @@ def make_sampler(name: str, seed: int | None, knobs: dict[str, list[Any]]) -> op
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
-        return optuna.samplers.GridSampler(knobs, seed=seed)
+        class Grid(optuna.samplers.GridSampler):
+            def after_trial(self, *args: Any, **kwargs: Any) -> None:
+                """Optuna's grid stops the study when its grid is done, which only works inside
+                ``optimize``; the loop here stops by itself (every valid config evaluated)."""
+
+        return Grid(knobs, seed=seed)
     raise KernsearchError(f"unknown sampler {name!r} (known: {', '.join(SAMPLERS)})")
 
 
@@ -339,7 +344,7 @@ def open_study(objective: Objective, storage: str | None, study_name: str | None
     """Create or resume the study (before any worker starts: a new SQLite file must not race)."""
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     name = study_name or study_name_for(objective.study_key)
     study = optuna.create_study(study_name=name, storage=make_storage(storage), direction="minimize",
                                 sampler=make_sampler(sampler, seed, objective.knobs), load_if_exists=True)
@@ -385,13 +390,13 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
         while True:
             if shared:
                 known.update(_known(study))  # the shared budget counts every process's trials
+            if size is not None and len(known) >= size:
+                stop_reason = "every valid config evaluated"
+                break
             if trials is not None and len(known) >= trials:
                 break
             if time_budget is not None and time.monotonic() - started >= time_budget:
                 stop_reason = "time budget reached"
-                break
-            if size is not None and len(known) >= size:
-                stop_reason = "every valid config evaluated"
                 break
             if patience is not None and _stale_for(known) >= patience:
                 stop_reason = f"no improvement in {patience} trials"

@@ -1,0 +1,159 @@
+"""Fault tests: planted templates that fail to compile, hang, crash, compute wrong, produce NaN or leave
+an output unwritten. Each variant runs on the CPU Metal interpreter in an isolated worker; each trial
+must be marked failed with the right reason, the study must complete, and the winner must be correct."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kernsearch._chips import get_chip
+from kernsearch._space import make_problem
+from kernsearch._spec import load_family
+from kernsearch._study import KernelObjective, run_study
+
+FAMILY = """
+name = "planted"
+description = "C = 2·A, with planted faults"
+reference = "A * 2"
+baseline = "A * 2"
+
+[problem]
+dims = ["N"]
+default_shape = [64]
+dtypes = ["float32"]
+default_dtype = "float32"
+flops = "N"
+bytes = "2 * N * dtype_size"
+
+[[inputs]]
+name = "A"
+shape = "[N]"
+
+[[outputs]]
+name = "C"
+shape = "[N]"
+
+[templates]
+metal = "planted.metal.j2"
+
+[knobs.FAULT]
+kind = "other"
+values = ["compile", "hang", "crash", "wrong", "nan", "unwritten", "none"]
+
+[knobs.TG]
+kind = "threadgroup_size"
+values = [32, 64]
+
+[launch]
+grid = "[N, 1, 1]"
+threadgroup = "[TG, 1, 1]"
+
+[default]
+FAULT = "compile"
+TG = 32
+
+[tolerance.float32]
+rtol = 1e-6
+atol = 1e-6
+"""
+
+TEMPLATE = """
+{% block header %}
+#include <metal_stdlib>
+using namespace metal;
+{% endblock %}
+{% block source %}
+    uint i = thread_position_in_grid.x;
+    if (i >= A_shape[0]) return;
+{% if FAULT == "compile" %}
+    C[i] = undefined_name * A[i];
+{% elif FAULT == "hang" %}
+    float x = A[i];
+    while (x < 1.0e30f) {
+        x = x * 1.0f;
+        C[i] = x;
+    }
+{% elif FAULT == "crash" %}
+    device float* p = (device float*)16;
+    p[i] = A[i];
+    C[i] = T(2) * A[i];
+{% elif FAULT == "wrong" %}
+    C[i] = T(3) * A[i];
+{% elif FAULT == "nan" %}
+    C[i] = (i == 5) ? T(sqrt(A[i] - 2.0f)) : T(2) * A[i];
+{% elif FAULT == "unwritten" %}
+    if (i != 5) C[i] = T(2) * A[i];
+{% else %}
+    C[i] = T(2) * A[i];
+{% endif %}
+{% endblock %}
+"""
+
+EXPECTED = {"compile": "compile", "hang": "timeout", "crash": "crash", "wrong": "wrong", "nan": "nan",
+            "unwritten": "unwritten"}
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("families") / "planted"
+    folder.mkdir()
+    (folder / "family.toml").write_text(textwrap.dedent(FAMILY))
+    (folder / "planted.metal.j2").write_text(textwrap.dedent(TEMPLATE).lstrip())
+    return folder
+
+
+@pytest.fixture(scope="module")
+def study_of_faults(planted, tmp_path_factory):
+    """Every config of the planted family, each verified on the interpreter (model times: all equal)."""
+    chip = get_chip("M2 Max")
+    problem = make_problem(load_family(planted), "64", None, chip)
+    objective = KernelObjective(problem, chip, "model", verify="all", timeout=6.0)
+    url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'faults.db'}"
+    result = run_study(objective, trials=14, sampler="grid", seed=0, storage=url)
+    import optuna
+
+    return result, optuna.load_study(study_name=result.study_name, storage=url)
+
+
+def test_each_planted_fault_fails_its_trial_with_the_right_reason(study_of_faults):
+    result, study = study_of_faults
+    assert result.evaluated == 14 and result.stop_reason == "every valid config evaluated"
+    seen = {}
+    for t in study.trials:
+        if t.user_attrs.get("status") in ("ok", "failed"):
+            fault = t.user_attrs["config"]["FAULT"]
+            seen[(fault, t.user_attrs["config"]["TG"])] = t.user_attrs.get("failure", {}).get("reason", "ok")
+    assert len(seen) == 14
+    for (fault, _), reason in seen.items():
+        assert reason == EXPECTED.get(fault, "ok"), (fault, reason)
+    assert result.failures == {reason: 2 for reason in EXPECTED.values()}
+
+
+def test_the_study_completes_and_its_winner_is_correct(study_of_faults):
+    result, study = study_of_faults
+    assert result.best is not None and result.best.config["FAULT"] == "none"
+    assert result.best.verified == "interpreter" and result.best.max_abs_err == 0.0
+    assert result.evidence == "modeled" and result.best.evidence == "modeled"
+    checks = result.final["checks"]
+    assert checks and all(c["ok"] for c in checks.values())  # the finalists passed the interpreter again
+    assert result.final["winner"] == result.best.number
+
+
+def test_finalist_verification_skips_a_faulty_leader(planted, tmp_path):
+    """verify=finalists: faults are not checked per trial, so a broken variant can lead on predicted
+    time; the final round on the interpreter must refuse it and crown a correct one."""
+    chip = get_chip("M2 Max")
+    problem = make_problem(load_family(planted), "64", None, chip)
+    objective = KernelObjective(problem, chip, "model", verify="finalists", timeout=6.0)
+    pair = [{"FAULT": "wrong", "TG": 32}, {"FAULT": "none", "TG": 64}]  # the only configs left valid
+    objective.valid_configs = lambda: pair  # type: ignore[method-assign]
+    objective.violation = lambda c: None if c in pair else "not_in_this_test"  # type: ignore[method-assign]
+    objective.default = lambda: None  # type: ignore[method-assign]
+    result = run_study(objective, trials=2, sampler="grid", seed=0, storage=f"sqlite:///{tmp_path / 'f.db'}")
+    assert {str(t.config) for t in result.top} == {str(c) for c in pair}  # both led on (equal) predicted time
+    wrong = [n for n, c in result.final["checks"].items() if not c["ok"]]
+    assert len(wrong) == 1 and result.final["checks"][wrong[0]]["reason"] == "wrong"
+    assert result.best.config["FAULT"] == "none" and result.best.number == result.final["winner"]

@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/model_vs_measured.py [LANDSCAPE ...] [--chip H100] [--shape M,N,K] [--dtype float16]
 
 A landscape is a KernelTuner cache file of GEMM configs measured on a GPU (default: every
-``benchmarks/data/*gemm*.json[.gz]``). For each successful config, the model (``--chip``, default H100)
-predicts a time; the script prints the rank correlation and what picking the model's favourite would
+``benchmarks/data/*gemm*.json[.gz]``). For each successful config (median of its repetitions), the model
+(``--chip``, default: the landscape's chip, else H100) predicts a time; the script prints the rank correlation and what picking the model's favourite would
 have cost. Measured figures are measured; the model's are modeled. The model is not fitted to the file.
 """
 
@@ -51,7 +51,7 @@ def shape_of(problem_size: object, fallback: str | None) -> str | None:
     return None
 
 
-def compare(path: Path, chip_name: str, shape: str | None, dtype: str | None) -> dict[str, object]:
+def compare(path: Path, chip_name: str | None, shape: str | None, dtype: str | None) -> dict[str, object]:
     from kernsearch._chips import get_chip
     from kernsearch._errors import KernsearchError
     from kernsearch._landscape import Landscape
@@ -61,7 +61,7 @@ def compare(path: Path, chip_name: str, shape: str | None, dtype: str | None) ->
 
     land = Landscape.load(path)
     family = load_family("gemm")
-    chip = get_chip(chip_name)
+    chip = get_chip(chip_name or str(land.meta.get("chip") or "H100"))
     dtype = dtype or str(land.meta.get("dtype") or "") or None
     problem = make_problem(family, shape_of(land.problem_size, shape), dtype, chip)
     space = Space(problem, chip)
@@ -78,7 +78,7 @@ def compare(path: Path, chip_name: str, shape: str | None, dtype: str | None) ->
         except KernsearchError:
             skipped += 1  # not a config of this family/chip (or invalid for the model's chip)
             continue
-        measured.append(float(entry["time"]))
+        measured.append(float(np.median(entry.get("times") or [entry["time"]])))
         modeled.append(predicted)
         configs.append(config)
     if len(measured) < 3:
@@ -101,7 +101,7 @@ def compare(path: Path, chip_name: str, shape: str | None, dtype: str | None) ->
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("landscapes", nargs="*", type=Path)
-    parser.add_argument("--chip", default="H100")
+    parser.add_argument("--chip", default=None, help="default: the landscape's chip, else H100")
     parser.add_argument("--shape", default=None, help="M,N,K (default: the landscape's problem_size)")
     parser.add_argument("--dtype", default=None, help="default: the landscape's, else the family's")
     args = parser.parse_args(argv)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import socket
+import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -88,7 +89,10 @@ def tune_task(unit: Unit, backend: str, storage: str | None, gpu_limit: str) -> 
     payload = {"family": unit.family, "shape": list(unit.shape), "dtype": unit.dtype, "chip": unit.chip,
                "backend": backend, "storage": storage, "options": unit.options.model_dump()}
     with concurrency(gpu_limit, occupy=1, strict=True):
-        return run_step("tune", payload, timeout=unit.step_timeout())
+        started = time.time()
+        result = run_step("tune", payload, timeout=unit.step_timeout())
+        result["window"] = [started, time.time()]  # while this run held the machine's GPU slot
+        return result
 
 
 @task(name="verify")
@@ -209,7 +213,7 @@ def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) ->
         logger.error("%s: tune failed: %s", unit.name, row["reason"])
         return row
     row.update(evidence=tuned["evidence"], new_ms=tuned["median_ms"], study=tuned["study"],
-               evaluated=tuned["evaluated"])
+               evaluated=tuned["evaluated"], tune_window=tuned["window"])
     vtimeout = VERIFY_SECONDS_PER_SHAPE * max(1, len(unit.verify_shapes)) + 60.0
     state = verify_task.with_options(timeout_seconds=vtimeout)(unit, backend, tuned["config"], limit,
                                                                 return_state=True)

@@ -215,6 +215,30 @@ def test_step_errors_come_back_with_their_reason(tmp_path: Path) -> None:
     assert type(info.value).__name__ == "KernsearchError" and "unknown family" in str(info.value)
 
 
+def test_step_process_that_dies_is_a_crash_worth_one_retry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step process that exits without a result is StepCrashed; only that is retried, never a timeout."""
+    from kernsearch.flows._steps import StepCrashed, StepError, StepTimeout, run_step
+    from kernsearch.flows.nightly import _retry_on_crash
+
+    dies = write(tmp_path / "dies.sh", "#!/bin/sh\necho 'Fatal Python error: Segmentation fault' >&2\nkill -9 $$\n")
+    dies.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(dies))
+    with pytest.raises(StepCrashed) as info:
+        run_step("verify", {}, timeout=60)
+    assert "SIGKILL" in str(info.value) and "Segmentation fault" in str(info.value)
+
+    class State:  # what Prefect hands a retry condition: result() raises the task's exception
+        def __init__(self, exc: BaseException) -> None:
+            self.exc = exc
+
+        def result(self) -> None:
+            raise self.exc
+
+    assert _retry_on_crash(None, None, State(info.value))
+    assert not _retry_on_crash(None, None, State(StepTimeout("timeout", "ran past 5 s")))
+    assert not _retry_on_crash(None, None, State(StepError("no-winner", "no finalist passed")))
+
+
 # -- the flow, against prefect_test_harness ----------------------------------------------------------------
 
 @pytest.fixture(scope="session")
@@ -312,6 +336,25 @@ def test_nightly_publishes_then_rejects_and_a_hanging_job_fails_alone(prefect_ha
     with get_client(sync_client=True) as client:
         limit = client.read_global_concurrency_limit_by_name(gpu_limit_name())
     assert limit.limit == 1 and limit.active_slots == 0
+
+
+def test_two_runs_on_one_machine_take_turns_on_the_gpu(prefect_harness, farm: Path) -> None:
+    """Two nightly runs at once (say a manual one during the nightly): their tune steps never overlap."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kernsearch.flows.nightly import nightly
+
+    for name in ("square", "decode"):  # one job per file; the studies exist already, so tuning resumes
+        text = GOOD_JOBS.split("[[jobs]]")[0] + "[[jobs]]" + GOOD_JOBS.split("[[jobs]]")[1 if name == "square" else 2]
+        write(farm / f"{name}.toml", text)
+    with ThreadPoolExecutor(2) as pool:
+        reports = list(pool.map(lambda n: nightly(job_file=str(farm / f"{n}.toml"), chip="M2 Max"),
+                                ("square", "decode")))
+    (a,), (b,) = (r["jobs"] for r in reports)
+    assert a["job"] == "square" and b["job"] == "decode"
+    assert {a["outcome"], b["outcome"]} <= {"published", "rejected"}, (a, b)
+    first, second = sorted([a["tune_window"], b["tune_window"]])
+    assert first[1] <= second[0], (first, second)  # one GPU slot per machine: the second waited
 
 
 def test_nightly_skips_jobs_for_other_chips(prefect_harness, farm: Path) -> None:

@@ -43,12 +43,12 @@ def deploy(job_file: str = JobFileArg,
 
 @app.command()
 def run(job_file: str = JobFileArg, chip: Optional[str] = ChipOpt) -> None:
-    """Run the nightly flow once, now, without a schedule; exit 1 if a job failed."""
+    """Run the nightly flow once, now, without a schedule; exit 1 if a job or the export failed."""
     from ._serve import run_once
 
     report = run_once(job_file, chip=chip)
     print_report(report)
-    if report["failed"]:
+    if report["failed"] or report["export"]["status"] == "failed":
         raise typer.Exit(1)
 
 

@@ -106,6 +106,7 @@ class Unit(_Model):
 
     job: str
     family: str  # a built-in family name or an absolute family folder
+    family_name: str  # the family's own name (the artifact store's key)
     shape: tuple[int, ...]
     dtype: str
     chip: str
@@ -179,7 +180,8 @@ class Jobs:
                 extra = options.verify_shapes
                 verify = ([make_problem(fam, s, problem.dtype, chip).shape for s in extra] if extra is not None
                           else [tuple(min(d, 64) + 4 for d in problem.shape)])
-                units.append(Unit(job=job.name or f"{fam.name}#{index + 1}", family=family, shape=problem.shape,
+                units.append(Unit(job=job.name or f"{fam.name}#{index + 1}", family=family,
+                                  family_name=fam.name, shape=problem.shape,
                                   dtype=problem.dtype, chip=chip.name, options=options,
                                   verify_shapes=tuple(tuple(s) for s in verify)))
         return units

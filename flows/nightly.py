@@ -196,7 +196,7 @@ def _backend(choice: str, detected: Any) -> str:
 
 def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) -> dict[str, Any]:
     backend = _backend(unit.options.backend, detected)
-    row: dict[str, Any] = {"job": unit.job, "family": _family_name(unit.family), "family_ref": unit.family,
+    row: dict[str, Any] = {"job": unit.job, "family": unit.family_name, "family_ref": unit.family,
                            "chip": unit.chip,
                            "dtype": unit.dtype, "shape": unit.shape_text, "backend": backend, "evidence": None,
                            "old_ms": None, "old_version": None, "new_ms": None, "speedup": None,
@@ -264,12 +264,6 @@ def _current(store: Any, key: Any) -> dict[str, Any]:
     m = manifest.measurements
     return {"old_ms": m.median_ms if m else None, "old_version": pointer.version,
             "old_evidence": manifest.evidence}
-
-
-def _family_name(ref: str) -> str:
-    from pathlib import Path
-
-    return Path(ref).name if "/" in ref else ref
 
 
 def _maybe_export(jobs: Jobs, rows: list[dict[str, Any]], logger: Any) -> dict[str, Any]:

@@ -444,8 +444,13 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
     """Search for the fastest correct variant of a family on a problem and chip."""
     import json
 
+    from ._study import SAMPLERS, parse_duration
+
     if verify not in ("all", "finalists", "none"):
         raise KernsearchError(f"--verify must be all, finalists or none, not {verify!r}")
+    if sampler not in SAMPLERS:
+        raise KernsearchError(f"unknown sampler {sampler!r} (known: {', '.join(SAMPLERS)})")
+    parse_duration(time_budget)  # a bad duration is refused before anything starts
     if trials < 1 or finalists < 1:
         raise KernsearchError("--trials and --finalists must be at least 1")
     if backend == "replay" or landscape:
@@ -542,12 +547,13 @@ def studies(storage: Optional[str] = StorageOpt) -> None:
         out.print("no studies stored yet (run `kernsearch tune FAMILY`)")
         return
     table = Table("study", "trials", "best ms", "evidence", "started", box=None)
+    table.columns[0].no_wrap = True
     for s in sorted(summaries, key=lambda s: s.study_name):
         best = s.best_trial.value if s.best_trial is not None else None
         started = s.datetime_start.strftime("%Y-%m-%d %H:%M") if s.datetime_start else "-"
         table.add_row(s.study_name, str(s.n_trials), _fmt(best, ".4g"), str(s.user_attrs.get("evidence", "?")),
                       started)
-    out.print(table)
+    out.print(table, width=max(out.width, 150))
 
 
 @app.command()

@@ -161,10 +161,18 @@ class MetalBackend(BaseBackend):
              **options: Any) -> Timing:
         from .._measure import measure
 
+        from dataclasses import replace
+
+        from .._spec import DTYPES
+
         new = kernel.sha256 not in self._compile_seconds
         launch, sync = self.launcher(kernel, geometry, inputs, dtype)
+        plan = options.get("plan", self.plan)
+        out_bytes = sum(int(np.prod(s)) for s in geometry.output_shapes) * DTYPES[dtype]
+        # a batch keeps every launch's output alive until its sync: cap it at ~1 GB of outputs
+        plan = replace(plan, max_batch=max(1, min(plan.max_batch, int(1e9 // max(out_bytes, 1)))))
         try:
-            samples = measure(launch, sync, plan=options.get("plan", self.plan))
+            samples = measure(launch, sync, plan=plan)
         except (RuntimeError, ValueError) as exc:
             raise _failure(exc) from None
         return Timing(samples, self.evidence, self._compile_seconds[kernel.sha256] if new else 0.0)

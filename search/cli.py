@@ -385,22 +385,38 @@ def _pick_backend(backend: str, chip_name: str | None):  # noqa: ANN202 - (backe
                            f"on the CPU Metal interpreter")
 
 
+def _wide() -> Console:
+    """Tables of configs are wide: in a pipe or file, do not squeeze them to 80 columns."""
+    return out if out.is_terminal else Console(highlight=False, width=max(out.width, 200))
+
+
 def _fmt(value, spec: str, none: str = "-") -> str:  # noqa: ANN001
     return none if value is None else format(value, spec)
 
 
-def _top_table(rows, evidence: str, winner: int | None, title: str = "top configs"):  # noqa: ANN001, ANN202
+def _top_table(rows, evidence: str, winner: int | None, final: dict | None = None,  # noqa: ANN001, ANN202
+               title: str = "top configs"):
     from ._space import format_config
+
+    checks = (final or {}).get("checks") or {}
 
     label = {"modeled": "time (predicted)", "measured": "time"}.get(evidence, "time")
     table = Table("#", "trial", "config", f"{label} ms", "spread", "GFLOP/s", "% peak", "max err",
                   "evidence", "verified", title=title, title_justify="left", box=None)
+    table.columns[2].overflow = "fold"
     for i, t in enumerate(rows, 1):
         mark = " *" if t.number == winner else ""
         table.add_row(f"{i}{mark}", str(t.number), format_config(t.config), f"{t.time_ms:.4g}",
                       f"{t.spread:.1%}" if t.spread else "-", _fmt(t.gflops, ".0f"), _fmt(t.peak_pct, ".1f"),
-                      _fmt(t.max_abs_err, ".2g"), t.evidence, t.verified or "-")
+                      _fmt(t.max_abs_err, ".2g"), t.evidence, _verified(t, checks.get(str(t.number))))
     return table
+
+
+def _verified(t, check: dict | None) -> str:  # noqa: ANN001
+    """Where a row was proven correct: per trial, or in the final round on the interpreter."""
+    if check is not None:
+        return "interpreter" if check["ok"] else f"FAIL ({check['reason']})"
+    return t.verified or "-"
 
 
 def _final_lines(final: dict, evidence: str) -> list[str]:
@@ -524,7 +540,7 @@ def _print_result(result) -> None:  # noqa: ANN001
               f"{result.stop_reason}", soft_wrap=True)
     winner = result.final.get("winner", result.best.number if result.best else None)
     if result.top:
-        out.print(_top_table(result.top, result.evidence, winner), width=max(out.width, 150))
+        _wide().print(_top_table(result.top, result.evidence, winner, result.final))
     for line in _final_lines(result.final, result.evidence):
         out.print(line, soft_wrap=True)
     if result.best is None or winner is None:
@@ -553,7 +569,7 @@ def studies(storage: Optional[str] = StorageOpt) -> None:
         started = s.datetime_start.strftime("%Y-%m-%d %H:%M") if s.datetime_start else "-"
         table.add_row(s.study_name, str(s.n_trials), _fmt(best, ".4g"), str(s.user_attrs.get("evidence", "?")),
                       started)
-    out.print(table, width=max(out.width, 150))
+    _wide().print(table)
 
 
 @app.command()
@@ -593,7 +609,7 @@ def show(study: str = typer.Argument(..., help="study name (see `kernsearch stud
     out.print("trials: " + ", ".join(f"{k} {v}" for k, v in status.most_common()) +
               (" · failed by reason: " + ", ".join(f"{k} {v}" for k, v in reasons.most_common()) if reasons else ""))
     if rows:
-        out.print(_top_table(rows, evidence, final.get("winner")), width=max(out.width, 150))
+        _wide().print(_top_table(rows, evidence, final.get("winner"), final))
     for line in _final_lines(final, evidence):
         out.print(line, soft_wrap=True)
 

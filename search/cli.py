@@ -406,9 +406,11 @@ def _top_table(rows, evidence: str, winner: int | None, final: dict | None = Non
     table.columns[2].overflow = "fold"
     for i, t in enumerate(rows, 1):
         mark = " *" if t.number == winner else ""
+        check = checks.get(str(t.number)) or {}
+        err = check.get("max_abs_err", t.max_abs_err)
         table.add_row(f"{i}{mark}", str(t.number), format_config(t.config), f"{t.time_ms:.4g}",
                       f"{t.spread:.1%}" if t.spread else "-", _fmt(t.gflops, ".0f"), _fmt(t.peak_pct, ".1f"),
-                      _fmt(t.max_abs_err, ".2g"), t.evidence, _verified(t, checks.get(str(t.number))))
+                      _fmt(err, ".2g"), t.evidence, _verified(t, checks.get(str(t.number))))
     return table
 
 

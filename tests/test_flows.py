@@ -148,6 +148,16 @@ jobs:
     assert unit.step_timeout() == pytest.approx(90 * 1.5 + 600)
 
 
+def test_shipped_example_job_file_loads() -> None:
+    from importlib import resources
+
+    example = resources.files("kernsearch.flows").joinpath("jobs/example.toml")
+    jobs = load_jobs(Path(str(example)))
+    assert jobs.chips() == ["M2 Max", "M3 Max", "M4 Max", "H100"]
+    assert len(jobs.units("M3 Max")) == 5 and [u.job for u in jobs.units("H100")] == ["gemm-decode"]
+    assert all(u.options.time_budget == "20m" for u in jobs.units())
+
+
 @pytest.mark.parametrize("text, message", [
     ("[[jobs]]\nfamily = 'nope'\nchips = ['M2 Max']\n", "jobs.0: unknown family"),
     ("[[jobs]]\nfamily = 'gemm'\nchips = ['M9 Mega']\n", "jobs.0: unknown chip"),

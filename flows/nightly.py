@@ -117,6 +117,11 @@ def publish_task(unit: Unit, backend: str, tuned: dict[str, Any], verified: dict
 
     fam = load_family(unit.family)
     chip = get_chip(unit.chip)
+    if tuned["evidence"] == "measured":  # a measurement belongs to the device detected here (device_info)
+        detected = _machine(None)[1]
+        if detected.name != chip.name:
+            raise KernsearchError(f"measured on {detected.name}, but the job is for {chip.name}")
+        chip = detected
     space = Space(make_problem(fam, unit.shape, unit.dtype, chip), chip)
     checks = tuned["checks"] + verified["checks"]
     rel = [c["max_rel_err"] for c in checks if c.get("max_rel_err") is not None]

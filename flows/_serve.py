@@ -58,6 +58,7 @@ def serve(job_file: str | Path, *, chip: str | None = None, cron: str = DEFAULT_
         raise KernsearchError(f"{job_file}: no job is for {machine} (jobs are for: {', '.join(jobs.chips())}); "
                               "pass --chip to serve another chip's jobs")
 
+    check_api()
     from prefect.schedules import Cron
     from prefect.types.entrypoint import EntrypointType
 
@@ -67,6 +68,21 @@ def serve(job_file: str | Path, *, chip: str | None = None, cron: str = DEFAULT_
                   parameters={"job_file": str(jobs.path), "chip": machine}, tags=["kernsearch", f"chip:{slug(machine)}"],
                   description=f"kernsearch nightly searches for {machine} ({jobs.path})", limit=1,
                   entrypoint_type=EntrypointType.MODULE_PATH)
+
+
+def check_api() -> None:
+    """With ``PREFECT_API_URL`` set, the server must answer: else one line, not a retry storm and a traceback."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    if not url:
+        return  # no server configured: Prefect starts a temporary local one
+    with get_client(sync_client=True) as client:
+        problem = client.api_healthcheck()
+    if problem is not None:
+        raise KernsearchError(f"cannot reach the Prefect server at {url} ({type(problem).__name__}: "
+                              f"{' '.join(str(problem).split())}); start it or fix PREFECT_API_URL")
 
 
 def pool_name(chip: str) -> str:
@@ -93,6 +109,7 @@ def deploy(job_file: str | Path, *, chips: list[str] | None = None, cron: str = 
         if not jobs.units(chip):
             raise KernsearchError(f"{job_file}: no job is for {chip} (jobs are for: {', '.join(jobs.chips())})")
 
+    check_api()
     from prefect.schedules import Cron
     from prefect.types.entrypoint import EntrypointType
 
@@ -139,6 +156,7 @@ def run_once(job_file: str | Path, *, chip: str | None = None) -> dict[str, Any]
     # Without PREFECT_API_URL, Prefect starts a temporary local server; on a busy machine that takes
     # longer than its 20 s default.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    check_api()
     from .nightly import nightly
 
     return nightly(job_file=str(jobs.path), chip=machine)

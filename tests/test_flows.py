@@ -190,6 +190,13 @@ def test_cli_bad_job_file_exit_2_one_line_and_no_prefect_import(tmp_path: Path) 
     proc = subprocess.run(KERNSEARCH + ["flows", "serve", str(good), "--chip", "M2 Max", "--cron", "61 2 * * *"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2 and "bad schedule" in proc.stderr and proc.stderr.count("\n") == 1
+    for args in (["flows", "serve", str(good), "--chip", "M2 Max"], ["flows", "run", str(good), "--chip", "M2 Max"],
+                 ["flows", "deploy", str(good)]):  # a Prefect server that does not answer: one line, exit 2
+        proc = subprocess.run(KERNSEARCH + args, capture_output=True, text=True, timeout=120,
+                              env={**env, "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"})
+        assert proc.returncode == 2 and proc.stderr.startswith("error: cannot reach the Prefect server at"), \
+            proc.stderr
+        assert proc.stderr.count("\n") == 1
     # the CLI (and the job-file module) load without Prefect: it is imported only by the flow commands
     code = ("import sys, kernsearch.cli, kernsearch.flows._jobs, kernsearch.flows._cli; "
             "print(sorted(m for m in sys.modules if m == 'prefect' or m.startswith('prefect.')))")

@@ -378,8 +378,10 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
     # The default config first (trial 0 of a new study), then configs of published artifacts. Fixed
     # configs are asked for through this process's sampler, not Optuna's shared queue of enqueued trials
     # (two processes popping one queued trial from SQLite at once is a race).
-    first = [c for c in [objective.default()] + objective.warm_start()
-             if c is not None and format_config(c) not in known]
+    first: list[Config] = []
+    for c in [objective.default()] + objective.warm_start():
+        if c is not None and format_config(c) not in known and c not in first:
+            first.append(c)
     failures: Counter[str] = Counter(s.reason for s in known.values() if s.value is None)
     invalid = skips = new = 0
     last_number: int | None = None
@@ -694,20 +696,27 @@ class KernelObjective(Objective):
         cfg = dict(self.family.default)
         return cfg if self.space.is_valid(cfg) else None
 
-    def warm_start(self) -> list[Config]:
-        """Configs of published artifacts of this family (same or related chip/shape), when a store exists."""
+    def warm_start(self, store: Any = None, limit: int = 5) -> list[Config]:
+        """Configs of current published artifacts of this family, closest first: same chip and shape,
+        same chip, same shape, then the rest (same dtype before others). A broken store never stops a
+        search: it just gives no warm start."""
         try:
-            from . import _artifacts  # issue 5; absent until it lands
-        except ImportError:
+            from ._artifacts import ArtifactStore, chip_slug
+
+            artifacts = list((store or ArtifactStore()).current_artifacts(self.family.name))
+        except Exception:  # noqa: BLE001 - no store, unreadable store: no warm start
             return []
-        finder = getattr(_artifacts, "related_configs", None)
-        if finder is None:
-            return []
-        try:
-            configs = finder(self.family.name, self.chip, self.problem.dtype, self.problem.shape)
-        except Exception:  # noqa: BLE001 - a broken store must not stop a search
-            return []
-        return [c for c in configs if isinstance(c, dict) and set(c) == set(self.knobs) and self.space.is_valid(c)]
+        me = chip_slug(self.chip.name)
+
+        def distance(a: Any) -> tuple[int, int, int]:
+            return (a.key.chip != me, tuple(a.key.shape) != tuple(self.problem.shape), a.key.dtype != self.problem.dtype)
+
+        out: list[Config] = []
+        for a in sorted(artifacts, key=distance):
+            cfg = dict(a.manifest.config)
+            if set(cfg) == set(self.knobs) and self.space.is_valid(cfg) and cfg not in out:
+                out.append(cfg)
+        return out[:limit]
 
     # -- one trial ----------------------------------------------------------------------------------
     def _task(self, config: Config, backend: str, shape: tuple[int, ...] | None = None, **extra: Any) -> Any:
@@ -794,6 +803,35 @@ class KernelObjective(Objective):
         except VariantFailure as exc:
             return {"winner": top[0].number, "note": f"final round failed ({exc.reason}): {exc.detail[:300]}"}
         return _judge(top, out)
+
+    def publish(self, result: StudyResult, store: Any = None) -> Any:
+        """Offer the study's winner to the artifact store (its regression gate decides); returns the
+        store's PublishOutcome. Only a winner proven correct (on the device, or on the interpreter for a
+        modeled result) is offered; its evidence kind goes with it."""
+        from ._artifacts import ArtifactStore, Candidate
+        from ._manifest import Correctness, Measurements
+
+        best = result.best
+        if best is None:
+            raise KernsearchError("no correct winner to publish")
+        check = (result.final.get("checks") or {}).get(str(best.number))
+        if best.verified == "device" and best.max_abs_err is not None:
+            correctness = Correctness(verifier="device", passed=True, shapes_checked=[self.problem.shape_text],
+                                      max_abs_error=best.max_abs_err, checks_run=1)
+        elif check and check.get("ok"):
+            correctness = Correctness(verifier="interpreter", passed=True,
+                                      shapes_checked=["x".join(map(str, check["shape"]))],
+                                      max_abs_error=check["max_abs_err"], checks_run=1)
+        else:
+            raise KernsearchError("the winner was not verified (--verify none?): refusing to publish it")
+        final = (result.final.get("finalists") or {}).get(str(best.number), {})
+        measurements = Measurements(median_ms=final.get("median_ms", best.time_ms),
+                                    spread=final.get("spread", best.spread),
+                                    baseline_median_ms=result.final.get("baseline_median_ms"))
+        candidate = Candidate.for_config(self.space, best.config, target=self.target, correctness=correctness,
+                                         evidence=result.evidence, measurements=measurements,
+                                         study=result.study_name)
+        return (store or ArtifactStore()).publish(candidate)
 
     def close(self) -> None:
         if self._worker is not None:

@@ -458,6 +458,8 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
          verify: str = typer.Option("finalists", "--verify", help="model back-end: verify all trials, the "
                                     "finalists or none on the CPU interpreter"),
          timeout: float = typer.Option(120.0, "--timeout", help="seconds per variant before it counts as hung"),
+         publish: bool = typer.Option(False, "--publish", help="offer the winner to the artifact store "
+                                      "(its regression gate decides)"),
          as_json: bool = typer.Option(False, "--json", help="print a machine-readable result on stdout")) -> None:
     """Search for the fastest correct variant of a family on a problem and chip."""
     import json
@@ -493,14 +495,24 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
         err.print(note, soft_wrap=True)
     err.print(f"tuning [bold]{key['family']}[/] {key['shape']} {key['dtype']} on {key['chip']} "
               f"({key['backend']} back-end, {objective.evidence})", soft_wrap=True)
+    if publish and backend == "replay" or publish and landscape:
+        raise KernsearchError("--publish needs a kernel family: replayed landscapes have no kernel to publish")
     result = _run_with_progress(objective, trials, time_budget, patience or None, sampler, seed, storage, study,
                                 finalists, as_json)
+    outcome = objective.publish(result) if publish and result.best is not None and \
+        "Ctrl-C" not in result.stop_reason else None
     if as_json:
         data = result.to_dict()
         data["winner"] = asdict_or_none(result.best)
+        if outcome is not None:
+            data["publish"] = {"published": outcome.published, "version": outcome.version,
+                               "reason": outcome.reason, "key": outcome.key}
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     else:
         _print_result(result)
+        if outcome is not None:
+            state = f"published as {outcome.version}" if outcome.published else "not published"
+            out.print(f"artifact {outcome.key}: {state} ({outcome.reason})", soft_wrap=True)
     if "Ctrl-C" in result.stop_reason:
         raise typer.Exit(130)
 

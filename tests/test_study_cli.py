@@ -105,3 +105,33 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_trials(tmp_path):
     shown = json.loads(ks("show", "pnpoly/NVIDIA GeForce RTX 3090/-/20000000/replay", "--json",
                           home=tmp_path).stdout)
     assert shown["status"].get("ok", 0) > 0 and "running" not in shown["status"]
+
+
+def test_publish_then_warm_start_a_related_study(tmp_path, gemm):
+    """The winner goes to the artifact store; a study of a related shape starts from it (trial 1)."""
+    import optuna
+
+    from kernsearch._artifacts import ArtifactStore
+    from kernsearch._chips import get_chip
+    from kernsearch._space import make_problem
+    from kernsearch._study import KernelObjective, run_study
+
+    store = ArtifactStore(tmp_path / "artifacts")
+    chip = get_chip("M2 Max")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    first = KernelObjective(make_problem(gemm, "64,64,64", "float32", chip), chip, "model")
+    result = run_study(first, trials=6, finalists=1, seed=4, storage=url)
+    outcome = first.publish(result, store)
+    assert outcome.published and outcome.version == "v1"
+    artifact = store.load(next(iter(store.keys())))
+    assert artifact.manifest.evidence == "modeled" and artifact.manifest.correctness.verifier == "interpreter"
+    assert artifact.manifest.config == result.best.config
+
+    related = KernelObjective(make_problem(gemm, "64,64,32", "float32", chip), chip, "model", verify="none")
+    assert related.warm_start(store) == [result.best.config]
+    related.warm_start = lambda: [result.best.config]  # type: ignore[method-assign] - the store above
+    second = run_study(related, trials=3, finalists=1, seed=0, storage=url)
+    study = optuna.load_study(study_name=second.study_name, storage=url)
+    ordered = sorted(study.trials, key=lambda t: t.number)
+    assert ordered[0].user_attrs["config"] == dict(gemm.default)  # trial 0: the family's default
+    assert ordered[1].user_attrs["config"] == result.best.config  # then the published winner

@@ -48,6 +48,9 @@ class JobOptions(_Model):
 
     backend: Literal["auto", "metal", "cuda", "model"] = "auto"
     trials: int | None = Field(100, ge=1)
+    #: New configs to evaluate each night on top of what the study holds (still capped by ``trials``);
+    #: without it a study that holds ``trials`` configs only re-checks its winner.
+    trials_per_night: int | None = Field(None, ge=1)
     time_budget: str | None = None
     patience: int | None = Field(None, ge=1)
     sampler: Literal["tpe", "random", "grid"] = "tpe"

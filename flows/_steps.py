@@ -115,7 +115,11 @@ def tune(p: dict[str, Any]) -> dict[str, Any]:
     chip = get_chip(p["chip"])
     problem = make_problem(fam, tuple(p["shape"]), p["dtype"], chip)
     o = p["options"]
-    result = run_study(fam, problem, chip, p["backend"], trials=o["trials"], time_budget=o["time_budget"],
+    trials = o["trials"]
+    if o.get("trials_per_night"):
+        tonight = _evaluated(fam.name, chip.name, problem, p["backend"], p["storage"]) + o["trials_per_night"]
+        trials = tonight if trials is None else min(trials, tonight)
+    result = run_study(fam, problem, chip, p["backend"], trials=trials, time_budget=o["time_budget"],
                        patience=o["patience"], sampler=o["sampler"], seed=o["seed"], storage=p["storage"],
                        finalists=o["finalists"], timeout=o["timeout"])
     failures = dict(result.failures)
@@ -178,6 +182,24 @@ def verify(p: dict[str, Any]) -> dict[str, Any]:
         checks.append({"shape": list(problem.shape), "verifier": "interpreter" if backend == "cpu" else "device",
                        "max_abs_err": out["max_abs_err"], "max_rel_err": out["max_rel_err"]})
     return {"checks": checks, "skipped": skipped}
+
+
+def _evaluated(family: str, chip: str, problem: Any, backend: str, storage: str | None) -> int:
+    """Configs the unit's study has evaluated so far (0 when it does not exist yet)."""
+    import optuna
+
+    from kernsearch._space import format_config
+    from kernsearch._study import STATUS_FAILED, STATUS_OK, make_storage, study_name_for
+
+    name = study_name_for({"family": family, "chip": chip, "dtype": problem.dtype, "shape": problem.shape_text,
+                           "backend": backend})
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        study = optuna.load_study(study_name=name, storage=make_storage(storage))
+    except KeyError:  # no such study yet
+        return 0
+    return len({format_config(t.user_attrs["config"]) for t in study.get_trials(deepcopy=False)
+                if t.user_attrs.get("status") in (STATUS_OK, STATUS_FAILED) and "config" in t.user_attrs})
 
 
 STEPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"tune": tune, "verify": verify}

@@ -256,6 +256,20 @@ def test_step_process_that_dies_is_a_crash_worth_one_retry(tmp_path: Path, monke
     assert not _retry_on_crash(None, None, State(StepError("no-winner", "no finalist passed")))
 
 
+def test_tune_step_resumes_the_study_with_trials_per_night(tmp_path: Path) -> None:
+    from kernsearch.flows._jobs import JobOptions
+    from kernsearch.flows._steps import run_step
+
+    options = JobOptions(trials=3, trials_per_night=2, sampler="random", finalists=1).model_dump()
+    payload = {"family": "gemm", "shape": [32, 32, 32], "dtype": "float16", "chip": "M2 Max", "backend": "model",
+               "storage": f"sqlite:///{tmp_path / 'studies.db'}", "options": options}
+    first = run_step("tune", payload, timeout=300)
+    second = run_step("tune", payload, timeout=300)
+    assert first["evaluated"] == 2 and second["evaluated"] == 3  # +2 a night, never beyond `trials`
+    assert first["study"] == second["study"] == "gemm/M2 Max/float16/32x32x32/model"  # the same study resumed
+    assert second["evidence"] == "modeled" and second["checks"][0]["verifier"] == "interpreter"
+
+
 # -- the flow, against prefect_test_harness ----------------------------------------------------------------
 
 @pytest.fixture(scope="session")

@@ -144,3 +144,32 @@ def test_compiled_objects_are_cached_by_source_flags_and_place(tmp_path, monkeyp
     assert cpu.run(changed, geo, a, "float32").outputs[0][0] == 3.0
     monkeypatch.setenv("KERNSEARCH_CACHE", str(tmp_path / "two"))
     assert cpu.run(k, geo, a, "float32").compile_seconds > 0
+
+
+def test_wheel_carries_the_shim_and_runs_a_kernel_outside_the_repo(tmp_path):
+    """The shim headers are package data: an installed kernsearch interprets kernels without the repo."""
+    import zipfile
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path / "dist"), str(repo)], check=True, capture_output=True, timeout=300)
+    (whl,) = (tmp_path / "dist").glob("kernsearch-*.whl")
+    names = set(zipfile.ZipFile(whl).namelist())
+    for f in ("ks_shim.h", "ks_runtime.inc", "metal_stdlib"):
+        assert f"kernsearch/interp/shim/{f}" in names, f
+    site = tmp_path / "site"
+    zipfile.ZipFile(whl).extractall(site)
+    code = (f"import sys; sys.path.insert(0, {str(site)!r});"
+            "import numpy as np, kernsearch.interp as ki; from kernsearch._render import Geometry, KernelSource;"
+            "from kernsearch.backends import get_backend;"
+            "assert ki.__file__.startswith(sys.path[0]), ki.__file__;"
+            "k = KernelSource('w', 'metal', ('A',), ('C',), '#include <metal_stdlib>\\n', "
+            "'C[thread_position_in_grid.x] = A[thread_position_in_grid.x] * 3.0f;', (('T', 'float32'),));"
+            "g = Geometry((8, 1, 1), (8, 1, 1), ((8,),), ('float32',));"
+            "print(get_backend('cpu').run(k, g, [np.arange(8.0)], 'float32').outputs[0].tolist())")
+    # -I: no PYTHONPATH, no user site; the extracted wheel comes first on sys.path (not the editable repo)
+    proc = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str([3.0 * i for i in range(8)])

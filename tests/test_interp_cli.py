@@ -71,3 +71,17 @@ def test_simdgroup_barrier_orders_lanes_of_one_simdgroup():
     assert "race" in {d.kind for d in results["none"].diagnostics}
     assert results["simd"].diagnostics == []
     assert np.array_equal(results["simd"].outputs[0], a.astype(int) ^ 1)
+
+
+def test_compile_error_in_a_template_names_the_template_line(tmp_path: Path, gemm):
+    fam = tmp_path / "gemm_typo"
+    shutil.copytree(gemm.path, fam)
+    tmpl = fam / "gemm.metal.j2"
+    lines = tmpl.read_text().split("\n")
+    idx = next(i for i, line in enumerate(lines) if "const int row0 =" in line)
+    lines[idx] = lines[idx].replace("const int row0 =", "const int row0 = undeclared_name +")
+    tmpl.write_text("\n".join(lines))
+    proc = verify(str(fam), "--shape", "32,32,16", "--dtype", "float32")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL (compile)" in proc.stdout and "undeclared_name" in proc.stdout
+    assert f"gemm.metal.j2:{idx + 1}" in proc.stdout

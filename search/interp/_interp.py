@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +72,14 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
     sig = signature(kernel.name, kernel.input_names, kernel.output_names, kernel.source, in_dtypes, shapes,
                     list(output_dtypes), tuple(kernel.template))
     text = mlx_source(sig, kernel.header, kernel.source)
-    compiled = compile_unit(cpp_unit(sig, kernel.header, kernel.source, check=(mode == "check")), mode)
+    try:
+        compiled = compile_unit(cpp_unit(sig, kernel.header, kernel.source, check=(mode == "check")), mode)
+    except VariantFailure as exc:  # name the template line of a compile error too, when known
+        m = re.match(r"line (\d+): ", exc.detail)
+        tmpl = _template_line(int(m.group(1)), sig, kernel, lines) if m else None
+        if tmpl is None:
+            raise
+        raise VariantFailure(exc.reason, f"{exc.detail} ({tmpl})") from None
 
     args: list[np.ndarray] = []
     out_index: list[int] = []
@@ -104,6 +112,19 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
                         compiled.cached, text)
 
 
+def _template_line(line: int, sig: Any, kernel: Any, lines: TemplateLines | None) -> str | None:
+    """``file:line`` of the template line that produced ``line`` of the full kernel, when known."""
+    if lines is None:
+        return None
+    header_lines = kernel.header.count("\n")
+    source_start = header_lines + (1 if sig.template else 0) + 1 + max(len(sig.params) + len(sig.attributes), 1) + 1
+    if line <= header_lines and line in lines.header:
+        return f"{lines.file}:{lines.header[line]}"
+    if line >= source_start and line - source_start + 1 in lines.source:
+        return f"{lines.file}:{lines.source[line - source_start + 1]}"
+    return None
+
+
 def _diagnostic(d: RawDiag, sig: Any, kernel: Any, text: str, lines: TemplateLines | None) -> InterpDiagnostic:
     code = ""
     tmpl = None
@@ -111,12 +132,6 @@ def _diagnostic(d: RawDiag, sig: Any, kernel: Any, text: str, lines: TemplateLin
         all_lines = text.split("\n")
         if 0 < d.line <= len(all_lines):
             code = all_lines[d.line - 1].strip()
-        header_lines = kernel.header.count("\n")
-        source_start = header_lines + (1 if sig.template else 0) + 1 + max(len(sig.params) + len(sig.attributes), 1) + 1
-        if lines is not None:
-            if d.line <= header_lines and d.line in lines.header:
-                tmpl = f"{lines.file}:{lines.header[d.line]}"
-            elif d.line >= source_start and d.line - source_start + 1 in lines.source:
-                tmpl = f"{lines.file}:{lines.source[d.line - source_start + 1]}"
+        tmpl = _template_line(d.line, sig, kernel, lines)
     count = f" ({d.count} times)" if d.count > 1 else ""
     return InterpDiagnostic(d.kind, d.severity, d.message + count, d.line, tmpl, d.count, code)

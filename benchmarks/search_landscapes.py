@@ -43,11 +43,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--landscapes", type=Path, default=DEFAULT_DIR)
-    ap.add_argument("--only", default="", help="substring of the landscape file names to run")
+    ap.add_argument("--only", default="", help="comma-separated substrings of the landscape file names to run")
     ap.add_argument("--budgets", default="1,5", help="percent of the space, comma-separated")
     ap.add_argument("--strategies", default="tpe,random", help="samplers; tpe is run_study's default")
     args = ap.parse_args()
-    files = sorted(p for p in args.landscapes.glob("*.json*") if args.only in p.name)
+    files = sorted(p for p in args.landscapes.glob("*.json*")
+                   if any(part in p.name for part in args.only.split(",")))
     if not files:
         sys.exit(f"no landscapes in {args.landscapes}")
     print(f"score = optimum / recorded time of the picked config (1.00 = optimum); {args.seeds} seeds; "

@@ -473,6 +473,11 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
         if trial is not None:  # the trial in flight is not a result: record why, and keep the rest
             trial.set_user_attr("status", "interrupted")
             study.tell(trial, state=TrialState.FAIL)
+    except BaseException:  # a bug of kernsearch itself: close the trial in flight, keep the traceback
+        if trial is not None:
+            trial.set_user_attr("status", "error")
+            study.tell(trial, state=TrialState.FAIL)
+        raise
     elapsed = time.monotonic() - started
     top = _top(study, finalists)
     final: dict[str, Any] = {}
@@ -745,11 +750,17 @@ class KernelObjective(Objective):
     def evaluate(self, config: Config) -> Record:
         from ._render import render
 
-        kernel = render(self.family, config, self.problem.dtype, self.target)
+        try:
+            kernel = render(self.family, config, self.problem.dtype, self.target)
+        except KernsearchError as exc:  # the template cannot render this config: this variant fails
+            raise VariantFailure("render", str(exc)) from None
         flops = self.problem.flops()
         if self.backend == "model":
             check = self.interpret(config) if self.verify == "all" else None
-            ms = float(self.impl.predict_ms(self.space, config))  # type: ignore[attr-defined]
+            try:
+                ms = float(self.impl.predict_ms(self.space, config))  # type: ignore[attr-defined]
+            except KernsearchError as exc:
+                raise VariantFailure("model", str(exc)) from None
             rec = Record(ms, self.evidence, [ms], sha256=kernel.sha256)
             if check is not None:
                 rec.verified, rec.max_abs_err, rec.max_rel_err = "interpreter", check["max_abs_err"], check["max_rel_err"]

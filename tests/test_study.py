@@ -160,3 +160,19 @@ def test_random_fill_only_returns_valid_configs():
     toy = Toy()
     rng = random.Random(0)
     assert all(toy.violation(toy.random_config(rng)) is None for _ in range(50))
+
+
+def test_a_bug_in_evaluation_surfaces_and_leaves_no_running_trial(tmp_path):
+    class Buggy(Toy):
+        def evaluate(self, config):
+            if sum(self.calls.values()) == 3:
+                raise TypeError("a bug in kernsearch")
+            return super().evaluate(config)
+
+    with pytest.raises(TypeError):
+        run_study(Buggy(fail_x0=False), trials=10, seed=0, storage=storage(tmp_path))
+    import optuna
+
+    study = optuna.load_study(study_name=study_name_for(Toy().study_key), storage=storage(tmp_path))
+    assert all(t.state != optuna.trial.TrialState.RUNNING for t in study.trials)
+    assert Counter(t.user_attrs.get("status") for t in study.trials)["error"] == 1

@@ -443,7 +443,8 @@ def _final_lines(final: dict, evidence: str) -> list[str]:
 @app.command()
 def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[str] = ShapeOpt,
          dtype: Optional[str] = DtypeOpt, chip_name: Optional[str] = ChipOpt,
-         trials: int = typer.Option(150, "--trials", help="configs the study should have evaluated"),
+         trials: Optional[int] = typer.Option(None, "--trials", help="configs the study should have evaluated "
+                                              "(default: 150, or no limit with --time-budget)"),
          time_budget: Optional[str] = typer.Option(None, "--time-budget", help="e.g. 90s, 10m, 1h"),
          patience: Optional[int] = typer.Option(60, "--patience", help="stop after this many trials without "
                                                 "a new best (0: never)"),
@@ -471,7 +472,9 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
     if sampler not in SAMPLERS:
         raise KernsearchError(f"unknown sampler {sampler!r} (known: {', '.join(SAMPLERS)})")
     parse_duration(time_budget)  # a bad duration is refused before anything starts
-    if trials < 1 or finalists < 1:
+    if trials is None and time_budget is None:
+        trials = 150
+    if (trials is not None and trials < 1) or finalists < 1:
         raise KernsearchError("--trials and --finalists must be at least 1")
     if backend == "replay" or landscape:
         from .backends._replay import ReplayBackend
@@ -483,6 +486,9 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
         kwargs: dict = {}
     else:
         name, c, note = _pick_backend(backend, chip_name)
+        if note and verify != "finalists":
+            note = note.split("; the winner")[0] + ("; every variant is verified on the CPU Metal interpreter"
+                                                    if verify == "all" else "; [yellow]nothing is verified[/] (--verify none)")
         from ._space import make_problem
         from ._spec import load_family
         from ._study import KernelObjective
@@ -530,10 +536,10 @@ def _run_with_progress(objective, trials, time_budget, patience, sampler, seed, 
     from ._space import format_config
     from ._study import run_study
 
-    columns = [TextColumn("trial {task.completed:.0f}/{task.total:.0f}"), BarColumn(bar_width=20),
+    columns = [TextColumn("trial {task.completed:.0f}/{task.fields[of]}"), BarColumn(bar_width=20),
                TimeElapsedColumn(), TextColumn("left {task.fields[left]}"), TextColumn("{task.fields[status]}")]
     with Progress(*columns, console=err, transient=False, disable=quiet) as bar:
-        task = bar.add_task("tune", total=trials, left="?", status="")
+        task = bar.add_task("tune", total=trials, of=trials if trials is not None else "-", left="?", status="")
 
         def show(p) -> None:  # noqa: ANN001
             best = f"best {p.best.time_ms:.4g} ms {format_config(p.best.config)}" if p.best else "no correct variant yet"

@@ -51,6 +51,13 @@ def hanging_family(root: Path) -> Path:
     return dst
 
 
+def only_job(name: str, text: str | None = None) -> str:
+    """GOOD_JOBS (or ``text``) with one of its jobs: the header, [defaults] and that job's table."""
+    head, *jobs = (text or GOOD_JOBS).split("[[jobs]]")
+    (job,) = [j for j in jobs if f'name = "{name}"' in j]
+    return head + "[[jobs]]" + job
+
+
 GOOD_JOBS = """
 artifacts = "store"
 storage = "sqlite:///studies.db"
@@ -376,8 +383,7 @@ def test_two_runs_on_one_machine_take_turns_on_the_gpu(prefect_harness, farm: Pa
     from kernsearch.flows.nightly import nightly
 
     for name in ("square", "decode"):  # one job per file; the studies exist already, so tuning resumes
-        text = GOOD_JOBS.split("[[jobs]]")[0] + "[[jobs]]" + GOOD_JOBS.split("[[jobs]]")[1 if name == "square" else 2]
-        write(farm / f"{name}.toml", text)
+        write(farm / f"{name}.toml", only_job(name))
     with ThreadPoolExecutor(2) as pool:
         reports = list(pool.map(lambda n: nightly(job_file=str(farm / f"{n}.toml"), chip="M2 Max"),
                                 ("square", "decode")))
@@ -421,8 +427,7 @@ def test_real_server_serves_the_cron_deployment_and_runs_it_by_name(tmp_path: Pa
            "KERNSEARCH_HOME": str(tmp_path / "home"), "PREFECT_RUNNER_POLL_FREQUENCY": "2",
            "PREFECT_WORKER_QUERY_SECONDS": "2"}
     # the "square" job only, for two chips: this machine serves M2 Max, no one serves M3 Max
-    write(tmp_path / "jobs.toml", GOOD_JOBS.split("[[jobs]]\nname = \"decode\"")[0].replace(
-        'chips = ["M2 Max"]', 'chips = ["M2 Max", "M3 Max"]'))
+    write(tmp_path / "jobs.toml", only_job("square").replace('chips = ["M2 Max"]', 'chips = ["M2 Max", "M3 Max"]'))
     logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("server", "serve", "worker")}  # noqa: SIM115
     procs: list[subprocess.Popen] = []
     try:

@@ -277,6 +277,42 @@ def test_tune_step_resumes_the_study_with_trials_per_night(tmp_path: Path) -> No
     assert second["evidence"] == "modeled" and second["checks"][0]["verifier"] == "interpreter"
 
 
+def test_measured_winner_is_published_with_the_detected_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The publish task (called as a plain function): measured evidence carries this machine's device_info."""
+    from kernsearch._artifacts import ArtifactKey, ArtifactStore
+    from kernsearch._chips import chip_from_device_info
+    from kernsearch._errors import KernsearchError
+    from kernsearch._spec import load_family
+    from kernsearch.flows import nightly
+
+    (unit,) = load_jobs(write(tmp_path / "jobs.toml", """
+[[jobs]]
+family = "gemm"
+shapes = ["64,64,64"]
+dtypes = ["float16"]
+chips = ["H100"]
+""")).units("H100")
+    tuned = {"evidence": "measured", "median_ms": 0.02, "spread": 0.01, "best": {},
+             "config": dict(load_family("gemm").default),
+             "study": "gemm/H100/float16/64x64x64/cuda", "baseline_median_ms": 0.03,
+             "checks": [{"shape": [64, 64, 64], "verifier": "device", "max_abs_err": 0.001, "max_rel_err": None}]}
+    verified = {"checks": [{"shape": [68, 68, 68], "verifier": "device", "max_abs_err": 0.002, "max_rel_err": 0.001}],
+                "skipped": []}
+    here = chip_from_device_info({"architecture": "sm_90", "device_name": "NVIDIA H100 80GB HBM3"})  # MLX's report
+    monkeypatch.setattr(nightly, "_machine", lambda chip: (here, here))
+    out = nightly.publish_task.fn(unit, "cuda", tuned, verified, str(tmp_path / "store"))
+    assert out["published"] and out["version"] == "v1"
+    m = ArtifactStore(tmp_path / "store").load(ArtifactKey("gemm", "H100", "float16", (64, 64, 64))).manifest
+    assert m.evidence == "measured" and m.chip.detected["device_name"] == "NVIDIA H100 80GB HBM3"
+    assert m.kernel.target == "cuda" and m.measurements.speedup == pytest.approx(1.5)
+    assert m.correctness.verifier == "device" and m.correctness.shapes_checked == ["64x64x64", "68x68x68"]
+
+    elsewhere = chip_from_device_info({"architecture": "sm_90", "device_name": "NVIDIA H200"})
+    monkeypatch.setattr(nightly, "_machine", lambda chip: (elsewhere, elsewhere))
+    with pytest.raises(KernsearchError, match="measured on H200, but the job is for H100"):
+        nightly.publish_task.fn(unit, "cuda", tuned, verified, str(tmp_path / "store"))
+
+
 # -- the flow, against prefect_test_harness ----------------------------------------------------------------
 
 @pytest.fixture(scope="session")

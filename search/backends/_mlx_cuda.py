@@ -6,9 +6,11 @@ disk (``MLX_PTX_CACHE_DIR``, default ``/tmp/mlx/<version>/ptx``) under the kerne
 source hash. ``grid`` counts threads, as with Metal; dynamic shared memory is fixed when the kernel object
 is made (``Geometry.shared_memory``), and MLX opts the function into more than 48 KB itself.
 
-Timing follows :mod:`kernsearch._measure`: MLX is lazy, so ``launch`` only builds the kernel's output and
-``sync`` evaluates everything built since the last sync and waits for the device (``mx.synchronize``);
-one batch of launches is then one submission, and its wall time over the batch size is one sample.
+Timing follows :mod:`kernsearch._measure`: ``launch`` submits one run (``mx.async_eval``, its own CUDA
+graph, so launches run one after another and never overlap) and ``sync`` waits for the device
+(``mx.synchronize``); a batch's wall time over its size is one sample. For kernels of a few tens of
+microseconds that includes MLX's per-operation host cost; Nsight Compute's GPU durations
+(``benchmarks/gpu_kernel_times.py``) separate the two.
 Inputs are rotated among copies when the working set fits the chip's L2, so a launch does not find its
 operands hot from the previous one.
 """
@@ -211,7 +213,13 @@ class CudaBackend(BaseBackend):
 
 def _lazy_launcher(call: Callable[[list[Any]], list[Any]], copies: list[list[Any]]
                    ) -> tuple[Callable[[int], object], Callable[[], None]]:
-    """MLX is lazy: ``launch`` builds one more output (rotating input copies), ``sync`` runs them all."""
+    """``launch`` submits one run (rotating input copies) without waiting; ``sync`` waits for all.
+
+    Each launch is its own submission (``mx.async_eval``): MLX records one evaluation as a CUDA graph in
+    which independent kernels may run concurrently, so a batch of independent launches evaluated at once
+    would overlap kernels with small grids and time their throughput instead of one kernel's duration.
+    Separate submissions on MLX's stream run one after another.
+    """
     mx = _mx()
     pending: list[Any] = []
     turn = [0]
@@ -219,13 +227,13 @@ def _lazy_launcher(call: Callable[[list[Any]], list[Any]], copies: list[list[Any
     def launch(_: int) -> object:
         arrays = copies[turn[0] % len(copies)]
         turn[0] += 1
-        pending.extend(call(arrays))
+        outs = call(arrays)
+        mx.async_eval(outs)
+        pending.append(outs)  # alive until the sync
         return None
 
     def sync() -> None:
-        if pending:
-            mx.eval(pending)
-            pending.clear()
         mx.synchronize()
+        pending.clear()
 
     return launch, sync

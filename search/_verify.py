@@ -75,6 +75,8 @@ class Check:
     shapes_checked: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
+        if not self.ok and self.reason in ("nan", "unwritten", "shape"):  # no error figure to speak of
+            return f"FAIL ({self.reason}): {self.detail}"
         state = "pass" if self.ok else f"FAIL ({self.reason})"
         return f"{state}: max abs err {self.max_abs_err:.3g}, max rel err {self.max_rel_err:.3g}" + (
             f"; {self.detail}" if self.detail else "")

@@ -95,7 +95,8 @@ def compare(path: Path, chip_name: str | None, shape: str | None, dtype: str | N
             "pick_vs_best": float(m[pick] / best_measured),
             "pick_measured_rank": int(ranks(m)[pick]),
             "top10pct_overlap": overlap,
-            "best_measured_ms": best_measured, "best_modeled_ms": float(p.min())}
+            "best_measured_ms": best_measured, "best_modeled_ms": float(p.min()),
+            "modeled_over_measured": [float(np.percentile(p / m, q)) for q in (10, 50, 90)]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,8 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     if not files:
         print("no GEMM landscape given or found in benchmarks/data/", file=sys.stderr)
         return 1
+    from kernsearch._errors import KernsearchError
+
     for path in files:
-        r = compare(path, args.chip, args.shape, args.dtype)
+        try:
+            r = compare(path, args.chip, args.shape, args.dtype)
+        except KernsearchError as exc:
+            print(f"{path.name}: skipped ({exc})")
+            continue
         print(f"{r['file']} ({r['device']}, {r['problem']}): {r['configs']} configs measured "
               f"({r['failed']} failed, {r['skipped']} not comparable); model for {r['chip']} (modeled)")
         print(f"  Spearman rank correlation, modeled vs measured: {r['spearman']:.3f}")
@@ -119,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
               f"(measured rank {r['pick_measured_rank']} of {r['configs']})")
         print(f"  overlap of the top 10 %: {r['top10pct_overlap']:.0%}")
         print(f"  best measured {r['best_measured_ms']:.4f} ms; best modeled {r['best_modeled_ms']:.4f} ms")
+        lo, mid, hi = r["modeled_over_measured"]  # type: ignore[misc]
+        print(f"  modeled / measured time per config: median {mid:.2f} (p10 {lo:.2f}, p90 {hi:.2f})")
     return 0
 
 

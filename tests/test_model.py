@@ -60,6 +60,9 @@ values = [false, true]
 [knobs.VEC]
 kind = "vector"
 values = [1, 4]
+[knobs.TGB]
+kind = "other"
+values = [0, 1]
 
 [launch]
 grid = "[ceil_div(N, TILE) * 256, 1, 1]"
@@ -72,6 +75,7 @@ ARITH = 1
 TGMEM = 0
 DB = false
 VEC = 1
+TGB = 0
 
 [tolerance.float32]
 rtol = 0
@@ -87,6 +91,7 @@ flops = "ARITH * TILE"
 cache_bytes = "READS * 2 * TILE * dtype_size"
 load_bytes = "VEC * dtype_size"
 buffers = "2 if DB else 1"
+threadgroup_bytes = "TGB * 4096 * TILE"
 """
 
 
@@ -155,6 +160,14 @@ def test_idle_cores_in_the_last_wave_cost_a_whole_wave(toy):
     assert per_tg[4 * cores + 1] > 1.1 * per_tg[4 * cores]
 
 
+def test_threadgroup_memory_traffic_is_a_roofline_of_its_own(toy):
+    space = space_for(toy)
+    backend = ModelBackend()
+    quiet = backend.breakdown(space, space.parse_config("TGB=0"))
+    busy = backend.breakdown(space, space.parse_config("TGB=1"))
+    assert busy["bound"] == "threadgroup memory" and busy["time_ms"] > 2 * quiet["time_ms"]
+
+
 def test_threadgroup_memory_that_cuts_occupancy_is_slower(toy):
     space = space_for(toy)
     backend = ModelBackend()
@@ -202,7 +215,7 @@ def test_gemm_smaller_tiles_and_unstaged_operands_reread_more_and_run_slower(gem
     big = backend.breakdown(space, space.parse_config("BM=64,BN=64,WM=2,WN=2"))
     small = backend.breakdown(space, space.parse_config("BM=16,BN=16,WM=2,WN=2"))
     assert small["cache_bytes"] > 3 * big["cache_bytes"] and small["time_ms"] > big["time_ms"]
-    staged = backend.breakdown(space, space.parse_config("STAGE=AB"))
+    staged = backend.breakdown(space, space.parse_config("STAGE=AB,PAD=4"))  # conflict-free staging
     direct = backend.breakdown(space, space.parse_config("STAGE=none"))
     assert direct["cache_bytes"] > staged["cache_bytes"] and direct["time_ms"] > staged["time_ms"]
 

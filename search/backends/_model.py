@@ -52,6 +52,7 @@ OPTIONAL = {
     "bank_conflicts": 1.0,  # ways of threadgroup-memory bank conflict on operand fetches
     "barriers": 0.0,  # threadgroup barriers per threadgroup
     "copy_instructions": 0.0,  # lane instructions per threadgroup spent copying tiles (issue slots)
+    "threadgroup_bytes": 0.0,  # bytes through threadgroup memory per threadgroup (bank-conflict passes included)
 }
 KNOWN = frozenset(REQUIRED) | frozenset(OPTIONAL)
 #: Entries the occupancy is computed from (so they cannot read `concurrent`).
@@ -71,6 +72,7 @@ class CoreFigures:
     latency_ns: float  # cache-level load latency (Little's law: bytes in flight needed)
     max_loads_in_flight: int  # outstanding loads per thread the hardware/compiler sustain
     cache_bandwidth_factor: float  # on-chip cache (L2 / system cache) bandwidth over DRAM bandwidth
+    threadgroup_bytes_per_flop: float  # threadgroup-memory bytes per clock over FP32 FLOPs per clock
     matrix_fraction: float  # reachable share of peak with matrix units (simdgroup_matrix / mma.sync)
     scalar_fraction: float  # reachable share of the FP32 peak with scalar FMAs
     device_fetch_cost: float  # an inner-loop device load relative to a threadgroup-memory load
@@ -83,11 +85,11 @@ class CoreFigures:
 CORES: dict[str, CoreFigures] = {
     "apple": CoreFigures(threadgroup_memory=65536, max_threads=2048, max_threadgroups=32, registers=53248,
                          simdgroups_to_fill=8, latency_ns=300, max_loads_in_flight=8,
-                         cache_bandwidth_factor=2.0, matrix_fraction=0.9, scalar_fraction=1.0,
+                         cache_bandwidth_factor=2.0, threadgroup_bytes_per_flop=0.25, matrix_fraction=0.9, scalar_fraction=1.0,
                          device_fetch_cost=4.0, barrier_ns=40, launch_us=5.0),
     "nvidia": CoreFigures(threadgroup_memory=233472, max_threads=2048, max_threadgroups=32, registers=65536,
                           simdgroups_to_fill=8, latency_ns=300, max_loads_in_flight=8,
-                          cache_bandwidth_factor=2.0, matrix_fraction=0.5, scalar_fraction=1.0,
+                          cache_bandwidth_factor=2.0, threadgroup_bytes_per_flop=0.5, matrix_fraction=0.5, scalar_fraction=1.0,
                           device_fetch_cost=4.0, barrier_ns=20, launch_us=3.0),
 }
 CORES["cpu"] = CORES["apple"]
@@ -284,6 +286,7 @@ def _predict(ev: _Evaluator, ctx: dict[str, Any]) -> dict[str, Any]:
     conflicts = max(1.0, num(ctx, "bank_conflicts", 1.0))
     barriers = num(ctx, "barriers", 0.0)
     copies = num(ctx, "copy_instructions", 0.0)
+    tg_traffic = num(ctx, "threadgroup_bytes", 0.0)
 
     # Compute: the peak of the inner product in use, cut by operand fetches per FMA.
     if matrix:
@@ -297,17 +300,20 @@ def _predict(ev: _Evaluator, ctx: dict[str, Any]) -> dict[str, Any]:
     work = flops / core_flops + copies / core_ops  # seconds of one threadgroup's issue, latency hidden
     core_bw = chip.memory_bandwidth_gbs * 1e9 * core.cache_bandwidth_factor / cores
     needed_in_flight = core.latency_ns * 1e-9 * core_bw
+    core_tg_bw = chip.fp32_tflops * 1e12 / cores * core.threadgroup_bytes_per_flop
 
     def batch(k: int) -> dict[str, float]:
         """Seconds for k co-resident threadgroups on one core to finish."""
         hide = min(1.0, k * simdgroups / core.simdgroups_to_fill)
         mlp = min(1.0, k * threads * load_bytes * in_flight / needed_in_flight)
         tc = k * work / hide
+        tt = k * tg_traffic / (core_tg_bw * hide)  # threadgroup memory: inside the core, like compute
         tm = k * cache_bytes / (core_bw * mlp)
+        inside = max(tc, tt)
         overlap = 1.0 - 1.0 / (k * buffers)
         stall = barriers * core.barrier_ns * 1e-9 / k
-        return {"t": max(tc, tm) + (1 - overlap) * min(tc, tm) + stall, "tc": tc, "tm": tm, "hide": hide,
-                "mlp": mlp, "overlap": overlap, "stall": stall}
+        return {"t": max(inside, tm) + (1 - overlap) * min(inside, tm) + stall, "tc": tc, "tt": tt, "tm": tm,
+                "hide": hide, "mlp": mlp, "overlap": overlap, "stall": stall}
 
     per_core = math.ceil(tgs / cores)  # the busiest core: threadgroups are dealt round-robin
     full, rest = divmod(per_core, resident)
@@ -317,6 +323,7 @@ def _predict(ev: _Evaluator, ctx: dict[str, Any]) -> dict[str, Any]:
     core_time = sum(n * b["t"] for n, b in parts)
     compute_time = sum(n * b["tc"] for n, b in parts)
     memory_time = sum(n * b["tm"] for n, b in parts)
+    tg_time = sum(n * b["tt"] for n, b in parts)
     stall_time = sum(n * b["stall"] for n, b in parts)
     main = parts[0][1]
 
@@ -335,10 +342,11 @@ def _predict(ev: _Evaluator, ctx: dict[str, Any]) -> dict[str, Any]:
     if dram_time > core_time:
         bound = "dram"
     else:
-        bound = "compute" if compute_time >= memory_time else "cache bandwidth"
+        bound = max((compute_time, "compute"), (tg_time, "threadgroup memory"), (memory_time, "cache bandwidth"))[1]
     return {
         "model": "occupancy roofline", "time_ms": total * 1e3, "bound": bound,
-        "compute_ms": compute_time * 1e3, "memory_ms": memory_time * 1e3, "dram_ms": dram_time * 1e3,
+        "compute_ms": compute_time * 1e3, "threadgroup_ms": tg_time * 1e3, "memory_ms": memory_time * 1e3,
+        "dram_ms": dram_time * 1e3,
         "barrier_ms": stall_time * 1e3, "launch_ms": launch * 1e3, "core_ms": core_time * 1e3,
         "threadgroups": int(tgs), "threads_per_threadgroup": int(threads),
         "resident_per_core": resident, "occupancy_limit": limiter, "concurrent": concurrent,

@@ -4,8 +4,10 @@
 
 A landscape is a KernelTuner cache file of GEMM configs measured on a GPU (default: every
 ``benchmarks/data/*gemm*.json[.gz]``). For each successful config (median of its repetitions), the model
-(``--chip``, default: the landscape's chip, else H100) predicts a time; the script prints the rank correlation and what picking the model's favourite would
-have cost. Measured figures are measured; the model's are modeled. The model is not fitted to the file.
+(``--chip``, default: the landscape's chip, else H100) predicts a time; the script prints the rank
+correlation and what picking the model's favourite would have cost. Measured figures are measured; the
+model's are modeled. No model constant is fitted to a landscape (docs/model.md says what changed after
+the H100 one was seen). Output of the last run: ``benchmarks/model_vs_measured.txt``.
 """
 
 from __future__ import annotations

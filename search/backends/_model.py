@@ -85,11 +85,13 @@ class CoreFigures:
 CORES: dict[str, CoreFigures] = {
     "apple": CoreFigures(threadgroup_memory=65536, max_threads=2048, max_threadgroups=32, registers=53248,
                          simdgroups_to_fill=8, latency_ns=300, max_loads_in_flight=8,
-                         cache_bandwidth_factor=2.0, threadgroup_bytes_per_flop=0.25, matrix_fraction=0.9, scalar_fraction=1.0,
+                         cache_bandwidth_factor=2.0, threadgroup_bytes_per_flop=0.25, matrix_fraction=0.9,
+                         scalar_fraction=1.0,
                          device_fetch_cost=4.0, barrier_ns=40, launch_us=5.0),
     "nvidia": CoreFigures(threadgroup_memory=233472, max_threads=2048, max_threadgroups=32, registers=65536,
                           simdgroups_to_fill=8, latency_ns=300, max_loads_in_flight=8,
-                          cache_bandwidth_factor=2.0, threadgroup_bytes_per_flop=0.5, matrix_fraction=0.5, scalar_fraction=1.0,
+                          cache_bandwidth_factor=2.0, threadgroup_bytes_per_flop=0.5, matrix_fraction=0.5,
+                          scalar_fraction=1.0,
                           device_fetch_cost=4.0, barrier_ns=20, launch_us=3.0),
 }
 CORES["cpu"] = CORES["apple"]

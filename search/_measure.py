@@ -158,20 +158,35 @@ class VariantTask:
 _CACHE: dict[tuple, object] = {}
 
 
+def load_backend(name: str, **options: object):  # noqa: ANN201 - a BaseBackend
+    """A back-end by registry name, or by ``package.module:Class`` (a plug-in, or a test's simulated GPU)."""
+    from .backends import get_backend
+
+    if ":" not in name:
+        return get_backend(name, **options)
+    from importlib import import_module
+
+    from ._errors import BackendError
+
+    module, _, cls = name.partition(":")
+    try:
+        return getattr(import_module(module), cls)(**options)
+    except (ImportError, AttributeError) as exc:
+        raise BackendError(f"cannot load back-end {name!r}: {exc}") from None
+
+
 def _setup(task: VariantTask, config: dict | None = None):  # noqa: ANN202
     """Family, problem, space, kernel, geometry and back-end for ``task`` (cached per worker)."""
     from ._chips import get_chip
     from ._render import geometry, render
     from ._space import Space, make_problem
     from ._spec import load_family
-    from .backends import get_backend
-
     key = (task.family, task.shape, task.dtype, task.chip, task.backend, tuple(sorted(task.backend_options.items())))
     if key not in _CACHE:
         fam = load_family(task.family)
         chip = get_chip(task.chip)
         problem = make_problem(fam, task.shape, task.dtype, chip)
-        impl = get_backend(task.backend, **task.backend_options)
+        impl = load_backend(task.backend, **task.backend_options)
         impl.check_available()
         _CACHE.clear()
         _CACHE[key] = (fam, problem, Space(problem, chip), impl)
@@ -238,7 +253,17 @@ def final_round(task: VariantTask) -> dict:
         candidates["baseline"] = impl.baseline_launcher(fam, problem, logical)  # type: ignore[attr-defined]
     except Exception as exc:  # noqa: BLE001 - no baseline is not fatal, and is said
         out["baseline_error"] = str(exc)
-    samples = interleaved(candidates)  # each launcher rotates its own input copies
+    # each launcher rotates its own input copies; a back-end may bring its own clock (a simulated GPU)
+    samples = interleaved(candidates, clock=getattr(impl, "clock", time.perf_counter))
     out["finalists"] = [samples[f"f{i}"] for i in range(len(task.finalists))]
     out["baseline"] = samples.get("baseline")
     return out
+
+
+def time_baseline(task: VariantTask) -> float:
+    """Median time (ms) of the family's baseline op on the problem, measured like a variant."""
+    from ._verify import make_inputs
+
+    fam, problem, _, impl, _, _ = _setup(task)
+    launch, sync = impl.baseline_launcher(fam, problem, make_inputs(problem, task.seed + 2))  # type: ignore[attr-defined]
+    return float(np.median(measure(launch, sync, clock=getattr(impl, "clock", time.perf_counter))))

@@ -122,6 +122,10 @@ class Objective(ABC):
     def warm_start(self) -> list[Config]:
         return []
 
+    def baseline_ms(self) -> float | None:
+        """The baseline op's time on this problem, when it can be measured here (for the progress display)."""
+        return None
+
     def finalize(self, top: list[TrialSummary]) -> dict[str, Any]:
         """Final checks of the leaders (re-measure, verify); returns what to record on the study."""
         return {"winner": top[0].number if top else None}
@@ -188,6 +192,12 @@ class Progress:
     failures: Counter[str]
     invalid: int
     last: str
+    baseline_ms: float | None = None
+
+    @property
+    def speedup(self) -> float | None:
+        """Baseline time / best time so far (measured back-ends only; the final round re-measures)."""
+        return self.baseline_ms / self.best.time_ms if self.baseline_ms and self.best else None
 
 
 # -- options ------------------------------------------------------------------------------------------
@@ -383,6 +393,7 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
         if c is not None and format_config(c) not in known and c not in first:
             first.append(c)
     failures: Counter[str] = Counter(s.reason for s in known.values() if s.value is None)
+    baseline = objective.baseline_ms() if progress is not None else None
     invalid = skips = new = 0
     last_number: int | None = None
     eval_seconds = 0.0
@@ -467,7 +478,7 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
             new += 1
             if progress is not None:
                 progress(_progress(known, trials, time_budget, time.monotonic() - started, failures, invalid,
-                                   last, new))
+                                   last, new, baseline))
     except KeyboardInterrupt:
         stop_reason = "interrupted (Ctrl-C); finished trials are kept"
         if trial is not None:  # the trial in flight is not a result: record why, and keep the rest
@@ -623,7 +634,7 @@ def _top(study: optuna.Study, n: int | None) -> list[TrialSummary]:
 
 
 def _progress(known: dict[str, Seen], total: int | None, budget: float | None, elapsed: float,
-              failures: Counter[str], invalid: int, last: str, new: int) -> Progress:
+              failures: Counter[str], invalid: int, last: str, new: int, baseline: float | None) -> Progress:
     remaining = None
     if total is not None and new:
         remaining = elapsed / new * max(0, total - len(known))
@@ -631,7 +642,7 @@ def _progress(known: dict[str, Seen], total: int | None, budget: float | None, e
         remaining = min(remaining if remaining is not None else budget, max(0.0, budget - elapsed))
     lead = _leaders(known, 1)
     best = TrialSummary(lead[0].number, lead[0].config, lead[0].value, "") if lead else None  # type: ignore[arg-type]
-    return Progress(len(known), total, elapsed, remaining, best, failures, invalid, last)
+    return Progress(len(known), total, elapsed, remaining, best, failures, invalid, last, baseline)
 
 
 # -- kernels: render → build → verify → time ----------------------------------------------------------
@@ -649,7 +660,7 @@ class KernelObjective(Objective):
                  verify: str = "finalists", verify_shape: tuple[int, ...] | None = None,
                  verify_mode: str = "fast", backend_options: dict[str, Any] | None = None) -> None:
         from ._space import Space
-        from .backends import get_backend
+        from ._measure import load_backend
 
         self.problem, self.chip, self.backend, self.seed = problem, chip, backend, seed
         self.space: Space = Space(problem, chip)
@@ -660,7 +671,7 @@ class KernelObjective(Objective):
                                "a kernel; tune with --backend model (verified on the interpreter) instead")
         if backend == "replay":
             raise BackendError("the replay back-end needs a landscape file: use --landscape PATH")
-        self.impl = get_backend(backend, **({"chip": chip} if backend == "model" else self.backend_options))
+        self.impl = load_backend(backend, **({"chip": chip} if backend == "model" else self.backend_options))
         self.impl.check_available()
         self.evidence = self.impl.evidence.value
         self.target = self.impl.target or "metal"
@@ -814,6 +825,17 @@ class KernelObjective(Objective):
         except VariantFailure as exc:
             return {"winner": top[0].number, "note": f"final round failed ({exc.reason}): {exc.detail[:300]}"}
         return _judge(top, out)
+
+    def baseline_ms(self) -> float | None:
+        """The family's baseline MLX op timed in the worker (measured back-ends only); None if it fails."""
+        if self.backend == "model":
+            return None
+        from ._measure import time_baseline
+
+        try:
+            return float(self.worker().call(time_baseline, self._task(dict(self.family.default), self.backend)))
+        except (VariantFailure, KernsearchError):
+            return None
 
     def publish(self, result: StudyResult, store: Any = None) -> Any:
         """Offer the study's winner to the artifact store (its regression gate decides); returns the

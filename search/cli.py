@@ -545,7 +545,8 @@ def _run_with_progress(objective, trials, time_budget, patience, sampler, seed, 
             best = f"best {p.best.time_ms:.4g} ms {format_config(p.best.config)}" if p.best else "no correct variant yet"
             fails = ", ".join(f"{k} {v}" for k, v in p.failures.most_common()) or "none"
             left = f"{p.remaining_s:.0f}s" if p.remaining_s is not None else "?"
-            bar.update(task, completed=p.done, left=left, status=f"{best} · failed: {fails}")
+            versus = f" ({p.speedup:.2f}x the baseline)" if p.speedup else ""
+            bar.update(task, completed=p.done, left=left, status=f"{best}{versus} · failed: {fails}")
 
         return run_study(objective, trials=trials, time_budget=time_budget, patience=patience, sampler=sampler,
                          seed=seed, storage=storage, study_name=study, finalists=finalists, progress=show)

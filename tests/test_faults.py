@@ -157,3 +157,74 @@ def test_finalist_verification_skips_a_faulty_leader(planted, tmp_path):
     wrong = [n for n, c in result.final["checks"].items() if not c["ok"]]
     assert len(wrong) == 1 and result.final["checks"][wrong[0]]["reason"] == "wrong"
     assert result.best.config["FAULT"] == "none" and result.best.number == result.final["winner"]
+
+
+# -- the measured pipeline, end to end, on a simulated GPU -------------------------------------------------
+# No GPU here: this back-end verifies on the CPU interpreter (the exact Metal source) and "runs" each launch
+# on a virtual clock, for a time that depends on the threadgroup size, so the whole measured path is
+# exercised deterministically: worker, verification before timing, batching, the final round interleaved
+# with the baseline op, and the judgement.
+
+from kernsearch.backends import Evidence as _Evidence, get_backend as _get_backend
+from kernsearch.backends._base import BaseBackend as _BaseBackend, Timing as _Timing
+
+_COST_MS = {32: 2.0, 64: 1.0}  # threadgroup size -> simulated kernel time
+_BASELINE_MS = 3.0
+
+
+class SimulatedGPU(_BaseBackend):
+    name = "simulated"
+    evidence = _Evidence.MEASURED
+    target = "metal"
+
+    def __init__(self) -> None:
+        self.cpu = _get_backend("cpu")
+        self.now_ms = 0.0
+
+    def clock(self) -> float:  # the timing method reads this instead of the wall clock
+        return self.now_ms / 1e3
+
+    def run(self, kernel, geometry, inputs, dtype, init_value=float("nan"), **options):
+        return self.cpu.run(kernel, geometry, inputs, dtype, init_value=init_value, timeout=3.0)
+
+    def _launcher(self, ms):
+        def launch(i):
+            self.now_ms += ms
+
+        def sync():
+            self.now_ms += 0.05
+
+        return launch, sync
+
+    def launcher(self, kernel, geometry, inputs, dtype, sets=None):
+        return self._launcher(_COST_MS[geometry.threadgroup[0]])
+
+    def baseline_launcher(self, family, problem, logical, sets=None):
+        return self._launcher(_BASELINE_MS)
+
+    def time(self, kernel, geometry, inputs, dtype, **options):
+        from kernsearch._measure import measure
+
+        launch, sync = self.launcher(kernel, geometry, inputs, dtype)
+        return _Timing(measure(launch, sync, clock=self.clock), self.evidence, 0.0)
+
+
+def test_measured_pipeline_verifies_times_and_judges_against_the_baseline(planted, tmp_path):
+    chip = get_chip("M2 Max")
+    problem = make_problem(load_family(planted), "64", None, chip)
+    objective = KernelObjective(problem, chip, "test_faults:SimulatedGPU", timeout=30.0)
+    allowed = [{"FAULT": f, "TG": tg} for f in ("none", "wrong") for tg in (32, 64)]
+    objective.valid_configs = lambda: allowed  # type: ignore[method-assign]
+    objective.violation = lambda c: None if c in allowed else "not_in_this_test"  # type: ignore[method-assign]
+    objective.default = lambda: None  # type: ignore[method-assign]
+    result = run_study(objective, trials=4, sampler="grid", finalists=2, seed=0,
+                       storage=f"sqlite:///{tmp_path / 'm.db'}")
+    assert result.failures == {"wrong": 2}  # verified before timing: wrong variants are never timed
+    assert [t.config for t in result.top] == [{"FAULT": "none", "TG": 64}, {"FAULT": "none", "TG": 32}]
+    best = result.best
+    assert best.config == {"FAULT": "none", "TG": 64} and best.evidence == "measured" and best.verified == "device"
+    # batches of >= 20 ms between syncs: the 0.05 ms sync adds at most 0.25 % to a 1 ms kernel
+    assert 1.0 <= best.time_ms <= 1.0025 and result.top[1].time_ms == pytest.approx(2.0, rel=3e-3)
+    final = result.final
+    assert final["winner"] == best.number and final["lead_exceeds_noise"] and final["beats_baseline"]
+    assert final["speedup"] == pytest.approx(3.0, rel=3e-3)

@@ -361,6 +361,7 @@ def _artifact_table(key: str) -> list[dict]:
     return json.loads(data) if isinstance(data, str) else data
 
 
+@pytest.mark.slow
 def test_nightly_publishes_then_rejects_and_a_hanging_job_fails_alone(prefect_harness, farm: Path) -> None:
     from kernsearch._artifacts import ArtifactKey, ArtifactStore
     from kernsearch.flows.nightly import gpu_limit_name, nightly
@@ -412,6 +413,7 @@ def test_nightly_publishes_then_rejects_and_a_hanging_job_fails_alone(prefect_ha
     assert limit.limit == 1 and limit.active_slots == 0
 
 
+@pytest.mark.slow
 def test_two_runs_on_one_machine_take_turns_on_the_gpu(prefect_harness, farm: Path) -> None:
     """Two nightly runs at once (say a manual one during the nightly): their tune steps never overlap."""
     from concurrent.futures import ThreadPoolExecutor

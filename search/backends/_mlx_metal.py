@@ -4,10 +4,9 @@ MLX wraps the rendered body in a ``[[kernel]]`` function whose signature it deri
 body uses (``A``, ``A_shape``, ``thread_position_in_grid`` ...), compiles it on first use and caches the
 pipeline under the kernel's name (which carries the source hash). ``grid`` counts threads.
 
-Timing follows :mod:`kernsearch._measure` (see ``docs/timing.md``): MLX is lazy, so ``launch`` only
-builds one more output and ``sync`` evaluates everything built since the last sync and waits for the GPU
-(``mx.eval`` then ``mx.synchronize``); a batch of launches is one submission, and its wall time over the
-batch size is one sample. Inputs are rotated among copies when the working set would sit in the chip's
+Timing follows :mod:`kernsearch._measure` (see ``docs/timing.md``): ``launch`` submits one run
+(``mx.async_eval``: its own command buffer, so launches do not overlap) and ``sync`` waits for the GPU
+(``mx.synchronize``); a batch's wall time over the batch size is one sample. Inputs are rotated among copies when the working set would sit in the chip's
 system-level cache. Without a Metal device (Linux, CI) the back-end refuses with a one-line reason.
 """
 
@@ -180,20 +179,26 @@ class MetalBackend(BaseBackend):
 
 def _lazy(call: Callable[[list[Any]], list[Any]], copies: list[list[Any]]
           ) -> tuple[Callable[[int], object], Callable[[], None]]:
-    """``launch`` builds one more output on the next input copy; ``sync`` evaluates them and waits."""
+    """``launch`` submits one run on the next input copy without waiting; ``sync`` waits for all.
+
+    Each launch is its own submission (``mx.async_eval`` ends MLX's encoder and commits a command
+    buffer): within one encoder MLX dispatches concurrently and only inserts a barrier when a kernel
+    reads an earlier kernel's output, so a batch of independent launches evaluated together could
+    overlap small grids and time their throughput instead of one kernel's duration.
+    """
     mx = _mx()
     pending: list[Any] = []
     turn = [0]
 
     def launch(_: int) -> object:  # rotates its own input copies, whatever set the caller names
-        pending.extend(call(copies[turn[0] % len(copies)]))
+        outs = call(copies[turn[0] % len(copies)])
+        mx.async_eval(outs)
+        pending.append(outs)  # alive until the sync
         turn[0] += 1
         return None
 
     def sync() -> None:
-        if pending:
-            mx.eval(pending)
-            pending.clear()
         mx.synchronize()
+        pending.clear()
 
     return launch, sync

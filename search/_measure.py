@@ -265,5 +265,6 @@ def time_baseline(task: VariantTask) -> float:
     from ._verify import make_inputs
 
     fam, problem, _, impl, _, _ = _setup(task)
-    launch, sync = impl.baseline_launcher(fam, problem, make_inputs(problem, task.seed + 2))  # type: ignore[attr-defined]
+    logical = make_inputs(problem, task.seed + 2)
+    launch, sync = impl.baseline_launcher(fam, problem, logical)  # type: ignore[attr-defined]
     return float(np.median(measure(launch, sync, clock=getattr(impl, "clock", time.perf_counter))))

@@ -20,8 +20,9 @@ storage) → otherwise evaluate it (render → build → verify → time in an i
 figure as trial attributes; a :class:`VariantFailure` marks the trial failed with its reason. When the
 sampler keeps proposing configs that are invalid or known, an unevaluated neighbour of a leader (or a
 random unevaluated config) is asked for instead, so the budget is always spent on new configs; after ten
-trials every third one is such a local step. Trial 0 is the family's default config. ``--trials N`` is the number of evaluated configs the *study* should hold, so
-re-running a command resumes the study and two processes on one study share one budget.
+trials every third one is such a local step. Trial 0 is the family's default config, then configs of
+published artifacts (warm start). ``--trials N`` is the number of evaluated configs the *study* should
+hold, so re-running a command resumes the study and two processes on one study share one budget.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -725,7 +726,8 @@ class KernelObjective(Objective):
         me = chip_slug(self.chip.name)
 
         def distance(a: Any) -> tuple[int, int, int]:
-            return (a.key.chip != me, tuple(a.key.shape) != tuple(self.problem.shape), a.key.dtype != self.problem.dtype)
+            return (a.key.chip != me, tuple(a.key.shape) != tuple(self.problem.shape),
+                    a.key.dtype != self.problem.dtype)
 
         out: list[Config] = []
         for a in sorted(artifacts, key=distance):
@@ -774,7 +776,8 @@ class KernelObjective(Objective):
                 raise VariantFailure("model", str(exc)) from None
             rec = Record(ms, self.evidence, [ms], sha256=kernel.sha256)
             if check is not None:
-                rec.verified, rec.max_abs_err, rec.max_rel_err = "interpreter", check["max_abs_err"], check["max_rel_err"]
+                rec.verified = "interpreter"
+                rec.max_abs_err, rec.max_rel_err = check["max_abs_err"], check["max_rel_err"]
         else:
             from ._measure import measure_variant
 

@@ -6,8 +6,9 @@ pipeline under the kernel's name (which carries the source hash). ``grid`` count
 
 Timing follows :mod:`kernsearch._measure` (see ``docs/timing.md``): ``launch`` submits one run
 (``mx.async_eval``: its own command buffer, so launches do not overlap) and ``sync`` waits for the GPU
-(``mx.synchronize``); a batch's wall time over the batch size is one sample. Inputs are rotated among copies when the working set would sit in the chip's
-system-level cache. Without a Metal device (Linux, CI) the back-end refuses with a one-line reason.
+(``mx.synchronize``); a batch's wall time over the batch size is one sample. Inputs are rotated among
+copies when the working set would sit in the chip's system-level cache. Without a Metal device (Linux,
+CI) the back-end refuses with a one-line reason.
 """
 
 from __future__ import annotations

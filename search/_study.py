@@ -357,8 +357,16 @@ def open_study(objective: Objective, storage: str | None, study_name: str | None
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     name = study_name or study_name_for(objective.study_key)
-    study = optuna.create_study(study_name=name, storage=make_storage(storage), direction="minimize",
-                                sampler=make_sampler(sampler, seed, objective.knobs), load_if_exists=True)
+    made = make_sampler(sampler, seed, objective.knobs)
+    for attempt in range(3):  # processes creating one new SQLite file at once can collide: retry
+        try:
+            study = optuna.create_study(study_name=name, storage=make_storage(storage), direction="minimize",
+                                        sampler=made, load_if_exists=True)
+            break
+        except Exception as exc:  # noqa: BLE001 - sqlalchemy's OperationalError / IntegrityError
+            if attempt == 2 or type(exc).__module__.split(".")[0] != "sqlalchemy":
+                raise
+            time.sleep(0.5 + random.random())
     stored = study.user_attrs.get("knobs")
     if stored is None:
         for k, v in objective.study_key.items():

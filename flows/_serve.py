@@ -70,14 +70,18 @@ def serve(job_file: str | Path, *, chip: str | None = None, cron: str = DEFAULT_
                   entrypoint_type=EntrypointType.MODULE_PATH)
 
 
-def check_api() -> None:
+def check_api(required: bool = False) -> None:
     """With ``PREFECT_API_URL`` set, the server must answer: else one line, not a retry storm and a traceback."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL
 
     url = PREFECT_API_URL.value()
-    if not url:
-        return  # no server configured: Prefect starts a temporary local one
+    if not url and required:
+        raise KernsearchError("deployments live on a Prefect server: start one (prefect server start) and set "
+                              "PREFECT_API_URL, e.g. http://server.lan:4200/api")
+    if not url:  # no server configured: Prefect starts a temporary local one, slower than its 20 s default
+        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # on a busy machine
+        return
     with get_client(sync_client=True) as client:
         problem = client.api_healthcheck()
     if problem is not None:
@@ -109,7 +113,7 @@ def deploy(job_file: str | Path, *, chips: list[str] | None = None, cron: str = 
         if not jobs.units(chip):
             raise KernsearchError(f"{job_file}: no job is for {chip} (jobs are for: {', '.join(jobs.chips())})")
 
-    check_api()
+    check_api(required=True)
     from prefect.schedules import Cron
     from prefect.types.entrypoint import EntrypointType
 
@@ -118,7 +122,7 @@ def deploy(job_file: str | Path, *, chips: list[str] | None = None, cron: str = 
     done = []
     for chip in wanted:
         pool = pool_name(chip)
-        _ensure_process_pool(pool)
+        _ensure_process_pool(pool, chip)
         deployment = nightly.to_deployment(
             name=deployment_name(chip), schedules=[Cron(cron, timezone=timezone or "UTC")], paused=False,
             parameters={"job_file": str(jobs.path), "chip": chip}, tags=["kernsearch", f"chip:{slug(chip)}"],
@@ -129,7 +133,7 @@ def deploy(job_file: str | Path, *, chips: list[str] | None = None, cron: str = 
     return done
 
 
-def _ensure_process_pool(name: str) -> None:
+def _ensure_process_pool(name: str, chip: str) -> None:
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
@@ -141,7 +145,7 @@ def _ensure_process_pool(name: str) -> None:
         except ObjectNotFound:
             try:
                 client.create_work_pool(WorkPoolCreate(
-                    name=name, type="process", description=f"kernsearch nightly runs for chip {name[11:]}",
+                    name=name, type="process", description=f"kernsearch nightly runs for {chip} machines",
                     base_job_template=ProcessWorker.get_default_base_job_template()))
             except ObjectAlreadyExists:
                 pass
@@ -153,9 +157,6 @@ def run_once(job_file: str | Path, *, chip: str | None = None) -> dict[str, Any]
 
     jobs = load_jobs(job_file)  # a bad file is one line, before Prefect starts
     machine = machine_chip(chip)
-    # Without PREFECT_API_URL, Prefect starts a temporary local server; on a busy machine that takes
-    # longer than its 20 s default.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     check_api()
     from .nightly import nightly
 

@@ -204,6 +204,10 @@ def test_cli_bad_job_file_exit_2_one_line_and_no_prefect_import(tmp_path: Path) 
         assert proc.returncode == 2 and proc.stderr.startswith("error: cannot reach the Prefect server at"), \
             proc.stderr
         assert proc.stderr.count("\n") == 1
+    no_server = {k: v for k, v in env.items() if k != "PREFECT_API_URL"} | {"PREFECT_HOME": str(tmp_path / "ph")}
+    proc = subprocess.run(KERNSEARCH + ["flows", "deploy", str(good)], capture_output=True, text=True, timeout=120,
+                          env=no_server)
+    assert proc.returncode == 2 and "deployments live on a Prefect server" in proc.stderr, proc.stderr
     # the CLI (and the job-file module) load without Prefect: it is imported only by the flow commands
     code = ("import sys, kernsearch.cli, kernsearch.flows._jobs, kernsearch.flows._cli; "
             "print(sorted(m for m in sys.modules if m == 'prefect' or m.startswith('prefect.')))")

@@ -112,3 +112,33 @@ def test_gemm_timing_and_the_baseline_are_measured(cuda, gemm) -> None:  # noqa:
     launch, sync = cuda.baseline_launcher(gemm, space.problem, logical)
     base = measure(launch, sync, plan=TimingPlan(min_samples=5, max_samples=5))
     assert len(base) == 5 and all(0 < t < 100 for t in base)
+
+
+def test_published_h100_artifacts_run_through_the_exported_package(cuda, tmp_path) -> None:  # noqa: ANN001
+    """The measured artifacts committed in artifacts/ dispatch and compute correctly from an exported wheel."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import mlx.core as mx
+
+    from kernsearch._artifacts import ArtifactStore
+    from kernsearch._export import export
+
+    store = ArtifactStore(Path(__file__).resolve().parents[1] / "artifacts")
+    result = export(["gemm"], tmp_path / "dist", store, package="ks_h100_kernels", version="1.0.0")
+    pkg_dir = result.source_dir / "ks_h100_kernels"
+    spec = importlib.util.spec_from_file_location("ks_h100_kernels", pkg_dir / "__init__.py",
+                                                  submodule_search_locations=[str(pkg_dir)])
+    pkg = importlib.util.module_from_spec(spec)
+    sys.modules["ks_h100_kernels"] = pkg
+    spec.loader.exec_module(pkg)
+    rng = np.random.default_rng(5)
+    a, b = rng.uniform(-1, 1, (16, 4096)), rng.uniform(-1, 1, (4096, 4096))
+    ma, mb = mx.array(a.astype(np.float16)), mx.array(b.astype(np.float16))
+    decision = pkg.gemm.explain(ma, mb)
+    assert "gemm/H100/float16/16x4096x4096" in str(decision), str(decision)
+    c = np.array(pkg.gemm(ma, mb).astype(mx.float32), dtype=np.float64)
+    ref = a.astype(np.float16).astype(np.float64) @ b.astype(np.float16).astype(np.float64)
+    np.testing.assert_allclose(c, ref, rtol=2e-3, atol=2e-3 * np.sqrt(4096))
+    print(f"\nexported package on this GPU: {decision}")

@@ -71,7 +71,7 @@ def _evaluate(config: dict) -> tuple[dict, dict]:
     from kernsearch._measure import TimingPlan, measure
     from kernsearch._render import geometry, render
     from kernsearch._verify import SENTINEL, compare, kernel_inputs, verify_kernel
-    from kernsearch.backends._mlx_cuda import _lazy_launcher, to_mx, to_numpy
+    from kernsearch.backends._mlx_cuda import _launcher, to_mx, to_numpy
 
     st = _setup()
     fam, cuda, small, full = st["fam"], st["cuda"], st["small"], st["full"]
@@ -107,7 +107,7 @@ def _evaluate(config: dict) -> tuple[dict, dict]:
             if not check.ok:
                 return config, {"failure": "WrongResultConfig", "failure_detail": check.summary()[:500], **extra}
             t0 = time.perf_counter()
-            launch, sync = _lazy_launcher(lambda a: cuda._call(kernel, geo, a, DTYPE, None), sets)
+            launch, sync = _launcher(lambda a: cuda._call(kernel, geo, a, DTYPE, None), sets)
             samples = measure(launch, sync, plan=TimingPlan(warmup=2, min_batch_ms=5.0, min_samples=10,
                                                             max_samples=10, max_seconds=3.0))
             extra["benchmark_time"] = (time.perf_counter() - t0) * 1e3

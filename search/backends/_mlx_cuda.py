@@ -29,7 +29,7 @@ from ._base import BaseBackend, Diagnostic, Evidence, RunResult, Timing
 
 #: NVRTC log lines: ``name.cu(57): error: identifier "x" is undefined``.
 _NVRTC_LINE = re.compile(r"\S*\.cu\((\d+)\): (error|warning)[^:]*: (.*)$", re.MULTILINE)
-#: L2 of the chips we know by name, bytes (for input rotation); others use 50 MB.
+#: Last-level cache assumed when deciding how many input copies to rotate (the H100 has 50 MB of L2).
 _DEFAULT_L2_BYTES = 50e6
 
 
@@ -178,7 +178,7 @@ class CudaBackend(BaseBackend):
         n = sets or self.input_sets(inputs, dtype, geometry)
         copies = [[to_mx(x, dtype) for x in inputs] for _ in range(n)]
         self._first(kernel, geometry, copies[0], dtype, None)
-        return _lazy_launcher(lambda arrays: self._call(kernel, geometry, arrays, dtype, None), copies)
+        return _launcher(lambda arrays: self._call(kernel, geometry, arrays, dtype, None), copies)
 
     def baseline_launcher(self, family: Any, problem: Any, logical: dict[str, np.ndarray],
                           sets: int | None = None) -> tuple[Callable[[int], object], Callable[[], None]]:
@@ -196,7 +196,7 @@ class CudaBackend(BaseBackend):
 
         mx = _mx()
         mx.eval(call(copies[0]))
-        return _lazy_launcher(call, copies)
+        return _launcher(call, copies)
 
     def time(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
              **options: Any) -> Timing:
@@ -211,7 +211,7 @@ class CudaBackend(BaseBackend):
         return Timing(samples, self.evidence, self.compile_seconds.get(kernel.sha256, 0.0))
 
 
-def _lazy_launcher(call: Callable[[list[Any]], list[Any]], copies: list[list[Any]]
+def _launcher(call: Callable[[list[Any]], list[Any]], copies: list[list[Any]]
                    ) -> tuple[Callable[[int], object], Callable[[], None]]:
     """``launch`` submits one run (rotating input copies) without waiting; ``sync`` waits for all.
 

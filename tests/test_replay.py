@@ -176,3 +176,14 @@ def test_two_processes_share_one_study_without_duplicates(small, tmp_path):
     assert 70 <= len(done) <= 71  # one shared budget (a last trial may be in flight in each process)
     mine = [int(o[0].split()[-1]) for o in outs]
     assert all(n > 0 for n in mine) and sum(mine) == len(done), mine  # both did part of the work
+
+
+@needs_landscapes
+@pytest.mark.parametrize("name,configs,knobs", [("gemm_clblast_RTX_3090", 17956, 15), ("convolution_A100", 4362, 10),
+                                                ("dedispersion_A100", 11130, 8), ("pnpoly_RTX_3090", 4092, 4)])
+def test_the_shared_landscapes_read_as_their_readme_says(name, configs, knobs):
+    land = Landscape.load(LANDSCAPES / f"{name}.json.gz")
+    assert len(land) == configs and len(land.knobs) == knobs
+    config, best = land.optimum()
+    assert land.samples(config) and best == min(float(e["time"]) for e in land.entries.values() if not land.failed(e))
+    assert all(land.key(land.config_of(e)) == k for k, e in list(land.entries.items())[:50])  # keys as KernelTuner's

@@ -37,7 +37,7 @@ def run(runs: int, shape_key: str, out: Path) -> None:
     from kernsearch._spec import load_family
     from kernsearch._verify import kernel_inputs, make_inputs, verify_kernel
     from kernsearch.backends import get_backend
-    from kernsearch.backends._mlx_cuda import mlx_namespace, to_mx
+    from kernsearch.backends._mlx_base import mlx_namespace, to_mx
     from gpu_gemm import device_chip  # noqa: E402 - same folder
 
     fam = load_family("gemm")
@@ -57,7 +57,7 @@ def run(runs: int, shape_key: str, out: Path) -> None:
             print(f"{text} {label}: {check.summary()}", flush=True)
             arrays = [to_mx(x, "float16") for x in kernel_inputs(problem, logical, geo)]
             for _ in range(runs):
-                mx.eval(cuda._call(kernel, geo, arrays, "float16", None))
+                mx.eval(cuda._call(kernel, geo, arrays, None))
             order.append({"shape": text, "label": label, "kernel": f"custom_kernel_{kernel.name}"})
         a, b = to_mx(logical["A"], "float16"), to_mx(logical["B"], "float16")
         ns = mlx_namespace()

@@ -71,7 +71,7 @@ def _evaluate(config: dict) -> tuple[dict, dict]:
     from kernsearch._measure import TimingPlan, measure
     from kernsearch._render import geometry, render
     from kernsearch._verify import SENTINEL, compare, kernel_inputs, verify_kernel
-    from kernsearch.backends._mlx_cuda import _launcher, to_mx, to_numpy
+    from kernsearch.backends._mlx_base import separate_launches, to_mx, to_numpy
 
     st = _setup()
     fam, cuda, small, full = st["fam"], st["cuda"], st["small"], st["full"]
@@ -95,7 +95,7 @@ def _evaluate(config: dict) -> tuple[dict, dict]:
             t0 = time.perf_counter()
 
             def run(init: float) -> list:
-                outs = cuda._call(kernel, geo, sets[0], DTYPE, init)
+                outs = cuda._call(kernel, geo, sets[0], init)
                 mx.eval(outs)
                 return [to_numpy(o) for o in outs]
 
@@ -107,7 +107,7 @@ def _evaluate(config: dict) -> tuple[dict, dict]:
             if not check.ok:
                 return config, {"failure": "WrongResultConfig", "failure_detail": check.summary()[:500], **extra}
             t0 = time.perf_counter()
-            launch, sync = _launcher(lambda a: cuda._call(kernel, geo, a, DTYPE, None), sets)
+            launch, sync = separate_launches(lambda a: cuda._call(kernel, geo, a, None), sets)
             samples = measure(launch, sync, plan=TimingPlan(warmup=2, min_batch_ms=5.0, min_samples=10,
                                                             max_samples=10, max_seconds=3.0))
             extra["benchmark_time"] = (time.perf_counter() - t0) * 1e3

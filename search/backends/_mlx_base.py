@@ -1,0 +1,210 @@
+"""What the two MLX back-ends share: arrays in and out, building once, one submission per launch.
+
+``metal`` (``mx.fast.metal_kernel``) and ``cuda`` (``mx.fast.cuda_kernel``) differ only in how a kernel
+object is made, how availability is checked and how a compiler error reads; everything else is here.
+
+Timing follows :mod:`kernsearch._measure` (``docs/timing.md``): ``launch`` submits one run and ``sync``
+waits for the device (``mx.synchronize``); a batch's wall time over its size is one sample. Each launch is
+its own submission (``mx.async_eval``): within one evaluation MLX may run independent kernels concurrently
+(a CUDA graph; a concurrent Metal encoder), so a batch evaluated at once would time the throughput of
+overlapping small grids instead of one kernel's duration. Inputs are rotated among copies when the working
+set would sit in the last-level cache, so a launch does not find its operands hot from the previous one.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import abstractmethod
+from dataclasses import replace
+from typing import Any, Callable
+
+import numpy as np
+
+from .._errors import BackendError, VariantFailure
+from .._render import Geometry, KernelSource
+from ._base import BaseBackend, Evidence, RunResult, Timing
+
+#: A batch keeps every launch's outputs alive until its sync: at most this many bytes of them.
+_MAX_BATCH_OUTPUT_BYTES = 1e9
+
+
+def mx_core() -> Any:
+    try:
+        import mlx.core as mx
+    except ImportError:  # pragma: no cover - MLX is a dependency
+        raise BackendError("this back-end needs MLX (pip install mlx, or 'mlx[cuda13]' on NVIDIA)") from None
+    return mx
+
+
+def to_mx(array: np.ndarray, dtype: str) -> Any:
+    """A NumPy array (values exact in ``dtype``) as a contiguous MLX array of ``dtype`` on the device."""
+    mx = mx_core()
+    host = np.ascontiguousarray(array, dtype=np.float16 if dtype == "float16" else np.float32)
+    out = mx.array(host)
+    if dtype == "bfloat16":
+        out = out.astype(mx.bfloat16)
+    mx.eval(out)
+    return out
+
+
+def to_numpy(array: Any) -> np.ndarray:
+    return np.array(array.astype(mx_core().float32), dtype=np.float64)
+
+
+def mlx_namespace() -> dict[str, Any]:
+    """The array functions a family's ``baseline`` expression may call, as MLX ops."""
+    from .._spec import ARRAY_FUNCTIONS
+
+    mx = mx_core()
+    ns = {name: getattr(mx, name) for name in ARRAY_FUNCTIONS if hasattr(mx, name)}
+    ns["softmax"] = lambda x, axis=-1: mx.softmax(x, axis=axis)
+    return ns
+
+
+def separate_launches(call: Callable[[list[Any]], list[Any]], copies: list[list[Any]]
+                      ) -> tuple[Callable[[int], object], Callable[[], None]]:
+    """``launch`` submits one run on the next input copy without waiting; ``sync`` waits for all."""
+    mx = mx_core()
+    pending: list[Any] = []
+    turn = [0]
+
+    def launch(_: int) -> object:  # rotates its own input copies, whatever set the caller names
+        outs = call(copies[turn[0] % len(copies)])
+        turn[0] += 1
+        mx.async_eval(outs)
+        pending.append(outs)  # alive until the sync
+        return None
+
+    def sync() -> None:
+        mx.synchronize()
+        pending.clear()
+
+    return launch, sync
+
+
+class MLXBackend(BaseBackend):
+    """Builds, runs and times rendered kernels through ``mx.fast`` (evidence: measured)."""
+
+    evidence = Evidence.MEASURED
+    #: Last-level cache assumed when deciding how many input copies to rotate.
+    default_cache_bytes: float = 48e6
+    default_memory_budget_bytes: float = 2e9
+
+    def __init__(self, plan: Any = None, cache_bytes: float | None = None,
+                 memory_budget_bytes: float | None = None) -> None:
+        from .._measure import TimingPlan
+
+        self.plan = plan if plan is not None else TimingPlan()
+        self.cache_bytes = cache_bytes if cache_bytes is not None else self.default_cache_bytes
+        self.memory_budget_bytes = memory_budget_bytes or self.default_memory_budget_bytes
+        self._kernels: dict[tuple[str, int], Any] = {}
+        self.compile_seconds: dict[str, float] = {}  # per source hash: wall time of its first launch here
+
+    # -- what differs between Metal and CUDA ----------------------------------------------------------
+    @abstractmethod
+    def _make_kernel(self, source: KernelSource, geometry: Geometry) -> Any:
+        """The ``mx.fast`` kernel object of a variant."""
+
+    def classify(self, exc: Exception) -> VariantFailure:
+        """An MLX exception while building or running one variant, as that variant's failure."""
+        text = str(exc).strip()
+        if "compile" in text.lower() or "program_source" in text:
+            return VariantFailure("compile", text[:1500])
+        return VariantFailure("launch", text.splitlines()[0][:500] if text else type(exc).__name__)
+
+    # -- building and running -------------------------------------------------------------------------
+    def kernel(self, source: KernelSource, geometry: Geometry) -> Any:
+        """The kernel object of a variant, made once per source (and shared-memory size)."""
+        if source.target != self.target:
+            raise BackendError(f"the {self.name} back-end runs {self.target} templates, not {source.target!r} ones")
+        key = (source.sha256, int(geometry.shared_memory))
+        if key not in self._kernels:
+            self._kernels[key] = self._make_kernel(source, geometry)
+        return self._kernels[key]
+
+    def _call(self, source: KernelSource, geometry: Geometry, arrays: list[Any],
+              init_value: float | None) -> list[Any]:
+        mx = mx_core()
+        extra = {} if init_value is None else {"init_value": float(init_value)}
+        return self.kernel(source, geometry)(
+            inputs=arrays,
+            template=[(k, getattr(mx, v) if isinstance(v, str) else v) for k, v in source.template],
+            grid=tuple(geometry.grid), threadgroup=tuple(geometry.threadgroup),
+            output_shapes=[tuple(s) for s in geometry.output_shapes],
+            output_dtypes=[getattr(mx, d) for d in geometry.output_dtypes], **extra)
+
+    def _first(self, source: KernelSource, geometry: Geometry, arrays: list[Any],
+               init_value: float | None) -> tuple[list[Any], float]:
+        """One synchronised run; the first run of a variant compiles it, and that time is kept."""
+        mx = mx_core()
+        start = time.perf_counter()
+        try:
+            outs = self._call(source, geometry, arrays, init_value)
+            mx.eval(outs)
+            mx.synchronize()
+        except (RuntimeError, ValueError) as exc:
+            raise self.classify(exc) from None
+        if source.sha256 in self.compile_seconds:
+            return outs, 0.0
+        seconds = self.compile_seconds[source.sha256] = time.perf_counter() - start
+        return outs, seconds
+
+    def run(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
+            init_value: float | None = float("nan"), **options: Any) -> RunResult:
+        self.check_available()
+        outs, compile_s = self._first(kernel, geometry, [to_mx(x, dtype) for x in inputs], init_value)
+        return RunResult([to_numpy(o) for o in outs], [], compile_s)
+
+    # -- timing ---------------------------------------------------------------------------------------
+    def input_sets(self, arrays: list[np.ndarray], dtype: str, geometry: Geometry | None = None) -> int:
+        """How many copies of the inputs to rotate among (:func:`kernsearch._measure.input_sets_needed`)."""
+        from .._measure import input_sets_needed
+        from .._spec import DTYPES
+
+        size = DTYPES[dtype]
+        working = sum(x.size for x in arrays) * size
+        if geometry is not None:
+            working += sum(int(np.prod(s)) for s in geometry.output_shapes) * size
+        return input_sets_needed(working, self.cache_bytes, self.memory_budget_bytes)
+
+    def launcher(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
+                 sets: int | None = None) -> tuple[Callable[[int], object], Callable[[], None]]:
+        """``(launch, sync)`` for :mod:`kernsearch._measure`, after one (compiling) run."""
+        self.check_available()
+        copies = [[to_mx(x, dtype) for x in inputs]
+                  for _ in range(sets or self.input_sets(inputs, dtype, geometry))]
+        self._first(kernel, geometry, copies[0], None)
+        return separate_launches(lambda arrays: self._call(kernel, geometry, arrays, None), copies)
+
+    def baseline_launcher(self, family: Any, problem: Any, logical: dict[str, np.ndarray],
+                          sets: int | None = None) -> tuple[Callable[[int], object], Callable[[], None]]:
+        """``(launch, sync)`` of the family's MLX baseline op (e.g. ``mx.matmul``) on the same inputs."""
+        self.check_available()
+        names = [t.name for t in family.inputs]
+        arrays = [logical[n] for n in names]
+        copies = [[to_mx(x, problem.dtype) for x in arrays]
+                  for _ in range(sets or self.input_sets(arrays, problem.dtype))]
+        ns = {**mlx_namespace(), **problem.dims}
+
+        def call(arrays_: list[Any]) -> list[Any]:
+            out = family.baseline({**ns, **dict(zip(names, arrays_))})
+            return list(out) if isinstance(out, (list, tuple)) else [out]
+
+        mx_core().eval(call(copies[0]))
+        return separate_launches(call, copies)
+
+    def time(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
+             **options: Any) -> Timing:
+        from .._measure import measure
+        from .._spec import DTYPES
+
+        launch, sync = self.launcher(kernel, geometry, inputs, dtype)
+        plan = options.get("plan", self.plan)
+        out_bytes = sum(int(np.prod(s)) for s in geometry.output_shapes) * DTYPES[dtype]
+        plan = replace(plan, max_batch=max(1, min(plan.max_batch, int(_MAX_BATCH_OUTPUT_BYTES // max(out_bytes, 1)))))
+        try:
+            samples = measure(launch, sync, plan=plan)
+        except (RuntimeError, ValueError) as exc:
+            raise self.classify(exc) from None
+        # The compile time of this kernel in this process (its first launch, e.g. during verification).
+        return Timing(samples, self.evidence, self.compile_seconds.get(kernel.sha256, 0.0))

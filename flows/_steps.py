@@ -189,7 +189,8 @@ def _evaluated(family: str, chip: str, problem: Any, backend: str, storage: str 
     import optuna
 
     from kernsearch._space import format_config
-    from kernsearch._study import STATUS_FAILED, STATUS_OK, make_storage, study_name_for
+    from kernsearch._storage import make_storage, study_name_for
+    from kernsearch._study import STATUS_FAILED, STATUS_OK
 
     name = study_name_for({"family": family, "chip": chip, "dtype": problem.dtype, "shape": problem.shape_text,
                            "backend": backend})

@@ -23,12 +23,14 @@ random unevaluated config) is asked for instead, so the budget is always spent o
 trials every third one is such a local step. Trial 0 is the family's default config, then configs of
 published artifacts (warm start). ``--trials N`` is the number of evaluated configs the *study* should
 hold, so re-running a command resumes the study and two processes on one study share one budget.
+
+The kernel-specific evaluation (:class:`KernelObjective`) lives in ``_objective``; where studies are
+stored (``make_storage``, ``study_name_for``) in ``_storage``.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import random
 import re
 import signal
@@ -40,17 +42,17 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from ._errors import BackendError, KernsearchError, VariantFailure
+from ._errors import KernsearchError, VariantFailure
 from ._space import Config, format_config
+from ._storage import default_storage, make_storage, study_name_for
 
 if TYPE_CHECKING:
     import optuna
 
     from ._chips import Chip
-    from ._space import Problem, Space
+    from ._space import Problem
     from ._spec import Family
 
 STATUS_OK, STATUS_FAILED, STATUS_INVALID, STATUS_KNOWN = "ok", "failed", "invalid", "known"
@@ -214,63 +216,6 @@ def parse_duration(text: str | float | None) -> float | None:
     return h * 3600 + m * 60 + s
 
 
-def data_home() -> Path:
-    return Path(os.environ.get("KERNSEARCH_HOME") or Path.home() / ".kernsearch")
-
-
-def default_storage() -> str:
-    home = data_home()
-    home.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{home / 'studies.db'}"
-
-
-def make_storage(url: str | None) -> Any:
-    """Optuna storage for a URL (SQLite waits on locks instead of failing; ``:memory:`` = in memory)."""
-    import optuna
-
-    url = url or default_storage()
-    if url == ":memory:":
-        return optuna.storages.InMemoryStorage()
-    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    if url.startswith("sqlite"):
-        _sqlite_wal()
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-    except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable server
-        raise KernsearchError(f"cannot open study storage {url!r}: {str(exc).splitlines()[0]}") from None
-
-
-_WAL = False
-
-
-def _sqlite_wal() -> None:
-    """SQLite in WAL mode with synchronous=NORMAL: a commit no longer waits for fsync (Optuna commits ~20
-    times a trial), readers do not block the writer (several processes on one study), and a killed
-    process still leaves a consistent database."""
-    global _WAL
-    if _WAL:
-        return
-    import sqlite3
-
-    from sqlalchemy import event
-    from sqlalchemy.engine import Engine
-
-    def pragmas(conn: Any, _record: Any) -> None:
-        if isinstance(conn, sqlite3.Connection):
-            cur = conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.close()
-
-    event.listen(Engine, "connect", pragmas)
-    _WAL = True
-
-
-def study_name_for(key: dict[str, str]) -> str:
-    """Predictable: ``gemm/M2 Max/float16/4096x4096x4096/model``."""
-    return "/".join(key[k] for k in ("family", "chip", "dtype", "shape", "backend"))
-
-
 def ordinal(values: list[Any]) -> bool:
     """Numeric knobs with more than two values: a local step moves them to an adjacent value."""
     return len(values) > 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
@@ -318,6 +263,8 @@ def run_study(objective: Objective | Family, problem: Problem | None = None, chi
     if not isinstance(objective, Objective):
         if problem is None or chip is None or backend is None:
             raise TypeError("run_study(family, problem, chip, backend, ...) needs all four")
+        from ._objective import KernelObjective
+
         objective = KernelObjective(problem, chip, backend, seed=seed or 0, **objective_options)
     try:
         with _first_ctrl_c_stops() as interrupted:
@@ -652,259 +599,3 @@ def _progress(known: dict[str, Seen], total: int | None, budget: float | None, e
     lead = _leaders(known, 1)
     best = TrialSummary(lead[0].number, lead[0].config, lead[0].value, "") if lead else None  # type: ignore[arg-type]
     return Progress(len(known), total, elapsed, remaining, best, failures, invalid, last, baseline)
-
-
-# -- kernels: render → build → verify → time ----------------------------------------------------------
-
-class KernelObjective(Objective):
-    """A family's kernel variants on one problem and chip, evaluated by a back-end.
-
-    Measured back-ends (metal, cuda) run every variant in an isolated worker: build, verify against the
-    reference the first time it is seen, then time it. The model back-end predicts times in-process
-    (labeled modeled) and verifies on the CPU interpreter: every trial (``verify="all"``) or only the
-    finalists (the default), on a small problem of the same family (``verify_shape``).
-    """
-
-    def __init__(self, problem: Problem, chip: Chip, backend: str, *, seed: int = 0, timeout: float = 120.0,
-                 verify: str = "finalists", verify_shape: tuple[int, ...] | None = None,
-                 verify_mode: str = "fast", backend_options: dict[str, Any] | None = None) -> None:
-        from ._space import Space
-        from ._measure import load_backend
-
-        self.problem, self.chip, self.backend, self.seed = problem, chip, backend, seed
-        self.space: Space = Space(problem, chip)
-        self.family = problem.family
-        self.backend_options = dict(backend_options or {})
-        if backend == "metal":  # inputs are rotated when the working set fits the chip's system-level cache
-            self.backend_options.setdefault("cache_bytes", chip.system_cache_mb * 1e6)
-        if backend == "cpu":
-            raise BackendError("the cpu back-end (Metal interpreter) checks correctness only and never times "
-                               "a kernel; tune with --backend model (verified on the interpreter) instead")
-        if backend == "replay":
-            raise BackendError("the replay back-end needs a landscape file: use --landscape PATH")
-        self.impl = load_backend(backend, **({"chip": chip} if backend == "model" else self.backend_options))
-        self.impl.check_available()
-        self.evidence = self.impl.evidence.value
-        self.target = self.impl.target or "metal"
-        if self.target not in self.family.templates:
-            raise BackendError(f"family {self.family.name} has no {self.target} template "
-                               f"(back-end {backend} needs one)")
-        self.verify = verify
-        self.verify_shape = verify_shape or tuple(min(d, 96) for d in problem.shape)
-        self.verify_mode = verify_mode
-        self.timeout = timeout
-        self._valid: list[Config] | None = None
-        self._worker: Any = None
-
-    # -- the space --------------------------------------------------------------------------------
-    @property
-    def knobs(self) -> dict[str, list[Any]]:
-        return self.space.knobs
-
-    @property
-    def study_key(self) -> dict[str, str]:
-        return {"family": self.family.name, "chip": self.chip.name, "dtype": self.problem.dtype,
-                "shape": self.problem.shape_text, "backend": self.backend}
-
-    def violation(self, config: Config) -> str | None:
-        bad = self.space.violations(config)
-        return bad[0].constraint if bad else None
-
-    def valid_configs(self) -> list[Config]:
-        if self._valid is None:
-            self._valid = self.space.enumerate().valid
-        return self._valid
-
-    def size(self) -> int | None:
-        """Enumerating a large space takes long and only matters when a search could exhaust it."""
-        return len(self.valid_configs()) if self.space.total <= 20000 else None
-
-    def default(self) -> Config | None:
-        cfg = dict(self.family.default)
-        return cfg if self.space.is_valid(cfg) else None
-
-    def warm_start(self, store: Any = None, limit: int = 5) -> list[Config]:
-        """Configs of current published artifacts of this family, closest first: same chip and shape,
-        same chip, same shape, then the rest (same dtype before others). A broken store never stops a
-        search: it just gives no warm start."""
-        try:
-            from ._artifacts import ArtifactStore, chip_slug
-
-            artifacts = list((store or ArtifactStore()).current_artifacts(self.family.name))
-        except Exception:  # noqa: BLE001 - no store, unreadable store: no warm start
-            return []
-        me = chip_slug(self.chip.name)
-
-        def distance(a: Any) -> tuple[int, int, int]:
-            return (a.key.chip != me, tuple(a.key.shape) != tuple(self.problem.shape),
-                    a.key.dtype != self.problem.dtype)
-
-        out: list[Config] = []
-        for a in sorted(artifacts, key=distance):
-            cfg = dict(a.manifest.config)
-            if set(cfg) == set(self.knobs) and self.space.is_valid(cfg) and cfg not in out:
-                out.append(cfg)
-        return out[:limit]
-
-    # -- one trial ----------------------------------------------------------------------------------
-    def _task(self, config: Config, backend: str, shape: tuple[int, ...] | None = None, **extra: Any) -> Any:
-        from ._measure import VariantTask
-
-        return VariantTask(family=str(self.family.path), shape=tuple(shape or self.problem.shape),
-                           dtype=self.problem.dtype, chip=self.chip.name, backend=backend, config=config,
-                           seed=self.seed, backend_options=self.backend_options if backend == self.backend else {},
-                           **extra)
-
-    def worker(self) -> Any:
-        if self._worker is None:
-            from ._worker import Worker
-
-            self._worker = Worker(timeout=self.timeout)
-        return self._worker
-
-    def interpret(self, config: Config) -> dict[str, Any]:
-        """Verify ``config`` on the CPU interpreter (small problem); raises VariantFailure."""
-        from ._measure import verify_variant
-
-        task = self._task(config, "cpu", self.verify_shape,
-                          options={"mode": self.verify_mode, "timeout": max(1.0, self.timeout - 5)})
-        return self.worker().call(verify_variant, task)
-
-    def evaluate(self, config: Config) -> Record:
-        from ._render import render
-
-        try:
-            kernel = render(self.family, config, self.problem.dtype, self.target)
-        except KernsearchError as exc:  # the template cannot render this config: this variant fails
-            raise VariantFailure("render", str(exc)) from None
-        flops = self.problem.flops()
-        if self.backend == "model":
-            check = self.interpret(config) if self.verify == "all" else None
-            try:
-                ms = float(self.impl.predict_ms(self.space, config))  # type: ignore[attr-defined]
-            except KernsearchError as exc:
-                raise VariantFailure("model", str(exc)) from None
-            rec = Record(ms, self.evidence, [ms], sha256=kernel.sha256)
-            if check is not None:
-                rec.verified = "interpreter"
-                rec.max_abs_err, rec.max_rel_err = check["max_abs_err"], check["max_rel_err"]
-        else:
-            from ._measure import measure_variant
-
-            out = self.worker().call(measure_variant, self._task(config, self.backend))
-            samples = out["samples_ms"]
-            rec = Record(out["median_ms"], self.evidence, samples, out["spread"], out["compile_seconds"],
-                         kernel.sha256, max_abs_err=out["max_abs_err"], max_rel_err=out["max_rel_err"],
-                         verified="device")
-        rec.gflops = flops / (rec.time_ms * 1e-3) / 1e9 if rec.time_ms > 0 else None
-        peak = self.chip.peak_tflops(self.problem.dtype) * 1e3
-        rec.peak_pct = 100.0 * rec.gflops / peak if rec.gflops and peak else None
-        return rec
-
-    # -- the end ------------------------------------------------------------------------------------
-    def finalize(self, top: list[TrialSummary]) -> dict[str, Any]:
-        if self.backend == "model":
-            return self._verify_finalists(top)
-        return self._remeasure_finalists(top)
-
-    def _verify_finalists(self, top: list[TrialSummary]) -> dict[str, Any]:
-        """Modeled leaders are only predictions: the winner is the best-predicted one the interpreter passes."""
-        checks: dict[str, Any] = {}
-        winner = None
-        for t in top:
-            if self.verify == "none":
-                break
-            try:
-                c = self.interpret(t.config)
-                checks[str(t.number)] = {"ok": True, "max_abs_err": c["max_abs_err"], "shape": c["shape"]}
-                winner = winner if winner is not None else t.number
-            except VariantFailure as exc:
-                checks[str(t.number)] = {"ok": False, "reason": exc.reason, "detail": exc.detail[:300]}
-        if self.verify == "none":
-            winner = top[0].number
-        return {"winner": winner, "verified_on": "interpreter", "verify_shape": list(self.verify_shape),
-                "checks": checks, "baseline": None,
-                "note": "times are predictions of the performance model (modeled), not measurements"}
-
-    def _remeasure_finalists(self, top: list[TrialSummary]) -> dict[str, Any]:
-        """Fresh worker; finalists and the baseline MLX op interleaved; a lead must exceed the noise."""
-        from ._measure import final_round
-
-        worker = self.worker()
-        worker.restart()
-        task = self._task(top[0].config, self.backend, finalists=[t.config for t in top])
-        try:
-            out = worker.call(final_round, task, timeout=self.timeout * (len(top) + 1))
-        except VariantFailure as exc:
-            return {"winner": top[0].number, "note": f"final round failed ({exc.reason}): {exc.detail[:300]}"}
-        return _judge(top, out)
-
-    def baseline_ms(self) -> float | None:
-        """The family's baseline MLX op timed in the worker (measured back-ends only); None if it fails."""
-        if self.backend == "model":
-            return None
-        from ._measure import time_baseline
-
-        try:
-            return float(self.worker().call(time_baseline, self._task(dict(self.family.default), self.backend)))
-        except (VariantFailure, KernsearchError):
-            return None
-
-    def publish(self, result: StudyResult, store: Any = None) -> Any:
-        """Offer the study's winner to the artifact store (its regression gate decides); returns the
-        store's PublishOutcome. Only a winner proven correct (on the device, or on the interpreter for a
-        modeled result) is offered; its evidence kind goes with it."""
-        from ._artifacts import ArtifactStore, Candidate
-        from ._manifest import Correctness, Measurements
-
-        best = result.best
-        if best is None:
-            raise KernsearchError("no correct winner to publish")
-        check = (result.final.get("checks") or {}).get(str(best.number))
-        if best.verified == "device" and best.max_abs_err is not None:
-            correctness = Correctness(verifier="device", passed=True, shapes_checked=[self.problem.shape_text],
-                                      max_abs_error=best.max_abs_err, checks_run=1)
-        elif check and check.get("ok"):
-            correctness = Correctness(verifier="interpreter", passed=True,
-                                      shapes_checked=["x".join(map(str, check["shape"]))],
-                                      max_abs_error=check["max_abs_err"], checks_run=1)
-        else:
-            raise KernsearchError("the winner was not verified (--verify none?): refusing to publish it")
-        final = (result.final.get("finalists") or {}).get(str(best.number), {})
-        measurements = Measurements(median_ms=final.get("median_ms", best.time_ms),
-                                    spread=final.get("spread", best.spread),
-                                    baseline_median_ms=result.final.get("baseline_median_ms"))
-        candidate = Candidate.for_config(self.space, best.config, target=self.target, correctness=correctness,
-                                         evidence=result.evidence, measurements=measurements,
-                                         study=result.study_name)
-        return (store or ArtifactStore()).publish(candidate)
-
-    def close(self) -> None:
-        if self._worker is not None:
-            self._worker.close()
-            self._worker = None
-
-
-def _judge(top: list[TrialSummary], out: dict[str, Any]) -> dict[str, Any]:
-    """Pick the winner of the re-measured finalists and its speedup over the baseline."""
-    from ._measure import lead_exceeds_noise, speedup, spread
-
-    samples: list[list[float]] = out["finalists"]
-    base: list[float] | None = out.get("baseline")
-    order = sorted(range(len(top)), key=lambda i: sorted(samples[i])[len(samples[i]) // 2])
-    first = order[0]
-    decisive = len(order) < 2 or lead_exceeds_noise(samples[first], samples[order[1]])
-    result: dict[str, Any] = {
-        "winner": top[first].number,
-        "finalists": {str(top[i].number): {"median_ms": float(sorted(samples[i])[len(samples[i]) // 2]),
-                                           "spread": spread(samples[i])} for i in range(len(top))},
-        "lead_exceeds_noise": decisive,
-    }
-    if base:
-        s = speedup(samples[first], base)
-        result.update(baseline_median_ms=float(sorted(base)[len(base) // 2]), baseline_spread=spread(base),
-                      speedup=s.median, speedup_low=s.low, speedup_high=s.high,
-                      beats_baseline=lead_exceeds_noise(samples[first], base))
-    if out.get("baseline_error"):
-        result["baseline_error"] = out["baseline_error"]
-    return result

@@ -491,7 +491,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
                                                     if verify == "all" else "; [yellow]nothing is verified[/] (--verify none)")
         from ._space import make_problem
         from ._spec import load_family
-        from ._study import KernelObjective
+        from ._objective import KernelObjective
 
         fam = load_family(family)
         problem = make_problem(fam, shape, dtype, c)
@@ -576,7 +576,7 @@ def studies(storage: Optional[str] = StorageOpt) -> None:
     """List the stored studies: name, trials, best time and its evidence kind."""
     import optuna
 
-    from ._study import make_storage
+    from ._storage import make_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     summaries = optuna.get_all_study_summaries(make_storage(storage))
@@ -603,7 +603,8 @@ def show(study: str = typer.Argument(..., help="study name (see `kernsearch stud
 
     import optuna
 
-    from ._study import _top, make_storage
+    from ._storage import make_storage
+    from ._study import _top
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     store = make_storage(storage)

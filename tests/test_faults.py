@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from kernsearch._chips import get_chip
+from kernsearch._objective import KernelObjective
 from kernsearch._space import make_problem
 from kernsearch._spec import load_family
-from kernsearch._study import KernelObjective, run_study
+from kernsearch._study import run_study
 
 FAMILY = """
 name = "planted"

@@ -9,7 +9,8 @@ from collections import Counter
 import pytest
 
 from kernsearch._errors import KernsearchError, VariantFailure
-from kernsearch._study import Objective, Record, parse_duration, run_study, study_name_for
+from kernsearch._storage import study_name_for
+from kernsearch._study import Objective, Record, parse_duration, run_study
 
 
 class Toy(Objective):

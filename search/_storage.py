@@ -1,0 +1,67 @@
+"""Where studies live: the data folder, the Optuna storage (SQLite in WAL mode by default) and the
+predictable name of a problem's study."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ._errors import KernsearchError
+
+
+def data_home() -> Path:
+    return Path(os.environ.get("KERNSEARCH_HOME") or Path.home() / ".kernsearch")
+
+
+def default_storage() -> str:
+    home = data_home()
+    home.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{home / 'studies.db'}"
+
+
+def make_storage(url: str | None) -> Any:
+    """Optuna storage for a URL (SQLite waits on locks instead of failing; ``:memory:`` = in memory)."""
+    import optuna
+
+    url = url or default_storage()
+    if url == ":memory:":
+        return optuna.storages.InMemoryStorage()
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    if url.startswith("sqlite"):
+        _sqlite_wal()
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable server
+        raise KernsearchError(f"cannot open study storage {url!r}: {str(exc).splitlines()[0]}") from None
+
+
+_WAL = False
+
+
+def _sqlite_wal() -> None:
+    """SQLite in WAL mode with synchronous=NORMAL: a commit no longer waits for fsync (Optuna commits ~20
+    times a trial), readers do not block the writer (several processes on one study), and a killed
+    process still leaves a consistent database."""
+    global _WAL
+    if _WAL:
+        return
+    import sqlite3
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    def pragmas(conn: Any, _record: Any) -> None:
+        if isinstance(conn, sqlite3.Connection):
+            cur = conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+    event.listen(Engine, "connect", pragmas)
+    _WAL = True
+
+
+def study_name_for(key: dict[str, str]) -> str:
+    """Predictable: ``gemm/M2 Max/float16/4096x4096x4096/model``."""
+    return "/".join(key[k] for k in ("family", "chip", "dtype", "shape", "backend"))

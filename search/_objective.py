@@ -35,7 +35,7 @@ class KernelObjective(Objective):
         self.space: Space = Space(problem, chip)
         self.family = problem.family
         self.backend_options = dict(backend_options or {})
-        if backend == "metal":  # inputs are rotated when the working set fits the chip's system-level cache
+        if backend in ("metal", "cuda"):  # inputs are rotated when the working set fits the last-level cache
             self.backend_options.setdefault("cache_bytes", chip.system_cache_mb * 1e6)
         if backend == "cpu":
             raise BackendError("the cpu back-end (Metal interpreter) checks correctness only and never times "

@@ -23,11 +23,6 @@ from typing import Any, Iterator
 
 from ._errors import KernsearchError
 
-#: Entry fields that are not knob values.
-RESULT_FIELDS = ("time", "times", "compile_time", "verification_time", "benchmark_time", "strategy_time",
-                 "framework_time", "timestamp", "GFLOP/s", "GB/s")
-
-
 def config_string(values: Any) -> str:
     """KernelTuner's cache key: knob values in ``tune_params_keys`` order, joined by commas."""
     return ",".join(str(v) for v in values)
@@ -65,7 +60,16 @@ class Landscape:
                 or not isinstance(data.get("cache"), dict):
             raise KernsearchError(f"{path}: not a KernelTuner cache file (needs tune_params and cache)")
         keys = data.get("tune_params_keys") or list(data["tune_params"])
+        missing = [k for k in keys if not isinstance(data["tune_params"].get(k), list)]
+        if missing:
+            raise KernsearchError(f"{path}: tune_params has no list of values for {', '.join(map(str, missing))}")
         knobs = {k: list(data["tune_params"][k]) for k in keys}
+        for name, entry in data["cache"].items():
+            if not isinstance(entry, dict):
+                raise KernsearchError(f"{path}: cache entry {name!r} is not an object")
+            lacking = [k for k in keys if k not in entry]
+            if lacking:
+                raise KernsearchError(f"{path}: cache entry {name!r} lacks knob(s) {', '.join(lacking)}")
         extra = {k: v for k, v in data.items() if k not in
                  ("tune_params_keys", "tune_params", "cache", "device_name", "kernel_name", "problem_size",
                   "objective")}

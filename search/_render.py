@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from typing import Any
 from jinja2 import Template, TemplateError
 
 from ._errors import KernsearchError
+from ._expr import BUILTINS, ExprError
 from ._space import Config, Space, format_config
 from ._spec import Family, template_env
 
@@ -39,17 +40,6 @@ class KernelSource:
         """Hash of everything the back-end compiles (the source hash artifacts and exports check)."""
         return source_sha256(self.header, self.source, self.template, self.input_names, self.output_names)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "target": self.target, "input_names": list(self.input_names),
-                "output_names": list(self.output_names), "header": self.header, "source": self.source,
-                "template": [list(t) for t in self.template]}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> KernelSource:
-        return cls(name=d["name"], target=d["target"], input_names=tuple(d["input_names"]),
-                   output_names=tuple(d["output_names"]), header=d["header"], source=d["source"],
-                   template=tuple((k, v) for k, v in d["template"]))
-
 
 def source_sha256(header: str, source: str, template: Any = (), input_names: Any = (),
                   output_names: Any = ()) -> str:
@@ -68,7 +58,6 @@ class Geometry:
     #: Inputs the kernel takes transposed (contiguous), by name.
     transposed_inputs: tuple[str, ...] = ()
     shared_memory: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @lru_cache(maxsize=64)
@@ -76,23 +65,40 @@ def _template(folder: Path, filename: str) -> Template:
     return template_env(folder).get_template(filename)
 
 
+def render_context(family: Family, config: Config, dtype: str) -> dict[str, Any]:
+    """The names a template sees: the config, knob-only derived values, ``family`` and ``dtype``."""
+    ctx: dict[str, Any] = {"family": family.name, "dtype": dtype, **config}
+    for name in family.static_derived:
+        try:
+            ctx[name] = family.derived[name](ctx | BUILTINS)
+        except ExprError as exc:
+            raise KernsearchError(f"{family.path}/family.toml: derived.{name}: {exc}") from None
+    return ctx
+
+
+def render_blocks(tmpl: Template, ctx: dict[str, Any]) -> tuple[str, str]:
+    """The raw ``header`` and ``source`` blocks of ``tmpl``.
+
+    The template's top level runs first so its macros and ``{% set %}`` names exist inside the blocks.
+    """
+    module = tmpl.make_module(ctx)
+    scope = {k: v for k, v in vars(module).items() if not k.startswith("_")}
+    return ("".join(tmpl.blocks["header"](tmpl.new_context(ctx, locals=scope))),
+            "".join(tmpl.blocks["source"](tmpl.new_context(ctx, locals=scope))))
+
+
 def render(family: Family, config: Config, dtype: str, target: str = "metal") -> KernelSource:
     """Render one variant. Knob-only derived values are available to the template."""
     if target not in family.templates:
         raise KernsearchError(f"family {family.name} has no {target} template")
-    ctx: dict[str, Any] = {"family": family.name, "dtype": dtype, **config}
-    for name in family.static_derived:
-        ctx[name] = family.derived[name](ctx | _builtins())
+    ctx = render_context(family, config, dtype)
     tmpl = _template(family.path, family.templates[target])  # type: ignore[index]
     try:
-        # Run the template's top level once so its macros and {% set %} names exist inside the blocks.
-        module = tmpl.make_module(ctx)
-        scope = {k: v for k, v in vars(module).items() if not k.startswith("_")}
-        header = "".join(tmpl.blocks["header"](tmpl.new_context(ctx, locals=scope))).strip("\n") + "\n"
-        source = "".join(tmpl.blocks["source"](tmpl.new_context(ctx, locals=scope))).rstrip() + "\n"
+        header, source = render_blocks(tmpl, ctx)
     except TemplateError as exc:
         raise KernsearchError(f"{family.template_path(target)}: cannot render {format_config(config)}: "
                               f"{exc}") from None
+    header, source = header.strip("\n") + "\n", source.rstrip() + "\n"
     digest = source_sha256(header, source)[:12]
     return KernelSource(
         name=f"kernsearch_{family.name}_{digest}",
@@ -103,12 +109,6 @@ def render(family: Family, config: Config, dtype: str, target: str = "metal") ->
         source=source,
         template=(("T", dtype),),
     )
-
-
-def _builtins() -> dict[str, Any]:
-    from ._expr import BUILTINS
-
-    return dict(BUILTINS)
 
 
 def geometry(space: Space, config: Config) -> Geometry:

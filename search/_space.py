@@ -225,7 +225,3 @@ def _split_assignments(text: str) -> dict[str, str]:
 
 def format_config(config: Config) -> str:
     return ",".join(f"{k}={v}" for k, v in config.items())
-
-
-def config_key(config: Config) -> tuple[tuple[str, KnobValue], ...]:
-    return tuple(config.items())

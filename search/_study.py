@@ -320,9 +320,14 @@ def open_study(objective: Objective, storage: str | None, study_name: str | None
             study.set_user_attr(k, v)
         study.set_user_attr("knobs", objective.knobs)
         study.set_user_attr("evidence", objective.evidence)
-    elif stored != objective.knobs or study.user_attrs.get("backend") != objective.backend:
-        raise KernsearchError(f"study {name!r} was made for another space or back-end; "
-                              "choose another --study name")
+    else:
+        differs = [f"{k} {study.user_attrs.get(k)!r} (asked: {v!r})" for k, v in objective.study_key.items()
+                   if study.user_attrs.get(k) != v]
+        if stored != objective.knobs:
+            differs.append("its knobs")
+        if differs:
+            raise KernsearchError(f"study {name!r} was made for another space or problem: {', '.join(differs)}; "
+                                  "choose another --study name")
     return study
 
 

@@ -8,7 +8,7 @@ the sentinel there) or a *NaN computed* by the kernel.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -72,7 +72,6 @@ class Check:
     max_rel_err: float = 0.0
     bad_elements: int = 0
     detail: str = ""
-    shapes_checked: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         if not self.ok and self.reason in ("nan", "unwritten", "shape"):  # no error figure to speak of
@@ -93,16 +92,14 @@ def compare(problem: Problem, outputs: list[np.ndarray], refs: list[np.ndarray],
     """Element-wise ``|out - ref| <= atol + rtol·|ref|`` for every output."""
     rtol, atol = tolerance(problem)
     worst_abs = worst_rel = 0.0
-    for name, out, ref in zip((t.name for t in problem.family.outputs), outputs, refs):
+    for i, (name, out, ref) in enumerate(zip((t.name for t in problem.family.outputs), outputs, refs)):
         out = np.asarray(out, dtype=np.float64)
         if out.shape != ref.shape:
             return Check(False, "shape", detail=f"{name}: shape {out.shape}, expected {ref.shape}")
         nan = np.isnan(out)
         if nan.any():
             where = tuple(int(i) for i in np.argwhere(nan)[0])
-            unwritten = sentinel_outputs is not None and bool(
-                np.all(np.asarray(sentinel_outputs[problem.family.outputs.index(
-                    next(t for t in problem.family.outputs if t.name == name))])[nan] == SENTINEL))
+            unwritten = sentinel_outputs is not None and bool(np.all(np.asarray(sentinel_outputs[i])[nan] == SENTINEL))
             reason = "unwritten" if unwritten else "nan"
             what = "never written" if unwritten else "NaN"
             return Check(False, reason, bad_elements=int(nan.sum()),

@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ._errors import KernsearchError
@@ -29,7 +30,7 @@ ChipOpt = typer.Option(None, "--chip", help="chip name, e.g. 'M2 Max' or H100 (d
 
 def _warn_line(message: warnings.WarningMessage | str) -> None:
     text = message.message if isinstance(message, warnings.WarningMessage) else message
-    err.print(f"[yellow]warning:[/] {text}")
+    err.print(f"[yellow]warning:[/] {escape(str(text))}")
 
 
 def resolve_chip(name: str | None):  # noqa: ANN201 - returns a Chip
@@ -148,7 +149,7 @@ artifacts_app = typer.Typer(no_args_is_help=True, help="Published kernel version
 app.add_typer(artifacts_app, name="artifacts")
 StoreOpt = typer.Option(None, "--store", envvar="KERNSEARCH_ARTIFACTS",
                         help="artifact store folder (default: ./artifacts)")
-KeyArg = typer.Argument(..., help="FAMILY/CHIP/DTYPE/SHAPE[/vN], as `kernsearch artifacts list` prints it")
+KeyArg = typer.Argument(..., help="FAMILY/CHIP/DTYPE/SHAPE or FAMILY/CHIP/DTYPE/SHAPE/vN, as `kernsearch artifacts list` prints it")
 
 
 @artifacts_app.command("list")
@@ -264,9 +265,10 @@ def artifacts_verify(store: Optional[str] = StoreOpt) -> None:
     results = st.verify()
     bad = [r for r in results if not r.ok]
     for r in results:
-        out.print(f"{'ok ' if r.ok else '[red]BAD[/]'} {r.where}" + ("" if r.ok else f": {r.message}"), soft_wrap=True)
+        out.print(f"{'ok ' if r.ok else '[red]BAD[/]'} {escape(str(r.where))}"
+                  + ("" if r.ok else f": {escape(r.message)}"), soft_wrap=True)
     for tmp in st.stale_temporaries():
-        out.print(f"[dim]note: {tmp} is a half-written version left by an interrupted publisher "
+        out.print(f"[dim]note: {escape(str(tmp))} is a half-written version left by an interrupted publisher "
                   "(invisible to readers; safe to delete)[/]")
     if bad:
         raise ArtifactError(f"{len(bad)} of {len(results)} check(s) failed in {st.root}")
@@ -370,10 +372,14 @@ def _pick_backend(backend: str, chip_name: str | None):  # noqa: ANN202 - (backe
     """``--backend auto``: metal on Apple GPUs, cuda on NVIDIA, else the model for --chip (or an M-series)."""
     from ._chips import default_apple_chip, get_chip
 
+    if backend in ("metal", "cuda"):  # a measurement belongs to the GPU it ran on, never to a named one
+        here = resolve_chip(None)
+        if chip_name and here.vendor != "cpu" and get_chip(chip_name).name != here.name:
+            raise KernsearchError(f"the {backend} back-end measures the GPU here ({here.name}), not "
+                                  f"{get_chip(chip_name).name}; use --backend model to predict for another chip")
+        return backend, here, None
     if backend != "auto":
-        chip = resolve_chip(chip_name) if backend in ("metal", "cuda") else (
-            get_chip(chip_name) if chip_name else default_apple_chip())
-        return backend, chip, None
+        return backend, get_chip(chip_name) if chip_name else default_apple_chip(), None
     here = resolve_chip(None)
     wanted = get_chip(chip_name) if chip_name else None
     if here.vendor in ("apple", "nvidia") and (wanted is None or wanted.name == here.name):
@@ -476,6 +482,10 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
         trials = 150
     if (trials is not None and trials < 1) or finalists < 1:
         raise KernsearchError("--trials and --finalists must be at least 1")
+    if patience is not None and patience < 0:
+        raise KernsearchError("--patience must be 0 (never stop early) or more")
+    if timeout <= 0:
+        raise KernsearchError("--timeout must be more than 0 seconds")
     if backend == "replay" or landscape:
         from .backends._replay import ReplayBackend
 
@@ -521,6 +531,8 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
             out.print(f"artifact {outcome.key}: {state} ({outcome.reason})", soft_wrap=True)
     if "Ctrl-C" in result.stop_reason:
         raise typer.Exit(130)
+    if result.best is None or result.final.get("winner", result.best.number) is None:
+        raise typer.Exit(1)  # the search ran, but no variant was correct: like a failed `verify`
 
 
 def asdict_or_none(obj):  # noqa: ANN001, ANN201
@@ -669,7 +681,7 @@ def main() -> None:
     try:
         app()
     except KernsearchError as exc:
-        err.print(f"[red]error:[/] {exc}", soft_wrap=True)
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
         sys.exit(exc.exit_code)
 
 

@@ -53,6 +53,8 @@ def test_render_prints_header_and_body() -> None:
     (["space", "gemm", "--dtype", "int8"], "dtype 'int8' not supported"),
     (["chip", "--chip", "M9 Hyper"], "unknown chip 'M9 Hyper'"),
     (["space", "/nonexistent/family"], "no family.toml"),
+    (["tune", "gemm", "--patience", "-1"], "--patience must be 0"),
+    (["tune", "gemm", "--timeout", "0"], "--timeout must be more than 0"),
 ])
 def test_bad_input_is_one_line_exit_2(args: list[str], message: str) -> None:
     res = ks(*args)
@@ -75,3 +77,12 @@ def test_malformed_user_family_is_one_line(tmp_path) -> None:  # noqa: ANN001
     res = ks("space", str(folder))
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and "family.toml" in res.stderr and "BZ" in res.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["artifacts", "show", "gemm/x"], "expected FAMILY/CHIP/DTYPE/SHAPE[/vN]"),
+    (["space", "/tmp/[abc]"], "/tmp/[abc]: no family.toml"),
+])
+def test_error_text_with_brackets_is_printed_verbatim(args: list[str], message: str) -> None:
+    res = ks(*args)
+    assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr

@@ -85,6 +85,18 @@ def test_unreadable_landscapes_are_one_line_errors(tmp_path):
         get_backend("replay")
 
 
+@pytest.mark.parametrize(("data", "message"), [
+    ({"tune_params_keys": ["A", "B"], "tune_params": {"A": [1]}, "cache": {}}, "no list of values for B"),
+    ({"tune_params": {"A": [1, 2]}, "cache": {"1": {"time": 1.0}}}, "cache entry '1' lacks knob"),
+    ({"tune_params": {"A": [1, 2]}, "cache": {"1": [1, 2]}}, "cache entry '1' is not an object"),
+])
+def test_malformed_landscape_contents_are_one_line_errors(tmp_path, data, message):
+    path = tmp_path / "land.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(KernsearchError, match=message):
+        Landscape.load(path)
+
+
 def test_replay_draws_recorded_times_and_refuses_absent_or_failed(small):
     backend = ReplayBackend(small, seed=0)
     land = backend.landscape

@@ -139,6 +139,18 @@ def test_a_study_for_another_space_is_refused(tmp_path):
         run_study(Other(), trials=2, storage=storage(tmp_path), study_name="shared")
 
 
+def test_a_study_for_another_problem_is_refused(tmp_path):
+    run_study(Toy(), trials=2, storage=storage(tmp_path), study_name="shared")
+
+    class OtherShape(Toy):
+        @property
+        def study_key(self):
+            return {**super().study_key, "shape": "128"}
+
+    with pytest.raises(KernsearchError, match="shape '1' \\(asked: '128'\\)"):
+        run_study(OtherShape(), trials=2, storage=storage(tmp_path), study_name="shared")
+
+
 @pytest.mark.parametrize("text,seconds", [("90s", 90), ("10m", 600), ("1h30m", 5400), ("2.5", 2.5)])
 def test_durations(text, seconds):
     assert parse_duration(text) == seconds

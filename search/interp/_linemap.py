@@ -51,24 +51,15 @@ def _lines(marked: str) -> tuple[str, dict[int, int]]:
 
 def template_lines(family: Any, config: dict[str, Any], dtype: str, target: str = "metal") -> TemplateLines | None:
     """The line mapping of ``render(family, config, dtype, target)``, or None when it cannot be made."""
-    from .._render import render
+    from .._render import render, render_blocks, render_context
     from .._spec import template_env
 
     try:
         kernel = render(family, config, dtype, target)
         filename = family.templates[target]
         path = family.path / filename
-        env = template_env(family.path)
-        tmpl = env.from_string(_mark(path.read_text()))
-        ctx: dict[str, Any] = {"family": family.name, "dtype": dtype, **config}
-        from .._render import _builtins
-
-        for name in family.static_derived:
-            ctx[name] = family.derived[name](ctx | _builtins())
-        module = tmpl.make_module(ctx)
-        scope = {k: v for k, v in vars(module).items() if not k.startswith("_")}
-        header = "".join(tmpl.blocks["header"](tmpl.new_context(ctx, locals=scope)))
-        source = "".join(tmpl.blocks["source"](tmpl.new_context(ctx, locals=scope)))
+        tmpl = template_env(family.path).from_string(_mark(path.read_text()))
+        header, source = render_blocks(tmpl, render_context(family, config, dtype))
     except Exception:  # noqa: BLE001 - a missing mapping only makes diagnostics less precise
         return None
     clean_header, clean_source = _MARK_RE.sub("", header), _MARK_RE.sub("", source)

@@ -130,9 +130,9 @@ def publish_task(unit: Unit, backend: str, tuned: dict[str, Any], verified: dict
                               max_abs_error=max(c["max_abs_err"] for c in checks),
                               max_rel_error=max(rel) if rel else None, checks_run=len(checks))
     measurements = Measurements(median_ms=tuned["median_ms"], spread=tuned["spread"],
-                                samples_ms=list(tuned["best"].get("samples_ms", [])) or [tuned["median_ms"]],
+                                samples_ms=list(tuned["best"].get("samples_ms") or []),  # none made up
                                 baseline_median_ms=tuned.get("baseline_median_ms"))
-    target = "cuda" if backend == "cuda" else "metal"
+    target = "cuda" if chip.vendor == "nvidia" else "metal"  # what the chip runs, modeled or measured
     candidate = Candidate.for_config(space, tuned["config"], target=target, correctness=correctness,
                                      evidence=tuned["evidence"], measurements=measurements, study=tuned["study"])
     store = ArtifactStore(artifacts)
@@ -234,7 +234,9 @@ def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) ->
     old = outcome.get("old_ms")
     row.update(old_ms=old, old_version=outcome.get("old_version"), version=outcome["version"],
                outcome="published" if outcome["published"] else "rejected", reason=outcome["reason"],
-               speedup=(old / tuned["median_ms"]) if old else None)
+               # a speedup only between figures of one evidence kind (measured vs modeled never mix)
+               speedup=(old / tuned["median_ms"]) if old and outcome.get("old_evidence") == tuned["evidence"]
+               else None)
     if verified["skipped"]:
         row["reason"] += "; not verified at " + ", ".join(
             f"{'x'.join(map(str, s['shape']))} ({s['why']})" for s in verified["skipped"])

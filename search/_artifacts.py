@@ -524,6 +524,9 @@ def _draft_manifest(c: Candidate) -> dict[str, Any]:
         raise ArtifactError(f"{kind} evidence needs measurements (median, spread, samples)")
     if c.kernel.target not in fam.templates:
         raise ArtifactError(f"family {fam.name} has no {c.kernel.target} template")
+    runs = {"apple": "metal", "nvidia": "cuda"}.get(c.chip.vendor)
+    if runs is not None and c.kernel.target != runs:
+        raise ArtifactError(f"a {c.kernel.target} kernel cannot run on {c.chip.name} ({runs} only)")
     problem = make_problem(fam, tuple(c.shape), c.dtype)
     space = Space(problem, c.chip)
     bad = space.violations(dict(c.config))

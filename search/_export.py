@@ -38,7 +38,9 @@ from ._render import render
 from ._spec import ARRAY_FUNCTIONS, DTYPES, Family, load_family
 
 DEFAULT_PACKAGE = "kernsearch_kernels"
-RUNTIME_REQUIRES = ("mlx>=0.29", "numpy>=1.26")
+#: MLX has no CPU back-end on Linux without its ``cpu`` extra: consumers' CI must still get correct results.
+RUNTIME_REQUIRES = ("mlx[cpu]>=0.29; sys_platform == 'linux'", "mlx>=0.29; sys_platform == 'darwin'",
+                    "numpy>=1.26")
 _SUFFIX = {"metal": "metal", "cuda": "cu"}
 _BINOPS = {nodes.Add: "+", nodes.Sub: "-", nodes.Mul: "*", nodes.Div: "/", nodes.FloorDiv: "//",
            nodes.Mod: "%", nodes.Pow: "**"}

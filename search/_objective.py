@@ -45,11 +45,13 @@ class KernelObjective(Objective):
         self.impl = load_backend(backend, **({"chip": chip} if backend == "model" else self.backend_options))
         self.impl.check_available()
         self.evidence = self.impl.evidence.value
-        self.target = self.impl.target or "metal"
+        # The model predicts the kernel the chip would run: Metal on Apple GPUs, CUDA on NVIDIA ones.
+        self.target = self.impl.target or ("cuda" if chip.vendor == "nvidia" else "metal")
         if self.target not in self.family.templates:
             raise BackendError(f"family {self.family.name} has no {self.target} template "
                                f"(back-end {backend} needs one)")
-        self.verify = verify
+        # The interpreter runs Metal only: a modeled CUDA kernel cannot be verified here (nor published).
+        self.verify = verify if self.target == "metal" or backend != "model" else "none"
         self.verify_shape = verify_shape or tuple(min(d, 96) for d in problem.shape)
         self.verify_mode = verify_mode
         self.timeout = timeout
@@ -102,7 +104,9 @@ class KernelObjective(Objective):
         out: list[Config] = []
         for a in sorted(artifacts, key=distance):
             cfg = dict(a.manifest.config)
-            if set(cfg) == set(self.knobs) and self.space.is_valid(cfg) and cfg not in out:
+            in_domain = set(cfg) == set(self.knobs) and all(  # the family's domains may have changed since
+                type(cfg[k]) is type(values[0]) and cfg[k] in values for k, values in self.knobs.items())
+            if in_domain and self.space.is_valid(cfg) and cfg not in out:
                 out.append(cfg)
         return out[:limit]
 
@@ -180,11 +184,13 @@ class KernelObjective(Objective):
                 winner = winner if winner is not None else t.number
             except VariantFailure as exc:
                 checks[str(t.number)] = {"ok": False, "reason": exc.reason, "detail": exc.detail[:300]}
+        note = "times are predictions of the performance model (modeled), not measurements"
         if self.verify == "none":
             winner = top[0].number
+            note += "; the winner is NOT verified" + (
+                " (the CPU interpreter runs Metal only, this is a CUDA kernel)" if self.target != "metal" else "")
         return {"winner": winner, "verified_on": "interpreter", "verify_shape": list(self.verify_shape),
-                "checks": checks, "baseline": None,
-                "note": "times are predictions of the performance model (modeled), not measurements"}
+                "checks": checks, "baseline": None, "note": note}
 
     def _remeasure_finalists(self, top: list[TrialSummary]) -> dict[str, Any]:
         """Fresh worker; finalists and the baseline MLX op interleaved; a lead must exceed the noise."""

@@ -386,9 +386,10 @@ def _pick_backend(backend: str, chip_name: str | None):  # noqa: ANN202 - (backe
         return ("metal" if here.vendor == "apple" else "cuda"), here, None
     chip = wanted or default_apple_chip()
     why = f"{here.name} is not the chip to tune for" if here.vendor != "cpu" else "no GPU here"
+    checked = ("the winner and top finalists are verified on the CPU Metal interpreter" if chip.vendor != "nvidia"
+               else "its CUDA kernels cannot run on the CPU Metal interpreter, so nothing is verified or published")
     return "model", chip, (f"{why}: times are predicted by the performance model for {chip.name} "
-                           f"([bold]modeled[/], not measured); the winner and top finalists are verified "
-                           f"on the CPU Metal interpreter")
+                           f"([bold]modeled[/], not measured); {checked}")
 
 
 def _wide() -> Console:

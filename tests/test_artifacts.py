@@ -419,3 +419,24 @@ def test_a_cpu_search_result_publishes_with_real_interpreter_evidence(tmp_path: 
     m = ArtifactStore(tmp_path).load(key()).manifest
     assert m.evidence == "modeled" and m.correctness.verifier == "interpreter"
     assert m.correctness.shapes_checked == ["33x20x17", "64x64x64"] and m.measurements.median_ms == predicted
+
+
+def test_a_kernel_for_another_vendor_is_refused(tmp_path):
+    """A Metal kernel never becomes an NVIDIA chip's artifact (nor CUDA an Apple chip's)."""
+    from kernsearch._artifacts import ArtifactStore, Candidate
+    from kernsearch._chips import get_chip
+    from kernsearch._manifest import ArtifactError, Correctness, Measurements
+    from kernsearch._space import Space, make_problem
+    from kernsearch._spec import load_family
+
+    fam = load_family("gemm")
+    chip = get_chip("H100")
+    space = Space(make_problem(fam, "64,64,64", "float16", chip), chip)
+    cfg = space.parse_config("MMA=scalar")
+    candidate = Candidate.for_config(space, cfg, target="metal", evidence="modeled",
+                                     correctness=Correctness(verifier="interpreter", passed=True,
+                                                             shapes_checked=["64x64x64"], max_abs_error=0.0,
+                                                             checks_run=1),
+                                     measurements=Measurements(median_ms=1.0, spread=0.0))
+    with pytest.raises(ArtifactError, match="metal kernel cannot run on H100"):
+        ArtifactStore(tmp_path).publish(candidate)

@@ -189,3 +189,17 @@ def test_a_bug_in_evaluation_surfaces_and_leaves_no_running_trial(tmp_path):
     study = optuna.load_study(study_name=study_name_for(Toy().study_key), storage=storage(tmp_path))
     assert all(t.state != optuna.trial.TrialState.RUNNING for t in study.trials)
     assert Counter(t.user_attrs.get("status") for t in study.trials)["error"] == 1
+
+
+def test_a_modeled_search_for_an_nvidia_chip_ranks_its_cuda_kernel_unverified():
+    from kernsearch._chips import get_chip
+    from kernsearch._objective import KernelObjective
+    from kernsearch._space import make_problem
+    from kernsearch._spec import load_family
+
+    h100, m2 = get_chip("H100"), get_chip("M2 Max")
+    fam = load_family("gemm")
+    nvidia = KernelObjective(make_problem(fam, "64,64,64", "float16", h100), h100, "model")
+    apple = KernelObjective(make_problem(fam, "64,64,64", "float16", m2), m2, "model")
+    assert (nvidia.target, nvidia.verify) == ("cuda", "none")  # the interpreter runs Metal only
+    assert (apple.target, apple.verify) == ("metal", "finalists")

@@ -26,6 +26,9 @@ SHIM_DIR = Path(__file__).parent / "shim"
 #: verification (kernels run on small problems); -O1 doubles the compile time for little run time.
 BASE_FLAGS = ("-std=c++17", "-O0", "-fno-strict-aliasing", "-fno-exceptions", "-w", "-pipe")
 
+#: A compile that takes longer than this is a failed variant, not a stalled search.
+COMPILE_TIMEOUT_S = 300
+
 
 @dataclass(frozen=True)
 class Compiled:
@@ -92,7 +95,11 @@ def compile_unit(cpp: str, mode: str) -> Compiled:
         src = Path(tmp) / "kernel.cpp"
         src.write_text(cpp)
         out = Path(tmp) / f"out{suffix}"
-        proc = subprocess.run([compiler(), *cmd_flags, str(src), "-o", str(out)], capture_output=True, text=True)
+        try:
+            proc = subprocess.run([compiler(), *cmd_flags, str(src), "-o", str(out)], capture_output=True,
+                                  text=True, timeout=COMPILE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:  # subprocess.run kills the compiler before raising
+            raise VariantFailure("compile", f"the compiler ran longer than {COMPILE_TIMEOUT_S} s") from None
         if proc.returncode != 0:
             raise VariantFailure("compile", first_error(proc.stderr))
         os.replace(out, target)

@@ -7,6 +7,7 @@ sanitize: an AddressSanitizer executable reads the launch from a file; its repor
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
@@ -15,6 +16,7 @@ import select
 import signal
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -75,6 +77,7 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
     if pid == 0:  # child: never returns into the caller's code
         code = 4
         try:
+            _die_with_parent()
             import faulthandler
 
             faulthandler.disable()  # a crashing kernel is reported by the parent, not dumped here
@@ -87,7 +90,13 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
             code = 0 if rc == 0 else 3
         finally:
             os._exit(code)
-    status = _wait(pid, timeout)
+    try:
+        status = _wait(pid, timeout)
+    except BaseException:  # Ctrl-C or any error while waiting: a hung kernel must not run on
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        raise
     rc, nd = struct.unpack("ii", diag_mem[0:8])
     diags = _decode((_Diag * MAX_DIAGS).from_buffer_copy(diag_mem, 16), nd)
     if os.WIFSIGNALED(status):
@@ -105,6 +114,13 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
 
 def _diag_suffix(diags: list[RawDiag]) -> str:
     return f"; {diags[0].message}" if diags else ""
+
+
+def _die_with_parent() -> None:
+    """Linux: the kernel's process is killed when its parent dies (a worker killed for a timeout)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
 
 
 def _wait(pid: int, timeout: float) -> int:

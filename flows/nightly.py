@@ -192,15 +192,17 @@ def _machine(chip: str | None) -> tuple[Any, Any]:
     return (get_chip(chip) if chip else detected), detected
 
 
-def _backend(choice: str, detected: Any) -> str:
-    """``auto``: metal on an Apple GPU, cuda on an NVIDIA one, else the model (verified on the interpreter)."""
+def _backend(choice: str, detected: Any, chip: str) -> str:
+    """``auto``: measure (metal / cuda) when the job's chip is the GPU here, else predict with the model."""
     if choice != "auto":
         return choice
+    if detected.name != chip:
+        return "model"
     return {"apple": "metal", "nvidia": "cuda"}.get(detected.vendor, "model")
 
 
 def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) -> dict[str, Any]:
-    backend = _backend(unit.options.backend, detected)
+    backend = _backend(unit.options.backend, detected, unit.chip)
     row: dict[str, Any] = {"job": unit.job, "family": unit.family_name, "family_ref": unit.family,
                            "chip": unit.chip,
                            "dtype": unit.dtype, "shape": unit.shape_text, "backend": backend, "evidence": None,

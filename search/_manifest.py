@@ -51,8 +51,9 @@ class KernelInfo(_Model):
     output_names: list[str] = Field(min_length=1)
     #: MLX template arguments, e.g. ``[["T", "float16"]]``.
     template: list[tuple[str, Any]] = Field(default_factory=list)
-    header_file: str
-    source_file: str
+    #: Files beside the manifest, never a path: a tampered manifest cannot point outside its version.
+    header_file: str = Field(pattern=r"^header\.(metal|cu)$")
+    source_file: str = Field(pattern=r"^source\.(metal|cu)$")
 
 
 class LaunchGeometry(_Model):

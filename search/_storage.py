@@ -4,6 +4,8 @@ predictable name of a problem's study."""
 from __future__ import annotations
 
 import os
+import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +32,16 @@ def make_storage(url: str | None) -> Any:
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     if url.startswith("sqlite"):
         _sqlite_wal()
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
-    except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable server
-        raise KernsearchError(f"cannot open study storage {url!r}: {str(exc).splitlines()[0]}") from None
+    for attempt in range(3):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable server
+            # Processes creating one new SQLite file at once can collide on its tables: try again.
+            if attempt < 2 and type(exc).__module__.split(".")[0] == "sqlalchemy" and url.startswith("sqlite"):
+                time.sleep(0.5 + random.random())
+                continue
+            raise KernsearchError(f"cannot open study storage {url!r}: {str(exc).splitlines()[0]}") from None
+    raise AssertionError("unreachable")
 
 
 _WAL = False

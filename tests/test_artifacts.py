@@ -197,6 +197,10 @@ def _manifest_file(store: ArtifactStore) -> Path:
      "no schema_version"),
     (lambda s: _manifest_file(s).write_text(json.dumps({
         **json.loads(_manifest_file(s).read_text()), "version": "v7"})), "manifest describes .*/v7, not this folder"),
+    (lambda s: _manifest_file(s).write_text(json.dumps({
+        **(m := json.loads(_manifest_file(s).read_text())),
+        "kernel": {**m["kernel"], "source_file": "../../../../../etc/passwd"}})),
+     "malformed manifest: kernel.source_file"),
 ])
 def test_tampered_or_malformed_artifacts_are_refused_in_one_line(published: ArtifactStore, damage,
                                                                  message: str) -> None:

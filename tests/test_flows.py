@@ -582,3 +582,15 @@ def _suppress():  # noqa: ANN202
     import contextlib
 
     return contextlib.suppress(ProcessLookupError, PermissionError)
+
+
+@pytest.mark.parametrize(("here", "job_chip", "expected"), [
+    ("M2 Max", "M2 Max", "metal"), ("M2 Max", "M3 Max", "model"), ("H100", "H100", "cuda"),
+    ("H100", "M2 Max", "model"), ("cpu", "M2 Max", "model"),
+])
+def test_auto_measures_only_the_chip_that_is_here(here: str, job_chip: str, expected: str) -> None:
+    from kernsearch._chips import get_chip
+    from kernsearch.flows.nightly import _backend
+
+    assert _backend("auto", get_chip(here), job_chip) == expected
+    assert _backend("model", get_chip(here), job_chip) == "model"

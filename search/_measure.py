@@ -66,18 +66,23 @@ def _batch_ms(launch: Launch, sync: Sync, n: int, first_set: int, n_sets: int,
     return (clock() - start) * 1e3
 
 
-def measure(launch: Launch, sync: Sync, *, input_sets: int = 1, plan: TimingPlan = TimingPlan(),
-            clock: Callable[[], float] = time.perf_counter) -> list[float]:
-    """Per-launch times in ms (one sample per batch), following the method above."""
+def _calibrate(launch: Launch, sync: Sync, input_sets: int, plan: TimingPlan, clock: Callable[[], float]) -> int:
+    """Warm up, then grow the batch until it lasts ``min_batch_ms`` (or reaches ``max_batch``)."""
     for i in range(plan.warmup):
         launch(i % input_sets)
         sync()
     batch = 1
-    while True:  # grow the batch until it lasts min_batch_ms (or hits max_batch)
+    while True:
         ms = _batch_ms(launch, sync, batch, 0, input_sets, clock)
         if ms >= plan.min_batch_ms or batch >= plan.max_batch:
-            break
+            return batch
         batch = min(plan.max_batch, max(batch * 2, int(batch * plan.min_batch_ms / max(ms, 1e-3)) + 1))
+
+
+def measure(launch: Launch, sync: Sync, *, input_sets: int = 1, plan: TimingPlan = TimingPlan(),
+            clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """Per-launch times in ms (one sample per batch), following the method above."""
+    batch = _calibrate(launch, sync, input_sets, plan, clock)
     samples: list[float] = []
     deadline = clock() + plan.max_seconds
     k = 0
@@ -95,16 +100,7 @@ def interleaved(candidates: dict[str, tuple[Launch, Sync]], *, rounds: int = 15,
     """Round-robin samples of several candidates (finalists and the baseline), in one process."""
     batches: dict[str, int] = {}
     for name, (launch, sync) in candidates.items():
-        for i in range(plan.warmup):
-            launch(i % input_sets)
-            sync()
-        batch = 1
-        while True:
-            ms = _batch_ms(launch, sync, batch, 0, input_sets, clock)
-            if ms >= plan.min_batch_ms or batch >= plan.max_batch:
-                break
-            batch = min(plan.max_batch, max(batch * 2, int(batch * plan.min_batch_ms / max(ms, 1e-3)) + 1))
-        batches[name] = batch
+        batches[name] = _calibrate(launch, sync, input_sets, plan, clock)
     samples: dict[str, list[float]] = {name: [] for name in candidates}
     for r in range(rounds):
         order = list(candidates) if r % 2 == 0 else list(reversed(candidates))  # no fixed position

@@ -253,22 +253,25 @@ class KernelObjective(Objective):
 
 def _judge(top: list[TrialSummary], out: dict[str, Any]) -> dict[str, Any]:
     """Pick the winner of the re-measured finalists and its speedup over the baseline."""
+    import numpy as np
+
     from ._measure import lead_exceeds_noise, speedup, spread
 
     samples: list[list[float]] = out["finalists"]
     base: list[float] | None = out.get("baseline")
-    order = sorted(range(len(top)), key=lambda i: sorted(samples[i])[len(samples[i]) // 2])
+    medians = [float(np.median(x)) for x in samples]
+    order = sorted(range(len(top)), key=lambda i: medians[i])
     first = order[0]
     decisive = len(order) < 2 or lead_exceeds_noise(samples[first], samples[order[1]])
     result: dict[str, Any] = {
         "winner": top[first].number,
-        "finalists": {str(top[i].number): {"median_ms": float(sorted(samples[i])[len(samples[i]) // 2]),
+        "finalists": {str(top[i].number): {"median_ms": medians[i],
                                            "spread": spread(samples[i])} for i in range(len(top))},
         "lead_exceeds_noise": decisive,
     }
     if base:
         s = speedup(samples[first], base)
-        result.update(baseline_median_ms=float(sorted(base)[len(base) // 2]), baseline_spread=spread(base),
+        result.update(baseline_median_ms=float(np.median(base)), baseline_spread=spread(base),
                       speedup=s.median, speedup_low=s.low, speedup_high=s.high,
                       beats_baseline=lead_exceeds_noise(samples[first], base))
     if out.get("baseline_error"):

@@ -18,6 +18,7 @@ import numpy as np
 
 from .._errors import BackendError, VariantFailure
 from .._landscape import Landscape
+from .._measure import spread
 from .._render import Geometry, KernelSource
 from ._base import BaseBackend, Evidence, RunResult
 
@@ -84,10 +85,7 @@ class ReplayBackend(BaseBackend):
 
             def evaluate(self, config: dict[str, Any]) -> Record:
                 samples = backend.sample(config)
-                med = float(np.median(samples))
-                lo, hi = np.percentile(samples, [10, 90])
-                return Record(med, self.evidence, samples, float((hi - lo) / med) if med else 0.0,
-                              verified="recorded")
+                return Record(float(np.median(samples)), self.evidence, samples, spread(samples), verified="recorded")
 
             def finalize(self, top: list[Any]) -> dict[str, Any]:
                 """The final round: finalists re-measured with every recorded repetition, fastest median wins."""

@@ -397,6 +397,11 @@ def _wide() -> Console:
     return out if out.is_terminal else Console(highlight=False, width=max(out.width, 200))
 
 
+def _evidence_label(evidence: str, backend: str | None) -> str:
+    """A replayed landscape was measured on the GPU that recorded it, never here: say so."""
+    return f"{evidence}, replayed" if backend == "replay" else evidence
+
+
 def _fmt(value, spec: str, none: str = "-") -> str:  # noqa: ANN001
     return none if value is None else format(value, spec)
 
@@ -581,7 +586,7 @@ def _print_result(result) -> None:  # noqa: ANN001
         out.print("[red]no correct variant found[/]")
         return
     out.print(f"winner: trial {result.best.number} [bold]{format_config(result.best.config)}[/] "
-              f"{result.best.time_ms:.4g} ms ({result.evidence})", soft_wrap=True)
+              f"{result.best.time_ms:.4g} ms ({_evidence_label(result.evidence, result.backend)})", soft_wrap=True)
 
 
 @app.command()
@@ -601,7 +606,8 @@ def studies(storage: Optional[str] = StorageOpt) -> None:
     for s in sorted(summaries, key=lambda s: s.study_name):
         best = s.best_trial.value if s.best_trial is not None else None
         started = s.datetime_start.strftime("%Y-%m-%d %H:%M") if s.datetime_start else "-"
-        table.add_row(s.study_name, str(s.n_trials), _fmt(best, ".4g"), str(s.user_attrs.get("evidence", "?")),
+        table.add_row(s.study_name, str(s.n_trials), _fmt(best, ".4g"),
+                      _evidence_label(str(s.user_attrs.get("evidence", "?")), s.user_attrs.get("backend")),
                       started)
     _wide().print(table)
 
@@ -640,7 +646,8 @@ def show(study: str = typer.Argument(..., help="study name (see `kernsearch stud
         return
     evidence = str(attrs.get("evidence", "?"))
     out.print(f"[bold]{study}[/]: {attrs.get('family')} {attrs.get('shape')} {attrs.get('dtype')} on "
-              f"{attrs.get('chip')} ({attrs.get('backend')} back-end, {evidence})", soft_wrap=True)
+              f"{attrs.get('chip')} ({attrs.get('backend')} back-end, "
+              f"{_evidence_label(evidence, attrs.get('backend'))})", soft_wrap=True)
     out.print("trials: " + ", ".join(f"{k} {v}" for k, v in status.most_common()) +
               (" · failed by reason: " + ", ".join(f"{k} {v}" for k, v in reasons.most_common()) if reasons else ""))
     if rows:

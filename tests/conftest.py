@@ -24,3 +24,20 @@ def gemm():
     from kernsearch._spec import load_family
 
     return load_family("gemm")
+
+
+@pytest.fixture(scope="session")
+def hashes_in_fresh_process():
+    """``f(chip, configs, target)``: sha256 of each config's 64³ float16 rendering, computed in a new process."""
+    import subprocess
+    import sys
+
+    def run(chip: str, configs: list[str], target: str = "metal") -> list[str]:
+        code = ("from kernsearch._chips import get_chip; from kernsearch._space import Space, make_problem;"
+                "from kernsearch._spec import load_family; from kernsearch._render import render;"
+                f"f=load_family('gemm'); c=get_chip({chip!r}); sp=Space(make_problem(f,'64,64,64','float16',c),c);"
+                f"print(' '.join(render(f, sp.parse_config(t), 'float16', {target!r}).sha256 for t in {configs!r}))")
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True).stdout.split()
+
+    return run

@@ -11,8 +11,6 @@ from __future__ import annotations
 import itertools
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -82,15 +80,11 @@ def test_each_knob_changes_the_cuda_code(gemm) -> None:  # noqa: ANN001
     assert changed == set(gemm.knobs)
 
 
-def test_cuda_render_is_byte_identical_across_processes(gemm) -> None:  # noqa: ANN001
+def test_cuda_render_is_byte_identical_across_processes(gemm, hashes_in_fresh_process) -> None:  # noqa: ANN001
     texts = ["", "MMA=scalar,STAGE=A,LAYOUT_B=t,DOUBLE_BUFFER=true,VEC=4", "BM=128,BN=128,BK=32,VEC=4,PAD=4"]
     space = Space(make_problem(gemm, "64,64,64", "float16", H100), H100)
     here = [render(gemm, space.parse_config(t), "float16", "cuda").sha256 for t in texts]
-    code = ("from kernsearch._chips import get_chip; from kernsearch._space import Space, make_problem;"
-            "from kernsearch._spec import load_family; from kernsearch._render import render;"
-            "f=load_family('gemm'); c=get_chip('H100'); sp=Space(make_problem(f,'64,64,64','float16',c),c);"
-            f"print(' '.join(render(f, sp.parse_config(t), 'float16', 'cuda').sha256 for t in {texts!r}))")
-    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    there = hashes_in_fresh_process("H100", texts, "cuda")
     assert there == here
 
 

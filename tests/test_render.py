@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import pytest
 
@@ -59,7 +57,7 @@ def test_each_knob_changes_the_source(gemm) -> None:  # noqa: ANN001
             assert code(src) != code(base_src), f"{knob}={value} did not change the code"
 
 
-def test_render_is_byte_identical_across_processes(gemm) -> None:  # noqa: ANN001
+def test_render_is_byte_identical_across_processes(gemm, hashes_in_fresh_process) -> None:  # noqa: ANN001
     cfgs = ["BM=64,MMA=scalar", "STAGE=A,DOUBLE_BUFFER=true,LAYOUT_B=t,VEC=4", "STAGE=none"]
     here = []
     chip = get_chip("M2 Max")
@@ -68,11 +66,7 @@ def test_render_is_byte_identical_across_processes(gemm) -> None:  # noqa: ANN00
         kernel = render(gemm, sp.parse_config(text), "float16")
         assert kernel == render(gemm, sp.parse_config(text), "float16")
         here.append(kernel.sha256)
-    code = ("from kernsearch._chips import get_chip; from kernsearch._space import Space, make_problem;"
-            "from kernsearch._spec import load_family; from kernsearch._render import render;"
-            "f=load_family('gemm'); c=get_chip('M2 Max'); sp=Space(make_problem(f,'64,64,64','float16',c),c);"
-            f"print(' '.join(render(f, sp.parse_config(t), 'float16').sha256 for t in {cfgs!r}))")
-    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    there = hashes_in_fresh_process("M2 Max", cfgs)
     assert there == here
 
 

@@ -43,6 +43,10 @@ class Chip(BaseModel):
     threadgroup_memory_bytes: int
     max_registers_per_thread: int = 128
     system_cache_mb: float = 8
+    neural_accelerators: bool = False
+    tensor_fp16_tflops: float | None = None
+    sources: dict[str, str] = Field(default_factory=dict)
+    estimated: tuple[str, ...] = ()
     known: bool = True
     detected: dict[str, Any] = Field(default_factory=dict)
 
@@ -51,6 +55,22 @@ class Chip(BaseModel):
         if dtype in ("float16", "bfloat16") and self.fp16_tflops:
             return self.fp16_tflops
         return self.fp32_tflops
+
+    def tensor_tflops(self, dtype: str) -> float | None:
+        """Peak matrix rate of the neural accelerators for ``dtype`` (None: no accelerator for it).
+
+        Only 16-bit inputs are accelerated in the published measurements; float32 runs on the SIMD units.
+        """
+        if self.neural_accelerators and dtype in ("float16", "bfloat16"):
+            return self.tensor_fp16_tflops
+        return None
+
+    def figure_source(self, field: str) -> str:
+        """Where a figure comes from, and whether it is an estimate (empty when the registry header covers it)."""
+        source = self.sources.get(field, "")
+        if field in self.estimated:
+            source = f"estimate; {source}" if source else "estimate"
+        return source
 
     @property
     def lineage(self) -> tuple[str | None, str | None]:

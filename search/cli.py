@@ -74,29 +74,42 @@ def chip(name: Optional[str] = typer.Option(None, "--chip", help="show this chip
     from ._chips import DIE_CLASSES, registry
 
     if all_chips:
-        table = Table("chip", "vendor", "cores", "GB/s", "FP32 TF", "FP16 TF", "bf16", "tg mem", box=None)
+        table = Table("chip", "vendor", "cores", "GB/s", "FP32 TF", "FP16 TF", "matrix TF", "bf16", "tg mem",
+                      box=None)
         for c in registry().values():
+            matrix = f"{c.tensor_fp16_tflops:g}{'*' if 'tensor_fp16_tflops' in c.estimated else ''}" \
+                if c.tensor_fp16_tflops else "-"
             table.add_row(c.name, c.vendor, str(c.gpu_cores), f"{c.memory_bandwidth_gbs:g}", f"{c.fp32_tflops:g}",
-                          f"{c.peak_tflops('float16'):g}", "yes" if c.bfloat16 else "no",
+                          f"{c.peak_tflops('float16'):g}", matrix, "yes" if c.bfloat16 else "no",
                           f"{c.threadgroup_memory_bytes // 1024} KiB")
         out.print(table)
+        out.print("* estimate; `kernsearch chip --chip NAME` shows each figure's source")
         return
     c = resolve_chip(name)
     source = "named with --chip" if name else ("detected" if c.known else "detected, unknown: conservative limits")
     out.print(f"[bold]{c.name}[/] ({c.vendor}, {source})")
-    rows = [("GPU cores / SMs", c.gpu_cores), ("memory bandwidth", f"{c.memory_bandwidth_gbs:g} GB/s"),
-            ("FP32 peak", f"{c.fp32_tflops:g} TFLOP/s"), ("FP16 peak", f"{c.peak_tflops('float16'):g} TFLOP/s"),
-            ("bfloat16", "yes" if c.bfloat16 else "no"), ("SIMD width", c.simd_width),
-            ("max threads / threadgroup", c.max_threads_per_threadgroup),
-            ("threadgroup memory", f"{c.threadgroup_memory_bytes} bytes")]
+    rows: list[tuple[str, str, object]] = [
+        ("GPU cores / SMs", "gpu_cores", c.gpu_cores),
+        ("memory bandwidth", "memory_bandwidth_gbs", f"{c.memory_bandwidth_gbs:g} GB/s"),
+        ("FP32 peak", "fp32_tflops", f"{c.fp32_tflops:g} TFLOP/s"),
+        ("FP16 peak", "fp16_tflops", f"{c.peak_tflops('float16'):g} TFLOP/s"),
+        ("neural accelerators", "neural_accelerators", "yes" if c.neural_accelerators else "no"),
+        ("bfloat16", "bfloat16", "yes" if c.bfloat16 else "no"), ("SIMD width", "simd_width", c.simd_width),
+        ("max threads / threadgroup", "max_threads_per_threadgroup", c.max_threads_per_threadgroup),
+        ("threadgroup memory", "threadgroup_memory_bytes", f"{c.threadgroup_memory_bytes} bytes"),
+        ("system cache", "system_cache_mb", f"{c.system_cache_mb:g} MB")]
+    if c.tensor_fp16_tflops:
+        rows.insert(5, ("FP16 matrix peak (accel.)", "tensor_fp16_tflops", f"{c.tensor_fp16_tflops:g} TFLOP/s"))
     if c.generation is not None:
-        rows.append(("generation / die", f"g{c.generation}{c.die} ({DIE_CLASSES.get(c.die or '', '?')})"))
+        rows.append(("generation / die", "", f"g{c.generation}{c.die} ({DIE_CLASSES.get(c.die or '', '?')})"))
     if c.architecture:
-        rows.append(("architecture", c.architecture))
+        rows.append(("architecture", "", c.architecture))
     if c.detected:
-        rows.append(("device_info", ", ".join(f"{k}={v}" for k, v in c.detected.items() if k in ("architecture", "device_name"))))
-    for key, value in rows:
-        out.print(f"  {key:<28}{value}")
+        rows.append(("device_info", "", ", ".join(f"{k}={v}" for k, v in c.detected.items()
+                                                 if k in ("architecture", "device_name"))))
+    for key, field, value in rows:
+        source = c.figure_source(field) if field else ""
+        out.print(f"  {key:<28}{value}" + (f"  [dim]({source})[/]" if source else ""), highlight=False)
 
 
 @app.command()

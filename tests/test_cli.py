@@ -26,6 +26,15 @@ def test_chip_named_and_detected() -> None:
     assert detected.returncode == 0 and "detected" in detected.stdout
 
 
+def test_chip_m5_max_shows_figures_and_their_sources() -> None:
+    res = ks("chip", "--chip", "M5 Max")
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stdout.split())  # rich folds long lines
+    assert "614 GB/s (Apple Newsroom 2026-03-03" in text
+    assert "FP16 matrix peak (accel.) 71.7 TFLOP/s (estimate; Zakharko" in text
+    assert "neural accelerators yes" in text
+
+
 def test_space_prints_counts_and_rejections() -> None:
     res = ks("space", "gemm", "--shape", "4096,4096,4096", "--dtype", "float16", "--chip", "M2 Max")
     assert res.returncode == 0, res.stderr

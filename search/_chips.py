@@ -50,11 +50,15 @@ class Chip(BaseModel):
     known: bool = True
     detected: dict[str, Any] = Field(default_factory=dict)
 
-    def peak_tflops(self, dtype: str) -> float:
-        """Peak arithmetic rate for ``dtype`` (tensor-core rate for 16-bit types on NVIDIA)."""
+    def simd_tflops(self, dtype: str) -> float:
+        """Peak rate of the GPU cores' own ALUs / matrix units (tensor cores for 16-bit types on NVIDIA)."""
         if dtype in ("float16", "bfloat16") and self.fp16_tflops:
             return self.fp16_tflops
         return self.fp32_tflops
+
+    def peak_tflops(self, dtype: str) -> float:
+        """The chip's best arithmetic rate for ``dtype``: the neural accelerators' where they take it."""
+        return max(self.simd_tflops(dtype), self.tensor_tflops(dtype) or 0.0)
 
     def tensor_tflops(self, dtype: str) -> float | None:
         """Peak matrix rate of the neural accelerators for ``dtype`` (None: no accelerator for it).

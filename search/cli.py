@@ -80,7 +80,7 @@ def chip(name: Optional[str] = typer.Option(None, "--chip", help="show this chip
             matrix = f"{c.tensor_fp16_tflops:g}{'*' if 'tensor_fp16_tflops' in c.estimated else ''}" \
                 if c.tensor_fp16_tflops else "-"
             table.add_row(c.name, c.vendor, str(c.gpu_cores), f"{c.memory_bandwidth_gbs:g}", f"{c.fp32_tflops:g}",
-                          f"{c.peak_tflops('float16'):g}", matrix, "yes" if c.bfloat16 else "no",
+                          f"{c.simd_tflops('float16'):g}", matrix, "yes" if c.bfloat16 else "no",
                           f"{c.threadgroup_memory_bytes // 1024} KiB")
         out.print(table)
         out.print("* estimate; `kernsearch chip --chip NAME` shows each figure's source")
@@ -92,7 +92,7 @@ def chip(name: Optional[str] = typer.Option(None, "--chip", help="show this chip
         ("GPU cores / SMs", "gpu_cores", c.gpu_cores),
         ("memory bandwidth", "memory_bandwidth_gbs", f"{c.memory_bandwidth_gbs:g} GB/s"),
         ("FP32 peak", "fp32_tflops", f"{c.fp32_tflops:g} TFLOP/s"),
-        ("FP16 peak", "fp16_tflops", f"{c.peak_tflops('float16'):g} TFLOP/s"),
+        ("FP16 peak", "fp16_tflops", f"{c.simd_tflops('float16'):g} TFLOP/s"),
         ("neural accelerators", "neural_accelerators", "yes" if c.neural_accelerators else "no"),
         ("bfloat16", "bfloat16", "yes" if c.bfloat16 else "no"), ("SIMD width", "simd_width", c.simd_width),
         ("max threads / threadgroup", "max_threads_per_threadgroup", c.max_threads_per_threadgroup),
@@ -687,7 +687,7 @@ def predict(family: str = typer.Argument(..., help=FAMILY_HELP),
     if as_json:
         sys.stdout.write(json.dumps({"config": cfg, **b}) + "\n")
         return
-    peak = c.peak_tflops(problem.dtype)
+    peak = b.get("peak_tflops") or c.peak_tflops(problem.dtype)
     out.print(f"[bold]{problem.family.name}[/] {problem.shape_text} {problem.dtype} on {c.name}: "
               f"[bold]{b['time_ms']:.4g} ms modeled[/] (a prediction, not a measurement), "
               f"{b['predicted_tflops']:.3g} TFLOP/s = {100 * b['predicted_tflops'] / peak:.0f} % of peak, "

@@ -80,3 +80,9 @@ def test_only_m5_has_neural_accelerators() -> None:
     with_accel = {c.name for c in registry().values() if c.neural_accelerators}
     assert with_accel == {"M5", "M5 Pro", "M5 Max"}
     assert get_chip("M4 Max").tensor_tflops("float16") is None
+
+
+def test_m5_peak_is_the_accelerators_for_16_bit_and_the_simd_rate_otherwise() -> None:
+    m5 = get_chip("M5 Max")
+    assert m5.peak_tflops("float16") == m5.tensor_fp16_tflops > m5.simd_tflops("float16") == m5.fp32_tflops
+    assert m5.peak_tflops("float32") == m5.fp32_tflops

@@ -20,6 +20,12 @@ from ._errors import KernsearchError
 from ._expr import BUILTINS, ExprError
 from ._space import Config, Space, format_config
 from ._spec import Family, template_env
+from ._template import TemplateLimit, bounded_join, render_deadline
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 @dataclass(frozen=True)
@@ -81,10 +87,11 @@ def render_blocks(tmpl: Template, ctx: dict[str, Any]) -> tuple[str, str]:
 
     The template's top level runs first so its macros and ``{% set %}`` names exist inside the blocks.
     """
-    module = tmpl.make_module(ctx)
-    scope = {k: v for k, v in vars(module).items() if not k.startswith("_")}
-    return ("".join(tmpl.blocks["header"](tmpl.new_context(ctx, locals=scope))),
-            "".join(tmpl.blocks["source"](tmpl.new_context(ctx, locals=scope))))
+    with render_deadline():
+        module = tmpl.make_module(ctx)
+        scope = {k: v for k, v in vars(module).items() if not k.startswith("_")}
+        return (bounded_join(tmpl.blocks["header"](tmpl.new_context(ctx, locals=scope))),
+                bounded_join(tmpl.blocks["source"](tmpl.new_context(ctx, locals=scope))))
 
 
 def render(family: Family, config: Config, dtype: str, target: str = "metal") -> KernelSource:
@@ -95,9 +102,12 @@ def render(family: Family, config: Config, dtype: str, target: str = "metal") ->
     tmpl = _template(family.path, family.templates[target])  # type: ignore[index]
     try:
         header, source = render_blocks(tmpl, ctx)
-    except TemplateError as exc:
+    except (TemplateError, TemplateLimit, ExprError, TypeError, ValueError, ArithmeticError) as exc:
         raise KernsearchError(f"{family.template_path(target)}: cannot render {format_config(config)}: "
-                              f"{exc}") from None
+                              f"{_one_line(exc)}") from None
+    except RecursionError:
+        raise KernsearchError(f"{family.template_path(target)}: cannot render {format_config(config)}: "
+                              "recursion too deep") from None
     header, source = header.strip("\n") + "\n", source.rstrip() + "\n"
     digest = source_sha256(header, source)[:12]
     return KernelSource(

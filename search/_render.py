@@ -17,6 +17,7 @@ from typing import Any
 from jinja2 import Template, TemplateError
 
 from ._errors import KernsearchError
+from ._options import MAX_GRID, MAX_SHARED_MEMORY, MAX_THREADGROUP, geometry_ints
 from ._expr import BUILTINS, ExprError
 from ._space import Config, Space, format_config
 from ._spec import Family, template_env
@@ -126,24 +127,26 @@ def geometry(space: Space, config: Config) -> Geometry:
     fam = space.family
     ctx = space.context(config)
 
-    def ints(expr: Any, where: str, n: int | None = 3) -> tuple[int, ...]:
+    def ints(expr: Any, where: str, n: int | None = 3, low: int = 1, high: int = MAX_GRID) -> tuple[int, ...]:
         value = space._eval(expr, ctx, where)
         try:
-            out = tuple(int(v) for v in value)
-        except TypeError:
-            raise KernsearchError(f"{fam.path}/family.toml: {where} must be a list of integers") from None
-        if n is not None and len(out) != n:
-            raise KernsearchError(f"{fam.path}/family.toml: {where} must have {n} entries")
-        return out
+            return geometry_ints(value, where, n, low, high)
+        except ValueError as exc:
+            raise KernsearchError(f"{fam.path}/family.toml: {exc}") from None
 
     transposed = tuple(t.name for t in fam.inputs
                        if t.transposed is not None and space._eval(t.transposed, ctx, f"{t.name}.transposed"))
-    shared = int(space._eval(fam.launch.shared_memory, ctx, "launch.shared_memory")) \
-        if fam.launch.shared_memory is not None else 0
+    shared = 0
+    if fam.launch.shared_memory is not None:
+        try:
+            shared = geometry_ints([space._eval(fam.launch.shared_memory, ctx, "launch.shared_memory")],
+                                   "launch.shared_memory", 1, 0, MAX_SHARED_MEMORY)[0]
+        except ValueError as exc:
+            raise KernsearchError(f"{fam.path}/family.toml: {exc}") from None
     return Geometry(
         grid=ints(fam.launch.grid, "launch.grid"),  # type: ignore[arg-type]
-        threadgroup=ints(fam.launch.threadgroup, "launch.threadgroup"),  # type: ignore[arg-type]
-        output_shapes=tuple(ints(t.shape, f"outputs.{t.name}.shape", None) for t in fam.outputs),
+        threadgroup=ints(fam.launch.threadgroup, "launch.threadgroup", 3, 1, MAX_THREADGROUP),  # type: ignore[arg-type]
+        output_shapes=tuple(ints(t.shape, f"outputs.{t.name}.shape", None, 1, MAX_GRID) for t in fam.outputs),
         output_dtypes=tuple(space.problem.dtype for _ in fam.outputs),
         transposed_inputs=transposed,
         shared_memory=shared,

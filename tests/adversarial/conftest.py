@@ -55,3 +55,16 @@ def set_key(text: str, key: str, value: str) -> str:
     for line in text.splitlines():
         out.append(f"{key} = {value}" if line.startswith(f"{key} =") else line)
     return "\n".join(out) + "\n"
+
+
+def _test_artifacts():  # noqa: ANN202 - the store helpers of tests/test_artifacts.py (one definition)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_ks_test_artifacts", REPO / "tests" / "test_artifacts.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+_ARTS = _test_artifacts()
+KEY, candidate, key = _ARTS.KEY, _ARTS.candidate, _ARTS.key

@@ -253,11 +253,15 @@ class Manifest(_Model):
 
 def parse_manifest(text: str | bytes, where: str) -> Manifest:
     """Read a manifest; anything but a valid schema-1 manifest is an :class:`ArtifactError` (one line)."""
+    from ._safeio import UnsafeFile, loads_json
+
     try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ArtifactError(f"{where}: malformed manifest: not JSON ({exc.msg if hasattr(exc, 'msg') else exc})") \
-            from None
+        data = loads_json(text.decode("utf-8") if isinstance(text, bytes) else text, where)
+    except UnicodeDecodeError:
+        raise ArtifactError(f"{where}: malformed manifest: not UTF-8") from None
+    except UnsafeFile as exc:
+        why = str(exc).removeprefix(f"{where}: ").replace("not valid JSON", "not JSON")
+        raise ArtifactError(f"{where}: malformed manifest: {why}") from None
     if not isinstance(data, dict):
         raise ArtifactError(f"{where}: malformed manifest: expected a JSON object")
     if "schema_version" not in data:

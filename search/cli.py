@@ -269,20 +269,27 @@ def artifacts_show(key: str = KeyArg, store: Optional[str] = StoreOpt,
 
 
 @artifacts_app.command("verify")
-def artifacts_verify(store: Optional[str] = StoreOpt) -> None:
+def artifacts_verify(store: Optional[str] = StoreOpt,
+                     repair: bool = typer.Option(False, "--repair", help="finish or roll back what interrupted "
+                                                 "publishers left (journal, pointer, half-written versions)")) -> None:
     """Check every version's manifest schema and source hash, and every current pointer."""
     from ._artifacts import ArtifactStore
     from ._manifest import ArtifactError
 
     st = ArtifactStore(store)
+    if repair:
+        for k in st.keys():
+            for fix in st.repair(k):
+                out.print(f"repaired {escape(str(k))}: {escape(fix)}", soft_wrap=True)
     results = st.verify()
     bad = [r for r in results if not r.ok]
     for r in results:
         out.print(f"{'ok ' if r.ok else '[red]BAD[/]'} {escape(str(r.where))}"
                   + ("" if r.ok else f": {escape(r.message)}"), soft_wrap=True)
-    for tmp in st.stale_temporaries():
-        out.print(f"[dim]note: {escape(str(tmp))} is a half-written version left by an interrupted publisher "
-                  "(invisible to readers; safe to delete)[/]")
+    for k in st.keys():
+        for problem, fix in st.crash_leftovers(k):
+            out.print(f"[yellow]leftover[/] {escape(str(k))}: {escape(problem)} (--repair: {escape(fix)})",
+                      soft_wrap=True)
     if bad:
         raise ArtifactError(f"{len(bad)} of {len(results)} check(s) failed in {st.root}")
     out.print(f"{len(results)} version(s) verified in {st.root}" if results else f"no artifacts in {st.root}")
@@ -336,6 +343,10 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
     from ._verify import tolerance, verify_kernel
     from .backends import get_backend
 
+    from . import _options
+
+    _options.check(_options.Seed, seed, "--seed")
+    _options.check(_options.Timeout, timeout, "--timeout")
     if check and sanitize:
         raise KernsearchError("--check and --sanitize are separate runs: give one of them")
     if backend == "cpu" and chip_name is None:
@@ -499,12 +510,13 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
     parse_duration(time_budget)  # a bad duration is refused before anything starts
     if trials is None and time_budget is None:
         trials = 150
-    if (trials is not None and trials < 1) or finalists < 1:
-        raise KernsearchError("--trials and --finalists must be at least 1")
-    if patience is not None and patience < 0:
-        raise KernsearchError("--patience must be 0 (never stop early) or more")
-    if timeout <= 0:
-        raise KernsearchError("--timeout must be more than 0 seconds")
+    from . import _options
+
+    _options.check(_options.Count, trials, "--trials")
+    _options.check(_options.Count, finalists, "--finalists")
+    _options.check(_options.Patience, patience, "--patience")
+    _options.check(_options.Timeout, timeout, "--timeout")
+    _options.check(_options.Seed, seed, "--seed")
     if backend == "replay" or landscape:
         from .backends._replay import ReplayBackend
 
@@ -526,6 +538,12 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
         problem = make_problem(fam, shape, dtype, c)
         objective = KernelObjective(problem, c, name, seed=seed, timeout=timeout, verify=verify)
     key = objective.study_key
+    if publish and backend == "replay" or publish and landscape:
+        raise KernsearchError("--publish needs a kernel family: replayed landscapes have no kernel to publish")
+    if storage != ":memory:":
+        from ._storage import check_storage
+
+        check_storage(storage)  # a corrupted storage is one line, before the banner
     if note:
         err.print(note, soft_wrap=True)
     err.print(f"tuning [bold]{key['family']}[/] {key['shape']} {key['dtype']} on {key['chip']} "
@@ -607,10 +625,10 @@ def studies(storage: Optional[str] = StorageOpt) -> None:
     """List the stored studies: name, trials, best time and its evidence kind."""
     import optuna
 
-    from ._storage import make_storage
+    from ._storage import check_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    summaries = optuna.get_all_study_summaries(make_storage(storage))
+    summaries = optuna.get_all_study_summaries(check_storage(storage))
     if not summaries:
         out.print("no studies stored yet (run `kernsearch tune FAMILY`)")
         return
@@ -635,11 +653,13 @@ def show(study: str = typer.Argument(..., help="study name (see `kernsearch stud
 
     import optuna
 
-    from ._storage import make_storage
+    from . import _options
+    from ._storage import check_storage
     from ._study import _top
 
+    _options.check(_options.Rows, top, "--top")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    store = make_storage(storage)
+    store = check_storage(storage)
     names = [s.study_name for s in optuna.get_all_study_summaries(store)]
     if study not in names:
         raise KernsearchError(f"no study {study!r} in this storage (see `kernsearch studies`)")
@@ -697,13 +717,49 @@ def predict(family: str = typer.Argument(..., help=FAMILY_HELP),
             out.print(f"  {key:<30}{value:.4g}" if isinstance(value, float) else f"  {key:<30}{value}")
 
 
-def main() -> None:
-    """Console-script entry point: user errors → one line on stderr, exit 2."""
+#: Exceptions of the study storage (a corrupted or locked SQLite file...): bad input, not a kernsearch bug.
+_STORAGE_ERRORS = ("StorageInternalError", "DatabaseError", "OperationalError", "IntegrityError")
+
+
+def _error_line(message: str) -> None:
+    """One line on stderr, whatever the message holds (newlines of user text are flattened)."""
+    err.print(f"[red]error:[/] {escape(' '.join(str(message).split()))}", soft_wrap=True)
+
+
+def main(args: list[str] | None = None) -> None:
+    """Console-script entry point: usage and user errors → one line on stderr, exit 2."""
+    try:  # typer >= 0.20 vendors its own click
+        from typer import _click as click  # type: ignore[attr-defined]
+    except ImportError:  # pragma: no cover
+        import click
+
     try:
-        app()
+        rc = app(args=args, standalone_mode=False)
+    except getattr(click.exceptions, "NoArgsIsHelpError", ()) as exc:
+        out.print(exc.ctx.get_help() if exc.ctx else "", soft_wrap=True, markup=False, highlight=False)
+        sys.exit(0)
+    except click.exceptions.UsageError as exc:
+        command = f"{exc.ctx.command_path}: " if exc.ctx is not None else ""
+        _error_line(f"{command}{exc.format_message()} (see --help)")
+        sys.exit(2)
+    except (typer.Abort, KeyboardInterrupt):
+        _error_line("interrupted")
+        sys.exit(130)
+    except click.exceptions.ClickException as exc:
+        _error_line(exc.format_message())
+        sys.exit(exc.exit_code or 2)
     except KernsearchError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        _error_line(str(exc))
         sys.exit(exc.exit_code)
+    except RecursionError:
+        _error_line("input nested too deeply")
+        sys.exit(2)
+    except Exception as exc:  # noqa: BLE001 - only storage failures are turned into a line; others stay bugs
+        if type(exc).__name__ not in _STORAGE_ERRORS:
+            raise
+        _error_line(f"the study storage cannot be used ({type(exc).__name__}): {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+        sys.exit(2)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ def test_render_prints_header_and_body() -> None:
     (["space", "gemm", "--dtype", "int8"], "dtype 'int8' not supported"),
     (["chip", "--chip", "M9 Hyper"], "unknown chip 'M9 Hyper'"),
     (["space", "/nonexistent/family"], "no family.toml"),
-    (["tune", "gemm", "--patience", "-1"], "--patience must be 0"),
+    (["tune", "gemm", "--patience", "-1"], "--patience must be 0 or more"),
     (["tune", "gemm", "--timeout", "0"], "--timeout must be more than 0"),
 ])
 def test_bad_input_is_one_line_exit_2(args: list[str], message: str) -> None:

@@ -35,6 +35,7 @@ def test_chip_m5_max_shows_figures_and_their_sources() -> None:
     assert "neural accelerators yes" in text
 
 
+@pytest.mark.slow
 def test_space_prints_counts_and_rejections() -> None:
     res = ks("space", "gemm", "--shape", "4096,4096,4096", "--dtype", "float16", "--chip", "M2 Max")
     assert res.returncode == 0, res.stderr

@@ -184,6 +184,7 @@ def test_bad_job_files_are_one_line_errors(tmp_path: Path, text: str, message: s
     assert str(path) in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_cli_bad_job_file_exit_2_one_line_and_no_prefect_import(tmp_path: Path) -> None:
     bad = write(tmp_path / "jobs.toml", "[[jobs]]\nfamily = 'gemm'\nchips = ['M9 Mega']\n")
     env = {**os.environ, **TELEMETRY_OFF}

@@ -24,6 +24,7 @@ def test_m2_max_4096_float16_space_is_large_and_explained(gemm) -> None:  # noqa
     assert {"simdgroup_fragments", "staging_knobs_need_staging"} <= set(summary.rejected)
 
 
+@pytest.mark.slow
 def test_enumeration_agrees_with_per_config_check(gemm) -> None:  # noqa: ANN001
     """The pruned walk and the plain per-config check select exactly the same configs."""
     sp = _space(gemm, shape="33,65,7", dtype="float32")
@@ -33,6 +34,7 @@ def test_enumeration_agrees_with_per_config_check(gemm) -> None:  # noqa: ANN001
     assert brute == valid & sampled
 
 
+@pytest.mark.slow
 def test_shape_and_chip_change_the_space(gemm) -> None:  # noqa: ANN001
     aligned = len(_space(gemm, "64,64,64").enumerate().valid)
     ragged = len(_space(gemm, "33,65,7").enumerate().valid)

@@ -295,6 +295,31 @@ def artifacts_verify(store: Optional[str] = StoreOpt,
     out.print(f"{len(results)} version(s) verified in {st.root}" if results else f"no artifacts in {st.root}")
 
 
+@artifacts_app.command("migrate")
+def artifacts_migrate(store: Optional[str] = StoreOpt) -> None:
+    """Rewrite manifests of older schema versions in the current one (readers migrate them anyway)."""
+    from ._artifacts import ArtifactStore
+
+    st = ArtifactStore(store)
+    done = st.migrate()
+    for item in done:
+        out.print(f"migrated {escape(item)}", soft_wrap=True)
+    out.print(f"{len(done)} manifest(s) migrated in {st.root}")
+
+
+@artifacts_app.command("rejudge")
+def artifacts_rejudge(store: Optional[str] = StoreOpt, margin: float = typer.Option(
+        0.03, "--margin", min=0.0, max=10.0, help="required lower bound of the speedup over the op, minus 1")) -> None:
+    """Apply the "beats the MLX op" rule to every current measured version; losers stop being dispatched."""
+    from ._artifacts import ArtifactStore
+
+    st = ArtifactStore(store)
+    done = st.rejudge(margin)
+    for key, why in done:
+        out.print(f"{escape(str(key))}: not dispatched: {escape(why)}", soft_wrap=True)
+    out.print(f"{len(done)} current version(s) invalidated in {st.root}")
+
+
 @app.command()
 def export(families: Optional[list[str]] = typer.Argument(None, help="families to export (default: every "
                                                                      "family with artifacts)"),

@@ -211,9 +211,12 @@ class VerifyResult:
 class ArtifactStore:
     """Versions of winning kernels under one root folder (see the module docstring)."""
 
-    def __init__(self, root: str | Path | None = None, lock_timeout: float = 60.0) -> None:
+    def __init__(self, root: str | Path | None = None, lock_timeout: float = 60.0,
+                 families: dict[str, Family] | None = None) -> None:
         self.root = Path(root) if root is not None else default_root()
         self.lock_timeout = lock_timeout
+        #: Families (by name) manifests are re-validated against besides the built-in ones (user folders).
+        self.families: dict[str, Family] = dict(families or {})
 
     # -- reading ------------------------------------------------------------------------------------
     def key_dir(self, key: ArtifactKey) -> Path:
@@ -297,6 +300,9 @@ class ArtifactStore:
             raise ArtifactError(f"{folder}: manifest describes {manifest.key}/{manifest.version}, not this "
                                 "folder (moved or tampered)")
         kernel = _read_kernel(folder, manifest)
+        from ._recheck import recheck
+
+        recheck(manifest, kernel, self.families.get(manifest.family))  # what the gate could have written
         return Artifact(key, version, folder, manifest, kernel)
 
     def current_artifacts(self, family: str | None = None, *,

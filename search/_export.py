@@ -236,60 +236,67 @@ def _export(names: list[str], out: Path, store: ArtifactStore, package: str, ver
     return result
 
 
-def _function_name(family: str) -> str:
-    name = re.sub(r"\W", "_", family)
-    return f"{name}_" if keyword.iskeyword(name) or name in ("explain",) or name[0].isdigit() else name
+#: The exported package's ``__init__.py``: constant text. Everything that varies (families, their
+#: descriptions, chips, configs) is data in ``dispatch.json``, read at import; no text from a manifest, a
+#: spec or an artifact ever becomes Python source.
+INIT_MODULE = '''"""Tuned MLX kernels exported by kernsearch.
 
-
-def _param_names(names: list[str]) -> list[str]:
-    lowered = [n.lower() for n in names]
-    chosen = lowered if len(set(lowered)) == len(lowered) else list(names)
-    return [f"{n}_" if keyword.iskeyword(n) else n for n in chosen]
-
-
-def _init_module(table: dict[str, Any], package: str) -> str:
-    functions = []
-    for family, entry in table["families"].items():
-        fn = _function_name(family)
-        params = _param_names([i["name"] for i in entry["inputs"]])
-        args = ", ".join(params)
-        shipped = ", ".join(f"{a['chip']} {a['dtype']} {'x'.join(map(str, a['shape']))}" for a in entry["artifacts"])
-        functions.append(f'''
-
-def {fn}({args}):
-    """{entry["description"]}.
-
-    Tuned kernels shipped: {shipped or "none (default config, then the MLX op)"}.
-    ``{fn}.explain({args})`` says which kernel this call uses here, and why.
-    """
-    return _dispatcher.call({family!r}, {args})
-
-
-{fn}.explain = lambda {args}, chip=None: _dispatcher.explain({family!r}, {args}, chip=chip)''')
-    names = [_function_name(f) for f in table["families"]]
-    return f'''"""Tuned MLX kernels exported by kernsearch {table["kernsearch_version"]} ({table["built_at"]}).
-
-Functions: {", ".join(names)}. Each picks the kernel for the chip it runs on (exact chip, same generation
-and die, same generation, the family's default config, then the plain MLX op) and the nearest tuned
-shape valid for the call. ``explain(family, *arrays)`` says which and why. Needs only mlx and numpy.
+Each family in ``dispatch.json`` is a function of this package (``gemm(a, b)``...). It picks the kernel for
+the chip it runs on (exact chip, same generation and die, same generation, the family's default config,
+then the plain MLX op) and the nearest tuned shape valid for the call; ``FAMILY.explain(*arrays)`` and
+``explain(family, *arrays)`` say which and why. Needs only mlx and numpy. ``dispatch.json`` is data: no
+text in it is ever executed.
 """
 
+import inspect as _inspect
+import keyword as _keyword
+import re as _re
 from pathlib import Path as _Path
 
 from ._runtime import Decision, Dispatcher
 
-__version__ = {table["version"]!r}
 _dispatcher = Dispatcher(_Path(__file__).resolve().parent)
+__version__ = str(_dispatcher.table.get("version", ""))
+_NAME = _re.compile(r"[a-z][a-z0-9_]{0,47}")
+_PARAM = _re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
 def explain(family, *arrays, chip=None):
     """Which artifact (or fallback) ``family(*arrays)`` uses here (or on ``chip``: a name or device_info)."""
     return _dispatcher.explain(family, *arrays, chip=chip)
-{"".join(functions)}
 
 
-__all__ = {sorted(["explain", "Decision", "Dispatcher", *names])!r}
+def _function(family, entry):
+    def call(*arrays):
+        return _dispatcher.call(family, *arrays)
+
+    def explain_call(*arrays, chip=None):
+        return _dispatcher.explain(family, *arrays, chip=chip)
+
+    names = [str(i.get("name", "")) for i in entry.get("inputs", [])]
+    params = [n.lower() if _PARAM.fullmatch(n) and not _keyword.iskeyword(n.lower()) else "x%d" % i
+              for i, n in enumerate(names)]
+    if len(set(params)) == len(params):
+        call.__signature__ = _inspect.Signature(
+            [_inspect.Parameter(p, _inspect.Parameter.POSITIONAL_ONLY) for p in params])
+    call.__name__ = call.__qualname__ = family
+    call.__doc__ = str(entry.get("description", ""))[:2000]
+    call.explain = explain_call
+    return call
+
+
+__all__ = ["explain", "Decision", "Dispatcher"]
+for _family, _entry in _dispatcher.table.get("families", {}).items():
+    _public = _family + "_" if _keyword.iskeyword(_family) or _family in __all__ else _family
+    if isinstance(_family, str) and _NAME.fullmatch(_family) and _public not in globals():
+        globals()[_public] = _function(_family, _entry)
+        __all__.append(_public)
 '''
+
+
+def _init_module(table: dict[str, Any], package: str) -> str:
+    """The package's ``__init__.py``: always :data:`INIT_MODULE`, whatever the table holds."""
+    return INIT_MODULE
 
 
 def _pyproject(package: str, version: str) -> str:

@@ -109,8 +109,15 @@ FUNCTIONS: Dict[str, Callable[..., Any]] = {
 }
 _BINARY: Dict[str, Callable[[Any, Any], Any]] = {
     "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b,
-    "//": lambda a, b: a // b, "%": lambda a, b: a % b, "**": lambda a, b: a ** b,
+    "//": lambda a, b: a // b, "%": lambda a, b: a % b, "**": lambda a, b: _power(a, b),
 }
+
+
+def _power(a: Any, b: Any) -> Any:
+    """``a ** b`` refused where the result would be enormous (an integer of more than 256 bits)."""
+    if isinstance(a, int) and isinstance(b, int) and b > 0 and abs(a) > 1 and b * a.bit_length() > 256:
+        raise ExpressionError(f"{a}**{b} is too large")
+    return a ** b
 _COMPARE: Dict[str, Callable[[Any, Any], bool]] = {
     "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b, "lteq": lambda a, b: a <= b,
     "gt": lambda a, b: a > b, "gteq": lambda a, b: a >= b, "in": lambda a, b: a in b,
@@ -413,29 +420,32 @@ class Dispatcher:
 
     def _refusal(self, entry: Dict[str, Any]) -> str:
         """'' if the entry's kernel files are intact, else why it is refused."""
-        return "" if self._source(entry) is not None else f"refused: {self._refused[entry['sha256']]}"
+        return "" if self._source(entry) is not None else f"refused: {self._refused[_files(entry)]}"
 
     def _source(self, entry: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-        """The kernel's source record, read once and hash-checked; None (with a warning) if tampered."""
+        """The kernel's source record, read once per pair of files and hash-checked; None (with a
+        warning) if tampered. The verdict belongs to the files: one tampered copy of a kernel never
+        refuses an intact copy elsewhere, and a tampered copy is never shown usable."""
         sha = entry["sha256"]
-        if sha not in self._sources:
+        where = _files(entry)
+        if where not in self._sources:
             record = None
             try:
-                header = (self.root / entry["header"]).read_text(encoding="utf-8")
-                source = (self.root / entry["source"]).read_text(encoding="utf-8")
+                header = _read_inside(self.root, entry["header"])
+                source = _read_inside(self.root, entry["source"])
                 k = entry["kernel"]
                 actual = source_sha256(header, source, k["template"], k["input_names"], k["output_names"])
                 if actual != sha:
-                    self._refused[sha] = f"source hash mismatch ({actual[:12]}, expected {sha[:12]})"
+                    self._refused[where] = f"source hash mismatch ({actual[:12]}, expected {sha[:12]})"
                 else:
                     record = {**k, "header": header, "source": source, "sha256": sha}
-            except (OSError, UnicodeDecodeError) as exc:
-                self._refused[sha] = f"cannot read kernel files ({exc})"
+            except (OSError, UnicodeDecodeError, ValueError) as exc:
+                self._refused[where] = f"cannot read kernel files ({exc})"
             if record is None:
-                warnings.warn(f"kernel {entry.get('key', 'default')} {sha[:12]}: {self._refused[sha]}; "
+                warnings.warn(f"kernel {entry.get('key', 'default')} {sha[:12]}: {self._refused[where]}; "
                               "falling back", RuntimeWarning, stacklevel=4)
-            self._sources[sha] = record
-        return self._sources[sha]
+            self._sources[where] = record
+        return self._sources[where]
 
     # -- running ---------------------------------------------------------------------------------------
     def explain(self, family: str, *arrays: Any, chip: Any = None, modeled: bool = False) -> Decision:
@@ -494,6 +504,32 @@ class Dispatcher:
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
+
+def _files(entry: Dict[str, Any]) -> Tuple[str, str, str]:
+    """What a tamper verdict is about: the two files and the hash they must have."""
+    return (str(entry["header"]), str(entry["source"]), str(entry["sha256"]))
+
+
+def _read_inside(root: Path, rel: str, limit: int = 4 << 20) -> str:
+    """A kernel file of the package: a plain relative path inside it, a regular file, bounded."""
+    parts = str(rel).split("/")
+    if any(p in ("", ".", "..") for p in parts) or str(rel).startswith("/"):
+        raise ValueError(f"{rel!r} is not a path inside the package")
+    path = root.joinpath(*parts)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        import stat
+
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{rel} is not a regular file")
+        data = os.read(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"{rel} is larger than {limit} bytes")
+    return data.decode("utf-8")
+
+
 
 def source_sha256(header: str, source: str, template: Any, input_names: Any, output_names: Any) -> str:
     """The kernel hash kernsearch computes (``kernsearch._render.source_sha256``): same JSON, same order."""

@@ -51,9 +51,11 @@ def hostile_family(tmp_path: Path) -> Callable[..., Path]:
 
 def set_key(text: str, key: str, value: str) -> str:
     """Replace the top-level ``key = ...`` line of a family.toml."""
-    out = []
+    out, done = [], False
     for line in text.splitlines():
-        out.append(f"{key} = {value}" if line.startswith(f"{key} =") else line)
+        hit = not done and line.startswith(f"{key} =")
+        out.append(f"{key} = {value}" if hit else line)
+        done = done or hit
     return "\n".join(out) + "\n"
 
 

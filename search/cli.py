@@ -470,7 +470,13 @@ def _final_lines(final: dict, evidence: str) -> list[str]:
     for number, check in (final.get("checks") or {}).items():
         state = f"[green]pass[/] (max abs err {check['max_abs_err']:.2g})" if check["ok"] else \
             f"[red]FAIL ({check['reason']})[/]"
-        lines.append(f"trial {number} on the interpreter at {'x'.join(map(str, final.get('verify_shape', [])))}: {state}")
+        also = ""
+        if check.get("also"):
+            sampled = check.get("threadgroups_checked")
+            also = " and " + ", ".join(check["also"]) + (f" ({sampled} threadgroups sampled at the tuned shape)"
+                                                         if sampled else "")
+        lines.append(f"trial {number} on the interpreter at {'x'.join(map(str, final.get('verify_shape', [])))}"
+                     f"{escape(also)}: {state}")
     if final.get("note"):
         lines.append(str(final["note"]))
     return lines

@@ -94,3 +94,16 @@ def test_an_unreachable_postgresql_url_is_one_line_without_the_password(tmp_path
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot open study storage" in lines[0] and "hunter2" not in proc.stderr, proc.stderr
+
+
+def test_a_farm_worker_refuses_a_run_for_another_chip_in_one_line(monkeypatch):
+    from kernsearch.flows.nightly import gpu_limit_name, refusal
+
+    monkeypatch.delenv("KERNSEARCH_CHIP", raising=False)
+    assert refusal("M3 Max") is None  # no declared identity: a machine runs what it is asked (modeled)
+    monkeypatch.setenv("KERNSEARCH_CHIP", "M2 Max")
+    monkeypatch.setenv("KERNSEARCH_MACHINE", "mac-mini-07")
+    assert refusal("M2 Max") is None and refusal("m2-max") is None
+    why = refusal("M3 Max")
+    assert why is not None and "\n" not in why and "mac-mini-07" in why and "M3 Max" in why
+    assert gpu_limit_name() == "kernsearch-gpu-mac-mini-07"  # one GPU slot per machine, not per host name

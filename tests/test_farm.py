@@ -21,8 +21,8 @@ pytestmark = pytest.mark.skipif(pg_bin() is None, reason="PostgreSQL is not inst
 
 
 @pytest.fixture(scope="module")
-def pg(tmp_path_factory: pytest.TempPathFactory):
-    with PostgresServer(tmp_path_factory.mktemp("pg")) as server:
+def pg():
+    with PostgresServer() as server:
         yield server
     assert not server.running()
 
@@ -48,6 +48,7 @@ def _evaluated(log: Path) -> list[tuple[str, str]]:
     return [tuple(line.split()) for line in log.read_text().splitlines()]  # type: ignore[misc]
 
 
+@pytest.mark.slow  # worker processes on a real server: CI runs it, the fast lane does not
 def test_three_processes_share_one_study_without_measuring_a_config_twice(pg, tmp_path):
     log = tmp_path / "evals.log"
     workers = [_worker(pg, "shared", 24, 0.05, log) for _ in range(3)]
@@ -62,6 +63,7 @@ def test_three_processes_share_one_study_without_measuring_a_config_twice(pg, tm
     assert len(ok) == len(configs) >= 24  # the budget is the study's, shared by the processes
 
 
+@pytest.mark.slow  # worker processes on a real server: CI runs it, the fast lane does not
 def test_a_worker_killed_mid_trial_has_its_trial_failed_and_retried_and_the_study_goes_on(pg, tmp_path):
     from optuna.trial import TrialState
 

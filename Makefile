@@ -9,7 +9,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 
-.PHONY: setup tune test
+.PHONY: setup tune test test-fast
 setup: $(VENV)/.installed
 
 tune: $(VENV)/.installed
@@ -17,3 +17,7 @@ tune: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q
+
+# The developers' lane (< 2 min on an idle 2-core machine): unit tests, two workers, no slow/GPU tests.
+test-fast: $(VENV)/.installed
+	$(BIN)/python -m pytest -q -m "not slow and not gpu" -n 2

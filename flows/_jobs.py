@@ -30,7 +30,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from kernsearch import _safeio
 from kernsearch._errors import KernsearchError
+from kernsearch._options import Count, Gain, Seed, Timeout
 
 BACKENDS = ("auto", "metal", "cuda", "model")
 
@@ -47,23 +49,26 @@ class JobOptions(_Model):
     """Budget and search options; ``[defaults]`` holds the same fields."""
 
     backend: Literal["auto", "metal", "cuda", "model"] = "auto"
-    trials: int | None = Field(100, ge=1)
+    trials: Count | None = 100
     #: New configs to evaluate each night on top of what the study holds (still capped by ``trials``);
     #: without it a study that holds ``trials`` configs only re-checks its winner.
-    trials_per_night: int | None = Field(None, ge=1)
+    trials_per_night: Count | None = None
     time_budget: str | None = None
-    patience: int | None = Field(None, ge=1)
+    patience: Count | None = None
     sampler: Literal["tpe", "random", "grid"] = "tpe"
-    seed: int = 0
-    finalists: int = Field(3, ge=1)
+    seed: Seed = 0
+    finalists: Count = 3
     #: Seconds one kernel variant may take (build + verify + time) before its worker is killed.
-    timeout: float = Field(120.0, gt=0)
+    timeout: Timeout = 120.0
     #: Extra shapes the winner is verified on before publishing ("68,68,68"); default: one small ragged shape.
     verify_shapes: list[str] | None = None
     #: Relative speed-up the gate requires on top of the measured noise (0.02 = 2 %).
-    min_gain: float = Field(0.0, ge=0)
+    min_gain: Gain = 0.0
+    #: A measured winner is dispatched only if the lower bound of its speedup over the MLX op exceeds
+    #: 1 + margin (0.03 = 3 %); a loser is recorded in the journal, not dispatched (docs/artifacts.md).
+    margin: Gain = 0.03
     #: Seconds the whole tune step may take (default: the time budget + 50 % + 10 min, or 2 h without one).
-    step_timeout: float | None = Field(None, gt=0)
+    step_timeout: Timeout | None = None
 
     @field_validator("verify_shapes", mode="before")
     @classmethod
@@ -194,11 +199,11 @@ def load_jobs(path: str | Path) -> Jobs:
     """Read and check a job file (``.toml``, ``.yaml`` or ``.yml``); any problem is a :class:`JobFileError`."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise JobFileError(f"{path}: no such job file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise JobFileError(f"{path}: cannot read the job file ({type(exc).__name__})") from None
+        text = _safeio.read_text(path, _safeio.SPEC_LIMIT)
+    except _safeio.UnsafeFile as exc:
+        raise JobFileError(f"cannot read the job file: {exc}") from None
+    if not _safeio.json_depth_ok(text.replace("'", '"')):
+        raise JobFileError(f"{path}: nested deeper than {_safeio.JSON_DEPTH} levels (refused)")
     data = _parse(path, text)
     try:
         spec = JobFile.model_validate(data)
@@ -224,7 +229,9 @@ def _parse(path: Path, text: str) -> Any:
         try:
             return tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
-            raise JobFileError(f"{path}: not valid TOML: {exc}") from None
+            raise JobFileError(f"{path}: not valid TOML: {' '.join(str(exc).split())}") from None
+        except RecursionError:
+            raise JobFileError(f"{path}: nested too deeply") from None
     if suffix in (".yaml", ".yml"):
         import yaml
 
@@ -232,6 +239,8 @@ def _parse(path: Path, text: str) -> Any:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise JobFileError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+        except RecursionError:
+            raise JobFileError(f"{path}: nested too deeply") from None
         if not isinstance(data, dict):
             raise JobFileError(f"{path}: a job file is a mapping with a `jobs` list")
         return data

@@ -43,14 +43,38 @@ class Chip(BaseModel):
     threadgroup_memory_bytes: int
     max_registers_per_thread: int = 128
     system_cache_mb: float = 8
+    neural_accelerators: bool = False
+    tensor_fp16_tflops: float | None = None
+    sources: dict[str, str] = Field(default_factory=dict)
+    estimated: tuple[str, ...] = ()
     known: bool = True
     detected: dict[str, Any] = Field(default_factory=dict)
 
-    def peak_tflops(self, dtype: str) -> float:
-        """Peak arithmetic rate for ``dtype`` (tensor-core rate for 16-bit types on NVIDIA)."""
+    def simd_tflops(self, dtype: str) -> float:
+        """Peak rate of the GPU cores' own ALUs / matrix units (tensor cores for 16-bit types on NVIDIA)."""
         if dtype in ("float16", "bfloat16") and self.fp16_tflops:
             return self.fp16_tflops
         return self.fp32_tflops
+
+    def peak_tflops(self, dtype: str) -> float:
+        """The chip's best arithmetic rate for ``dtype``: the neural accelerators' where they take it."""
+        return max(self.simd_tflops(dtype), self.tensor_tflops(dtype) or 0.0)
+
+    def tensor_tflops(self, dtype: str) -> float | None:
+        """Peak matrix rate of the neural accelerators for ``dtype`` (None: no accelerator for it).
+
+        Only 16-bit inputs are accelerated in the published measurements; float32 runs on the SIMD units.
+        """
+        if self.neural_accelerators and dtype in ("float16", "bfloat16"):
+            return self.tensor_fp16_tflops
+        return None
+
+    def figure_source(self, field: str) -> str:
+        """Where a figure comes from, and whether it is an estimate (empty when the registry header covers it)."""
+        source = self.sources.get(field, "")
+        if field in self.estimated:
+            source = f"estimate; {source}" if source else "estimate"
+        return source
 
     @property
     def lineage(self) -> tuple[str | None, str | None]:

@@ -36,6 +36,7 @@ from ._expr import Expr, _ENV
 from ._manifest import ArtifactError
 from ._render import render
 from ._spec import ARRAY_FUNCTIONS, DTYPES, Family, load_family
+from .export_runtime._runtime import DEFAULT_MARGIN, FORMAT
 
 DEFAULT_PACKAGE = "kernsearch_kernels"
 #: MLX has no CPU back-end on Linux without its ``cpu`` extra: consumers' CI must still get correct results.
@@ -134,6 +135,8 @@ def _family_table(fam: Family) -> dict[str, Any]:
         "constraints": [{"name": c.name, "why": c.why, "expr": expr_tree(c.expr)} for c in fam.constraints],
         "launch": launch,
         "baseline": expr_tree(fam.baseline),
+        "baseline_name": fam.baseline_name,
+        "transfer": fam.transfer,
         "array_functions": list(ARRAY_FUNCTIONS),
         "default": {"config": dict(fam.default), "kernels": {}},
         "artifacts": [],
@@ -179,7 +182,7 @@ def _export(names: list[str], out: Path, store: ArtifactStore, package: str, ver
         shutil.rmtree(source_dir)
     pkg = source_dir / package
     pkg.mkdir(parents=True)
-    table: dict[str, Any] = {"format": 1, "package": package, "version": version,
+    table: dict[str, Any] = {"format": FORMAT, "package": package, "version": version, "margin": DEFAULT_MARGIN,
                              "kernsearch_version": __version__,
                              "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                              "chips": _chips(), "families": {}}
@@ -197,7 +200,9 @@ def _export(names: list[str], out: Path, store: ArtifactStore, package: str, ver
                     "config": dict(fam.default), "kernel": _kernel_record(kernel), "sha256": kernel.sha256,
                     "header": f"{rel}/header.{_SUFFIX[target]}", "source": f"{rel}/source.{_SUFFIX[target]}"}
         shipped = 0
-        for art in store.current_artifacts(fam.name):  # verified on load: tampered ones stop the export
+        # Current versions, verified on load (tampered ones stop the export); invalidated ones travel as
+        # records the dispatcher never runs, so `explain` can say why (e.g. "0.26x of mx.matmul").
+        for art, invalidated in store.current_artifacts(fam.name, with_invalidated=True):
             m = art.manifest
             rel = f"artifacts/{art.key.path}/{art.version}"
             for filename in (m.kernel.header_file, m.kernel.source_file, "manifest.json"):
@@ -208,10 +213,14 @@ def _export(names: list[str], out: Path, store: ArtifactStore, package: str, ver
                 "config": dict(m.config), "target": m.kernel.target, "evidence": m.evidence,
                 "median_ms": m.measurements.median_ms if m.measurements else None,
                 "speedup": m.measurements.speedup if m.measurements else None,
+                "speedup_low": m.measurements.speedup_low if m.measurements else None,
+                "speedup_high": m.measurements.speedup_high if m.measurements else None,
+                "invalidated": invalidated, "timing_identity": m.toolchain.timing_identity(),
                 "kernel": _kernel_record(art.kernel), "sha256": m.source_sha256,
                 "header": f"{rel}/{m.kernel.header_file}", "source": f"{rel}/{m.kernel.source_file}"})
-            result.artifacts.append(f"{art.key.path}/{art.version}")
-            shipped += 1
+            if invalidated is None:
+                result.artifacts.append(f"{art.key.path}/{art.version}")
+                shipped += 1
         if not shipped:
             result.notes.append(f"{fam.name}: no current artifact in {store.root}; the package uses its "
                                 "default config and the MLX op")
@@ -227,60 +236,67 @@ def _export(names: list[str], out: Path, store: ArtifactStore, package: str, ver
     return result
 
 
-def _function_name(family: str) -> str:
-    name = re.sub(r"\W", "_", family)
-    return f"{name}_" if keyword.iskeyword(name) or name in ("explain",) or name[0].isdigit() else name
+#: The exported package's ``__init__.py``: constant text. Everything that varies (families, their
+#: descriptions, chips, configs) is data in ``dispatch.json``, read at import; no text from a manifest, a
+#: spec or an artifact ever becomes Python source.
+INIT_MODULE = '''"""Tuned MLX kernels exported by kernsearch.
 
-
-def _param_names(names: list[str]) -> list[str]:
-    lowered = [n.lower() for n in names]
-    chosen = lowered if len(set(lowered)) == len(lowered) else list(names)
-    return [f"{n}_" if keyword.iskeyword(n) else n for n in chosen]
-
-
-def _init_module(table: dict[str, Any], package: str) -> str:
-    functions = []
-    for family, entry in table["families"].items():
-        fn = _function_name(family)
-        params = _param_names([i["name"] for i in entry["inputs"]])
-        args = ", ".join(params)
-        shipped = ", ".join(f"{a['chip']} {a['dtype']} {'x'.join(map(str, a['shape']))}" for a in entry["artifacts"])
-        functions.append(f'''
-
-def {fn}({args}):
-    """{entry["description"]}.
-
-    Tuned kernels shipped: {shipped or "none (default config, then the MLX op)"}.
-    ``{fn}.explain({args})`` says which kernel this call uses here, and why.
-    """
-    return _dispatcher.call({family!r}, {args})
-
-
-{fn}.explain = lambda {args}, chip=None: _dispatcher.explain({family!r}, {args}, chip=chip)''')
-    names = [_function_name(f) for f in table["families"]]
-    return f'''"""Tuned MLX kernels exported by kernsearch {table["kernsearch_version"]} ({table["built_at"]}).
-
-Functions: {", ".join(names)}. Each picks the kernel for the chip it runs on (exact chip, same generation
-and die, same generation, the family's default config, then the plain MLX op) and the nearest tuned
-shape valid for the call. ``explain(family, *arrays)`` says which and why. Needs only mlx and numpy.
+Each family in ``dispatch.json`` is a function of this package (``gemm(a, b)``...). It picks the kernel for
+the chip it runs on (exact chip, same generation and die, same generation, the family's default config,
+then the plain MLX op) and the nearest tuned shape valid for the call; ``FAMILY.explain(*arrays)`` and
+``explain(family, *arrays)`` say which and why. Needs only mlx and numpy. ``dispatch.json`` is data: no
+text in it is ever executed.
 """
 
+import inspect as _inspect
+import keyword as _keyword
+import re as _re
 from pathlib import Path as _Path
 
 from ._runtime import Decision, Dispatcher
 
-__version__ = {table["version"]!r}
 _dispatcher = Dispatcher(_Path(__file__).resolve().parent)
+__version__ = str(_dispatcher.table.get("version", ""))
+_NAME = _re.compile(r"[a-z][a-z0-9_]{0,47}")
+_PARAM = _re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
 def explain(family, *arrays, chip=None):
     """Which artifact (or fallback) ``family(*arrays)`` uses here (or on ``chip``: a name or device_info)."""
     return _dispatcher.explain(family, *arrays, chip=chip)
-{"".join(functions)}
 
 
-__all__ = {sorted(["explain", "Decision", "Dispatcher", *names])!r}
+def _function(family, entry):
+    def call(*arrays):
+        return _dispatcher.call(family, *arrays)
+
+    def explain_call(*arrays, chip=None):
+        return _dispatcher.explain(family, *arrays, chip=chip)
+
+    names = [str(i.get("name", "")) for i in entry.get("inputs", [])]
+    params = [n.lower() if _PARAM.fullmatch(n) and not _keyword.iskeyword(n.lower()) else "x%d" % i
+              for i, n in enumerate(names)]
+    if len(set(params)) == len(params):
+        call.__signature__ = _inspect.Signature(
+            [_inspect.Parameter(p, _inspect.Parameter.POSITIONAL_ONLY) for p in params])
+    call.__name__ = call.__qualname__ = family
+    call.__doc__ = str(entry.get("description", ""))[:2000]
+    call.explain = explain_call
+    return call
+
+
+__all__ = ["explain", "Decision", "Dispatcher"]
+for _family, _entry in _dispatcher.table.get("families", {}).items():
+    _public = _family + "_" if _keyword.iskeyword(_family) or _family in __all__ else _family
+    if isinstance(_family, str) and _NAME.fullmatch(_family) and _public not in globals():
+        globals()[_public] = _function(_family, _entry)
+        __all__.append(_public)
 '''
+
+
+def _init_module(table: dict[str, Any], package: str) -> str:
+    """The package's ``__init__.py``: always :data:`INIT_MODULE`, whatever the table holds."""
+    return INIT_MODULE
 
 
 def _pyproject(package: str, version: str) -> str:

@@ -17,9 +17,16 @@ from typing import Any
 from jinja2 import Template, TemplateError
 
 from ._errors import KernsearchError
+from ._options import MAX_GRID, MAX_SHARED_MEMORY, MAX_THREADGROUP, geometry_ints
 from ._expr import BUILTINS, ExprError
 from ._space import Config, Space, format_config
 from ._spec import Family, template_env
+from ._template import TemplateLimit, bounded_join, render_deadline
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 @dataclass(frozen=True)
@@ -81,10 +88,11 @@ def render_blocks(tmpl: Template, ctx: dict[str, Any]) -> tuple[str, str]:
 
     The template's top level runs first so its macros and ``{% set %}`` names exist inside the blocks.
     """
-    module = tmpl.make_module(ctx)
-    scope = {k: v for k, v in vars(module).items() if not k.startswith("_")}
-    return ("".join(tmpl.blocks["header"](tmpl.new_context(ctx, locals=scope))),
-            "".join(tmpl.blocks["source"](tmpl.new_context(ctx, locals=scope))))
+    with render_deadline():
+        module = tmpl.make_module(ctx)
+        scope = {k: v for k, v in vars(module).items() if not k.startswith("_")}
+        return (bounded_join(tmpl.blocks["header"](tmpl.new_context(ctx, locals=scope))),
+                bounded_join(tmpl.blocks["source"](tmpl.new_context(ctx, locals=scope))))
 
 
 def render(family: Family, config: Config, dtype: str, target: str = "metal") -> KernelSource:
@@ -95,9 +103,12 @@ def render(family: Family, config: Config, dtype: str, target: str = "metal") ->
     tmpl = _template(family.path, family.templates[target])  # type: ignore[index]
     try:
         header, source = render_blocks(tmpl, ctx)
-    except TemplateError as exc:
+    except (TemplateError, TemplateLimit, ExprError, TypeError, ValueError, ArithmeticError) as exc:
         raise KernsearchError(f"{family.template_path(target)}: cannot render {format_config(config)}: "
-                              f"{exc}") from None
+                              f"{_one_line(exc)}") from None
+    except RecursionError:
+        raise KernsearchError(f"{family.template_path(target)}: cannot render {format_config(config)}: "
+                              "recursion too deep") from None
     header, source = header.strip("\n") + "\n", source.rstrip() + "\n"
     digest = source_sha256(header, source)[:12]
     return KernelSource(
@@ -116,24 +127,26 @@ def geometry(space: Space, config: Config) -> Geometry:
     fam = space.family
     ctx = space.context(config)
 
-    def ints(expr: Any, where: str, n: int | None = 3) -> tuple[int, ...]:
+    def ints(expr: Any, where: str, n: int | None = 3, low: int = 1, high: int = MAX_GRID) -> tuple[int, ...]:
         value = space._eval(expr, ctx, where)
         try:
-            out = tuple(int(v) for v in value)
-        except TypeError:
-            raise KernsearchError(f"{fam.path}/family.toml: {where} must be a list of integers") from None
-        if n is not None and len(out) != n:
-            raise KernsearchError(f"{fam.path}/family.toml: {where} must have {n} entries")
-        return out
+            return geometry_ints(value, where, n, low, high)
+        except ValueError as exc:
+            raise KernsearchError(f"{fam.path}/family.toml: {exc}") from None
 
     transposed = tuple(t.name for t in fam.inputs
                        if t.transposed is not None and space._eval(t.transposed, ctx, f"{t.name}.transposed"))
-    shared = int(space._eval(fam.launch.shared_memory, ctx, "launch.shared_memory")) \
-        if fam.launch.shared_memory is not None else 0
+    shared = 0
+    if fam.launch.shared_memory is not None:
+        try:
+            shared = geometry_ints([space._eval(fam.launch.shared_memory, ctx, "launch.shared_memory")],
+                                   "launch.shared_memory", 1, 0, MAX_SHARED_MEMORY)[0]
+        except ValueError as exc:
+            raise KernsearchError(f"{fam.path}/family.toml: {exc}") from None
     return Geometry(
         grid=ints(fam.launch.grid, "launch.grid"),  # type: ignore[arg-type]
-        threadgroup=ints(fam.launch.threadgroup, "launch.threadgroup"),  # type: ignore[arg-type]
-        output_shapes=tuple(ints(t.shape, f"outputs.{t.name}.shape", None) for t in fam.outputs),
+        threadgroup=ints(fam.launch.threadgroup, "launch.threadgroup", 3, 1, MAX_THREADGROUP),  # type: ignore[arg-type]
+        output_shapes=tuple(ints(t.shape, f"outputs.{t.name}.shape", None, 1, MAX_GRID) for t in fam.outputs),
         output_dtypes=tuple(space.problem.dtype for _ in fam.outputs),
         transposed_inputs=transposed,
         shared_memory=shared,

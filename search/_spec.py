@@ -10,17 +10,18 @@ the file and the field. Expressions are compiled in Jinja's sandbox (see ``_expr
 from __future__ import annotations
 
 import re
-import tomllib
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateSyntaxError
+from jinja2 import TemplateNotFound, TemplateSyntaxError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from . import _safeio
 from ._errors import SpecError
 from ._expr import BUILTINS, Expr, ExprError
+from ._template import TEMPLATE_LIMIT, TemplateSandbox
 
 SPEC_FILE = "family.toml"
 TARGETS = ("metal", "cuda")
@@ -33,7 +34,9 @@ CONTEXT_NAMES = frozenset({"chip", "dtype", "dtype_size"}) | frozenset(BUILTINS)
 #: Names the performance model supplies to ``[model]`` expressions (threadgroups resident at once, chip-wide).
 MODEL_NAMES = frozenset({"concurrent"})
 KnobValue = Union[bool, int, str]
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+#: Family names (they become folder names, package functions and kernel names).
+NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,47}")
 KnobKind = Literal["tile", "vector", "buffering", "layout", "threadgroup_memory", "threadgroup_size",
                    "inner_product", "other"]
 
@@ -93,7 +96,7 @@ class Tensor(_Model):
     @field_validator("name")
     @classmethod
     def _ident(cls, name: str) -> str:
-        if not _IDENT.match(name):
+        if not _IDENT.fullmatch(name):
             raise ValueError(f"{name!r} is not an identifier")
         return name
 
@@ -119,7 +122,7 @@ class ProblemSpec(_Model):
     @model_validator(mode="after")
     def _consistent(self) -> ProblemSpec:
         for d in self.dims:
-            if not _IDENT.match(d):
+            if not _IDENT.fullmatch(d):
                 raise ValueError(f"dimension {d!r} is not an identifier")
         if len(self.default_shape) != len(self.dims) or any(s <= 0 for s in self.default_shape):
             raise ValueError(f"default_shape must give {len(self.dims)} positive sizes")
@@ -150,7 +153,7 @@ class Family(_Model):
     """A validated kernel family."""
 
     name: str
-    description: str
+    description: str = Field(max_length=2000)
     problem: ProblemSpec
     inputs: list[Tensor] = Field(min_length=1)
     outputs: list[Tensor] = Field(min_length=1)
@@ -165,8 +168,27 @@ class Family(_Model):
     launch: Launch
     default: dict[str, KnobValue]
     tolerance: dict[Literal["float32", "float16", "bfloat16"], Tolerance]
+    #: Whether the exported package may run a kernel tuned on one chip on another of the same generation
+    #: (only when it beat the op on its own chip by the margin). Off unless the family says so.
+    transfer: bool = False
     path: Path
     _check = field_validator("reference", "baseline", mode="before")(lambda v: _expr(v))
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not NAME_RE.fullmatch(name):
+            raise ValueError(f"{name[:80]!r} is not a family name (lower-case letters, digits and _, "
+                             "starting with a letter, at most 48 characters)")
+        return name
+
+    @field_validator("templates")
+    @classmethod
+    def _template_files(cls, files: dict[str, str]) -> dict[str, str]:
+        for target, filename in files.items():
+            if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", filename) or ".." in filename:
+                raise ValueError(f"{target}: {filename[:80]!r} is not a plain file name in the family folder")
+        return files
 
     @field_validator("derived", "model", mode="before")
     @classmethod
@@ -181,6 +203,12 @@ class Family(_Model):
         return self
 
     # -- views ------------------------------------------------------------------------------------
+    @property
+    def baseline_name(self) -> str:
+        """The baseline op as users know it (``mx.matmul``), for verdicts and ``explain``."""
+        m = re.match(r"\s*([A-Za-z_][A-Za-z0-9_]{0,47})\s*\(", self.baseline.text)
+        return f"mx.{m.group(1)}" if m else "the MLX op"
+
     @property
     def dims(self) -> list[str]:
         return self.problem.dims
@@ -202,7 +230,7 @@ def _check_names(fam: Family) -> None:
     """Every name an expression reads must exist where it is evaluated."""
     knobs, dims = set(fam.knobs), set(fam.problem.dims)
     for name in list(knobs) + list(fam.derived):
-        if not _IDENT.match(name):
+        if not _IDENT.fullmatch(name):
             raise ValueError(f"{name!r} is not an identifier")
         if name in dims or name in CONTEXT_NAMES:
             raise ValueError(f"name {name!r} is reserved (a dimension or a built-in)")
@@ -229,7 +257,7 @@ def _check_names(fam: Family) -> None:
             require(f"launch.{field}", expr, full)
     model_base = full | set(MODEL_NAMES)
     for name, expr in fam.model.items():
-        if not _IDENT.match(name):
+        if not _IDENT.fullmatch(name):
             raise ValueError(f"model.{name}: not an identifier")
         if name in full or name in MODEL_NAMES:
             raise ValueError(f"model.{name}: name is taken (a knob, dimension, derived value or built-in)")
@@ -274,27 +302,35 @@ def builtin_family_names() -> list[str]:
 
 
 def load_family(name_or_path: str | Path) -> Family:
-    """A built-in family by name, or a user's family folder (or its ``family.toml``) by path."""
+    """A built-in family by bare name (``gemm``), or a user's family folder by path (``./gemm``, ``/abs``).
+
+    A bare name never reads the current directory: a folder called ``gemm`` here cannot shadow the
+    built-in family; it is loaded only when given as a path.
+    """
     text = str(name_or_path)
-    path = Path(text)
-    if isinstance(name_or_path, Path) or "/" in text or text.startswith(".") or path.is_dir():
+    if not text or "\x00" in text:
+        raise SpecError("empty family name (give a built-in name or a path to a family folder)")
+    if isinstance(name_or_path, Path) or "/" in text or text.startswith(".") or text.endswith(".toml"):
+        path = Path(text)
         folder = path.parent if path.name == SPEC_FILE else path
-        if not (folder / SPEC_FILE).is_file():
-            raise SpecError(f"{folder}: no {SPEC_FILE} in this folder (not a kernel family)")
+        if not _safeio.is_regular(folder / SPEC_FILE):
+            raise SpecError(f"{folder}: no {SPEC_FILE} file in this folder (not a kernel family)")
         return _load_folder(folder.resolve())
-    builtin = builtin_families_dir() / text
-    if not (builtin / SPEC_FILE).is_file():
-        raise SpecError(f"unknown family {text!r} (built-in: {', '.join(builtin_family_names())}; "
-                        "or give a path to a family folder)")
-    return _load_folder(builtin)
+    if NAME_RE.fullmatch(text) and _safeio.is_regular(builtin_families_dir() / text / SPEC_FILE):
+        return _load_folder(builtin_families_dir() / text)
+    hint = ""
+    if NAME_RE.fullmatch(text) and Path(text).is_dir():
+        hint = f"; to use the folder {text!r} here, give it as a path: ./{text}"
+    raise SpecError(f"unknown family {text[:80]!r} (built-in: {', '.join(builtin_family_names())}; "
+                    f"a user's family is given as a path, e.g. ./myfamily){hint}")
 
 
 def _load_folder(folder: Path) -> Family:
     spec_file = folder / SPEC_FILE
     try:
-        data = tomllib.loads(spec_file.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{spec_file}: not valid TOML: {exc}") from None
+        data = _safeio.read_toml(spec_file)
+    except _safeio.UnsafeFile as exc:
+        raise SpecError(str(exc)) from None
     family = parse_family(data, spec_file)
     for target in family.templates:
         check_template(family, target)
@@ -317,21 +353,25 @@ def parse_family(data: Any, source: Path | str = "<spec>") -> Family:
         raise SpecError(f"{source}: {exc}") from None
 
 
-def template_env(folder: Path) -> Environment:
-    """The Jinja environment templates render in: strict about missing names, no autoescape."""
-    return Environment(loader=FileSystemLoader(str(folder)), undefined=StrictUndefined,
-                       keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
-                       autoescape=False)
+def template_env(folder: Path) -> TemplateSandbox:
+    """The sandbox templates render in (``_template``): whitelisted filters/tests, no globals, bounded."""
+    return TemplateSandbox(folder)
 
 
 def check_template(family: Family, target: str) -> None:
     path = family.template_path(target)
-    if not path.is_file():
-        raise SpecError(f"{family.path / SPEC_FILE}: templates.{target}: no such file {path.name}")
+    if not _safeio.is_regular(path):
+        what = "no such file" if not path.exists() and not path.is_symlink() else "not a regular file (refused)"
+        raise SpecError(f"{family.path / SPEC_FILE}: templates.{target}: {what}: {path.name}")
     try:
         tmpl = template_env(family.path).get_template(path.name)
     except TemplateSyntaxError as exc:
         raise SpecError(f"{path}:{exc.lineno}: template syntax error: {exc.message}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: template nested too deeply") from None
+    except TemplateNotFound:
+        raise SpecError(f"{path}: cannot read the template (a link, special file or over "
+                        f"{TEMPLATE_LIMIT} bytes)") from None
     missing = {"header", "source"} - set(tmpl.blocks)
     if missing:
         raise SpecError(f"{path}: template must define blocks 'header' and 'source' (missing {sorted(missing)})")

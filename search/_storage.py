@@ -44,6 +44,38 @@ def make_storage(url: str | None) -> Any:
     raise AssertionError("unreachable")
 
 
+def check_storage(url: str | None) -> Any:
+    """:func:`make_storage`, after checking a SQLite file is an intact database (one line if not).
+
+    A corrupted page would otherwise surface mid-search as Optuna's ``StorageInternalError``.
+    """
+    import sqlite3
+
+    url = url or default_storage()
+    if url.startswith("sqlite:///"):
+        path = Path(url.removeprefix("sqlite:///"))
+        if path.exists():
+            try:
+                conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)
+                try:
+                    rows = conn.execute("PRAGMA quick_check").fetchall()
+                finally:
+                    conn.close()
+            except sqlite3.Error as exc:
+                raise KernsearchError(f"cannot open study storage {url!r}: {exc}") from None
+            if rows != [("ok",)]:
+                detail = "; ".join(str(r[0]) for r in rows[:2])
+                raise KernsearchError(f"study storage {url!r} is corrupted (sqlite quick_check: {detail[:200]})")
+    storage = make_storage(url)
+    try:
+        import optuna
+
+        optuna.get_all_study_summaries(storage)
+    except Exception as exc:  # noqa: BLE001 - a storage Optuna cannot read is bad input
+        raise KernsearchError(f"cannot read study storage {url!r}: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}") from None
+    return storage
+
+
 _WAL = False
 
 

@@ -345,7 +345,9 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
     known = _known(study)  # key -> Seen: every config the study has evaluated (ok or failed)
     # Another process working on this study (running trials now, or gaps in trial numbers later) means
     # claims must be checked against the shared storage; alone, the local view is complete.
-    shared = any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False))
+    at_start = study.get_trials(deepcopy=False)
+    shared = any(t.state == TrialState.RUNNING for t in at_start)
+    next_number = len(at_start)  # a first trial numbered otherwise means another process asked one meanwhile
     # The default config first (trial 0 of a new study), then configs of published artifacts. Fixed
     # configs are asked for through this process's sampler, not Optuna's shared queue of enqueued trials
     # (two processes popping one queued trial from SQLite at once is a race).
@@ -388,7 +390,7 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
                 fixed = _neighbour(known, objective, rng)  # a local step: one knob away from a leader
             trial = _ask(study, dists, fixed)
             if not shared:  # another process started on this study: its trials interleave with ours
-                shared = (last_number is not None and trial.number != last_number + 1) or any(
+                shared = trial.number != (next_number if last_number is None else last_number + 1) or any(
                     t.number != trial.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
             last_number = trial.number
             config = {k: trial.params[k] for k in objective.knobs}

@@ -92,29 +92,42 @@ def chip(name: Optional[str] = typer.Option(None, "--chip", help="show this chip
     from ._chips import DIE_CLASSES, registry
 
     if all_chips:
-        table = Table("chip", "vendor", "cores", "GB/s", "FP32 TF", "FP16 TF", "bf16", "tg mem", box=None)
+        table = Table("chip", "vendor", "cores", "GB/s", "FP32 TF", "FP16 TF", "matrix TF", "bf16", "tg mem",
+                      box=None)
         for c in registry().values():
+            matrix = f"{c.tensor_fp16_tflops:g}{'*' if 'tensor_fp16_tflops' in c.estimated else ''}" \
+                if c.tensor_fp16_tflops else "-"
             table.add_row(c.name, c.vendor, str(c.gpu_cores), f"{c.memory_bandwidth_gbs:g}", f"{c.fp32_tflops:g}",
-                          f"{c.peak_tflops('float16'):g}", "yes" if c.bfloat16 else "no",
+                          f"{c.simd_tflops('float16'):g}", matrix, "yes" if c.bfloat16 else "no",
                           f"{c.threadgroup_memory_bytes // 1024} KiB")
         out.print(table)
+        out.print("* estimate; `kernsearch chip --chip NAME` shows each figure's source")
         return
     c = resolve_chip(name)
     source = "named with --chip" if name else ("detected" if c.known else "detected, unknown: conservative limits")
     out.print(f"[bold]{c.name}[/] ({c.vendor}, {source})")
-    rows = [("GPU cores / SMs", c.gpu_cores), ("memory bandwidth", f"{c.memory_bandwidth_gbs:g} GB/s"),
-            ("FP32 peak", f"{c.fp32_tflops:g} TFLOP/s"), ("FP16 peak", f"{c.peak_tflops('float16'):g} TFLOP/s"),
-            ("bfloat16", "yes" if c.bfloat16 else "no"), ("SIMD width", c.simd_width),
-            ("max threads / threadgroup", c.max_threads_per_threadgroup),
-            ("threadgroup memory", f"{c.threadgroup_memory_bytes} bytes")]
+    rows: list[tuple[str, str, object]] = [
+        ("GPU cores / SMs", "gpu_cores", c.gpu_cores),
+        ("memory bandwidth", "memory_bandwidth_gbs", f"{c.memory_bandwidth_gbs:g} GB/s"),
+        ("FP32 peak", "fp32_tflops", f"{c.fp32_tflops:g} TFLOP/s"),
+        ("FP16 peak", "fp16_tflops", f"{c.simd_tflops('float16'):g} TFLOP/s"),
+        ("neural accelerators", "neural_accelerators", "yes" if c.neural_accelerators else "no"),
+        ("bfloat16", "bfloat16", "yes" if c.bfloat16 else "no"), ("SIMD width", "simd_width", c.simd_width),
+        ("max threads / threadgroup", "max_threads_per_threadgroup", c.max_threads_per_threadgroup),
+        ("threadgroup memory", "threadgroup_memory_bytes", f"{c.threadgroup_memory_bytes} bytes"),
+        ("system cache", "system_cache_mb", f"{c.system_cache_mb:g} MB")]
+    if c.tensor_fp16_tflops:
+        rows.insert(5, ("FP16 matrix peak (accel.)", "tensor_fp16_tflops", f"{c.tensor_fp16_tflops:g} TFLOP/s"))
     if c.generation is not None:
-        rows.append(("generation / die", f"g{c.generation}{c.die} ({DIE_CLASSES.get(c.die or '', '?')})"))
+        rows.append(("generation / die", "", f"g{c.generation}{c.die} ({DIE_CLASSES.get(c.die or '', '?')})"))
     if c.architecture:
-        rows.append(("architecture", c.architecture))
+        rows.append(("architecture", "", c.architecture))
     if c.detected:
-        rows.append(("device_info", ", ".join(f"{k}={v}" for k, v in c.detected.items() if k in ("architecture", "device_name"))))
-    for key, value in rows:
-        out.print(f"  {key:<28}{value}")
+        rows.append(("device_info", "", ", ".join(f"{k}={v}" for k, v in c.detected.items()
+                                                 if k in ("architecture", "device_name"))))
+    for key, field, value in rows:
+        source = c.figure_source(field) if field else ""
+        out.print(f"  {key:<28}{value}" + (f"  [dim]({source})[/]" if source else ""), highlight=False)
 
 
 @app.command()
@@ -274,23 +287,55 @@ def artifacts_show(key: str = KeyArg, store: Optional[str] = StoreOpt,
 
 
 @artifacts_app.command("verify")
-def artifacts_verify(store: Optional[str] = StoreOpt) -> None:
+def artifacts_verify(store: Optional[str] = StoreOpt,
+                     repair: bool = typer.Option(False, "--repair", help="finish or roll back what interrupted "
+                                                 "publishers left (journal, pointer, half-written versions)")) -> None:
     """Check every version's manifest schema and source hash, and every current pointer."""
     from ._artifacts import ArtifactStore
     from ._manifest import ArtifactError
 
     st = ArtifactStore(store)
+    if repair:
+        for k in st.keys():
+            for fix in st.repair(k):
+                out.print(f"repaired {escape(str(k))}: {escape(fix)}", soft_wrap=True)
     results = st.verify()
     bad = [r for r in results if not r.ok]
     for r in results:
         out.print(f"{'ok ' if r.ok else '[red]BAD[/]'} {escape(str(r.where))}"
                   + ("" if r.ok else f": {escape(r.message)}"), soft_wrap=True)
-    for tmp in st.stale_temporaries():
-        out.print(f"[dim]note: {escape(str(tmp))} is a half-written version left by an interrupted publisher "
-                  "(invisible to readers; safe to delete)[/]")
+    for k in st.keys():
+        for problem, fix in st.crash_leftovers(k):
+            out.print(f"[yellow]leftover[/] {escape(str(k))}: {escape(problem)} (--repair: {escape(fix)})",
+                      soft_wrap=True)
     if bad:
         raise ArtifactError(f"{len(bad)} of {len(results)} check(s) failed in {st.root}")
     out.print(f"{len(results)} version(s) verified in {st.root}" if results else f"no artifacts in {st.root}")
+
+
+@artifacts_app.command("migrate")
+def artifacts_migrate(store: Optional[str] = StoreOpt) -> None:
+    """Rewrite manifests of older schema versions in the current one (readers migrate them anyway)."""
+    from ._artifacts import ArtifactStore
+
+    st = ArtifactStore(store)
+    done = st.migrate()
+    for item in done:
+        out.print(f"migrated {escape(item)}", soft_wrap=True)
+    out.print(f"{len(done)} manifest(s) migrated in {st.root}")
+
+
+@artifacts_app.command("rejudge")
+def artifacts_rejudge(store: Optional[str] = StoreOpt, margin: float = typer.Option(
+        0.03, "--margin", min=0.0, max=10.0, help="required lower bound of the speedup over the op, minus 1")) -> None:
+    """Apply the "beats the MLX op" rule to every current measured version; losers stop being dispatched."""
+    from ._artifacts import ArtifactStore
+
+    st = ArtifactStore(store)
+    done = st.rejudge(margin)
+    for key, why in done:
+        out.print(f"{escape(str(key))}: not dispatched: {escape(why)}", soft_wrap=True)
+    out.print(f"{len(done)} current version(s) invalidated in {st.root}")
 
 
 @app.command()
@@ -341,6 +386,10 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
     from ._verify import tolerance, verify_kernel
     from .backends import get_backend
 
+    from . import _options
+
+    _options.check(_options.Seed, seed, "--seed")
+    _options.check(_options.Timeout, timeout, "--timeout")
     if check and sanitize:
         raise KernsearchError("--check and --sanitize are separate runs: give one of them")
     if backend == "cpu" and chip_name is None:
@@ -464,7 +513,13 @@ def _final_lines(final: dict, evidence: str) -> list[str]:
     for number, check in (final.get("checks") or {}).items():
         state = f"[green]pass[/] (max abs err {check['max_abs_err']:.2g})" if check["ok"] else \
             f"[red]FAIL ({check['reason']})[/]"
-        lines.append(f"trial {number} on the interpreter at {'x'.join(map(str, final.get('verify_shape', [])))}: {state}")
+        also = ""
+        if check.get("also"):
+            sampled = check.get("threadgroups_checked")
+            also = " and " + ", ".join(check["also"]) + (f" ({sampled} threadgroups sampled at the tuned shape)"
+                                                         if sampled else "")
+        lines.append(f"trial {number} on the interpreter at {'x'.join(map(str, final.get('verify_shape', [])))}"
+                     f"{escape(also)}: {state}")
     if final.get("note"):
         lines.append(str(final["note"]))
     return lines
@@ -491,6 +546,8 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
          timeout: float = typer.Option(120.0, "--timeout", help="seconds per variant before it counts as hung"),
          publish: bool = typer.Option(False, "--publish", help="offer the winner to the artifact store "
                                       "(its regression gate decides)"),
+         margin: float = typer.Option(0.03, "--margin", min=0.0, max=10.0, help="a measured winner beats the MLX op "
+                                      "only if its speedup's lower bound exceeds 1 + margin"),
          as_json: bool = typer.Option(False, "--json", help="print a machine-readable result on stdout"),
          report: bool = typer.Option(False, "--report", help="write the study's HTML report at the end and "
                                      "print its path (see `kernsearch report`)")) -> None:
@@ -506,12 +563,13 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
     parse_duration(time_budget)  # a bad duration is refused before anything starts
     if trials is None and time_budget is None:
         trials = 150
-    if (trials is not None and trials < 1) or finalists < 1:
-        raise KernsearchError("--trials and --finalists must be at least 1")
-    if patience is not None and patience < 0:
-        raise KernsearchError("--patience must be 0 (never stop early) or more")
-    if timeout <= 0:
-        raise KernsearchError("--timeout must be more than 0 seconds")
+    from . import _options
+
+    _options.check(_options.Count, trials, "--trials")
+    _options.check(_options.Count, finalists, "--finalists")
+    _options.check(_options.Patience, patience, "--patience")
+    _options.check(_options.Timeout, timeout, "--timeout")
+    _options.check(_options.Seed, seed, "--seed")
     if backend == "replay" or landscape:
         from .backends._replay import ReplayBackend
 
@@ -533,6 +591,12 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
         problem = make_problem(fam, shape, dtype, c)
         objective = KernelObjective(problem, c, name, seed=seed, timeout=timeout, verify=verify)
     key = objective.study_key
+    if publish and backend == "replay" or publish and landscape:
+        raise KernsearchError("--publish needs a kernel family: replayed landscapes have no kernel to publish")
+    if storage != ":memory:":
+        from ._storage import check_storage
+
+        check_storage(storage)  # a corrupted storage is one line, before the banner
     if note:
         err.print(note, soft_wrap=True)
     err.print(f"tuning [bold]{key['family']}[/] {key['shape']} {key['dtype']} on {key['chip']} "
@@ -541,17 +605,22 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
         raise KernsearchError("--publish needs a kernel family: replayed landscapes have no kernel to publish")
     result = _run_with_progress(objective, trials, time_budget, patience or None, sampler, seed, storage, study,
                                 finalists, as_json)
-    outcome = objective.publish(result) if publish and result.best is not None and \
+    outcome = objective.publish(result, margin=margin) if publish and result.best is not None and \
         "Ctrl-C" not in result.stop_reason else None
+    beats, verdict = _verdict(result, key, getattr(getattr(objective, "family", None), "baseline_name", "the MLX op"),
+                              margin)
     if as_json:
         data = result.to_dict()
         data["winner"] = asdict_or_none(result.best)
+        data["beats_baseline"] = beats
+        data["verdict"] = verdict
         if outcome is not None:
             data["publish"] = {"published": outcome.published, "version": outcome.version,
                                "reason": outcome.reason, "key": outcome.key}
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     else:
         _print_result(result)
+        out.print(verdict, soft_wrap=True, markup=False)
         if outcome is not None:
             state = f"published as {outcome.version}" if outcome.published else "not published"
             out.print(f"artifact {outcome.key}: {state} ({outcome.reason})", soft_wrap=True)
@@ -564,6 +633,25 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
         raise typer.Exit(130)
     if result.best is None or result.final.get("winner", result.best.number) is None:
         raise typer.Exit(1)  # the search ran, but no variant was correct: like a failed `verify`
+
+
+def _verdict(result, key: dict, op: str, margin: float) -> tuple[bool | None, str]:  # noqa: ANN001
+    """The tune's last word: does a correct variant beat the baseline op beyond the noise (and the margin)?"""
+    from .export_runtime._runtime import beats_op, speedup_text
+
+    where = f"on {key['chip']} at {key['shape']} {key['dtype']}"
+    final = result.final
+    if result.best is None:
+        return False, f"no correct variant {where}; keep the MLX op"
+    if result.evidence == "modeled":
+        return None, (f"modeled result: {op} is not modeled, so nothing says this variant beats it; measure it on "
+                      f"{key['chip']} before it ships (a modeled artifact is dispatched only on the consumer's opt-in)")
+    if final.get("speedup_low") is None:
+        return None, f"{op} was not timed in this run: no verdict on the baseline {where}"
+    text = speedup_text(final.get("speedup"), final.get("speedup_low"), final.get("speedup_high"))
+    if beats_op(final["speedup_low"], margin):
+        return True, f"the winner beats {op} {where}: {text} (lower bound above {1 + margin:.2f}x)"
+    return False, f"no variant beats {op} {where} (best: {text}); keep the MLX op"
 
 
 def asdict_or_none(obj):  # noqa: ANN001, ANN201
@@ -619,10 +707,10 @@ def studies(storage: Optional[str] = StorageOpt) -> None:
     """List the stored studies: name, trials, best time and its evidence kind."""
     import optuna
 
-    from ._storage import make_storage
+    from ._storage import check_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    summaries = optuna.get_all_study_summaries(make_storage(storage))
+    summaries = optuna.get_all_study_summaries(check_storage(storage))
     if not summaries:
         out.print("no studies stored yet (run `kernsearch tune FAMILY`)")
         return
@@ -647,11 +735,13 @@ def show(study: str = typer.Argument(..., help="study name (see `kernsearch stud
 
     import optuna
 
-    from ._storage import make_storage
+    from . import _options
+    from ._storage import check_storage
     from ._study import _top
 
+    _options.check(_options.Rows, top, "--top")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    store = make_storage(storage)
+    store = check_storage(storage)
     names = [s.study_name for s in optuna.get_all_study_summaries(store)]
     if study not in names:
         raise KernsearchError(f"no study {study!r} in this storage (see `kernsearch studies`)")
@@ -736,7 +826,7 @@ def predict(family: str = typer.Argument(..., help=FAMILY_HELP),
     if as_json:
         sys.stdout.write(json.dumps({"config": cfg, **b}) + "\n")
         return
-    peak = c.peak_tflops(problem.dtype)
+    peak = b.get("peak_tflops") or c.peak_tflops(problem.dtype)
     out.print(f"[bold]{problem.family.name}[/] {problem.shape_text} {problem.dtype} on {c.name}: "
               f"[bold]{b['time_ms']:.4g} ms modeled[/] (a prediction, not a measurement), "
               f"{b['predicted_tflops']:.3g} TFLOP/s = {100 * b['predicted_tflops'] / peak:.0f} % of peak, "
@@ -746,13 +836,49 @@ def predict(family: str = typer.Argument(..., help=FAMILY_HELP),
             out.print(f"  {key:<30}{value:.4g}" if isinstance(value, float) else f"  {key:<30}{value}")
 
 
-def main() -> None:
-    """Console-script entry point: user errors → one line on stderr, exit 2."""
+#: Exceptions of the study storage (a corrupted or locked SQLite file...): bad input, not a kernsearch bug.
+_STORAGE_ERRORS = ("StorageInternalError", "DatabaseError", "OperationalError", "IntegrityError")
+
+
+def _error_line(message: str) -> None:
+    """One line on stderr, whatever the message holds (newlines of user text are flattened)."""
+    err.print(f"[red]error:[/] {escape(' '.join(str(message).split()))}", soft_wrap=True)
+
+
+def main(args: list[str] | None = None) -> None:
+    """Console-script entry point: usage and user errors → one line on stderr, exit 2."""
+    try:  # typer >= 0.20 vendors its own click
+        from typer import _click as click  # type: ignore[attr-defined]
+    except ImportError:  # pragma: no cover
+        import click
+
     try:
-        app()
+        rc = app(args=args, standalone_mode=False)
+    except getattr(click.exceptions, "NoArgsIsHelpError", ()) as exc:
+        out.print(exc.ctx.get_help() if exc.ctx else "", soft_wrap=True, markup=False, highlight=False)
+        sys.exit(0)
+    except click.exceptions.UsageError as exc:
+        command = f"{exc.ctx.command_path}: " if exc.ctx is not None else ""
+        _error_line(f"{command}{exc.format_message()} (see --help)")
+        sys.exit(2)
+    except (typer.Abort, KeyboardInterrupt):
+        _error_line("interrupted")
+        sys.exit(130)
+    except click.exceptions.ClickException as exc:
+        _error_line(exc.format_message())
+        sys.exit(exc.exit_code or 2)
     except KernsearchError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
+        _error_line(str(exc))
         sys.exit(exc.exit_code)
+    except RecursionError:
+        _error_line("input nested too deeply")
+        sys.exit(2)
+    except Exception as exc:  # noqa: BLE001 - only storage failures are turned into a line; others stay bugs
+        if type(exc).__name__ not in _STORAGE_ERRORS:
+            raise
+        _error_line(f"the study storage cannot be used ({type(exc).__name__}): {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+        sys.exit(2)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":

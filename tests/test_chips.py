@@ -61,3 +61,28 @@ def test_detect_here_uses_mlx_device_info() -> None:
 
     chip = detect_chip()
     assert chip.detected == dict(mx.device_info())
+
+
+@pytest.mark.parametrize(("arch", "expected"), [("applegpu_g17g", "M5"), ("applegpu_g17s", "M5 Pro"),
+                                                 ("applegpu_g17c", "M5 Max")])
+def test_m5_tiers_detected_with_neural_accelerators(arch: str, expected: str) -> None:
+    chip = chip_from_device_info({"architecture": arch, "device_name": f"Apple {expected}"})
+    assert chip.name == expected and chip.known and chip.neural_accelerators
+    assert chip.lineage == ("apple-g17", f"apple-g17{arch[-1]}")
+    # the matrix rate is the accelerators' (16-bit only), well above the SIMD rate, and marked an estimate
+    assert chip.tensor_tflops("float16") == chip.tensor_fp16_tflops > 3 * chip.fp32_tflops
+    assert chip.tensor_tflops("float32") is None
+    assert chip.figure_source("tensor_fp16_tflops").startswith("estimate; Zakharko")
+    assert "Apple Newsroom" in chip.figure_source("memory_bandwidth_gbs")
+
+
+def test_only_m5_has_neural_accelerators() -> None:
+    with_accel = {c.name for c in registry().values() if c.neural_accelerators}
+    assert with_accel == {"M5", "M5 Pro", "M5 Max"}
+    assert get_chip("M4 Max").tensor_tflops("float16") is None
+
+
+def test_m5_peak_is_the_accelerators_for_16_bit_and_the_simd_rate_otherwise() -> None:
+    m5 = get_chip("M5 Max")
+    assert m5.peak_tflops("float16") == m5.tensor_fp16_tflops > m5.simd_tflops("float16") == m5.fp32_tflops
+    assert m5.peak_tflops("float32") == m5.fp32_tflops

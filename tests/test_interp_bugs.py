@@ -279,7 +279,8 @@ def test_race_diagnostic_names_the_template_line(gemm):
     assert "_tile" in template_text or "dst" in template_text  # a tile load or a tile read
 
 
-def test_ucontext_fallback_gives_the_same_results(monkeypatch):
+def test_ucontext_fallback_gives_the_same_results(monkeypatch, tmp_path):
+    monkeypatch.setenv("KERNSEARCH_CACHE", str(tmp_path))  # a cold cache: both objects are built here
     src = """
     threadgroup float buf[64];
     uint t = thread_index_in_threadgroup;

@@ -88,6 +88,7 @@ def test_gemm_signature_matches_mlx_export(gemm):
 
 
 @pytest.mark.parametrize("family", builtin_family_names())
+@pytest.mark.slow
 def test_every_template_stays_inside_the_subset(family):
     fam = load_family(family)
     if "metal" not in fam.templates:

@@ -233,6 +233,7 @@ def test_gemm_simdgroup_matrix_beats_scalar_at_equal_tiles(gemm):
     assert predict(space, MMA="simdgroup") < predict(space, MMA="scalar")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chip,shape", [("M2 Max", "4096,4096,4096"), ("H100", "17,4099,33")])
 def test_every_valid_gemm_config_gets_a_positive_finite_time(gemm, chip, shape):
     space = space_for(gemm, chip, shape)

@@ -69,6 +69,7 @@ def _prefect(env: dict[str, str], *args: str) -> str:
     return r.stdout
 
 
+@pytest.mark.slow
 def test_prefect_ls_commands_and_scheduler(server: dict[str, str]) -> None:
     import httpx
 

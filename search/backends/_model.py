@@ -47,6 +47,7 @@ OPTIONAL = {
     "loads_in_flight": 1.0,  # independent loads per thread that can be outstanding at once
     "buffers": 1.0,  # 2 with double buffering: loads of step k+1 overlap compute of step k
     "matrix": False,  # inner product on matrix units (simdgroup_matrix, tensor cores)
+    "accelerator": False,  # inner product on the GPU cores' neural accelerators (Metal 4 tensor ops, M5)
     "fma_per_fetch": math.inf,  # FMA instructions per operand fetch into registers (register reuse)
     "device_fetch_fraction": 0.0,  # share of those fetches that go to device memory (unstaged operands)
     "bank_conflicts": 1.0,  # ways of threadgroup-memory bank conflict on operand fetches
@@ -74,6 +75,7 @@ class CoreFigures:
     cache_bandwidth_factor: float  # on-chip cache (L2 / system cache) bandwidth over DRAM bandwidth
     threadgroup_bytes_per_flop: float  # threadgroup-memory bytes per clock over FP32 FLOPs per clock
     matrix_fraction: float  # reachable share of peak with matrix units (simdgroup_matrix / mma.sync)
+    accelerator_fraction: float  # reachable share of the neural accelerators' matrix peak (matmul2d)
     scalar_fraction: float  # reachable share of the FP32 peak with scalar FMAs
     device_fetch_cost: float  # an inner-loop device load relative to a threadgroup-memory load
     barrier_ns: float  # stall of one threadgroup barrier
@@ -86,11 +88,13 @@ CORES: dict[str, CoreFigures] = {
     "apple": CoreFigures(threadgroup_memory=65536, max_threads=2048, max_threadgroups=32, registers=53248,
                          simdgroups_to_fill=8, latency_ns=300, max_loads_in_flight=8,
                          cache_bandwidth_factor=2.0, threadgroup_bytes_per_flop=0.25, matrix_fraction=0.9,
+                         accelerator_fraction=0.75,
                          scalar_fraction=1.0,
                          device_fetch_cost=4.0, barrier_ns=40, launch_us=5.0),
     "nvidia": CoreFigures(threadgroup_memory=233472, max_threads=2048, max_threadgroups=32, registers=65536,
                           simdgroups_to_fill=8, latency_ns=300, max_loads_in_flight=8,
                           cache_bandwidth_factor=2.0, threadgroup_bytes_per_flop=0.5, matrix_fraction=0.5,
+                          accelerator_fraction=0.0,
                           scalar_fraction=1.0,
                           device_fetch_cost=4.0, barrier_ns=20, launch_us=3.0),
 }
@@ -283,6 +287,7 @@ def _predict(ev: _Evaluator, ctx: dict[str, Any]) -> dict[str, Any]:
     in_flight = min(max(1.0, num(ctx, "loads_in_flight", 1.0)), core.max_loads_in_flight)
     buffers = max(1.0, num(ctx, "buffers", 1.0))
     matrix = bool(num(ctx, "matrix", 0.0))
+    accelerator = bool(num(ctx, "accelerator", 0.0))
     reuse = num(ctx, "fma_per_fetch", math.inf)
     device_share = min(1.0, num(ctx, "device_fetch_fraction", 0.0))
     conflicts = max(1.0, num(ctx, "bank_conflicts", 1.0))
@@ -291,8 +296,11 @@ def _predict(ev: _Evaluator, ctx: dict[str, Any]) -> dict[str, Any]:
     tg_traffic = num(ctx, "threadgroup_bytes", 0.0)
 
     # Compute: the peak of the inner product in use, cut by operand fetches per FMA.
-    if matrix:
-        peak = chip.peak_tflops(p.dtype) * core.matrix_fraction
+    tensor_peak = chip.tensor_tflops(p.dtype)
+    if accelerator and tensor_peak:
+        peak = tensor_peak * core.accelerator_fraction
+    elif matrix or accelerator:  # no accelerated rate for this dtype: matrix work on the SIMD units
+        peak = chip.simd_tflops(p.dtype) * core.matrix_fraction
     else:
         peak = chip.fp32_tflops * core.scalar_fraction
     fetch_cost = (1 - device_share) * conflicts + device_share * core.device_fetch_cost
@@ -354,6 +362,7 @@ def _predict(ev: _Evaluator, ctx: dict[str, Any]) -> dict[str, Any]:
         "resident_per_core": resident, "occupancy_limit": limiter, "concurrent": concurrent,
         "waves": waves, "wave_efficiency": tgs / (waves * cores * resident),
         "threadgroups_on_busiest_core": per_core,
+        "peak_tflops": chip.peak_tflops(p.dtype),
         "reachable_peak_tflops": peak, "compute_efficiency": compute_eff, "latency_hiding": main["hide"],
         "bandwidth_efficiency": main["mlp"], "overlap": main["overlap"],
         "flops": tgs * flops, "cache_bytes": tgs * cache_bytes, "dram_bytes": dram,

@@ -55,8 +55,8 @@ def compiler() -> str:
 @lru_cache(maxsize=1)
 def shim_version() -> str:
     h = hashlib.sha256()
-    for f in sorted(SHIM_DIR.iterdir()):
-        h.update(f.name.encode() + f.read_bytes())
+    for f in sorted(p for p in SHIM_DIR.rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(SHIM_DIR)).encode() + f.read_bytes())
     try:
         h.update(subprocess.run([compiler(), "--version"], capture_output=True, text=True).stdout.encode())
     except OSError:
@@ -64,8 +64,10 @@ def shim_version() -> str:
     return h.hexdigest()[:16]
 
 
-def flags(mode: str) -> list[str]:
+def flags(mode: str, cpp: str = "") -> list[str]:
     f = list(BASE_FLAGS) + [f"-I{SHIM_DIR}"]
+    if "ks_mpp.h" in cpp or "MetalPerformancePrimitives" in cpp or "metal_tensor" in cpp:
+        f[0] = "-std=c++20"  # matmul2d takes its descriptor as a class-type template argument
     if platform.machine() in ("x86_64", "AMD64"):
         f.append("-mf16c")
     if mode == "check":
@@ -84,7 +86,7 @@ _ERROR_LINE = re.compile(r"kernel\.metal:(\d+):(?:\d+:)?\s*(?:fatal )?error:\s*(
 
 def compile_unit(cpp: str, mode: str) -> Compiled:
     """Compile (or fetch from the cache) one translation unit; errors are a ``compile`` variant failure."""
-    cmd_flags = flags(mode)
+    cmd_flags = flags(mode, cpp)
     key = hashlib.sha256("\0".join([cpp, *cmd_flags, shim_version()]).encode()).hexdigest()[:32]
     suffix = ".exe" if mode == "sanitize" else ".so"
     target = cache_dir() / f"{key}{suffix}"

@@ -56,10 +56,14 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
                output_shapes: list[tuple[int, ...]], output_dtypes: list[str], inputs: list[np.ndarray],
                dtype: str, init_value: float | None = float("nan"), mode: str = "fast", timeout: float = 30.0,
                tg_limit: int = DEFAULT_TG_LIMIT, lines: TemplateLines | None = None,
-               stack_kb: int = 0) -> InterpResult:
+               stack_kb: int = 0, threadgroups: list[tuple[int, int, int]] | None = None) -> InterpResult:
     """Run ``kernel`` (a :class:`~kernsearch._render.KernelSource`) on ``inputs``; outputs come back
     pre-filled with ``init_value`` where the kernel did not write. A variant that cannot run raises
-    :class:`VariantFailure` (``unsupported``, ``compile``, ``crash``, ``timeout``)."""
+    :class:`VariantFailure` (``unsupported``, ``compile``, ``crash``, ``timeout``). ``threadgroups``
+    (positions in the grid) runs only those threadgroups (fast and check modes): big problems are verified
+    on a sample of their tiles."""
+    if threadgroups is not None and mode == "sanitize":
+        raise ValueError("sanitize mode runs the whole grid (no threadgroups selection)")
     if mode not in MODES:
         raise ValueError(f"unknown interpreter mode {mode!r} (known: {', '.join(MODES)})")
     problem = lint(kernel.header, kernel.source)
@@ -104,8 +108,9 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
             args[i] = np.zeros(1, dtype=a.dtype)
     stack = stack_kb or (512 if mode == "sanitize" else 128)
     runner = run_sanitized if mode == "sanitize" else run_forked
+    extra = {"threadgroups": [tuple(int(v) for v in t) for t in threadgroups]} if threadgroups else {}
     raw = runner(compiled.path, args, out_index, tuple(int(g) for g in grid),  # type: ignore[arg-type]
-                 tuple(int(t) for t in threadgroup), int(tg_limit), stack, timeout)  # type: ignore[arg-type]
+                 tuple(int(t) for t in threadgroup), int(tg_limit), stack, timeout, **extra)  # type: ignore[arg-type]
     outputs = [from_storage(args[i], odt).reshape(shape)
                for i, odt, shape in zip(out_index, output_dtypes, output_shapes)]
     return InterpResult(outputs, [_diagnostic(d, sig, kernel, text, lines) for d in raw], compiled.seconds,

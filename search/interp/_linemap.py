@@ -52,13 +52,14 @@ def _lines(marked: str) -> tuple[str, dict[int, int]]:
 def template_lines(family: Any, config: dict[str, Any], dtype: str, target: str = "metal") -> TemplateLines | None:
     """The line mapping of ``render(family, config, dtype, target)``, or None when it cannot be made."""
     from .._render import render, render_blocks, render_context
+    from .._safeio import read_text
     from .._spec import template_env
 
     try:
         kernel = render(family, config, dtype, target)
         filename = family.templates[target]
         path = family.path / filename
-        tmpl = template_env(family.path).from_string(_mark(path.read_text()))
+        tmpl = template_env(family.path).from_string(_mark(read_text(path)))
         header, source = render_blocks(tmpl, render_context(family, config, dtype))
     except Exception:  # noqa: BLE001 - a missing mapping only makes diagnostics less precise
         return None

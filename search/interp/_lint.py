@@ -28,7 +28,10 @@ METAL_NAMES = frozenset({
 
 _HEADERS = re.compile(r"#\s*include\s*[<\"]([^>\"]+)[>\"]")
 _ALLOWED_HEADERS = frozenset({"metal_stdlib", "metal_math", "metal_simdgroup", "metal_simdgroup_matrix",
-                              "metal_compute", "metal_integer", "metal_common", "metal_relational"})
+                              "metal_compute", "metal_integer", "metal_common", "metal_relational", "metal_tensor",
+                              "MetalPerformancePrimitives/MetalPerformancePrimitives.h"})
+#: A tensor view's element type names its address space: `tensor<threadgroup T, ...>`.
+_TENSOR_SPACE = re.compile(r"\btensor\s*<\s*(?:const\s+)?(?:threadgroup|device|constant)\b")
 _REJECT = [
     (re.compile(r"\batomic(?:_\w+)?\b"), "atomics"),
     (re.compile(r"\b(?:texture[123]d\w*|texture_buffer|depth2d\w*|sampler)\b"), "textures and samplers"),
@@ -69,7 +72,7 @@ def lint(header: str, source: str) -> str | None:
         for m in _MATRIX.finditer(code):
             if (m.group(1), m.group(2)) != ("8", "8"):
                 return f"{where(m.start())}: simdgroup_matrix of {m.group(1)}x{m.group(2)} (only 8x8 is supported)"
-        rest = _TG_POINTER.sub("", _TG_ARRAY.sub("", code))
+        rest = _TENSOR_SPACE.sub("", _TG_POINTER.sub("", _TG_ARRAY.sub("", code)))
         m = re.search(r"\bthreadgroup\b(?!_)", rest)
         if m:
             return (f"{where(m.start())}: this threadgroup declaration is outside the interpreter's MSL subset "

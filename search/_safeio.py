@@ -1,0 +1,188 @@
+"""Bounded, link-refusing reads and appends of files others wrote (family folders, stores, job files).
+
+Every file kernsearch reads from a family folder, an artifact store or a job file goes through here:
+
+- the last path component is opened with ``O_NOFOLLOW`` (a symlink is refused, not followed) and
+  ``O_NONBLOCK`` (a FIFO or device cannot block the open), and anything but a regular file is refused;
+- at most ``limit`` bytes are read (a bigger file is an error, never a memory blow-up);
+- text must be UTF-8, JSON must be shallow enough to parse without recursion trouble.
+
+Every failure is an :class:`UnsafeFile` (a ``KernsearchError``) whose message is one line naming the file.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from ._errors import KernsearchError
+
+#: Default size caps (bytes): spec/job files, kernel sources and manifests, journals.
+SPEC_LIMIT = 1 << 20
+SOURCE_LIMIT = 4 << 20
+JOURNAL_LIMIT = 64 << 20
+#: Deepest JSON nesting accepted (manifests are 4 levels deep).
+JSON_DEPTH = 32
+
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+class UnsafeFile(KernsearchError):
+    """A file that must not or cannot be read: a link, a special file, too big, not UTF-8, malformed."""
+
+
+def _describe(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def open_regular(path: str | Path, flags: int = _READ_FLAGS, mode: int = 0o644) -> int:
+    """A file descriptor for ``path``, refusing links and anything but a regular file."""
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.EMLINK and os.path.islink(path)):
+            raise UnsafeFile(f"{path}: is a symbolic link (refused)") from None
+        if exc.errno == errno.EISDIR:
+            raise UnsafeFile(f"{path}: is a directory, expected a file") from None
+        if exc.errno == errno.ENOENT:
+            raise UnsafeFile(f"{path}: no such file") from None
+        if exc.errno == errno.ENXIO:
+            raise UnsafeFile(f"{path}: is a special file (refused)") from None
+        raise UnsafeFile(f"{path}: cannot open ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFile(f"{path}: is {_describe(st.st_mode)}, expected a regular file")
+        if flags & getattr(os, "O_NONBLOCK", 0):
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_bytes(path: str | Path, limit: int = SOURCE_LIMIT) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (links, special files, bigger files refused)."""
+    fd = open_regular(path)
+    try:
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise UnsafeFile(f"{path}: larger than {limit} bytes (refused)")
+    except OSError as exc:
+        raise UnsafeFile(f"{path}: cannot read ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def read_text(path: str | Path, limit: int = SOURCE_LIMIT) -> str:
+    data = read_bytes(path, limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnsafeFile(f"{path}: not UTF-8 text (byte {exc.start})") from None
+
+
+def json_depth_ok(text: str, limit: int = JSON_DEPTH) -> bool:
+    """Whether the brackets of a JSON text nest at most ``limit`` deep (strings skipped)."""
+    depth = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return False
+        elif ch in "]}":
+            depth -= 1
+    return True
+
+
+def loads_json(text: str, where: str | Path, limit: int = JSON_DEPTH) -> Any:
+    """Parse JSON with a depth limit; NaN/Infinity are refused (a store never holds them)."""
+    if not json_depth_ok(text, limit):
+        raise UnsafeFile(f"{where}: JSON nested deeper than {limit} levels (refused)")
+
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a number JSON allows")
+
+    try:
+        return json.loads(text, parse_constant=constant)
+    except (ValueError, RecursionError) as exc:
+        raise UnsafeFile(f"{where}: not valid JSON: {' '.join(str(exc).split())[:200]}") from None
+
+
+def read_json(path: str | Path, limit: int = SOURCE_LIMIT) -> Any:
+    return loads_json(read_text(path, limit), path)
+
+
+def read_toml(path: str | Path, limit: int = SPEC_LIMIT) -> dict[str, Any]:
+    """A TOML file, bounded in size and nesting (a 5000-deep table is an error, not a RecursionError)."""
+    import tomllib
+
+    text = read_text(path, limit)
+    if not json_depth_ok(text.replace("'", '"'), JSON_DEPTH):
+        raise UnsafeFile(f"{path}: nested deeper than {JSON_DEPTH} levels (refused)")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UnsafeFile(f"{path}: not valid TOML: {' '.join(str(exc).split())[:200]}") from None
+    except RecursionError:
+        raise UnsafeFile(f"{path}: nested too deeply (refused)") from None
+
+
+def append_line(path: str | Path, line: str) -> None:
+    """Append one line (fsync'd) to a regular file, never through a symbolic link."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | \
+        getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = open_regular(path, flags)
+    try:
+        data = line.encode("utf-8")
+        while data:
+            written = os.write(fd, data)
+            data = data[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def is_regular(path: str | Path) -> bool:
+    """Whether ``path`` itself (not a link target) is a regular file."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def is_real_dir(path: str | Path) -> bool:
+    """Whether ``path`` itself (not a link target) is a directory."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False

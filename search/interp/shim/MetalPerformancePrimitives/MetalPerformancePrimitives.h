@@ -1,0 +1,2 @@
+// kernsearch interpreter: Metal Performance Primitives (the subset in ks_mpp.h)
+#include "../ks_mpp.h"

@@ -1,0 +1,138 @@
+"""Templates and spec expressions cannot reach the OS; names cannot become paths; './gemm' cannot shadow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernsearch._errors import KernsearchError
+from kernsearch._expr import Expr, ExprError
+from kernsearch._spec import load_family
+
+from .conftest import assert_one_line_error, ks, set_key
+
+TEMPLATE_ATTACKS = [
+    "{{% set x = cycler.__init__.__globals__.os.system('touch {m}') %}}",
+    "{{{{ lipsum.__globals__['os'].system('touch {m}') }}}}",
+    "{{{{ joiner.__init__.__globals__.os.popen('touch {m}').read() }}}}",
+    "{{{{ namespace.__init__.__globals__.os.system('touch {m}') }}}}",
+    "{{{{ self._TemplateReference__context.cycler.__init__.__globals__.os.system('touch {m}') }}}}",
+    "{{{{ ''.__class__.__mro__[1].__subclasses__() }}}}",
+    "{{% for i in range(10**9) %}}{{% endfor %}}",
+]
+
+
+@pytest.mark.parametrize("attack", TEMPLATE_ATTACKS)
+def test_template_cannot_run_python(hostile_family, tmp_path: Path, attack: str) -> None:
+    marker = tmp_path / "pwned"
+    payload = attack.format(m=marker)
+    folder = hostile_family(metal=lambda t: t.replace("{% block source %}", "{% block source %}" + payload, 1))
+    proc = ks("render", str(folder), "--chip", "M2 Max", timeout=60)
+    assert not marker.exists()
+    assert_one_line_error(proc, "gemm.metal.j2")
+
+
+def test_template_string_bomb_is_bounded(hostile_family) -> None:
+    folder = hostile_family(metal=lambda t: t.replace("{% block source %}", "{% block source %}{{ 'x' * 10**9 }}", 1))
+    assert_one_line_error(ks("render", str(folder), "--chip", "M2 Max", timeout=60), "gemm.metal.j2")
+
+
+def test_template_include_cannot_leave_the_folder(hostile_family, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET")
+    folder = hostile_family(metal=lambda t: t.replace("{% block source %}",
+                                                      "{% block source %}{% include '../secret.txt' %}", 1))
+    (folder / "link.txt").symlink_to(secret)
+    proc = ks("render", str(folder), "--chip", "M2 Max", timeout=60)
+    assert "TOP-SECRET" not in proc.stdout
+    assert_one_line_error(proc)
+    folder2 = hostile_family(name="fam2", metal=lambda t: t.replace(
+        "{% block source %}", "{% block source %}{% include 'link.txt' %}", 1))
+    (folder2 / "link.txt").symlink_to(secret)
+    proc = ks("render", str(folder2), "--chip", "M2 Max", timeout=60)
+    assert "TOP-SECRET" not in proc.stdout
+    assert_one_line_error(proc)
+
+
+def test_reference_cannot_write_files(hostile_family, tmp_path: Path) -> None:
+    target = tmp_path / "written"
+    ref = f"\"((0*A[0][:6]+[112,119]).astype('uint8').tofile('{target}') or matmul(A, B))\""
+    folder = hostile_family(toml=lambda t: set_key(t, "reference", ref))
+    proc = ks("verify", str(folder), "--shape", "16,16,16", "--chip", "M2 Max", "--timeout", "30", timeout=120)
+    assert not target.exists()
+    assert_one_line_error(proc, "astype")
+
+
+@pytest.mark.parametrize("text", [
+    "range(10)", "dict(a=1)", "lipsum()", "cycler(1)", "joiner()", "namespace()",
+    "A.astype('uint8')", "A.tofile('/tmp/x')", "x.__class__", "(1).__class__", "A | abs", "A is defined",
+    "matmul(A, B, out=A)", "f(*xs)",
+])
+def test_expressions_outside_the_language_are_refused(text: str) -> None:
+    import numpy as np
+
+    ctx = {"A": np.ones((2, 2)), "B": np.ones((2, 2)), "x": 1, "xs": [1], "matmul": np.matmul, "f": abs}
+    with pytest.raises(ExprError):
+        Expr(text)(ctx)
+
+
+@pytest.mark.parametrize("text", [
+    "10**(10**8)", "BM**(10**9)", "2**2**2**2**2**2**2**2**2**2", "'a' * 10**9", "[0] * 10**9", "int('9' * 5000)",
+    "(" * 80 + "1" + ")" * 80, "not " * 5000 + "1", "- " * 5000 + "1", "1" + " + 1" * 3000,
+    "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]",
+])
+def test_expression_cost_is_bounded(text: str) -> None:
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(ExprError):
+        Expr(text)({"BM": 64})
+    assert time.monotonic() - start < 5
+
+
+def test_expression_bomb_in_a_spec_is_one_line_at_load(hostile_family) -> None:
+    folder = hostile_family(toml=lambda t: t.replace('threads = "32 * WM * WN"', 'threads = "32 * WM * WN + 10**(10**8)"'))
+    assert_one_line_error(ks("space", str(folder), "--chip", "M2 Max", timeout=30))
+
+
+@pytest.mark.parametrize("name", ['"../../x"', '""', '"a/b"', '"Gemm x"', '"x\\n"', '"' + "a" * 200 + '"'])
+def test_family_name_must_be_an_identifier(hostile_family, name: str) -> None:
+    folder = hostile_family(toml=lambda t: set_key(t, "name", name))
+    with pytest.raises(KernsearchError, match="name"):
+        load_family(str(folder))
+    assert_one_line_error(ks("render", str(folder), "--chip", "M2 Max", timeout=30))
+
+
+def test_knob_names_must_be_identifiers(hostile_family) -> None:
+    folder = hostile_family(toml=lambda t: t.replace("[knobs.PAD]", '[knobs."../PAD"]').replace("PAD = 0\n", '"../PAD" = 0\n'))
+    with pytest.raises(KernsearchError, match="identifier"):
+        load_family(str(folder))
+
+
+def test_template_file_name_cannot_leave_the_folder(hostile_family) -> None:
+    folder = hostile_family(toml=lambda t: t.replace('metal = "gemm.metal.j2"', 'metal = "../../etc/passwd"'))
+    with pytest.raises(KernsearchError, match="plain file name"):
+        load_family(str(folder))
+
+
+def test_current_directory_never_shadows_a_builtin(tmp_path: Path, hostile_family) -> None:
+    (tmp_path / "gemm").mkdir()  # an empty ./gemm
+    proc = ks("render", "gemm", "--chip", "M2 Max", cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    marker_desc = "SHADOWED-FAMILY"
+    shadow = tmp_path / "other"
+    shadow.mkdir()
+    folder = hostile_family(name="gemm_shadow", toml=lambda t: set_key(t, "description", f'"{marker_desc}"'))
+    folder.rename(shadow / "gemm")
+    proc = ks("families", cwd=shadow, timeout=60)
+    proc = ks("space", "gemm", "--chip", "M2 Max", cwd=shadow, timeout=60)
+    assert proc.returncode == 0 and marker_desc not in proc.stdout
+    assert load_family("gemm").path != (shadow / "gemm").resolve()
+
+
+def test_unknown_bare_name_with_a_local_folder_says_to_use_a_path(tmp_path: Path, hostile_family) -> None:
+    folder = hostile_family(name="mine")
+    proc = ks("render", "mine", "--chip", "M2 Max", cwd=folder.parent, timeout=60)
+    assert_one_line_error(proc, "./mine")
+    assert ks("render", "./mine", "--chip", "M2 Max", cwd=folder.parent, timeout=60).returncode == 0

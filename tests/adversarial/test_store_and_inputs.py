@@ -1,0 +1,331 @@
+"""Hostile stores, job files and numeric options: one line and exit 2 (or a bounded failure), never a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from kernsearch._artifacts import ArtifactStore
+from kernsearch._manifest import ArtifactError
+
+
+from .conftest import KEY, assert_one_line_error, candidate, key, ks
+
+READERS = [["artifacts", "list"], ["artifacts", "show", KEY], ["artifacts", "verify"], ["export", "gemm", "--out", "{out}"]]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    root = tmp_path / "store"
+    ArtifactStore(root).publish(candidate(median=1.0))
+    return root
+
+
+def _run_readers(root: Path, tmp_path: Path, allowed=(0, 1, 2)) -> None:  # noqa: ANN001
+    for args in READERS:
+        args = [a.format(out=tmp_path / "dist") for a in args]
+        proc = ks(*args, "--store", str(root), timeout=60) if args[0] != "export" else \
+            ks(*args, env={"KERNSEARCH_ARTIFACTS": str(root)}, timeout=60)
+        assert proc.returncode in allowed, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr, (args, proc.stderr)
+        if proc.returncode == 2:
+            assert len(proc.stderr.strip().splitlines()) == 1, (args, proc.stderr)
+
+
+@pytest.mark.parametrize("victim", ["v1/manifest.json", "CURRENT", "v1/source.metal", "journal.jsonl"])
+def test_fifo_in_the_store_never_blocks_a_reader(store: Path, tmp_path: Path, victim: str) -> None:
+    path = store / KEY / victim
+    path.unlink()
+    os.mkfifo(path)
+    with pytest.raises(ArtifactError, match="FIFO|special"):
+        s = ArtifactStore(store)
+        s.load(key()) if victim != "journal.jsonl" else s.journal(key())
+    _run_readers(store, tmp_path)
+
+
+@pytest.mark.parametrize("victim", ["v1/manifest.json", "CURRENT", "v1/source.metal"])
+def test_directory_where_a_file_belongs(store: Path, tmp_path: Path, victim: str) -> None:
+    path = store / KEY / victim
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(ArtifactError):
+        ArtifactStore(store).load(key())
+    _run_readers(store, tmp_path)
+
+
+def test_version_as_a_file_and_non_utf8_pointer_and_journal(store: Path, tmp_path: Path) -> None:
+    (store / KEY / "v7").write_text("not a folder")
+    results = {r.where: r for r in ArtifactStore(store).verify()}
+    assert not results[f"{KEY}/v7"].ok
+    (store / KEY / "CURRENT").write_bytes(b"\xff\xfe{\"version\": \"v1\"}")
+    with pytest.raises(ArtifactError, match="UTF-8"):
+        ArtifactStore(store).pointer(key())
+    (store / KEY / "journal.jsonl").write_bytes(b"\xff\xff\n[1,2]\n\"str\"\n{\"outcome\": 5}\n")
+    assert ArtifactStore(store).journal(key()) == []
+    _run_readers(store, tmp_path)
+
+
+def test_deep_json_manifest_is_one_line(store: Path, tmp_path: Path) -> None:
+    (store / KEY / "v1" / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ArtifactError, match="nested deeper"):
+        ArtifactStore(store).load(key())
+    _run_readers(store, tmp_path)
+
+
+def test_huge_manifest_is_refused_not_read(store: Path, tmp_path: Path) -> None:
+    with open(store / KEY / "v1" / "manifest.json", "wb") as fh:
+        fh.truncate(64 << 20)
+    with pytest.raises(ArtifactError, match="larger than"):
+        ArtifactStore(store).load(key())
+
+
+def test_symlinked_files_are_refused_and_never_written_through(store: Path, tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("original\n")
+    journal = store / KEY / "journal.jsonl"
+    journal.unlink()
+    journal.symlink_to(victim)
+    with pytest.raises(ArtifactError):
+        ArtifactStore(store).publish(candidate(median=0.5, config={"BM": 64}))
+    assert victim.read_text() == "original\n"
+    manifest = store / KEY / "v1" / "manifest.json"
+    real = tmp_path / "elsewhere.json"
+    real.write_text(manifest.read_text())
+    manifest.unlink()
+    manifest.symlink_to(real)
+    assert ArtifactStore(store).pointer(key()).version == "v1"  # the failed publish moved nothing
+    with pytest.raises(ArtifactError, match="symbolic link"):
+        ArtifactStore(store).load(key(), "v1")
+
+
+def test_symlinked_key_folder_is_not_a_key(store: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    (store / "gemm" / "M2-Max" / "float32" / "64x64x64").rename(outside)
+    (store / "gemm" / "M2-Max" / "float32" / "64x64x64").symlink_to(outside)
+    assert ArtifactStore(store).keys() == []
+    with pytest.raises(ArtifactError, match="not a plain folder"):
+        ArtifactStore(store).publish(candidate(median=0.5))
+    assert sorted(p.name for p in outside.iterdir()) == ["CURRENT", "journal.jsonl", "v1", ".lock"] or \
+        "v2" not in [p.name for p in outside.iterdir()]
+
+
+# -- numeric options: one place for the CLI and job files ----------------------------------------------------
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["verify", "gemm", "--timeout", "nan"], "--timeout"),
+    (["verify", "gemm", "--timeout", "inf"], "--timeout"),
+    (["verify", "gemm", "--timeout", "1e309"], "--timeout"),
+    (["verify", "gemm", "--timeout", "0"], "--timeout"),
+    (["verify", "gemm", "--timeout", "-1"], "--timeout"),
+    (["verify", "gemm", "--seed", "-1"], "--seed"),
+    (["verify", "gemm", "--seed", str(2**32)], "--seed"),
+    (["tune", "gemm", "--seed", "-1"], "--seed"),
+    (["tune", "gemm", "--seed", str(2**32)], "--seed"),
+    (["tune", "gemm", "--timeout", "nan"], "--timeout"),
+    (["tune", "gemm", "--trials", "0"], "--trials"),
+    (["tune", "gemm", "--finalists", str(2**70)], "--finalists"),
+    (["show", "x", "--top", "-5"], "--top"),
+    (["tune", "gemm", "--seed", "2**32"], "--seed"),
+])
+def test_numeric_options_are_checked_before_anything_starts(args: list[str], flag: str) -> None:
+    assert_one_line_error(ks(*args, "--chip", "M2 Max") if args[0] != "show" else ks(*args), flag)
+
+
+JOB = """
+[[jobs]]
+family = "gemm"
+chips = ["M2 Max"]
+shapes = ["64,64,64"]
+backend = "model"
+{extra}
+"""
+
+
+@pytest.mark.parametrize("extra", ["timeout = inf", "timeout = nan", "timeout = -1", "seed = -1",
+                                   f"seed = {2**32}", "trials = 0", "step_timeout = inf", "min_gain = nan"])
+def test_job_file_numbers_are_checked_like_the_cli(tmp_path: Path, extra: str) -> None:
+    from flows._jobs import JobFileError, load_jobs
+
+    path = tmp_path / "jobs.toml"
+    path.write_text(JOB.format(extra=extra))
+    with pytest.raises(JobFileError):
+        load_jobs(path)
+
+
+def test_deep_toml_job_file_is_one_line(tmp_path: Path) -> None:
+    from flows._jobs import JobFileError, load_jobs
+
+    path = tmp_path / "jobs.toml"
+    path.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(JobFileError, match="nested"):
+        load_jobs(path)
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(JobFileError, match="FIFO"):
+        load_jobs(fifo)
+
+
+@pytest.mark.parametrize("grid", ['"\'abc\'"', '"{1: 2}"', '"[1e999, 1, 1]"', '"[-1, 1, 1]"', '"[0, 1, 1]"',
+                                  '"[2**70, 1, 1]"', '"[1, 1]"', '"[1.5, 1, 1]"'])
+def test_bad_launch_grid_is_one_line(hostile_family, grid: str) -> None:
+    folder = hostile_family(toml=lambda t: t.replace('grid = "[ceil_div(N, BN) * threads, ceil_div(M, BM), 1]"',
+                                                     f"grid = {grid}"))
+    assert_one_line_error(ks("render", str(folder), "--chip", "M2 Max", timeout=60), "launch.grid")
+
+
+@pytest.mark.parametrize("tg", ['"[0, 1, 1]"', '"[-32, 1, 1]"', '"[2**40, 1, 1]"'])
+def test_bad_threadgroup_is_one_line(hostile_family, tg: str) -> None:
+    folder = hostile_family(toml=lambda t: t.replace('threadgroup = "[threads, 1, 1]"', f"threadgroup = {tg}"))
+    assert_one_line_error(ks("render", str(folder), "--chip", "M2 Max", timeout=60), "launch.threadgroup")
+
+
+def test_corrupted_sqlite_storage_is_one_line(tmp_path: Path) -> None:
+    db = tmp_path / "studies.db"
+    ok = ks("tune", "gemm", "--backend", "model", "--chip", "M2 Max", "--shape", "64,64,64", "--trials", "2",
+            "--verify", "none", "--storage", f"sqlite:///{db}", timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = bytearray(db.read_bytes())
+    page = 4096
+    for start in range(page * 2, len(data), page):  # every page but the header's: b-tree pages garbage
+        data[start:start + 64] = b"\xa5" * 64
+    db.write_bytes(bytes(data))
+    for args in (["studies"], ["show", "gemm/M2 Max/float16/64x64x64/model"],
+                 ["tune", "gemm", "--backend", "model", "--chip", "M2 Max", "--shape", "64,64,64", "--trials", "2"]):
+        assert_one_line_error(ks(*args, "--storage", f"sqlite:///{db}", timeout=120), "storage")
+
+
+@pytest.mark.parametrize("args", [[], ["tune"], ["tune", "gemm", "--seed", "x"], ["nosuch"], ["tune", "gemm", "--bogus"],
+                                  ["verify"], ["artifacts", "show"]])
+def test_usage_errors_are_one_line(args: list[str]) -> None:
+    proc = ks(*args)
+    if not args:
+        assert proc.returncode == 0 and "Usage" in proc.stdout
+        return
+    assert_one_line_error(proc)
+    assert "╭" not in proc.stderr and "Usage:" not in proc.stderr
+
+
+class _Killed(BaseException):
+    """Stands for SIGKILL at one point of a publish (nothing after it runs)."""
+
+
+@pytest.mark.parametrize("step", ["journal", "rename", "pointer"])
+def test_a_publisher_killed_at_any_step_leaves_a_consistent_repairable_store(store: Path, step: str,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import kernsearch._artifacts as arts
+
+    st = ArtifactStore(store)
+    if step == "journal":
+        monkeypatch.setattr(arts._safeio, "append_line", lambda *a, **k: (_ for _ in ()).throw(_Killed()))
+    elif step == "rename":
+        monkeypatch.setattr(arts.os, "rename", lambda *a, **k: (_ for _ in ()).throw(_Killed()))
+    else:
+        monkeypatch.setattr(arts, "_write_atomic", lambda *a, **k: (_ for _ in ()).throw(_Killed()))
+    with pytest.raises(_Killed):
+        st.publish(candidate(median=0.5, config={"BM": 64}))
+    monkeypatch.undo()
+    st = ArtifactStore(store)
+    leftovers = st.crash_leftovers(key())
+    if step == "journal":  # nothing visible happened: the hidden folder was removed
+        assert leftovers == [] and st.versions(key()) == ["v1"]
+    else:
+        assert leftovers, step
+        proc = ks("artifacts", "verify", "--store", str(store))
+        assert "leftover" in proc.stdout
+        proc = ks("artifacts", "verify", "--repair", "--store", str(store))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        st = ArtifactStore(store)
+        assert st.crash_leftovers(key()) == [] and st.stale_temporaries() == []
+        published = [e["version"] for e in st.journal(key()) if e["outcome"] == "published"]
+        assert set(st.versions(key())) <= set(published)
+        if step == "pointer":  # the gate had accepted v2: repair finishes the move
+            assert st.pointer(key()).version == "v2"
+        else:
+            assert st.pointer(key()).version == "v1" and st.versions(key()) == ["v1"]
+    # the store still accepts a publish afterwards
+    assert st.publish(candidate(median=0.25, config={"BM": 16})).published
+
+
+@pytest.mark.slow
+def test_two_tune_processes_on_one_new_study_never_measure_a_config_twice(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import optuna
+
+    db = f"sqlite:///{tmp_path / 'studies.db'}"
+    args = [sys.executable, "-m", "kernsearch", "tune", "gemm", "--backend", "model", "--chip", "M2 Max",
+            "--shape", "64,64,64", "--dtype", "float32", "--trials", "24", "--verify", "none", "--storage", db,
+            "--study", "race", "--sampler", "random"]
+    for round_ in range(2):
+        procs = [subprocess.Popen(args + ["--seed", str(seed + 10 * round_)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
+        for p in procs:
+            _, err = p.communicate(timeout=300)
+            assert p.returncode in (0, 1), err
+    study = optuna.load_study(study_name="race", storage=db)
+    measured = [json.dumps(t.user_attrs["config"], sort_keys=True) for t in study.get_trials(deepcopy=False)
+                if t.user_attrs.get("status") == "ok"]
+    assert measured and len(measured) == len(set(measured)), sorted(measured)
+
+
+def test_a_process_joining_a_new_study_late_does_not_remeasure_its_first_configs(tmp_path: Path) -> None:
+    """B opens the study, A measures the default config meanwhile, then B asks its first trial: B must see
+    that another process is on the study (its first trial number is not the next one it saw) and skip."""
+    import threading
+
+    from kernsearch._study import Objective, Record, run_study
+
+    evaluated: list[tuple[str, str]] = []
+    a_done = threading.Event()
+
+    class Toy(Objective):
+        backend, evidence = "model", "modeled"
+
+        def __init__(self, who: str) -> None:
+            self.who = who
+
+        knobs = property(lambda self: {"X": list(range(12))})
+        study_key = property(lambda self: {"family": "toy", "chip": "c", "dtype": "d", "shape": "1", "backend": "model"})
+
+        def violation(self, config):  # noqa: ANN001, ANN201
+            return None
+
+        def valid_configs(self):  # noqa: ANN201
+            return [{"X": i} for i in range(12)]
+
+        def default(self):  # noqa: ANN201
+            return {"X": 0}
+
+        def warm_start(self):  # noqa: ANN201 - B is slow to start: A finishes the default meanwhile
+            if self.who == "B":
+                a_done.wait(30)
+            return []
+
+        def evaluate(self, config):  # noqa: ANN001, ANN201
+            evaluated.append((self.who, json.dumps(config)))
+            return Record(1.0 + config["X"], "modeled", [1.0])
+
+    db = f"sqlite:///{tmp_path / 'toy.db'}"
+    run_study(Toy("A"), trials=1, storage=db, study_name="toy", sampler="random", seed=1, finalists=1)
+    # A has measured X=0; now B, which opened the study when it was empty, starts asking
+    import optuna
+
+    optuna.delete_study(study_name="toy", storage=db)
+    b = threading.Thread(target=lambda: run_study(Toy("B"), trials=3, storage=db, study_name="toy",
+                                                   sampler="random", seed=2, finalists=1))
+    b.start()
+    import time
+
+    time.sleep(1.0)  # B has its (empty) snapshot and waits in warm_start
+    run_study(Toy("A"), trials=1, storage=db, study_name="toy", sampler="random", seed=1, finalists=1)
+    a_done.set()
+    b.join(60)
+    configs = [c for who, c in evaluated[1:]]  # the first run above was a warm-up on a deleted study
+    assert len(configs) == len(set(configs)), evaluated

@@ -17,7 +17,8 @@ from rich.table import Table
 
 from ._errors import KernsearchError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Find, prove and ship the fastest variant of a GPU kernel for the chip it runs on.")
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -26,6 +27,23 @@ FAMILY_HELP = "family name (see `kernsearch families`) or path to a family folde
 ShapeOpt = typer.Option(None, "--shape", help="problem shape, e.g. 4096,4096,4096 (default: the family's)")
 DtypeOpt = typer.Option(None, "--dtype", help="float32, float16 or bfloat16 (default: the family's)")
 ChipOpt = typer.Option(None, "--chip", help="chip name, e.g. 'M2 Max' or H100 (default: detected)")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            out.print(f"kernsearch {version('kernsearch')}", highlight=False)
+        except PackageNotFoundError:
+            out.print("kernsearch (not installed: run from a source tree)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(show_version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
+                                            help="print the version and exit")) -> None:
+    """Find, prove and ship the fastest variant of a GPU kernel for the chip it runs on."""
 
 
 def _warn_line(message: warnings.WarningMessage | str) -> None:
@@ -530,7 +548,9 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
                                       "(its regression gate decides)"),
          margin: float = typer.Option(0.03, "--margin", min=0.0, max=10.0, help="a measured winner beats the MLX op "
                                       "only if its speedup's lower bound exceeds 1 + margin"),
-         as_json: bool = typer.Option(False, "--json", help="print a machine-readable result on stdout")) -> None:
+         as_json: bool = typer.Option(False, "--json", help="print a machine-readable result on stdout"),
+         report: bool = typer.Option(False, "--report", help="write the study's HTML report at the end and "
+                                     "print its path (see `kernsearch report`)")) -> None:
     """Search for the fastest correct variant of a family on a problem and chip."""
     import json
 
@@ -604,6 +624,11 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
         if outcome is not None:
             state = f"published as {outcome.version}" if outcome.published else "not published"
             out.print(f"artifact {outcome.key}: {state} ({outcome.reason})", soft_wrap=True)
+    if report:
+        from ._report import write_report
+
+        path = write_report(result.study_name, storage)
+        err.print(f"report: {path}", soft_wrap=True, markup=False)
     if "Ctrl-C" in result.stop_reason:
         raise typer.Exit(130)
     if result.best is None or result.final.get("winner", result.best.number) is None:
@@ -744,6 +769,43 @@ def show(study: str = typer.Argument(..., help="study name (see `kernsearch stud
         _wide().print(_top_table(rows, evidence, final.get("winner"), final))
     for line in _final_lines(final, evidence):
         out.print(line, soft_wrap=True)
+
+
+@app.command("report")
+def report_cmd(study: str = typer.Argument(..., help="study name (see `kernsearch studies`)"),
+               storage: Optional[str] = StorageOpt,
+               out_file: Optional[str] = typer.Option(None, "--out", "-o", help="HTML file to write (default: "
+                                                      "reports/<study>.html under $KERNSEARCH_HOME or ~/.kernsearch)")
+               ) -> None:
+    """Write one study as a self-contained HTML page with plots (opens offline) and print its path."""
+    from ._report import write_report
+
+    path = write_report(study, storage, out_file)
+    out.print(str(path), soft_wrap=True, markup=False)
+
+
+@app.command()
+def dashboard(storage: Optional[str] = StorageOpt,
+              host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
+              port: int = typer.Option(8080, "--port", help="port to listen on")) -> None:
+    """Browse the stored studies in optuna-dashboard (history, importances, trials' attributes); Ctrl-C stops."""
+    from ._storage import default_storage, make_storage
+
+    if not 0 < port < 65536:
+        raise KernsearchError(f"--port must be 1-65535, not {port}")
+    try:
+        from optuna_dashboard import run_server
+    except ImportError:
+        raise KernsearchError("optuna-dashboard is not installed: pip install optuna-dashboard") from None
+    store = make_storage(storage)
+    err.print(f"optuna-dashboard on {storage or default_storage()}: open http://{host}:{port}/ (Ctrl-C stops)",
+              soft_wrap=True, markup=False)
+    try:
+        run_server(store, host=host, port=port)
+    except OSError as exc:
+        raise KernsearchError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    except KeyboardInterrupt:
+        pass
 
 
 @app.command()

@@ -269,7 +269,7 @@ class KernelObjective(Objective):
         except (VariantFailure, KernsearchError):
             return None
 
-    def publish(self, result: StudyResult, store: Any = None) -> Any:
+    def publish(self, result: StudyResult, store: Any = None, margin: float | None = None) -> Any:
         """Offer the study's winner to the artifact store (its regression gate decides); returns the
         store's PublishOutcome. Only a winner proven correct (on the device, or on the interpreter for a
         modeled result) is offered; its evidence kind goes with it."""
@@ -294,11 +294,15 @@ class KernelObjective(Objective):
         final = (result.final.get("finalists") or {}).get(str(best.number), {})
         measurements = Measurements(median_ms=final.get("median_ms", best.time_ms),
                                     spread=final.get("spread", best.spread),
-                                    baseline_median_ms=result.final.get("baseline_median_ms"))
+                                    baseline_median_ms=result.final.get("baseline_median_ms"),
+                                    **{k: result.final.get(k)
+                                       for k in ("baseline_spread", "speedup_low", "speedup_high")})
         candidate = Candidate.for_config(self.space, best.config, target=self.target, correctness=correctness,
                                          evidence=result.evidence, measurements=measurements,
                                          study=result.study_name)
-        return (store or ArtifactStore()).publish(candidate)
+        from .export_runtime._runtime import DEFAULT_MARGIN
+
+        return (store or ArtifactStore()).publish(candidate, margin=DEFAULT_MARGIN if margin is None else margin)
 
     def close(self) -> None:
         if self._worker is not None:

@@ -669,22 +669,10 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
 
 
 def _verdict(result, key: dict, op: str, margin: float) -> tuple[bool | None, str]:  # noqa: ANN001
-    """The tune's last word: does a correct variant beat the baseline op beyond the noise (and the margin)?"""
-    from .export_runtime._runtime import beats_op, speedup_text
+    from ._tune import verdict
 
-    where = f"on {key['chip']} at {key['shape']} {key['dtype']}"
-    final = result.final
-    if result.best is None:
-        return False, f"no correct variant {where}; keep the MLX op"
-    if result.evidence == "modeled":
-        return None, (f"modeled result: {op} is not modeled, so nothing says this variant beats it; measure it on "
-                      f"{key['chip']} before it ships (a modeled artifact is dispatched only on the consumer's opt-in)")
-    if final.get("speedup_low") is None:
-        return None, f"{op} was not timed in this run: no verdict on the baseline {where}"
-    text = speedup_text(final.get("speedup"), final.get("speedup_low"), final.get("speedup_high"))
-    if beats_op(final["speedup_low"], margin):
-        return True, f"the winner beats {op} {where}: {text} (lower bound above {1 + margin:.2f}x)"
-    return False, f"no variant beats {op} {where} (best: {text}); keep the MLX op"
+    v = verdict(result, key, op, margin)
+    return v.beats, v.text
 
 
 def asdict_or_none(obj):  # noqa: ANN001, ANN201

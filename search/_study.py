@@ -367,12 +367,18 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
                 stop_reason = "every valid config evaluated"
                 break
             if trials is not None and len(known) >= trials:
+                if not new:  # a resumed study that already had its budget: say how to go on
+                    stop_reason += (f": the study already has {len(known)} configs evaluated and --trials counts "
+                                    f"the whole study (e.g. --trials {len(known) + 50} evaluates 50 more)")
                 break
             if time_budget is not None and time.monotonic() - started >= time_budget:
                 stop_reason = "time budget reached"
                 break
             if patience is not None and _stale_for(known) >= patience:
                 stop_reason = f"no improvement in {patience} trials"
+                if not new:
+                    stop_reason += (" (before this run started: to search on, raise --patience, or 0 for no "
+                                    "early stop)")
                 break
             if stop is not None and stop():
                 stop_reason = "stopped (Ctrl-C or a stop request); finished trials are kept"

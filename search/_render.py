@@ -65,6 +65,13 @@ class Geometry:
     #: Inputs the kernel takes transposed (contiguous), by name.
     transposed_inputs: tuple[str, ...] = ()
     shared_memory: int = 0
+    #: The outputs must start zero-filled (the kernel accumulates into them): launched with init_value 0.
+    zero_outputs: bool = False
+
+    @property
+    def init_value(self) -> float | None:
+        """What the outputs must hold before a timed launch (``None``: anything)."""
+        return 0.0 if self.zero_outputs else None
 
 
 @lru_cache(maxsize=64)
@@ -150,4 +157,6 @@ def geometry(space: Space, config: Config) -> Geometry:
         output_dtypes=tuple(space.problem.dtype for _ in fam.outputs),
         transposed_inputs=transposed,
         shared_memory=shared,
+        zero_outputs=fam.launch.zero_outputs is not None
+        and bool(space._eval(fam.launch.zero_outputs, ctx, "launch.zero_outputs")),
     )

@@ -173,8 +173,8 @@ class MLXBackend(BaseBackend):
         self.check_available()
         copies = [[to_mx(x, dtype) for x in inputs]
                   for _ in range(sets or self.input_sets(inputs, dtype, geometry))]
-        self._first(kernel, geometry, copies[0], None)
-        return separate_launches(lambda arrays: self._call(kernel, geometry, arrays, None), copies)
+        self._first(kernel, geometry, copies[0], geometry.init_value)
+        return separate_launches(lambda arrays: self._call(kernel, geometry, arrays, geometry.init_value), copies)
 
     def baseline_launcher(self, family: Any, problem: Any, logical: dict[str, np.ndarray],
                           sets: int | None = None) -> tuple[Callable[[int], object], Callable[[], None]]:

@@ -52,10 +52,21 @@ class CpuBackend(BaseBackend):
         if kernel.target != "metal":
             raise BackendError(f"the cpu back-end runs Metal kernels, not {kernel.target}")
         limit = getattr(chip, "threadgroup_memory_bytes", None) or DEFAULT_TG_LIMIT
+        inputs = [np.asarray(x, dtype=geometry.input_dtype(i, dtype)) if geometry.input_dtype(i, dtype) in
+                  ("uint32", "int32") else x for i, x in enumerate(inputs)]
+        extra: dict[str, Any] = {}
+        if any(d != dtype and d not in ("uint32", "int32") for d in geometry.input_dtypes):
+            # float inputs of another dtype than the problem's (float16 scales beside float32 data)
+            import inspect
+
+            if "input_dtypes" not in inspect.signature(run_kernel).parameters:
+                raise BackendError("this interpreter cannot take float inputs of another dtype than the "
+                                   f"problem's ({dtype}): {', '.join(geometry.input_dtypes)}")
+            extra["input_dtypes"] = [geometry.input_dtype(i, dtype) for i in range(len(inputs))]
         result = run_kernel(kernel, geometry.grid, geometry.threadgroup, list(geometry.output_shapes),
                             list(geometry.output_dtypes), inputs, dtype, init_value=init_value, mode=mode,
                             timeout=self.timeout if timeout is None else timeout, tg_limit=limit, lines=lines,
-                            threadgroups=threadgroups)
+                            threadgroups=threadgroups, **extra)
         diagnostics = [Diagnostic(d.kind, d.message + (f" | {d.code}" if d.code else ""), d.line, d.template_line,
                                   d.severity) for d in result.diagnostics]
         return RunResult(result.outputs, diagnostics, result.compile_seconds)

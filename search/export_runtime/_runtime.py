@@ -450,7 +450,8 @@ class Dispatcher:
     # -- running ---------------------------------------------------------------------------------------
     def explain(self, family: str, *arrays: Any, chip: Any = None, modeled: bool = False) -> Decision:
         """Which artifact (or fallback) ``family(*arrays)`` would use here (or on ``chip``), and why."""
-        return self.decide(family, [tuple(a.shape) for a in arrays], _dtype_name(arrays), chip, modeled)
+        return self.decide(family, [tuple(a.shape) for a in arrays], _dtype_name(arrays, self._family(family)),
+                           chip, modeled)
 
     def call(self, family: str, *arrays: Any, chip: Any = None, modeled: bool = False) -> Any:
         import mlx.core as mx
@@ -469,6 +470,7 @@ class Dispatcher:
         shared = int(evaluate(launch["shared_memory"], names)) if launch.get("shared_memory") else 0
         inputs = [mx.transpose(a) if spec["transposed"] is not None and evaluate(spec["transposed"], names) else a
                   for spec, a in zip(fam["inputs"], arrays)]
+        inputs += [mx.array([p["value"]], dtype=getattr(mx, p["dtype"])) for p in fam.get("params", [])]
         source = self._source(decision.entry)
         assert source is not None  # checked while deciding
         kernel = self._kernel(source, shared)
@@ -477,7 +479,7 @@ class Dispatcher:
                                    for k, v in source["template"]],
                          grid=grid, threadgroup=threadgroup,
                          output_shapes=[tuple(int(s) for s in evaluate(o["shape"], names)) for o in fam["outputs"]],
-                         output_dtypes=[arrays[0].dtype for _ in fam["outputs"]])
+                         output_dtypes=[_out_dtype(o, decision.dtype) for o in fam["outputs"]])
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _kernel(self, source: Dict[str, Any], shared_memory: int) -> Any:
@@ -489,11 +491,20 @@ class Dispatcher:
     def _mlx_op(self, fam: Dict[str, Any], arrays: Sequence[Any]) -> Any:
         import mlx.core as mx
 
-        functions = {name: getattr(mx, name) for name in fam["array_functions"] if hasattr(mx, name)}
-        names = {spec["name"]: a for spec, a in zip(fam["inputs"], arrays)}
+        functions = {name: fn for name, fn in mlx_vocabulary(mx).items() if name in fam["array_functions"]}
         dims, _ = _bind_dims(fam, [tuple(a.shape) for a in arrays])
-        names.update(dims or {})
-        return evaluate(fam["baseline"], names, functions)
+        names = {**(dims or {}), **{p["name"]: p["value"] for p in fam.get("params", [])}}
+        specs = [spec["name"] for spec in fam["inputs"]]
+
+        def op(*arrays_: Any) -> Any:
+            return evaluate(fam["baseline"], {**names, **dict(zip(specs, arrays_))}, functions)
+
+        if fam.get("compile_baseline"):
+            key = ("compiled", id(fam), tuple(sorted((names or {}).items())))
+            if key not in self._kernels:
+                self._kernels[key] = mx.compile(op)
+            op = self._kernels[key]
+        return op(*arrays)
 
     def _family(self, family: str) -> Dict[str, Any]:
         try:
@@ -584,9 +595,39 @@ def _distance(tuned: Sequence[int], wanted: Sequence[int]) -> float:
     return sum(abs(math.log(max(t, 1) / max(w, 1))) for t, w in zip(tuned, wanted))
 
 
-def _dtype_name(arrays: Sequence[Any]) -> str:
-    names = {str(a.dtype).rsplit(".", 1)[-1] for a in arrays}
+def _dtype_name(arrays: Sequence[Any], fam: Optional[Dict[str, Any]] = None) -> str:
+    """The problem dtype ``T``: that of the inputs the family types as ``T`` (all of them, in older tables)."""
+    specs = (fam or {}).get("inputs") or []
+    typed = [a for i, a in enumerate(arrays) if i >= len(specs) or specs[i].get("dtype", "T") == "T"]
+    names = {str(a.dtype).rsplit(".", 1)[-1] for a in typed or arrays}
     return names.pop() if len(names) == 1 else "mixed"
+
+
+def _out_dtype(spec: Dict[str, Any], dtype: str) -> Any:
+    import mlx.core as mx
+
+    return getattr(mx, dtype if spec.get("dtype", "T") == "T" else spec["dtype"])
+
+
+def mlx_vocabulary(mx: Any) -> Dict[str, Callable[..., Any]]:
+    """The MLX meaning of the names a baseline may call (kernsearch's ``_vocab``, restated: this file
+    imports nothing but MLX)."""
+    plain = ("matmul", "einsum", "transpose", "exp", "log", "sqrt", "tanh", "maximum", "minimum", "sum", "max",
+             "min", "mean", "where", "abs", "square", "reshape", "concatenate")
+    ns: Dict[str, Callable[..., Any]] = {name: getattr(mx, name) for name in plain if hasattr(mx, name)}
+    ns.update(
+        softmax=lambda x, axis=-1: mx.softmax(x, axis=axis, precise=True),
+        rms_norm=lambda x, w, eps: mx.fast.rms_norm(x, w, float(eps)),
+        layer_norm=lambda x, w, b, eps: mx.fast.layer_norm(x, w, b, float(eps)),
+        sigmoid=mx.sigmoid, silu=lambda x: x * mx.sigmoid(x), gelu=lambda x: x * (1 + mx.erf(x / 2 ** 0.5)) / 2,
+        split=lambda x, parts, axis=-1: mx.split(x, parts, axis=axis),
+        dequantize=lambda w, scales, biases, group_size=64, bits=4: mx.dequantize(
+            w, scales, biases, group_size=group_size, bits=bits),
+        quantized_matmul=lambda x, w, scales, biases, transpose=True, group_size=64, bits=4: mx.quantized_matmul(
+            x, w, scales, biases, transpose=transpose, group_size=group_size, bits=bits),
+        rsqrt=mx.rsqrt,
+    )
+    return ns
 
 
 _TOOLCHAIN: Dict[str, Optional[str]] = {}

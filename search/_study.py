@@ -2,16 +2,18 @@
 
 Python API (what the CLI, the nightly flows and the GPU scripts call)::
 
+    from kernsearch._objective import KernelObjective
     from kernsearch._study import run_study
-    result = run_study(family, problem, chip, "cuda", trials=200, time_budget="10m", seed=0,
+    objective = KernelObjective(problem, chip, "cuda", seed=0)   # render, build, verify, time one config
+    result = run_study(objective, trials=200, time_budget="10m", seed=0,
                        storage=None, study_name=None)          # -> StudyResult
     result.best.config, result.best.time_ms, result.evidence, result.top, result.failures
 
-``run_study`` also takes any :class:`Objective` in place of the family (the replay back-end's
-``ReplayBackend(path).objective()`` is one), and keyword options: ``sampler`` (``tpe`` | ``random`` |
-``grid``), ``patience`` (stop after that many evaluated trials without a new best), ``finalists``,
-``verify`` (``all`` | ``finalists`` | ``none``; for the model back-end), ``timeout`` (seconds per variant),
-``progress`` (a callback receiving :class:`Progress`), ``stop`` (a callable; true ends the search).
+``run_study`` takes any :class:`Objective` (the replay back-end's ``ReplayBackend(path).objective()`` is
+another) and keyword options: ``sampler`` (``tpe`` | ``random`` | ``grid``), ``patience`` (stop after that
+many evaluated trials without a new best), ``finalists``, ``progress`` (a callback receiving
+:class:`Progress`), ``stop`` (a callable; true ends the search). What a trial does (``verify``: ``all`` |
+``finalists`` | ``none``, ``timeout`` seconds per variant) is the objective's.
 
 The loop (``_search``): ask the sampler for a config → reject it before compiling if a constraint
 forbids it (the constraint is recorded) → skip it if the study already evaluated it (its recorded value
@@ -41,19 +43,14 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ._errors import KernsearchError, VariantFailure
 from ._space import Config, format_config
-from ._storage import default_storage, make_storage, study_name_for
+from ._storage import Heartbeat, default_storage, make_storage, redact, study_name_for
 
 if TYPE_CHECKING:
     import optuna
-
-    from ._chips import Chip
-    from ._space import Problem
-    from ._spec import Family
 
 STATUS_OK, STATUS_FAILED, STATUS_INVALID, STATUS_KNOWN = "ok", "failed", "invalid", "known"
 SAMPLERS = ("tpe", "random", "grid")
@@ -253,19 +250,16 @@ def make_sampler(name: str, seed: int | None, knobs: dict[str, list[Any]]) -> op
 
 # -- the loop -----------------------------------------------------------------------------------------
 
-def run_study(objective: Objective | Family, problem: Problem | None = None, chip: Chip | None = None,
-              backend: str | None = None, *, trials: int | None = 100, time_budget: str | float | None = None,
+def run_study(objective: Objective, *, trials: int | None = 100, time_budget: str | float | None = None,
               patience: int | None = None, sampler: str = "tpe", seed: int | None = None,
               storage: str | None = None, study_name: str | None = None, finalists: int = 3,
-              progress: Callable[[Progress], None] | None = None, stop: Callable[[], bool] | None = None,
-              **objective_options: Any) -> StudyResult:
-    """Search for the fastest correct variant; see the module docstring. Ctrl-C keeps finished trials."""
-    if not isinstance(objective, Objective):
-        if problem is None or chip is None or backend is None:
-            raise TypeError("run_study(family, problem, chip, backend, ...) needs all four")
-        from ._objective import KernelObjective
+              progress: Callable[[Progress], None] | None = None,
+              stop: Callable[[], bool] | None = None) -> StudyResult:
+    """Search for the fastest correct variant; see the module docstring. Ctrl-C keeps finished trials.
 
-        objective = KernelObjective(problem, chip, backend, seed=seed or 0, **objective_options)
+    ``objective`` evaluates configs: a kernel family's is ``KernelObjective(problem, chip, backend, ...)``
+    (``kernsearch._objective``), a replayed landscape's ``ReplayBackend(path).objective()``.
+    """
     try:
         with _first_ctrl_c_stops() as interrupted:
             return _search(objective, trials=trials, time_budget=parse_duration(time_budget), patience=patience,
@@ -341,16 +335,19 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
     dists = distributions(objective.knobs)
     rng = random.Random(seed)
     size = objective.size()
-    _fail_stale(study)
+    beat = Heartbeat(study)  # this process's running trial stays alive; dead processes' trials are failed
+    retry = beat.fail_stale()
     known = _known(study)  # key -> Seen: every config the study has evaluated (ok or failed)
     # Another process working on this study (running trials now, or gaps in trial numbers later) means
     # claims must be checked against the shared storage; alone, the local view is complete.
-    shared = any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False))
+    at_start = study.get_trials(deepcopy=False)
+    shared = any(t.state == TrialState.RUNNING for t in at_start)
+    next_number = len(at_start)  # a first trial numbered otherwise means another process asked one meanwhile
     # The default config first (trial 0 of a new study), then configs of published artifacts. Fixed
     # configs are asked for through this process's sampler, not Optuna's shared queue of enqueued trials
     # (two processes popping one queued trial from SQLite at once is a race).
     first: list[Config] = []
-    for c in [objective.default()] + objective.warm_start():
+    for c in retry + [objective.default()] + objective.warm_start():
         if c is not None and format_config(c) not in known and c not in first:
             first.append(c)
     failures: Counter[str] = Counter(s.reason for s in known.values() if s.value is None)
@@ -364,16 +361,24 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
         while True:
             if shared:
                 known.update(_known(study))  # the shared budget counts every process's trials
+                # A process that died mid-trial: its trial is failed here, and its config asked for again.
+                first[:0] = [c for c in beat.fail_stale() if format_config(c) not in known and c not in first]
             if size is not None and len(known) >= size:
                 stop_reason = "every valid config evaluated"
                 break
             if trials is not None and len(known) >= trials:
+                if not new:  # a resumed study that already had its budget: say how to go on
+                    stop_reason += (f": the study already has {len(known)} configs evaluated and --trials counts "
+                                    f"the whole study (e.g. --trials {len(known) + 50} evaluates 50 more)")
                 break
             if time_budget is not None and time.monotonic() - started >= time_budget:
                 stop_reason = "time budget reached"
                 break
             if patience is not None and _stale_for(known) >= patience:
                 stop_reason = f"no improvement in {patience} trials"
+                if not new:
+                    stop_reason += (" (before this run started: to search on, raise --patience, or 0 for no "
+                                    "early stop)")
                 break
             if stop is not None and stop():
                 stop_reason = "stopped (Ctrl-C or a stop request); finished trials are kept"
@@ -387,8 +392,9 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
             elif sampler == "tpe" and LOCAL_EVERY and new >= 10 and new % LOCAL_EVERY == LOCAL_EVERY - 1:
                 fixed = _neighbour(known, objective, rng)  # a local step: one knob away from a leader
             trial = _ask(study, dists, fixed)
+            beat.start(trial)  # from ask to tell: a trial without a pulse is a dead process's
             if not shared:  # another process started on this study: its trials interleave with ours
-                shared = (last_number is not None and trial.number != last_number + 1) or any(
+                shared = trial.number != (next_number if last_number is None else last_number + 1) or any(
                     t.number != trial.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
             last_number = trial.number
             config = {k: trial.params[k] for k in objective.knobs}
@@ -450,6 +456,8 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
             trial.set_user_attr("status", "error")
             study.tell(trial, state=TrialState.FAIL)
         raise
+    finally:
+        beat.stop()
     elapsed = time.monotonic() - started
     top = _top(study, finalists)
     final: dict[str, Any] = {}
@@ -462,25 +470,29 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
     winner = final.get("winner", top[0].number if top else None)
     best = next((t for t in _top(study, None) if t.number == winner), None) if winner is not None else None
     overhead = (elapsed - eval_seconds) / new if new else 0.0
-    return StudyResult(study.study_name, storage or default_storage(), objective.backend, objective.evidence,
+    return StudyResult(study.study_name, redact(storage or default_storage()), objective.backend, objective.evidence,
                        objective.study_key, best, top, len(known), failures, invalid, elapsed, stop_reason,
                        final, overhead)
 
 
 def _ask(study: optuna.Study, dists: dict[str, Any], fixed: Config | None) -> optuna.Trial:
-    """A new trial: the sampler's proposal, or ``fixed`` (through a PartialFixedSampler of this process)."""
-    if fixed is None:
-        return study.ask(dists)
+    """A new trial: the sampler's proposal, or ``fixed`` (through a PartialFixedSampler of this process).
+
+    The loop runs the heartbeat itself (:class:`Heartbeat`): Optuna's warning that heartbeats are meant for
+    ``optimize`` does not apply."""
     import optuna
 
-    sampler = study.sampler
     with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
+        if fixed is None:
+            return study.ask(dists)
+        sampler = study.sampler
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.sampler = optuna.samplers.PartialFixedSampler(fixed, sampler)
-    try:
-        return study.ask(dists)
-    finally:
-        study.sampler = sampler
+        try:
+            return study.ask(dists)
+        finally:
+            study.sampler = sampler
 
 
 @dataclass
@@ -518,18 +530,6 @@ def _claimed_elsewhere(study: optuna.Study, trial: optuna.Trial, objective: Obje
                 t.user_attrs.get("status") is None and format_config({k: t.params[k] for k in objective.knobs}) == key:
             return Seen(None, t.number, dict(t.params), "running elsewhere")
     return None
-
-
-def _fail_stale(study: optuna.Study, older_than: timedelta = timedelta(hours=2)) -> None:
-    """Running trials left by a killed process would hold their configs forever: mark them failed."""
-    from optuna.trial import TrialState
-
-    now = datetime.now()
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        start = t.datetime_start
-        if start is not None and now - start.replace(tzinfo=None) > older_than:
-            study._storage.set_trial_user_attr(t._trial_id, "status", "abandoned")
-            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
 
 
 def _stale_for(known: dict[str, Seen]) -> int:

@@ -64,6 +64,9 @@ class JobOptions(_Model):
     verify_shapes: list[str] | None = None
     #: Relative speed-up the gate requires on top of the measured noise (0.02 = 2 %).
     min_gain: Gain = 0.0
+    #: A measured winner is dispatched only if the lower bound of its speedup over the MLX op exceeds
+    #: 1 + margin (0.03 = 3 %); a loser is recorded in the journal, not dispatched (docs/artifacts.md).
+    margin: Gain = 0.03
     #: Seconds the whole tune step may take (default: the time budget + 50 % + 10 min, or 2 h without one).
     step_timeout: Timeout | None = None
 

@@ -151,6 +151,7 @@ def tune(p: dict[str, Any]) -> dict[str, Any]:
             "failures": failures, "stop_reason": result.stop_reason, "config": best.config,
             "trial": best.number, "median_ms": median, "spread": spread_,
             "baseline_median_ms": final.get("baseline_median_ms"), "checks": checks,
+            **{k: final.get(k) for k in ("baseline_spread", "speedup", "speedup_low", "speedup_high")},
             "best": _jsonable(asdict(best))}
 
 

@@ -131,13 +131,14 @@ def publish_task(unit: Unit, backend: str, tuned: dict[str, Any], verified: dict
                               max_rel_error=max(rel) if rel else None, checks_run=len(checks))
     measurements = Measurements(median_ms=tuned["median_ms"], spread=tuned["spread"],
                                 samples_ms=list(tuned["best"].get("samples_ms") or []),  # none made up
-                                baseline_median_ms=tuned.get("baseline_median_ms"))
+                                baseline_median_ms=tuned.get("baseline_median_ms"),
+                                **{k: tuned.get(k) for k in ("baseline_spread", "speedup_low", "speedup_high")})
     target = "cuda" if chip.vendor == "nvidia" else "metal"  # what the chip runs, modeled or measured
     candidate = Candidate.for_config(space, tuned["config"], target=target, correctness=correctness,
                                      evidence=tuned["evidence"], measurements=measurements, study=tuned["study"])
     store = ArtifactStore(artifacts)
     old = _current(store, candidate.key)
-    outcome = store.publish(candidate, min_gain=unit.options.min_gain)
+    outcome = store.publish(candidate, min_gain=unit.options.min_gain, margin=unit.options.margin)
     return {"published": outcome.published, "version": outcome.version, "reason": outcome.reason,
             "key": outcome.key, "current": outcome.current, **old}
 

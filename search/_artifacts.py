@@ -52,10 +52,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from . import _safeio
-from ._manifest import (EVIDENCE_RANK, ArtifactError, ChipIdentity, Correctness, GateRecord, KernelInfo,
+from ._manifest import (EVIDENCE_RANK, SCHEMA_VERSION, ArtifactError, ChipIdentity, Correctness, GateRecord, KernelInfo,
                         LaunchGeometry, Manifest, Measurements, ProblemInfo, TemplateInfo, Toolchain,
                         parse_manifest, utcnow)
+from ._errors import KernsearchError
 from ._render import Geometry, KernelSource, geometry, render, source_sha256
+from .export_runtime._runtime import DEFAULT_MARGIN, beats_op, speedup_text
 
 if TYPE_CHECKING:
     from ._chips import Chip
@@ -303,15 +305,20 @@ class ArtifactStore:
         recheck(manifest, kernel, self.families.get(manifest.family))  # what the gate could have written
         return Artifact(key, version, folder, manifest, kernel)
 
-    def current_artifacts(self, family: str | None = None) -> Iterator[Artifact]:
-        """The current, valid (not invalidated) version of every key; unreadable ones raise."""
+    def current_artifacts(self, family: str | None = None, *,
+                          with_invalidated: bool = False) -> Iterator[Any]:
+        """The current, valid (not invalidated) version of every key; unreadable ones raise.
+
+        With ``with_invalidated``: ``(artifact, invalidated reason or None)`` for every current version.
+        """
         for key in self.keys():
             if family is not None and key.family != family:
                 continue
             pointer = self.pointer(key)
-            if pointer is None or pointer.invalidated:
+            if pointer is None or (pointer.invalidated and not with_invalidated):
                 continue
-            yield self.load(key, pointer.version)
+            art = self.load(key, pointer.version)
+            yield (art, pointer.invalidated) if with_invalidated else art
 
     def journal(self, key: ArtifactKey) -> list[dict[str, Any]]:
         """Publish attempts, oldest first (a line torn by a killed publisher is skipped)."""
@@ -361,20 +368,24 @@ class ArtifactStore:
         return sorted(p for p in self.root.glob("*/*/*/*/.tmp-*") if p.is_dir()) if self.root.is_dir() else []
 
     # -- writing ------------------------------------------------------------------------------------
-    def publish(self, candidate: Candidate, *, min_gain: float = 0.0) -> PublishOutcome:
+    def publish(self, candidate: Candidate, *, min_gain: float = 0.0,
+                margin: float = DEFAULT_MARGIN) -> PublishOutcome:
         """Offer a candidate to the regression gate; a new version becomes current only if it passes.
 
-        ``min_gain`` is a relative speed-up required on top of the measured noise (0.02 = 2 %).
+        A measured candidate must beat the baseline op: the lower bound of its measured speedup above
+        1 + ``margin``; one that loses is recorded in the journal (not dispatched) and no version is made.
+        ``min_gain`` is a relative speed-up over the current version required on top of the measured noise.
         Raises :class:`ArtifactError` for a malformed candidate or a key busy beyond ``lock_timeout``.
         """
         draft = _draft_manifest(candidate)
         try:
-            return self._publish(candidate, draft, min_gain)
+            return self._publish(candidate, draft, min_gain, margin)
         except OSError as exc:  # read-only store, full disk...: nothing half-written is visible
             raise ArtifactError(f"cannot publish to {self.key_dir(candidate.key)}: "
                                 f"{exc.strerror or exc}") from None
 
-    def _publish(self, candidate: Candidate, draft: dict[str, Any], min_gain: float) -> PublishOutcome:
+    def _publish(self, candidate: Candidate, draft: dict[str, Any], min_gain: float,
+                 margin: float) -> PublishOutcome:
         key = candidate.key
         folder = self.key_dir(key)
         folder.mkdir(parents=True, exist_ok=True)
@@ -383,6 +394,9 @@ class ArtifactStore:
             if not candidate.correctness.passed:
                 return self._reject(key, draft, "failed verification: a variant that is not correct is "
                                     "never published")
+            loses = loses_to_baseline(draft, candidate.family.baseline_name, margin)
+            if loses:
+                return self._reject(key, draft, f"recorded, not dispatched: {loses}")
             current, invalid = self._current_for_gate(key)
             ok, reason = gate(draft, current, invalid, min_gain)
             if not ok:
@@ -423,6 +437,46 @@ class ArtifactStore:
             _write_atomic(folder / POINTER, json.dumps({"version": pointer.version, "invalidated": reason,
                                                         "updated_at": utcnow().isoformat()}) + "\n")
             self._log(key, "invalidated", pointer.version, reason, None)
+
+    def migrate(self) -> list[str]:
+        """Rewrite manifests of older schemas in the current one (readers migrate them in memory anyway);
+        returns ``key/version`` of each rewritten manifest."""
+        done = []
+        for key in self.keys():
+            with _locked(self.key_dir(key) / LOCK, self.lock_timeout, key):
+                for version in self.versions(key):
+                    path = self.key_dir(key) / version / "manifest.json"
+                    try:
+                        raw = _safeio.read_json(path, limit=_safeio.SOURCE_LIMIT)
+                    except _safeio.UnsafeFile as exc:
+                        raise ArtifactError(str(exc)) from None
+                    if not isinstance(raw, dict) or raw.get("schema_version") == SCHEMA_VERSION:
+                        continue
+                    manifest = self.load(key, version).manifest  # validated, migrated in memory
+                    _write_atomic(path, manifest.to_json())
+                    done.append(f"{key}/{version}")
+        return done
+
+    def rejudge(self, margin: float = DEFAULT_MARGIN) -> list[tuple[ArtifactKey, str]]:
+        """Apply the "beats the baseline op" rule to every current measured version; losers are invalidated
+        (kept, not dispatched). Returns ``(key, reason)`` for each version invalidated now."""
+        from ._spec import load_family
+
+        done = []
+        for key in self.keys():
+            pointer = self.pointer(key)
+            if pointer is None or pointer.invalidated:
+                continue
+            m = self.load(key, pointer.version).manifest
+            try:
+                op = load_family(key.family).baseline_name
+            except KernsearchError:
+                op = "the MLX op"
+            why = loses_to_baseline(m.model_dump(), op, margin, version=pointer.version)
+            if why:
+                self.invalidate(key, f"re-judged: {why}")
+                done.append((key, why))
+        return done
 
     def _current_for_gate(self, key: ArtifactKey) -> tuple[Manifest | None, str | None]:
         try:
@@ -558,6 +612,22 @@ def related_configs(family: str, chip: Chip, dtype: str, shape: tuple[int, ...],
 
 # -- the regression gate -------------------------------------------------------------------------------
 
+def loses_to_baseline(draft: dict[str, Any], op: str, margin: float = DEFAULT_MARGIN,
+                      version: str | None = None) -> str:
+    """Why a measured result may not be dispatched ('' when it beats the op by more than the margin)."""
+    if draft["evidence"] != "measured":
+        return ""  # modeled / interpreted results are never dispatched by default anyway (docs/artifacts.md)
+    m = draft.get("measurements")
+    m = m.model_dump() if hasattr(m, "model_dump") else (m or {})
+    what = f"{version} " if version else ""
+    if not m.get("baseline_median_ms") or m.get("speedup_low") is None:
+        return f"{what}has no measured speedup over {op} (the baseline was not timed in the same run)"
+    if beats_op(m["speedup_low"], margin):
+        return ""
+    return (f"{what}{speedup_text(m.get('speedup'), m.get('speedup_low'), m.get('speedup_high'))} of {op} "
+            f"(measured; needs a lower bound above {1 + margin:.2f}x)")
+
+
 def gate(draft: dict[str, Any], current: Manifest | None, invalid: str | None,
          min_gain: float = 0.0) -> tuple[bool, str]:
     """Decide whether a (correct) candidate replaces the current version; returns (publish, reason)."""
@@ -594,7 +664,7 @@ def gate(draft: dict[str, Any], current: Manifest | None, invalid: str | None,
 
 def _identity_changes(current: Manifest, draft: dict[str, Any]) -> str:
     """What changed since the current (measured) version was measured: toolchain or device."""
-    old, new = current.toolchain.compile_identity(), draft["toolchain"].compile_identity()
+    old, new = current.toolchain.timing_identity(), draft["toolchain"].timing_identity()
     changes = [f"{k} {old[k]} → {new[k]}" for k in old if old[k] != new[k]]
     old_dev, new_dev = current.chip.detected, draft["chip"].detected
     for k in ("architecture", "device_name"):
@@ -650,7 +720,7 @@ def _draft_manifest(c: Candidate) -> dict[str, Any]:
     template_file = fam.template_path(c.kernel.target)
     suffix = _SOURCE_SUFFIX[c.kernel.target]
     return {
-        "schema_version": 1,
+        "schema_version": 2,
         "family": fam.name,
         "key": c.key.path,
         "kernel": KernelInfo(name=c.kernel.name, target=c.kernel.target, input_names=list(c.kernel.input_names),

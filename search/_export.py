@@ -36,6 +36,7 @@ from ._expr import Expr, _ENV
 from ._manifest import ArtifactError
 from ._render import render
 from ._spec import ARRAY_FUNCTIONS, DTYPES, Family, load_family
+from .export_runtime._runtime import DEFAULT_MARGIN, FORMAT
 
 DEFAULT_PACKAGE = "kernsearch_kernels"
 #: MLX has no CPU back-end on Linux without its ``cpu`` extra: consumers' CI must still get correct results.
@@ -134,6 +135,8 @@ def _family_table(fam: Family) -> dict[str, Any]:
         "constraints": [{"name": c.name, "why": c.why, "expr": expr_tree(c.expr)} for c in fam.constraints],
         "launch": launch,
         "baseline": expr_tree(fam.baseline),
+        "baseline_name": fam.baseline_name,
+        "transfer": fam.transfer,
         "array_functions": list(ARRAY_FUNCTIONS),
         "default": {"config": dict(fam.default), "kernels": {}},
         "artifacts": [],
@@ -179,7 +182,7 @@ def _export(names: list[str], out: Path, store: ArtifactStore, package: str, ver
         shutil.rmtree(source_dir)
     pkg = source_dir / package
     pkg.mkdir(parents=True)
-    table: dict[str, Any] = {"format": 1, "package": package, "version": version,
+    table: dict[str, Any] = {"format": FORMAT, "package": package, "version": version, "margin": DEFAULT_MARGIN,
                              "kernsearch_version": __version__,
                              "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                              "chips": _chips(), "families": {}}
@@ -197,7 +200,9 @@ def _export(names: list[str], out: Path, store: ArtifactStore, package: str, ver
                     "config": dict(fam.default), "kernel": _kernel_record(kernel), "sha256": kernel.sha256,
                     "header": f"{rel}/header.{_SUFFIX[target]}", "source": f"{rel}/source.{_SUFFIX[target]}"}
         shipped = 0
-        for art in store.current_artifacts(fam.name):  # verified on load: tampered ones stop the export
+        # Current versions, verified on load (tampered ones stop the export); invalidated ones travel as
+        # records the dispatcher never runs, so `explain` can say why (e.g. "0.26x of mx.matmul").
+        for art, invalidated in store.current_artifacts(fam.name, with_invalidated=True):
             m = art.manifest
             rel = f"artifacts/{art.key.path}/{art.version}"
             for filename in (m.kernel.header_file, m.kernel.source_file, "manifest.json"):
@@ -208,10 +213,14 @@ def _export(names: list[str], out: Path, store: ArtifactStore, package: str, ver
                 "config": dict(m.config), "target": m.kernel.target, "evidence": m.evidence,
                 "median_ms": m.measurements.median_ms if m.measurements else None,
                 "speedup": m.measurements.speedup if m.measurements else None,
+                "speedup_low": m.measurements.speedup_low if m.measurements else None,
+                "speedup_high": m.measurements.speedup_high if m.measurements else None,
+                "invalidated": invalidated, "timing_identity": m.toolchain.timing_identity(),
                 "kernel": _kernel_record(art.kernel), "sha256": m.source_sha256,
                 "header": f"{rel}/{m.kernel.header_file}", "source": f"{rel}/{m.kernel.source_file}"})
-            result.artifacts.append(f"{art.key.path}/{art.version}")
-            shipped += 1
+            if invalidated is None:
+                result.artifacts.append(f"{art.key.path}/{art.version}")
+                shipped += 1
         if not shipped:
             result.notes.append(f"{fam.name}: no current artifact in {store.root}; the package uses its "
                                 "default config and the MLX op")
@@ -252,24 +261,28 @@ _NAME = _re.compile(r"[a-z][a-z0-9_]{0,47}")
 _PARAM = _re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
-def explain(family, *arrays, chip=None):
-    """Which artifact (or fallback) ``family(*arrays)`` uses here (or on ``chip``: a name or device_info)."""
-    return _dispatcher.explain(family, *arrays, chip=chip)
+def explain(family, *arrays, chip=None, modeled=False):
+    """Which artifact (or fallback) ``family(*arrays)`` uses here (or on ``chip``: a name or device_info).
+
+    ``modeled=True`` also considers modeled (never measured) artifacts, as ``KERNSEARCH_KERNELS=modeled`` does.
+    """
+    return _dispatcher.explain(family, *arrays, chip=chip, modeled=modeled)
 
 
 def _function(family, entry):
-    def call(*arrays):
-        return _dispatcher.call(family, *arrays)
+    def call(*arrays, modeled=False):
+        return _dispatcher.call(family, *arrays, modeled=modeled)
 
-    def explain_call(*arrays, chip=None):
-        return _dispatcher.explain(family, *arrays, chip=chip)
+    def explain_call(*arrays, chip=None, modeled=False):
+        return _dispatcher.explain(family, *arrays, chip=chip, modeled=modeled)
 
     names = [str(i.get("name", "")) for i in entry.get("inputs", [])]
     params = [n.lower() if _PARAM.fullmatch(n) and not _keyword.iskeyword(n.lower()) else "x%d" % i
               for i, n in enumerate(names)]
     if len(set(params)) == len(params):
         call.__signature__ = _inspect.Signature(
-            [_inspect.Parameter(p, _inspect.Parameter.POSITIONAL_ONLY) for p in params])
+            [_inspect.Parameter(p, _inspect.Parameter.POSITIONAL_ONLY) for p in params]
+            + [_inspect.Parameter("modeled", _inspect.Parameter.KEYWORD_ONLY, default=False)])
     call.__name__ = call.__qualname__ = family
     call.__doc__ = str(entry.get("description", ""))[:2000]
     call.explain = explain_call

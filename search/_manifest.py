@@ -25,8 +25,10 @@ if TYPE_CHECKING:
     from ._verify import Check
     from .backends._base import Timing
 
-#: The manifest schema this kernsearch writes and reads.
-SCHEMA_VERSION = 1
+#: The manifest schema this kernsearch writes; it also reads (and migrates) the versions below.
+SCHEMA_VERSION = 2
+#: Older schemas a reader migrates in memory (``kernsearch artifacts migrate`` rewrites the files).
+MIGRATES_FROM = (1,)
 
 EvidenceKind = Literal["measured", "interpreted", "modeled"]
 #: How much an evidence kind is worth to the regression gate: a lower kind never replaces a higher one.
@@ -112,11 +114,16 @@ class Toolchain(_Model):
     #: macOS product version and build: the Metal compiler ships with the OS.
     macos_version: str | None = None
     macos_build: str | None = None
+    #: NVIDIA: the kernel driver (from /proc/driver/nvidia/version) and NVRTC, which compiles cuda_kernel.
+    cuda_driver: str | None = None
+    nvrtc_version: str | None = None
 
-    def compile_identity(self) -> dict[str, str | None]:
-        """The fields whose change can change the compiled kernel (and so its speed)."""
-        return {"mlx_version": self.mlx_version, "os": self.os, "macos_version": self.macos_version,
-                "macos_build": self.macos_build}
+    def timing_identity(self) -> dict[str, str | None]:
+        """What can move a measured time when it changes: MLX minor version, macOS major version (the Metal
+        compiler ships with the OS), CUDA driver and NVRTC version. The exported runtime compares the same."""
+        from .export_runtime._runtime import timing_identity
+
+        return timing_identity(self.mlx_version, self.os, self.macos_version, self.cuda_driver, self.nvrtc_version)
 
     @classmethod
     def detect(cls) -> Toolchain:
@@ -136,8 +143,11 @@ class Toolchain(_Model):
                                        timeout=5).stdout.strip() or None
             except (OSError, subprocess.SubprocessError):
                 build = None
+        from .export_runtime._runtime import cuda_driver_version, nvrtc_version
+
         return cls(kernsearch_version=__version__, mlx_version=mlx_version, python_version=platform.python_version(),
-                   os=platform.system(), os_release=platform.release(), macos_version=macos, macos_build=build)
+                   os=platform.system(), os_release=platform.release(), macos_version=macos, macos_build=build,
+                   cuda_driver=cuda_driver_version(), nvrtc_version=nvrtc_version())
 
 
 class ProblemInfo(_Model):
@@ -157,7 +167,13 @@ class Measurements(_Model):
     spread: float = Field(ge=0)
     samples_ms: list[float] = Field(default_factory=list)
     baseline_median_ms: float | None = Field(None, gt=0)
+    #: The baseline op's relative spread in the same interleaved run.
+    baseline_spread: float | None = Field(None, ge=0)
+    #: Baseline median / kernel median, and its range: baseline p10 / kernel p90 .. baseline p90 / kernel p10.
+    #: The gate and the exported dispatcher act on ``speedup_low`` (see docs/artifacts.md).
     speedup: float | None = Field(None, gt=0)
+    speedup_low: float | None = Field(None, gt=0)
+    speedup_high: float | None = Field(None, gt=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -171,8 +187,16 @@ class Measurements(_Model):
 
     @classmethod
     def from_timing(cls, timing: Timing, baseline: Timing | None = None) -> Measurements:
+        """From two timings of one interleaved run (the range comes from their samples)."""
+        if baseline is None or not timing.samples_ms or not baseline.samples_ms:
+            return cls(median_ms=timing.median_ms, spread=timing.spread, samples_ms=list(timing.samples_ms),
+                       baseline_median_ms=baseline.median_ms if baseline else None)
+        from ._measure import speedup
+
+        s = speedup(list(timing.samples_ms), list(baseline.samples_ms))
         return cls(median_ms=timing.median_ms, spread=timing.spread, samples_ms=list(timing.samples_ms),
-                   baseline_median_ms=baseline.median_ms if baseline else None)
+                   baseline_median_ms=baseline.median_ms, baseline_spread=baseline.spread, speedup=s.median,
+                   speedup_low=s.low, speedup_high=s.high)
 
 
 class Correctness(_Model):
@@ -209,9 +233,9 @@ class GateRecord(_Model):
 
 
 class Manifest(_Model):
-    """Schema version 1 of an artifact version's manifest (see docs/artifacts.md)."""
+    """Schema version 2 of an artifact version's manifest (see docs/artifacts.md)."""
 
-    schema_version: Literal[1]
+    schema_version: Literal[2]
     family: str
     version: str = Field(pattern=r"^v[1-9][0-9]*$")
     #: family/chip-slug/dtype/shape: the store key (and folder) this version belongs to.
@@ -267,9 +291,11 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
     if "schema_version" not in data:
         raise ArtifactError(f"{where}: malformed manifest: no schema_version")
     version = data["schema_version"]
-    if version != SCHEMA_VERSION or isinstance(version, bool):
+    if isinstance(version, bool) or version not in (SCHEMA_VERSION, *MIGRATES_FROM):
         raise ArtifactError(f"{where}: unknown manifest schema version {version!r} "
-                            f"(this kernsearch reads version {SCHEMA_VERSION})")
+                            f"(this kernsearch reads version {SCHEMA_VERSION} and migrates 1)")
+    if version == 1:
+        data = migrate_v1(data)
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:
@@ -278,6 +304,24 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
         more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise ArtifactError(f"{where}: malformed manifest: {field}: "
                             f"{first['msg'].removeprefix('Value error, ')}{more}") from None
+
+
+def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 1 -> 2: new toolchain fields unknown; the speedup range estimated from the kernel's spread.
+
+    Schema 1 kept no baseline spread, so the baseline is assumed as noisy as the kernel: low = speedup *
+    (1 - s/2) / (1 + s/2), the p10/p90 bound for a spread s on both sides.
+    """
+    out = {**data, "schema_version": 2}
+    m = data.get("measurements")
+    if isinstance(m, dict) and isinstance(m.get("spread"), (int, float)):
+        base, median, s = m.get("baseline_median_ms"), m.get("median_ms"), float(m["spread"])
+        if isinstance(base, (int, float)) and isinstance(median, (int, float)) and base > 0 and median > 0:
+            point = base / median
+            out["measurements"] = {**m, "speedup": m.get("speedup") or point,
+                                   "speedup_low": point * max(1 - s / 2, 1e-9) / (1 + s / 2),
+                                   "speedup_high": point * (1 + s / 2) / max(1 - s / 2, 1e-9)}
+    return out
 
 
 def utcnow() -> datetime:

@@ -10,6 +10,17 @@ from ._errors import BackendError, KernsearchError, VariantFailure
 from ._space import Config
 from ._study import Objective, Record, TrialSummary
 
+#: Threadgroups of the tuned shape a winner runs on the interpreter before publishing (corners, edges,
+#: random interior ones): a big problem cannot run whole on the CPU, a sample of its tiles can.
+TUNED_SAMPLE = 12
+
+
+def verify_variant_at(task: Any) -> dict[str, Any]:
+    """Worker entry point (picklable): :func:`kernsearch._measure.verify_variant`."""
+    from ._measure import verify_variant
+
+    return verify_variant(task)
+
 if TYPE_CHECKING:
     from ._chips import Chip
     from ._space import Problem, Space
@@ -167,6 +178,44 @@ class KernelObjective(Objective):
                           options={"mode": self.verify_mode, "timeout": max(1.0, self.timeout - 5)})
         return self.worker().call(verify_variant, task)
 
+    def verify_for_publishing(self, config: Config) -> dict[str, Any]:
+        """What a winner must also pass on the interpreter before it may be published: the tuned shape
+        itself (a sample of its threadgroups when the grid is big: corners, edges, random interior, against
+        the reference) and a ragged shape (whole grid). Raises VariantFailure."""
+        shape = tuple(self.problem.shape)
+        out: dict[str, Any] = {"shapes": []}
+        if shape != tuple(self.verify_shape):
+            task = self._task(config, "cpu", shape, options={"mode": "fast", "timeout": max(1.0, self.timeout - 5),
+                                                             "sample_threadgroups": TUNED_SAMPLE})
+            res = self.worker().call(verify_variant_at, task, timeout=max(self.timeout, 60.0) * 4)
+            out["shapes"].append("x".join(map(str, shape)))
+            out["threadgroups_checked"] = res.get("threadgroups_checked")
+            out["max_abs_err"] = res["max_abs_err"]
+        ragged = self.ragged_shape(config)
+        if ragged is not None:
+            task = self._task(config, "cpu", ragged, options={"mode": "fast", "timeout": max(1.0, self.timeout - 5)})
+            res = self.worker().call(verify_variant_at, task)
+            out["shapes"].append("x".join(map(str, ragged)))
+            out["max_abs_err"] = max(out.get("max_abs_err", 0.0), res["max_abs_err"])
+        return out
+
+    def ragged_shape(self, config: Config) -> tuple[int, ...] | None:
+        """A small shape whose sizes are not multiples of the tiles, on which ``config`` is still valid."""
+        from ._space import Space, make_problem
+
+        small = tuple(self.verify_shape)
+        for cut in (4, 8, 12, 20, 1, 2, 3):
+            shape = tuple(max(1, d - cut) if d > cut else d for d in small)
+            if shape == small:
+                continue
+            try:
+                space = Space(make_problem(self.family, shape, self.problem.dtype, self.chip), self.chip)
+            except KernsearchError:
+                continue
+            if space.is_valid(config):
+                return shape
+        return None
+
     def evaluate(self, config: Config) -> Record:
         from ._render import render
 
@@ -215,7 +264,11 @@ class KernelObjective(Objective):
             try:
                 c = self.interpret(t.config)
                 checks[str(t.number)] = {"ok": True, "max_abs_err": c["max_abs_err"], "shape": c["shape"]}
-                winner = winner if winner is not None else t.number
+                if winner is None:  # the one to publish: also at the tuned shape and a ragged one
+                    extra = self.verify_for_publishing(t.config)
+                    checks[str(t.number)].update(also=extra["shapes"], threadgroups_checked=extra.get(
+                        "threadgroups_checked"), max_abs_err=max(c["max_abs_err"], extra.get("max_abs_err", 0.0)))
+                    winner = t.number
             except VariantFailure as exc:
                 checks[str(t.number)] = {"ok": False, "reason": exc.reason, "detail": exc.detail[:300]}
         note = "times are predictions of the performance model (modeled), not measurements"
@@ -250,7 +303,7 @@ class KernelObjective(Objective):
         except (VariantFailure, KernsearchError):
             return None
 
-    def publish(self, result: StudyResult, store: Any = None) -> Any:
+    def publish(self, result: StudyResult, store: Any = None, margin: float | None = None) -> Any:
         """Offer the study's winner to the artifact store (its regression gate decides); returns the
         store's PublishOutcome. Only a winner proven correct (on the device, or on the interpreter for a
         modeled result) is offered; its evidence kind goes with it."""
@@ -264,20 +317,26 @@ class KernelObjective(Objective):
         if best.verified == "device" and best.max_abs_err is not None:
             correctness = Correctness(verifier="device", passed=True, shapes_checked=[self.problem.shape_text],
                                       max_abs_error=best.max_abs_err, checks_run=1)
-        elif check and check.get("ok"):
-            correctness = Correctness(verifier="interpreter", passed=True,
-                                      shapes_checked=["x".join(map(str, check["shape"]))],
-                                      max_abs_error=check["max_abs_err"], checks_run=1)
+        elif check and check.get("ok") and self.problem.shape_text in (
+                check.get("also", []) + ["x".join(map(str, check["shape"]))]):
+            shapes = ["x".join(map(str, check["shape"]))] + list(check.get("also", []))
+            correctness = Correctness(verifier="interpreter", passed=True, shapes_checked=sorted(set(shapes)),
+                                      max_abs_error=check["max_abs_err"], checks_run=len(shapes))
         else:
-            raise KernsearchError("the winner was not verified (--verify none?): refusing to publish it")
+            raise KernsearchError("the winner was not verified at its tuned shape (--verify none?): refusing to "
+                                  "publish it")
         final = (result.final.get("finalists") or {}).get(str(best.number), {})
         measurements = Measurements(median_ms=final.get("median_ms", best.time_ms),
                                     spread=final.get("spread", best.spread),
-                                    baseline_median_ms=result.final.get("baseline_median_ms"))
+                                    baseline_median_ms=result.final.get("baseline_median_ms"),
+                                    **{k: result.final.get(k)
+                                       for k in ("baseline_spread", "speedup_low", "speedup_high")})
         candidate = Candidate.for_config(self.space, best.config, target=self.target, correctness=correctness,
                                          evidence=result.evidence, measurements=measurements,
                                          study=result.study_name)
-        return (store or ArtifactStore()).publish(candidate)
+        from .export_runtime._runtime import DEFAULT_MARGIN
+
+        return (store or ArtifactStore()).publish(candidate, margin=DEFAULT_MARGIN if margin is None else margin)
 
     def close(self) -> None:
         if self._pool is not None:

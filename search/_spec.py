@@ -168,6 +168,9 @@ class Family(_Model):
     launch: Launch
     default: dict[str, KnobValue]
     tolerance: dict[Literal["float32", "float16", "bfloat16"], Tolerance]
+    #: Whether the exported package may run a kernel tuned on one chip on another of the same generation
+    #: (only when it beat the op on its own chip by the margin). Off unless the family says so.
+    transfer: bool = False
     path: Path
     _check = field_validator("reference", "baseline", mode="before")(lambda v: _expr(v))
 
@@ -200,6 +203,12 @@ class Family(_Model):
         return self
 
     # -- views ------------------------------------------------------------------------------------
+    @property
+    def baseline_name(self) -> str:
+        """The baseline op as users know it (``mx.matmul``), for verdicts and ``explain``."""
+        m = re.match(r"\s*([A-Za-z_][A-Za-z0-9_]{0,47})\s*\(", self.baseline.text)
+        return f"mx.{m.group(1)}" if m else "the MLX op"
+
     @property
     def dims(self) -> list[str]:
         return self.problem.dims

@@ -41,12 +41,11 @@ from abc import ABC, abstractmethod
 from collections import Counter, deque
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ._errors import KernsearchError, VariantFailure
 from ._space import Config, format_config
-from ._storage import default_storage, make_storage, study_name_for
+from ._storage import Heartbeat, default_storage, make_storage, redact, study_name_for
 
 if TYPE_CHECKING:
     import optuna
@@ -351,16 +350,19 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
     dists = distributions(objective.knobs)
     rng = random.Random(seed)
     size = objective.size()
-    _fail_stale(study)
+    beat = Heartbeat(study)  # this process's running trial stays alive; dead processes' trials are failed
+    retry = beat.fail_stale()
     known = _known(study)  # key -> Seen: every config the study has evaluated (ok or failed)
     # Another process working on this study (running trials now, or gaps in trial numbers later) means
     # claims must be checked against the shared storage; alone, the local view is complete.
-    shared = any(t.state == TrialState.RUNNING for t in study.get_trials(deepcopy=False))
+    at_start = study.get_trials(deepcopy=False)
+    shared = any(t.state == TrialState.RUNNING for t in at_start)
+    next_number = len(at_start)  # a first trial numbered otherwise means another process asked one meanwhile
     # The default config first (trial 0 of a new study), then configs of published artifacts. Fixed
     # configs are asked for through this process's sampler, not Optuna's shared queue of enqueued trials
     # (two processes popping one queued trial from SQLite at once is a race).
     first: list[Config] = []
-    for c in [objective.default()] + objective.warm_start():
+    for c in retry + [objective.default()] + objective.warm_start():
         if c is not None and format_config(c) not in known and c not in first:
             first.append(c)
     failures: Counter[str] = Counter(s.reason for s in known.values() if s.value is None)
@@ -378,7 +380,17 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
         while True:
             if shared:
                 known.update(_known(study))  # the shared budget counts every process's trials
+<<<<<<< HEAD
             stop_now = None
+=======
+                # A process that died mid-trial: its trial is failed here, and its config asked for again.
+                first[:0] = [c for c in beat.fail_stale() if format_config(c) not in known and c not in first]
+            if size is not None and len(known) >= size:
+                stop_reason = "every valid config evaluated"
+                break
+            if trials is not None and len(known) >= trials:
+                break
+>>>>>>> main
             if time_budget is not None and time.monotonic() - started >= time_budget:
                 stop_now = "time budget reached"
             elif patience is not None and _stale_for(known) >= patience:
@@ -416,10 +428,16 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
                     (new + len(ahead)) % LOCAL_EVERY == LOCAL_EVERY - 1:
                 fixed = _neighbour(known, objective, rng, {k for _, _, k in ahead})  # one knob from a leader
             trial = _ask(study, dists, fixed)
+            beat.start(trial)  # from ask to tell: a trial without a pulse is a dead process's
             if not shared:  # another process started on this study: its trials interleave with ours
+<<<<<<< HEAD
                 shared = (last_number is not None and trial.number != last_number + 1) or any(
                     t.number != trial.number and all(t.number != a.number for a, _, _ in ahead)
                     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+=======
+                shared = trial.number != (next_number if last_number is None else last_number + 1) or any(
+                    t.number != trial.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+>>>>>>> main
             last_number = trial.number
             config = {k: trial.params[k] for k in objective.knobs}
             key = format_config(config)
@@ -463,9 +481,13 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
             study.tell(trial, state=TrialState.FAIL)
         raise
     finally:
+<<<<<<< HEAD
         for pending, _, _ in ahead:  # proposed, never timed: not a result, and its config stays free
             pending.set_user_attr("status", STATUS_CANCELLED)
             study.tell(pending, state=TrialState.PRUNED)
+=======
+        beat.stop()
+>>>>>>> main
     elapsed = time.monotonic() - started
     top = _top(study, finalists)
     final: dict[str, Any] = {}
@@ -478,7 +500,7 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
     winner = final.get("winner", top[0].number if top else None)
     best = next((t for t in _top(study, None) if t.number == winner), None) if winner is not None else None
     overhead = (elapsed - eval_seconds) / new if new else 0.0
-    return StudyResult(study.study_name, storage or default_storage(), objective.backend, objective.evidence,
+    return StudyResult(study.study_name, redact(storage or default_storage()), objective.backend, objective.evidence,
                        objective.study_key, best, top, len(known), failures, invalid, elapsed, stop_reason,
                        final, overhead)
 
@@ -505,19 +527,23 @@ def _evaluate(study: optuna.Study, objective: Objective, trial: optuna.Trial, co
 
 
 def _ask(study: optuna.Study, dists: dict[str, Any], fixed: Config | None) -> optuna.Trial:
-    """A new trial: the sampler's proposal, or ``fixed`` (through a PartialFixedSampler of this process)."""
-    if fixed is None:
-        return study.ask(dists)
+    """A new trial: the sampler's proposal, or ``fixed`` (through a PartialFixedSampler of this process).
+
+    The loop runs the heartbeat itself (:class:`Heartbeat`): Optuna's warning that heartbeats are meant for
+    ``optimize`` does not apply."""
     import optuna
 
-    sampler = study.sampler
     with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
+        if fixed is None:
+            return study.ask(dists)
+        sampler = study.sampler
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.sampler = optuna.samplers.PartialFixedSampler(fixed, sampler)
-    try:
-        return study.ask(dists)
-    finally:
-        study.sampler = sampler
+        try:
+            return study.ask(dists)
+        finally:
+            study.sampler = sampler
 
 
 @dataclass
@@ -555,18 +581,6 @@ def _claimed_elsewhere(study: optuna.Study, trial: optuna.Trial, objective: Obje
                 t.user_attrs.get("status") is None and format_config({k: t.params[k] for k in objective.knobs}) == key:
             return Seen(None, t.number, dict(t.params), "running elsewhere")
     return None
-
-
-def _fail_stale(study: optuna.Study, older_than: timedelta = timedelta(hours=2)) -> None:
-    """Running trials left by a killed process would hold their configs forever: mark them failed."""
-    from optuna.trial import TrialState
-
-    now = datetime.now()
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        start = t.datetime_start
-        if start is not None and now - start.replace(tzinfo=None) > older_than:
-            study._storage.set_trial_user_attr(t._trial_id, "status", "abandoned")
-            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
 
 
 def _stale_for(known: dict[str, Seen]) -> int:

@@ -129,18 +129,100 @@ def verify_outputs(problem: Problem, run: Any, logical: dict[str, np.ndarray],
 
 
 def verify_kernel(backend: Any, kernel: KernelSource, geometry: Geometry, problem: Problem, seed: int = 0,
-                  *, data: tuple[dict[str, np.ndarray], list[np.ndarray]] | None = None,
+                  threadgroups: list[tuple[int, int, int]] | None = None,
+                  data: tuple[dict[str, np.ndarray], list[np.ndarray] | None] | None = None,
                   **options: Any) -> tuple[Check, list[Any]]:
     """Run ``kernel`` on ``backend`` and check it; returns (check, diagnostics). Inputs are made from
     ``seed``, or ``data`` = (logical inputs, float64 reference) kept by the caller across variants of one
-    problem (outputs are pre-filled with NaN on every run either way)."""
+    problem (outputs are pre-filled with NaN on every run either way).
+
+    With ``threadgroups`` (the interpreter only) just those threadgroups run, and what they wrote is
+    checked against the reference (see :func:`verify_sampled`)."""
     logical, refs = data if data is not None else (make_inputs(problem, seed), None)
     inputs = kernel_inputs(problem, logical, geometry)
     diagnostics: list[Any] = []
+    extra = {"threadgroups": threadgroups} if threadgroups else {}
 
     def run(init: float) -> list[np.ndarray]:
-        result = backend.run(kernel, geometry, inputs, problem.dtype, init_value=init, **options)
+        result = backend.run(kernel, geometry, inputs, problem.dtype, init_value=init, **options, **extra)
         diagnostics.extend(d for d in result.diagnostics if d not in diagnostics)
         return result.outputs
 
+    if threadgroups:
+        return verify_sampled(problem, geometry, run, logical, threadgroups), diagnostics
     return verify_outputs(problem, run, logical, refs), diagnostics
+
+
+def threadgroup_counts(geometry: Geometry) -> tuple[int, int, int]:
+    return tuple(-(-g // t) for g, t in zip(geometry.grid, geometry.threadgroup))  # type: ignore[return-value]
+
+
+def sample_threadgroups(geometry: Geometry, count: int = 16, seed: int = 0) -> list[tuple[int, int, int]]:
+    """Threadgroups that exercise a big launch: every corner of the grid, the middle of every edge, then
+    random interior ones (up to ``count`` in all)."""
+    counts = threadgroup_counts(geometry)
+    picks: list[tuple[int, int, int]] = []
+
+    def add(t: tuple[int, ...]) -> None:
+        if t not in picks:
+            picks.append(t)  # type: ignore[arg-type]
+
+    ends = [sorted({0, c - 1}) for c in counts]
+    for x in ends[0]:
+        for y in ends[1]:
+            for z in ends[2]:
+                add((x, y, z))
+    mids = [c // 2 for c in counts]
+    for d in range(3):
+        for end in ends[d]:
+            for other in range(3):
+                if other != d:
+                    t = list(mids)
+                    t[d] = end
+                    add(tuple(t))
+    rng = np.random.default_rng(seed)
+    total = counts[0] * counts[1] * counts[2]
+    tries = 0
+    while len(picks) < min(count, total) and tries < 10 * count:
+        add(tuple(int(rng.integers(0, c)) for c in counts))
+        tries += 1
+    return picks
+
+
+def verify_sampled(problem: Problem, geometry: Geometry, run: Any, logical: dict[str, np.ndarray],
+                   threadgroups: list[tuple[int, int, int]]) -> Check:
+    """Check what a sample of threadgroups wrote against the reference of the whole problem.
+
+    Outputs are pre-filled twice (NaN, then a sentinel): an element either run changed was written. Every
+    written element must match the reference, and the sample must have written about its share of the
+    outputs (half of it at least: edge tiles are partial), so a kernel that skips its tiles fails."""
+    refs = reference(problem, logical)
+    first, second = run(float("nan")), run(SENTINEL)
+    rtol, atol = tolerance(problem)
+    counts = threadgroup_counts(geometry)
+    total_tgs = counts[0] * counts[1] * counts[2]
+    worst_abs = worst_rel = 0.0
+    sentinel = float(round_to_dtype(np.array([SENTINEL]), problem.dtype)[0])  # as the output dtype holds it
+    for name, a, b, ref in zip((t.name for t in problem.family.outputs), first, second, refs):
+        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        if a.shape != ref.shape:
+            return Check(False, "shape", detail=f"{name}: shape {a.shape}, expected {ref.shape}")
+        written = ~np.isnan(a) | (b != sentinel)
+        expected = len(threadgroups) * ref.size / total_tgs
+        if written.sum() < 0.5 * min(expected, ref.size):
+            return Check(False, "unwritten", detail=f"{name}: {len(threadgroups)} sampled threadgroups of "
+                         f"{total_tgs} wrote {int(written.sum())} element(s), about {expected:.0f} expected")
+        got, want = a[written], ref[written]
+        if np.isnan(got).any():
+            return Check(False, "nan", detail=f"{name}: NaN written by a sampled threadgroup")
+        err = np.abs(got - want)
+        bad = err > atol + rtol * np.abs(want)
+        worst_abs = max(worst_abs, float(err.max(initial=0.0)))
+        worst_rel = max(worst_rel, float((err / np.maximum(np.abs(want), atol)).max(initial=0.0)))
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(written)[int(np.argmax(bad))])
+            return Check(False, "wrong", worst_abs, worst_rel, int(bad.sum()),
+                         detail=f"{name}: {int(bad.sum())} element(s) out of tolerance in sampled threadgroups, "
+                                f"first at {where}: got {a[where]:.6g}, expected {ref[where]:.6g}")
+    return Check(True, "", worst_abs, worst_rel,
+                 detail=f"{len(threadgroups)} of {total_tgs} threadgroups sampled")

@@ -17,7 +17,8 @@ from rich.table import Table
 
 from ._errors import KernsearchError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Find, prove and ship the fastest variant of a GPU kernel for the chip it runs on.")
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -26,6 +27,23 @@ FAMILY_HELP = "family name (see `kernsearch families`) or path to a family folde
 ShapeOpt = typer.Option(None, "--shape", help="problem shape, e.g. 4096,4096,4096 (default: the family's)")
 DtypeOpt = typer.Option(None, "--dtype", help="float32, float16 or bfloat16 (default: the family's)")
 ChipOpt = typer.Option(None, "--chip", help="chip name, e.g. 'M2 Max' or H100 (default: detected)")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            out.print(f"kernsearch {version('kernsearch')}", highlight=False)
+        except PackageNotFoundError:
+            out.print("kernsearch (not installed: run from a source tree)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(show_version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
+                                            help="print the version and exit")) -> None:
+    """Find, prove and ship the fastest variant of a GPU kernel for the chip it runs on."""
 
 
 def _warn_line(message: warnings.WarningMessage | str) -> None:
@@ -295,6 +313,31 @@ def artifacts_verify(store: Optional[str] = StoreOpt,
     out.print(f"{len(results)} version(s) verified in {st.root}" if results else f"no artifacts in {st.root}")
 
 
+@artifacts_app.command("migrate")
+def artifacts_migrate(store: Optional[str] = StoreOpt) -> None:
+    """Rewrite manifests of older schema versions in the current one (readers migrate them anyway)."""
+    from ._artifacts import ArtifactStore
+
+    st = ArtifactStore(store)
+    done = st.migrate()
+    for item in done:
+        out.print(f"migrated {escape(item)}", soft_wrap=True)
+    out.print(f"{len(done)} manifest(s) migrated in {st.root}")
+
+
+@artifacts_app.command("rejudge")
+def artifacts_rejudge(store: Optional[str] = StoreOpt, margin: float = typer.Option(
+        0.03, "--margin", min=0.0, max=10.0, help="required lower bound of the speedup over the op, minus 1")) -> None:
+    """Apply the "beats the MLX op" rule to every current measured version; losers stop being dispatched."""
+    from ._artifacts import ArtifactStore
+
+    st = ArtifactStore(store)
+    done = st.rejudge(margin)
+    for key, why in done:
+        out.print(f"{escape(str(key))}: not dispatched: {escape(why)}", soft_wrap=True)
+    out.print(f"{len(done)} current version(s) invalidated in {st.root}")
+
+
 @app.command()
 def export(families: Optional[list[str]] = typer.Argument(None, help="families to export (default: every "
                                                                      "family with artifacts)"),
@@ -470,7 +513,13 @@ def _final_lines(final: dict, evidence: str) -> list[str]:
     for number, check in (final.get("checks") or {}).items():
         state = f"[green]pass[/] (max abs err {check['max_abs_err']:.2g})" if check["ok"] else \
             f"[red]FAIL ({check['reason']})[/]"
-        lines.append(f"trial {number} on the interpreter at {'x'.join(map(str, final.get('verify_shape', [])))}: {state}")
+        also = ""
+        if check.get("also"):
+            sampled = check.get("threadgroups_checked")
+            also = " and " + ", ".join(check["also"]) + (f" ({sampled} threadgroups sampled at the tuned shape)"
+                                                         if sampled else "")
+        lines.append(f"trial {number} on the interpreter at {'x'.join(map(str, final.get('verify_shape', [])))}"
+                     f"{escape(also)}: {state}")
     if final.get("note"):
         lines.append(str(final["note"]))
     return lines
@@ -497,7 +546,11 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
          timeout: float = typer.Option(120.0, "--timeout", help="seconds per variant before it counts as hung"),
          publish: bool = typer.Option(False, "--publish", help="offer the winner to the artifact store "
                                       "(its regression gate decides)"),
-         as_json: bool = typer.Option(False, "--json", help="print a machine-readable result on stdout")) -> None:
+         margin: float = typer.Option(0.03, "--margin", min=0.0, max=10.0, help="a measured winner beats the MLX op "
+                                      "only if its speedup's lower bound exceeds 1 + margin"),
+         as_json: bool = typer.Option(False, "--json", help="print a machine-readable result on stdout"),
+         report: bool = typer.Option(False, "--report", help="write the study's HTML report at the end and "
+                                     "print its path (see `kernsearch report`)")) -> None:
     """Search for the fastest correct variant of a family on a problem and chip."""
     import json
 
@@ -552,24 +605,53 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
         raise KernsearchError("--publish needs a kernel family: replayed landscapes have no kernel to publish")
     result = _run_with_progress(objective, trials, time_budget, patience or None, sampler, seed, storage, study,
                                 finalists, as_json)
-    outcome = objective.publish(result) if publish and result.best is not None and \
+    outcome = objective.publish(result, margin=margin) if publish and result.best is not None and \
         "Ctrl-C" not in result.stop_reason else None
+    beats, verdict = _verdict(result, key, getattr(getattr(objective, "family", None), "baseline_name", "the MLX op"),
+                              margin)
     if as_json:
         data = result.to_dict()
         data["winner"] = asdict_or_none(result.best)
+        data["beats_baseline"] = beats
+        data["verdict"] = verdict
         if outcome is not None:
             data["publish"] = {"published": outcome.published, "version": outcome.version,
                                "reason": outcome.reason, "key": outcome.key}
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     else:
         _print_result(result)
+        out.print(verdict, soft_wrap=True, markup=False)
         if outcome is not None:
             state = f"published as {outcome.version}" if outcome.published else "not published"
             out.print(f"artifact {outcome.key}: {state} ({outcome.reason})", soft_wrap=True)
+    if report:
+        from ._report import write_report
+
+        path = write_report(result.study_name, storage)
+        err.print(f"report: {path}", soft_wrap=True, markup=False)
     if "Ctrl-C" in result.stop_reason:
         raise typer.Exit(130)
     if result.best is None or result.final.get("winner", result.best.number) is None:
         raise typer.Exit(1)  # the search ran, but no variant was correct: like a failed `verify`
+
+
+def _verdict(result, key: dict, op: str, margin: float) -> tuple[bool | None, str]:  # noqa: ANN001
+    """The tune's last word: does a correct variant beat the baseline op beyond the noise (and the margin)?"""
+    from .export_runtime._runtime import beats_op, speedup_text
+
+    where = f"on {key['chip']} at {key['shape']} {key['dtype']}"
+    final = result.final
+    if result.best is None:
+        return False, f"no correct variant {where}; keep the MLX op"
+    if result.evidence == "modeled":
+        return None, (f"modeled result: {op} is not modeled, so nothing says this variant beats it; measure it on "
+                      f"{key['chip']} before it ships (a modeled artifact is dispatched only on the consumer's opt-in)")
+    if final.get("speedup_low") is None:
+        return None, f"{op} was not timed in this run: no verdict on the baseline {where}"
+    text = speedup_text(final.get("speedup"), final.get("speedup_low"), final.get("speedup_high"))
+    if beats_op(final["speedup_low"], margin):
+        return True, f"the winner beats {op} {where}: {text} (lower bound above {1 + margin:.2f}x)"
+    return False, f"no variant beats {op} {where} (best: {text}); keep the MLX op"
 
 
 def asdict_or_none(obj):  # noqa: ANN001, ANN201
@@ -687,6 +769,43 @@ def show(study: str = typer.Argument(..., help="study name (see `kernsearch stud
         _wide().print(_top_table(rows, evidence, final.get("winner"), final))
     for line in _final_lines(final, evidence):
         out.print(line, soft_wrap=True)
+
+
+@app.command("report")
+def report_cmd(study: str = typer.Argument(..., help="study name (see `kernsearch studies`)"),
+               storage: Optional[str] = StorageOpt,
+               out_file: Optional[str] = typer.Option(None, "--out", "-o", help="HTML file to write (default: "
+                                                      "reports/<study>.html under $KERNSEARCH_HOME or ~/.kernsearch)")
+               ) -> None:
+    """Write one study as a self-contained HTML page with plots (opens offline) and print its path."""
+    from ._report import write_report
+
+    path = write_report(study, storage, out_file)
+    out.print(str(path), soft_wrap=True, markup=False)
+
+
+@app.command()
+def dashboard(storage: Optional[str] = StorageOpt,
+              host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
+              port: int = typer.Option(8080, "--port", help="port to listen on")) -> None:
+    """Browse the stored studies in optuna-dashboard (history, importances, trials' attributes); Ctrl-C stops."""
+    from ._storage import default_storage, make_storage
+
+    if not 0 < port < 65536:
+        raise KernsearchError(f"--port must be 1-65535, not {port}")
+    try:
+        from optuna_dashboard import run_server
+    except ImportError:
+        raise KernsearchError("optuna-dashboard is not installed: pip install optuna-dashboard") from None
+    store = make_storage(storage)
+    err.print(f"optuna-dashboard on {storage or default_storage()}: open http://{host}:{port}/ (Ctrl-C stops)",
+              soft_wrap=True, markup=False)
+    try:
+        run_server(store, host=host, port=port)
+    except OSError as exc:
+        raise KernsearchError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    except KeyboardInterrupt:
+        pass
 
 
 @app.command()

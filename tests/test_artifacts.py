@@ -29,7 +29,7 @@ KEY = "gemm/M2-Max/float32/64x64x64"
 def candidate(median: float = 1.0, spread: float = 0.0, evidence: str = "modeled", chip: str = "M2 Max",
               shape: tuple[int, ...] = (64, 64, 64), dtype: str = "float32", config: dict | None = None,
               passed: bool = True, detected: dict | None = None, toolchain: Toolchain | None = None,
-              target: str = "metal") -> Candidate:
+              target: str = "metal", speedup: float = 2.0) -> Candidate:
     """A gemm candidate with the given evidence (the store's input; the figures are the test's choice)."""
     fam = load_family("gemm")
     c = get_chip(chip)
@@ -39,7 +39,9 @@ def candidate(median: float = 1.0, spread: float = 0.0, evidence: str = "modeled
     corr = Correctness(verifier="device" if evidence == "measured" else "interpreter", passed=passed,
                        shapes_checked=["x".join(map(str, shape))], max_abs_error=1e-6, checks_run=2)
     meas = None if evidence == "interpreted" else Measurements(
-        median_ms=median, spread=spread, samples_ms=[median] * 5, baseline_median_ms=2.0 * median)
+        median_ms=median, spread=spread, samples_ms=[median] * 5, baseline_median_ms=speedup * median,
+        baseline_spread=spread, speedup_low=speedup * (1 - spread / 2) / (1 + spread / 2),
+        speedup_high=speedup * (1 + spread / 2) / (1 - spread / 2))
     return Candidate.for_config(space, space.parse_config(config or {}), target=target, correctness=corr,
                                 evidence=evidence, measurements=meas, study="test-study", toolchain=toolchain)
 
@@ -112,7 +114,10 @@ def test_toolchain_change_invalidates_a_measured_current(tmp_path: Path) -> None
     assert not same_toolchain.published
     new_mlx = store.publish(candidate(median=2.0, evidence="measured", detected=M2MAX_INFO,
                                       toolchain=toolchain("0.32.4")))
-    assert new_mlx.published and "toolchain changed (mlx_version 0.30.0 → 0.32.4)" in new_mlx.reason
+    assert new_mlx.published and "toolchain changed (mlx 0.30 → 0.32)" in new_mlx.reason
+    patch_only = store.publish(candidate(median=3.0, evidence="measured", detected=M2MAX_INFO,
+                                         toolchain=toolchain("0.32.5")))
+    assert not patch_only.published  # an MLX patch release does not void a measurement
 
 
 def test_explicit_invalidation_and_unreadable_current_let_a_correct_candidate_in(tmp_path: Path) -> None:
@@ -190,8 +195,8 @@ def _manifest_file(store: ArtifactStore) -> Path:
     (lambda s: _manifest_file(s).write_text(json.dumps({
         **json.loads(_manifest_file(s).read_text()), "evidence": "guessed"})), "malformed manifest: evidence"),
     (lambda s: _manifest_file(s).write_text(json.dumps({
-        **json.loads(_manifest_file(s).read_text()), "schema_version": 2})),
-     "unknown manifest schema version 2 \\(this kernsearch reads version 1\\)"),
+        **json.loads(_manifest_file(s).read_text()), "schema_version": 3})),
+     "unknown manifest schema version 3 \\(this kernsearch reads version 2 and migrates 1\\)"),
     (lambda s: _manifest_file(s).write_text(json.dumps({
         k: v for k, v in json.loads(_manifest_file(s).read_text()).items() if k != "schema_version"})),
      "no schema_version"),

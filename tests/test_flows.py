@@ -300,6 +300,7 @@ chips = ["H100"]
     tuned = {"evidence": "measured", "median_ms": 0.02, "spread": 0.01, "best": {},
              "config": dict(load_family("gemm").default),
              "study": "gemm/H100/float16/64x64x64/cuda", "baseline_median_ms": 0.03,
+             "baseline_spread": 0.01, "speedup_low": 1.45, "speedup_high": 1.55,
              "checks": [{"shape": [64, 64, 64], "verifier": "device", "max_abs_err": 0.001, "max_rel_err": None}]}
     verified = {"checks": [{"shape": [68, 68, 68], "verifier": "device", "max_abs_err": 0.002, "max_rel_err": 0.001}],
                 "skipped": []}

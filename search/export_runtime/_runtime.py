@@ -4,7 +4,8 @@ Depends on ``mlx`` only (plus the standard library): it must import and give cor
 MLX does, GPU or not. For each call it picks, for the running chip, the kernel through a fallback chain
 — exact chip → same generation and die → same generation → the family's default config → the plain MLX
 op — and, within a chip level, the tuned shape nearest the call's shape whose config is valid for it
-(the family's constraints, evaluated here). Spec expressions arrive pre-parsed as small JSON trees and are
+(the family's constraints, evaluated here). A level is taken only with measured evidence that the kernel
+beats the MLX op on that chip (see LEVELS below); otherwise the MLX op runs. Spec expressions arrive pre-parsed as small JSON trees and are
 evaluated by :func:`evaluate` (a closed set of operators and functions; never Python's ``eval``).
 Every kernel file's hash is checked before it is used; each kernel is built once per process.
 """
@@ -21,11 +22,78 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-FORMAT = 1
-#: Set to ``off`` (or 0/no/false) to make every call use the plain MLX op: a consumer's escape hatch.
+FORMAT = 2
+#: ``off`` (or 0/no/false): every call uses the plain MLX op; ``modeled``: modeled artifacts may be used too.
 DISABLE_VAR = "KERNSEARCH_KERNELS"
+#: A kernel is dispatched only if the lower bound of its measured speedup over the MLX op (baseline p10 /
+#: kernel p90, same inputs, interleaved, one run) exceeds 1 + margin.
+DEFAULT_MARGIN = 0.03
+#: The nearest-shape rule stretches a tuned kernel at most this factor per dimension (either way).
+SHAPE_BOUND = 2.0
+
+
+def beats_op(speedup_low: Optional[float], margin: float = DEFAULT_MARGIN) -> bool:
+    """The rule of the gate and of dispatch: the measured speedup's lower bound exceeds 1 + margin."""
+    return speedup_low is not None and math.isfinite(speedup_low) and speedup_low > 1.0 + margin
+
+
+def speedup_text(speedup: Optional[float], low: Optional[float], high: Optional[float]) -> str:
+    """``0.26x (range 0.25-0.27)`` or ``no measured speedup``."""
+    if speedup is None:
+        return "no measured speedup"
+    rng = f" (range {low:.2f}-{high:.2f})" if low is not None and high is not None else ""
+    return f"{speedup:.2f}x{rng}"
+
+
+def timing_identity(mlx_version: Optional[str], os_name: Optional[str], macos_version: Optional[str],
+                    cuda_driver: Optional[str], nvrtc: Optional[str]) -> Dict[str, Optional[str]]:
+    """What can move a measured kernel time when it changes (a measured result is void across a change)."""
+    def major_minor(v: Optional[str], parts: int) -> Optional[str]:
+        return ".".join(v.split(".")[:parts]) if v else None
+
+    return {"mlx": major_minor(mlx_version, 2), "os": os_name or None, "macos": major_minor(macos_version, 1),
+            "cuda_driver": cuda_driver or None, "nvrtc": nvrtc or None}
+
+
+def cuda_driver_version() -> Optional[str]:
+    """The NVIDIA kernel driver version (Linux), or None."""
+    try:
+        with open("/proc/driver/nvidia/version", "rb") as f:
+            text = f.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return None
+    m = re.search(r"Kernel Module\s+(?:for\s+\S+\s+)?([0-9]+(?:\.[0-9]+)+)", text)
+    return m.group(1) if m else None
+
+
+def nvrtc_version() -> Optional[str]:
+    """NVRTC's version (the compiler of ``mx.fast.cuda_kernel``), or None where there is no NVRTC."""
+    import ctypes
+    import ctypes.util
+
+    names = [n for n in (ctypes.util.find_library("nvrtc"),) if n] + [f"libnvrtc.so.{v}" for v in (13, 12, 11)]
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        if lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) == 0:
+            return f"{major.value}.{minor.value}"
+    return None
+
+
+def within_shape_bound(tuned: Sequence[int], wanted: Sequence[int], bound: float = SHAPE_BOUND) -> bool:
+    """True when every dimension of ``wanted`` is within ``bound``x of the tuned one."""
+    return len(tuned) == len(wanted) and all(
+        max(t, 1) / max(w, 1) <= bound and max(w, 1) / max(t, 1) <= bound for t, w in zip(tuned, wanted))
 MAX_DECISIONS = 4096
 LEVELS = ("exact chip", "same generation and die", "same generation", "family default", "mlx op")
+# Dispatch rules (docs/artifacts.md): a level uses an artifact only with measured evidence, on that chip, that
+# it beats the MLX op by more than the margin (modeled ones only when the consumer opts in; interpreted ones
+# never); other chips' artifacts only for families that allow the transfer; a tuned shape only within
+# SHAPE_BOUND per dimension; the family default only where a measured artifact shows the default config
+# beating the op on this chip; a measured artifact is void when the toolchain that timed it changed.
 
 
 # -- expressions -----------------------------------------------------------------------------------------
@@ -194,9 +262,13 @@ class Dispatcher:
             raise RuntimeError(f"{self.root}: dispatch table format {self.table.get('format')!r} is not {FORMAT}")
         self._device_info = device_info
         self._decisions: Dict[Any, Decision] = {}
+        self._plans: Dict[Any, Callable[[Sequence[Any]], Any]] = {}
         self._sources: Dict[str, Optional[Dict[str, Any]]] = {}
         self._kernels: Dict[Any, Any] = {}
         self._refused: Dict[str, str] = {}
+        self.margin = float(self.table.get("margin", DEFAULT_MARGIN))
+        #: This process's timing identity (``timing_identity(...)``); None: detected on first use.
+        self.toolchain: Optional[Dict[str, Optional[str]]] = None
         #: Builds a kernel object from a source record; tests may replace it.
         self.kernel_factory: Callable[[Dict[str, Any], int], Any] = _mlx_kernel
 
@@ -221,25 +293,28 @@ class Dispatcher:
         return record, target
 
     # -- choosing --------------------------------------------------------------------------------------
-    def decide(self, family: str, shapes: Sequence[Sequence[int]], dtype: str, chip: Any = None) -> Decision:
+    def decide(self, family: str, shapes: Sequence[Sequence[int]], dtype: str, chip: Any = None,
+               modeled: bool = False) -> Decision:
+        """``modeled``: also use modeled (never measured) artifacts, as ``KERNSEARCH_KERNELS=modeled`` does."""
         fam = self._family(family)
         record, target = self.running_chip(chip)
+        modeled = modeled or os.environ.get(DISABLE_VAR, "").lower() == "modeled"
         if os.environ.get(DISABLE_VAR, "").lower() in ("0", "off", "no", "false"):
             dims, _ = _bind_dims(fam, shapes)
             decision = Decision(family, LEVELS[4], record["name"], tuple((dims or {}).values()), dtype)
             decision.why.append(f"tuned kernels switched off ({DISABLE_VAR}={os.environ[DISABLE_VAR]})")
             return decision
-        cache_key = (family, tuple(tuple(s) for s in shapes), dtype, record["name"], target)
+        cache_key = (family, tuple(tuple(s) for s in shapes), dtype, record["name"], target, modeled)
         if cache_key in self._decisions:
             return self._decisions[cache_key]
-        decision = self._decide(fam, family, shapes, dtype, record, target)
+        decision = self._decide(fam, family, shapes, dtype, record, target, modeled)
         if len(self._decisions) >= MAX_DECISIONS:  # many distinct shapes: start over rather than grow
             self._decisions.clear()
         self._decisions[cache_key] = decision
         return decision
 
     def _decide(self, fam: Dict[str, Any], family: str, shapes: Sequence[Sequence[int]], dtype: str,
-                chip: Dict[str, Any], target: str) -> Decision:
+                chip: Dict[str, Any], target: str, modeled: bool = False) -> Decision:
         dims, problem = _bind_dims(fam, shapes)
         shape = tuple(dims[d] for d in fam["dims"]) if dims else tuple()
         decision = Decision(family, LEVELS[4], chip["name"], shape, dtype)
@@ -253,6 +328,7 @@ class Dispatcher:
         if not target:
             why.append(f"no GPU back-end here (chip {chip['name']}): custom kernels need Metal or CUDA")
             return decision
+        op = fam.get("baseline_name", "the MLX op")
         pool = [a for a in fam["artifacts"] if a["dtype"] == dtype and a["target"] == target]
         running = lineage(chip)
         tests = (lambda a: a["chip"] == chip["name"],
@@ -265,30 +341,83 @@ class Dispatcher:
             if not here:
                 why.append(f"{level}: no {target} {dtype} artifact")
                 continue
+            if level != LEVELS[0] and not fam.get("transfer"):
+                why.append(f"{level}: {len(here)} artifact(s) of other chips skipped: the family does not allow "
+                           "transferring a kernel between chips")
+                continue
             valid, reasons = [], []
             for a in here:
-                bad = violation(fam, a["config"], dims, chip, dtype) or self._refusal(a)
-                (reasons.append(f"{a['key']}: {bad}") if bad else valid.append(a))
+                bad = self._unusable(a, fam, dims, shape, chip, dtype, op, modeled)
+                (reasons.append(f"{a['key']}/{a['version']} skipped: {bad}") if bad else valid.append(a))
             if not valid:
-                why.append(f"{level}: {len(here)} artifact(s), none usable: " + "; ".join(reasons))
+                why.append(f"{level}: " + "; ".join(reasons))
                 continue
             best = min(valid, key=lambda a: (_distance(a["shape"], shape), a.get("median_ms") or math.inf))
             decision.level, decision.entry = level, best
-            why.append(f"{level}: {best['key']}/{best['version']} ({best['evidence']}, tuned for "
-                       f"{'x'.join(map(str, best['shape']))}, nearest valid of {len(valid)})"
+            why.append(f"{level}: {best['key']}/{best['version']} taken: {self._evidence_text(best, op)}, tuned "
+                       f"for {'x'.join(map(str, best['shape']))}, nearest valid of {len(valid)}"
                        + (f"; passed over: {'; '.join(reasons)}" if reasons else ""))
             return decision
+        # The untuned default config runs only where a measured artifact shows it beating the op here.
         default = fam["default"]["kernels"].get(f"{target}:{dtype}")
+        proof = [a for a in pool if a["chip"] == chip["name"] and a["config"] == fam["default"]["config"]
+                 and not self._unusable(a, fam, None, (), chip, dtype, op, False)]  # any tuned shape
         if default is None:
             why.append(f"family default: no {target} {dtype} kernel in this package")
-            return decision
-        bad = violation(fam, fam["default"]["config"], dims, chip, dtype) or self._refusal(default)
-        if bad:
-            why.append(f"family default: {bad}")
-            return decision
-        decision.level, decision.entry = LEVELS[3], default
-        why.append("family default: the family's untuned default config")
+        elif not proof:
+            why.append(f"family default: skipped: no measured evidence that the default config beats {op} on "
+                       f"{chip['name']}")
+        else:
+            bad = violation(fam, fam["default"]["config"], dims, chip, dtype) or self._refusal(default)
+            if bad:
+                why.append(f"family default: skipped: {bad}")
+            else:
+                decision.level, decision.entry = LEVELS[3], default
+                why.append(f"family default: taken: {proof[0]['key']}/{proof[0]['version']} measured the default "
+                           f"config at {self._evidence_text(proof[0], op)}")
+                return decision
+        why.append(f"mlx op: {op}")
         return decision
+
+    def _unusable(self, a: Dict[str, Any], fam: Dict[str, Any], dims: Optional[Dict[str, int]],
+                  shape: Tuple[int, ...], chip: Dict[str, Any], dtype: str, op: str, modeled: bool) -> str:
+        """'' if artifact ``a`` may run this call, else why not (the rules of docs/artifacts.md)."""
+        evidence = a.get("evidence")
+        if a.get("invalidated"):
+            return f"invalidated: {a['invalidated']}"
+        if evidence == "interpreted":
+            return "interpreted (correctness only): never dispatched"
+        if evidence == "modeled" and not modeled:
+            return (f"modeled, not measured: never shown to beat {op} (opt in with {DISABLE_VAR}=modeled)")
+        if evidence == "measured":
+            if not beats_op(a.get("speedup_low"), self.margin):
+                return f"{speedup_text(a.get('speedup'), a.get('speedup_low'), a.get('speedup_high'))} of {op} (measured)"
+            changed = self._toolchain_change(a.get("timing_identity") or {})
+            if changed:
+                return f"measured with another toolchain ({changed}): its timing no longer holds"
+        elif evidence != "modeled":
+            return f"unknown evidence kind {evidence!r}"
+        if shape and not within_shape_bound(a["shape"], shape):
+            return (f"tuned for {'x'.join(map(str, a['shape']))}, more than {SHAPE_BOUND:g}x from "
+                    f"{'x'.join(map(str, shape))} in some dimension")
+        if dims is not None:
+            bad = violation(fam, a["config"], dims, chip, dtype) or self._refusal(a)
+            if bad:
+                return bad
+        return ""
+
+    @staticmethod
+    def _evidence_text(a: Dict[str, Any], op: str) -> str:
+        if a.get("evidence") == "measured":
+            return f"{speedup_text(a.get('speedup'), a.get('speedup_low'), a.get('speedup_high'))} of {op} (measured)"
+        return f"{a.get('evidence')} (opted in; not measured)"
+
+    def _toolchain_change(self, recorded: Dict[str, Any]) -> str:
+        """What differs between the toolchain an artifact was timed with and this process's ('' if nothing)."""
+        here = self.toolchain if self.toolchain is not None else _running_toolchain()
+        changes = [f"{k} {recorded.get(k)} -> {here.get(k)}" for k in ("mlx", "os", "macos", "cuda_driver", "nvrtc")
+                   if recorded.get(k) is not None and here.get(k) is not None and recorded.get(k) != here.get(k)]
+        return ", ".join(changes)
 
     def _refusal(self, entry: Dict[str, Any]) -> str:
         """'' if the entry's kernel files are intact, else why it is refused."""
@@ -320,18 +449,41 @@ class Dispatcher:
         return self._sources[where]
 
     # -- running ---------------------------------------------------------------------------------------
-    def explain(self, family: str, *arrays: Any, chip: Any = None) -> Decision:
+    def explain(self, family: str, *arrays: Any, chip: Any = None, modeled: bool = False) -> Decision:
         """Which artifact (or fallback) ``family(*arrays)`` would use here (or on ``chip``), and why."""
-        return self.decide(family, [tuple(a.shape) for a in arrays], _dtype_name(arrays), chip)
+        return self.decide(family, [tuple(a.shape) for a in arrays], _dtype_name(arrays), chip, modeled)
 
-    def call(self, family: str, *arrays: Any, chip: Any = None) -> Any:
+    def call(self, family: str, *arrays: Any, chip: Any = None, modeled: bool = False) -> Any:
+        """``family(*arrays)`` with the kernel :meth:`explain` names (or the MLX op).
+
+        The decision and everything the launch needs (grid, templates, output shapes, the built kernel) are
+        planned once per (family, shapes, dtypes, chip, opt-ins) and reused: a call that was planned before
+        costs a dictionary look-up on top of the op or kernel it runs, so the package adds no measurable
+        time even to a microsecond-sized MLX op.
+        """
+        try:
+            key: Any = (family, chip, modeled, os.environ.get(DISABLE_VAR), *[(a.shape, a.dtype) for a in arrays])
+            plan = self._plans.get(key)
+        except (AttributeError, TypeError):  # not arrays, or an unhashable chip record: plan every call
+            key, plan = None, None
+        if plan is None:
+            plan = self._plan(family, arrays, chip, modeled)
+            if key is not None:
+                if len(self._plans) >= MAX_DECISIONS:
+                    self._plans.clear()
+                self._plans[key] = plan
+        return plan(arrays)
+
+    def _plan(self, family: str, arrays: Sequence[Any], chip: Any, modeled: bool) -> Callable[[Sequence[Any]], Any]:
+        """A function of the call's arrays that runs what the decision for them chose."""
         import mlx.core as mx
 
         fam = self._family(family)
+        native = all(isinstance(a, mx.array) for a in arrays)
         arrays = tuple(a if isinstance(a, mx.array) else mx.array(a) for a in arrays)
-        decision = self.explain(family, *arrays, chip=chip)
+        decision = self.explain(family, *arrays, chip=chip, modeled=modeled)
         if decision.entry is None:
-            return self._mlx_op(fam, arrays)
+            return self._op_plan(fam, arrays, native)
         record, _ = self.running_chip(chip)
         dims = dict(zip(fam["dims"], decision.shape))
         names = _context(fam, decision.entry["config"], dims, record, decision.dtype)
@@ -339,33 +491,58 @@ class Dispatcher:
         grid = tuple(int(v) for v in evaluate(launch["grid"], names))
         threadgroup = tuple(int(v) for v in evaluate(launch["threadgroup"], names))
         shared = int(evaluate(launch["shared_memory"], names)) if launch.get("shared_memory") else 0
-        inputs = [mx.transpose(a) if spec["transposed"] is not None and evaluate(spec["transposed"], names) else a
-                  for spec, a in zip(fam["inputs"], arrays)]
+        transpose = [spec["transposed"] is not None and bool(evaluate(spec["transposed"], names))
+                     for spec in fam["inputs"]]
         source = self._source(decision.entry)
         assert source is not None  # checked while deciding
         kernel = self._kernel(source, shared)
-        outputs = kernel(inputs=inputs,
-                         template=[(k, getattr(mx, v) if isinstance(v, str) and hasattr(mx, v) else v)
-                                   for k, v in source["template"]],
-                         grid=grid, threadgroup=threadgroup,
-                         output_shapes=[tuple(int(s) for s in evaluate(o["shape"], names)) for o in fam["outputs"]],
-                         output_dtypes=[arrays[0].dtype for _ in fam["outputs"]])
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        template = [(k, getattr(mx, v) if isinstance(v, str) and hasattr(mx, v) else v)
+                    for k, v in source["template"]]
+        output_shapes = [tuple(int(s) for s in evaluate(o["shape"], names)) for o in fam["outputs"]]
+        output_dtypes = [arrays[0].dtype for _ in fam["outputs"]]
+
+        def run(call_arrays: Sequence[Any]) -> Any:
+            inputs = [mx.transpose(a) if t else a for t, a in zip(transpose, _as_mx(mx, call_arrays))]
+            outputs = kernel(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
+                             output_shapes=output_shapes, output_dtypes=output_dtypes)
+            return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+        return run
+
+    def _op_plan(self, fam: Dict[str, Any], arrays: Sequence[Any],
+                 native: bool = False) -> Callable[[Sequence[Any]], Any]:
+        """The family's MLX baseline as a function of the arrays; a plain ``f(inputs...)`` is called directly.
+
+        ``native``: the call passed MLX arrays, so every call with the same key (shapes, MLX dtypes) does too.
+        """
+        import mlx.core as mx
+
+        functions = {name: getattr(mx, name) for name in fam["array_functions"] if hasattr(mx, name)}
+        order = [spec["name"] for spec in fam["inputs"]]
+        tree = fam["baseline"]
+        if (tree[0] == "call" and tree[1] in functions and not tree[3]
+                and all(t[0] == "name" and t[1] in order for t in tree[2])):
+            fn, picks = functions[tree[1]], [order.index(t[1]) for t in tree[2]]
+            if native and picks == list(range(len(order))):
+                return lambda call_arrays: fn(*call_arrays)
+            return lambda call_arrays: fn(*[_as_mx(mx, call_arrays)[i] for i in picks])
+        dims, _ = _bind_dims(fam, [tuple(a.shape) for a in arrays])
+
+        def run(call_arrays: Sequence[Any]) -> Any:
+            names: Dict[str, Any] = dict(zip(order, _as_mx(mx, call_arrays)))
+            names.update(dims or {})
+            return evaluate(tree, names, functions)
+
+        return run
+
+    def _mlx_op(self, fam: Dict[str, Any], arrays: Sequence[Any]) -> Any:
+        return self._op_plan(fam, arrays)(arrays)
 
     def _kernel(self, source: Dict[str, Any], shared_memory: int) -> Any:
         key = (source["sha256"], shared_memory if source["target"] == "cuda" else 0)
         if key not in self._kernels:
             self._kernels[key] = self.kernel_factory(source, key[1])
         return self._kernels[key]
-
-    def _mlx_op(self, fam: Dict[str, Any], arrays: Sequence[Any]) -> Any:
-        import mlx.core as mx
-
-        functions = {name: getattr(mx, name) for name in fam["array_functions"] if hasattr(mx, name)}
-        names = {spec["name"]: a for spec, a in zip(fam["inputs"], arrays)}
-        dims, _ = _bind_dims(fam, [tuple(a.shape) for a in arrays])
-        names.update(dims or {})
-        return evaluate(fam["baseline"], names, functions)
 
     def _family(self, family: str) -> Dict[str, Any]:
         try:
@@ -376,6 +553,13 @@ class Dispatcher:
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
+
+def _as_mx(mx: Any, arrays: Sequence[Any]) -> Sequence[Any]:
+    """The call's arrays as MLX arrays (a consumer may pass NumPy arrays or lists)."""
+    if all(isinstance(a, mx.array) for a in arrays):
+        return arrays
+    return [a if isinstance(a, mx.array) else mx.array(a) for a in arrays]
+
 
 def _files(entry: Dict[str, Any]) -> Tuple[str, str, str]:
     """What a tamper verdict is about: the two files and the hash they must have."""
@@ -459,6 +643,28 @@ def _distance(tuned: Sequence[int], wanted: Sequence[int]) -> float:
 def _dtype_name(arrays: Sequence[Any]) -> str:
     names = {str(a.dtype).rsplit(".", 1)[-1] for a in arrays}
     return names.pop() if len(names) == 1 else "mixed"
+
+
+_TOOLCHAIN: Dict[str, Optional[str]] = {}
+
+
+def _running_toolchain() -> Dict[str, Optional[str]]:
+    """This process's timing identity, detected once (MLX, OS, macOS, CUDA driver, NVRTC)."""
+    if not _TOOLCHAIN:
+        import platform
+
+        try:
+            import mlx.core as mx
+
+            mlx_version: Optional[str] = str(mx.__version__)
+        except ImportError:
+            mlx_version = None
+        macos = platform.mac_ver()[0] or None
+        nvidia = platform.system() == "Linux"
+        _TOOLCHAIN.update(timing_identity(mlx_version, platform.system(), macos,
+                                          cuda_driver_version() if nvidia else None,
+                                          nvrtc_version() if nvidia else None))
+    return _TOOLCHAIN
 
 
 def _gpu_available() -> bool:

@@ -62,8 +62,10 @@ def _load(lib_path: Path) -> ctypes.CDLL:
 
 
 def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid: tuple[int, int, int],
-               tg: tuple[int, int, int], tg_limit: int, stack_kb: int, timeout: float) -> list[RawDiag]:
-    """Run the kernel in a forked child; ``args[i]`` for i in ``outputs`` are written back in place."""
+               tg: tuple[int, int, int], tg_limit: int, stack_kb: int, timeout: float,
+               threadgroups: list[tuple[int, int, int]] | None = None) -> list[RawDiag]:
+    """Run the kernel in a forked child; ``args[i]`` for i in ``outputs`` are written back in place.
+    ``threadgroups`` (positions in the grid) runs only those threadgroups."""
     shared = [mmap.mmap(-1, max(args[i].nbytes, 1)) for i in outputs]
     views = [np.frombuffer(m, dtype=args[i].dtype, count=args[i].size) for m, i in zip(shared, outputs)]
     for v, i in zip(views, outputs):
@@ -84,6 +86,10 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
             argv = (ctypes.c_void_p * len(call_args))(*[a.ctypes.data for a in call_args])
             diags = (_Diag * MAX_DIAGS).from_buffer(diag_mem, 16)
             nd = ctypes.c_int(0)
+            if threadgroups:
+                flat = [int(v) for t in threadgroups for v in t]
+                selection = (ctypes.c_uint32 * len(flat))(*flat)
+                lib.ks_select(selection, ctypes.c_int(len(threadgroups)))
             rc = lib.ks_run(argv, (ctypes.c_uint32 * 3)(*grid), (ctypes.c_uint32 * 3)(*tg), ctypes.c_int64(tg_limit),
                             ctypes.c_int(stack_kb), diags, ctypes.c_int(MAX_DIAGS), ctypes.byref(nd))
             diag_mem[0:8] = struct.pack("ii", rc, nd.value)

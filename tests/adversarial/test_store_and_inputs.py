@@ -250,3 +250,82 @@ def test_a_publisher_killed_at_any_step_leaves_a_consistent_repairable_store(sto
             assert st.pointer(key()).version == "v1" and st.versions(key()) == ["v1"]
     # the store still accepts a publish afterwards
     assert st.publish(candidate(median=0.25, config={"BM": 16})).published
+
+
+@pytest.mark.slow
+def test_two_tune_processes_on_one_new_study_never_measure_a_config_twice(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import optuna
+
+    db = f"sqlite:///{tmp_path / 'studies.db'}"
+    args = [sys.executable, "-m", "kernsearch", "tune", "gemm", "--backend", "model", "--chip", "M2 Max",
+            "--shape", "64,64,64", "--dtype", "float32", "--trials", "24", "--verify", "none", "--storage", db,
+            "--study", "race", "--sampler", "random"]
+    for round_ in range(2):
+        procs = [subprocess.Popen(args + ["--seed", str(seed + 10 * round_)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for seed in (1, 2)]
+        for p in procs:
+            _, err = p.communicate(timeout=300)
+            assert p.returncode in (0, 1), err
+    study = optuna.load_study(study_name="race", storage=db)
+    measured = [json.dumps(t.user_attrs["config"], sort_keys=True) for t in study.get_trials(deepcopy=False)
+                if t.user_attrs.get("status") == "ok"]
+    assert measured and len(measured) == len(set(measured)), sorted(measured)
+
+
+def test_a_process_joining_a_new_study_late_does_not_remeasure_its_first_configs(tmp_path: Path) -> None:
+    """B opens the study, A measures the default config meanwhile, then B asks its first trial: B must see
+    that another process is on the study (its first trial number is not the next one it saw) and skip."""
+    import threading
+
+    from kernsearch._study import Objective, Record, run_study
+
+    evaluated: list[tuple[str, str]] = []
+    a_done = threading.Event()
+
+    class Toy(Objective):
+        backend, evidence = "model", "modeled"
+
+        def __init__(self, who: str) -> None:
+            self.who = who
+
+        knobs = property(lambda self: {"X": list(range(12))})
+        study_key = property(lambda self: {"family": "toy", "chip": "c", "dtype": "d", "shape": "1", "backend": "model"})
+
+        def violation(self, config):  # noqa: ANN001, ANN201
+            return None
+
+        def valid_configs(self):  # noqa: ANN201
+            return [{"X": i} for i in range(12)]
+
+        def default(self):  # noqa: ANN201
+            return {"X": 0}
+
+        def warm_start(self):  # noqa: ANN201 - B is slow to start: A finishes the default meanwhile
+            if self.who == "B":
+                a_done.wait(30)
+            return []
+
+        def evaluate(self, config):  # noqa: ANN001, ANN201
+            evaluated.append((self.who, json.dumps(config)))
+            return Record(1.0 + config["X"], "modeled", [1.0])
+
+    db = f"sqlite:///{tmp_path / 'toy.db'}"
+    run_study(Toy("A"), trials=1, storage=db, study_name="toy", sampler="random", seed=1, finalists=1)
+    # A has measured X=0; now B, which opened the study when it was empty, starts asking
+    import optuna
+
+    optuna.delete_study(study_name="toy", storage=db)
+    b = threading.Thread(target=lambda: run_study(Toy("B"), trials=3, storage=db, study_name="toy",
+                                                   sampler="random", seed=2, finalists=1))
+    b.start()
+    import time
+
+    time.sleep(1.0)  # B has its (empty) snapshot and waits in warm_start
+    run_study(Toy("A"), trials=1, storage=db, study_name="toy", sampler="random", seed=1, finalists=1)
+    a_done.set()
+    b.join(60)
+    configs = [c for who, c in evaluated[1:]]  # the first run above was a warm-up on a deleted study
+    assert len(configs) == len(set(configs)), evaluated

@@ -1,0 +1,184 @@
+"""Never ship a slowdown: the gate and the exported dispatcher act only on measured evidence that a kernel
+beats the MLX op (lower bound of the speedup above 1 + margin), level by level."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from kernsearch._artifacts import ArtifactKey, ArtifactStore
+from kernsearch._export import export
+from kernsearch._spec import load_family
+from kernsearch.export_runtime import _runtime
+
+from test_export import H100, H200, M2MAX, M2PRO, arrays, candidate, import_package
+
+REPO = Path(__file__).resolve().parents[1]
+HERE = {"mlx": "0.32", "os": "Linux", "macos": None, "cuda_driver": None, "nvrtc": None}
+
+
+def package(tmp_path: Path, *candidates) -> _runtime.Dispatcher:
+    store = ArtifactStore(tmp_path / "store")
+    for c in candidates:
+        store.publish(c, margin=-1.0)  # the gate's own rule is tested below; here the package's is
+    result = export(["gemm"], tmp_path / "dist", store, package="ks_policy", version="1.0")
+    d = _runtime.Dispatcher(result.source_dir / "ks_policy")
+    d.toolchain = dict(HERE)
+    return d
+
+
+def test_beats_op_is_the_lower_bound_above_one_plus_margin() -> None:
+    assert _runtime.beats_op(1.04) and not _runtime.beats_op(1.03) and not _runtime.beats_op(None)
+    assert _runtime.beats_op(1.11, margin=0.1) and not _runtime.beats_op(1.09, margin=0.1)
+    assert not _runtime.beats_op(float("nan"))
+    assert _runtime.within_shape_bound((64, 64, 64), (128, 32, 64)) and not _runtime.within_shape_bound(
+        (64, 64, 64), (129, 64, 64))
+
+
+def test_gate_records_a_losing_measured_kernel_without_dispatching_it(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    lost = store.publish(candidate("M2 Max", (64, 64, 64), speedup=0.47))
+    assert not lost.published and lost.version is None
+    assert "recorded, not dispatched: 0.47x (range 0.47-0.47) of mx.matmul" in lost.reason
+    key = ArtifactKey.parse("gemm/M2-Max/float32/64x64x64")[0]
+    assert store.versions(key) == [] and store.journal(key)[-1]["outcome"] == "rejected"
+    narrow = store.publish(candidate("M2 Max", (64, 64, 64), speedup=1.035))  # low 1.025 < 1.03
+    assert not narrow.published
+    assert store.publish(candidate("M2 Max", (64, 64, 64), speedup=1.035), margin=0.01).published
+
+
+@pytest.mark.parametrize("chip, level", [(M2MAX, "exact chip"), (M2PRO, "same generation")])
+def test_each_level_skips_a_kernel_slower_than_the_op(tmp_path: Path, chip, level: str) -> None:
+    d = package(tmp_path, candidate("M2 Max", (64, 64, 64), speedup=0.62))
+    decision = d.explain("gemm", *arrays(64, 64, 64), chip=chip)
+    assert decision.level == "mlx op" and decision.entry is None
+    assert f"{level}: gemm/M2-Max/float32/64x64x64/v1 skipped: 0.62x (range 0.61-0.63) of mx.matmul (measured)" \
+        in str(decision)
+    winner = package(tmp_path / "w", candidate("M2 Max", (64, 64, 64), speedup=1.5))
+    assert winner.explain("gemm", *arrays(64, 64, 64), chip=chip).level == level
+
+
+def test_other_chips_only_when_the_family_allows_transfer(tmp_path: Path) -> None:
+    d = package(tmp_path, candidate("H100", (128, 128, 128), "float16", target="cuda"))
+    assert d.explain("gemm", *arrays(128, 128, 128, mx.float16), chip=H200).level == "same generation and die"
+    d.table["families"]["gemm"]["transfer"] = False
+    d._decisions.clear()
+    decision = d.explain("gemm", *arrays(128, 128, 128, mx.float16), chip=H200)
+    assert decision.level == "mlx op" and "does not allow transferring a kernel between chips" in str(decision)
+
+
+def test_modeled_artifacts_need_the_consumer_to_opt_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = package(tmp_path, candidate("M2 Max", (64, 64, 64), evidence="modeled"))
+    decision = d.explain("gemm", *arrays(64, 64, 64), chip=M2MAX)
+    assert decision.level == "mlx op" and "modeled, not measured" in str(decision)
+    assert d.explain("gemm", *arrays(64, 64, 64), chip=M2MAX, modeled=True).level == "exact chip"
+    monkeypatch.setenv("KERNSEARCH_KERNELS", "modeled")
+    assert d.explain("gemm", *arrays(64, 64, 64), chip=M2MAX).level == "exact chip"
+
+
+def test_interpreted_artifacts_are_never_dispatched(tmp_path: Path) -> None:
+    d = package(tmp_path, candidate("M2 Max", (64, 64, 64), evidence="modeled"))
+    d.table["families"]["gemm"]["artifacts"][0]["evidence"] = "interpreted"
+    decision = d.explain("gemm", *arrays(64, 64, 64), chip=M2MAX, modeled=True)
+    assert decision.level == "mlx op" and "interpreted (correctness only): never dispatched" in str(decision)
+
+
+def test_family_default_needs_a_measured_artifact_of_the_default_config(tmp_path: Path) -> None:
+    default = dict(load_family("gemm").default)
+    other = package(tmp_path / "a", candidate("M2 Max", (64, 64, 64), config={"BM": 64}))
+    far = other.explain("gemm", *arrays(1024, 1024, 1024), chip=M2MAX)  # beyond 2x: no tuned shape fits
+    assert far.level == "mlx op" and "no measured evidence that the default config beats mx.matmul" in str(far)
+    proven = package(tmp_path / "b", candidate("M2 Max", (64, 64, 64), config=default))
+    far = proven.explain("gemm", *arrays(1024, 1024, 1024), chip=M2MAX)
+    assert far.level == "family default" and far.config == default
+    assert "measured the default config at 1.50x" in str(far)
+    slow = package(tmp_path / "c", candidate("M2 Max", (64, 64, 64), config=default, speedup=0.9))
+    assert slow.explain("gemm", *arrays(1024, 1024, 1024), chip=M2MAX).level == "mlx op"
+
+
+def test_a_toolchain_change_voids_a_measurement(tmp_path: Path) -> None:
+    d = package(tmp_path, candidate("M2 Max", (64, 64, 64)))
+    assert d.explain("gemm", *arrays(64, 64, 64), chip=M2MAX).level == "exact chip"
+    d.toolchain = {**HERE, "mlx": "0.40"}
+    d._decisions.clear()
+    decision = d.explain("gemm", *arrays(64, 64, 64), chip=M2MAX)
+    assert decision.level == "mlx op" and "measured with another toolchain (mlx 0.32 -> 0.40)" in str(decision)
+
+
+def test_rejudged_repository_artifacts_route_every_h100_gemm_call_to_the_op(tmp_path: Path) -> None:
+    store_dir = tmp_path / "artifacts"
+    shutil.copytree(REPO / "artifacts", store_dir)
+    store = ArtifactStore(store_dir)
+    store.rejudge()  # already re-judged in the repository: nothing left to invalidate, and no error
+    current = [p for k in store.keys() if (p := store.pointer(k))]
+    assert current and all(p.invalidated and "of mx.matmul (measured" in p.invalidated for p in current)
+    result = export(["gemm"], tmp_path / "dist", store, package="ks_repo", version="1.0")
+    assert result.artifacts == []
+    pkg = import_package(result.source_dir, "ks_repo")
+    rows = [((4096, 4096, 4096), mx.float16), ((16, 4096, 4096), mx.float16), ((2048, 2048, 2048), mx.float16),
+            ((3000, 5000, 2000), mx.float16), ((8192, 8192, 8192), mx.float16), ((1, 4096, 4096), mx.float16),
+            ((4096, 4096, 4096), mx.bfloat16), ((1024, 1024, 1024), mx.float32)]
+    for (m, n, k), dtype in rows:
+        decision = pkg.gemm.explain(*arrays(m, n, k, dtype), chip=H100)
+        assert decision.level == "mlx op" and decision.entry is None, str(decision)
+    text = str(pkg.gemm.explain(*arrays(4096, 4096, 4096, mx.float16), chip=H100))
+    assert "gemm/H100/float16/4096x4096x4096/v3 skipped: invalidated: re-judged: v3 0.26x" in text
+
+
+def test_tune_verdict_says_plainly_when_nothing_beats_the_op() -> None:
+    from types import SimpleNamespace
+
+    from kernsearch.cli import _verdict
+
+    key = {"chip": "H100", "shape": "2048x2048x2048", "dtype": "float16"}
+    lost = SimpleNamespace(best=object(), evidence="measured",
+                           final={"speedup": 0.47, "speedup_low": 0.45, "speedup_high": 0.49})
+    beats, text = _verdict(lost, key, "mx.matmul", 0.03)
+    assert beats is False and text == ("no variant beats mx.matmul on H100 at 2048x2048x2048 float16 "
+                                       "(best: 0.47x (range 0.45-0.49)); keep the MLX op")
+    won = SimpleNamespace(best=object(), evidence="measured",
+                          final={"speedup": 1.4, "speedup_low": 1.3, "speedup_high": 1.5})
+    assert _verdict(won, key, "mx.matmul", 0.03)[0] is True
+    assert _verdict(won, key, "mx.matmul", 0.5)[0] is False  # the margin is the user's
+    modeled = SimpleNamespace(best=object(), evidence="modeled", final={})
+    beats, text = _verdict(modeled, key, "mx.matmul", 0.03)
+    assert beats is None and "mx.matmul is not modeled" in text and "before it ships" in text
+
+
+def test_same_generation_and_die_skips_a_kernel_that_lost_on_its_own_chip(tmp_path: Path) -> None:
+    d = package(tmp_path, candidate("H100", (128, 128, 128), "float16", target="cuda", speedup=0.62))
+    decision = d.explain("gemm", *arrays(128, 128, 128, mx.float16), chip=H200)
+    assert decision.level == "mlx op" and decision.entry is None
+    assert ("same generation and die: gemm/H100/float16/128x128x128/v1 skipped: 0.62x (range 0.61-0.63) of "
+            "mx.matmul (measured)") in str(decision)
+    narrow = package(tmp_path / "n", candidate("H100", (128, 128, 128), "float16", target="cuda", speedup=1.03))
+    assert narrow.explain("gemm", *arrays(128, 128, 128, mx.float16), chip=H200).level == "mlx op"  # low 1.02
+
+
+def test_nearest_shape_stays_within_twice_the_tuned_shape_per_dimension(tmp_path: Path) -> None:
+    d = package(tmp_path, candidate("M2 Max", (64, 64, 64), config={"BM": 64}))  # not the default config
+    for m, n, k in [(32, 128, 64), (128, 32, 33), (64, 64, 64)]:
+        assert d.explain("gemm", *arrays(m, n, k), chip=M2MAX).artifact == "gemm/M2-Max/float32/64x64x64/v1"
+    for m, n, k in [(129, 64, 64), (64, 31, 64), (64, 64, 4096)]:
+        decision = d.explain("gemm", *arrays(m, n, k), chip=M2MAX)
+        assert decision.level == "mlx op" and decision.entry is None
+        assert (f"exact chip: gemm/M2-Max/float32/64x64x64/v1 skipped: tuned for 64x64x64, more than 2x from "
+                f"{m}x{n}x{k} in some dimension") in str(decision)
+
+
+def test_the_exported_functions_take_the_modeled_opt_in_as_a_call_argument(tmp_path: Path) -> None:
+    import inspect
+
+    store = ArtifactStore(tmp_path / "store")
+    store.publish(candidate("M2 Max", (64, 64, 64), evidence="modeled"))
+    result = export(["gemm"], tmp_path / "dist", store, package="ks_modeled", version="1.0")
+    pkg = import_package(result.source_dir, "ks_modeled")
+    assert "modeled" in inspect.signature(pkg.gemm).parameters
+    assert pkg.gemm.explain(*arrays(64, 64, 64), chip=M2MAX).level == "mlx op"
+    assert pkg.gemm.explain(*arrays(64, 64, 64), chip=M2MAX, modeled=True).level == "exact chip"
+    assert pkg.explain("gemm", *arrays(64, 64, 64), chip=M2MAX, modeled=True).level == "exact chip"
+    a, b = mx.ones((8, 4)), mx.ones((4, 6))
+    assert mx.array_equal(pkg.gemm(a, b, modeled=True), mx.matmul(a, b)).item()  # no GPU here: the op runs

@@ -380,17 +380,9 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
         while True:
             if shared:
                 known.update(_known(study))  # the shared budget counts every process's trials
-<<<<<<< HEAD
-            stop_now = None
-=======
                 # A process that died mid-trial: its trial is failed here, and its config asked for again.
                 first[:0] = [c for c in beat.fail_stale() if format_config(c) not in known and c not in first]
-            if size is not None and len(known) >= size:
-                stop_reason = "every valid config evaluated"
-                break
-            if trials is not None and len(known) >= trials:
-                break
->>>>>>> main
+            stop_now = None
             if time_budget is not None and time.monotonic() - started >= time_budget:
                 stop_now = "time budget reached"
             elif patience is not None and _stale_for(known) >= patience:
@@ -411,6 +403,7 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
                 trial, config, key = ahead.popleft()
                 t0 = time.monotonic()
                 last = _evaluate(study, objective, trial, config, key, known, failures)
+                beat.finish(trial)
                 eval_seconds += time.monotonic() - t0
                 trial = None
                 new += 1
@@ -430,14 +423,9 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
             trial = _ask(study, dists, fixed)
             beat.start(trial)  # from ask to tell: a trial without a pulse is a dead process's
             if not shared:  # another process started on this study: its trials interleave with ours
-<<<<<<< HEAD
-                shared = (last_number is not None and trial.number != last_number + 1) or any(
+                shared = trial.number != (next_number if last_number is None else last_number + 1) or any(
                     t.number != trial.number and all(t.number != a.number for a, _, _ in ahead)
                     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-=======
-                shared = trial.number != (next_number if last_number is None else last_number + 1) or any(
-                    t.number != trial.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
->>>>>>> main
             last_number = trial.number
             config = {k: trial.params[k] for k in objective.knobs}
             key = format_config(config)
@@ -447,6 +435,7 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
                 trial.set_user_attr("status", STATUS_INVALID)
                 trial.set_user_attr("failure", {"reason": why})
                 study.tell(trial, state=TrialState.PRUNED)
+                beat.finish(trial)
                 invalid += 1
                 skips += 1
                 trial = None
@@ -463,6 +452,7 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
                     study.tell(trial, state=TrialState.PRUNED)
                 else:
                     study.tell(trial, seen.value)
+                beat.finish(trial)
                 skips += 1
                 trial = None
                 continue
@@ -481,13 +471,11 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
             study.tell(trial, state=TrialState.FAIL)
         raise
     finally:
-<<<<<<< HEAD
         for pending, _, _ in ahead:  # proposed, never timed: not a result, and its config stays free
             pending.set_user_attr("status", STATUS_CANCELLED)
             study.tell(pending, state=TrialState.PRUNED)
-=======
+            beat.finish(pending)
         beat.stop()
->>>>>>> main
     elapsed = time.monotonic() - started
     top = _top(study, finalists)
     final: dict[str, Any] = {}

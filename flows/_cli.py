@@ -68,6 +68,8 @@ def print_report(report: dict[str, Any]) -> None:
     out.print(table)
     for r in report["jobs"]:  # reasons are long: one line each, below the table
         out.print(f"  {r['job']} ({r['dtype']} {r['shape']}): {r['outcome']}: {r['reason']}", soft_wrap=True)
+        if r.get("report"):
+            out.print(f"    report: {r['report']}", soft_wrap=True, markup=False)
     export = report["export"]
     out.print(f"export: {export['status']}" + (f" ({export.get('reason')})" if export.get("reason") else "")
               + (f": {export['wheel']}" if export.get("wheel") else ""), soft_wrap=True)

@@ -222,6 +222,7 @@ def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) ->
         return row
     row.update(evidence=tuned["evidence"], new_ms=tuned["median_ms"], study=tuned["study"],
                evaluated=tuned["evaluated"], tune_window=tuned["window"])
+    row["report"] = _attach_report(unit, tuned["study"], jobs.storage, logger)
     vtimeout = VERIFY_SECONDS_PER_SHAPE * max(1, len(unit.verify_shapes)) + 60.0
     state = verify_task.with_options(timeout_seconds=vtimeout)(unit, backend, tuned["config"], limit,
                                                                 return_state=True)
@@ -245,6 +246,32 @@ def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) ->
             f"{'x'.join(map(str, s['shape']))} ({s['why']})" for s in verified["skipped"])
     logger.info("%s: %s: %s", unit.name, row["outcome"], row["reason"])
     return row
+
+
+def _attach_report(unit: Unit, study: str, storage: str | None, logger: Any) -> str | None:
+    """The job's study as an HTML report (``kernsearch report``) and a markdown artifact that summarises it and
+    links the file. A report that cannot be made is a warning: it never fails the job."""
+    from kernsearch._history import load_history
+    from kernsearch._report import evidence_badge, write_report
+
+    try:
+        path = write_report(study, storage)
+        h = load_history(study, storage, importances=False)
+    except Exception as exc:  # noqa: BLE001 - the report is a view of the study, not part of the job
+        logger.warning("%s: no report: %s", unit.name, " ".join(str(exc).split())[:300])
+        return None
+    _, words = evidence_badge(h.evidence)
+    fails = ", ".join(f"{k} {v}" for k, v in h.failures.most_common()) or "none"
+    label = "predicted ms" if h.evidence == "modeled" else "ms"
+    lines = [f"# {unit.name}: study `{study}`", "", f"**{words}**", "",
+             f"{len(h.trials)} configs evaluated, failed: {fails}; {h.invalid} rejected by constraints.", "",
+             f"HTML report with plots (convergence, importances, per-knob effects): [{path.name}]({path.as_uri()})"
+             f" on this machine (`{path}`).", "", f"| # | config | {label} |", "|---|---|---|"]
+    lines += [f"| {i} | `{','.join(f'{k}={v}' for k, v in t.config.items())}` | {t.time_ms:.4g} |"
+              for i, t in enumerate(h.top[:5], 1)]
+    create_markdown_artifact(markdown="\n".join(lines), key=f"kernsearch-report-{slug(unit.name)}",
+                             description=f"kernsearch study report for {unit.name} ({h.evidence})")
+    return str(path)
 
 
 def _value(state: Any, row: dict[str, Any], step: str) -> Any:

@@ -387,6 +387,9 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
                 stop_now = "time budget reached"
             elif patience is not None and _stale_for(known) >= patience:
                 stop_now = f"no improvement in {patience} trials"
+                if not new and not ahead:
+                    stop_now += (" (before this run started: to search on, raise --patience, or 0 for no "
+                                 "early stop)")
             elif stop is not None and stop():
                 stop_now = "stopped (Ctrl-C or a stop request); finished trials are kept"
             if stop_now is not None:
@@ -399,6 +402,10 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
                 stop_reason, full = "trial budget reached", True
             if full or len(ahead) >= depth:
                 if not ahead:
+                    if not new and stop_reason == "trial budget reached":
+                        # a resumed study that already had its budget: say how to go on
+                        stop_reason += (f": the study already has {len(known)} configs evaluated and --trials "
+                                        f"counts the whole study (e.g. --trials {len(known) + 50} evaluates 50 more)")
                     break
                 trial, config, key = ahead.popleft()
                 t0 = time.monotonic()

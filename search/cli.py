@@ -374,7 +374,9 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
            sanitize: bool = typer.Option(False, "--sanitize", help="cpu: detect device-buffer out-of-bounds "
                                          "accesses (AddressSanitizer)"),
            seed: int = typer.Option(0, "--seed", help="seed of the random inputs"),
-           timeout: float = typer.Option(30.0, "--timeout", help="cpu: seconds before a hanging kernel is stopped")
+           timeout: float = typer.Option(30.0, "--timeout", help="cpu: seconds before a hanging kernel is stopped"),
+           full: bool = typer.Option(False, "--full", help="cpu: run every threadgroup of a big problem (default: "
+                                     "8 threadgroups: the corners and edge middles, when there are more than 64)")
            ) -> None:
     """Run one variant against the float64 NumPy reference: pass/fail, error, diagnostics (exit 1 on fail)."""
     from ._chips import default_apple_chip
@@ -407,15 +409,29 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
     if backend == "cpu":
         from .interp import template_lines
 
+        from ._verify import sample_threadgroups, threadgroup_counts
+
         options = {"mode": mode, "timeout": timeout, "chip": c, "lines": template_lines(fam, cfg, problem.dtype, target)}
+        counts = threadgroup_counts(geo)
+        groups = counts[0] * counts[1] * counts[2]
+        if groups > 64 and not full:  # the interpreter runs a 4096³ GEMM for minutes: check a sample of it
+            options["threadgroups"] = sample_threadgroups(geo, 8, seed)
+            sampled = f"{len(options['threadgroups'])} of {groups} threadgroups (corners, edge middles; --full: all)"
     elif check or sanitize:
         raise KernsearchError("--check and --sanitize need --backend cpu")
     how = f"{be.name} back-end ({be.evidence.value}" + (f", {mode} mode)" if backend == "cpu" else ")")
+    if "threadgroups" in options:
+        how += f", {sampled}"
     out.print(f"[bold]{fam.name}[/] {problem.shape_text} {problem.dtype} for {c.name} · "
               f"{format_config(cfg)} · {how}", soft_wrap=True)
     try:
         result, diagnostics = verify_kernel(be, kernel, geo, problem, seed, **options)
     except VariantFailure as exc:
+        if exc.reason == "timeout" and backend == "cpu":  # slow interpretation is no verdict on the kernel
+            out.print(f"[yellow]NO VERDICT (timeout)[/]: the interpreter did not finish in {timeout:g} s at "
+                      f"{problem.shape_text}; this says nothing about the kernel (a hang and a big problem look "
+                      "alike here): try a smaller --shape or a longer --timeout", soft_wrap=True)
+            raise typer.Exit(1) from None
         out.print(f"[red]FAIL ({exc.reason})[/]: {escape(exc.detail)}", soft_wrap=True)
         raise typer.Exit(1) from None
     rtol, atol = tolerance(problem)
@@ -636,22 +652,10 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
 
 
 def _verdict(result, key: dict, op: str, margin: float) -> tuple[bool | None, str]:  # noqa: ANN001
-    """The tune's last word: does a correct variant beat the baseline op beyond the noise (and the margin)?"""
-    from .export_runtime._runtime import beats_op, speedup_text
+    from ._tune import verdict
 
-    where = f"on {key['chip']} at {key['shape']} {key['dtype']}"
-    final = result.final
-    if result.best is None:
-        return False, f"no correct variant {where}; keep the MLX op"
-    if result.evidence == "modeled":
-        return None, (f"modeled result: {op} is not modeled, so nothing says this variant beats it; measure it on "
-                      f"{key['chip']} before it ships (a modeled artifact is dispatched only on the consumer's opt-in)")
-    if final.get("speedup_low") is None:
-        return None, f"{op} was not timed in this run: no verdict on the baseline {where}"
-    text = speedup_text(final.get("speedup"), final.get("speedup_low"), final.get("speedup_high"))
-    if beats_op(final["speedup_low"], margin):
-        return True, f"the winner beats {op} {where}: {text} (lower bound above {1 + margin:.2f}x)"
-    return False, f"no variant beats {op} {where} (best: {text}); keep the MLX op"
+    v = verdict(result, key, op, margin)
+    return v.beats, v.text
 
 
 def asdict_or_none(obj):  # noqa: ANN001, ANN201
@@ -853,7 +857,7 @@ def main(args: list[str] | None = None) -> None:
         import click
 
     try:
-        rc = app(args=args, standalone_mode=False)
+        rc = app(args=args, prog_name="kernsearch", standalone_mode=False)
     except getattr(click.exceptions, "NoArgsIsHelpError", ()) as exc:
         out.print(exc.ctx.get_help() if exc.ctx else "", soft_wrap=True, markup=False, highlight=False)
         sys.exit(0)

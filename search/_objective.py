@@ -111,7 +111,8 @@ class KernelObjective(Objective):
         same chip, same shape, then the rest (same dtype before others). A broken store never stops a
         search: it just gives no warm start."""
         try:
-            from ._artifacts import ArtifactStore, chip_slug
+            from ._artifacts import ArtifactStore
+            from ._candidate import chip_slug
 
             artifacts = list((store or ArtifactStore()).current_artifacts(self.family.name))
         except Exception:  # noqa: BLE001 - no store, unreadable store: no warm start

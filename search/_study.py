@@ -2,16 +2,18 @@
 
 Python API (what the CLI, the nightly flows and the GPU scripts call)::
 
+    from kernsearch._objective import KernelObjective
     from kernsearch._study import run_study
-    result = run_study(family, problem, chip, "cuda", trials=200, time_budget="10m", seed=0,
+    objective = KernelObjective(problem, chip, "cuda", seed=0)   # render, build, verify, time one config
+    result = run_study(objective, trials=200, time_budget="10m", seed=0,
                        storage=None, study_name=None)          # -> StudyResult
     result.best.config, result.best.time_ms, result.evidence, result.top, result.failures
 
-``run_study`` also takes any :class:`Objective` in place of the family (the replay back-end's
-``ReplayBackend(path).objective()`` is one), and keyword options: ``sampler`` (``tpe`` | ``random`` |
-``grid``), ``patience`` (stop after that many evaluated trials without a new best), ``finalists``,
-``verify`` (``all`` | ``finalists`` | ``none``; for the model back-end), ``timeout`` (seconds per variant),
-``progress`` (a callback receiving :class:`Progress`), ``stop`` (a callable; true ends the search).
+``run_study`` takes any :class:`Objective` (the replay back-end's ``ReplayBackend(path).objective()`` is
+another) and keyword options: ``sampler`` (``tpe`` | ``random`` | ``grid``), ``patience`` (stop after that
+many evaluated trials without a new best), ``finalists``, ``progress`` (a callback receiving
+:class:`Progress`), ``stop`` (a callable; true ends the search). What a trial does (``verify``: ``all`` |
+``finalists`` | ``none``, ``timeout`` seconds per variant) is the objective's.
 
 The loop (``_search``): ask the sampler for a config → reject it before compiling if a constraint
 forbids it (the constraint is recorded) → skip it if the study already evaluated it (its recorded value
@@ -49,10 +51,6 @@ from ._storage import Heartbeat, default_storage, make_storage, redact, study_na
 
 if TYPE_CHECKING:
     import optuna
-
-    from ._chips import Chip
-    from ._space import Problem
-    from ._spec import Family
 
 STATUS_OK, STATUS_FAILED, STATUS_INVALID, STATUS_KNOWN = "ok", "failed", "invalid", "known"
 STATUS_CANCELLED = "cancelled"  # proposed and compiled ahead, but the search stopped before timing it
@@ -262,19 +260,16 @@ def make_sampler(name: str, seed: int | None, knobs: dict[str, list[Any]]) -> op
 
 # -- the loop -----------------------------------------------------------------------------------------
 
-def run_study(objective: Objective | Family, problem: Problem | None = None, chip: Chip | None = None,
-              backend: str | None = None, *, trials: int | None = 100, time_budget: str | float | None = None,
+def run_study(objective: Objective, *, trials: int | None = 100, time_budget: str | float | None = None,
               patience: int | None = None, sampler: str = "tpe", seed: int | None = None,
               storage: str | None = None, study_name: str | None = None, finalists: int = 3,
-              progress: Callable[[Progress], None] | None = None, stop: Callable[[], bool] | None = None,
-              **objective_options: Any) -> StudyResult:
-    """Search for the fastest correct variant; see the module docstring. Ctrl-C keeps finished trials."""
-    if not isinstance(objective, Objective):
-        if problem is None or chip is None or backend is None:
-            raise TypeError("run_study(family, problem, chip, backend, ...) needs all four")
-        from ._objective import KernelObjective
+              progress: Callable[[Progress], None] | None = None,
+              stop: Callable[[], bool] | None = None) -> StudyResult:
+    """Search for the fastest correct variant; see the module docstring. Ctrl-C keeps finished trials.
 
-        objective = KernelObjective(problem, chip, backend, seed=seed or 0, **objective_options)
+    ``objective`` evaluates configs: a kernel family's is ``KernelObjective(problem, chip, backend, ...)``
+    (``kernsearch._objective``), a replayed landscape's ``ReplayBackend(path).objective()``.
+    """
     try:
         with _first_ctrl_c_stops() as interrupted:
             return _search(objective, trials=trials, time_budget=parse_duration(time_budget), patience=patience,

@@ -26,7 +26,8 @@ def round_to_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "float32":
         return x.astype(np.float32).astype(np.float64)
     if dtype == "float16":
-        return x.astype(np.float16).astype(np.float64)
+        with np.errstate(over="ignore"):  # beyond float16's range is inf, as on the GPU (the 1e30 sentinel)
+            return x.astype(np.float16).astype(np.float64)
     if dtype == "bfloat16":
         bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000

@@ -15,13 +15,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ._console import err, out
 from ._errors import KernsearchError
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Find, prove and ship the fastest variant of a GPU kernel for the chip it runs on.")
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
 
 FAMILY_HELP = "family name (see `kernsearch families`) or path to a family folder"
 ShapeOpt = typer.Option(None, "--shape", help="problem shape, e.g. 4096,4096,4096 (default: the family's)")
@@ -496,14 +495,31 @@ def _top_table(rows, evidence: str, winner: int | None, final: dict | None = Non
     checks = (final or {}).get("checks") or {}
 
     label = {"modeled": "time (predicted)", "measured": "time"}.get(evidence, "time")
+    if _wide().width < 120:  # a narrow terminal: one block per config, the config wrapped between knobs
+        from rich.console import Group
+        from rich.padding import Padding
+        from rich.text import Text
+
+        blocks: list = [Text(title, style="italic")]
+        for i, t in enumerate(rows, 1):
+            check = checks.get(str(t.number)) or {}
+            err = check.get("max_abs_err", t.max_abs_err)
+            blocks.append(Text(f"{i}{' *' if t.number == winner else ''}  trial {t.number}  {label} {t.time_ms:.4g} ms"
+                               f"  spread {f'{t.spread:.1%}' if t.spread else '-'}  {_fmt(t.gflops, '.0f')} GFLOP/s"
+                               f"  max err {_fmt(err, '.2g')}  {t.evidence}  verified: "
+                               f"{_verified(t, checks.get(str(t.number)))}"))
+            blocks.append(Padding(Text(format_config(t.config).replace(",", ", ")), (0, 0, 0, 4)))
+        return Group(*blocks)
     table = Table("#", "trial", "config", f"{label} ms", "spread", "GFLOP/s", "% peak", "max err",
                   "evidence", "verified", title=title, title_justify="left", box=None)
-    table.columns[2].overflow = "fold"
+    for i, column in enumerate(table.columns):  # only the config wraps, and only between knobs
+        column.no_wrap = i != 2
+    table.columns[2].ratio = 1
     for i, t in enumerate(rows, 1):
         mark = " *" if t.number == winner else ""
         check = checks.get(str(t.number)) or {}
         err = check.get("max_abs_err", t.max_abs_err)
-        table.add_row(f"{i}{mark}", str(t.number), format_config(t.config), f"{t.time_ms:.4g}",
+        table.add_row(f"{i}{mark}", str(t.number), format_config(t.config).replace(",", ", "), f"{t.time_ms:.4g}",
                       f"{t.spread:.1%}" if t.spread else "-", _fmt(t.gflops, ".0f"), _fmt(t.peak_pct, ".1f"),
                       _fmt(err, ".2g"), t.evidence, _verified(t, checks.get(str(t.number))))
     return table
@@ -671,6 +687,28 @@ def _run_with_progress(objective, trials, time_budget, patience, sampler, seed, 
     from ._space import format_config
     from ._study import run_study
 
+    if not err.is_terminal and not quiet:  # a log, not a screen: whole lines, never cut at 80 columns
+        import time
+
+        state = {"best": None, "shown": 0.0}
+
+        def log(p) -> None:  # noqa: ANN001
+            now = time.monotonic()
+            better = p.best is not None and (state["best"] is None or p.best.time_ms < state["best"])
+            if not better and now - state["shown"] < 10 and p.done != trials:
+                return
+            state["shown"] = now
+            if p.best is not None:
+                state["best"] = p.best.time_ms
+            best = f"best {p.best.time_ms:.4g} ms {format_config(p.best.config)}" if p.best else "no correct variant yet"
+            fails = ", ".join(f"{k} {v}" for k, v in p.failures.most_common()) or "none"
+            left = f", ~{p.remaining_s:.0f} s left" if p.remaining_s is not None else ""
+            versus = f" ({p.speedup:.2f}x the baseline)" if p.speedup else ""
+            err.print(f"trial {p.done}/{trials if trials is not None else '-'} ({p.elapsed_s:.0f} s{left}): "
+                      f"{best}{versus} · failed: {fails}", soft_wrap=True, markup=False)
+
+        return run_study(objective, trials=trials, time_budget=time_budget, patience=patience, sampler=sampler,
+                         seed=seed, storage=storage, study_name=study, finalists=finalists, progress=log)
     columns = [TextColumn("trial {task.completed:.0f}/{task.fields[of]}"), BarColumn(bar_width=20),
                TimeElapsedColumn(), TextColumn("left {task.fields[left]}"), TextColumn("{task.fields[status]}")]
     with Progress(*columns, console=err, transient=False, disable=quiet) as bar:
@@ -708,7 +746,7 @@ def _print_result(result) -> None:  # noqa: ANN001
 
 @app.command()
 def studies(storage: Optional[str] = StorageOpt) -> None:
-    """List the stored studies: name, trials, best time and its evidence kind."""
+    """List the stored studies: name, configs evaluated (as `tune` counts), best time and its evidence kind."""
     import optuna
 
     from ._storage import check_storage
@@ -718,12 +756,15 @@ def studies(storage: Optional[str] = StorageOpt) -> None:
     if not summaries:
         out.print("no studies stored yet (run `kernsearch tune FAMILY`)")
         return
-    table = Table("study", "trials", "best ms", "evidence", "started", box=None)
+    store = check_storage(storage)
+    table = Table("study", "configs", "best ms", "evidence", "started", box=None)
     table.columns[0].no_wrap = True
     for s in sorted(summaries, key=lambda s: s.study_name):
         best = s.best_trial.value if s.best_trial is not None else None
         started = s.datetime_start.strftime("%Y-%m-%d %H:%M") if s.datetime_start else "-"
-        table.add_row(s.study_name, str(s.n_trials), _fmt(best, ".4g"),
+        trials = optuna.load_study(study_name=s.study_name, storage=store).get_trials(deepcopy=False)
+        evaluated = sum(t.user_attrs.get("status") in ("ok", "failed") for t in trials)  # as `tune` counts
+        table.add_row(s.study_name, str(evaluated), _fmt(best, ".4g"),
                       _evidence_label(str(s.user_attrs.get("evidence", "?")), s.user_attrs.get("backend")),
                       started)
     _wide().print(table)
@@ -767,12 +808,29 @@ def show(study: str = typer.Argument(..., help="study name (see `kernsearch stud
     out.print(f"[bold]{study}[/]: {attrs.get('family')} {attrs.get('shape')} {attrs.get('dtype')} on "
               f"{attrs.get('chip')} ({attrs.get('backend')} back-end, "
               f"{_evidence_label(evidence, attrs.get('backend'))})", soft_wrap=True)
-    out.print("trials: " + ", ".join(f"{k} {v}" for k, v in status.most_common()) +
-              (" · failed by reason: " + ", ".join(f"{k} {v}" for k, v in reasons.most_common()) if reasons else ""))
+    out.print(_trial_counts(status, reasons), soft_wrap=True)
     if rows:
         _wide().print(_top_table(rows, evidence, final.get("winner"), final))
     for line in _final_lines(final, evidence):
         out.print(line, soft_wrap=True)
+
+
+def _trial_counts(status, reasons) -> str:  # noqa: ANN001
+    """Counted as `tune` counts: configs evaluated (ok + failed); proposals that ran nothing said apart."""
+    ok, failed = status.get("ok", 0), status.get("failed", 0)
+    text = f"configs evaluated: {ok + failed} ({ok} ok, {failed} failed"
+    text += (": " + ", ".join(f"{k} {v}" for k, v in reasons.most_common()) + ")") if reasons else ")"
+    notrun = []
+    if status.get("known"):
+        notrun.append(f"{status['known']} repeats of evaluated configs (answered from the study, not run again)")
+    if status.get("invalid"):
+        notrun.append(f"{status['invalid']} invalid (rejected by a constraint before compiling)")
+    others = [f"{k} {v}" for k, v in status.most_common() if k not in ("ok", "failed", "known", "invalid")]
+    if notrun:
+        text += " · proposals not run: " + ", ".join(notrun)
+    if others:
+        text += " · other trials: " + ", ".join(others)
+    return text
 
 
 @app.command("report")

@@ -102,6 +102,7 @@ class SimulatedCuda:
 
 
 def run_arm(label: str, workers: int, seconds: float, args: argparse.Namespace, chip: Any) -> dict:
+    from kernsearch._objective import KernelObjective
     from kernsearch._space import format_config, make_problem
     from kernsearch._spec import load_family
     from kernsearch._study import run_study
@@ -112,8 +113,8 @@ def run_arm(label: str, workers: int, seconds: float, args: argparse.Namespace, 
     problem = make_problem(fam, args.shape, "float16", chip)
     backend = "gpu_throughput:SimulatedCuda" if args.dry_run else "cuda"
     started = time.monotonic()
-    result = run_study(fam, problem, chip, backend, trials=None, time_budget=seconds, seed=0, storage=":memory:",
-                       finalists=3, compile_workers=workers)
+    objective = KernelObjective(problem, chip, backend, seed=0, compile_workers=workers)
+    result = run_study(objective, trials=None, time_budget=seconds, seed=0, storage=":memory:", finalists=3)
     total = time.monotonic() - started
     import optuna
 

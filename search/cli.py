@@ -15,13 +15,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ._console import err, out
 from ._errors import KernsearchError
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Find, prove and ship the fastest variant of a GPU kernel for the chip it runs on.")
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
 
 FAMILY_HELP = "family name (see `kernsearch families`) or path to a family folder"
 ShapeOpt = typer.Option(None, "--shape", help="problem shape, e.g. 4096,4096,4096 (default: the family's)")

@@ -388,14 +388,25 @@ def test_exported_kernel_runs_on_this_gpu(tmp_path: Path) -> None:
     fam = load_family("gemm")
     if _gpu() not in fam.templates:
         pytest.skip(f"gemm has no {_gpu()} template in this checkout")
-    result = export(["gemm"], tmp_path / "dist", ArtifactStore(tmp_path / "store"), package="ks_gpu_kernels",
-                    version="1.0.0")
+    from kernsearch._chips import detect_chip
+
+    here = detect_chip()
+    store = ArtifactStore(tmp_path / "store")
+    space = Space(make_problem(fam, (300, 200, 260), "float16", here), here)
+    corr = Correctness(verifier="interpreter", passed=True, shapes_checked=["300x200x260"], max_abs_error=1e-3,
+                       checks_run=1)
+    assert store.publish(Candidate.for_config(space, dict(fam.default), target=_gpu(), correctness=corr,
+                                              evidence="modeled", measurements=Measurements(median_ms=1.0, spread=0.0),
+                                              study="gpu-test")).published
+    result = export(["gemm"], tmp_path / "dist", store, package="ks_gpu_kernels", version="1.0.0")
     pkg = import_package(result.source_dir, "ks_gpu_kernels")
     rng = np.random.default_rng(3)
     a, b = rng.uniform(-1, 1, (300, 260)), rng.uniform(-1, 1, (260, 200))
     ma, mb = mx.array(a.astype(np.float16)), mx.array(b.astype(np.float16))
-    decision = pkg.gemm.explain(ma, mb)
-    assert decision.level == "family default", str(decision)
-    c = np.array(pkg.gemm(ma, mb).astype(mx.float32), dtype=np.float64)
+    assert pkg.gemm.explain(ma, mb).level == "mlx op"  # a modeled artifact runs only on the consumer's opt-in
+    decision = pkg._dispatcher.explain("gemm", ma, mb, modeled=True)
+    assert decision.level == "exact chip", str(decision)
+    # the package's own launch path (mx.fast.metal_kernel / cuda_kernel) on this GPU
+    c = np.array(pkg._dispatcher.call("gemm", ma, mb, modeled=True).astype(mx.float32), dtype=np.float64)
     ref = a.astype(np.float16).astype(np.float64) @ b.astype(np.float16).astype(np.float64)
     np.testing.assert_allclose(c, ref, rtol=2e-3, atol=2e-3 * np.sqrt(260))

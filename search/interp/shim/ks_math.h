@@ -217,4 +217,22 @@ using metal::sincos; using metal::fmax3; using metal::fmin3; using metal::floor;
 using metal::trunc; using metal::tan; using metal::clamp; using metal::powr; using metal::fmax; using metal::fmin;
 using metal::exp10; using metal::ldexp; using metal::sinpi; using metal::cospi; using metal::recip;
 }  // namespace precise
+
+#ifdef KS_CHECK
+// Check mode: threadgroup elements passed straight to math functions are loaded (and checked) first.
+#define KS_TGU(name) template <class T> inline auto name(const ks::tgref<T>& x) { return name(x.load()); }
+KS_TGU(exp) KS_TGU(exp2) KS_TGU(log) KS_TGU(log2) KS_TGU(sqrt) KS_TGU(rsqrt) KS_TGU(sin) KS_TGU(cos) KS_TGU(tanh)
+KS_TGU(abs) KS_TGU(fabs) KS_TGU(floor) KS_TGU(ceil) KS_TGU(round) KS_TGU(trunc) KS_TGU(erf) KS_TGU(isnan)
+KS_TGU(isinf) KS_TGU(isfinite) KS_TGU(sign) KS_TGU(fract) KS_TGU(saturate) KS_TGU(popcount) KS_TGU(log1p)
+KS_TGU(expm1)
+#undef KS_TGU
+#define KS_TGB(name)                                                                                           \
+  template <class T, class U, class = std::enable_if_t<!ks::is_tgref<U>::value>>                               \
+  inline auto name(const ks::tgref<T>& a, const U& b) { return name(a.load(), b); }                            \
+  template <class U, class T, class = std::enable_if_t<!ks::is_tgref<U>::value>>                               \
+  inline auto name(const U& a, const ks::tgref<T>& b) { return name(a, T(b.load())); }                         \
+  template <class T, class U> inline auto name(const ks::tgref<T>& a, const ks::tgref<U>& b) { return name(a.load(), b.load()); }
+KS_TGB(max) KS_TGB(min) KS_TGB(fmax) KS_TGB(fmin) KS_TGB(pow) KS_TGB(atan2) KS_TGB(fmod)
+#undef KS_TGB
+#endif
 }  // namespace metal

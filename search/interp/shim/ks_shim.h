@@ -390,7 +390,17 @@ template <class T> struct tgref {
   auto operator op(const U& u, const tgref<T>& r) { return u op r.load(); }
 KS_TGREF_BINOP(+) KS_TGREF_BINOP(-) KS_TGREF_BINOP(*) KS_TGREF_BINOP(/) KS_TGREF_BINOP(<) KS_TGREF_BINOP(>)
 KS_TGREF_BINOP(<=) KS_TGREF_BINOP(>=) KS_TGREF_BINOP(==) KS_TGREF_BINOP(!=)
+KS_TGREF_BINOP(%) KS_TGREF_BINOP(&) KS_TGREF_BINOP(|) KS_TGREF_BINOP(^) KS_TGREF_BINOP(<<) KS_TGREF_BINOP(>>)
 #undef KS_TGREF_BINOP
+template <class T> struct is_tgref : std::false_type {};
+template <class T> struct is_tgref<tgref<T>> : std::true_type {};
+// `s += tile[k]` with a thread-local s: the element is loaded (and checked) once.
+#define KS_TGREF_OPASSIGN(op)                                                                        \
+  template <class A, class T, class = std::enable_if_t<!is_tgref<A>::value>>                        \
+  A& operator op##=(A& a, const tgref<T>& r) { return a op##= r.load(); }
+KS_TGREF_OPASSIGN(+) KS_TGREF_OPASSIGN(-) KS_TGREF_OPASSIGN(*) KS_TGREF_OPASSIGN(/) KS_TGREF_OPASSIGN(&)
+KS_TGREF_OPASSIGN(|) KS_TGREF_OPASSIGN(^)
+#undef KS_TGREF_OPASSIGN
 
 template <class T> struct tgptr {
   const TgAlloc* a = nullptr;

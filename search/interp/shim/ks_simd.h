@@ -150,4 +150,18 @@ template <class V> V quad_shuffle_up(V x, ushort d, int line = __builtin_LINE())
 template <class V> V quad_shuffle_down(V x, ushort d, int line = __builtin_LINE()) { return ksd::collective(ksd::group_shuffle_op<V, 3, 4>, x, d, line); }
 template <class V> V quad_broadcast(V x, ushort l, int line = __builtin_LINE()) { return ksd::collective(ksd::group_shuffle_op<V, 0, 4>, x, l, line); }
 inline simd_vote simd_active_threads_mask(int line = __builtin_LINE()) { return simd_ballot(true, line); }
+
+#ifdef KS_CHECK
+// Check mode: a threadgroup element passed straight to a collective is loaded (and checked) first.
+#define KS_TG1(name) template <class T> T name(const ks::tgref<T>& x, int line = __builtin_LINE()) { return name(x.load(), line); }
+#define KS_TG2(name) template <class T> T name(const ks::tgref<T>& x, ushort a, int line = __builtin_LINE()) { return name(x.load(), a, line); }
+KS_TG1(simd_sum) KS_TG1(simd_max) KS_TG1(simd_min) KS_TG1(simd_product) KS_TG1(simd_prefix_inclusive_sum)
+KS_TG1(simd_prefix_exclusive_sum) KS_TG1(simd_broadcast_first) KS_TG1(simd_and) KS_TG1(simd_or) KS_TG1(simd_xor)
+KS_TG1(quad_sum) KS_TG1(quad_max) KS_TG1(quad_min) KS_TG1(quad_product) KS_TG1(quad_prefix_inclusive_sum)
+KS_TG1(quad_prefix_exclusive_sum)
+KS_TG2(simd_shuffle) KS_TG2(simd_shuffle_xor) KS_TG2(simd_shuffle_up) KS_TG2(simd_shuffle_down) KS_TG2(simd_broadcast)
+KS_TG2(quad_shuffle) KS_TG2(quad_shuffle_xor) KS_TG2(quad_shuffle_up) KS_TG2(quad_shuffle_down) KS_TG2(quad_broadcast)
+#undef KS_TG1
+#undef KS_TG2
+#endif
 }  // namespace metal

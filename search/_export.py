@@ -120,9 +120,9 @@ def _family_table(fam: Family) -> dict[str, Any]:
         if shape[0] != "list" or any(a[0] not in ("name", "const") for a in shape[1]):
             raise ExportError(f"family {fam.name}: input {t.name} shape {t.shape.text!r} is not a list of "
                               "dimension names (the exported function reads the problem size off its inputs)")
-        inputs.append({"name": t.name, "axes": [a[1] for a in shape[1]],
+        inputs.append({"name": t.name, "axes": [a[1] for a in shape[1]], "dtype": t.dtype,
                        "transposed": expr_tree(t.transposed) if t.transposed is not None else None})
-    launch = {name: expr_tree(e) for name in ("grid", "threadgroup", "shared_memory")
+    launch = {name: expr_tree(e) for name in ("grid", "threadgroup", "shared_memory", "zero_outputs")
               if (e := getattr(fam.launch, name)) is not None}
     return {
         "description": fam.description,
@@ -130,12 +130,14 @@ def _family_table(fam: Family) -> dict[str, Any]:
         "dtypes": list(fam.problem.dtypes),
         "dtype_sizes": {d: DTYPES[d] for d in fam.problem.dtypes},
         "inputs": inputs,
-        "outputs": [{"name": t.name, "shape": expr_tree(t.shape)} for t in fam.outputs],
+        "outputs": [{"name": t.name, "shape": expr_tree(t.shape), "dtype": t.dtype} for t in fam.outputs],
         "derived": [[name, expr_tree(e)] for name, e in fam.derived.items()],
         "constraints": [{"name": c.name, "why": c.why, "expr": expr_tree(c.expr)} for c in fam.constraints],
         "launch": launch,
         "baseline": expr_tree(fam.baseline),
         "baseline_name": fam.baseline_name,
+        "compile_baseline": fam.compile_baseline,
+        "params": [{"name": n, "value": p.number, "dtype": p.dtype} for n, p in fam.params.items()],
         "transfer": fam.transfer,
         "array_functions": list(ARRAY_FUNCTIONS),
         "default": {"config": dict(fam.default), "kernels": {}},
@@ -261,24 +263,28 @@ _NAME = _re.compile(r"[a-z][a-z0-9_]{0,47}")
 _PARAM = _re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
-def explain(family, *arrays, chip=None):
-    """Which artifact (or fallback) ``family(*arrays)`` uses here (or on ``chip``: a name or device_info)."""
-    return _dispatcher.explain(family, *arrays, chip=chip)
+def explain(family, *arrays, chip=None, modeled=False):
+    """Which artifact (or fallback) ``family(*arrays)`` uses here (or on ``chip``: a name or device_info).
+
+    ``modeled=True`` also considers modeled (never measured) artifacts, as ``KERNSEARCH_KERNELS=modeled`` does.
+    """
+    return _dispatcher.explain(family, *arrays, chip=chip, modeled=modeled)
 
 
 def _function(family, entry):
-    def call(*arrays):
-        return _dispatcher.call(family, *arrays)
+    def call(*arrays, modeled=False):
+        return _dispatcher.call(family, *arrays, modeled=modeled)
 
-    def explain_call(*arrays, chip=None):
-        return _dispatcher.explain(family, *arrays, chip=chip)
+    def explain_call(*arrays, chip=None, modeled=False):
+        return _dispatcher.explain(family, *arrays, chip=chip, modeled=modeled)
 
     names = [str(i.get("name", "")) for i in entry.get("inputs", [])]
     params = [n.lower() if _PARAM.fullmatch(n) and not _keyword.iskeyword(n.lower()) else "x%d" % i
               for i, n in enumerate(names)]
     if len(set(params)) == len(params):
         call.__signature__ = _inspect.Signature(
-            [_inspect.Parameter(p, _inspect.Parameter.POSITIONAL_ONLY) for p in params])
+            [_inspect.Parameter(p, _inspect.Parameter.POSITIONAL_ONLY) for p in params]
+            + [_inspect.Parameter("modeled", _inspect.Parameter.KEYWORD_ONLY, default=False)])
     call.__name__ = call.__qualname__ = family
     call.__doc__ = str(entry.get("description", ""))[:2000]
     call.explain = explain_call

@@ -107,7 +107,8 @@ def to_storage(values: np.ndarray, dtype: str) -> np.ndarray:
             bad = float(lo) < info.min or float(hi) > info.max
         if bad:
             raise ValueError(f"values outside the range of {dtype} [{info.min}, {info.max}]")
-    return np.ascontiguousarray(values, dtype=target)
+    with np.errstate(over="ignore"):  # a float beyond a narrower float's range is inf, as on the GPU
+        return np.ascontiguousarray(values, dtype=target)
 
 
 def from_storage(data: np.ndarray, dtype: str) -> np.ndarray:

@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 tune: $(VENV)/.installed
-	$(BIN)/kernsearch tune gemm
+	$(BIN)/kernsearch tune gemm --report  # prints the path of the study's HTML report
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q

@@ -133,6 +133,7 @@ def cmd_probe(args: argparse.Namespace) -> None:
 def cmd_tune(args: argparse.Namespace) -> None:
     import mlx.core as mx
 
+    from kernsearch._objective import KernelObjective
     from kernsearch._space import Space, format_config, make_problem
     from kernsearch._spec import load_family
     from kernsearch._study import run_study
@@ -151,8 +152,9 @@ def cmd_tune(args: argparse.Namespace) -> None:
         storage = f"sqlite:///{Path(args.out) / 'studies.db'}" if args.out else None
         # Search-time timing is shorter than the final round's (which re-measures the finalists
         # interleaved with mx.matmul): more trials fit the lease; the table below is re-measured anyway.
-        result = run_study(fam, problem, chip, "cuda", trials=args.trials, time_budget=args.budget, seed=0,
-                           storage=storage, finalists=3, backend_options={"plan": SEARCH_TIMING})
+        objective = KernelObjective(problem, chip, "cuda", seed=0, backend_options={"plan": SEARCH_TIMING})
+        result = run_study(objective, trials=args.trials, time_budget=args.budget, seed=0, storage=storage,
+                           finalists=3)
         elapsed = time.monotonic() - started
         trials = _trials(result)
         best = result.best

@@ -141,11 +141,13 @@ def interleaved(fns: list[Any], rounds: int, min_batch_ms: float) -> list[list[f
         mx.synchronize()
         return (time.perf_counter() - t0) * 1e3
 
-    reps = []
+    ones = []
     for fn in fns:  # warm up (compiles), then size a batch to at least min_batch_ms
         batch(fn, 2)
-        one = max(batch(fn, 1), 1e-3)
-        reps.append(max(1, min(1000, int(min_batch_ms / one) + 1)))
+        ones.append(max(batch(fn, 1), 1e-3))
+    # One batch size for every function: the fixed cost of a batch (eval, synchronize) is then spread over
+    # the same number of calls, so it cannot favour one side.
+    reps = [max(1, min(1000, int(min_batch_ms / min(ones)) + 1))] * len(fns)
     times: list[list[float]] = [[] for _ in fns]
     for r in range(rounds):
         order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))  # neither always goes first

@@ -32,7 +32,7 @@ def deploy(job_file: str = JobFileArg,
            timezone: Optional[str] = typer.Option(None, "--timezone", help="IANA time zone of --cron (default: UTC)")
            ) -> None:
     """Register a deployment per chip in work pool kernsearch-<chip>; run one worker per machine on its pool."""
-    from kernsearch.cli import out
+    from kernsearch._console import out
 
     from ._serve import deploy as deploy_chips
 
@@ -55,7 +55,7 @@ def run(job_file: str = JobFileArg, chip: Optional[str] = ChipOpt) -> None:
 def print_report(report: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from kernsearch.cli import out
+    from kernsearch._console import out
 
     table = Table("job", "problem", "old ms", "new ms", "speedup", "outcome", "evidence", box=None)
     for r in report["jobs"]:
@@ -68,6 +68,8 @@ def print_report(report: dict[str, Any]) -> None:
     out.print(table)
     for r in report["jobs"]:  # reasons are long: one line each, below the table
         out.print(f"  {r['job']} ({r['dtype']} {r['shape']}): {r['outcome']}: {r['reason']}", soft_wrap=True)
+        if r.get("report"):
+            out.print(f"    report: {r['report']}", soft_wrap=True, markup=False)
     export = report["export"]
     out.print(f"export: {export['status']}" + (f" ({export.get('reason')})" if export.get("reason") else "")
               + (f": {export['wheel']}" if export.get("wheel") else ""), soft_wrap=True)

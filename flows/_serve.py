@@ -157,6 +157,9 @@ def run_once(job_file: str | Path, *, chip: str | None = None) -> dict[str, Any]
 
     jobs = load_jobs(job_file)  # a bad file is one line, before Prefect starts
     machine = machine_chip(chip)
+    if not jobs.units(machine):  # say so now, not after a temporary Prefect server has started
+        raise KernsearchError(f"{job_file}: no job is for {machine} (jobs are for: {', '.join(jobs.chips())}); "
+                              "pass --chip to run another chip's jobs")
     check_api()
     from .nightly import nightly
 

@@ -109,6 +109,7 @@ def tune(p: dict[str, Any]) -> dict[str, Any]:
     from kernsearch._chips import get_chip
     from kernsearch._space import make_problem
     from kernsearch._spec import load_family
+    from kernsearch._objective import KernelObjective
     from kernsearch._study import run_study
 
     fam = load_family(p["family"])
@@ -119,9 +120,9 @@ def tune(p: dict[str, Any]) -> dict[str, Any]:
     if o.get("trials_per_night"):
         tonight = _evaluated(fam.name, chip.name, problem, p["backend"], p["storage"]) + o["trials_per_night"]
         trials = tonight if trials is None else min(trials, tonight)
-    result = run_study(fam, problem, chip, p["backend"], trials=trials, time_budget=o["time_budget"],
-                       patience=o["patience"], sampler=o["sampler"], seed=o["seed"], storage=p["storage"],
-                       finalists=o["finalists"], timeout=o["timeout"])
+    objective = KernelObjective(problem, chip, p["backend"], seed=o["seed"] or 0, timeout=o["timeout"])
+    result = run_study(objective, trials=trials, time_budget=o["time_budget"], patience=o["patience"],
+                       sampler=o["sampler"], seed=o["seed"], storage=p["storage"], finalists=o["finalists"])
     failures = dict(result.failures)
     best, final = result.best, result.final
     refused = "; ".join(f"trial {n}: {c.get('reason')} {c.get('detail', '')[:120]}".strip()

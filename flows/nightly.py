@@ -14,6 +14,7 @@ speedup, published or rejected (with the gate's reason) or failed (with the reas
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import time
@@ -39,9 +40,32 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "x"
 
 
+def machine_name() -> str:
+    """This machine in a farm: ``KERNSEARCH_MACHINE``, else the host name."""
+    return os.environ.get("KERNSEARCH_MACHINE") or socket.gethostname()
+
+
 def gpu_limit_name(host: str | None = None) -> str:
-    """The per-machine concurrency limit that serialises GPU measurement."""
-    return GPU_LIMIT_PREFIX + slug(host or socket.gethostname())
+    """The per-machine concurrency limit that serialises GPU measurement (one GPU job per machine)."""
+    return GPU_LIMIT_PREFIX + slug(host or machine_name())
+
+
+def refusal(chip: str | None) -> str | None:
+    """Why a farm worker must not run a run for ``chip`` (None: it may).
+
+    A worker's machine declares its chip in ``KERNSEARCH_CHIP``; a run for another chip (a deployment in the
+    wrong pool, a run started by hand with another chip) is refused before anything is tuned. Without the
+    variable a machine runs what it is asked (``kernsearch flows run --chip X`` models X anywhere).
+    """
+    declared = os.environ.get("KERNSEARCH_CHIP")
+    if not declared or not chip:
+        return None
+    from kernsearch._chips import get_chip
+
+    if get_chip(declared).name == get_chip(chip).name:
+        return None
+    return (f"refused: this worker's machine {machine_name()!r} is a {get_chip(declared).name} "
+            f"(KERNSEARCH_CHIP); the run is for {get_chip(chip).name}")
 
 
 def ensure_gpu_limit(name: str) -> None:
@@ -164,6 +188,10 @@ def export_package(artifacts: str | None, out: str, families: list[str]) -> dict
 def nightly(job_file: str, chip: str | None = None) -> dict[str, Any]:
     """Run every job of ``job_file`` listed for ``chip`` (default: the detected chip); see the module doc."""
     logger = get_run_logger()
+    refused = refusal(chip)
+    if refused:
+        logger.error(refused)
+        raise KernsearchError(refused)
     jobs = load_jobs(job_file)
     machine, detected = _machine(chip)
     units = jobs.units(machine.name)
@@ -222,6 +250,7 @@ def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) ->
         return row
     row.update(evidence=tuned["evidence"], new_ms=tuned["median_ms"], study=tuned["study"],
                evaluated=tuned["evaluated"], tune_window=tuned["window"])
+    row["report"] = _attach_report(unit, tuned["study"], jobs.storage, logger)
     vtimeout = VERIFY_SECONDS_PER_SHAPE * max(1, len(unit.verify_shapes)) + 60.0
     state = verify_task.with_options(timeout_seconds=vtimeout)(unit, backend, tuned["config"], limit,
                                                                 return_state=True)
@@ -245,6 +274,32 @@ def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) ->
             f"{'x'.join(map(str, s['shape']))} ({s['why']})" for s in verified["skipped"])
     logger.info("%s: %s: %s", unit.name, row["outcome"], row["reason"])
     return row
+
+
+def _attach_report(unit: Unit, study: str, storage: str | None, logger: Any) -> str | None:
+    """The job's study as an HTML report (``kernsearch report``) and a markdown artifact that summarises it and
+    links the file. A report that cannot be made is a warning: it never fails the job."""
+    from kernsearch._history import load_history
+    from kernsearch._report import evidence_badge, write_report
+
+    try:
+        path = write_report(study, storage)
+        h = load_history(study, storage, importances=False)
+    except Exception as exc:  # noqa: BLE001 - the report is a view of the study, not part of the job
+        logger.warning("%s: no report: %s", unit.name, " ".join(str(exc).split())[:300])
+        return None
+    _, words = evidence_badge(h.evidence)
+    fails = ", ".join(f"{k} {v}" for k, v in h.failures.most_common()) or "none"
+    label = "predicted ms" if h.evidence == "modeled" else "ms"
+    lines = [f"# {unit.name}: study `{study}`", "", f"**{words}**", "",
+             f"{len(h.trials)} configs evaluated, failed: {fails}; {h.invalid} rejected by constraints.", "",
+             f"HTML report with plots (convergence, importances, per-knob effects): [{path.name}]({path.as_uri()})"
+             f" on this machine (`{path}`).", "", f"| # | config | {label} |", "|---|---|---|"]
+    lines += [f"| {i} | `{','.join(f'{k}={v}' for k, v in t.config.items())}` | {t.time_ms:.4g} |"
+              for i, t in enumerate(h.top[:5], 1)]
+    create_markdown_artifact(markdown="\n".join(lines), key=f"kernsearch-report-{slug(unit.name)}",
+                             description=f"kernsearch study report for {unit.name} ({h.evidence})")
+    return str(path)
 
 
 def _value(state: Any, row: dict[str, Any], step: str) -> Any:

@@ -261,24 +261,28 @@ _NAME = _re.compile(r"[a-z][a-z0-9_]{0,47}")
 _PARAM = _re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
-def explain(family, *arrays, chip=None):
-    """Which artifact (or fallback) ``family(*arrays)`` uses here (or on ``chip``: a name or device_info)."""
-    return _dispatcher.explain(family, *arrays, chip=chip)
+def explain(family, *arrays, chip=None, modeled=False):
+    """Which artifact (or fallback) ``family(*arrays)`` uses here (or on ``chip``: a name or device_info).
+
+    ``modeled=True`` also considers modeled (never measured) artifacts, as ``KERNSEARCH_KERNELS=modeled`` does.
+    """
+    return _dispatcher.explain(family, *arrays, chip=chip, modeled=modeled)
 
 
 def _function(family, entry):
-    def call(*arrays):
-        return _dispatcher.call(family, *arrays)
+    def call(*arrays, modeled=False):
+        return _dispatcher.call(family, *arrays, modeled=modeled)
 
-    def explain_call(*arrays, chip=None):
-        return _dispatcher.explain(family, *arrays, chip=chip)
+    def explain_call(*arrays, chip=None, modeled=False):
+        return _dispatcher.explain(family, *arrays, chip=chip, modeled=modeled)
 
     names = [str(i.get("name", "")) for i in entry.get("inputs", [])]
     params = [n.lower() if _PARAM.fullmatch(n) and not _keyword.iskeyword(n.lower()) else "x%d" % i
               for i, n in enumerate(names)]
     if len(set(params)) == len(params):
         call.__signature__ = _inspect.Signature(
-            [_inspect.Parameter(p, _inspect.Parameter.POSITIONAL_ONLY) for p in params])
+            [_inspect.Parameter(p, _inspect.Parameter.POSITIONAL_ONLY) for p in params]
+            + [_inspect.Parameter("modeled", _inspect.Parameter.KEYWORD_ONLY, default=False)])
     call.__name__ = call.__qualname__ = family
     call.__doc__ = str(entry.get("description", ""))[:2000]
     call.explain = explain_call

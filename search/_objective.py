@@ -38,7 +38,8 @@ class KernelObjective(Objective):
 
     def __init__(self, problem: Problem, chip: Chip, backend: str, *, seed: int = 0, timeout: float = 120.0,
                  verify: str = "finalists", verify_shape: tuple[int, ...] | None = None,
-                 verify_mode: str = "fast", backend_options: dict[str, Any] | None = None) -> None:
+                 verify_mode: str = "fast", backend_options: dict[str, Any] | None = None,
+                 compile_workers: int | None = None) -> None:
         from ._space import Space
         from ._measure import load_backend
 
@@ -68,6 +69,15 @@ class KernelObjective(Objective):
         self.timeout = timeout
         self._valid: list[Config] | None = None
         self._worker: Any = None
+        # Pipelined measured search: compile workers render and compile the next proposals while the
+        # timing worker measures (default: one per core but the timer's, on the measured back-ends).
+        if compile_workers is None:
+            import os
+
+            compile_workers = max(1, (os.cpu_count() or 2) - 1) if backend in ("metal", "cuda") else 0
+        self.compile_workers = compile_workers if backend != "model" else 0
+        self._pool: Any = None
+        self._prepared: dict[str, Any] = {}  # config key -> future of prepare_variant
 
     # -- the space --------------------------------------------------------------------------------
     @property
@@ -101,7 +111,8 @@ class KernelObjective(Objective):
         same chip, same shape, then the rest (same dtype before others). A broken store never stops a
         search: it just gives no warm start."""
         try:
-            from ._artifacts import ArtifactStore, chip_slug
+            from ._artifacts import ArtifactStore
+            from ._candidate import chip_slug
 
             artifacts = list((store or ArtifactStore()).current_artifacts(self.family.name))
         except Exception:  # noqa: BLE001 - no store, unreadable store: no warm start
@@ -136,6 +147,29 @@ class KernelObjective(Objective):
 
             self._worker = Worker(timeout=self.timeout)
         return self._worker
+
+    def lookahead(self) -> int:
+        return self.compile_workers + 1 if self.compile_workers else 1
+
+    def prefetch(self, config: Config) -> None:
+        if not self.compile_workers:
+            return
+        from ._measure import prepare_variant
+        from ._space import format_config
+        from ._worker import WorkerPool
+
+        if self._pool is None:
+            self._pool = WorkerPool(self.compile_workers, timeout=self.timeout)
+        self._prepared[format_config(config)] = self._pool.submit(prepare_variant, self._task(config, self.backend))
+
+    def _wait_prepared(self, config: Config) -> None:
+        """The compile worker's verdict on ``config``: its compile error (or crash, hang) fails the variant
+        without the timing process; otherwise the timing process finds it compiled (CUDA: on disk)."""
+        from ._space import format_config
+
+        future = self._prepared.pop(format_config(config), None)
+        if future is not None:
+            future.result()  # raises the variant's VariantFailure
 
     def interpret(self, config: Config) -> dict[str, Any]:
         """Verify ``config`` on the CPU interpreter (small problem); raises VariantFailure."""
@@ -210,6 +244,7 @@ class KernelObjective(Objective):
         else:
             from ._measure import measure_variant
 
+            self._wait_prepared(config)
             out = self.worker().call(measure_variant, self._task(config, self.backend))
             samples = out["samples_ms"]
             rec = Record(out["median_ms"], self.evidence, samples, out["spread"], out["compile_seconds"],
@@ -311,6 +346,10 @@ class KernelObjective(Objective):
         return (store or ArtifactStore()).publish(candidate, margin=DEFAULT_MARGIN if margin is None else margin)
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+            self._prepared.clear()
         if self._worker is not None:
             self._worker.close()
             self._worker = None

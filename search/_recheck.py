@@ -158,7 +158,7 @@ def _builtin(name: str) -> Family | None:
 
 
 def _against_family(m: Manifest, kernel: KernelSource, fam: Family, chip: Any) -> None:
-    from ._artifacts import Candidate, _draft_manifest
+    from ._candidate import Candidate, draft_manifest
 
     if fam.name != m.family:
         raise _fail(m, f"family {fam.name} is not the manifest's {m.family}")
@@ -189,7 +189,7 @@ def _against_family(m: Manifest, kernel: KernelSource, fam: Family, chip: Any) -
                           correctness=m.correctness, evidence=m.evidence, measurements=m.measurements,
                           study=m.study, toolchain=Toolchain(**m.toolchain.model_dump()))
     try:
-        draft = _draft_manifest(candidate)  # the gate's own checks: domains, constraints, geometry, source
+        draft = draft_manifest(candidate)  # the gate's own checks: domains, constraints, geometry, source
     except KernsearchError as exc:
         raise _fail(m, str(exc)) from None
     if draft["source_sha256"] != m.source_sha256 or draft["problem"] != m.problem:

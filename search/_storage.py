@@ -1,16 +1,25 @@
-"""Where studies live: the data folder, the Optuna storage (SQLite in WAL mode by default) and the
-predictable name of a problem's study."""
+"""Where studies live: the data folder, the Optuna storage (SQLite in WAL mode by default, PostgreSQL for a
+farm of machines sharing one study), the heartbeat that fails a dead process's trial, and the predictable
+name of a problem's study."""
 
 from __future__ import annotations
 
 import os
 import random
 import time
+import warnings
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from . import _safeio
 from ._errors import KernsearchError
+
+#: Seconds between the heartbeats of a trial being evaluated; a trial whose heartbeat is older than
+#: GRACE_BEATS of them belongs to a dead process and is failed (then retried) by the next process that looks.
+#: ``KERNSEARCH_HEARTBEAT_S`` overrides the interval (tests use 1).
+HEARTBEAT_S = 10
+GRACE_BEATS = 3
 
 
 def data_home() -> Path:
@@ -23,26 +32,120 @@ def default_storage() -> str:
     return f"sqlite:///{home / 'studies.db'}"
 
 
+def heartbeat_interval() -> int:
+    text = os.environ.get("KERNSEARCH_HEARTBEAT_S", "")
+    return int(text) if text.isdigit() and int(text) > 0 else HEARTBEAT_S
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and results."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def sqlalchemy_url(url: str) -> str:
+    """``postgresql://`` means psycopg 3 (SQLAlchemy's default driver would be psycopg2, not installed)."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url.removeprefix(prefix)
+    return url
+
+
+class StaleTrials:
+    """Optuna's callback for a trial failed because its heartbeat stopped: remembers its config, so the
+    process that failed it (exactly one does) asks for the config again."""
+
+    def __init__(self) -> None:
+        self.configs: list[dict[str, Any]] = []
+
+    def __call__(self, study: Any, trial: Any) -> None:
+        if trial.params:
+            self.configs.append(dict(trial.params))
+
+
 def make_storage(url: str | None) -> Any:
-    """Optuna storage for a URL (SQLite waits on locks instead of failing; ``:memory:`` = in memory)."""
+    """Optuna storage for a URL, with heartbeats (SQLite waits on locks instead of failing; ``:memory:`` =
+    in memory; ``postgresql://user:pw@host/db`` = a study shared by several machines)."""
     import optuna
 
     url = url or default_storage()
     if url == ":memory:":
         return optuna.storages.InMemoryStorage()
-    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
     if url.startswith("sqlite"):
         _sqlite_wal()
+    elif url.startswith(("postgresql", "postgres:")):
+        # A farm's connections cross networks and outlive server restarts: check each before use.
+        kwargs = {"pool_pre_ping": True, "connect_args": {"connect_timeout": 20}}
+    beat = heartbeat_interval()
     for attempt in range(3):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(sqlalchemy_url(url), engine_kwargs=kwargs, heartbeat_interval=beat,
+                                                  grace_period=GRACE_BEATS * beat,
+                                                  heartbeat_stale_trial_callback=StaleTrials())
         except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable server
-            # Processes creating one new SQLite file at once can collide on its tables: try again.
-            if attempt < 2 and type(exc).__module__.split(".")[0] == "sqlalchemy" and url.startswith("sqlite"):
+            # Processes creating one new SQLite file (or one new PostgreSQL schema) at once can collide on
+            # its tables: try again.
+            if attempt < 2 and type(exc).__module__.split(".")[0] == "sqlalchemy" and \
+                    url.startswith(("sqlite", "postgres")):
                 time.sleep(0.5 + random.random())
                 continue
-            raise KernsearchError(f"cannot open study storage {url!r}: {str(exc).splitlines()[0]}") from None
+            detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if isinstance(exc, ImportError) or "psycopg" in detail:
+                detail = "the PostgreSQL driver is missing (pip install 'psycopg[binary]')"
+            raise KernsearchError(f"cannot open study storage {redact(url)!r}: {detail.replace(url, redact(url))[:300]}") \
+                from None
     raise AssertionError("unreachable")
+
+
+class Heartbeat:
+    """The pulse of the trial this process is evaluating (Optuna's heartbeat thread, from just after ask to
+    tell), and the check that fails other processes' trials whose pulse stopped.
+
+    ``fail_stale()`` returns the configs of trials it failed, to be asked for again: a worker killed
+    mid-trial costs the study that trial, not its config.
+    """
+
+    def __init__(self, study: Any) -> None:
+        self.study = study
+        self._threads: dict[int, Any] = {}  # trial id -> its pulse (several while a pipelined search runs ahead)
+
+    def fail_stale(self) -> list[dict[str, Any]]:
+        import optuna
+
+        storage = self.study._storage
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)
+        callback = storage.get_heartbeat_stale_trial_callback() if hasattr(storage, "get_heartbeat_stale_trial_callback") \
+            else None
+        if not isinstance(callback, StaleTrials):
+            return []
+        configs, callback.configs = callback.configs, []
+        return configs
+
+    def start(self, trial: Any) -> None:
+        from optuna.storages._heartbeat import get_heartbeat_thread
+
+        self.finish(trial)
+        thread = self._threads[trial._trial_id] = get_heartbeat_thread(trial._trial_id, self.study._storage)
+        thread.start()
+
+    def finish(self, trial: Any) -> None:
+        """``trial`` was told: its pulse stops."""
+        thread = self._threads.pop(trial._trial_id, None)
+        if thread is not None:
+            thread.join()
+
+    def stop(self) -> None:
+        for thread in self._threads.values():
+            thread.join()
+        self._threads.clear()
 
 
 def check_storage(url: str | None) -> Any:
@@ -78,7 +181,7 @@ def check_storage(url: str | None) -> Any:
 
         optuna.get_all_study_summaries(storage)
     except Exception as exc:  # noqa: BLE001 - a storage Optuna cannot read is bad input
-        raise KernsearchError(f"cannot read study storage {url!r}: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}") from None
+        raise KernsearchError(f"cannot read study storage {redact(url)!r}: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}") from None
     return storage
 
 

@@ -2,16 +2,18 @@
 
 Python API (what the CLI, the nightly flows and the GPU scripts call)::
 
+    from kernsearch._objective import KernelObjective
     from kernsearch._study import run_study
-    result = run_study(family, problem, chip, "cuda", trials=200, time_budget="10m", seed=0,
+    objective = KernelObjective(problem, chip, "cuda", seed=0)   # render, build, verify, time one config
+    result = run_study(objective, trials=200, time_budget="10m", seed=0,
                        storage=None, study_name=None)          # -> StudyResult
     result.best.config, result.best.time_ms, result.evidence, result.top, result.failures
 
-``run_study`` also takes any :class:`Objective` in place of the family (the replay back-end's
-``ReplayBackend(path).objective()`` is one), and keyword options: ``sampler`` (``tpe`` | ``random`` |
-``grid``), ``patience`` (stop after that many evaluated trials without a new best), ``finalists``,
-``verify`` (``all`` | ``finalists`` | ``none``; for the model back-end), ``timeout`` (seconds per variant),
-``progress`` (a callback receiving :class:`Progress`), ``stop`` (a callable; true ends the search).
+``run_study`` takes any :class:`Objective` (the replay back-end's ``ReplayBackend(path).objective()`` is
+another) and keyword options: ``sampler`` (``tpe`` | ``random`` | ``grid``), ``patience`` (stop after that
+many evaluated trials without a new best), ``finalists``, ``progress`` (a callback receiving
+:class:`Progress`), ``stop`` (a callable; true ends the search). What a trial does (``verify``: ``all`` |
+``finalists`` | ``none``, ``timeout`` seconds per variant) is the objective's.
 
 The loop (``_search``): ask the sampler for a config → reject it before compiling if a constraint
 forbids it (the constraint is recorded) → skip it if the study already evaluated it (its recorded value
@@ -38,24 +40,20 @@ import threading
 import time
 import warnings
 from abc import ABC, abstractmethod
-from collections import Counter
+from collections import Counter, deque
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ._errors import KernsearchError, VariantFailure
 from ._space import Config, format_config
-from ._storage import default_storage, make_storage, study_name_for
+from ._storage import Heartbeat, default_storage, make_storage, redact, study_name_for
 
 if TYPE_CHECKING:
     import optuna
 
-    from ._chips import Chip
-    from ._space import Problem
-    from ._spec import Family
-
 STATUS_OK, STATUS_FAILED, STATUS_INVALID, STATUS_KNOWN = "ok", "failed", "invalid", "known"
+STATUS_CANCELLED = "cancelled"  # proposed and compiled ahead, but the search stopped before timing it
 SAMPLERS = ("tpe", "random", "grid")
 
 
@@ -121,6 +119,14 @@ class Objective(ABC):
 
     def default(self) -> Config | None:
         return None
+
+    def lookahead(self) -> int:
+        """How many proposals the loop may hand to :meth:`prefetch` before the oldest is evaluated
+        (1: one at a time, the loop as it always was)."""
+        return 1
+
+    def prefetch(self, config: Config) -> None:
+        """``config`` will be evaluated soon: start what can run ahead (e.g. compiling it elsewhere)."""
 
     def warm_start(self) -> list[Config]:
         return []
@@ -234,11 +240,21 @@ def distributions(knobs: dict[str, list[Any]]) -> dict[str, Any]:
 LOCAL_EVERY = 3
 
 
+#: TPE treats the configs other processes are evaluating right now as already bad ("constant liar"), so
+#: workers sharing a study do not all propose the same region; alone, nothing is running elsewhere and
+#: nothing changes. Measured with N = 1..8 workers in benchmarks/farm_scale.py.
+CONSTANT_LIAR = True
+
+
 def make_sampler(name: str, seed: int | None, knobs: dict[str, list[Any]]) -> optuna.samplers.BaseSampler:
     import optuna
 
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
+        # constant liar: configs proposed but not timed yet (pipelined, or other processes') repel proposals
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10,
+                                              constant_liar=CONSTANT_LIAR)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
@@ -253,19 +269,16 @@ def make_sampler(name: str, seed: int | None, knobs: dict[str, list[Any]]) -> op
 
 # -- the loop -----------------------------------------------------------------------------------------
 
-def run_study(objective: Objective | Family, problem: Problem | None = None, chip: Chip | None = None,
-              backend: str | None = None, *, trials: int | None = 100, time_budget: str | float | None = None,
+def run_study(objective: Objective, *, trials: int | None = 100, time_budget: str | float | None = None,
               patience: int | None = None, sampler: str = "tpe", seed: int | None = None,
               storage: str | None = None, study_name: str | None = None, finalists: int = 3,
-              progress: Callable[[Progress], None] | None = None, stop: Callable[[], bool] | None = None,
-              **objective_options: Any) -> StudyResult:
-    """Search for the fastest correct variant; see the module docstring. Ctrl-C keeps finished trials."""
-    if not isinstance(objective, Objective):
-        if problem is None or chip is None or backend is None:
-            raise TypeError("run_study(family, problem, chip, backend, ...) needs all four")
-        from ._objective import KernelObjective
+              progress: Callable[[Progress], None] | None = None,
+              stop: Callable[[], bool] | None = None) -> StudyResult:
+    """Search for the fastest correct variant; see the module docstring. Ctrl-C keeps finished trials.
 
-        objective = KernelObjective(problem, chip, backend, seed=seed or 0, **objective_options)
+    ``objective`` evaluates configs: a kernel family's is ``KernelObjective(problem, chip, backend, ...)``
+    (``kernsearch._objective``), a replayed landscape's ``ReplayBackend(path).objective()``.
+    """
     try:
         with _first_ctrl_c_stops() as interrupted:
             return _search(objective, trials=trials, time_budget=parse_duration(time_budget), patience=patience,
@@ -341,7 +354,8 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
     dists = distributions(objective.knobs)
     rng = random.Random(seed)
     size = objective.size()
-    _fail_stale(study)
+    beat = Heartbeat(study)  # this process's running trial stays alive; dead processes' trials are failed
+    retry = beat.fail_stale()
     known = _known(study)  # key -> Seen: every config the study has evaluated (ok or failed)
     # Another process working on this study (running trials now, or gaps in trial numbers later) means
     # claims must be checked against the shared storage; alone, the local view is complete.
@@ -352,7 +366,7 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
     # configs are asked for through this process's sampler, not Optuna's shared queue of enqueued trials
     # (two processes popping one queued trial from SQLite at once is a race).
     first: list[Config] = []
-    for c in [objective.default()] + objective.warm_start():
+    for c in retry + [objective.default()] + objective.warm_start():
         if c is not None and format_config(c) not in known and c not in first:
             first.append(c)
     failures: Counter[str] = Counter(s.reason for s in known.values() if s.value is None)
@@ -362,36 +376,67 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
     eval_seconds = 0.0
     stop_reason = "trial budget reached"
     trial = None
+    # Pipelined evaluation: proposals are handed to the objective (compiled ahead in other processes)
+    # up to ``depth`` before the oldest is timed; what is still ahead when the search stops is closed.
+    depth = max(1, objective.lookahead())
+    ahead: deque[tuple[optuna.Trial, Config, str]] = deque()
     try:
         while True:
             if shared:
                 known.update(_known(study))  # the shared budget counts every process's trials
-            if size is not None and len(known) >= size:
-                stop_reason = "every valid config evaluated"
-                break
-            if trials is not None and len(known) >= trials:
-                break
+                # A process that died mid-trial: its trial is failed here, and its config asked for again.
+                first[:0] = [c for c in beat.fail_stale() if format_config(c) not in known and c not in first]
+            stop_now = None
             if time_budget is not None and time.monotonic() - started >= time_budget:
-                stop_reason = "time budget reached"
+                stop_now = "time budget reached"
+            elif patience is not None and _stale_for(known) >= patience:
+                stop_now = f"no improvement in {patience} trials"
+                if not new and not ahead:
+                    stop_now += (" (before this run started: to search on, raise --patience, or 0 for no "
+                                 "early stop)")
+            elif stop is not None and stop():
+                stop_now = "stopped (Ctrl-C or a stop request); finished trials are kept"
+            if stop_now is not None:
+                stop_reason = stop_now
                 break
-            if patience is not None and _stale_for(known) >= patience:
-                stop_reason = f"no improvement in {patience} trials"
-                break
-            if stop is not None and stop():
-                stop_reason = "stopped (Ctrl-C or a stop request); finished trials are kept"
-                break
+            full = False
+            if size is not None and len(known) + len(ahead) >= size:
+                stop_reason, full = "every valid config evaluated", True
+            elif trials is not None and len(known) + len(ahead) >= trials:
+                stop_reason, full = "trial budget reached", True
+            if full or len(ahead) >= depth:
+                if not ahead:
+                    if not new and stop_reason == "trial budget reached":
+                        # a resumed study that already had its budget: say how to go on
+                        stop_reason += (f": the study already has {len(known)} configs evaluated and --trials "
+                                        f"counts the whole study (e.g. --trials {len(known) + 50} evaluates 50 more)")
+                    break
+                trial, config, key = ahead.popleft()
+                t0 = time.monotonic()
+                last = _evaluate(study, objective, trial, config, key, known, failures)
+                beat.finish(trial)
+                eval_seconds += time.monotonic() - t0
+                trial = None
+                new += 1
+                if progress is not None:
+                    progress(_progress(known, trials, time_budget, time.monotonic() - started, failures, invalid,
+                                       last, new, baseline))
+                continue
             fixed = None
             if first:
                 fixed = first.pop(0)
             elif skips >= 5:  # the sampler keeps proposing invalid or known configs: spend on a new one
-                fixed = _fill(known, objective, rng)
+                fixed = _fill(known, objective, rng, {k for _, _, k in ahead})
                 skips = 0
-            elif sampler == "tpe" and LOCAL_EVERY and new >= 10 and new % LOCAL_EVERY == LOCAL_EVERY - 1:
-                fixed = _neighbour(known, objective, rng)  # a local step: one knob away from a leader
+            elif sampler == "tpe" and LOCAL_EVERY and new + len(ahead) >= 10 and \
+                    (new + len(ahead)) % LOCAL_EVERY == LOCAL_EVERY - 1:
+                fixed = _neighbour(known, objective, rng, {k for _, _, k in ahead})  # one knob from a leader
             trial = _ask(study, dists, fixed)
+            beat.start(trial)  # from ask to tell: a trial without a pulse is a dead process's
             if not shared:  # another process started on this study: its trials interleave with ours
                 shared = trial.number != (next_number if last_number is None else last_number + 1) or any(
-                    t.number != trial.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+                    t.number != trial.number and all(t.number != a.number for a, _, _ in ahead)
+                    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
             last_number = trial.number
             config = {k: trial.params[k] for k in objective.knobs}
             key = format_config(config)
@@ -401,6 +446,7 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
                 trial.set_user_attr("status", STATUS_INVALID)
                 trial.set_user_attr("failure", {"reason": why})
                 study.tell(trial, state=TrialState.PRUNED)
+                beat.finish(trial)
                 invalid += 1
                 skips += 1
                 trial = None
@@ -408,6 +454,8 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
             if shared and key not in known:
                 known.update(_known(study))  # another process may have finished it meanwhile
             seen = known.get(key) or (_claimed_elsewhere(study, trial, objective, key) if shared else None)
+            if seen is None and any(k == key for _, _, k in ahead):
+                seen = Seen(None, next(t.number for t, _, k in ahead if k == key), config, "in flight")
             if seen is not None:  # never measure a config twice: tell the sampler what is known
                 trial.set_user_attr("status", STATUS_KNOWN)
                 trial.set_user_attr("failure", {"reason": "known", "same_as": seen.number})
@@ -415,33 +463,14 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
                     study.tell(trial, state=TrialState.PRUNED)
                 else:
                     study.tell(trial, seen.value)
+                beat.finish(trial)
                 skips += 1
                 trial = None
                 continue
             skips = 0
-            t0 = time.monotonic()
-            try:
-                record = objective.evaluate(config)
-            except VariantFailure as exc:
-                eval_seconds += time.monotonic() - t0
-                trial.set_user_attr("status", STATUS_FAILED)
-                trial.set_user_attr("failure", {"reason": exc.reason, "detail": exc.detail[:2000]})
-                study.tell(trial, state=TrialState.FAIL)
-                failures[exc.reason] += 1
-                known[key] = Seen(None, trial.number, config, exc.reason)
-                last = f"trial {trial.number} failed ({exc.reason})"
-            else:
-                eval_seconds += time.monotonic() - t0
-                trial.set_user_attr("status", STATUS_OK)
-                trial.set_user_attr("record", {k: v for k, v in asdict(record).items() if v is not None})
-                study.tell(trial, record.time_ms)
-                known[key] = Seen(record.time_ms, trial.number, config)
-                last = f"trial {trial.number}: {record.time_ms:.4g} ms"
+            objective.prefetch(config)  # e.g. compile it in another process while earlier ones are timed
+            ahead.append((trial, config, key))
             trial = None
-            new += 1
-            if progress is not None:
-                progress(_progress(known, trials, time_budget, time.monotonic() - started, failures, invalid,
-                                   last, new, baseline))
     except KeyboardInterrupt:
         stop_reason = "interrupted (Ctrl-C); finished trials are kept"
         if trial is not None:  # the trial in flight is not a result: record why, and keep the rest
@@ -452,6 +481,12 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
             trial.set_user_attr("status", "error")
             study.tell(trial, state=TrialState.FAIL)
         raise
+    finally:
+        for pending, _, _ in ahead:  # proposed, never timed: not a result, and its config stays free
+            pending.set_user_attr("status", STATUS_CANCELLED)
+            study.tell(pending, state=TrialState.PRUNED)
+            beat.finish(pending)
+        beat.stop()
     elapsed = time.monotonic() - started
     top = _top(study, finalists)
     final: dict[str, Any] = {}
@@ -464,25 +499,50 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
     winner = final.get("winner", top[0].number if top else None)
     best = next((t for t in _top(study, None) if t.number == winner), None) if winner is not None else None
     overhead = (elapsed - eval_seconds) / new if new else 0.0
-    return StudyResult(study.study_name, storage or default_storage(), objective.backend, objective.evidence,
+    return StudyResult(study.study_name, redact(storage or default_storage()), objective.backend, objective.evidence,
                        objective.study_key, best, top, len(known), failures, invalid, elapsed, stop_reason,
                        final, overhead)
 
 
+def _evaluate(study: optuna.Study, objective: Objective, trial: optuna.Trial, config: Config, key: str,
+              known: dict[str, Seen], failures: Counter[str]) -> str:
+    """Evaluate one proposal and record it on its trial; a failure is a value, never an exception."""
+    from optuna.trial import TrialState
+
+    try:
+        record = objective.evaluate(config)
+    except VariantFailure as exc:
+        trial.set_user_attr("status", STATUS_FAILED)
+        trial.set_user_attr("failure", {"reason": exc.reason, "detail": exc.detail[:2000]})
+        study.tell(trial, state=TrialState.FAIL)
+        failures[exc.reason] += 1
+        known[key] = Seen(None, trial.number, config, exc.reason)
+        return f"trial {trial.number} failed ({exc.reason})"
+    trial.set_user_attr("status", STATUS_OK)
+    trial.set_user_attr("record", {k: v for k, v in asdict(record).items() if v is not None})
+    study.tell(trial, record.time_ms)
+    known[key] = Seen(record.time_ms, trial.number, config)
+    return f"trial {trial.number}: {record.time_ms:.4g} ms"
+
+
 def _ask(study: optuna.Study, dists: dict[str, Any], fixed: Config | None) -> optuna.Trial:
-    """A new trial: the sampler's proposal, or ``fixed`` (through a PartialFixedSampler of this process)."""
-    if fixed is None:
-        return study.ask(dists)
+    """A new trial: the sampler's proposal, or ``fixed`` (through a PartialFixedSampler of this process).
+
+    The loop runs the heartbeat itself (:class:`Heartbeat`): Optuna's warning that heartbeats are meant for
+    ``optimize`` does not apply."""
     import optuna
 
-    sampler = study.sampler
     with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Heartbeat of storage", UserWarning)
+        if fixed is None:
+            return study.ask(dists)
+        sampler = study.sampler
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.sampler = optuna.samplers.PartialFixedSampler(fixed, sampler)
-    try:
-        return study.ask(dists)
-    finally:
-        study.sampler = sampler
+        try:
+            return study.ask(dists)
+        finally:
+            study.sampler = sampler
 
 
 @dataclass
@@ -522,18 +582,6 @@ def _claimed_elsewhere(study: optuna.Study, trial: optuna.Trial, objective: Obje
     return None
 
 
-def _fail_stale(study: optuna.Study, older_than: timedelta = timedelta(hours=2)) -> None:
-    """Running trials left by a killed process would hold their configs forever: mark them failed."""
-    from optuna.trial import TrialState
-
-    now = datetime.now()
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        start = t.datetime_start
-        if start is not None and now - start.replace(tzinfo=None) > older_than:
-            study._storage.set_trial_user_attr(t._trial_id, "status", "abandoned")
-            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-
-
 def _stale_for(known: dict[str, Seen]) -> int:
     """Evaluated configs since the last new best, in trial order."""
     best, since = math.inf, 0
@@ -549,21 +597,23 @@ def _leaders(known: dict[str, Seen], n: int) -> list[Seen]:
     return sorted((s for s in known.values() if s.value is not None), key=lambda s: (s.value, s.number))[:n]
 
 
-def _fill(known: dict[str, Seen], objective: Objective, rng: random.Random) -> Config | None:
-    """An unevaluated config: a one-knob neighbour of a leader if one is left, else a random one."""
+def _fill(known: dict[str, Seen], objective: Objective, rng: random.Random,
+          busy: set[str] = frozenset()) -> Config | None:  # type: ignore[assignment]
+    """An unevaluated config (not ``busy``): a one-knob neighbour of a leader if one is left, else a random one."""
     if rng.random() < 0.7:
-        cfg = _neighbour(known, objective, rng)
+        cfg = _neighbour(known, objective, rng, busy)
         if cfg is not None:
             return cfg
     for _ in range(50):
         cfg = objective.random_config(rng)
-        if cfg is not None and format_config(cfg) not in known:
+        if cfg is not None and format_config(cfg) not in known and format_config(cfg) not in busy:
             return cfg
-    fresh = [c for c in objective.valid_configs() if format_config(c) not in known]
+    fresh = [c for c in objective.valid_configs() if format_config(c) not in known and format_config(c) not in busy]
     return rng.choice(fresh) if fresh else None
 
 
-def _neighbour(known: dict[str, Seen], objective: Objective, rng: random.Random) -> Config | None:
+def _neighbour(known: dict[str, Seen], objective: Objective, rng: random.Random,
+               busy: set[str] = frozenset()) -> Config | None:  # type: ignore[assignment]
     """An unevaluated valid config one knob away from one of the three leaders (numeric knobs: one step)."""
     leaders = _leaders(known, 3)
     if not leaders:
@@ -577,7 +627,7 @@ def _neighbour(known: dict[str, Seen], objective: Objective, rng: random.Random)
     rng.shuffle(moves)
     for k, v in moves:
         cfg = {**base, k: v}
-        if format_config(cfg) not in known and objective.violation(cfg) is None:
+        if format_config(cfg) not in known and format_config(cfg) not in busy and objective.violation(cfg) is None:
             return cfg
     return None
 

@@ -27,7 +27,8 @@ def round_to_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "float32":
         return x.astype(np.float32).astype(np.float64)
     if dtype == "float16":
-        return x.astype(np.float16).astype(np.float64)
+        with np.errstate(over="ignore"):  # beyond float16's range is inf, as on the GPU (the 1e30 sentinel)
+            return x.astype(np.float16).astype(np.float64)
     if dtype == "bfloat16":
         bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
@@ -136,9 +137,11 @@ def compare(problem: Problem, outputs: list[np.ndarray], refs: list[np.ndarray],
     return Check(True, "", worst_abs, worst_rel)
 
 
-def verify_outputs(problem: Problem, run: Any, logical: dict[str, np.ndarray]) -> Check:
-    """Compare ``run(init_value)`` with the reference; a second run tells unwritten from NaN."""
-    refs = reference(problem, logical)
+def verify_outputs(problem: Problem, run: Any, logical: dict[str, np.ndarray],
+                   refs: list[np.ndarray] | None = None) -> Check:
+    """Compare ``run(init_value)`` with the reference (``refs``, when the caller keeps it across variants);
+    a second run tells unwritten from NaN."""
+    refs = reference(problem, logical) if refs is None else refs
     outputs = run(float("nan"))
     check = compare(problem, outputs, refs)
     if check.reason == "nan":
@@ -147,12 +150,16 @@ def verify_outputs(problem: Problem, run: Any, logical: dict[str, np.ndarray]) -
 
 
 def verify_kernel(backend: Any, kernel: KernelSource, geometry: Geometry, problem: Problem, seed: int = 0,
-                  threadgroups: list[tuple[int, int, int]] | None = None, **options: Any) -> tuple[Check, list[Any]]:
-    """Run ``kernel`` on ``backend`` with fresh inputs and check it; returns (check, diagnostics).
+                  threadgroups: list[tuple[int, int, int]] | None = None,
+                  data: tuple[dict[str, np.ndarray], list[np.ndarray] | None] | None = None,
+                  **options: Any) -> tuple[Check, list[Any]]:
+    """Run ``kernel`` on ``backend`` and check it; returns (check, diagnostics). Inputs are made from
+    ``seed``, or ``data`` = (logical inputs, float64 reference) kept by the caller across variants of one
+    problem (outputs are pre-filled with NaN on every run either way).
 
     With ``threadgroups`` (the interpreter only) just those threadgroups run, and what they wrote is
     checked against the reference (see :func:`verify_sampled`)."""
-    logical = make_inputs(problem, seed)
+    logical, refs = data if data is not None else (make_inputs(problem, seed), None)
     inputs = kernel_inputs(problem, logical, geometry)
     diagnostics: list[Any] = []
     extra = {"threadgroups": threadgroups} if threadgroups else {}
@@ -164,7 +171,7 @@ def verify_kernel(backend: Any, kernel: KernelSource, geometry: Geometry, proble
 
     if threadgroups:
         return verify_sampled(problem, geometry, run, logical, threadgroups), diagnostics
-    return verify_outputs(problem, run, logical), diagnostics
+    return verify_outputs(problem, run, logical, refs), diagnostics
 
 
 def threadgroup_counts(geometry: Geometry) -> tuple[int, int, int]:

@@ -15,17 +15,34 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ._console import err, out
 from ._errors import KernsearchError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Find, prove and ship the fastest variant of a GPU kernel for the chip it runs on.")
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
 
 FAMILY_HELP = "family name (see `kernsearch families`) or path to a family folder"
 ShapeOpt = typer.Option(None, "--shape", help="problem shape, e.g. 4096,4096,4096 (default: the family's)")
 DtypeOpt = typer.Option(None, "--dtype", help="float32, float16 or bfloat16 (default: the family's)")
 ChipOpt = typer.Option(None, "--chip", help="chip name, e.g. 'M2 Max' or H100 (default: detected)")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            out.print(f"kernsearch {version('kernsearch')}", highlight=False)
+        except PackageNotFoundError:
+            out.print("kernsearch (not installed: run from a source tree)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(show_version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
+                                            help="print the version and exit")) -> None:
+    """Find, prove and ship the fastest variant of a GPU kernel for the chip it runs on."""
 
 
 def _warn_line(message: warnings.WarningMessage | str) -> None:
@@ -356,7 +373,9 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
            sanitize: bool = typer.Option(False, "--sanitize", help="cpu: detect device-buffer out-of-bounds "
                                          "accesses (AddressSanitizer)"),
            seed: int = typer.Option(0, "--seed", help="seed of the random inputs"),
-           timeout: float = typer.Option(30.0, "--timeout", help="cpu: seconds before a hanging kernel is stopped")
+           timeout: float = typer.Option(30.0, "--timeout", help="cpu: seconds before a hanging kernel is stopped"),
+           full: bool = typer.Option(False, "--full", help="cpu: run every threadgroup of a big problem (default: "
+                                     "8 threadgroups: the corners and edge middles, when there are more than 64)")
            ) -> None:
     """Run one variant against the float64 NumPy reference: pass/fail, error, diagnostics (exit 1 on fail)."""
     from ._chips import default_apple_chip
@@ -392,15 +411,29 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
     if backend == "cpu":
         from .interp import template_lines
 
+        from ._verify import sample_threadgroups, threadgroup_counts
+
         options = {"mode": mode, "timeout": timeout, "chip": c, "lines": template_lines(fam, cfg, problem.dtype, target)}
+        counts = threadgroup_counts(geo)
+        groups = counts[0] * counts[1] * counts[2]
+        if groups > 64 and not full:  # the interpreter runs a 4096³ GEMM for minutes: check a sample of it
+            options["threadgroups"] = sample_threadgroups(geo, 8, seed)
+            sampled = f"{len(options['threadgroups'])} of {groups} threadgroups (corners, edge middles; --full: all)"
     elif check or sanitize:
         raise KernsearchError("--check and --sanitize need --backend cpu")
     how = f"{be.name} back-end ({be.evidence.value}" + (f", {mode} mode)" if backend == "cpu" else ")")
+    if "threadgroups" in options:
+        how += f", {sampled}"
     out.print(f"[bold]{fam.name}[/] {problem.shape_text} {problem.dtype} for {c.name} · "
               f"{format_config(cfg)} · {how}", soft_wrap=True)
     try:
         result, diagnostics = verify_kernel(be, kernel, geo, problem, seed, **options)
     except VariantFailure as exc:
+        if exc.reason == "timeout" and backend == "cpu":  # slow interpretation is no verdict on the kernel
+            out.print(f"[yellow]NO VERDICT (timeout)[/]: the interpreter did not finish in {timeout:g} s at "
+                      f"{problem.shape_text}; this says nothing about the kernel (a hang and a big problem look "
+                      "alike here): try a smaller --shape or a longer --timeout", soft_wrap=True)
+            raise typer.Exit(1) from None
         out.print(f"[red]FAIL ({exc.reason})[/]: {escape(exc.detail)}", soft_wrap=True)
         raise typer.Exit(1) from None
     rtol, atol = tolerance(problem)
@@ -465,14 +498,31 @@ def _top_table(rows, evidence: str, winner: int | None, final: dict | None = Non
     checks = (final or {}).get("checks") or {}
 
     label = {"modeled": "time (predicted)", "measured": "time"}.get(evidence, "time")
+    if _wide().width < 120:  # a narrow terminal: one block per config, the config wrapped between knobs
+        from rich.console import Group
+        from rich.padding import Padding
+        from rich.text import Text
+
+        blocks: list = [Text(title, style="italic")]
+        for i, t in enumerate(rows, 1):
+            check = checks.get(str(t.number)) or {}
+            err = check.get("max_abs_err", t.max_abs_err)
+            blocks.append(Text(f"{i}{' *' if t.number == winner else ''}  trial {t.number}  {label} {t.time_ms:.4g} ms"
+                               f"  spread {f'{t.spread:.1%}' if t.spread else '-'}  {_fmt(t.gflops, '.0f')} GFLOP/s"
+                               f"  max err {_fmt(err, '.2g')}  {t.evidence}  verified: "
+                               f"{_verified(t, checks.get(str(t.number)))}"))
+            blocks.append(Padding(Text(format_config(t.config).replace(",", ", ")), (0, 0, 0, 4)))
+        return Group(*blocks)
     table = Table("#", "trial", "config", f"{label} ms", "spread", "GFLOP/s", "% peak", "max err",
                   "evidence", "verified", title=title, title_justify="left", box=None)
-    table.columns[2].overflow = "fold"
+    for i, column in enumerate(table.columns):  # only the config wraps, and only between knobs
+        column.no_wrap = i != 2
+    table.columns[2].ratio = 1
     for i, t in enumerate(rows, 1):
         mark = " *" if t.number == winner else ""
         check = checks.get(str(t.number)) or {}
         err = check.get("max_abs_err", t.max_abs_err)
-        table.add_row(f"{i}{mark}", str(t.number), format_config(t.config), f"{t.time_ms:.4g}",
+        table.add_row(f"{i}{mark}", str(t.number), format_config(t.config).replace(",", ", "), f"{t.time_ms:.4g}",
                       f"{t.spread:.1%}" if t.spread else "-", _fmt(t.gflops, ".0f"), _fmt(t.peak_pct, ".1f"),
                       _fmt(err, ".2g"), t.evidence, _verified(t, checks.get(str(t.number))))
     return table
@@ -533,7 +583,9 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
                                       "(its regression gate decides)"),
          margin: float = typer.Option(0.03, "--margin", min=0.0, max=10.0, help="a measured winner beats the MLX op "
                                       "only if its speedup's lower bound exceeds 1 + margin"),
-         as_json: bool = typer.Option(False, "--json", help="print a machine-readable result on stdout")) -> None:
+         as_json: bool = typer.Option(False, "--json", help="print a machine-readable result on stdout"),
+         report: bool = typer.Option(False, "--report", help="write the study's HTML report at the end and "
+                                     "print its path (see `kernsearch report`)")) -> None:
     """Search for the fastest correct variant of a family on a problem and chip."""
     import json
 
@@ -607,6 +659,11 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
         if outcome is not None:
             state = f"published as {outcome.version}" if outcome.published else "not published"
             out.print(f"artifact {outcome.key}: {state} ({outcome.reason})", soft_wrap=True)
+    if report:
+        from ._report import write_report
+
+        path = write_report(result.study_name, storage)
+        err.print(f"report: {path}", soft_wrap=True, markup=False)
     if "Ctrl-C" in result.stop_reason:
         raise typer.Exit(130)
     if result.best is None or result.final.get("winner", result.best.number) is None:
@@ -614,22 +671,10 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
 
 
 def _verdict(result, key: dict, op: str, margin: float) -> tuple[bool | None, str]:  # noqa: ANN001
-    """The tune's last word: does a correct variant beat the baseline op beyond the noise (and the margin)?"""
-    from .export_runtime._runtime import beats_op, speedup_text
+    from ._tune import verdict
 
-    where = f"on {key['chip']} at {key['shape']} {key['dtype']}"
-    final = result.final
-    if result.best is None:
-        return False, f"no correct variant {where}; keep the MLX op"
-    if result.evidence == "modeled":
-        return None, (f"modeled result: {op} is not modeled, so nothing says this variant beats it; measure it on "
-                      f"{key['chip']} before it ships (a modeled artifact is dispatched only on the consumer's opt-in)")
-    if final.get("speedup_low") is None:
-        return None, f"{op} was not timed in this run: no verdict on the baseline {where}"
-    text = speedup_text(final.get("speedup"), final.get("speedup_low"), final.get("speedup_high"))
-    if beats_op(final["speedup_low"], margin):
-        return True, f"the winner beats {op} {where}: {text} (lower bound above {1 + margin:.2f}x)"
-    return False, f"no variant beats {op} {where} (best: {text}); keep the MLX op"
+    v = verdict(result, key, op, margin)
+    return v.beats, v.text
 
 
 def asdict_or_none(obj):  # noqa: ANN001, ANN201
@@ -645,6 +690,28 @@ def _run_with_progress(objective, trials, time_budget, patience, sampler, seed, 
     from ._space import format_config
     from ._study import run_study
 
+    if not err.is_terminal and not quiet:  # a log, not a screen: whole lines, never cut at 80 columns
+        import time
+
+        state = {"best": None, "shown": 0.0}
+
+        def log(p) -> None:  # noqa: ANN001
+            now = time.monotonic()
+            better = p.best is not None and (state["best"] is None or p.best.time_ms < state["best"])
+            if not better and now - state["shown"] < 10 and p.done != trials:
+                return
+            state["shown"] = now
+            if p.best is not None:
+                state["best"] = p.best.time_ms
+            best = f"best {p.best.time_ms:.4g} ms {format_config(p.best.config)}" if p.best else "no correct variant yet"
+            fails = ", ".join(f"{k} {v}" for k, v in p.failures.most_common()) or "none"
+            left = f", ~{p.remaining_s:.0f} s left" if p.remaining_s is not None else ""
+            versus = f" ({p.speedup:.2f}x the baseline)" if p.speedup else ""
+            err.print(f"trial {p.done}/{trials if trials is not None else '-'} ({p.elapsed_s:.0f} s{left}): "
+                      f"{best}{versus} · failed: {fails}", soft_wrap=True, markup=False)
+
+        return run_study(objective, trials=trials, time_budget=time_budget, patience=patience, sampler=sampler,
+                         seed=seed, storage=storage, study_name=study, finalists=finalists, progress=log)
     columns = [TextColumn("trial {task.completed:.0f}/{task.fields[of]}"), BarColumn(bar_width=20),
                TimeElapsedColumn(), TextColumn("left {task.fields[left]}"), TextColumn("{task.fields[status]}")]
     with Progress(*columns, console=err, transient=False, disable=quiet) as bar:
@@ -682,7 +749,7 @@ def _print_result(result) -> None:  # noqa: ANN001
 
 @app.command()
 def studies(storage: Optional[str] = StorageOpt) -> None:
-    """List the stored studies: name, trials, best time and its evidence kind."""
+    """List the stored studies: name, configs evaluated (as `tune` counts), best time and its evidence kind."""
     import optuna
 
     from ._storage import check_storage
@@ -692,12 +759,15 @@ def studies(storage: Optional[str] = StorageOpt) -> None:
     if not summaries:
         out.print("no studies stored yet (run `kernsearch tune FAMILY`)")
         return
-    table = Table("study", "trials", "best ms", "evidence", "started", box=None)
+    store = check_storage(storage)
+    table = Table("study", "configs", "best ms", "evidence", "started", box=None)
     table.columns[0].no_wrap = True
     for s in sorted(summaries, key=lambda s: s.study_name):
         best = s.best_trial.value if s.best_trial is not None else None
         started = s.datetime_start.strftime("%Y-%m-%d %H:%M") if s.datetime_start else "-"
-        table.add_row(s.study_name, str(s.n_trials), _fmt(best, ".4g"),
+        trials = optuna.load_study(study_name=s.study_name, storage=store).get_trials(deepcopy=False)
+        evaluated = sum(t.user_attrs.get("status") in ("ok", "failed") for t in trials)  # as `tune` counts
+        table.add_row(s.study_name, str(evaluated), _fmt(best, ".4g"),
                       _evidence_label(str(s.user_attrs.get("evidence", "?")), s.user_attrs.get("backend")),
                       started)
     _wide().print(table)
@@ -741,12 +811,66 @@ def show(study: str = typer.Argument(..., help="study name (see `kernsearch stud
     out.print(f"[bold]{study}[/]: {attrs.get('family')} {attrs.get('shape')} {attrs.get('dtype')} on "
               f"{attrs.get('chip')} ({attrs.get('backend')} back-end, "
               f"{_evidence_label(evidence, attrs.get('backend'))})", soft_wrap=True)
-    out.print("trials: " + ", ".join(f"{k} {v}" for k, v in status.most_common()) +
-              (" · failed by reason: " + ", ".join(f"{k} {v}" for k, v in reasons.most_common()) if reasons else ""))
+    out.print(_trial_counts(status, reasons), soft_wrap=True)
     if rows:
         _wide().print(_top_table(rows, evidence, final.get("winner"), final))
     for line in _final_lines(final, evidence):
         out.print(line, soft_wrap=True)
+
+
+def _trial_counts(status, reasons) -> str:  # noqa: ANN001
+    """Counted as `tune` counts: configs evaluated (ok + failed); proposals that ran nothing said apart."""
+    ok, failed = status.get("ok", 0), status.get("failed", 0)
+    text = f"configs evaluated: {ok + failed} ({ok} ok, {failed} failed"
+    text += (": " + ", ".join(f"{k} {v}" for k, v in reasons.most_common()) + ")") if reasons else ")"
+    notrun = []
+    if status.get("known"):
+        notrun.append(f"{status['known']} repeats of evaluated configs (answered from the study, not run again)")
+    if status.get("invalid"):
+        notrun.append(f"{status['invalid']} invalid (rejected by a constraint before compiling)")
+    others = [f"{k} {v}" for k, v in status.most_common() if k not in ("ok", "failed", "known", "invalid")]
+    if notrun:
+        text += " · proposals not run: " + ", ".join(notrun)
+    if others:
+        text += " · other trials: " + ", ".join(others)
+    return text
+
+
+@app.command("report")
+def report_cmd(study: str = typer.Argument(..., help="study name (see `kernsearch studies`)"),
+               storage: Optional[str] = StorageOpt,
+               out_file: Optional[str] = typer.Option(None, "--out", "-o", help="HTML file to write (default: "
+                                                      "reports/<study>.html under $KERNSEARCH_HOME or ~/.kernsearch)")
+               ) -> None:
+    """Write one study as a self-contained HTML page with plots (opens offline) and print its path."""
+    from ._report import write_report
+
+    path = write_report(study, storage, out_file)
+    out.print(str(path), soft_wrap=True, markup=False)
+
+
+@app.command()
+def dashboard(storage: Optional[str] = StorageOpt,
+              host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
+              port: int = typer.Option(8080, "--port", help="port to listen on")) -> None:
+    """Browse the stored studies in optuna-dashboard (history, importances, trials' attributes); Ctrl-C stops."""
+    from ._storage import default_storage, make_storage
+
+    if not 0 < port < 65536:
+        raise KernsearchError(f"--port must be 1-65535, not {port}")
+    try:
+        from optuna_dashboard import run_server
+    except ImportError:
+        raise KernsearchError("optuna-dashboard is not installed: pip install optuna-dashboard") from None
+    store = make_storage(storage)
+    err.print(f"optuna-dashboard on {storage or default_storage()}: open http://{host}:{port}/ (Ctrl-C stops)",
+              soft_wrap=True, markup=False)
+    try:
+        run_server(store, host=host, port=port)
+    except OSError as exc:
+        raise KernsearchError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    except KeyboardInterrupt:
+        pass
 
 
 @app.command()
@@ -794,7 +918,7 @@ def main(args: list[str] | None = None) -> None:
         import click
 
     try:
-        rc = app(args=args, standalone_mode=False)
+        rc = app(args=args, prog_name="kernsearch", standalone_mode=False)
     except getattr(click.exceptions, "NoArgsIsHelpError", ()) as exc:
         out.print(exc.ctx.get_help() if exc.ctx else "", soft_wrap=True, markup=False, highlight=False)
         sys.exit(0)

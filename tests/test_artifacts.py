@@ -164,9 +164,9 @@ def test_a_kernel_that_is_not_what_the_template_renders_is_refused(tmp_path: Pat
 
 def test_gate_is_a_pure_decision() -> None:
     store_free = candidate(median=1.0)
-    from kernsearch._artifacts import _draft_manifest
+    from kernsearch._candidate import draft_manifest
 
-    draft = _draft_manifest(store_free)
+    draft = draft_manifest(store_free)
     assert gate(draft, None, None) == (True, "first version for this key (modeled)")
 
 

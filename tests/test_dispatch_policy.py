@@ -146,3 +146,39 @@ def test_tune_verdict_says_plainly_when_nothing_beats_the_op() -> None:
     modeled = SimpleNamespace(best=object(), evidence="modeled", final={})
     beats, text = _verdict(modeled, key, "mx.matmul", 0.03)
     assert beats is None and "mx.matmul is not modeled" in text and "before it ships" in text
+
+
+def test_same_generation_and_die_skips_a_kernel_that_lost_on_its_own_chip(tmp_path: Path) -> None:
+    d = package(tmp_path, candidate("H100", (128, 128, 128), "float16", target="cuda", speedup=0.62))
+    decision = d.explain("gemm", *arrays(128, 128, 128, mx.float16), chip=H200)
+    assert decision.level == "mlx op" and decision.entry is None
+    assert ("same generation and die: gemm/H100/float16/128x128x128/v1 skipped: 0.62x (range 0.61-0.63) of "
+            "mx.matmul (measured)") in str(decision)
+    narrow = package(tmp_path / "n", candidate("H100", (128, 128, 128), "float16", target="cuda", speedup=1.03))
+    assert narrow.explain("gemm", *arrays(128, 128, 128, mx.float16), chip=H200).level == "mlx op"  # low 1.02
+
+
+def test_nearest_shape_stays_within_twice_the_tuned_shape_per_dimension(tmp_path: Path) -> None:
+    d = package(tmp_path, candidate("M2 Max", (64, 64, 64), config={"BM": 64}))  # not the default config
+    for m, n, k in [(32, 128, 64), (128, 32, 33), (64, 64, 64)]:
+        assert d.explain("gemm", *arrays(m, n, k), chip=M2MAX).artifact == "gemm/M2-Max/float32/64x64x64/v1"
+    for m, n, k in [(129, 64, 64), (64, 31, 64), (64, 64, 4096)]:
+        decision = d.explain("gemm", *arrays(m, n, k), chip=M2MAX)
+        assert decision.level == "mlx op" and decision.entry is None
+        assert (f"exact chip: gemm/M2-Max/float32/64x64x64/v1 skipped: tuned for 64x64x64, more than 2x from "
+                f"{m}x{n}x{k} in some dimension") in str(decision)
+
+
+def test_the_exported_functions_take_the_modeled_opt_in_as_a_call_argument(tmp_path: Path) -> None:
+    import inspect
+
+    store = ArtifactStore(tmp_path / "store")
+    store.publish(candidate("M2 Max", (64, 64, 64), evidence="modeled"))
+    result = export(["gemm"], tmp_path / "dist", store, package="ks_modeled", version="1.0")
+    pkg = import_package(result.source_dir, "ks_modeled")
+    assert "modeled" in inspect.signature(pkg.gemm).parameters
+    assert pkg.gemm.explain(*arrays(64, 64, 64), chip=M2MAX).level == "mlx op"
+    assert pkg.gemm.explain(*arrays(64, 64, 64), chip=M2MAX, modeled=True).level == "exact chip"
+    assert pkg.explain("gemm", *arrays(64, 64, 64), chip=M2MAX, modeled=True).level == "exact chip"
+    a, b = mx.ones((8, 4)), mx.ones((4, 6))
+    assert mx.array_equal(pkg.gemm(a, b, modeled=True), mx.matmul(a, b)).item()  # no GPU here: the op runs

@@ -221,6 +221,35 @@ def test_a_kernel_is_built_once_and_launched_with_the_runtime_geometry(exported)
     assert len(built) == 1 and len(launches) == 3
 
 
+def test_a_call_is_planned_once_per_key_and_the_off_switch_still_acts_per_call(exported, monkeypatch) -> None:
+    """The package must not slow the op down: a repeated call skips deciding and launching arithmetic."""
+    result, _, _ = exported
+    dispatcher = _runtime.Dispatcher(result.source_dir / "ks_test_kernels")
+    launches, decided = [], []
+    dispatcher.kernel_factory = lambda source, shm: (
+        lambda **kw: launches.append(kw["grid"]) or [mx.matmul(kw["inputs"][0], mx.transpose(kw["inputs"][1]))])
+    real_decide = dispatcher.decide
+    dispatcher.decide = lambda *a, **kw: decided.append(a[1]) or real_decide(*a, **kw)  # type: ignore[method-assign]
+    rng = np.random.default_rng(1)
+    a, b = rng.uniform(-1, 1, (64, 80)).astype(np.float32), rng.uniform(-1, 1, (80, 48)).astype(np.float32)
+    for _ in range(3):
+        c = dispatcher.call("gemm", mx.array(a), mx.array(b), chip="M2 Max")
+        np.testing.assert_allclose(np.array(c), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    assert len(decided) == 1 and len(launches) == 3  # decided once, launched every time
+    np.testing.assert_allclose(np.array(dispatcher.call("gemm", a, b, chip="M2 Max")), a @ b, rtol=1e-4, atol=1e-4)
+    assert len(decided) == 2 and len(launches) == 4  # NumPy inputs: another key, converted, same kernel
+    monkeypatch.setenv("KERNSEARCH_KERNELS", "off")
+    c = dispatcher.call("gemm", mx.array(a), mx.array(b), chip="M2 Max")
+    assert len(launches) == 4  # switched off between two calls: the plain MLX op runs at once
+    np.testing.assert_allclose(np.array(c), a @ b, rtol=1e-4, atol=1e-4)
+    monkeypatch.delenv("KERNSEARCH_KERNELS")
+    dispatcher.call("gemm", mx.array(a), mx.array(b), chip="M2 Max")
+    assert len(launches) == 5
+    c = dispatcher.call("gemm", mx.array(a[:, :8]), mx.array(b[:8]), chip="H100")  # nothing for H100: the op
+    np.testing.assert_allclose(np.array(c), a[:, :8] @ b[:8], rtol=1e-4, atol=1e-4)
+    assert len(launches) == 5
+
+
 @pytest.mark.skipif(not HAS_CUDA_TEMPLATE, reason="gemm has no CUDA template in this checkout")
 def test_cuda_kernels_get_the_launch_shared_memory(exported) -> None:
     result, _, _ = exported
@@ -279,8 +308,8 @@ CONSUMER = textwrap.dedent("""
     import numpy as np, mlx.core as mx
     import {name} as pkg
     rng = np.random.default_rng(1)
-    a = rng.uniform(-1, 1, (33, 17)).astype(np.float32)
-    b = rng.uniform(-1, 1, (17, 20)).astype(np.float32)
+    a = rng.uniform(-1, 1, (40, 36)).astype(np.float32)  # ragged, within 2x of the tuned 64x64x64
+    b = rng.uniform(-1, 1, (36, 48)).astype(np.float32)
     c = pkg.gemm(mx.array(a), mx.array(b))
     print(json.dumps({{
         "err": float(np.abs(np.array(c) - a.astype(np.float64) @ b).max()),
@@ -307,7 +336,7 @@ def test_publish_list_show_export_install_import_call(tmp_path: Path) -> None:
     listed = runner.invoke(app, ["artifacts", "list", "--store", str(store_dir)])
     assert listed.exit_code == 0 and "gemm/M2-Max/float32/64x64x64  v1" in listed.output and "current" in listed.output
     shown = runner.invoke(app, ["artifacts", "show", "gemm/M2-Max/float32/64x64x64", "--store", str(store_dir)])
-    assert shown.exit_code == 0 and "modeled" in shown.output and "BM=64" in shown.output
+    assert shown.exit_code == 0 and "measured" in shown.output and "BM=64" in shown.output
     assert "first version for this key" in shown.output
     verified = runner.invoke(app, ["artifacts", "verify", "--store", str(store_dir)])
     assert verified.exit_code == 0 and "1 version(s) verified" in verified.output
@@ -336,7 +365,7 @@ def test_publish_list_show_export_install_import_call(tmp_path: Path) -> None:
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     report = json.loads(res.stdout)
-    assert report["file"].startswith(str(venv)) and report["shape"] == [33, 20]
+    assert report["file"].startswith(str(venv)) and report["shape"] == [40, 48]
     assert report["err"] < 1e-4 and report["level"] == "mlx op"
     assert "exact chip -> gemm/M2-Max/float32/64x64x64/v1" in report["m2max"]
     assert not report["kernsearch_importable"] and report["heavy_modules"] == []
@@ -356,14 +385,25 @@ def test_exported_kernel_runs_on_this_gpu(tmp_path: Path) -> None:
     fam = load_family("gemm")
     if _gpu() not in fam.templates:
         pytest.skip(f"gemm has no {_gpu()} template in this checkout")
-    result = export(["gemm"], tmp_path / "dist", ArtifactStore(tmp_path / "store"), package="ks_gpu_kernels",
-                    version="1.0.0")
+    from kernsearch._chips import detect_chip
+
+    here = detect_chip()
+    store = ArtifactStore(tmp_path / "store")
+    space = Space(make_problem(fam, (300, 200, 260), "float16", here), here)
+    corr = Correctness(verifier="interpreter", passed=True, shapes_checked=["300x200x260"], max_abs_error=1e-3,
+                       checks_run=1)
+    assert store.publish(Candidate.for_config(space, dict(fam.default), target=_gpu(), correctness=corr,
+                                              evidence="modeled", measurements=Measurements(median_ms=1.0, spread=0.0),
+                                              study="gpu-test")).published
+    result = export(["gemm"], tmp_path / "dist", store, package="ks_gpu_kernels", version="1.0.0")
     pkg = import_package(result.source_dir, "ks_gpu_kernels")
     rng = np.random.default_rng(3)
     a, b = rng.uniform(-1, 1, (300, 260)), rng.uniform(-1, 1, (260, 200))
     ma, mb = mx.array(a.astype(np.float16)), mx.array(b.astype(np.float16))
-    decision = pkg.gemm.explain(ma, mb)
-    assert decision.level == "family default", str(decision)
-    c = np.array(pkg.gemm(ma, mb).astype(mx.float32), dtype=np.float64)
+    assert pkg.gemm.explain(ma, mb).level == "mlx op"  # a modeled artifact runs only on the consumer's opt-in
+    decision = pkg._dispatcher.explain("gemm", ma, mb, modeled=True)
+    assert decision.level == "exact chip", str(decision)
+    # the package's own launch path (mx.fast.metal_kernel / cuda_kernel) on this GPU
+    c = np.array(pkg._dispatcher.call("gemm", ma, mb, modeled=True).astype(mx.float32), dtype=np.float64)
     ref = a.astype(np.float16).astype(np.float64) @ b.astype(np.float16).astype(np.float64)
     np.testing.assert_allclose(c, ref, rtol=2e-3, atol=2e-3 * np.sqrt(260))

@@ -195,6 +195,11 @@ def test_cli_bad_job_file_exit_2_one_line_and_no_prefect_import(tmp_path: Path) 
         assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
         assert "Traceback" not in proc.stderr
     good = write(tmp_path / "good.toml", GOOD_JOBS)
+    # no job for this chip: said at once, before any Prefect server starts (it used to start one for 34 s)
+    proc = subprocess.run(KERNSEARCH + ["flows", "run", str(good), "--chip", "M2 Ultra"], capture_output=True,
+                          text=True, env={**env, "PREFECT_API_URL": ""}, timeout=60)
+    assert proc.returncode == 2 and "no job is for M2 Ultra" in proc.stderr and proc.stderr.count("\n") == 1
+    assert "Starting temporary server" not in proc.stdout + proc.stderr
     proc = subprocess.run(KERNSEARCH + ["flows", "serve", str(good), "--chip", "M2 Max", "--cron", "61 2 * * *"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2 and "bad schedule" in proc.stderr and proc.stderr.count("\n") == 1
@@ -349,7 +354,7 @@ def farm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _artifact_table(key: str) -> list[dict]:
+def _artifact_table(key: str, kind: str = "table") -> list[dict]:
     """The latest table artifact of ``key``, read back from the server.
 
     (Raw filter request: Prefect 3.8's ``read_artifacts`` sends ``null`` filters that its own server
@@ -359,18 +364,18 @@ def _artifact_table(key: str) -> list[dict]:
 
     with get_client(sync_client=True) as client:
         response = client.request("POST", "/artifacts/filter", json={
-            "artifacts": {"key": {"any_": [key]}, "type": {"any_": ["table"]}}, "sort": "CREATED_DESC",
+            "artifacts": {"key": {"any_": [key]}, "type": {"any_": [kind]}}, "sort": "CREATED_DESC",
             "limit": 1, "offset": 0})
     response.raise_for_status()
     (art,) = response.json()
     data = art["data"]
-    return json.loads(data) if isinstance(data, str) else data
+    return json.loads(data) if isinstance(data, str) and kind == "table" else data
 
 
 @pytest.mark.slow
 def test_nightly_publishes_then_rejects_and_a_hanging_job_fails_alone(prefect_harness, farm: Path) -> None:
     from kernsearch._artifacts import ArtifactKey, ArtifactStore
-    from kernsearch.flows.nightly import gpu_limit_name, nightly
+    from kernsearch.flows.nightly import gpu_limit_name, nightly, slug
 
     first = nightly(job_file=str(farm / "first.toml"), chip="M2 Max")
     rows = {r["job"]: r for r in first["jobs"]}
@@ -397,6 +402,12 @@ def test_nightly_publishes_then_rejects_and_a_hanging_job_fails_alone(prefect_ha
     assert [t["job"] for t in table] == ["square", "decode", "hang"]
     assert table[0]["outcome"] == "published v1" and table[0]["evidence"] == "modeled"
     assert table[2]["outcome"] == "failed" and "timeout" in table[2]["reason"]
+    # one study report per job: the HTML file, and a markdown artifact that summarises and links it
+    report = Path(rows["square"]["report"])
+    assert report.is_file() and "MODELED (predicted by the performance model" in report.read_text()
+    note = _artifact_table(f"kernsearch-report-{slug(rows['square']['job'] + ':float16:64x64x64')}", "markdown")
+    assert "**MODELED" in note and report.as_uri() in note and "| 1 | `BM=" in note
+    assert rows["hang"].get("report") is None  # its tune failed: no study result to report
 
     # a second night with nothing better: the studies resume, the gate refuses, nothing is exported
     again = nightly(job_file=str(farm / "again.toml"), chip="M2 Max")

@@ -95,7 +95,8 @@ def test_resume_continues_the_same_study(tmp_path):
     assert second.study_name == first.study_name == study_name_for(Toy().study_key)
     assert second.evaluated == 25 and sum(toy.calls.values()) == 15  # only the 15 new ones measured
     again = run_study(Toy(), trials=25, seed=2, storage=storage(tmp_path))
-    assert again.evaluated == 25 and again.stop_reason == "trial budget reached"
+    assert again.evaluated == 25 and again.stop_reason.startswith("trial budget reached: the study already has 25")
+    assert "--trials 75 evaluates 50 more" in again.stop_reason  # how to go on, not just "budget reached"
 
 
 def test_stop_request_keeps_finished_trials(tmp_path):

@@ -99,6 +99,7 @@ class MLXBackend(BaseBackend):
         self.memory_budget_bytes = memory_budget_bytes or self.default_memory_budget_bytes
         self._kernels: dict[tuple[str, int], Any] = {}
         self.compile_seconds: dict[str, float] = {}  # per source hash: wall time of its first launch here
+        self._copies: tuple[Any, list[list[Any]], list[np.ndarray]] | None = None
 
     # -- what differs between Metal and CUDA ----------------------------------------------------------
     @abstractmethod
@@ -149,6 +150,23 @@ class MLXBackend(BaseBackend):
         seconds = self.compile_seconds[source.sha256] = time.perf_counter() - start
         return outs, seconds
 
+    def precompile(self, source: KernelSource, geometry: Geometry, shapes: list[tuple[int, ...]], dtype: str) -> bool:
+        """Compile ``source`` in this process ahead of its timing elsewhere: one threadgroup on zero
+        inputs of the real shapes (a few microseconds of GPU). True when the compiled kernel is kept
+        where another process finds it (MLX's on-disk cache, CUDA only); compile errors raise."""
+        mx = mx_core()
+        try:
+            arrays = [mx.zeros(tuple(s), dtype=getattr(mx, dtype)) for s in shapes]
+            one = replace(geometry, grid=tuple(geometry.threadgroup))
+            mx.eval(self._call(source, one, arrays, None))
+            mx.synchronize()
+        except (RuntimeError, ValueError) as exc:
+            raise self.classify(exc) from None
+        return self.compile_cache_on_disk
+
+    #: Whether a kernel compiled in one process is found compiled by another (MLX's CUDA PTX cache).
+    compile_cache_on_disk = False
+
     def run(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
             init_value: float | None = float("nan"), **options: Any) -> RunResult:
         self.check_available()
@@ -171,10 +189,19 @@ class MLXBackend(BaseBackend):
                  sets: int | None = None) -> tuple[Callable[[int], object], Callable[[], None]]:
         """``(launch, sync)`` for :mod:`kernsearch._measure`, after one (compiling) run."""
         self.check_available()
-        copies = [[to_mx(x, dtype) for x in inputs]
-                  for _ in range(sets or self.input_sets(inputs, dtype, geometry))]
+        copies = self._device_copies(inputs, dtype, sets or self.input_sets(inputs, dtype, geometry))
         self._first(kernel, geometry, copies[0], None)
         return separate_launches(lambda arrays: self._call(kernel, geometry, arrays, None), copies)
+
+    def _device_copies(self, inputs: list[np.ndarray], dtype: str, sets: int) -> list[list[Any]]:
+        """Device copies of ``inputs``, kept while the caller passes the same arrays (one problem's
+        trials in a worker): uploading 4096^3 inputs per variant costs more than timing it."""
+        key = (tuple(id(x) for x in inputs), dtype, sets)
+        kept = self._copies
+        if kept is None or kept[0] != key:
+            copies = [[to_mx(x, dtype) for x in inputs] for _ in range(sets)]
+            self._copies = kept = (key, copies, inputs)  # holding the arrays keeps their ids unique
+        return kept[1]  # type: ignore[no-any-return]
 
     def baseline_launcher(self, family: Any, problem: Any, logical: dict[str, np.ndarray],
                           sets: int | None = None) -> tuple[Callable[[int], object], Callable[[], None]]:

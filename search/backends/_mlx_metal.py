@@ -26,8 +26,9 @@ class MetalBackend(MLXBackend):
 
     def check_available(self) -> None:
         if not mx_core().metal.is_available():
-            raise BackendError("no Metal device: the metal back-end runs on Apple silicon only "
-                               "(use --backend model here, or cpu to check correctness)")
+            raise BackendError("no Metal device: the metal back-end runs on Apple silicon only (here: tune with "
+                               "--backend model, whose winners are verified on the interpreter; check one variant "
+                               "with `kernsearch verify --backend cpu`)")
 
     def _make_kernel(self, source: KernelSource, geometry: Geometry) -> Any:
         return mx_core().fast.metal_kernel(

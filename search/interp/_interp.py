@@ -13,7 +13,7 @@ from ._compile import compile_unit
 from ._lint import lint
 from ._linemap import TemplateLines
 from ._run import RawDiag, run_forked, run_sanitized
-from ._source import cpp_unit, from_storage, mlx_source, signature, to_storage
+from ._source import DTYPES, NUMPY_DTYPES, cpp_unit, from_storage, mlx_source, signature, to_storage
 
 MODES = ("fast", "check", "sanitize")
 #: Threadgroup memory limit when no chip is given: every Apple GPU kernsearch knows has 32 KiB.
@@ -40,28 +40,50 @@ class InterpResult:
     kernel_text: str = ""  # the full kernel as MLX builds it
 
 
-def _input_dtype(a: np.ndarray, dtype: str) -> str:
+def _input_dtype(a: np.ndarray, dtype: str, given: str | None = None) -> str:
+    """The MLX dtype of one input: ``given`` when the caller names it; else a float array takes the
+    kernel's ``dtype`` (the historic rule) and an integer or bool array keeps its own width exactly."""
+    if given is not None:
+        if given not in DTYPES:
+            raise ValueError(f"unknown input dtype {given!r} (known: {', '.join(DTYPES)})")
+        return given
     if np.issubdtype(a.dtype, np.floating):
         return dtype
-    if a.dtype == np.bool_:
-        return "bool"
-    if a.dtype == np.int64:
-        return "int64"
-    if a.dtype == np.uint32:
-        return "uint32"
-    return "int32"
+    name = NUMPY_DTYPES.get(a.dtype)
+    if name is None:
+        raise ValueError(f"inputs of NumPy dtype {a.dtype} have no Metal buffer type")
+    return name
+
+
+def _fill(shape: tuple[int, ...], dtype: str, init_value: float | None) -> np.ndarray:
+    """An output buffer before the kernel runs: ``init_value`` (NaN poison for floats when None / NaN;
+    integers cannot hold NaN and are poisoned with their most negative (unsigned: largest) value)."""
+    np_type = np.dtype(DTYPES[dtype][1])
+    value = np.nan if init_value is None else init_value
+    if dtype != "bfloat16" and np_type.kind in "iub":
+        if not np.isfinite(value):
+            value = np.iinfo(np_type).min if np_type.kind == "i" else (np.iinfo(np_type).max if np_type.kind == "u"
+                                                                         else 1)
+        return np.full(shape, value, dtype=np_type)
+    return np.full(shape, value, dtype=np.float64)
 
 
 def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, int, int],
                output_shapes: list[tuple[int, ...]], output_dtypes: list[str], inputs: list[np.ndarray],
                dtype: str, init_value: float | None = float("nan"), mode: str = "fast", timeout: float = 30.0,
                tg_limit: int = DEFAULT_TG_LIMIT, lines: TemplateLines | None = None,
-               stack_kb: int = 0, threadgroups: list[tuple[int, int, int]] | None = None) -> InterpResult:
+               stack_kb: int = 0, threadgroups: list[tuple[int, int, int]] | None = None,
+               input_dtypes: list[str | None] | None = None, atomic_outputs: bool = False) -> InterpResult:
     """Run ``kernel`` (a :class:`~kernsearch._render.KernelSource`) on ``inputs``; outputs come back
     pre-filled with ``init_value`` where the kernel did not write. A variant that cannot run raises
     :class:`VariantFailure` (``unsupported``, ``compile``, ``crash``, ``timeout``). ``threadgroups``
     (positions in the grid) runs only those threadgroups (fast and check modes): big problems are verified
-    on a sample of their tiles."""
+    on a sample of their tiles.
+
+    ``input_dtypes`` names each input's MLX dtype (``None`` entries: the default rule, where float arrays
+    take ``dtype`` and integer arrays keep their own dtype), so one kernel can read uint32 words beside
+    float16 scales and a float32 input. Integer buffers are passed exactly, never converted.
+    ``atomic_outputs`` is MLX's flag: outputs are ``device atomic<T>*``."""
     if threadgroups is not None and mode == "sanitize":
         raise ValueError("sanitize mode runs the whole grid (no threadgroups selection)")
     if mode not in MODES:
@@ -71,10 +93,17 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
         raise VariantFailure("unsupported", problem)
     if len(inputs) != len(kernel.input_names):
         raise VariantFailure("crash", f"{len(inputs)} inputs given, the kernel takes {len(kernel.input_names)}")
-    in_dtypes = [_input_dtype(np.asarray(a), dtype) for a in inputs]
+    if input_dtypes is not None and len(input_dtypes) != len(inputs):
+        raise ValueError(f"{len(input_dtypes)} input dtypes given for {len(inputs)} inputs")
+    for odt in output_dtypes:
+        if odt not in DTYPES:
+            raise ValueError(f"unknown output dtype {odt!r} (known: {', '.join(DTYPES)})")
+    given = list(input_dtypes) if input_dtypes is not None else [None] * len(inputs)
+    in_dtypes = [_input_dtype(np.asarray(a), dtype, g) for a, g in zip(inputs, given)]
     shapes = [tuple(np.shape(a)) for a in inputs]
+    atomic = atomic_outputs or bool(getattr(kernel, "atomic_outputs", False))
     sig = signature(kernel.name, kernel.input_names, kernel.output_names, kernel.source, in_dtypes, shapes,
-                    list(output_dtypes), tuple(kernel.template))
+                    list(output_dtypes), tuple(kernel.template), atomic_outputs=atomic)
     text = mlx_source(sig, kernel.header, kernel.source)
     try:
         compiled = compile_unit(cpp_unit(sig, kernel.header, kernel.source, check=(mode == "check")), mode)
@@ -100,7 +129,7 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
             args.append(np.asarray([len(shapes[p.index])], dtype=np.int32))
         else:
             shape, odt = output_shapes[p.index], output_dtypes[p.index]
-            fill = np.full(shape, np.nan if init_value is None else init_value, dtype=np.float64)
+            fill = _fill(tuple(shape), odt, init_value)
             out_index.append(len(args))
             args.append(np.ascontiguousarray(to_storage(fill, odt)).reshape(-1))
     for i, a in enumerate(args):  # empty shape / strides arrays still need an address

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from ._source import _TG_ARRAY, _TG_POINTER
+from ._source import _TG_ARRAY, _TG_POINTER, _TG_SCALAR
 
 #: simd / simdgroup functions the shim implements.
 SIMD_FUNCTIONS = frozenset({
@@ -33,7 +33,6 @@ _ALLOWED_HEADERS = frozenset({"metal_stdlib", "metal_math", "metal_simdgroup", "
 #: A tensor view's element type names its address space: `tensor<threadgroup T, ...>`.
 _TENSOR_SPACE = re.compile(r"\btensor\s*<\s*(?:const\s+)?(?:threadgroup|device|constant)\b")
 _REJECT = [
-    (re.compile(r"\batomic(?:_\w+)?\b"), "atomics"),
     (re.compile(r"\b(?:texture[123]d\w*|texture_buffer|depth2d\w*|sampler)\b"), "textures and samplers"),
     (re.compile(r"\bimageblock\w*|threadgroup_imageblock"), "imageblocks"),
     (re.compile(r"\bquad_\w+\b"), "quad-group functions"),
@@ -72,7 +71,7 @@ def lint(header: str, source: str) -> str | None:
         for m in _MATRIX.finditer(code):
             if (m.group(1), m.group(2)) != ("8", "8"):
                 return f"{where(m.start())}: simdgroup_matrix of {m.group(1)}x{m.group(2)} (only 8x8 is supported)"
-        rest = _TENSOR_SPACE.sub("", _TG_POINTER.sub("", _TG_ARRAY.sub("", code)))
+        rest = _TENSOR_SPACE.sub("", _TG_POINTER.sub("", _TG_SCALAR.sub("", _TG_ARRAY.sub("", code))))
         m = re.search(r"\bthreadgroup\b(?!_)", rest)
         if m:
             return (f"{where(m.start())}: this threadgroup declaration is outside the interpreter's MSL subset "

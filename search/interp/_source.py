@@ -69,15 +69,24 @@ DTYPES: dict[str, tuple[str, Any]] = {
     "float32": ("float", np.float32),
     "float16": ("float16_t", np.float16),
     "bfloat16": ("bfloat16_t", np.uint16),  # stored as the upper 16 bits of a float32
+    "int8": ("int8_t", np.int8),
+    "uint8": ("uint8_t", np.uint8),
+    "int16": ("int16_t", np.int16),
+    "uint16": ("uint16_t", np.uint16),
     "int32": ("int32_t", np.int32),
     "uint32": ("uint32_t", np.uint32),
     "int64": ("int64_t", np.int64),
+    "uint64": ("uint64_t", np.uint64),
     "bool": ("bool", np.bool_),
 }
 
+#: NumPy dtype -> MLX dtype name, for inputs that carry their own dtype (exact, never converted).
+NUMPY_DTYPES: dict[Any, str] = {np.dtype(v[1]): k for k, v in DTYPES.items() if k != "bfloat16"}
+
 
 def to_storage(values: np.ndarray, dtype: str) -> np.ndarray:
-    """NumPy values -> the bytes a kernel of ``dtype`` reads (bfloat16: round to nearest even)."""
+    """NumPy values -> the bytes a kernel of ``dtype`` reads (bfloat16: round to nearest even).
+    Integer dtypes are exact: a value the dtype cannot hold is a ``ValueError``, never wrapped or rounded."""
     if dtype == "bfloat16":
         f = np.ascontiguousarray(values, dtype=np.float32)
         bits = f.view(np.uint32).astype(np.uint64)
@@ -85,7 +94,21 @@ def to_storage(values: np.ndarray, dtype: str) -> np.ndarray:
         bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
         bits[nan] = 0x7FC0
         return bits
-    return np.ascontiguousarray(values, dtype=DTYPES[dtype][1])
+    target = np.dtype(DTYPES[dtype][1])
+    values = np.asarray(values)
+    if target.kind in "iu" and values.dtype != target and values.size:
+        if values.dtype.kind == "f" and not np.all(np.isfinite(values) & (values == np.round(values))):
+            raise ValueError(f"non-integer values for a {dtype} buffer")
+        info = np.iinfo(target)
+        lo, hi = values.min(), values.max()
+        if values.dtype.kind in "iu":
+            bad = int(lo) < info.min or int(hi) > info.max
+        else:
+            bad = float(lo) < info.min or float(hi) > info.max
+        if bad:
+            raise ValueError(f"values outside the range of {dtype} [{info.min}, {info.max}]")
+    with np.errstate(over="ignore"):  # a float beyond a narrower float's range is inf, as on the GPU
+        return np.ascontiguousarray(values, dtype=target)
 
 
 def from_storage(data: np.ndarray, dtype: str) -> np.ndarray:
@@ -132,8 +155,9 @@ def _template_value(value: Any) -> str:
 
 def signature(name: str, input_names: tuple[str, ...], output_names: tuple[str, ...], source: str,
               input_dtypes: list[str], input_shapes: list[tuple[int, ...]], output_dtypes: list[str],
-              template: tuple[tuple[str, Any], ...] = ()) -> Signature:
-    """The signature MLX generates for this kernel call (buffer order, attributes, kernel name)."""
+              template: tuple[tuple[str, Any], ...] = (), atomic_outputs: bool = False) -> Signature:
+    """The signature MLX generates for this kernel call (buffer order, attributes, kernel name);
+    ``atomic_outputs`` (MLX's flag of the same name) declares outputs ``device atomic<T>*``."""
     params: list[Param] = []
     name_parts = [f"custom_kernel_{name}"]
     tmpl = tuple((k, _template_value(v), _template_kind(v)) for k, v in template)
@@ -158,7 +182,8 @@ def signature(name: str, input_names: tuple[str, ...], output_names: tuple[str, 
             params.append(Param(f"{inp}_ndim", f"const constant int& {inp}_ndim", "ndim", i, "*(const int*)"))
     for i, (out, dt) in enumerate(zip(output_names, output_dtypes)):
         ctype = DTYPES[dt][0]
-        params.append(Param(out, f"device {ctype}* {out}", "output", i, f"({ctype}*)"))
+        ptype = f"atomic<{ctype}>" if atomic_outputs else ctype
+        params.append(Param(out, f"device {ptype}* {out}", "output", i, f"({ptype}*)"))
         name_parts.append(f"_{ctype}")
     attrs = tuple(a for a in ATTRIBUTES if a in source)
     return Signature("".join(name_parts), tuple(params), attrs, tmpl)
@@ -189,6 +214,7 @@ def _template_kind(value: Any) -> str:
 
 _TYPE = r"(?:const\s+)?[A-Za-z_][\w:]*(?:\s*<[^;<>]*>)?"
 _TG_ARRAY = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*\[([^\]\n]+)\]\s*;")
+_TG_SCALAR = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*;")
 _TG_POINTER = re.compile(rf"\bthreadgroup\s+({_TYPE})\s*\*\s*(\w+)")
 _SWIZZLE = re.compile(r"\.([xyzw]{2,4})\b")
 
@@ -204,11 +230,15 @@ def translate(text: str, check: bool) -> str:
     if check:
         text = _TG_ARRAY.sub(lambda m: f"ks::tgptr<{m[1]}> {m[2]} = ks::tg_alloc_checked<{m[1]}>(({m[3]}), "
                                        f"\"{m[2]}\", __LINE__);", text)
+        text = _TG_SCALAR.sub(lambda m: f"ks::tgref<{m[1]}> {m[2]} = ks::tg_alloc_checked<{m[1]}>(1, \"{m[2]}\", "
+                                        f"__LINE__)[0];", text)
         text = _TG_POINTER.sub(lambda m: f"ks::tgptr<{m[1]}> {m[2]}", text)
     else:
         text = _TG_ARRAY.sub(lambda m: f"{m[1]} (&{m[2]})[{m[3]}] = *reinterpret_cast<{m[1]} (*)[{m[3]}]>("
                                        f"ks::tg_alloc(sizeof({m[1]}) * ({m[3]}), ({m[3]}), sizeof({m[1]}), "
                                        f"\"{m[2]}\", __LINE__));", text)
+        text = _TG_SCALAR.sub(lambda m: f"{m[1]}& {m[2]} = *reinterpret_cast<{m[1]}*>(ks::tg_alloc(sizeof({m[1]}), 1, "
+                                        f"sizeof({m[1]}), \"{m[2]}\", __LINE__));", text)
     return text
 
 
@@ -233,5 +263,5 @@ def cpp_unit(sig: Signature, header: str, source: str, check: bool) -> str:
         + f"  {sig.kernel_name}{targs}({', '.join(call_args)});\n"
         "}\n"
     )
-    return ("#define KS_RUNTIME_IMPL 1\n#include \"ks_shim.h\"\n#line 1 \"kernel.metal\"\n"
+    return ("#define KS_RUNTIME_IMPL 1\n#include \"ks_shim.h\"\nusing namespace metal;\n#line 1 \"kernel.metal\"\n"
             + translate(body, check) + entry)

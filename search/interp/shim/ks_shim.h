@@ -369,6 +369,24 @@ template <class T> struct tgptr {
   tgptr& operator++() { ++off; return *this; }
 };
 
+// An atomic operation on threadgroup memory: bounds and uninitialised reads are checked; atomics never race
+// with each other, but they are recorded as writes, so a plain access by another thread before the next
+// barrier is still a race.
+template <class T> inline T* tg_atomic(const TgAlloc* a, int64_t i, bool write, int line) {
+  static T dummy;
+  if (a == nullptr || i < 0 || i >= a->elems) {
+    report(D_TG_BOUNDS, S_ERROR, line, "threadgroup atomic index %lld outside %s[0:%lld]", (long long)i,
+           a ? a->name : "?", a ? (long long)a->elems : 0LL);
+    return &dummy;
+  }
+  Shadow* s = shadow_for(a, i);
+  if (!write && s->w_epoch == 0)
+    report(D_UNINIT, S_ERROR, line, "atomic load of never-written threadgroup memory %s[%lld] by thread %d", a->name,
+           (long long)i, cur->tid);
+  if (write) { s->writer = cur->tid; s->w_epoch = L->epoch; s->w_sepoch = L->sepoch[cur->sg]; }
+  return reinterpret_cast<T*>(L->arena + a->offset) + i;
+}
+
 template <class T> inline tgptr<T> tg_alloc_checked(int64_t elems, const char* name, int line) {
   void* p = tg_alloc(elems * int64_t(sizeof(T)), elems, int(sizeof(T)), name, line);
   (void)p;
@@ -635,6 +653,8 @@ template <class T> struct numeric_limits {
 }  // namespace metal
 
 using metal::mem_flags;
+
+#include "ks_atomic.h"
 
 // ------------------------------------------------------------------------------------------------
 // The scheduler (one definition per kernel object; the kernel TU defines KS_RUNTIME_IMPL)

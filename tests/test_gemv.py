@@ -1,0 +1,158 @@
+"""The gemv family: every valid config on the interpreter (ragged shapes, all dtypes), the CUDA twin through
+nvcc, the layout knob's transposed input, and the model's coverage."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from kernsearch._chips import get_chip
+from kernsearch._render import geometry, render
+from kernsearch._space import Space, make_problem
+from kernsearch._spec import load_family
+from kernsearch._verify import verify_kernel
+from kernsearch.backends import get_backend
+
+M2 = get_chip("M2 Max")
+H100 = get_chip("H100")
+#: M = 1 (the decode case), a ragged M and N, K not a multiple of any vector (VEC = 1 only), an aligned one.
+SHAPES = ("1,100,72", "5,37,96", "16,64,33", "3,130,256")
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+@pytest.fixture(scope="module")
+def gemv():
+    return load_family("gemv")
+
+
+def _valid(fam, shape: str, chip=M2, dtype: str = "float16") -> list[dict]:  # noqa: ANN001
+    return Space(make_problem(fam, shape, dtype, chip), chip).enumerate().valid
+
+
+def test_space_covers_every_knob_value_and_the_default_is_valid(gemv) -> None:  # noqa: ANN001
+    at_16 = _valid(gemv, "16,4096,4096")
+    for name, knob in gemv.knobs.items():
+        assert {c[name] for c in at_16} == set(knob.values), name
+    assert dict(gemv.default) in _valid(gemv, "1,4096,4096")
+    # M = 1: a row block of one; the layout decides whether W arrives transposed
+    at_1 = _valid(gemv, "1,4096,4096")
+    assert {c["MB"] for c in at_1} == {1} and len(at_1) >= 200
+    space = Space(make_problem(gemv, "1,4096,4096", "float16", M2), M2)
+    assert geometry(space, {**gemv.default, "LAYOUT_W": "nk"}).transposed_inputs == ("W",)
+    assert geometry(space, {**gemv.default, "LAYOUT_W": "kn", "KS": 1}).transposed_inputs == ()
+
+
+def _run_all(fam, plan: list[tuple[dict, str, str]], mode: str) -> tuple[int, list[str]]:  # noqa: ANN001
+    from kernsearch.interp._compile import compile_unit
+    from kernsearch.interp._source import cpp_unit, signature
+
+    kernels = {(str(sorted(c.items())), d): render(fam, c, d) for c, d, _ in plan}
+
+    def compile_one(kernel) -> None:  # noqa: ANN001
+        dt = kernel.template[0][1]
+        sig = signature(kernel.name, kernel.input_names, kernel.output_names, kernel.source, [dt, dt],
+                        [(8, 8), (8, 8)], [dt], kernel.template)
+        compile_unit(cpp_unit(sig, kernel.header, kernel.source, check=mode == "check"), mode)
+
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(compile_one, kernels.values()))
+    cpu = get_backend("cpu", mode=mode)
+    failures, runs = [], 0
+    for cfg, dtype, shape in plan:
+        problem = make_problem(fam, shape, dtype, M2)
+        space = Space(problem, M2)
+        check, diags = verify_kernel(cpu, kernels[(str(sorted(cfg.items())), dtype)], geometry(space, cfg),
+                                     problem, seed=runs)
+        runs += 1
+        if not check.ok or any(d.severity == "error" for d in diags):
+            failures.append(f"{shape} {dtype} {cfg}: {check.summary()} {[d.message for d in diags][:2]}")
+    return runs, failures
+
+
+def test_sample_matches_reference_on_ragged_shapes_in_every_dtype(gemv) -> None:  # noqa: ANN001
+    """Fast lane: a knob-covering sample of configs, each at every shape where it is valid, dtypes rotated."""
+    rng = random.Random(5)
+    plan = []
+    for shape in SHAPES:
+        valid = _valid(gemv, shape)
+        rng.shuffle(valid)
+        chosen = []
+        for name, knob in gemv.knobs.items():  # every knob value valid at this shape appears
+            for value in knob.values:
+                hit = next((c for c in valid if c[name] == value and c not in chosen), None)
+                if hit is not None and not any(c[name] == value for c in chosen):
+                    chosen.append(hit)
+        chosen += [c for c in valid if c not in chosen][: 12 - len(chosen)]
+        plan += [(c, DTYPES[i % 3], shape) for i, c in enumerate(chosen)]
+    runs, failures = _run_all(gemv, plan, "fast")
+    assert runs == len(plan) >= 40 and not failures, failures[:5]
+
+
+@pytest.mark.slow
+def test_every_valid_config_matches_reference_fast_and_check(gemv) -> None:  # noqa: ANN001
+    """Every valid config at M = 5 (ragged N, aligned K) and at K = 33 (VEC = 1), fast mode; every fourth
+    one also in check mode (races, out-of-bounds, barrier divergence)."""
+    plan = [(c, DTYPES[i % 3], "5,37,96") for i, c in enumerate(_valid(gemv, "5,37,96"))]
+    plan += [(c, DTYPES[i % 3], "16,64,33") for i, c in enumerate(_valid(gemv, "16,64,33"))]
+    runs, failures = _run_all(gemv, plan, "fast")
+    assert runs == len(plan) > 600 and not failures, failures[:5]
+    runs, failures = _run_all(gemv, plan[::4], "check")
+    assert not failures, failures[:5]
+
+
+def test_a_wrong_kernel_is_caught(gemv, tmp_path: Path) -> None:  # noqa: ANN001
+    """The sweep can fail: a template that drops the last K split's partial sum is reported wrong."""
+    folder = tmp_path / "gemv"
+    shutil.copytree(gemv.path, folder)
+    tmpl = folder / "gemv.metal.j2"
+    tmpl.write_text(tmpl.read_text().replace("for (int p = 1; p < KS; ++p)", "for (int p = 1; p < KS - 1; ++p)"))
+    bad = load_family(str(folder))
+    cfg = {**bad.default, "KS": 4, "SG": 4, "VEC": 1}  # K = 128: every split has work
+    runs, failures = _run_all(bad, [(cfg, "float32", "2,40,128")], "fast")
+    assert runs == 1 and len(failures) == 1 and "wrong" in failures[0]
+
+
+NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if Path("/usr/local/bin/nvcc").exists() else None)
+_CTYPE = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float"}
+
+
+def cuda_unit(kernels: list) -> str:  # noqa: ANN001
+    """Rendered CUDA bodies wrapped as MLX's cuda_kernel wraps them (inputs, shapes, outputs), one namespace each."""
+    parts = ["#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"]
+    for i, k in enumerate(kernels):
+        ct = _CTYPE[k.template[0][1]]
+        args = ", ".join([f"const T* {n}, const int* {n}_shape" for n in k.input_names] + [f"T* {n}" for n in k.output_names])
+        inst = ", ".join([f"const {ct}*, const int*" for _ in k.input_names] + [f"{ct}*" for _ in k.output_names])
+        parts.append(f"namespace v{i} {{\n{k.header}\ntemplate <typename T> __global__ void kernel({args}) {{\n"
+                     f"{k.source}}}\ntemplate __global__ void kernel<{ct}>({inst});\n}}\n")
+    return "".join(parts)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed (the CUDA twin is compiled offline where it is)")
+def test_cuda_twin_compiles_for_h100(gemv, tmp_path: Path) -> None:  # noqa: ANN001
+    valid = _valid(gemv, "16,4096,4096", H100)
+    assert len(valid) > 600
+    kernels = [render(gemv, c, DTYPES[i % 3], "cuda") for i, c in enumerate(valid)]
+    assert len({k.sha256 for k in kernels}) == len(kernels)
+    unit = tmp_path / "gemv.cu"
+    unit.write_text(cuda_unit(kernels))
+    done = subprocess.run([NVCC, "--ptx", "-arch=sm_90", "-o", str(tmp_path / "gemv.ptx"), str(unit)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[:2000]
+
+
+def test_model_ranks_gemv_by_weight_traffic(gemv) -> None:  # noqa: ANN001
+    """Modeled times exist for every config; re-reading W per row of X (MB=1 at M=16) is predicted slower."""
+    model = get_backend("model", chip="H100")
+    space = Space(make_problem(gemv, "16,4096,4096", "float16", H100), H100)
+    base = {**gemv.default, "MB": 16, "R": 1, "VEC": 4, "SG": 4}
+    t_once = model.predict_ms(space, base)
+    t_16x = model.predict_ms(space, {**base, "MB": 1})
+    assert 0 < t_once < t_16x
+    for cfg in space.enumerate().valid[::25]:
+        assert model.predict_ms(space, cfg) > 0

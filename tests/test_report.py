@@ -1,0 +1,128 @@
+"""Issue 17: `kernsearch report` — the study as one self-contained HTML page, checked in a real browser.
+
+The browser test loads the page in headless Chromium (Debian's package, driven by Playwright), checks that every
+plot rendered (a non-empty SVG), that nothing was fetched from the network and that the console stayed clean,
+and saves a screenshot under $KERNSEARCH_TEST_ARTIFACTS (default: test-artifacts/) for people to look at.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+KERNSEARCH = [sys.executable, "-m", "kernsearch"]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(KERNSEARCH + list(args), capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A small modeled GEMM study, tuned with --report (the interpreter verifies the finalists)."""
+    home = tmp_path_factory.mktemp("report-home")
+    env = {"KERNSEARCH_HOME": str(home)}
+    r = _run("tune", "gemm", "--shape", "128,128,128", "--trials", "30", "--report", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    path = re.search(r"^report: (.+\.html)$", r.stderr, re.M)
+    assert path, r.stderr[-2000:]
+    return {"home": str(home), "report": path.group(1), "study": "gemm/M2 Max/float16/128x128x128/model"}
+
+
+def test_tune_report_writes_a_self_contained_page(tuned: dict[str, str]) -> None:
+    page = Path(tuned["report"]).read_text()
+    assert Path(tuned["report"]).parent == Path(tuned["home"]) / "reports"
+    head, body = page.split("</script></head>", 1)
+    assert "<script type='text/javascript'>/**" in head and "plotly.js" in head[:3000]  # Plotly inlined
+    assert "<script src=" not in body and "https://" not in body  # nothing to fetch: opens offline
+    assert page.count("MODELED (predicted by the performance model, not measured)") >= 4  # on every figure
+    assert "MEASURED on a real GPU" not in page
+    for section in ("Convergence", "Parameter importances", "Top configs", "Knob BM"):
+        assert section in page
+    assert "not available (modeled times" in page  # no made-up speedup for a modeled study
+
+
+def test_report_command_out_and_errors(tuned: dict[str, str], tmp_path: Path) -> None:
+    env = {"KERNSEARCH_HOME": tuned["home"]}
+    r = _run("report", tuned["study"], "--out", str(tmp_path / "r.html"), env=env)
+    assert r.returncode == 0 and r.stdout.strip() == str(tmp_path / "r.html"), r.stderr
+    assert (tmp_path / "r.html").stat().st_size > 1_000_000
+    missing = _run("report", "nope/nope", env=env)
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no study 'nope/nope'" in missing.stderr
+    folder = _run("report", tuned["study"], "--out", str(tmp_path), env=env)
+    assert folder.returncode == 2 and "is a folder" in folder.stderr and folder.stderr.count("\n") == 1
+
+
+def test_report_escapes_hostile_names(tmp_path: Path) -> None:
+    import optuna
+
+    from kernsearch._history import load_history
+    from kernsearch._report import render_report
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    evil = "<script>alert(1)</script>"
+    s = optuna.create_study(study_name=evil, storage=url)
+    s.set_user_attr("family", evil)
+    s.set_user_attr("evidence", "measured")
+    for i in range(5):
+        t = s.ask({"BM": optuna.distributions.CategoricalDistribution([evil, "b"])})
+        t.set_user_attr("config", {"BM": t.params["BM"]})
+        t.set_user_attr("status", "ok" if i % 2 else "failed")
+        t.set_user_attr("failure", {"reason": evil})
+        s.tell(t, 1.0 + i if i % 2 else None, state=None if i % 2 else optuna.trial.TrialState.FAIL)
+    page = render_report(load_history(evil, url))
+    body = page.split("</script></head>", 1)[1]  # after the inlined Plotly library
+    assert "<script>alert" not in body
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.mark.slow
+def test_report_renders_in_a_real_browser(tuned: dict[str, str]) -> None:
+    playwright = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    browser_path = _chromium()
+    if browser_path is None and os.environ.get("CI"):
+        pytest.fail("CI must have Chromium (apt-get install chromium; .ci/run does)")
+    if browser_path is None:
+        pytest.skip("no Chromium here (apt-get install chromium)")
+    shots = Path(os.environ.get("KERNSEARCH_TEST_ARTIFACTS", REPO / "test-artifacts"))
+    shots.mkdir(parents=True, exist_ok=True)
+    problems: list[str] = []
+    requests: list[str] = []
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in
+                    ("error", "warning") else None)
+            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto(Path(tuned["report"]).as_uri())
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length > 0 && "
+                                   "[...document.querySelectorAll('.js-plotly-plot')].every(d => d._fullLayout)",
+                                   timeout=30_000)
+            plots = page.evaluate("""() => [...document.querySelectorAll('.figure')].map(f => ({
+                title: f.dataset.title,
+                svgs: f.querySelectorAll('svg.main-svg').length,
+                marks: f.querySelectorAll('.scatterlayer .point, .barlayer .point, .boxlayer path.box').length,
+                height: f.getBoundingClientRect().height}))""")
+            page.screenshot(path=str(shots / "report.png"), full_page=True)
+        finally:
+            browser.close()
+    assert not problems, problems
+    assert all(u.startswith(("file:", "data:", "about:")) for u in requests), requests  # no network
+    titles = [p["title"] for p in plots]
+    assert titles[:2] == ["Convergence", "Parameter importances"] and any(t.startswith("Knob ") for t in titles)
+    for plot in plots:  # every figure drew something: an SVG with marks, not an empty frame
+        assert plot["svgs"] > 0 and plot["marks"] > 0 and plot["height"] > 200, plot
+    assert (shots / "report.png").stat().st_size > 20_000

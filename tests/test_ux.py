@@ -62,3 +62,10 @@ def test_replay_study_key_names_a_chip_and_no_dash_dtype(tmp_path) -> None:
         pytest.skip(f"{land} is not here (shared landscapes)")
     key = ReplayBackend(str(land)).objective("pnpoly").study_key
     assert key["chip"] == "RTX 3090" and key["dtype"] == "unknown-dtype" and key["backend"] == "replay"
+
+
+def test_tune_without_a_compiler_refuses_before_searching(tmp_path) -> None:
+    r = _run("tune", "gemm", "--shape", "64,64,64", "--trials", "3", PATH=str(tmp_path), KERNSEARCH_HOME=str(tmp_path))
+    assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith("error: ") and "g++" in r.stderr
+    assert "trial 1/" not in r.stderr and "--verify none" in r.stderr  # refused before any trial, with a way on
+    assert r.stderr.count("\n") <= 3  # the modeled note, the error; no traceback

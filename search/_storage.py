@@ -96,7 +96,7 @@ def make_storage(url: str | None) -> Any:
                 time.sleep(0.5 + random.random())
                 continue
             detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            if isinstance(exc, ImportError) or "psycopg" in detail:
+            if isinstance(exc, ImportError):
                 detail = "the PostgreSQL driver is missing (pip install 'psycopg[binary]')"
             raise KernsearchError(f"cannot open study storage {redact(url)!r}: {detail.replace(url, redact(url))[:300]}") \
                 from None

@@ -7,9 +7,10 @@ at a time from an index over the valid set, so no trial and no model capacity go
 1. a start: the configs the objective's prior ranks best (a performance model's predictions, when the
    objective has one), else a space-filling design (greedy max-min distance over a random sample);
 2. then a Gaussian-process surrogate of log time over the evaluated configs (ordered knobs by position,
-   categorical ones by equality; its mean is the prior when there is one, so the model only learns the
-   prior's error) picks the config of highest expected improvement — alternately among all valid
-   configs and inside a trust region around the incumbent (configs at most two knob steps away).
+   categorical ones by equality, each weighted by how much of the variance its values explain; its mean
+   is the prior when there is one, so the model only learns the prior's error) picks the config of
+   highest expected improvement — alternately among all valid configs and inside a trust region around
+   the incumbent (configs at most two knob steps away).
 
 Everything is NumPy on a few hundred points; the candidate set is capped so a proposal costs milliseconds.
 """
@@ -39,7 +40,7 @@ class ValidSetSearch:
     def __init__(self, knobs: dict[str, list[Any]], valid: list[Config], *, seed: int | None = None,
                  budget: int | None = None, prior: Callable[[list[Config]], Sequence[float] | None] | None = None
                  ) -> None:
-        self.knobs = {k: list(v) for k, v in knobs.items()}
+        self.knobs = {k: list(v) for k, v in knobs.items() if len(v) > 1}  # a fixed knob tells nothing
         self.valid = valid
         self.rng = random.Random(seed)
         self.np_rng = np.random.default_rng(seed)
@@ -66,13 +67,28 @@ class ValidSetSearch:
         self.proposed = 0
 
     # -- geometry ---------------------------------------------------------------------------------------
-    def _sqdist(self, A: np.ndarray, B: np.ndarray) -> np.ndarray:
-        """Mean squared per-knob distance (ordered: position difference; categorical: 0 or 1)."""
+    def _sqdist(self, A: np.ndarray, B: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
+        """Weighted mean squared per-knob distance (ordered: position difference; categorical: 0 or 1)."""
         if A.shape[1] == 0:
             return np.zeros((len(A), len(B)))
-        diff = np.abs(A[:, None, :] - B[None, :, :])
-        diff[..., ~self.ordered] = (diff[..., ~self.ordered] > 0).astype(float)
-        return (diff ** 2).mean(axis=2)
+        w = np.full(A.shape[1], 1.0 / A.shape[1]) if w is None else w
+        out = np.zeros((len(A), len(B)))
+        for d in range(A.shape[1]):  # per knob: no (A, B, knobs) temporary
+            diff = np.abs(A[:, d, None] - B[None, :, d])
+            out += w[d] * (diff * diff if self.ordered[d] else (diff > 0))
+        return out
+
+    def _relevance(self, idx: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Per-knob weights: how much of the variance of log time the knob's values explain (main
+        effects of the evaluated configs), floored so no knob is ignored; they sum to one."""
+        w = np.zeros(self.X.shape[1])
+        total = y.var() or 1.0
+        for d in range(self.X.shape[1]):
+            col = self.X[idx, d]
+            groups = [y[col == v] for v in np.unique(col)]
+            w[d] = sum(len(g) * (g.mean() - y.mean()) ** 2 for g in groups) / len(y) / total
+        w = np.maximum(w, 0.05 * max(w.max(), 1e-9))
+        return w / w.sum()
 
     def _steps(self, i: int, free: np.ndarray) -> np.ndarray:
         """Free configs at most two knob steps from config ``i`` (ordered knobs: to the adjacent value)."""
@@ -133,7 +149,8 @@ class ValidSetSearch:
         r = y - mean
         scale = r.std() or 1.0
         r = r / scale
-        K0 = self._sqdist(self.X[idx], self.X[idx])
+        w = self._relevance(idx, y)
+        K0 = self._sqdist(self.X[idx], self.X[idx], w)
         best_ll, best_l, best_fact = -math.inf, LENGTHSCALES[0], None
         for ls in LENGTHSCALES:
             K = np.exp(-K0 / (2 * ls * ls)) + 1e-2 * np.eye(len(idx))
@@ -158,7 +175,7 @@ class ValidSetSearch:
         if best_fact is None:
             return int(self.rng.choice(list(cand)))
         L, a = best_fact
-        Ks = np.exp(-self._sqdist(self.X[cand], self.X[idx]) / (2 * best_l * best_l))
+        Ks = np.exp(-self._sqdist(self.X[cand], self.X[idx], w) / (2 * best_l * best_l))
         mu = Ks @ a
         v = np.linalg.solve(L, Ks.T)
         sd = np.sqrt(np.maximum(1e-12, 1.0 - (v * v).sum(axis=0)))

@@ -65,6 +65,15 @@ class KernelObjective(Objective):
         # The interpreter runs Metal only: a modeled CUDA kernel cannot be verified here (nor published).
         self.verify = verify if self.target == "metal" or backend != "model" else "none"
         self.verify_shape = verify_shape or tuple(min(d, 96) for d in problem.shape)
+        if backend == "model" and self.verify != "none":  # say it now, not after the whole search
+            from .interp._compile import compiler
+
+            try:
+                compiler()
+            except BackendError as exc:
+                raise BackendError(f"{exc}: the interpreter that verifies modeled winners compiles them "
+                                   "(apt-get install g++, or Xcode's command line tools); --verify none "
+                                   "searches without it (then nothing is verified)") from None
         self.verify_mode = verify_mode
         self.timeout = timeout
         self._valid: list[Config] | None = None

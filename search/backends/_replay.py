@@ -74,7 +74,8 @@ class ReplayBackend(BaseBackend):
 
             @property
             def study_key(self) -> dict[str, str]:
-                return {"family": label, "chip": land.device_name or "unknown GPU", "dtype": "-",
+                return {"family": label, "chip": replay_chip_name(land.device_name),
+                        "dtype": str(land.meta.get("dtype") or "unknown-dtype"),
                         "shape": "x".join(map(str, np.atleast_1d(land.problem_size or [0]))), "backend": "replay"}
 
             def violation(self, config: dict[str, Any]) -> str | None:
@@ -122,3 +123,19 @@ def _family_prior(land: Landscape, configs: list[dict[str, Any]]) -> list[float]
         return model_prior(space, full)
     except Exception:  # noqa: BLE001 - not a family of this checkout, unknown chip: no prior
         return None
+
+
+def replay_chip_name(device: str) -> str:
+    """The recording GPU as a study key names a chip: the registry's name when it knows the device (``NVIDIA
+    H100 80GB HBM3`` → ``H100``), else the device string without vendor words (``NVIDIA GeForce RTX 3090`` →
+    ``RTX 3090``)."""
+    import re
+
+    from .._chips import registry
+
+    for chip in registry().values():
+        if chip.vendor != "cpu" and chip.device_match and chip.device_match in device:
+            return chip.name
+    short = re.sub(r"^(NVIDIA|AMD|Apple|Intel)\s+|^(GeForce|Radeon|Tesla|Quadro)\s+", "", device.strip())
+    short = re.sub(r"^(GeForce|Radeon|Tesla|Quadro)\s+", "", short)
+    return " ".join(short.split())[:60] or "unknown GPU"

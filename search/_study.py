@@ -527,16 +527,29 @@ def _evaluate(study: optuna.Study, objective: Objective, trial: optuna.Trial, co
         record = objective.evaluate(config)
     except VariantFailure as exc:
         trial.set_user_attr("status", STATUS_FAILED)
-        trial.set_user_attr("failure", {"reason": exc.reason, "detail": exc.detail[:2000]})
+        trial.set_user_attr("failure", {"reason": exc.reason, "detail": exc.detail[:500]})
         study.tell(trial, state=TrialState.FAIL)
         failures[exc.reason] += 1
         known[key] = Seen(None, trial.number, config, exc.reason)
         return f"trial {trial.number} failed ({exc.reason})"
     trial.set_user_attr("status", STATUS_OK)
-    trial.set_user_attr("record", {k: v for k, v in asdict(record).items() if v is not None})
+    trial.set_user_attr("record", compact_record(record))
     study.tell(trial, record.time_ms)
     known[key] = Seen(record.time_ms, trial.number, config)
     return f"trial {trial.number}: {record.time_ms:.4g} ms"
+
+
+def compact_record(record: Record) -> dict[str, Any]:
+    """A trial's record as stored: no empty fields, figures to 6 significant digits (far finer than the timing
+    noise), so optuna-dashboard and `show --json` stay readable."""
+    def short(v: Any) -> Any:
+        if isinstance(v, float):
+            return float(f"{v:.6g}")
+        if isinstance(v, list):
+            return [short(x) for x in v]
+        return v
+
+    return {k: short(v) for k, v in asdict(record).items() if v is not None and v != []}
 
 
 def _ask(study: optuna.Study, dists: dict[str, Any], fixed: Config | None) -> optuna.Trial:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ._errors import KernsearchError
 from ._expr import BUILTINS
 from ._render import Geometry, KernelSource
 from ._space import Problem
@@ -55,9 +56,28 @@ def draw(dist: Any, shape: tuple[int, ...], dtype: str, rng: np.random.Generator
     return round_to_dtype(values, dtype)
 
 
+#: Most elements (inputs and outputs together) a CPU-side check allocates (float64: 8 bytes each).
+MAX_CHECK_ELEMENTS = 1 << 27
+
+
+def check_size(problem: Problem) -> None:
+    """Refuse (one line) a problem too big to hold in memory for a reference check."""
+    ctx = problem._ctx()
+    total = 0
+    for t in list(problem.family.inputs) + list(problem.family.outputs):
+        n = 1
+        for s in t.shape(ctx):
+            n *= int(s)
+        total += n
+    if total > MAX_CHECK_ELEMENTS:
+        raise KernsearchError(f"{problem.shape_text}: {total:.3g} elements are too many to check against the "
+                              f"NumPy reference here (at most {MAX_CHECK_ELEMENTS:.3g})")
+
+
 def make_inputs(problem: Problem, seed: int = 0) -> dict[str, np.ndarray]:
     """Logical inputs (as the reference sees them), drawn from each input's distribution (uniform in
     [-1, 1] unless the spec says otherwise), exact in each input's dtype (``T``: the problem's)."""
+    check_size(problem)
     rng = np.random.default_rng(seed)
     ctx = problem._ctx()
     return {t.name: draw(t.distribution, tuple(t.shape(ctx)), t.resolved_dtype(problem.dtype), rng)
@@ -136,10 +156,15 @@ def compare(problem: Problem, outputs: list[np.ndarray], refs: list[np.ndarray],
 
 
 def verify_outputs(problem: Problem, run: Any, logical: dict[str, np.ndarray],
-                   refs: list[np.ndarray] | None = None) -> Check:
+                   refs: list[np.ndarray] | None = None, zero_outputs: bool = False) -> Check:
     """Compare ``run(init_value)`` with the reference (``refs``, when the caller keeps it across variants);
-    a second run tells unwritten from NaN."""
+    a second run tells unwritten from NaN.
+
+    A kernel that accumulates into its outputs (``zero_outputs``, e.g. split-K) runs on zero-filled outputs
+    instead: an element it never wrote then reads 0 and fails the comparison (the inputs are random)."""
     refs = reference(problem, logical) if refs is None else refs
+    if zero_outputs:
+        return compare(problem, run(0.0), refs)
     outputs = run(float("nan"))
     check = compare(problem, outputs, refs)
     if check.reason == "nan":
@@ -160,16 +185,16 @@ def verify_kernel(backend: Any, kernel: KernelSource, geometry: Geometry, proble
     logical, refs = data if data is not None else (make_inputs(problem, seed), None)
     inputs = kernel_inputs(problem, logical, geometry)
     diagnostics: list[Any] = []
-    extra = {"threadgroups": threadgroups} if threadgroups else {}
+    extra = {"threadgroups": threadgroups} if threadgroups and not geometry.zero_outputs else {}
 
     def run(init: float) -> list[np.ndarray]:
         result = backend.run(kernel, geometry, inputs, problem.dtype, init_value=init, **options, **extra)
         diagnostics.extend(d for d in result.diagnostics if d not in diagnostics)
         return result.outputs
 
-    if threadgroups:
+    if threadgroups and not geometry.zero_outputs:  # a sample of partial sums proves nothing: run all
         return verify_sampled(problem, geometry, run, logical, threadgroups), diagnostics
-    return verify_outputs(problem, run, logical, refs), diagnostics
+    return verify_outputs(problem, run, logical, refs, geometry.zero_outputs), diagnostics
 
 
 def threadgroup_counts(geometry: Geometry) -> tuple[int, int, int]:

@@ -398,6 +398,9 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
         detected = resolve_chip(None)
         chip_name = detected.name if detected.vendor == "apple" else default_apple_chip().name
     fam, c, problem, sp = problem_and_space(family, shape, dtype, chip_name)
+    from ._verify import check_size
+
+    check_size(problem)
     cfg = sp.validate(sp.parse_config(config))
     be = get_backend(backend)
     be.check_available()
@@ -860,7 +863,16 @@ def dashboard(storage: Optional[str] = StorageOpt,
         from optuna_dashboard import run_server
     except ImportError:
         raise KernsearchError("optuna-dashboard is not installed: pip install optuna-dashboard") from None
+    import os
+    import signal
+
+    def stop(signum, frame) -> None:  # noqa: ANN001 - SIGTERM (a service manager, kill): stop at once
+        # (an exception raised here mid-request is swallowed by wsgiref's handler and the server goes on);
+        # the dashboard only reads and answers: nothing is left half-written.
+        os._exit(0)
+
     store = make_storage(storage)
+    signal.signal(signal.SIGTERM, stop)
     err.print(f"optuna-dashboard on {storage or default_storage()}: open http://{host}:{port}/ (Ctrl-C stops)",
               soft_wrap=True, markup=False)
     try:

@@ -192,6 +192,12 @@ class KernelObjective(Objective):
         """What a winner must also pass on the interpreter before it may be published: the tuned shape
         itself (a sample of its threadgroups when the grid is big: corners, edges, random interior, against
         the reference) and a ragged shape (whole grid). Raises VariantFailure."""
+        try:
+            return self._verify_for_publishing(config)
+        except KernsearchError as exc:  # e.g. a tuned shape too big to hold for the reference
+            raise VariantFailure("unverifiable", str(exc)) from None
+
+    def _verify_for_publishing(self, config: Config) -> dict[str, Any]:
         shape = tuple(self.problem.shape)
         out: dict[str, Any] = {"shapes": []}
         if shape != tuple(self.verify_shape):

@@ -398,6 +398,9 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
         detected = resolve_chip(None)
         chip_name = detected.name if detected.vendor == "apple" else default_apple_chip().name
     fam, c, problem, sp = problem_and_space(family, shape, dtype, chip_name)
+    from ._verify import check_size
+
+    check_size(problem)
     cfg = sp.validate(sp.parse_config(config))
     be = get_backend(backend)
     be.check_available()

@@ -571,7 +571,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
                                                 "a new best (0: never)"),
          backend: str = typer.Option("auto", "--backend", help="auto, metal, cuda, model or replay"),
          landscape: Optional[str] = typer.Option(None, "--landscape", help="replay: a KernelTuner cache file"),
-         sampler: str = typer.Option("tpe", "--sampler", help="tpe, random or grid"),
+         sampler: str = typer.Option("tpe", "--sampler", help="tpe, random, grid, or auto (valid configs only: the model's ranking first, then a GP)"),
          storage: Optional[str] = StorageOpt,
          study: Optional[str] = typer.Option(None, "--study", help="study name (default: family/chip/dtype/"
                                              "shape/backend)"),

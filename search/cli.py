@@ -398,6 +398,9 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
         detected = resolve_chip(None)
         chip_name = detected.name if detected.vendor == "apple" else default_apple_chip().name
     fam, c, problem, sp = problem_and_space(family, shape, dtype, chip_name)
+    from ._verify import check_size
+
+    check_size(problem)
     cfg = sp.validate(sp.parse_config(config))
     be = get_backend(backend)
     be.check_available()
@@ -568,7 +571,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
                                                 "a new best (0: never)"),
          backend: str = typer.Option("auto", "--backend", help="auto, metal, cuda, model or replay"),
          landscape: Optional[str] = typer.Option(None, "--landscape", help="replay: a KernelTuner cache file"),
-         sampler: str = typer.Option("tpe", "--sampler", help="tpe, random or grid"),
+         sampler: str = typer.Option("tpe", "--sampler", help="tpe, random, grid, or auto (valid configs only: the model's ranking first, then a GP)"),
          storage: Optional[str] = StorageOpt,
          study: Optional[str] = typer.Option(None, "--study", help="study name (default: family/chip/dtype/"
                                              "shape/backend)"),

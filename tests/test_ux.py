@@ -10,7 +10,7 @@ KERNSEARCH = [sys.executable, "-m", "kernsearch"]
 
 
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(KERNSEARCH + list(args), capture_output=True, text=True, timeout=300,
+    return subprocess.run(KERNSEARCH + list(args), capture_output=True, text=True, timeout=300, check=False,
                           env={**os.environ, **env})
 
 
@@ -108,10 +108,10 @@ def test_dashboard_serves_the_studies_with_compact_attributes(tmp_path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
-            out, err = proc.communicate(timeout=30)
+            _out, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-            out, err = proc.communicate()
+            _, err = proc.communicate()
             raise AssertionError(f"the dashboard did not stop on SIGTERM: {err[-3000:]}") from None
     assert proc.returncode == 0, err[-2000:]
     assert "open http://127.0.0.1:" in err and "Traceback" not in err

@@ -44,17 +44,26 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from . import _safeio
-from ._manifest import (EVIDENCE_RANK, SCHEMA_VERSION, ArtifactError, GateRecord, Manifest, Measurements,
-                        parse_manifest, utcnow)
-from ._errors import KernsearchError
-from ._render import Geometry, KernelSource, source_sha256
 from ._candidate import _VERSION, ArtifactKey, Candidate
 from ._candidate import draft_manifest as _draft_manifest
+from ._errors import KernsearchError
+from ._manifest import (
+    EVIDENCE_RANK,
+    SCHEMA_VERSION,
+    ArtifactError,
+    GateRecord,
+    Manifest,
+    Measurements,
+    parse_manifest,
+    utcnow,
+)
+from ._render import Geometry, KernelSource, source_sha256
 from .export_runtime._runtime import DEFAULT_MARGIN, beats_op, speedup_text
 
 if TYPE_CHECKING:

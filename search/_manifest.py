@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import platform
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -259,7 +259,7 @@ class Manifest(_Model):
     @field_validator("created_at", "published_at")
     @classmethod
     def _aware(cls, value: datetime) -> datetime:
-        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
@@ -325,7 +325,7 @@ def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _jsonable(value: Any) -> Any:

@@ -18,8 +18,8 @@ input set ``i``, without waiting) and ``sync()`` (wait until all enqueued work i
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 

@@ -39,8 +39,8 @@ class KernelObjective(Objective):
     def __init__(self, problem: Problem, chip: Chip, backend: str, *, seed: int = 0, timeout: float = 120.0,
                  verify: str = "finalists", verify_shape: tuple[int, ...] | None = None,
                  verify_mode: str = "fast", backend_options: dict[str, Any] | None = None) -> None:
-        from ._space import Space
         from ._measure import load_backend
+        from ._space import Space
 
         self.problem, self.chip, self.backend, self.seed = problem, chip, backend, seed
         self.space: Space = Space(problem, chip)

@@ -67,7 +67,7 @@ def _names(m: Manifest) -> None:
     for text in (m.chip.name, m.study or "", m.gate.reason[:200], *(str(v) for v in m.config.values())):
         if not _TEXT.fullmatch(text):
             raise _fail(m, f"text {text[:60]!r} is too long or holds control characters")
-    if m.kernel.template != [("T", m.problem.dtype)] and [list(t) for t in m.kernel.template] != [["T", m.problem.dtype]]:
+    if [list(t) for t in m.kernel.template] != [["T", m.problem.dtype]]:
         raise _fail(m, f"kernel template arguments {m.kernel.template!r}")
     if m.geometry.output_dtypes and set(m.geometry.output_dtypes) != {m.problem.dtype}:
         raise _fail(m, "output dtypes differ from the problem's")

@@ -17,8 +17,8 @@ from typing import Any
 from jinja2 import Template, TemplateError
 
 from ._errors import KernsearchError
-from ._options import MAX_GRID, MAX_SHARED_MEMORY, MAX_THREADGROUP, geometry_ints
 from ._expr import BUILTINS, ExprError
+from ._options import MAX_GRID, MAX_SHARED_MEMORY, MAX_THREADGROUP, geometry_ints
 from ._space import Config, Space, format_config
 from ._spec import Family, template_env
 from ._template import TemplateLimit, bounded_join, render_deadline

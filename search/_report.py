@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import html
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,8 @@ def convergence_figure(h: StudyHistory) -> Any:
     ok = [t for t in h.trials if t.time_ms is not None]
     fig.add_trace(go.Scatter(x=[t.number for t in ok], y=[t.time_ms for t in ok], mode="markers", name="trial",
                              marker={"color": "#4c78a8", "size": 6, "opacity": 0.7},
-                             text=[_config_text(t.config) for t in ok], hovertemplate="trial %{x}: %{y:.4g} ms<br>%{text}"))
+                             text=[_config_text(t.config) for t in ok],
+                             hovertemplate="trial %{x}: %{y:.4g} ms<br>%{text}"))
     best, xs, ys = None, [], []
     for t in sorted(ok, key=lambda t: t.number):
         if best is None or t.time_ms < best:  # type: ignore[operator]
@@ -174,8 +175,9 @@ def _summary(h: StudyHistory) -> str:
                      f"{best.time_ms:.4g} ms ({html.escape(h.evidence)})</p>")
     if final.get("speedup") is not None:
         beats = final.get("beats_baseline")
-        lines.append(f"<p>Speedup over the baseline op: {final['speedup']:.2f}x (range {final.get('speedup_low', 0):.2f}"
-                     f"-{final.get('speedup_high', 0):.2f}; baseline {final.get('baseline_median_ms', 0):.4g} ms)"
+        lines.append(f"<p>Speedup over the baseline op: {final['speedup']:.2f}x "
+                     f"(range {final.get('speedup_low', 0):.2f}-{final.get('speedup_high', 0):.2f}; "
+                     f"baseline {final.get('baseline_median_ms', 0):.4g} ms)"
                      + ("" if beats else " — <b>within the measured noise: not a win, the MLX op runs</b>") + "</p>")
     elif h.evidence == "modeled":
         lines.append("<p>Speedup over the baseline op: not available (modeled times; the baseline is not modeled, "
@@ -218,7 +220,7 @@ def render_report(h: StudyHistory) -> str:
         div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig{i}",
                           config={"displaylogo": False, "responsive": True})
         parts.append(f"<div class='figure' data-title='{html.escape(title)}'>{div}</div>")
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     title = html.escape(h.name)
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>kernsearch report: {title}</title>"
             f"<style>{CSS}</style><script type='text/javascript'>{get_plotlyjs()}</script></head><body>"

@@ -11,8 +11,9 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from ._chips import Chip
 from ._errors import ConfigError, KernsearchError

@@ -13,7 +13,7 @@ import re
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from jinja2 import TemplateNotFound, TemplateSyntaxError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -33,7 +33,7 @@ ARRAY_FUNCTIONS = ("matmul", "einsum", "transpose", "exp", "log", "sqrt", "tanh"
 CONTEXT_NAMES = frozenset({"chip", "dtype", "dtype_size"}) | frozenset(BUILTINS)
 #: Names the performance model supplies to ``[model]`` expressions (threadgroups resident at once, chip-wide).
 MODEL_NAMES = frozenset({"concurrent"})
-KnobValue = Union[bool, int, str]
+KnobValue = bool | int | str
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 #: Family names (they become folder names, package functions and kernel names).
 NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,47}")

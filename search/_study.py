@@ -41,9 +41,10 @@ import time
 import warnings
 from abc import ABC, abstractmethod
 from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from ._errors import KernsearchError, VariantFailure
 from ._space import Config, format_config

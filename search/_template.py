@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from jinja2 import BaseLoader, StrictUndefined, TemplateNotFound, nodes
 from jinja2.defaults import DEFAULT_FILTERS, DEFAULT_TESTS

@@ -14,8 +14,9 @@ import multiprocessing as mp
 import signal
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 from ._errors import KernsearchError, VariantFailure
 

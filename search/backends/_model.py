@@ -29,8 +29,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .._errors import BackendError, ConfigError, SpecError
 from .._chips import Chip, get_chip
+from .._errors import BackendError, ConfigError, SpecError
 from .._expr import ExprError
 from .._render import Geometry, KernelSource
 from .._space import Config, Space

@@ -5,8 +5,9 @@ MLX does, GPU or not. For each call it picks, for the running chip, the kernel t
 — exact chip → same generation and die → same generation → the family's default config → the plain MLX
 op — and, within a chip level, the tuned shape nearest the call's shape whose config is valid for it
 (the family's constraints, evaluated here). A level is taken only with measured evidence that the kernel
-beats the MLX op on that chip (see LEVELS below); otherwise the MLX op runs. Spec expressions arrive pre-parsed as small JSON trees and are
-evaluated by :func:`evaluate` (a closed set of operators and functions; never Python's ``eval``).
+beats the MLX op on that chip (see LEVELS below); otherwise the MLX op runs. Spec expressions arrive
+pre-parsed as small JSON trees and are evaluated by :func:`evaluate` (a closed set of operators and
+functions; never Python's ``eval``).
 Every kernel file's hash is checked before it is used; each kernel is built once per process.
 """
 
@@ -391,7 +392,7 @@ class Dispatcher:
             return (f"modeled, not measured: never shown to beat {op} (opt in with {DISABLE_VAR}=modeled)")
         if evidence == "measured":
             if not beats_op(a.get("speedup_low"), self.margin):
-                return f"{speedup_text(a.get('speedup'), a.get('speedup_low'), a.get('speedup_high'))} of {op} (measured)"
+                return self._evidence_text(a, op)
             changed = self._toolchain_change(a.get("timing_identity") or {})
             if changed:
                 return f"measured with another toolchain ({changed}): its timing no longer holds"

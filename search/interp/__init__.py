@@ -13,8 +13,8 @@ detector), ``sanitize`` (device-buffer bounds through AddressSanitizer, in a chi
 from __future__ import annotations
 
 from ._interp import MODES, InterpResult, run_kernel
-from ._lint import lint
 from ._linemap import TemplateLines, template_lines
+from ._lint import lint
 from ._source import mlx_source, signature
 
 __all__ = ["MODES", "InterpResult", "TemplateLines", "lint", "mlx_source", "run_kernel", "signature",

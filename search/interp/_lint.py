@@ -52,7 +52,7 @@ def lint(header: str, source: str) -> str | None:
     for part, text in (("header", header), ("source", source)):
         code = _COMMENT.sub(lambda m: "\n" * m.group(0).count("\n"), text)
 
-        def where(pos: int) -> str:
+        def where(pos: int, part: str = part, code: str = code) -> str:
             return f"{part} line {code.count(chr(10), 0, pos) + 1}"
 
         for m in _HEADERS.finditer(code):

@@ -48,7 +48,7 @@ class RawDiag:
     message: str
 
 
-def _decode(diags: "ctypes.Array[_Diag]", n: int) -> list[RawDiag]:
+def _decode(diags: ctypes.Array[_Diag], n: int) -> list[RawDiag]:
     return [RawDiag(KIND_NAMES.get(d.kind, "unknown"), "warning" if d.severity else "error",
                     d.line if d.line > 0 else None, d.count, d.msg.decode(errors="replace"))
             for d in diags[:n]]

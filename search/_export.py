@@ -43,9 +43,9 @@ DEFAULT_PACKAGE = "kernsearch_kernels"
 RUNTIME_REQUIRES = ("mlx[cpu]>=0.29; sys_platform == 'linux'", "mlx>=0.29; sys_platform == 'darwin'",
                     "numpy>=1.26")
 _SUFFIX = {"metal": "metal", "cuda": "cu"}
-_BINOPS = {nodes.Add: "+", nodes.Sub: "-", nodes.Mul: "*", nodes.Div: "/", nodes.FloorDiv: "//",
-           nodes.Mod: "%", nodes.Pow: "**"}
-_UNARY = {nodes.Not: "not", nodes.Neg: "neg", nodes.Pos: "pos"}
+_BINOPS: dict[type[nodes.Node], str] = {nodes.Add: "+", nodes.Sub: "-", nodes.Mul: "*", nodes.Div: "/",
+                                        nodes.FloorDiv: "//", nodes.Mod: "%", nodes.Pow: "**"}
+_UNARY: dict[type[nodes.Node], str] = {nodes.Not: "not", nodes.Neg: "neg", nodes.Pos: "pos"}
 
 
 class ExportError(KernsearchError):
@@ -86,9 +86,9 @@ def _tree(node: nodes.Node) -> list[Any]:
         return ["name", node.name]
     if isinstance(node, (nodes.List, nodes.Tuple)):
         return ["list", [_tree(n) for n in node.items]]
-    if type(node) in _BINOPS:
+    if isinstance(node, nodes.BinExpr) and type(node) in _BINOPS:
         return ["bin", _BINOPS[type(node)], _tree(node.left), _tree(node.right)]
-    if type(node) in _UNARY:
+    if isinstance(node, nodes.UnaryExpr) and type(node) in _UNARY:
         return [_UNARY[type(node)], _tree(node.node)]
     if isinstance(node, nodes.Concat):
         return ["concat", [_tree(n) for n in node.nodes]]

@@ -132,7 +132,7 @@ class Toolchain(_Model):
         try:
             import mlx.core as mx
 
-            mlx_version = str(mx.__version__)
+            mlx_version = str(getattr(mx, "__version__", "unknown"))
         except ImportError:  # pragma: no cover - MLX is a dependency
             mlx_version = "unavailable"
         macos = platform.mac_ver()[0] or None
@@ -214,7 +214,7 @@ class Correctness(_Model):
         """From ``[(shape_text, Check), ...]``: passed only if every check passed."""
         if not checks:
             raise ArtifactError("correctness evidence needs at least one check")
-        return cls(verifier=verifier, passed=all(c.ok for _, c in checks),  # type: ignore[arg-type]
+        return cls(verifier=verifier, passed=all(c.ok for _, c in checks),
                    shapes_checked=sorted({s for s, _ in checks}),
                    max_abs_error=max(c.max_abs_err for _, c in checks),
                    max_rel_error=max(c.max_rel_err for _, c in checks), checks_run=len(checks))

@@ -144,7 +144,8 @@ class KernelObjective(Objective):
 
         task = self._task(config, "cpu", self.verify_shape,
                           options={"mode": self.verify_mode, "timeout": max(1.0, self.timeout - 5)})
-        return self.worker().call(verify_variant, task)
+        result: dict[str, Any] = self.worker().call(verify_variant, task)
+        return result
 
     def verify_for_publishing(self, config: Config) -> dict[str, Any]:
         """What a winner must also pass on the interpreter before it may be published: the tuned shape
@@ -195,7 +196,7 @@ class KernelObjective(Objective):
         if self.backend == "model":
             check = self.interpret(config) if self.verify == "all" else None
             try:
-                ms = float(self.impl.predict_ms(self.space, config))  # type: ignore[attr-defined]
+                ms = float(self.impl.predict_ms(self.space, config))
             except KernsearchError as exc:
                 raise VariantFailure("model", str(exc)) from None
             rec = Record(ms, self.evidence, [ms], sha256=kernel.sha256)
@@ -274,7 +275,8 @@ class KernelObjective(Objective):
         """Offer the study's winner to the artifact store (its regression gate decides); returns the
         store's PublishOutcome. Only a winner proven correct (on the device, or on the interpreter for a
         modeled result) is offered; its evidence kind goes with it."""
-        from ._artifacts import ArtifactStore, Candidate
+        from ._artifacts import ArtifactStore
+        from ._candidate import Candidate
         from ._manifest import Correctness, Measurements
 
         best = result.best

@@ -100,7 +100,7 @@ def render(family: Family, config: Config, dtype: str, target: str = "metal") ->
     if target not in family.templates:
         raise KernsearchError(f"family {family.name} has no {target} template")
     ctx = render_context(family, config, dtype)
-    tmpl = _template(family.path, family.templates[target])  # type: ignore[index]
+    tmpl = _template(family.path, family.templates[target])
     try:
         header, source = render_blocks(tmpl, ctx)
     except (TemplateError, TemplateLimit, ExprError, TypeError, ValueError, ArithmeticError) as exc:

@@ -65,16 +65,19 @@ def convergence_figure(h: StudyHistory) -> Any:
                              marker={"color": "#4c78a8", "size": 6, "opacity": 0.7},
                              text=[_config_text(t.config) for t in ok],
                              hovertemplate="trial %{x}: %{y:.4g} ms<br>%{text}"))
-    best, xs, ys = None, [], []
+    best: float | None = None
+    xs: list[int] = []
+    ys: list[float] = []
     for t in sorted(ok, key=lambda t: t.number):
-        if best is None or t.time_ms < best:  # type: ignore[operator]
+        assert t.time_ms is not None  # ok holds the timed trials
+        if best is None or t.time_ms < best:
             best = t.time_ms
         xs.append(t.number)
         ys.append(best)
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"shape": "hv", "color": "#e45756", "width": 2},
                              name="best so far"))
     failed = [t for t in h.trials if t.time_ms is None]
-    top = max((t.time_ms for t in ok), default=1.0)
+    top = max((t.time_ms for t in ok if t.time_ms is not None), default=1.0)
     symbols = ["x", "triangle-up", "square", "diamond", "cross", "star"]
     for i, (reason, _) in enumerate(h.failures.most_common()):
         ts = [t for t in failed if (t.reason or "?") == reason]

@@ -153,7 +153,8 @@ class TrialSummary:
     @classmethod
     def from_trial(cls, t: optuna.trial.FrozenTrial) -> TrialSummary:
         a = t.user_attrs.get("record", {})
-        return cls(t.number, dict(t.user_attrs["config"]), float(t.value), a.get("evidence", ""), a.get("spread", 0.0),
+        value = t.value if t.value is not None else math.inf
+        return cls(t.number, dict(t.user_attrs["config"]), float(value), a.get("evidence", ""), a.get("spread", 0.0),
                    a.get("gflops"), a.get("peak_pct"), a.get("max_abs_err"), a.get("verified"),
                    a.get("sha256", ""))
 

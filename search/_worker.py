@@ -105,7 +105,7 @@ class Worker:
 
     def _reap(self) -> int | None:
         self._proc.join(timeout=5)
-        code = self._proc.exitcode
+        code: int | None = self._proc.exitcode
         self._drop()
         return code
 

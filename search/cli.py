@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -16,6 +17,15 @@ from rich.table import Table
 
 from ._console import err, out
 from ._errors import KernsearchError
+
+if TYPE_CHECKING:
+    from ._artifacts import ArtifactStore
+    from ._candidate import ArtifactKey
+    from ._chips import Chip
+    from ._space import Problem, Space
+    from ._spec import Family
+    from ._study import Objective, StudyResult, TrialSummary
+    from ._study import Progress as ProgressInfo
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -49,7 +59,7 @@ def _warn_line(message: warnings.WarningMessage | str) -> None:
     err.print(f"[yellow]warning:[/] {escape(str(text))}")
 
 
-def resolve_chip(name: str | None):  # noqa: ANN201 - returns a Chip
+def resolve_chip(name: str | None) -> Chip:
     """``--chip`` or detection; an unknown detected chip warns on one line."""
     from ._chips import resolve_chip as _resolve
 
@@ -61,7 +71,8 @@ def resolve_chip(name: str | None):  # noqa: ANN201 - returns a Chip
     return chip
 
 
-def problem_and_space(family: str, shape: str | None, dtype: str | None, chip_name: str | None):  # noqa: ANN201
+def problem_and_space(family: str, shape: str | None, dtype: str | None,
+                      chip_name: str | None) -> tuple[Family, Chip, Problem, Space]:
     from ._space import Space, make_problem
     from ._spec import load_family
 
@@ -223,7 +234,7 @@ def artifacts_list(store: str | None = StoreOpt,
         out.print(f"[bold]{line}[/]" if i == 0 else line, soft_wrap=True, markup=i == 0)
 
 
-def _readable_pointer(st, key) -> bool:  # noqa: ANN001
+def _readable_pointer(st: ArtifactStore, key: ArtifactKey) -> bool:
     from ._manifest import ArtifactError
 
     try:
@@ -239,7 +250,8 @@ def artifacts_show(key: str = KeyArg, store: str | None = StoreOpt,
                    source: bool = typer.Option(False, "--source", help="also print the kernel header and body"),
                    as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON")) -> None:
     """One version (default: the current one): manifest, evidence, gate decision and history."""
-    from ._artifacts import ArtifactKey, ArtifactStore
+    from ._artifacts import ArtifactStore
+    from ._candidate import ArtifactKey
 
     st = ArtifactStore(store)
     k, version = ArtifactKey.parse(key)
@@ -406,7 +418,7 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
     target = be.target or "metal"
     kernel = render_variant(fam, cfg, problem.dtype, target)
     geo = geometry(sp, cfg)
-    options: dict = {}
+    options: dict[str, Any] = {}
     mode = "sanitize" if sanitize else ("check" if check else "fast")
     if backend == "cpu":
         from ._verify import sample_threadgroups, threadgroup_counts
@@ -453,8 +465,10 @@ StorageOpt = typer.Option(None, "--storage", help="Optuna storage URL (default: 
                           "or ~/.kernsearch; e.g. postgresql://... to share a study between machines)")
 
 
-def _pick_backend(backend: str, chip_name: str | None):  # noqa: ANN202 - (backend name, Chip, one-line note)
-    """``--backend auto``: metal on Apple GPUs, cuda on NVIDIA, else the model for --chip (or an M-series)."""
+def _pick_backend(backend: str, chip_name: str | None) -> tuple[str, Chip, str | None]:
+    """``--backend auto``: metal on Apple GPUs, cuda on NVIDIA, else the model for --chip (or an M-series).
+
+    Returns (back-end name, Chip, a one-line note or None)."""
     from ._chips import default_apple_chip, get_chip
 
     if backend in ("metal", "cuda"):  # a measurement belongs to the GPU it ran on, never to a named one
@@ -487,12 +501,12 @@ def _evidence_label(evidence: str, backend: str | None) -> str:
     return f"{evidence}, replayed" if backend == "replay" else evidence
 
 
-def _fmt(value, spec: str, none: str = "-") -> str:  # noqa: ANN001
+def _fmt(value: Any, spec: str, none: str = "-") -> str:
     return none if value is None else format(value, spec)
 
 
-def _top_table(rows, evidence: str, winner: int | None, final: dict | None = None,  # noqa: ANN001, ANN202
-               title: str = "top configs"):
+def _top_table(rows: list[TrialSummary], evidence: str, winner: int | None, final: dict[str, Any] | None = None,
+               title: str = "top configs") -> Any:
     from ._space import format_config
 
     checks = (final or {}).get("checks") or {}
@@ -503,7 +517,7 @@ def _top_table(rows, evidence: str, winner: int | None, final: dict | None = Non
         from rich.padding import Padding
         from rich.text import Text
 
-        blocks: list = [Text(title, style="italic")]
+        blocks: list[Any] = [Text(title, style="italic")]
         for i, t in enumerate(rows, 1):
             check = checks.get(str(t.number)) or {}
             err = check.get("max_abs_err", t.max_abs_err)
@@ -528,15 +542,15 @@ def _top_table(rows, evidence: str, winner: int | None, final: dict | None = Non
     return table
 
 
-def _verified(t, check: dict | None) -> str:  # noqa: ANN001
+def _verified(t: TrialSummary, check: dict[str, Any] | None) -> str:
     """Where a row was proven correct: per trial, or in the final round on the interpreter."""
     if check is not None:
         return "interpreter" if check["ok"] else f"FAIL ({check['reason']})"
     return t.verified or "-"
 
 
-def _final_lines(final: dict, evidence: str) -> list[str]:
-    lines = []
+def _final_lines(final: dict[str, Any], evidence: str) -> list[str]:
+    lines: list[str] = []
     if final.get("speedup") is not None:
         beats = "" if final.get("beats_baseline") else " [yellow](lead within the measured noise)[/]"
         lines.append(f"speedup over the baseline op: {final['speedup']:.2f}x (range {final['speedup_low']:.2f}-"
@@ -611,7 +625,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
         if not landscape:
             raise KernsearchError("--backend replay needs --landscape PATH (a KernelTuner cache file)")
         objective = ReplayBackend(landscape, seed=seed).objective(family)
-        note = f"replaying {landscape}: recorded times measured on {objective.study_key['chip']}, not here"
+        note: str | None = f"replaying {landscape}: recorded times measured on {objective.study_key['chip']}, not here"
     else:
         name, c, note = _pick_backend(backend, chip_name)
         if note and verify != "finalists":
@@ -670,21 +684,22 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
         raise typer.Exit(1)  # the search ran, but no variant was correct: like a failed `verify`
 
 
-def _verdict(result, key: dict, op: str, margin: float) -> tuple[bool | None, str]:  # noqa: ANN001
+def _verdict(result: Any, key: dict[str, Any], op: str, margin: float) -> tuple[bool | None, str]:
     from ._tune import verdict
 
     v = verdict(result, key, op, margin)
     return v.beats, v.text
 
 
-def asdict_or_none(obj):  # noqa: ANN001, ANN201
+def asdict_or_none(obj: Any) -> dict[str, Any] | None:
     from dataclasses import asdict
 
     return None if obj is None else asdict(obj)
 
 
-def _run_with_progress(objective, trials, time_budget, patience, sampler, seed, storage, study, finalists,  # noqa: ANN001, ANN202
-                       quiet):
+def _run_with_progress(objective: Objective, trials: int | None, time_budget: str | None, patience: int | None,
+                       sampler: str, seed: int | None, storage: str | None, study: str | None, finalists: int,
+                       quiet: bool) -> StudyResult:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ._space import format_config
@@ -693,12 +708,12 @@ def _run_with_progress(objective, trials, time_budget, patience, sampler, seed, 
     if not err.is_terminal and not quiet:  # a log, not a screen: whole lines, never cut at 80 columns
         import time
 
-        state = {"best": None, "shown": 0.0}
+        state: dict[str, float | None] = {"best": None, "shown": 0.0}
 
-        def log(p) -> None:  # noqa: ANN001
+        def log(p: ProgressInfo) -> None:
             now = time.monotonic()
             better = p.best is not None and (state["best"] is None or p.best.time_ms < state["best"])
-            if not better and now - state["shown"] < 10 and p.done != trials:
+            if not better and now - (state["shown"] or 0.0) < 10 and p.done != trials:
                 return
             state["shown"] = now
             if p.best is not None:
@@ -718,7 +733,7 @@ def _run_with_progress(objective, trials, time_budget, patience, sampler, seed, 
     with Progress(*columns, console=err, transient=False, disable=quiet) as bar:
         task = bar.add_task("tune", total=trials, of=trials if trials is not None else "-", left="?", status="")
 
-        def show(p) -> None:  # noqa: ANN001
+        def show(p: ProgressInfo) -> None:
             best = (f"best {p.best.time_ms:.4g} ms {format_config(p.best.config)}" if p.best
                     else "no correct variant yet")
             fails = ", ".join(f"{k} {v}" for k, v in p.failures.most_common()) or "none"
@@ -730,7 +745,7 @@ def _run_with_progress(objective, trials, time_budget, patience, sampler, seed, 
                          seed=seed, storage=storage, study_name=study, finalists=finalists, progress=show)
 
 
-def _print_result(result) -> None:  # noqa: ANN001
+def _print_result(result: StudyResult) -> None:
     from ._space import format_config
 
     fails = ", ".join(f"{k} {v}" for k, v in result.failures.most_common()) or "none"
@@ -820,7 +835,7 @@ def show(study: str = typer.Argument(..., help="study name (see `kernsearch stud
         out.print(line, soft_wrap=True)
 
 
-def _trial_counts(status, reasons) -> str:  # noqa: ANN001
+def _trial_counts(status: Any, reasons: Any) -> str:
     """Counted as `tune` counts: configs evaluated (ok + failed); proposals that ran nothing said apart."""
     ok, failed = status.get("ok", 0), status.get("failed", 0)
     text = f"configs evaluated: {ok + failed} ({ok} ok, {failed} failed"
@@ -861,7 +876,7 @@ def dashboard(storage: str | None = StorageOpt,
     if not 0 < port < 65536:
         raise KernsearchError(f"--port must be 1-65535, not {port}")
     try:
-        from optuna_dashboard import run_server
+        from optuna_dashboard import run_server  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         raise KernsearchError("optuna-dashboard is not installed: pip install optuna-dashboard") from None
     store = make_storage(storage)
@@ -914,10 +929,12 @@ def _error_line(message: str) -> None:
 
 def main(args: list[str] | None = None) -> None:
     """Console-script entry point: usage and user errors → one line on stderr, exit 2."""
+    import importlib
+
     try:  # typer >= 0.20 vendors its own click
-        from typer import _click as click  # type: ignore[attr-defined]
+        click: Any = importlib.import_module("typer._click")
     except ImportError:  # pragma: no cover
-        import click
+        click = importlib.import_module("click")
 
     try:
         rc = app(args=args, prog_name="kernsearch", standalone_mode=False)

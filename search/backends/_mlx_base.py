@@ -127,12 +127,13 @@ class MLXBackend(BaseBackend):
               init_value: float | None) -> list[Any]:
         mx = mx_core()
         extra = {} if init_value is None else {"init_value": float(init_value)}
-        return self.kernel(source, geometry)(
+        outputs: list[Any] = self.kernel(source, geometry)(
             inputs=arrays,
             template=[(k, getattr(mx, v) if isinstance(v, str) else v) for k, v in source.template],
             grid=tuple(geometry.grid), threadgroup=tuple(geometry.threadgroup),
             output_shapes=[tuple(s) for s in geometry.output_shapes],
             output_dtypes=[getattr(mx, d) for d in geometry.output_dtypes], **extra)
+        return outputs
 
     def _first(self, source: KernelSource, geometry: Geometry, arrays: list[Any],
                init_value: float | None) -> tuple[list[Any], float]:

@@ -244,7 +244,7 @@ class _Evaluator:
     def threads(self, ctx: dict[str, Any]) -> float:
         given = self.number(ctx, "threadgroup_threads")
         if given is not None:
-            return given
+            return float(given)
         return float(math.prod(self._eval("launch.threadgroup", self._threads_expr, ctx)))
 
 

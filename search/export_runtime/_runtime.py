@@ -21,7 +21,7 @@ import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 FORMAT = 2
 #: ``off`` (or 0/no/false): every call uses the plain MLX op; ``modeled``: modeled artifacts may be used too.
@@ -264,9 +264,9 @@ class Dispatcher:
         self._device_info = device_info
         self._decisions: Dict[Any, Decision] = {}
         self._plans: Dict[Any, Callable[[Sequence[Any]], Any]] = {}
-        self._sources: Dict[str, Optional[Dict[str, Any]]] = {}
+        self._sources: Dict[Tuple[str, str, str], Optional[Dict[str, Any]]] = {}
         self._kernels: Dict[Any, Any] = {}
-        self._refused: Dict[str, str] = {}
+        self._refused: Dict[Tuple[str, str, str], str] = {}
         self.margin = float(self.table.get("margin", DEFAULT_MARGIN))
         #: This process's timing identity (``timing_identity(...)``); None: detected on first use.
         self.toolchain: Optional[Dict[str, Optional[str]]] = None
@@ -281,10 +281,11 @@ class Dispatcher:
             record = identify(chip, registry)
         elif isinstance(chip, str):
             wanted = re.sub(r"[\s_\-]+", "", chip).lower()
-            record = next((dict(c) for c in registry
-                           if re.sub(r"[\s_\-]+", "", c["name"]).lower() == wanted), None)
-            if record is None:
+            found = next((dict(c) for c in registry
+                          if re.sub(r"[\s_\-]+", "", c["name"]).lower() == wanted), None)
+            if found is None:
                 raise ValueError(f"unknown chip {chip!r}")
+            record = found
         else:
             info = self._device_info
             if info is None:
@@ -332,10 +333,11 @@ class Dispatcher:
         op = fam.get("baseline_name", "the MLX op")
         pool = [a for a in fam["artifacts"] if a["dtype"] == dtype and a["target"] == target]
         running = lineage(chip)
-        tests = (lambda a: a["chip"] == chip["name"],
-                 lambda a: running[1] is not None and tuple(a["lineage"])[1] == running[1],
-                 lambda a: running[0] is not None and tuple(a["lineage"])[0] == running[0])
-        seen: set = set()
+        tests: Tuple[Callable[[Dict[str, Any]], bool], ...] = (
+            lambda a: bool(a["chip"] == chip["name"]),
+            lambda a: running[1] is not None and tuple(a["lineage"])[1] == running[1],
+            lambda a: running[0] is not None and tuple(a["lineage"])[0] == running[0])
+        seen: Set[int] = set()
         for level, matches in zip(LEVELS[:3], tests):
             here = [a for a in pool if matches(a) and id(a) not in seen]
             seen.update(id(a) for a in here)
@@ -547,7 +549,8 @@ class Dispatcher:
 
     def _family(self, family: str) -> Dict[str, Any]:
         try:
-            return self.table["families"][family]
+            entry: Dict[str, Any] = self.table["families"][family]
+            return entry
         except KeyError:
             raise ValueError(f"unknown family {family!r} (this package has: "
                              f"{', '.join(self.table['families'])})") from None
@@ -657,7 +660,7 @@ def _running_toolchain() -> Dict[str, Optional[str]]:
         try:
             import mlx.core as mx
 
-            mlx_version: Optional[str] = str(mx.__version__)
+            mlx_version: Optional[str] = str(getattr(mx, "__version__", "unknown"))
         except ImportError:
             mlx_version = None
         macos = platform.mac_ver()[0] or None

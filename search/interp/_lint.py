@@ -59,9 +59,9 @@ def lint(header: str, source: str) -> str | None:
             if m.group(1) not in _ALLOWED_HEADERS:
                 return f"{where(m.start())}: #include <{m.group(1)}> is outside the interpreter's MSL subset"
         for pattern, what in _REJECT:
-            m = pattern.search(code)
-            if m:
-                return f"{where(m.start())}: {what} ({m.group(0)!r}) are outside the interpreter's MSL subset"
+            hit = pattern.search(code)
+            if hit:
+                return f"{where(hit.start())}: {what} ({hit.group(0)!r}) are outside the interpreter's MSL subset"
         for m in _SIMD_IDENT.finditer(code):
             if m.group(1) not in SIMD_FUNCTIONS:
                 return f"{where(m.start())}: {m.group(1)} is outside the interpreter's MSL subset"
@@ -72,8 +72,8 @@ def lint(header: str, source: str) -> str | None:
             if (m.group(1), m.group(2)) != ("8", "8"):
                 return f"{where(m.start())}: simdgroup_matrix of {m.group(1)}x{m.group(2)} (only 8x8 is supported)"
         rest = _TENSOR_SPACE.sub("", _TG_POINTER.sub("", _TG_SCALAR.sub("", _TG_ARRAY.sub("", code))))
-        m = re.search(r"\bthreadgroup\b(?!_)", rest)
-        if m:
-            return (f"{where(m.start())}: this threadgroup declaration is outside the interpreter's MSL subset "
+        found = re.search(r"\bthreadgroup\b(?!_)", rest)
+        if found:
+            return (f"{where(found.start())}: this threadgroup declaration is outside the interpreter's MSL subset "
                     "(use a 1-D array `threadgroup T name[N];` or a pointer `threadgroup T* p`)")
     return None

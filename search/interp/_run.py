@@ -84,14 +84,14 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
 
             faulthandler.disable()  # a crashing kernel is reported by the parent, not dumped here
             argv = (ctypes.c_void_p * len(call_args))(*[a.ctypes.data for a in call_args])
-            diags = (_Diag * MAX_DIAGS).from_buffer(diag_mem, 16)
+            slots = (_Diag * MAX_DIAGS).from_buffer(diag_mem, 16)
             nd = ctypes.c_int(0)
             if threadgroups:
                 flat = [int(v) for t in threadgroups for v in t]
                 selection = (ctypes.c_uint32 * len(flat))(*flat)
                 lib.ks_select(selection, ctypes.c_int(len(threadgroups)))
             rc = lib.ks_run(argv, (ctypes.c_uint32 * 3)(*grid), (ctypes.c_uint32 * 3)(*tg), ctypes.c_int64(tg_limit),
-                            ctypes.c_int(stack_kb), diags, ctypes.c_int(MAX_DIAGS), ctypes.byref(nd))
+                            ctypes.c_int(stack_kb), slots, ctypes.c_int(MAX_DIAGS), ctypes.byref(nd))
             diag_mem[0:8] = struct.pack("ii", rc, nd.value)
             code = 0 if rc == 0 else 3
         finally:

@@ -14,6 +14,7 @@ speedup, published or rejected (with the gate's reason) or failed (with the reas
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import time
@@ -39,9 +40,32 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "x"
 
 
+def machine_name() -> str:
+    """This machine in a farm: ``KERNSEARCH_MACHINE``, else the host name."""
+    return os.environ.get("KERNSEARCH_MACHINE") or socket.gethostname()
+
+
 def gpu_limit_name(host: str | None = None) -> str:
-    """The per-machine concurrency limit that serialises GPU measurement."""
-    return GPU_LIMIT_PREFIX + slug(host or socket.gethostname())
+    """The per-machine concurrency limit that serialises GPU measurement (one GPU job per machine)."""
+    return GPU_LIMIT_PREFIX + slug(host or machine_name())
+
+
+def refusal(chip: str | None) -> str | None:
+    """Why a farm worker must not run a run for ``chip`` (None: it may).
+
+    A worker's machine declares its chip in ``KERNSEARCH_CHIP``; a run for another chip (a deployment in the
+    wrong pool, a run started by hand with another chip) is refused before anything is tuned. Without the
+    variable a machine runs what it is asked (``kernsearch flows run --chip X`` models X anywhere).
+    """
+    declared = os.environ.get("KERNSEARCH_CHIP")
+    if not declared or not chip:
+        return None
+    from kernsearch._chips import get_chip
+
+    if get_chip(declared).name == get_chip(chip).name:
+        return None
+    return (f"refused: this worker's machine {machine_name()!r} is a {get_chip(declared).name} "
+            f"(KERNSEARCH_CHIP); the run is for {get_chip(chip).name}")
 
 
 def ensure_gpu_limit(name: str) -> None:
@@ -164,6 +188,10 @@ def export_package(artifacts: str | None, out: str, families: list[str]) -> dict
 def nightly(job_file: str, chip: str | None = None) -> dict[str, Any]:
     """Run every job of ``job_file`` listed for ``chip`` (default: the detected chip); see the module doc."""
     logger = get_run_logger()
+    refused = refusal(chip)
+    if refused:
+        logger.error(refused)
+        raise KernsearchError(refused)
     jobs = load_jobs(job_file)
     machine, detected = _machine(chip)
     units = jobs.units(machine.name)

@@ -164,6 +164,16 @@ def resolve_chip(name: str | None) -> Chip:
     return get_chip(name) if name else detect_chip()
 
 
+def target_chip(name: str | None) -> Chip:
+    """The chip every command works for: ``--chip NAME``, else the GPU detected here, else (no GPU: the
+    ``cpu`` pseudo-chip) :func:`default_apple_chip`. ``space``, ``render``, ``verify``, ``tune`` and
+    ``predict`` all use it, so their defaults agree."""
+    if name:
+        return get_chip(name)
+    here = detect_chip()
+    return here if here.vendor != "cpu" else default_apple_chip()
+
+
 def default_apple_chip() -> Chip:
     """The M-series chip named when nothing Apple is present and the user named none."""
     return get_chip("M2 Max")

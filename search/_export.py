@@ -120,7 +120,7 @@ def _family_table(fam: Family) -> dict[str, Any]:
         if shape[0] != "list" or any(a[0] not in ("name", "const") for a in shape[1]):
             raise ExportError(f"family {fam.name}: input {t.name} shape {t.shape.text!r} is not a list of "
                               "dimension names (the exported function reads the problem size off its inputs)")
-        inputs.append({"name": t.name, "axes": [a[1] for a in shape[1]],
+        inputs.append({"name": t.name, "axes": [a[1] for a in shape[1]], "dtype": t.dtype,
                        "transposed": expr_tree(t.transposed) if t.transposed is not None else None})
     launch = {name: expr_tree(e) for name in ("grid", "threadgroup", "shared_memory")
               if (e := getattr(fam.launch, name)) is not None}
@@ -130,12 +130,14 @@ def _family_table(fam: Family) -> dict[str, Any]:
         "dtypes": list(fam.problem.dtypes),
         "dtype_sizes": {d: DTYPES[d] for d in fam.problem.dtypes},
         "inputs": inputs,
-        "outputs": [{"name": t.name, "shape": expr_tree(t.shape)} for t in fam.outputs],
+        "outputs": [{"name": t.name, "shape": expr_tree(t.shape), "dtype": t.dtype} for t in fam.outputs],
         "derived": [[name, expr_tree(e)] for name, e in fam.derived.items()],
         "constraints": [{"name": c.name, "why": c.why, "expr": expr_tree(c.expr)} for c in fam.constraints],
         "launch": launch,
         "baseline": expr_tree(fam.baseline),
         "baseline_name": fam.baseline_name,
+        "compile_baseline": fam.compile_baseline,
+        "params": [{"name": n, "value": p.number, "dtype": p.dtype} for n, p in fam.params.items()],
         "transfer": fam.transfer,
         "array_functions": list(ARRAY_FUNCTIONS),
         "default": {"config": dict(fam.default), "kernels": {}},

@@ -71,7 +71,7 @@ MAX_INT_BITS = 256
 MAX_ITEMS = 10_000
 MAX_ARRAY_ELEMENTS = 1 << 28
 #: Keyword arguments array functions may take (never ``out=``, which would write into an input).
-KEYWORDS = frozenset({"axis", "axes", "keepdims"})
+KEYWORDS = frozenset({"axis", "axes", "keepdims", "group_size", "bits", "transpose"})
 
 #: Jinja's parser only (for its grammar); nothing is compiled or rendered with it.
 _ENV = ImmutableSandboxedEnvironment()

@@ -206,12 +206,46 @@ def _setup(task: VariantTask, config: dict[str, Any] | None = None
     return fam, problem, space, impl, render(fam, cfg, task.dtype, impl.target or "metal"), geometry(space, cfg)
 
 
+#: Per worker process and problem: (logical inputs, float64 reference) by seed, and the kernel's input
+#: arrays by (seed, transposed inputs). Building them costs seconds at 4096^3; the problem is the same
+#: for every trial of a study, so a worker builds them once (they go with ``_CACHE``'s problem).
+_DATA: dict[Any, Any] = {}
+
+
+def _problem_data(problem: Any, seed: int, with_reference: bool = True) -> tuple[dict[str, Any], list[Any] | None]:
+    from ._verify import make_inputs, reference
+
+    key = (problem.family.name, problem.shape_text, problem.dtype, seed)
+    if _DATA.get("problem") != (problem.family.name, problem.shape_text, problem.dtype):
+        _DATA.clear()
+        _DATA["problem"] = (problem.family.name, problem.shape_text, problem.dtype)
+    if key not in _DATA:
+        _DATA[key] = [make_inputs(problem, seed), None]
+    if with_reference and _DATA[key][1] is None:
+        _DATA[key][1] = reference(problem, _DATA[key][0])
+    return _DATA[key][0], _DATA[key][1]
+
+
+def _timing_inputs(problem: Any, seed: int, geo: Any) -> list[Any]:
+    """The kernel's inputs for timing, the same array objects for every variant with the same layout
+    (a back-end may keep its device copies of them across variants)."""
+    from ._verify import kernel_inputs
+
+    logical, _ = _problem_data(problem, seed, with_reference=False)
+    key = ("kernel", seed, tuple(sorted(geo.transposed_inputs)))
+    if key not in _DATA:
+        _DATA[key] = kernel_inputs(problem, logical, geo)
+    inputs: list[Any] = _DATA[key]
+    return inputs
+
+
 def _check(impl: BaseBackend, kernel: KernelSource, geo: Geometry, problem: Problem, seed: int,
            options: dict[str, Any]) -> dict[str, Any]:
     from ._errors import VariantFailure
     from ._verify import verify_kernel
 
-    check, diagnostics = verify_kernel(impl, kernel, geo, problem, seed, **options)
+    check, diagnostics = verify_kernel(impl, kernel, geo, problem, seed, data=_problem_data(problem, seed),
+                                       **options)
     if not check.ok:
         raise VariantFailure(check.reason or "wrong", check.detail or check.summary())
     errors = [d for d in diagnostics if getattr(d, "severity", "error") == "error"]
@@ -237,15 +271,30 @@ def verify_variant(task: VariantTask) -> dict[str, Any]:
 
 
 def measure_variant(task: VariantTask) -> dict[str, Any]:
-    """Build, verify (fresh inputs, NaN-prefilled outputs), then time one variant on a real GPU."""
-    from ._verify import kernel_inputs, make_inputs
-
+    """Build, verify (NaN-prefilled outputs against the float64 reference), then time one variant on a
+    real GPU. Inputs and the reference are built once per worker and problem, not per variant."""
     _, problem, _, impl, kernel, geo = _setup(task)
     check = _check(impl, kernel, geo, problem, task.seed, task.options)
-    inputs = kernel_inputs(problem, make_inputs(problem, task.seed + 1), geo)
+    inputs = _timing_inputs(problem, task.seed + 1, geo)
     timing = impl.time(kernel, geo, inputs, problem.dtype, **task.options)
     return {**check, "samples_ms": list(timing.samples_ms), "median_ms": timing.median_ms,
             "spread": timing.spread, "compile_seconds": timing.compile_seconds}
+
+
+def prepare_variant(task: VariantTask) -> dict[str, Any]:
+    """Render and compile one variant ahead of its timing, in a compile worker (not the timing process).
+
+    The back-end's ``precompile`` does what can truly run in another process: MLX's CUDA back-end keeps
+    NVRTC's output on disk by kernel name (``MLX_PTX_CACHE_DIR``), so compiling here makes the timing
+    process's first launch a load; on Metal it is a compile check only. A render or compile error fails
+    the variant here, without the timing process.
+    """
+    _, problem, _, impl, kernel, geo = _setup(task)
+    start = time.perf_counter()
+    precompile = getattr(impl, "precompile", None)
+    shapes = [tuple(x.shape) for x in _timing_inputs(problem, task.seed + 1, geo)]
+    done = bool(precompile(kernel, geo, shapes, problem.dtype)) if precompile is not None else False
+    return {"compiled": done, "seconds": time.perf_counter() - start}
 
 
 def final_round(task: VariantTask) -> dict[str, Any]:

@@ -38,7 +38,8 @@ class KernelObjective(Objective):
 
     def __init__(self, problem: Problem, chip: Chip, backend: str, *, seed: int = 0, timeout: float = 120.0,
                  verify: str = "finalists", verify_shape: tuple[int, ...] | None = None,
-                 verify_mode: str = "fast", backend_options: dict[str, Any] | None = None) -> None:
+                 verify_mode: str = "fast", backend_options: dict[str, Any] | None = None,
+                 compile_workers: int | None = None) -> None:
         from ._measure import load_backend
         from ._space import Space
 
@@ -64,10 +65,28 @@ class KernelObjective(Objective):
         # The interpreter runs Metal only: a modeled CUDA kernel cannot be verified here (nor published).
         self.verify = verify if self.target == "metal" or backend != "model" else "none"
         self.verify_shape = verify_shape or tuple(min(d, 96) for d in problem.shape)
+        if backend == "model" and self.verify != "none":  # say it now, not after the whole search
+            from .interp._compile import compiler
+
+            try:
+                compiler()
+            except BackendError as exc:
+                raise BackendError(f"{exc}: the interpreter that verifies modeled winners compiles them "
+                                   "(apt-get install g++, or Xcode's command line tools); --verify none "
+                                   "searches without it (then nothing is verified)") from None
         self.verify_mode = verify_mode
         self.timeout = timeout
         self._valid: list[Config] | None = None
         self._worker: Any = None
+        # Pipelined measured search: compile workers render and compile the next proposals while the
+        # timing worker measures (default: one per core but the timer's, on the measured back-ends).
+        if compile_workers is None:
+            import os
+
+            compile_workers = max(1, (os.cpu_count() or 2) - 1) if backend in ("metal", "cuda") else 0
+        self.compile_workers = compile_workers if backend != "model" else 0
+        self._pool: Any = None
+        self._prepared: dict[str, Any] = {}  # config key -> future of prepare_variant
 
     # -- the space --------------------------------------------------------------------------------
     @property
@@ -138,6 +157,29 @@ class KernelObjective(Objective):
             self._worker = Worker(timeout=self.timeout)
         return self._worker
 
+    def lookahead(self) -> int:
+        return self.compile_workers + 1 if self.compile_workers else 1
+
+    def prefetch(self, config: Config) -> None:
+        if not self.compile_workers:
+            return
+        from ._measure import prepare_variant
+        from ._space import format_config
+        from ._worker import WorkerPool
+
+        if self._pool is None:
+            self._pool = WorkerPool(self.compile_workers, timeout=self.timeout)
+        self._prepared[format_config(config)] = self._pool.submit(prepare_variant, self._task(config, self.backend))
+
+    def _wait_prepared(self, config: Config) -> None:
+        """The compile worker's verdict on ``config``: its compile error (or crash, hang) fails the variant
+        without the timing process; otherwise the timing process finds it compiled (CUDA: on disk)."""
+        from ._space import format_config
+
+        future = self._prepared.pop(format_config(config), None)
+        if future is not None:
+            future.result()  # raises the variant's VariantFailure
+
     def interpret(self, config: Config) -> dict[str, Any]:
         """Verify ``config`` on the CPU interpreter (small problem); raises VariantFailure."""
         from ._measure import verify_variant
@@ -206,6 +248,7 @@ class KernelObjective(Objective):
         else:
             from ._measure import measure_variant
 
+            self._wait_prepared(config)
             out = self.worker().call(measure_variant, self._task(config, self.backend))
             samples = out["samples_ms"]
             rec = Record(out["median_ms"], self.evidence, samples, out["spread"], out["compile_seconds"],
@@ -308,6 +351,10 @@ class KernelObjective(Objective):
         return (store or ArtifactStore()).publish(candidate, margin=DEFAULT_MARGIN if margin is None else margin)
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+            self._prepared.clear()
         if self._worker is not None:
             self._worker.close()
             self._worker = None

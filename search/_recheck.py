@@ -69,8 +69,9 @@ def _names(m: Manifest) -> None:
             raise _fail(m, f"text {text[:60]!r} is too long or holds control characters")
     if [list(t) for t in m.kernel.template] != [["T", m.problem.dtype]]:
         raise _fail(m, f"kernel template arguments {m.kernel.template!r}")
-    if m.geometry.output_dtypes and set(m.geometry.output_dtypes) != {m.problem.dtype}:
-        raise _fail(m, "output dtypes differ from the problem's")
+    known = {"float32", "float16", "bfloat16", "uint32", "int32"}
+    if not set(m.geometry.output_dtypes) <= known or not set(m.geometry.input_dtypes) <= known:
+        raise _fail(m, "unknown input or output dtype")
 
 
 def _chip(m: Manifest) -> Any:
@@ -168,9 +169,13 @@ def _against_family(m: Manifest, kernel: KernelSource, fam: Family, chip: Any) -
         domain = fam.knobs[knob].values
         if value not in domain or type(value) is not type(domain[0]):
             raise _fail(m, f"{knob}={value!r} is outside its domain {domain}")
-    if list(m.kernel.input_names) != [t.name for t in fam.inputs] or \
+    if list(m.kernel.input_names) != list(fam.kernel_input_names) or \
             list(m.kernel.output_names) != [t.name for t in fam.outputs]:
         raise _fail(m, "kernel inputs/outputs differ from the family's")
+    outputs_differ = list(m.geometry.output_dtypes) != list(fam.output_dtypes(m.problem.dtype))
+    inputs_differ = list(m.geometry.input_dtypes) != list(fam.kernel_input_dtypes(m.problem.dtype))
+    if (m.geometry.output_dtypes and outputs_differ) or (m.geometry.input_dtypes and inputs_differ):
+        raise _fail(m, "kernel input/output dtypes differ from the family's")
     if list(m.problem.dims) != list(fam.dims) or list(m.problem.dims.values()) != list(m.problem.shape):
         raise _fail(m, "problem dimensions differ from the family's")
     try:

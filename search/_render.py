@@ -65,6 +65,12 @@ class Geometry:
     #: Inputs the kernel takes transposed (contiguous), by name.
     transposed_inputs: tuple[str, ...] = ()
     shared_memory: int = 0
+    #: The dtype of each kernel input (tensor inputs, then scalar parameters); empty: all the problem dtype.
+    input_dtypes: tuple[str, ...] = ()
+
+    def input_dtype(self, index: int, dtype: str) -> str:
+        """Kernel input ``index``'s dtype in a problem of dtype ``dtype``."""
+        return self.input_dtypes[index] if index < len(self.input_dtypes) else dtype
 
 
 @lru_cache(maxsize=64)
@@ -114,7 +120,7 @@ def render(family: Family, config: Config, dtype: str, target: str = "metal") ->
     return KernelSource(
         name=f"kernsearch_{family.name}_{digest}",
         target=target,
-        input_names=tuple(t.name for t in family.inputs),
+        input_names=family.kernel_input_names,
         output_names=tuple(t.name for t in family.outputs),
         header=header,
         source=source,
@@ -147,7 +153,10 @@ def geometry(space: Space, config: Config) -> Geometry:
         grid=ints(fam.launch.grid, "launch.grid"),  # type: ignore[arg-type]
         threadgroup=ints(fam.launch.threadgroup, "launch.threadgroup", 3, 1, MAX_THREADGROUP),  # type: ignore[arg-type]
         output_shapes=tuple(ints(t.shape, f"outputs.{t.name}.shape", None, 1, MAX_GRID) for t in fam.outputs),
-        output_dtypes=tuple(space.problem.dtype for _ in fam.outputs),
+        output_dtypes=fam.output_dtypes(space.problem.dtype),
         transposed_inputs=transposed,
         shared_memory=shared,
+        # Recorded only where some input is not of the problem dtype (manifests of such families stay as they were).
+        input_dtypes=(fam.kernel_input_dtypes(space.problem.dtype)
+                      if fam.params or any(t.dtype != "T" for t in fam.inputs) else ()),
     )

@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from jinja2 import TemplateNotFound, TemplateSyntaxError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -22,15 +23,18 @@ from . import _safeio
 from ._errors import SpecError
 from ._expr import BUILTINS, Expr, ExprError
 from ._template import TEMPLATE_LIMIT, TemplateSandbox
+from ._vocab import ARRAY_FUNCTIONS, MLX_NAMES
 
 SPEC_FILE = "family.toml"
 TARGETS = ("metal", "cuda")
+#: Problem dtypes (``T``): a family's kernels are rendered and tuned per problem dtype.
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
-#: Array functions a reference (NumPy) or baseline (MLX) expression may call.
-ARRAY_FUNCTIONS = ("matmul", "einsum", "transpose", "exp", "log", "sqrt", "tanh", "maximum", "minimum",
-                   "sum", "max", "min", "mean", "where", "abs", "square", "reshape", "softmax")
+#: Dtypes an input, output or scalar parameter may declare besides ``T`` (the problem dtype).
+TENSOR_DTYPES = {**DTYPES, "uint32": 4, "int32": 4}
+TensorDtype = Literal["T", "float32", "float16", "bfloat16", "uint32", "int32"]
 #: Names every geometry/constraint expression may read besides knobs, dimensions and derived values.
 CONTEXT_NAMES = frozenset({"chip", "dtype", "dtype_size"}) | frozenset(BUILTINS)
+__all__ = ["ARRAY_FUNCTIONS", "DTYPES", "Family", "load_family", "parse_family"]
 #: Names the performance model supplies to ``[model]`` expressions (threadgroups resident at once, chip-wide).
 MODEL_NAMES = frozenset({"concurrent"})
 KnobValue = bool | int | str
@@ -86,12 +90,14 @@ class Knob(_Model):
 
 
 class Tensor(_Model):
-    """A kernel input or output; ``shape`` is an expression of the problem dimensions."""
+    """A kernel output (and the base of an input); ``shape`` is an expression of the problem dimensions.
+
+    ``dtype`` is ``T`` (the problem dtype, default) or a fixed dtype (``float32``, ``uint32``...)."""
 
     name: str
     shape: Expr
-    transposed: Expr | None = None
-    _check_shape = field_validator("shape", "transposed", mode="before")(lambda v: v if v is None else _expr(v))
+    dtype: TensorDtype = "T"
+    _check_shape = field_validator("shape", mode="before")(lambda v: _expr(v))
 
     @field_validator("name")
     @classmethod
@@ -99,6 +105,112 @@ class Tensor(_Model):
         if not _IDENT.fullmatch(name):
             raise ValueError(f"{name!r} is not an identifier")
         return name
+
+    def resolved_dtype(self, dtype: str) -> str:
+        """This tensor's dtype in a problem of dtype ``dtype``."""
+        return dtype if self.dtype == "T" else self.dtype
+
+
+class Distribution(_Model):
+    """How verification and timing draw an input's values (always exact in the input's dtype).
+
+    ``uniform`` in [low, high] (default [-1, 1]); ``positive``: uniform in [low, high] with 0 < low
+    (default [0.5, 1.5]: scales, variances); ``integer``: whole numbers in [low, high] (indices, quantized
+    values); ``packed``: uint32 words of ``bits``-wide unsigned fields, every field uniform (quantized
+    weights as MLX packs them: low bits first).
+    """
+
+    kind: Literal["uniform", "positive", "integer", "packed"] = "uniform"
+    low: float | None = None
+    high: float | None = None
+    bits: Literal[2, 4, 8] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Distribution:
+        if self.kind == "packed":
+            if self.bits is None or self.low is not None or self.high is not None:
+                raise ValueError("a packed distribution takes bits (2, 4 or 8) and no low/high")
+            return self
+        if self.bits is not None:
+            raise ValueError("bits is for packed distributions")
+        low, high = self.bounds()
+        if self.kind == "integer" and (self.low is None or self.high is None or abs(low) > 2**31
+                                       or abs(high) > 2**32 or low != int(low) or high != int(high)):
+            raise ValueError("an integer distribution needs whole low and high (32-bit)")
+        if not (low < high) or abs(low) > 1e30 or abs(high) > 1e30:
+            raise ValueError(f"need low < high (finite), got [{low}, {high}]")
+        if self.kind == "positive" and low <= 0:
+            raise ValueError("a positive distribution needs low > 0")
+        return self
+
+    def bounds(self) -> tuple[float, float]:
+        default = {"uniform": (-1.0, 1.0), "positive": (0.5, 1.5), "integer": (0.0, 0.0), "packed": (0.0, 0.0)}
+        d_low, d_high = default[self.kind]
+        return (d_low if self.low is None else self.low, d_high if self.high is None else self.high)
+
+
+class Input(Tensor):
+    """A kernel input: a tensor with a value distribution, possibly taken transposed by some variants."""
+
+    transposed: Expr | None = None
+    distribution: Distribution = Distribution()
+    _check_transposed = field_validator("transposed", mode="before")(lambda v: v if v is None else _expr(v))
+
+    @field_validator("distribution", mode="before")
+    @classmethod
+    def _short(cls, value: Any) -> Any:
+        return {"kind": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _fits_dtype(self) -> Input:
+        kind, integer = self.distribution.kind, self.dtype in ("uint32", "int32")
+        if kind == "packed" and self.dtype != "uint32":
+            raise ValueError("a packed distribution needs dtype = \"uint32\"")
+        if integer and kind not in ("integer", "packed"):
+            raise ValueError(f"an input of dtype {self.dtype} needs an integer or packed distribution")
+        if kind == "integer" and self.dtype == "uint32" and self.distribution.bounds()[0] < 0:
+            raise ValueError("a uint32 input cannot hold negative integers")
+        return self
+
+
+class Param(_Model):
+    """A scalar the kernel takes (``eps``), passed as a 1-element input after the tensor inputs.
+
+    In a spec: ``eps = 1e-5`` (a float32), or ``eps = { value = 3, dtype = "int32" }``. References,
+    baselines and tolerances read it by name."""
+
+    value: float | int
+    dtype: Literal["float32", "int32", "uint32"] = "float32"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("a parameter is a number, not a boolean")
+        if isinstance(value, (int, float)):
+            return {"value": value, "dtype": "int32" if isinstance(value, int) else "float32"}
+        return value
+
+    @model_validator(mode="after")
+    def _fits(self) -> Param:
+        if isinstance(self.value, bool) or not np.isfinite(self.value):
+            raise ValueError(f"value {self.value!r} is not a finite number")
+        if self.dtype != "float32":
+            if self.value != int(self.value):
+                raise ValueError(f"{self.dtype} parameter with a fractional value {self.value}")
+            low, high = (0, 2**32 - 1) if self.dtype == "uint32" else (-2**31, 2**31 - 1)
+            if not low <= self.value <= high:
+                raise ValueError(f"value {self.value} does not fit {self.dtype}")
+        elif abs(self.value) > 3.4e38:
+            raise ValueError(f"value {self.value} does not fit float32")
+        return self
+
+    @property
+    def number(self) -> float | int:
+        """The value as the kernel sees it (rounded to float32, or an integer)."""
+        if self.dtype == "float32":
+            return float(np.float32(self.value))
+        return int(self.value)
 
 
 class Constraint(_Model):
@@ -155,10 +267,15 @@ class Family(_Model):
     name: str
     description: str = Field(max_length=2000)
     problem: ProblemSpec
-    inputs: list[Tensor] = Field(min_length=1)
+    inputs: list[Input] = Field(min_length=1)
     outputs: list[Tensor] = Field(min_length=1)
+    #: Scalars the kernel takes as 1-element inputs after ``inputs`` (``eps``), by name.
+    params: dict[str, Param] = Field(default_factory=dict)
     reference: Expr
+    #: The MLX op a kernel must beat, over the vocabulary of :mod:`kernsearch._vocab` (``rms_norm(x, w, eps)``).
     baseline: Expr
+    #: Time the baseline as one ``mx.compile``d function (a composition MLX fuses, e.g. ``silu(a) * b``).
+    compile_baseline: bool = False
     templates: dict[Literal["metal", "cuda"], str] = Field(min_length=1)
     knobs: dict[str, Knob] = Field(min_length=1)
     derived: dict[str, Expr] = Field(default_factory=dict)
@@ -205,9 +322,31 @@ class Family(_Model):
     # -- views ------------------------------------------------------------------------------------
     @property
     def baseline_name(self) -> str:
-        """The baseline op as users know it (``mx.matmul``), for verdicts and ``explain``."""
-        m = re.match(r"\s*([A-Za-z_][A-Za-z0-9_]{0,47})\s*\(", self.baseline.text)
-        return f"mx.{m.group(1)}" if m else "the MLX op"
+        """The baseline op as users know it (``mx.matmul``, ``mx.fast.rms_norm``), for verdicts and ``explain``."""
+        m = re.fullmatch(r"\s*([A-Za-z_][A-Za-z0-9_]{0,47})\s*\([^()]*\)\s*", self.baseline.text)
+        if m:
+            name = MLX_NAMES.get(m.group(1), f"mx.{m.group(1)}")
+        else:
+            text = " ".join(self.baseline.text.split())
+            name = f"MLX {text[:60]}" + ("..." if len(text) > 60 else "")
+        return f"mx.compile({name})" if self.compile_baseline else name
+
+    @property
+    def kernel_input_names(self) -> tuple[str, ...]:
+        """What the kernel takes, in order: the tensor inputs, then the scalar parameters."""
+        return tuple(t.name for t in self.inputs) + tuple(self.params)
+
+    def kernel_input_dtypes(self, dtype: str) -> tuple[str, ...]:
+        """The dtype of each kernel input (inputs, then parameters) in a problem of dtype ``dtype``."""
+        return tuple(t.resolved_dtype(dtype) for t in self.inputs) + tuple(p.dtype for p in self.params.values())
+
+    def output_dtypes(self, dtype: str) -> tuple[str, ...]:
+        return tuple(t.resolved_dtype(dtype) for t in self.outputs)
+
+    @property
+    def param_values(self) -> dict[str, float | int]:
+        """Each parameter's value as the kernel sees it (references and baselines read these)."""
+        return {name: p.number for name, p in self.params.items()}
 
     @property
     def dims(self) -> list[str]:
@@ -227,21 +366,22 @@ class Family(_Model):
 
 
 def _check_names(fam: Family) -> None:
-    """Every name an expression reads must exist where it is evaluated."""
-    knobs, dims = set(fam.knobs), set(fam.problem.dims)
+    """Every name an expression reads must exist where it is evaluated; every problem is reported at once."""
+    errors: list[str] = []
+    knobs, dims, params = set(fam.knobs), set(fam.problem.dims), set(fam.params)
     for name in list(knobs) + list(fam.derived):
         if not _IDENT.fullmatch(name):
-            raise ValueError(f"{name!r} is not an identifier")
-        if name in dims or name in CONTEXT_NAMES:
-            raise ValueError(f"name {name!r} is reserved (a dimension or a built-in)")
+            errors.append(f"{name!r} is not an identifier")
+        elif name in dims or name in CONTEXT_NAMES:
+            errors.append(f"name {name!r} is reserved (a dimension or a built-in)")
     clash = knobs & set(fam.derived)
     if clash:
-        raise ValueError(f"derived value(s) {sorted(clash)} shadow knobs")
+        errors.append(f"derived value(s) {sorted(clash)} shadow knobs")
 
     def require(where: str, expr: Expr, allowed: set[str]) -> None:
         unknown = sorted(expr.names - allowed)
         if unknown:
-            raise ValueError(f"{where}: unknown name(s) {', '.join(unknown)} in {expr.text!r}")
+            errors.append(f"{where}: unknown name(s) {', '.join(unknown)} in {expr.text!r}")
 
     base = knobs | dims | set(CONTEXT_NAMES)
     seen: set[str] = set()
@@ -258,9 +398,10 @@ def _check_names(fam: Family) -> None:
     model_base = full | set(MODEL_NAMES)
     for name, expr in fam.model.items():
         if not _IDENT.fullmatch(name):
-            raise ValueError(f"model.{name}: not an identifier")
+            errors.append(f"model.{name}: not an identifier")
+            continue
         if name in full or name in MODEL_NAMES:
-            raise ValueError(f"model.{name}: name is taken (a knob, dimension, derived value or built-in)")
+            errors.append(f"model.{name}: name is taken (a knob, dimension, derived value or built-in)")
         require(f"model.{name}", expr, model_base)
         model_base = model_base | {name}
     require("problem.flops", fam.problem.flops, dims | set(CONTEXT_NAMES))
@@ -268,26 +409,41 @@ def _check_names(fam: Family) -> None:
     for kind, tensors in (("inputs", fam.inputs), ("outputs", fam.outputs)):
         for i, t in enumerate(tensors):
             require(f"{kind}[{i}].shape", t.shape, dims | set(CONTEXT_NAMES))
-            if t.transposed is not None:
-                require(f"{kind}[{i}].transposed", t.transposed, full)
-    names = [t.name for t in fam.inputs + fam.outputs]
+            transposed = getattr(t, "transposed", None)
+            if transposed is not None:
+                require(f"{kind}[{i}].transposed", transposed, full)
+    names = [t.name for t in fam.inputs + fam.outputs] + list(fam.params)
     if len(set(names)) != len(names):
-        raise ValueError("input and output names must be distinct")
-    arrays = {t.name for t in fam.inputs} | dims | set(ARRAY_FUNCTIONS)
+        errors.append("input, output and parameter names must be distinct")
+    for name in params:
+        if not _IDENT.fullmatch(name):
+            errors.append(f"params.{name[:40]!r}: not an identifier")
+        elif name in dims | knobs | set(fam.derived) | set(CONTEXT_NAMES) | set(ARRAY_FUNCTIONS):
+            errors.append(f"params.{name}: name is taken (a dimension, knob, derived value or built-in)")
+    arrays = {t.name for t in fam.inputs} | dims | params | set(ARRAY_FUNCTIONS)
     require("reference", fam.reference, arrays)
     require("baseline", fam.baseline, arrays)
     for dtype, tol in fam.tolerance.items():
-        require(f"tolerance.{dtype}.rtol", tol.rtol, dims | set(BUILTINS))
-        require(f"tolerance.{dtype}.atol", tol.atol, dims | set(BUILTINS))
+        require(f"tolerance.{dtype}.rtol", tol.rtol, dims | params | set(BUILTINS))
+        require(f"tolerance.{dtype}.atol", tol.atol, dims | params | set(BUILTINS))
     missing_tol = [d for d in fam.problem.dtypes if d not in fam.tolerance]
     if missing_tol:
-        raise ValueError(f"tolerance: no entry for dtype(s) {missing_tol}")
-    if set(fam.default) != knobs:
-        extra, missing = sorted(set(fam.default) - knobs), sorted(knobs - set(fam.default))
-        raise ValueError(f"default: unknown knob(s) {extra}" if extra else f"default: missing knob(s) {missing}")
+        errors.append(f"tolerance: no entry for dtype(s) {missing_tol}")
+    extra, missing = sorted(set(fam.default) - knobs), sorted(knobs - set(fam.default))
+    if extra:
+        errors.append(f"default: unknown knob(s) {extra}")
+    if missing:
+        errors.append(f"default: missing knob(s) {missing}")
     for knob, value in fam.default.items():
-        if value not in fam.knobs[knob].values or type(value) is not type(fam.knobs[knob].values[0]):
-            raise ValueError(f"default.{knob}: {value!r} is not in its domain {fam.knobs[knob].values}")
+        if knob in fam.knobs and (value not in fam.knobs[knob].values
+                                  or type(value) is not type(fam.knobs[knob].values[0])):
+            errors.append(f"default.{knob}: {value!r} is not in its domain {fam.knobs[knob].values}")
+    if errors:
+        raise ValueError(_CROSS + _CROSS.join(errors))
+
+
+#: Separates the cross-field errors of one spec inside a single ValueError (split again by parse_family).
+_CROSS = "\x1f"
 
 
 # -- loading -----------------------------------------------------------------------------------------
@@ -345,10 +501,16 @@ def parse_family(data: Any, source: Path | str = "<spec>") -> Family:
     try:
         return Family(**{**data, "path": folder})
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        message = err["msg"].removeprefix("Value error, ")
-        raise SpecError(f"{source}: {field}: {message}") from None
+        problems: list[str] = []
+        for err in exc.errors():
+            message = str(err["msg"]).removeprefix("Value error, ")
+            field = ".".join(str(p) for p in err["loc"])
+            if message.startswith(_CROSS):  # every cross-field error, each named by its own field
+                problems.extend(message.split(_CROSS)[1:])
+            else:
+                problems.append(f"{field or '(top level)'}: {message}")
+        more = f" ({len(problems)} errors)" if len(problems) > 1 else ""
+        raise SpecError(f"{source}{more}: " + "; ".join(p.replace("\n", " ") for p in problems)) from None
     except (TypeError, ValueError, ExprError) as exc:  # e.g. non-string keys from a hand-built mapping
         raise SpecError(f"{source}: {exc}") from None
 

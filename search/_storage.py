@@ -112,7 +112,7 @@ class Heartbeat:
 
     def __init__(self, study: Any) -> None:
         self.study = study
-        self._thread: Any = None
+        self._threads: dict[int, Any] = {}  # trial id -> its pulse (several while a pipelined search runs ahead)
 
     def fail_stale(self) -> list[dict[str, Any]]:
         import optuna
@@ -131,14 +131,20 @@ class Heartbeat:
     def start(self, trial: Any) -> None:
         from optuna.storages._heartbeat import get_heartbeat_thread
 
-        self.stop()
-        self._thread = get_heartbeat_thread(trial._trial_id, self.study._storage)
-        self._thread.start()
+        self.finish(trial)
+        thread = self._threads[trial._trial_id] = get_heartbeat_thread(trial._trial_id, self.study._storage)
+        thread.start()
+
+    def finish(self, trial: Any) -> None:
+        """``trial`` was told: its pulse stops."""
+        thread = self._threads.pop(trial._trial_id, None)
+        if thread is not None:
+            thread.join()
 
     def stop(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        for thread in self._threads.values():
+            thread.join()
+        self._threads.clear()
 
 
 def check_storage(url: str | None) -> Any:

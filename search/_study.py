@@ -40,7 +40,7 @@ import threading
 import time
 import warnings
 from abc import ABC, abstractmethod
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     import optuna
 
 STATUS_OK, STATUS_FAILED, STATUS_INVALID, STATUS_KNOWN = "ok", "failed", "invalid", "known"
+STATUS_CANCELLED = "cancelled"  # proposed and compiled ahead, but the search stopped before timing it
 SAMPLERS = ("tpe", "random", "grid")
 
 
@@ -119,6 +120,14 @@ class Objective(ABC):
 
     def default(self) -> Config | None:
         return None
+
+    def lookahead(self) -> int:
+        """How many proposals the loop may hand to :meth:`prefetch` before the oldest is evaluated
+        (1: one at a time, the loop as it always was)."""
+        return 1
+
+    def prefetch(self, config: Config) -> None:
+        """``config`` will be evaluated soon: start what can run ahead (e.g. compiling it elsewhere)."""
 
     def warm_start(self) -> list[Config]:
         return []
@@ -233,11 +242,21 @@ def distributions(knobs: dict[str, list[Any]]) -> dict[str, Any]:
 LOCAL_EVERY = 3
 
 
+#: TPE treats the configs other processes are evaluating right now as already bad ("constant liar"), so
+#: workers sharing a study do not all propose the same region; alone, nothing is running elsewhere and
+#: nothing changes. Measured with N = 1..8 workers in benchmarks/farm_scale.py.
+CONSTANT_LIAR = True
+
+
 def make_sampler(name: str, seed: int | None, knobs: dict[str, list[Any]]) -> optuna.samplers.BaseSampler:
     import optuna
 
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
+        # constant liar: configs proposed but not timed yet (pipelined, or other processes') repel proposals
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10,
+                                              constant_liar=CONSTANT_LIAR)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
@@ -359,45 +378,67 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
     eval_seconds = 0.0
     stop_reason = "trial budget reached"
     trial = None
+    # Pipelined evaluation: proposals are handed to the objective (compiled ahead in other processes)
+    # up to ``depth`` before the oldest is timed; what is still ahead when the search stops is closed.
+    depth = max(1, objective.lookahead())
+    ahead: deque[tuple[optuna.Trial, Config, str]] = deque()
     try:
         while True:
             if shared:
                 known.update(_known(study))  # the shared budget counts every process's trials
                 # A process that died mid-trial: its trial is failed here, and its config asked for again.
                 first[:0] = [c for c in beat.fail_stale() if format_config(c) not in known and c not in first]
-            if size is not None and len(known) >= size:
-                stop_reason = "every valid config evaluated"
-                break
-            if trials is not None and len(known) >= trials:
-                if not new:  # a resumed study that already had its budget: say how to go on
-                    stop_reason += (f": the study already has {len(known)} configs evaluated and --trials counts "
-                                    f"the whole study (e.g. --trials {len(known) + 50} evaluates 50 more)")
-                break
+            stop_now = None
             if time_budget is not None and time.monotonic() - started >= time_budget:
-                stop_reason = "time budget reached"
+                stop_now = "time budget reached"
+            elif patience is not None and _stale_for(known) >= patience:
+                stop_now = f"no improvement in {patience} trials"
+                if not new and not ahead:
+                    stop_now += (" (before this run started: to search on, raise --patience, or 0 for no "
+                                 "early stop)")
+            elif stop is not None and stop():
+                stop_now = "stopped (Ctrl-C or a stop request); finished trials are kept"
+            if stop_now is not None:
+                stop_reason = stop_now
                 break
-            if patience is not None and _stale_for(known) >= patience:
-                stop_reason = f"no improvement in {patience} trials"
-                if not new:
-                    stop_reason += (" (before this run started: to search on, raise --patience, or 0 for no "
-                                    "early stop)")
-                break
-            if stop is not None and stop():
-                stop_reason = "stopped (Ctrl-C or a stop request); finished trials are kept"
-                break
+            full = False
+            if size is not None and len(known) + len(ahead) >= size:
+                stop_reason, full = "every valid config evaluated", True
+            elif trials is not None and len(known) + len(ahead) >= trials:
+                stop_reason, full = "trial budget reached", True
+            if full or len(ahead) >= depth:
+                if not ahead:
+                    if not new and stop_reason == "trial budget reached":
+                        # a resumed study that already had its budget: say how to go on
+                        stop_reason += (f": the study already has {len(known)} configs evaluated and --trials "
+                                        f"counts the whole study (e.g. --trials {len(known) + 50} evaluates 50 more)")
+                    break
+                trial, config, key = ahead.popleft()
+                t0 = time.monotonic()
+                last = _evaluate(study, objective, trial, config, key, known, failures)
+                beat.finish(trial)
+                eval_seconds += time.monotonic() - t0
+                trial = None
+                new += 1
+                if progress is not None:
+                    progress(_progress(known, trials, time_budget, time.monotonic() - started, failures, invalid,
+                                       last, new, baseline))
+                continue
             fixed = None
             if first:
                 fixed = first.pop(0)
             elif skips >= 5:  # the sampler keeps proposing invalid or known configs: spend on a new one
-                fixed = _fill(known, objective, rng)
+                fixed = _fill(known, objective, rng, {k for _, _, k in ahead})
                 skips = 0
-            elif sampler == "tpe" and LOCAL_EVERY and new >= 10 and new % LOCAL_EVERY == LOCAL_EVERY - 1:
-                fixed = _neighbour(known, objective, rng)  # a local step: one knob away from a leader
+            elif sampler == "tpe" and LOCAL_EVERY and new + len(ahead) >= 10 and \
+                    (new + len(ahead)) % LOCAL_EVERY == LOCAL_EVERY - 1:
+                fixed = _neighbour(known, objective, rng, {k for _, _, k in ahead})  # one knob from a leader
             trial = _ask(study, dists, fixed)
             beat.start(trial)  # from ask to tell: a trial without a pulse is a dead process's
             if not shared:  # another process started on this study: its trials interleave with ours
                 shared = trial.number != (next_number if last_number is None else last_number + 1) or any(
-                    t.number != trial.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+                    t.number != trial.number and all(t.number != a.number for a, _, _ in ahead)
+                    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
             last_number = trial.number
             config = {k: trial.params[k] for k in objective.knobs}
             key = format_config(config)
@@ -407,6 +448,7 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
                 trial.set_user_attr("status", STATUS_INVALID)
                 trial.set_user_attr("failure", {"reason": why})
                 study.tell(trial, state=TrialState.PRUNED)
+                beat.finish(trial)
                 invalid += 1
                 skips += 1
                 trial = None
@@ -414,6 +456,8 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
             if shared and key not in known:
                 known.update(_known(study))  # another process may have finished it meanwhile
             seen = known.get(key) or (_claimed_elsewhere(study, trial, objective, key) if shared else None)
+            if seen is None and any(k == key for _, _, k in ahead):
+                seen = Seen(None, next(t.number for t, _, k in ahead if k == key), config, "in flight")
             if seen is not None:  # never measure a config twice: tell the sampler what is known
                 trial.set_user_attr("status", STATUS_KNOWN)
                 trial.set_user_attr("failure", {"reason": "known", "same_as": seen.number})
@@ -421,33 +465,14 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
                     study.tell(trial, state=TrialState.PRUNED)
                 else:
                     study.tell(trial, seen.value)
+                beat.finish(trial)
                 skips += 1
                 trial = None
                 continue
             skips = 0
-            t0 = time.monotonic()
-            try:
-                record = objective.evaluate(config)
-            except VariantFailure as exc:
-                eval_seconds += time.monotonic() - t0
-                trial.set_user_attr("status", STATUS_FAILED)
-                trial.set_user_attr("failure", {"reason": exc.reason, "detail": exc.detail[:2000]})
-                study.tell(trial, state=TrialState.FAIL)
-                failures[exc.reason] += 1
-                known[key] = Seen(None, trial.number, config, exc.reason)
-                last = f"trial {trial.number} failed ({exc.reason})"
-            else:
-                eval_seconds += time.monotonic() - t0
-                trial.set_user_attr("status", STATUS_OK)
-                trial.set_user_attr("record", {k: v for k, v in asdict(record).items() if v is not None})
-                study.tell(trial, record.time_ms)
-                known[key] = Seen(record.time_ms, trial.number, config)
-                last = f"trial {trial.number}: {record.time_ms:.4g} ms"
+            objective.prefetch(config)  # e.g. compile it in another process while earlier ones are timed
+            ahead.append((trial, config, key))
             trial = None
-            new += 1
-            if progress is not None:
-                progress(_progress(known, trials, time_budget, time.monotonic() - started, failures, invalid,
-                                   last, new, baseline))
     except KeyboardInterrupt:
         stop_reason = "interrupted (Ctrl-C); finished trials are kept"
         if trial is not None:  # the trial in flight is not a result: record why, and keep the rest
@@ -459,6 +484,10 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
             study.tell(trial, state=TrialState.FAIL)
         raise
     finally:
+        for pending, _, _ in ahead:  # proposed, never timed: not a result, and its config stays free
+            pending.set_user_attr("status", STATUS_CANCELLED)
+            study.tell(pending, state=TrialState.PRUNED)
+            beat.finish(pending)
         beat.stop()
     elapsed = time.monotonic() - started
     top = _top(study, finalists)
@@ -475,6 +504,27 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
     return StudyResult(study.study_name, redact(storage or default_storage()), objective.backend, objective.evidence,
                        objective.study_key, best, top, len(known), failures, invalid, elapsed, stop_reason,
                        final, overhead)
+
+
+def _evaluate(study: optuna.Study, objective: Objective, trial: optuna.Trial, config: Config, key: str,
+              known: dict[str, Seen], failures: Counter[str]) -> str:
+    """Evaluate one proposal and record it on its trial; a failure is a value, never an exception."""
+    from optuna.trial import TrialState
+
+    try:
+        record = objective.evaluate(config)
+    except VariantFailure as exc:
+        trial.set_user_attr("status", STATUS_FAILED)
+        trial.set_user_attr("failure", {"reason": exc.reason, "detail": exc.detail[:2000]})
+        study.tell(trial, state=TrialState.FAIL)
+        failures[exc.reason] += 1
+        known[key] = Seen(None, trial.number, config, exc.reason)
+        return f"trial {trial.number} failed ({exc.reason})"
+    trial.set_user_attr("status", STATUS_OK)
+    trial.set_user_attr("record", {k: v for k, v in asdict(record).items() if v is not None})
+    study.tell(trial, record.time_ms)
+    known[key] = Seen(record.time_ms, trial.number, config)
+    return f"trial {trial.number}: {record.time_ms:.4g} ms"
 
 
 def _ask(study: optuna.Study, dists: dict[str, Any], fixed: Config | None) -> optuna.Trial:
@@ -549,21 +599,23 @@ def _leaders(known: dict[str, Seen], n: int) -> list[Seen]:
     return sorted((s for s in known.values() if s.value is not None), key=lambda s: (s.value, s.number))[:n]
 
 
-def _fill(known: dict[str, Seen], objective: Objective, rng: random.Random) -> Config | None:
-    """An unevaluated config: a one-knob neighbour of a leader if one is left, else a random one."""
+def _fill(known: dict[str, Seen], objective: Objective, rng: random.Random,
+          busy: set[str] = frozenset()) -> Config | None:  # type: ignore[assignment]
+    """An unevaluated config (not ``busy``): a one-knob neighbour of a leader if one is left, else a random one."""
     if rng.random() < 0.7:
-        cfg = _neighbour(known, objective, rng)
+        cfg = _neighbour(known, objective, rng, busy)
         if cfg is not None:
             return cfg
     for _ in range(50):
         cfg = objective.random_config(rng)
-        if cfg is not None and format_config(cfg) not in known:
+        if cfg is not None and format_config(cfg) not in known and format_config(cfg) not in busy:
             return cfg
-    fresh = [c for c in objective.valid_configs() if format_config(c) not in known]
+    fresh = [c for c in objective.valid_configs() if format_config(c) not in known and format_config(c) not in busy]
     return rng.choice(fresh) if fresh else None
 
 
-def _neighbour(known: dict[str, Seen], objective: Objective, rng: random.Random) -> Config | None:
+def _neighbour(known: dict[str, Seen], objective: Objective, rng: random.Random,
+               busy: set[str] = frozenset()) -> Config | None:  # type: ignore[assignment]
     """An unevaluated valid config one knob away from one of the three leaders (numeric knobs: one step)."""
     leaders = _leaders(known, 3)
     if not leaders:
@@ -577,7 +629,7 @@ def _neighbour(known: dict[str, Seen], objective: Objective, rng: random.Random)
     rng.shuffle(moves)
     for k, v in moves:
         cfg = {**base, k: v}
-        if format_config(cfg) not in known and objective.violation(cfg) is None:
+        if format_config(cfg) not in known and format_config(cfg) not in busy and objective.violation(cfg) is None:
             return cfg
     return None
 

@@ -16,7 +16,7 @@ import numpy as np
 from ._expr import BUILTINS
 from ._render import Geometry, KernelSource
 from ._space import Problem
-from ._spec import ARRAY_FUNCTIONS
+from ._vocab import numpy_namespace
 
 SENTINEL = 1.0e30
 
@@ -36,28 +36,46 @@ def round_to_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def _numpy_namespace() -> dict[str, Any]:
-    ns: dict[str, Any] = {name: getattr(np, name) for name in ARRAY_FUNCTIONS if hasattr(np, name)}
-    ns["softmax"] = lambda x, axis=-1: np.exp(x - x.max(axis, keepdims=True)) / np.exp(
-        x - x.max(axis, keepdims=True)).sum(axis, keepdims=True)
-    return ns
+    return numpy_namespace()
+
+
+def draw(dist: Any, shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -> np.ndarray:
+    """Values of one input from its declared distribution, exact in ``dtype`` (float64, or uint32 words)."""
+    if dist.kind == "packed":
+        return rng.integers(0, 2**32, size=shape, dtype=np.uint64).astype(np.uint32)
+    low, high = dist.bounds()
+    if dist.kind == "integer":
+        values = rng.integers(int(low), int(high), size=shape, endpoint=True).astype(np.float64)
+    else:
+        values = rng.uniform(low, high, size=shape)
+    if dtype == "uint32":
+        return values.astype(np.uint32)
+    if dtype == "int32":
+        return values.astype(np.int32)
+    return round_to_dtype(values, dtype)
 
 
 def make_inputs(problem: Problem, seed: int = 0) -> dict[str, np.ndarray]:
-    """Logical inputs (as the reference sees them), uniform in [-1, 1], exact in the dtype."""
+    """Logical inputs (as the reference sees them), drawn from each input's distribution (uniform in
+    [-1, 1] unless the spec says otherwise), exact in each input's dtype (``T``: the problem's)."""
     rng = np.random.default_rng(seed)
     ctx = problem._ctx()
-    return {t.name: round_to_dtype(rng.uniform(-1.0, 1.0, size=tuple(t.shape(ctx))), problem.dtype)
+    return {t.name: draw(t.distribution, tuple(t.shape(ctx)), t.resolved_dtype(problem.dtype), rng)
             for t in problem.family.inputs}
 
 
 def kernel_inputs(problem: Problem, logical: dict[str, np.ndarray], geometry: Geometry) -> list[np.ndarray]:
-    """The arrays the kernel takes, in order: transposed (contiguous) where the variant wants it."""
-    return [np.ascontiguousarray(logical[t.name].T if t.name in geometry.transposed_inputs else logical[t.name])
-            for t in problem.family.inputs]
+    """The arrays the kernel takes, in order: transposed (contiguous) where the variant wants it, then
+    each scalar parameter as a 1-element array of its dtype."""
+    fam = problem.family
+    arrays = [np.ascontiguousarray(logical[t.name].T if t.name in geometry.transposed_inputs else logical[t.name])
+              for t in fam.inputs]
+    return arrays + [np.asarray([p.number], dtype=np.float32 if p.dtype == "float32" else p.dtype)
+                     for p in fam.params.values()]
 
 
 def reference(problem: Problem, logical: dict[str, np.ndarray]) -> list[np.ndarray]:
-    ns = {**_numpy_namespace(), **problem.dims, **logical}
+    ns = {**_numpy_namespace(), **problem.dims, **problem.family.param_values, **logical}
     out = problem.family.reference(ns)
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
     return [np.asarray(o, dtype=np.float64) for o in outs]
@@ -84,7 +102,7 @@ class Check:
 
 def tolerance(problem: Problem) -> tuple[float, float]:
     tol = problem.family.tolerance[problem.dtype]  # type: ignore[index]
-    ctx = {**BUILTINS, **problem.dims}
+    ctx = {**BUILTINS, **problem.dims, **problem.family.param_values}
     return float(tol.rtol(ctx)), float(tol.atol(ctx))
 
 
@@ -117,9 +135,11 @@ def compare(problem: Problem, outputs: list[np.ndarray], refs: list[np.ndarray],
     return Check(True, "", worst_abs, worst_rel)
 
 
-def verify_outputs(problem: Problem, run: Any, logical: dict[str, np.ndarray]) -> Check:
-    """Compare ``run(init_value)`` with the reference; a second run tells unwritten from NaN."""
-    refs = reference(problem, logical)
+def verify_outputs(problem: Problem, run: Any, logical: dict[str, np.ndarray],
+                   refs: list[np.ndarray] | None = None) -> Check:
+    """Compare ``run(init_value)`` with the reference (``refs``, when the caller keeps it across variants);
+    a second run tells unwritten from NaN."""
+    refs = reference(problem, logical) if refs is None else refs
     outputs = run(float("nan"))
     check = compare(problem, outputs, refs)
     if check.reason == "nan":
@@ -128,12 +148,16 @@ def verify_outputs(problem: Problem, run: Any, logical: dict[str, np.ndarray]) -
 
 
 def verify_kernel(backend: Any, kernel: KernelSource, geometry: Geometry, problem: Problem, seed: int = 0,
-                  threadgroups: list[tuple[int, int, int]] | None = None, **options: Any) -> tuple[Check, list[Any]]:
-    """Run ``kernel`` on ``backend`` with fresh inputs and check it; returns (check, diagnostics).
+                  threadgroups: list[tuple[int, int, int]] | None = None,
+                  data: tuple[dict[str, np.ndarray], list[np.ndarray] | None] | None = None,
+                  **options: Any) -> tuple[Check, list[Any]]:
+    """Run ``kernel`` on ``backend`` and check it; returns (check, diagnostics). Inputs are made from
+    ``seed``, or ``data`` = (logical inputs, float64 reference) kept by the caller across variants of one
+    problem (outputs are pre-filled with NaN on every run either way).
 
     With ``threadgroups`` (the interpreter only) just those threadgroups run, and what they wrote is
     checked against the reference (see :func:`verify_sampled`)."""
-    logical = make_inputs(problem, seed)
+    logical, refs = data if data is not None else (make_inputs(problem, seed), None)
     inputs = kernel_inputs(problem, logical, geometry)
     diagnostics: list[Any] = []
     extra = {"threadgroups": threadgroups} if threadgroups else {}
@@ -145,7 +169,7 @@ def verify_kernel(backend: Any, kernel: KernelSource, geometry: Geometry, proble
 
     if threadgroups:
         return verify_sampled(problem, geometry, run, logical, threadgroups), diagnostics
-    return verify_outputs(problem, run, logical), diagnostics
+    return verify_outputs(problem, run, logical, refs), diagnostics
 
 
 def threadgroup_counts(geometry: Geometry) -> tuple[int, int, int]:

@@ -151,3 +151,38 @@ def _describe_exit(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+class WorkerPool:
+    """``size`` isolated workers behind a thread pool: ``submit`` runs a function in whichever is free and
+    returns a future (its exception is the task's :class:`VariantFailure`). Compile workers of a
+    pipelined search: rendering and compiling run here while one other process owns the GPU and times."""
+
+    def __init__(self, size: int, timeout: float = 60.0) -> None:
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.size = size
+        self.timeout = timeout
+        self._local = threading.local()
+        self._workers: list[Worker] = []
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="kernsearch-compile")
+
+    def _worker(self) -> Worker:
+        w = getattr(self._local, "worker", None)
+        if w is None:
+            w = self._local.worker = Worker(timeout=self.timeout)
+            with self._lock:
+                self._workers.append(w)
+        return w
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return self._pool.submit(lambda: self._worker().call(fn, *args, **kwargs))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            for w in self._workers:
+                w.close()
+            self._workers.clear()

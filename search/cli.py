@@ -59,13 +59,15 @@ def _warn_line(message: warnings.WarningMessage | str) -> None:
     err.print(f"[yellow]warning:[/] {escape(str(text))}")
 
 
-def resolve_chip(name: str | None) -> Chip:
-    """``--chip`` or detection; an unknown detected chip warns on one line."""
+def resolve_chip(name: str | None, target: bool = False) -> Chip:
+    """``--chip`` or detection; an unknown detected chip warns on one line. ``target``: the chip commands
+    work for (``_chips.target_chip``: with no GPU here, the default M-series chip, not the cpu pseudo-chip)."""
     from ._chips import resolve_chip as _resolve
+    from ._chips import target_chip
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        chip = _resolve(name)
+        chip = target_chip(name) if target else _resolve(name)
     for w in caught:
         _warn_line(w)
     return chip
@@ -77,7 +79,7 @@ def problem_and_space(family: str, shape: str | None, dtype: str | None,
     from ._spec import load_family
 
     fam = load_family(family)
-    chip = resolve_chip(chip_name)
+    chip = resolve_chip(chip_name, target=True)
     problem = make_problem(fam, shape, dtype, chip)
     return fam, chip, problem, Space(problem, chip)
 
@@ -478,7 +480,7 @@ def _pick_backend(backend: str, chip_name: str | None) -> tuple[str, Chip, str |
                                   f"{get_chip(chip_name).name}; use --backend model to predict for another chip")
         return backend, here, None
     if backend != "auto":
-        return backend, get_chip(chip_name) if chip_name else default_apple_chip(), None
+        return backend, resolve_chip(chip_name, target=True), None
     here = resolve_chip(None)
     wanted = get_chip(chip_name) if chip_name else None
     if here.vendor in ("apple", "nvidia") and (wanted is None or wanted.name == here.name):
@@ -894,15 +896,15 @@ def dashboard(storage: str | None = StorageOpt,
 def predict(family: str = typer.Argument(..., help=FAMILY_HELP),
             config: str | None = typer.Option(None, "--config", help="KNOB=VALUE,... (others: the default)"),
             shape: str | None = ShapeOpt, dtype: str | None = DtypeOpt,
-            chip_name: str | None = typer.Option(None, "--chip", help="chip to predict for (default: M2 Max)"),
+            chip_name: str | None = typer.Option(None, "--chip", help="chip to predict for (default: the GPU "
+                                                    "here, else M2 Max, as every command)"),
             as_json: bool = typer.Option(False, "--json", help="print the breakdown as JSON")) -> None:
     """Predict one variant's time with the performance model: modeled, never a measurement."""
     import json
 
-    from ._chips import default_apple_chip
     from .backends import get_backend
 
-    _, c, problem, sp = problem_and_space(family, shape, dtype, chip_name or default_apple_chip().name)
+    _, c, problem, sp = problem_and_space(family, shape, dtype, chip_name)
     cfg = sp.validate(sp.parse_config(config))
     b = get_backend("model", chip=c).breakdown(sp, cfg)
     if as_json:

@@ -10,8 +10,10 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,8 +37,12 @@ def _free_port() -> int:
 class PostgresServer:
     """``with PostgresServer(tmp) as pg: pg.url`` — a fresh cluster, one database, stopped and removed on exit."""
 
-    def __init__(self, root: Path, database: str = "kernsearch") -> None:
-        self.root = Path(root)
+    def __init__(self, root: Path | None = None, database: str = "kernsearch") -> None:
+        # Its own temp folder by default: pytest deletes old basetemp folders of other sessions, and a
+        # server whose data folder vanished could no longer be stopped by pg_ctl.
+        self.root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="kernsearch-pg-"))
+        self._owned = root is None
+        self.pid: int | None = None
         self.database = database
         self.port = _free_port()
         self.bin = pg_bin()
@@ -73,6 +79,7 @@ class PostgresServer:
         log = self.data / "server.log"
         self._run("pg_ctl", "-D", str(self.data), "-l", str(log), "-w", "-t", "60", "start", "-o",
                   f"-h 127.0.0.1 -p {self.port} -k '' -c max_connections=200 -c fsync=off", timeout=90)
+        self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
         try:
             env = dict(os.environ, PGPASSWORD="farm-secret")
             subprocess.run([str(self.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "kernsearch",
@@ -83,8 +90,18 @@ class PostgresServer:
         return self
 
     def stop(self) -> None:
-        if (self.data / "postmaster.pid").exists():
-            self._run("pg_ctl", "-D", str(self.data), "-w", "-t", "60", "-m", "fast", "stop", timeout=90)
+        """Fast shutdown (SIGINT to the postmaster, which pg_ctl would send), waiting until it is gone."""
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+            else:
+                if not wait_for(lambda: not _alive(self.pid), 60):  # type: ignore[arg-type]
+                    os.kill(self.pid, signal.SIGKILL)  # type: ignore[arg-type]
+            self.pid = None
+        if self._owned:
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
@@ -95,6 +112,17 @@ class PostgresServer:
                 return True
         except OSError:
             return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie child counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return True
 
 
 def wait_for(predicate, timeout: float, every: float = 0.2) -> bool:  # type: ignore[no-untyped-def]

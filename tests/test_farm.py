@@ -20,8 +20,8 @@ pytestmark = pytest.mark.skipif(pg_bin() is None, reason="PostgreSQL is not inst
 
 
 @pytest.fixture(scope="module")
-def pg(tmp_path_factory: pytest.TempPathFactory):
-    with PostgresServer(tmp_path_factory.mktemp("pg")) as server:
+def pg():
+    with PostgresServer() as server:
         yield server
     assert not server.running()
 
@@ -47,6 +47,7 @@ def _evaluated(log: Path) -> list[tuple[str, str]]:
     return [tuple(line.split()) for line in log.read_text().splitlines()]  # type: ignore[misc]
 
 
+@pytest.mark.slow  # worker processes on a real server: CI runs it, the fast lane does not
 def test_three_processes_share_one_study_without_measuring_a_config_twice(pg, tmp_path):
     log = tmp_path / "evals.log"
     workers = [_worker(pg, "shared", 24, 0.05, log) for _ in range(3)]
@@ -61,6 +62,7 @@ def test_three_processes_share_one_study_without_measuring_a_config_twice(pg, tm
     assert len(ok) == len(configs) >= 24  # the budget is the study's, shared by the processes
 
 
+@pytest.mark.slow  # worker processes on a real server: CI runs it, the fast lane does not
 def test_a_worker_killed_mid_trial_has_its_trial_failed_and_retried_and_the_study_goes_on(pg, tmp_path):
     from optuna.trial import TrialState
 
@@ -93,3 +95,16 @@ def test_an_unreachable_postgresql_url_is_one_line_without_the_password(tmp_path
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot open study storage" in lines[0] and "hunter2" not in proc.stderr, proc.stderr
+
+
+def test_a_farm_worker_refuses_a_run_for_another_chip_in_one_line(monkeypatch):
+    from kernsearch.flows.nightly import gpu_limit_name, refusal
+
+    monkeypatch.delenv("KERNSEARCH_CHIP", raising=False)
+    assert refusal("M3 Max") is None  # no declared identity: a machine runs what it is asked (modeled)
+    monkeypatch.setenv("KERNSEARCH_CHIP", "M2 Max")
+    monkeypatch.setenv("KERNSEARCH_MACHINE", "mac-mini-07")
+    assert refusal("M2 Max") is None and refusal("m2-max") is None
+    why = refusal("M3 Max")
+    assert why is not None and "\n" not in why and "mac-mini-07" in why and "M3 Max" in why
+    assert gpu_limit_name() == "kernsearch-gpu-mac-mini-07"  # one GPU slot per machine, not per host name

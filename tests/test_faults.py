@@ -190,6 +190,12 @@ class SimulatedGPU(_BaseBackend):
     def run(self, kernel, geometry, inputs, dtype, init_value=float("nan"), **options):
         return self.cpu.run(kernel, geometry, inputs, dtype, init_value=init_value, timeout=3.0)
 
+    def precompile(self, kernel, geometry, shapes, dtype):  # the compile worker's check: build and run it once
+        import numpy as np
+
+        self.cpu.run(kernel, geometry, [np.zeros(s) for s in shapes], dtype, timeout=3.0)
+        return False
+
     def _launcher(self, ms):
         def launch(i):
             self.now_ms += ms
@@ -231,3 +237,24 @@ def test_measured_pipeline_verifies_times_and_judges_against_the_baseline(plante
     final = result.final
     assert final["winner"] == best.number and final["lead_exceeds_noise"] and final["beats_baseline"]
     assert final["speedup"] == pytest.approx(3.0, rel=3e-3)
+
+
+def test_pipelined_search_compiles_ahead_and_a_fault_fails_only_its_trial(planted, tmp_path):
+    """Two compile workers build the next proposals while the timing worker measures; a variant that
+    fails to compile, hangs or crashes in a compile worker fails its own trial and is never timed."""
+    chip = get_chip("M2 Max")
+    problem = make_problem(load_family(planted), "64", None, chip)
+    objective = KernelObjective(problem, chip, "test_faults:SimulatedGPU", timeout=8.0, compile_workers=2)
+    objective.default = lambda: None  # type: ignore[method-assign]
+    assert objective.lookahead() == 3
+    url = f"sqlite:///{tmp_path / 'p.db'}"
+    result = run_study(objective, trials=14, sampler="grid", finalists=2, seed=0, storage=url)
+    assert result.evaluated == 14 and result.stop_reason == "every valid config evaluated"
+    assert result.failures == {reason: 2 for reason in EXPECTED.values()}
+    assert result.best is not None and result.best.config == {"FAULT": "none", "TG": 64}
+    import optuna
+
+    trials = optuna.load_study(study_name=result.study_name, storage=url).trials
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    timed = [t for t in trials if t.user_attrs.get("status") == "ok"]
+    assert {t.user_attrs["config"]["FAULT"] for t in timed} == {"none"}

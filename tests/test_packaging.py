@@ -16,10 +16,18 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(out), str(REPO)], check=True, capture_output=True, timeout=300)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v",
+                            "-w", str(out), str(REPO)], check=True, capture_output=True, text=True, timeout=300)
+    (out / "build.log").write_text(built.stdout + built.stderr)
     (whl,) = out.glob("kernsearch-*.whl")
     return whl
+
+
+def test_building_prints_no_setuptools_warnings(wheel: Path) -> None:
+    """pyproject.toml is clean: a user installing kernsearch sees no wall of setuptools warnings."""
+    log = (wheel.parent / "build.log").read_text()
+    warnings = [line.strip() for line in log.splitlines() if "Warning:" in line]
+    assert not warnings, "\n".join(warnings) + "\n(a data folder missing from [tool.setuptools] packages?)"
 
 
 def test_wheel_contains_templates_and_data(wheel: Path) -> None:

@@ -105,7 +105,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_trials(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     assert "Ctrl-C" in out and "Traceback" not in err
-    shown = json.loads(ks("show", "pnpoly/NVIDIA GeForce RTX 3090/-/20000000/replay", "--json",
+    shown = json.loads(ks("show", "pnpoly/RTX 3090/unknown-dtype/20000000/replay", "--json",
                           home=tmp_path).stdout)
     assert shown["status"].get("ok", 0) > 0 and "running" not in shown["status"]
 

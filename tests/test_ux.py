@@ -45,3 +45,27 @@ def test_metal_refusal_hint_leads_somewhere_that_works() -> None:
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "--backend model" in r.stderr and "kernsearch verify --backend cpu" in r.stderr
     assert "or cpu to check" not in r.stderr  # `tune --backend cpu` is itself refused
+
+
+def test_replay_study_key_names_a_chip_and_no_dash_dtype(tmp_path) -> None:
+    from kernsearch.backends._replay import ReplayBackend, replay_chip_name
+
+    assert replay_chip_name("NVIDIA GeForce RTX 3090") == "RTX 3090"
+    assert replay_chip_name("NVIDIA H100 80GB HBM3") == "H100"  # a device the registry knows: its name
+    from pathlib import Path
+
+    root = Path(os.environ.get("KERNSEARCH_LANDSCAPES", Path(__file__).resolve().parents[2] / "shared" / "landscapes"))
+    land = root / "pnpoly_RTX_3090.json.gz"
+    if not land.is_file():
+        import pytest
+
+        pytest.skip(f"{land} is not here (shared landscapes)")
+    key = ReplayBackend(str(land)).objective("pnpoly").study_key
+    assert key["chip"] == "RTX 3090" and key["dtype"] == "unknown-dtype" and key["backend"] == "replay"
+
+
+def test_tune_without_a_compiler_refuses_before_searching(tmp_path) -> None:
+    r = _run("tune", "gemm", "--shape", "64,64,64", "--trials", "3", PATH=str(tmp_path), KERNSEARCH_HOME=str(tmp_path))
+    assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith("error: ") and "g++" in r.stderr
+    assert "trial 1/" not in r.stderr and "--verify none" in r.stderr  # refused before any trial, with a way on
+    assert r.stderr.count("\n") <= 3  # the modeled note, the error; no traceback

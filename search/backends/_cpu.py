@@ -55,6 +55,8 @@ class CpuBackend(BaseBackend):
         if kernel.target != "metal":
             raise BackendError(f"the cpu back-end runs Metal kernels, not {kernel.target}")
         limit = getattr(chip, "threadgroup_memory_bytes", None) or DEFAULT_TG_LIMIT
+        if input_dtypes is None and geometry.input_dtypes:  # the family's typed inputs and parameters
+            input_dtypes = list(geometry.input_dtypes)
         result = run_kernel(kernel, geometry.grid, geometry.threadgroup, list(geometry.output_shapes),
                             list(geometry.output_dtypes), inputs, dtype, init_value=init_value, mode=mode,
                             timeout=self.timeout if timeout is None else timeout, tg_limit=limit, lines=lines,

@@ -40,6 +40,10 @@ def mx_core() -> Any:
 def to_mx(array: np.ndarray, dtype: str) -> Any:
     """A NumPy array (values exact in ``dtype``) as a contiguous MLX array of ``dtype`` on the device."""
     mx = mx_core()
+    if dtype in ("uint32", "int32"):
+        out = mx.array(np.ascontiguousarray(array, dtype=dtype))
+        mx.eval(out)
+        return out
     host = np.ascontiguousarray(array, dtype=np.float16 if dtype == "float16" else np.float32)
     out = mx.array(host)
     if dtype == "bfloat16":
@@ -53,13 +57,31 @@ def to_numpy(array: Any) -> np.ndarray:
 
 
 def mlx_namespace() -> dict[str, Any]:
-    """The array functions a family's ``baseline`` expression may call, as MLX ops."""
-    from .._spec import ARRAY_FUNCTIONS
+    """The array functions a family's ``baseline`` expression may call, as MLX ops (``_vocab``)."""
+    from .._vocab import mlx_namespace as vocabulary
 
+    return vocabulary(mx_core())
+
+
+def kernel_arrays(inputs: list[np.ndarray], geometry: Geometry, dtype: str) -> list[Any]:
+    """The kernel's inputs on the device, each in its own dtype (``geometry.input_dtypes``)."""
+    return [to_mx(x, geometry.input_dtype(i, dtype)) for i, x in enumerate(inputs)]
+
+
+def baseline_call(family: Any, problem: Any) -> tuple[list[str], list[str], Callable[[list[Any]], list[Any]]]:
+    """(input names, their dtypes, call): the family's MLX baseline op on device arrays of its inputs,
+    its parameters bound; ``mx.compile``d when the family says so."""
     mx = mx_core()
-    ns = {name: getattr(mx, name) for name in ARRAY_FUNCTIONS if hasattr(mx, name)}
-    ns["softmax"] = lambda x, axis=-1: mx.softmax(x, axis=axis)
-    return ns
+    names = [t.name for t in family.inputs]
+    dtypes = [t.resolved_dtype(problem.dtype) for t in family.inputs]
+    ns = {**mlx_namespace(), **problem.dims, **family.param_values}
+
+    def op(*arrays_: Any) -> list[Any]:
+        out = family.baseline({**ns, **dict(zip(names, arrays_))})
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+    fn = mx.compile(op) if family.compile_baseline else op
+    return names, dtypes, lambda arrays_: list(fn(*arrays_))
 
 
 def separate_launches(call: Callable[[list[Any]], list[Any]], copies: list[list[Any]]
@@ -100,6 +122,7 @@ class MLXBackend(BaseBackend):
         self.memory_budget_bytes = memory_budget_bytes or self.default_memory_budget_bytes
         self._kernels: dict[tuple[str, int], Any] = {}
         self.compile_seconds: dict[str, float] = {}  # per source hash: wall time of its first launch here
+        self._copies: tuple[Any, list[list[Any]], list[np.ndarray]] | None = None
 
     # -- what differs between Metal and CUDA ----------------------------------------------------------
     @abstractmethod
@@ -151,10 +174,27 @@ class MLXBackend(BaseBackend):
         seconds = self.compile_seconds[source.sha256] = time.perf_counter() - start
         return outs, seconds
 
+    def precompile(self, source: KernelSource, geometry: Geometry, shapes: list[tuple[int, ...]], dtype: str) -> bool:
+        """Compile ``source`` in this process ahead of its timing elsewhere: one threadgroup on zero
+        inputs of the real shapes (a few microseconds of GPU). True when the compiled kernel is kept
+        where another process finds it (MLX's on-disk cache, CUDA only); compile errors raise."""
+        mx = mx_core()
+        try:
+            arrays = [mx.zeros(tuple(s), dtype=getattr(mx, dtype)) for s in shapes]
+            one = replace(geometry, grid=geometry.threadgroup)
+            mx.eval(self._call(source, one, arrays, None))
+            mx.synchronize()
+        except (RuntimeError, ValueError) as exc:
+            raise self.classify(exc) from None
+        return self.compile_cache_on_disk
+
+    #: Whether a kernel compiled in one process is found compiled by another (MLX's CUDA PTX cache).
+    compile_cache_on_disk = False
+
     def run(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
             init_value: float | None = float("nan"), **options: Any) -> RunResult:
         self.check_available()
-        outs, compile_s = self._first(kernel, geometry, [to_mx(x, dtype) for x in inputs], init_value)
+        outs, compile_s = self._first(kernel, geometry, kernel_arrays(inputs, geometry, dtype), init_value)
         return RunResult([to_numpy(o) for o in outs], [], compile_s)
 
     # -- timing ---------------------------------------------------------------------------------------
@@ -173,25 +213,30 @@ class MLXBackend(BaseBackend):
                  sets: int | None = None) -> tuple[Callable[[int], object], Callable[[], None]]:
         """``(launch, sync)`` for :mod:`kernsearch._measure`, after one (compiling) run."""
         self.check_available()
-        copies = [[to_mx(x, dtype) for x in inputs]
-                  for _ in range(sets or self.input_sets(inputs, dtype, geometry))]
+        copies = self._device_copies(inputs, dtype, sets or self.input_sets(inputs, dtype, geometry), geometry)
         self._first(kernel, geometry, copies[0], None)
         return separate_launches(lambda arrays: self._call(kernel, geometry, arrays, None), copies)
+
+    def _device_copies(self, inputs: list[np.ndarray], dtype: str, sets: int,
+                       geometry: Geometry | None = None) -> list[list[Any]]:
+        """Device copies of ``inputs`` (each in its dtype), kept while the caller passes the same arrays (one
+        problem's trials in a worker): uploading 4096^3 inputs per variant costs more than timing it."""
+        dtypes = tuple(geometry.input_dtype(i, dtype) if geometry else dtype for i in range(len(inputs)))
+        key = (tuple(id(x) for x in inputs), dtypes, sets)
+        kept = self._copies
+        if kept is None or kept[0] != key:
+            copies = [[to_mx(x, d) for x, d in zip(inputs, dtypes)] for _ in range(sets)]
+            self._copies = kept = (key, copies, inputs)  # holding the arrays keeps their ids unique
+        return kept[1]
 
     def baseline_launcher(self, family: Any, problem: Any, logical: dict[str, np.ndarray],
                           sets: int | None = None) -> tuple[Callable[[int], object], Callable[[], None]]:
         """``(launch, sync)`` of the family's MLX baseline op (e.g. ``mx.matmul``) on the same inputs."""
         self.check_available()
-        names = [t.name for t in family.inputs]
+        names, dtypes, call = baseline_call(family, problem)
         arrays = [logical[n] for n in names]
-        copies = [[to_mx(x, problem.dtype) for x in arrays]
+        copies = [[to_mx(x, d) for x, d in zip(arrays, dtypes)]
                   for _ in range(sets or self.input_sets(arrays, problem.dtype))]
-        ns = {**mlx_namespace(), **problem.dims}
-
-        def call(arrays_: list[Any]) -> list[Any]:
-            out = family.baseline({**ns, **dict(zip(names, arrays_))})
-            return list(out) if isinstance(out, (list, tuple)) else [out]
-
         mx_core().eval(call(copies[0]))
         return separate_launches(call, copies)
 

@@ -37,6 +37,7 @@ class CudaBackend(MLXBackend):
     target = "cuda"
     default_cache_bytes = 50e6  # the H100's L2
     default_memory_budget_bytes = 4e9
+    compile_cache_on_disk = True  # NVRTC output is cached on disk by kernel name (see the module doc)
 
     def check_available(self) -> None:
         mx = mx_core()

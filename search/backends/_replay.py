@@ -74,7 +74,8 @@ class ReplayBackend(BaseBackend):
 
             @property
             def study_key(self) -> dict[str, str]:
-                return {"family": label, "chip": land.device_name or "unknown GPU", "dtype": "-",
+                return {"family": label, "chip": replay_chip_name(land.device_name),
+                        "dtype": str(land.meta.get("dtype") or "unknown-dtype"),
                         "shape": "x".join(map(str, np.atleast_1d(land.problem_size or [0]))), "backend": "replay"}
 
             def violation(self, config: dict[str, Any]) -> str | None:
@@ -96,3 +97,19 @@ class ReplayBackend(BaseBackend):
                                 f"{land.device_name or 'an unnamed GPU'}, not here"}
 
         return ReplayObjective()
+
+
+def replay_chip_name(device: str) -> str:
+    """The recording GPU as a study key names a chip: the registry's name when it knows the device (``NVIDIA
+    H100 80GB HBM3`` → ``H100``), else the device string without vendor words (``NVIDIA GeForce RTX 3090`` →
+    ``RTX 3090``)."""
+    import re
+
+    from .._chips import registry
+
+    for chip in registry().values():
+        if chip.vendor != "cpu" and chip.device_match and chip.device_match in device:
+            return chip.name
+    short = re.sub(r"^(NVIDIA|AMD|Apple|Intel)\s+|^(GeForce|Radeon|Tesla|Quadro)\s+", "", device.strip())
+    short = re.sub(r"^(GeForce|Radeon|Tesla|Quadro)\s+", "", short)
+    return " ".join(short.split())[:60] or "unknown GPU"

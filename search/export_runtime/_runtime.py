@@ -454,7 +454,8 @@ class Dispatcher:
     # -- running ---------------------------------------------------------------------------------------
     def explain(self, family: str, *arrays: Any, chip: Any = None, modeled: bool = False) -> Decision:
         """Which artifact (or fallback) ``family(*arrays)`` would use here (or on ``chip``), and why."""
-        return self.decide(family, [tuple(a.shape) for a in arrays], _dtype_name(arrays), chip, modeled)
+        return self.decide(family, [tuple(a.shape) for a in arrays], _dtype_name(arrays, self._family(family)),
+                           chip, modeled)
 
     def call(self, family: str, *arrays: Any, chip: Any = None, modeled: bool = False) -> Any:
         """``family(*arrays)`` with the kernel :meth:`explain` names (or the MLX op).
@@ -502,10 +503,11 @@ class Dispatcher:
         template = [(k, getattr(mx, v) if isinstance(v, str) and hasattr(mx, v) else v)
                     for k, v in source["template"]]
         output_shapes = [tuple(int(s) for s in evaluate(o["shape"], names)) for o in fam["outputs"]]
-        output_dtypes = [arrays[0].dtype for _ in fam["outputs"]]
+        output_dtypes = [_out_dtype(o, decision.dtype) for o in fam["outputs"]]
+        params = [mx.array([p["value"]], dtype=getattr(mx, p["dtype"])) for p in fam.get("params", [])]
 
         def run(call_arrays: Sequence[Any]) -> Any:
-            inputs = [mx.transpose(a) if t else a for t, a in zip(transpose, _as_mx(mx, call_arrays))]
+            inputs = [mx.transpose(a) if t else a for t, a in zip(transpose, _as_mx(mx, call_arrays))] + params
             outputs = kernel(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
                              output_shapes=output_shapes, output_dtypes=output_dtypes)
             return outputs[0] if len(outputs) == 1 else tuple(outputs)
@@ -520,10 +522,16 @@ class Dispatcher:
         """
         import mlx.core as mx
 
-        functions = {name: getattr(mx, name) for name in fam["array_functions"] if hasattr(mx, name)}
+        functions = {name: fn for name, fn in mlx_vocabulary(mx).items() if name in fam["array_functions"]}
         order = [spec["name"] for spec in fam["inputs"]]
         tree = fam["baseline"]
-        if (tree[0] == "call" and tree[1] in functions and not tree[3]
+        params = {p["name"]: p["value"] for p in fam.get("params", [])}
+        if fam.get("compile_baseline"):  # one mx.compile'd function of the inputs, built once per plan
+            dims_, _ = _bind_dims(fam, [tuple(a.shape) for a in arrays])
+            compiled = mx.compile(lambda *xs: evaluate(tree, {**(dims_ or {}), **params, **dict(zip(order, xs))},
+                                                       functions))
+            return lambda call_arrays: compiled(*_as_mx(mx, call_arrays))
+        if (tree[0] == "call" and tree[1] in functions and not tree[3] and not params
                 and all(t[0] == "name" and t[1] in order for t in tree[2])):
             fn, picks = functions[tree[1]], [order.index(t[1]) for t in tree[2]]
             if native and picks == list(range(len(order))):
@@ -534,6 +542,7 @@ class Dispatcher:
         def run(call_arrays: Sequence[Any]) -> Any:
             names: Dict[str, Any] = dict(zip(order, _as_mx(mx, call_arrays)))
             names.update(dims or {})
+            names.update(params)
             return evaluate(tree, names, functions)
 
         return run
@@ -644,9 +653,39 @@ def _distance(tuned: Sequence[int], wanted: Sequence[int]) -> float:
     return sum(abs(math.log(max(t, 1) / max(w, 1))) for t, w in zip(tuned, wanted))
 
 
-def _dtype_name(arrays: Sequence[Any]) -> str:
-    names = {str(a.dtype).rsplit(".", 1)[-1] for a in arrays}
+def _dtype_name(arrays: Sequence[Any], fam: Optional[Dict[str, Any]] = None) -> str:
+    """The problem dtype ``T``: that of the inputs the family types as ``T`` (all of them, in older tables)."""
+    specs = (fam or {}).get("inputs") or []
+    typed = [a for i, a in enumerate(arrays) if i >= len(specs) or specs[i].get("dtype", "T") == "T"]
+    names = {str(a.dtype).rsplit(".", 1)[-1] for a in typed or arrays}
     return names.pop() if len(names) == 1 else "mixed"
+
+
+def _out_dtype(spec: Dict[str, Any], dtype: str) -> Any:
+    import mlx.core as mx
+
+    return getattr(mx, dtype if spec.get("dtype", "T") == "T" else spec["dtype"])
+
+
+def mlx_vocabulary(mx: Any) -> Dict[str, Callable[..., Any]]:
+    """The MLX meaning of the names a baseline may call (kernsearch's ``_vocab``, restated: this file
+    imports nothing but MLX)."""
+    plain = ("matmul", "einsum", "transpose", "exp", "log", "sqrt", "tanh", "maximum", "minimum", "sum", "max",
+             "min", "mean", "where", "abs", "square", "reshape", "concatenate")
+    ns: Dict[str, Callable[..., Any]] = {name: getattr(mx, name) for name in plain if hasattr(mx, name)}
+    ns.update(
+        softmax=lambda x, axis=-1: mx.softmax(x, axis=axis, precise=True),
+        rms_norm=lambda x, w, eps: mx.fast.rms_norm(x, w, float(eps)),
+        layer_norm=lambda x, w, b, eps: mx.fast.layer_norm(x, w, b, float(eps)),
+        sigmoid=mx.sigmoid, silu=lambda x: x * mx.sigmoid(x), gelu=lambda x: x * (1 + mx.erf(x / 2 ** 0.5)) / 2,
+        split=lambda x, parts, axis=-1: mx.split(x, parts, axis=axis),
+        dequantize=lambda w, scales, biases, group_size=64, bits=4: mx.dequantize(
+            w, scales, biases, group_size=group_size, bits=bits),
+        quantized_matmul=lambda x, w, scales, biases, transpose=True, group_size=64, bits=4: mx.quantized_matmul(
+            x, w, scales, biases, transpose=transpose, group_size=group_size, bits=bits),
+        rsqrt=mx.rsqrt,
+    )
+    return ns
 
 
 _TOOLCHAIN: Dict[str, Optional[str]] = {}

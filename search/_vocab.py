@@ -1,0 +1,114 @@
+"""The array vocabulary of a family's ``reference`` and ``baseline``: each name's NumPy and MLX meaning.
+
+A spec names its reference and its MLX baseline op as expressions over this closed vocabulary
+(``rms_norm(x, w, eps)``, ``silu(a) * b``, ``matmul(A, B)``). The meaning of each name lives here, in
+kernsearch: the NumPy one (float64, the ground truth of verification) and the MLX one (the op a kernel must
+beat — ``mx.fast.rms_norm``, ``mx.softmax(precise=True)``...). Nothing in a spec is ever run as code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+#: Plain array functions (same name in NumPy and MLX).
+PLAIN = ("matmul", "einsum", "transpose", "exp", "log", "sqrt", "tanh", "maximum", "minimum", "sum", "max",
+         "min", "mean", "where", "abs", "square", "reshape", "concatenate")
+#: Fused or composite ops, defined below for both libraries.
+FUSED = ("softmax", "rms_norm", "layer_norm", "silu", "sigmoid", "gelu", "split", "dequantize",
+         "quantized_matmul", "rsqrt")
+#: Every name a reference or baseline expression may call.
+ARRAY_FUNCTIONS = PLAIN + FUSED
+#: How users know the MLX op behind a vocabulary name (verdicts, ``explain``).
+MLX_NAMES = {"rms_norm": "mx.fast.rms_norm", "layer_norm": "mx.fast.layer_norm", "softmax": "mx.softmax",
+             "silu": "nn.silu", "sigmoid": "mx.sigmoid", "gelu": "nn.gelu", "dequantize": "mx.dequantize",
+             "quantized_matmul": "mx.quantized_matmul", "split": "mx.split", "rsqrt": "mx.rsqrt"}
+
+
+# -- NumPy (float64 reference) ---------------------------------------------------------------------------
+
+def _np_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    e = np.exp(x - x.max(axis, keepdims=True))
+    return np.asarray(e / e.sum(axis, keepdims=True))
+
+
+def _np_rms_norm(x: np.ndarray, w: Any, eps: float) -> np.ndarray:
+    y = x / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + eps)
+    return np.asarray(y if w is None else y * w)
+
+
+def _np_layer_norm(x: np.ndarray, w: Any, b: Any, eps: float) -> np.ndarray:
+    mu = x.mean(-1, keepdims=True)
+    y = (x - mu) / np.sqrt(np.square(x - mu).mean(-1, keepdims=True) + eps)
+    y = y if w is None else y * w
+    return np.asarray(y if b is None else y + b)
+
+
+def _np_sigmoid(x: np.ndarray) -> np.ndarray:
+    return np.asarray(0.5 * (1.0 + np.tanh(0.5 * x)))  # no overflow warning for large |x|
+
+
+def _np_gelu(x: np.ndarray) -> np.ndarray:
+    from math import erf
+
+    return np.asarray(x * 0.5 * (1.0 + np.vectorize(erf)(x / np.sqrt(2.0))))
+
+
+def unpack(words: np.ndarray, bits: int) -> np.ndarray:
+    """``bits``-wide unsigned fields of uint32 words, low bits first (MLX's packing), as integers."""
+    if bits not in (2, 4, 8):
+        raise ValueError(f"bits must be 2, 4 or 8, not {bits}")
+    w = np.asarray(words).astype(np.uint64)
+    per = 32 // bits
+    shifts = np.arange(per, dtype=np.uint64) * np.uint64(bits)
+    fields = (w[..., None] >> shifts) & np.uint64((1 << bits) - 1)
+    return fields.reshape(*w.shape[:-1], w.shape[-1] * per).astype(np.float64)
+
+
+def _np_dequantize(w: np.ndarray, scales: np.ndarray, biases: np.ndarray, group_size: int = 64,
+                   bits: int = 4) -> np.ndarray:
+    q = unpack(w, bits)
+    rows, cols = q.shape[-2], q.shape[-1]
+    if cols % group_size:
+        raise ValueError(f"{cols} columns are not whole groups of {group_size}")
+    g = q.reshape(rows, cols // group_size, group_size)
+    return np.asarray((g * np.asarray(scales)[..., None] + np.asarray(biases)[..., None]).reshape(rows, cols))
+
+
+def _np_quantized_matmul(x: np.ndarray, w: np.ndarray, scales: np.ndarray, biases: np.ndarray,
+                         transpose: bool = True, group_size: int = 64, bits: int = 4) -> np.ndarray:
+    d = _np_dequantize(w, scales, biases, group_size, bits)
+    return np.asarray(np.matmul(x, d.T if transpose else d))
+
+
+def numpy_namespace() -> dict[str, Callable[..., Any]]:
+    ns: dict[str, Callable[..., Any]] = {name: getattr(np, name) for name in PLAIN}
+    ns.update(softmax=_np_softmax, rms_norm=_np_rms_norm, layer_norm=_np_layer_norm, sigmoid=_np_sigmoid,
+              silu=lambda x: x * _np_sigmoid(x), gelu=_np_gelu,
+              split=lambda x, parts, axis=-1: np.split(x, parts, axis=axis),
+              dequantize=_np_dequantize, quantized_matmul=_np_quantized_matmul, rsqrt=lambda x: 1.0 / np.sqrt(x))
+    return ns
+
+
+# -- MLX (the baseline op) --------------------------------------------------------------------------------
+
+def mlx_namespace(mx: Any) -> dict[str, Callable[..., Any]]:
+    """The vocabulary as MLX ops (``mx`` is ``mlx.core``, imported by the caller)."""
+    ns: dict[str, Callable[..., Any]] = {name: getattr(mx, name) for name in PLAIN if hasattr(mx, name)}
+    ns.update(
+        softmax=lambda x, axis=-1: mx.softmax(x, axis=axis, precise=True),
+        rms_norm=lambda x, w, eps: mx.fast.rms_norm(x, w, float(eps)),
+        layer_norm=lambda x, w, b, eps: mx.fast.layer_norm(x, w, b, float(eps)),
+        sigmoid=mx.sigmoid,
+        silu=lambda x: x * mx.sigmoid(x),  # what mlx.nn.silu computes
+        gelu=lambda x: x * (1 + mx.erf(x / 2 ** 0.5)) / 2,  # mlx.nn.gelu
+        split=lambda x, parts, axis=-1: mx.split(x, parts, axis=axis),
+        dequantize=lambda w, scales, biases, group_size=64, bits=4: mx.dequantize(
+            w, scales, biases, group_size=group_size, bits=bits),
+        quantized_matmul=lambda x, w, scales, biases, transpose=True, group_size=64, bits=4: mx.quantized_matmul(
+            x, w, scales, biases, transpose=transpose, group_size=group_size, bits=bits),
+        rsqrt=mx.rsqrt,
+    )
+    return ns

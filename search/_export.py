@@ -122,7 +122,7 @@ def _family_table(fam: Family) -> dict[str, Any]:
                               "dimension names (the exported function reads the problem size off its inputs)")
         inputs.append({"name": t.name, "axes": [a[1] for a in shape[1]], "dtype": t.dtype,
                        "transposed": expr_tree(t.transposed) if t.transposed is not None else None})
-    launch = {name: expr_tree(e) for name in ("grid", "threadgroup", "shared_memory")
+    launch = {name: expr_tree(e) for name in ("grid", "threadgroup", "shared_memory", "zero_outputs")
               if (e := getattr(fam.launch, name)) is not None}
     return {
         "description": fam.description,

@@ -69,12 +69,13 @@ class LaunchGeometry(_Model):
     shared_memory: int = Field(0, ge=0)
     #: Each kernel input's dtype (inputs, then scalar parameters); empty in older manifests (all the problem's).
     input_dtypes: list[str] = Field(default_factory=list)
+    zero_outputs: bool = False
 
     @classmethod
     def of(cls, geo: Geometry) -> LaunchGeometry:
         return cls(grid=geo.grid, threadgroup=geo.threadgroup, output_shapes=[list(s) for s in geo.output_shapes],
                    output_dtypes=list(geo.output_dtypes), transposed_inputs=list(geo.transposed_inputs),
-                   shared_memory=geo.shared_memory, input_dtypes=list(geo.input_dtypes))
+                   shared_memory=geo.shared_memory, input_dtypes=list(geo.input_dtypes), zero_outputs=geo.zero_outputs)
 
     def to_geometry(self) -> Geometry:
         from ._render import Geometry
@@ -82,7 +83,8 @@ class LaunchGeometry(_Model):
         return Geometry(grid=tuple(self.grid), threadgroup=tuple(self.threadgroup),  # type: ignore[arg-type]
                         output_shapes=tuple(tuple(s) for s in self.output_shapes),
                         output_dtypes=tuple(self.output_dtypes), transposed_inputs=tuple(self.transposed_inputs),
-                        shared_memory=self.shared_memory, input_dtypes=tuple(self.input_dtypes))
+                        shared_memory=self.shared_memory, input_dtypes=tuple(self.input_dtypes),
+                        zero_outputs=self.zero_outputs)
 
 
 class ChipIdentity(_Model):

@@ -67,10 +67,17 @@ class Geometry:
     shared_memory: int = 0
     #: The dtype of each kernel input (tensor inputs, then scalar parameters); empty: all the problem dtype.
     input_dtypes: tuple[str, ...] = ()
+    #: The outputs must start zero-filled (the kernel accumulates into them): launched with init_value 0.
+    zero_outputs: bool = False
 
     def input_dtype(self, index: int, dtype: str) -> str:
         """Kernel input ``index``'s dtype in a problem of dtype ``dtype``."""
         return self.input_dtypes[index] if index < len(self.input_dtypes) else dtype
+
+    @property
+    def init_value(self) -> float | None:
+        """What the outputs must hold before a timed launch (``None``: anything)."""
+        return 0.0 if self.zero_outputs else None
 
 
 @lru_cache(maxsize=64)
@@ -159,4 +166,6 @@ def geometry(space: Space, config: Config) -> Geometry:
         # Recorded only where some input is not of the problem dtype (manifests of such families stay as they were).
         input_dtypes=(fam.kernel_input_dtypes(space.problem.dtype)
                       if fam.params or any(t.dtype != "T" for t in fam.inputs) else ()),
+        zero_outputs=fam.launch.zero_outputs is not None
+        and bool(space._eval(fam.launch.zero_outputs, ctx, "launch.zero_outputs")),
     )

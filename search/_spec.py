@@ -249,7 +249,10 @@ class Launch(_Model):
     grid: Expr
     threadgroup: Expr
     shared_memory: Expr | None = None
-    _check = field_validator("grid", "threadgroup", "shared_memory", mode="before")(
+    #: True where the kernel accumulates into its outputs (e.g. split-K adds partial sums atomically): the
+    #: outputs must start zero-filled, so verification and timing launch with ``init_value = 0``.
+    zero_outputs: Expr | None = None
+    _check = field_validator("grid", "threadgroup", "shared_memory", "zero_outputs", mode="before")(
         lambda v: v if v is None else _expr(v))
 
 
@@ -391,7 +394,7 @@ def _check_names(fam: Family) -> None:
     full = base | seen
     for i, c in enumerate(fam.constraints):
         require(f"constraints[{i}] ({c.name})", c.expr, full)
-    for field in ("grid", "threadgroup", "shared_memory"):
+    for field in ("grid", "threadgroup", "shared_memory", "zero_outputs"):
         expr = getattr(fam.launch, field)
         if expr is not None:
             require(f"launch.{field}", expr, full)

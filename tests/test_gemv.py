@@ -123,16 +123,19 @@ _CTYPE = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float"}
 
 def cuda_unit(kernels: list) -> str:  # noqa: ANN001
     """Rendered CUDA bodies wrapped as MLX's cuda_kernel wraps them (inputs, shapes, outputs), one namespace each."""
-    parts = ["#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"]
+    parts = ["#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <mma.h>\n"]
     for i, k in enumerate(kernels):
+        header = "\n".join(line for line in k.header.splitlines() if not line.startswith("#include"))
+        header = header.replace("namespace wmma = nvcuda::wmma;", "namespace wmma = ::nvcuda::wmma;")
         ct = _CTYPE[k.template[0][1]]
         args = ", ".join([f"const T* {n}, const int* {n}_shape" for n in k.input_names] + [f"T* {n}" for n in k.output_names])
         inst = ", ".join([f"const {ct}*, const int*" for _ in k.input_names] + [f"{ct}*" for _ in k.output_names])
-        parts.append(f"namespace v{i} {{\n{k.header}\ntemplate <typename T> __global__ void kernel({args}) {{\n"
+        parts.append(f"namespace v{i} {{\n{header}\ntemplate <typename T> __global__ void kernel({args}) {{\n"
                      f"{k.source}}}\ntemplate __global__ void kernel<{ct}>({inst});\n}}\n")
     return "".join(parts)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed (the CUDA twin is compiled offline where it is)")
 def test_cuda_twin_compiles_for_h100(gemv, tmp_path: Path) -> None:  # noqa: ANN001
     valid = _valid(gemv, "16,4096,4096", H100)

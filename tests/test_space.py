@@ -17,7 +17,7 @@ def _space(gemm, shape="4096,4096,4096", dtype="float16", chip="M2 Max") -> Spac
 def test_m2_max_4096_float16_space_is_large_and_explained(gemm) -> None:  # noqa: ANN001
     sp = _space(gemm)
     summary = sp.enumerate()
-    assert summary.total == 4 * 4 * 3 * 3 * 3 * 3 * 2 * 2 * 4 * 3 * 2 * 2 * 2  # MMA x TSCOPE x TACC: 3 x 2 x 2
+    assert summary.total == 4 * 4 * 3 * 3 * 3 * 3 * 2 * 2 * 4 * 3 * 2 * 2 * 2 * 5  # MMA x TSCOPE x TACC: 3 x 2 x 2; SPLIT_K: 5
     assert len(summary.valid) >= 1000
     # every rejected config is counted exactly once
     assert sum(summary.rejected.values()) == summary.total - len(summary.valid)

@@ -61,7 +61,7 @@ def test_folder_without_spec(tmp_path: Path) -> None:
      r"knobs\.BM\.values", "at least 1"),
     (lambda t: t.replace('expr = "BM % WM == 0 and BN % WN == 0"', 'expr = "BM %% == 0"'),
      r"constraints\.0\.expr", "syntax error"),
-    (lambda t: t.replace('grid = "[ceil_div(N, BN) * threads, ceil_div(M, BM), 1]"', 'grid = "[Q, 1, 1]"'),
+    (lambda t: t.replace('grid = "[ceil_div(N, BN) * threads, ceil_div(M, BM), SPLIT_K]"', 'grid = "[Q, 1, 1]"'),
      r"launch\.grid", "unknown name.*Q"),
     (lambda t: t.replace("BM = 32\nBN = 32", "BM = 33\nBN = 32"), r"default\.BM", "not in its domain"),
     (lambda t: t.replace('kind = "vector"', 'kind = "vectorr"'), r"knobs\.VEC\.kind", ""),

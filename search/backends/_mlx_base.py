@@ -214,8 +214,8 @@ class MLXBackend(BaseBackend):
         """``(launch, sync)`` for :mod:`kernsearch._measure`, after one (compiling) run."""
         self.check_available()
         copies = self._device_copies(inputs, dtype, sets or self.input_sets(inputs, dtype, geometry), geometry)
-        self._first(kernel, geometry, copies[0], None)
-        return separate_launches(lambda arrays: self._call(kernel, geometry, arrays, None), copies)
+        self._first(kernel, geometry, copies[0], geometry.init_value)
+        return separate_launches(lambda arrays: self._call(kernel, geometry, arrays, geometry.init_value), copies)
 
     def _device_copies(self, inputs: list[np.ndarray], dtype: str, sets: int,
                        geometry: Geometry | None = None) -> list[list[Any]]:

@@ -495,6 +495,8 @@ class Dispatcher:
         grid = tuple(int(v) for v in evaluate(launch["grid"], names))
         threadgroup = tuple(int(v) for v in evaluate(launch["threadgroup"], names))
         shared = int(evaluate(launch["shared_memory"], names)) if launch.get("shared_memory") else 0
+        # A kernel that accumulates into its outputs (split-K) needs them zero-filled.
+        init = {"init_value": 0.0} if launch.get("zero_outputs") and bool(evaluate(launch["zero_outputs"], names)) else {}
         transpose = [spec["transposed"] is not None and bool(evaluate(spec["transposed"], names))
                      for spec in fam["inputs"]]
         source = self._source(decision.entry)
@@ -509,7 +511,7 @@ class Dispatcher:
         def run(call_arrays: Sequence[Any]) -> Any:
             inputs = [mx.transpose(a) if t else a for t, a in zip(transpose, _as_mx(mx, call_arrays))] + params
             outputs = kernel(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
-                             output_shapes=output_shapes, output_dtypes=output_dtypes)
+                             output_shapes=output_shapes, output_dtypes=output_dtypes, **init)
             return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
         return run

@@ -496,7 +496,8 @@ class Dispatcher:
         threadgroup = tuple(int(v) for v in evaluate(launch["threadgroup"], names))
         shared = int(evaluate(launch["shared_memory"], names)) if launch.get("shared_memory") else 0
         # A kernel that accumulates into its outputs (split-K) needs them zero-filled.
-        init = {"init_value": 0.0} if launch.get("zero_outputs") and bool(evaluate(launch["zero_outputs"], names)) else {}
+        zero = launch.get("zero_outputs") and bool(evaluate(launch["zero_outputs"], names))
+        init = {"init_value": 0.0} if zero else {}
         transpose = [spec["transposed"] is not None and bool(evaluate(spec["transposed"], names))
                      for spec in fam["inputs"]]
         source = self._source(decision.entry)

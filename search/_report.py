@@ -166,9 +166,9 @@ def _summary(h: StudyHistory) -> str:
     lines = [f"<p class='badge' style='background:{colour}'>{html.escape(words)}</p>",
              "<p>{} {} {} on {} · {} back-end</p>".format(*(html.escape(str(a.get(k, "?"))) for k in
                                                              ("family", "shape", "dtype", "chip", "backend"))),
-             f"<p>{len(h.trials)} configs evaluated ({ok} ok, {len(h.trials) - ok} failed: {fails}); "
+             (f"<p>{len(h.trials)} configs evaluated ({ok} ok, {len(h.trials) - ok} failed: {fails}); "
              f"{h.invalid} proposals rejected by constraints before compiling; {h.known} repeats of known configs "
-             "answered from the study</p>"]
+             "answered from the study</p>")]
     winner = final.get("winner", h.top[0].number if h.top else None)
     best = next((t for t in h.top if t.number == winner), None)
     if best is None:

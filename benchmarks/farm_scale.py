@@ -129,6 +129,52 @@ def storage_rate(url: str, n: int, seconds: float, landscape: Path) -> float:
     return (c1 - c0) / (t1 - t0)
 
 
+def sampler_only(landscape: Any, n: int, liar: bool, seed: int, budget: int, checkpoints: list[int]) -> list[float]:
+    """The same question without processes or a server (many seeds in little time): the product's TPE in
+    memory with n trials always running, each finishing in turn (equal evaluation times); a config already
+    evaluated is told its value and not counted, as the loop does."""
+    import optuna
+
+    from kernsearch import _study
+    from kernsearch.backends._replay import ReplayBackend
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    _study.CONSTANT_LIAR = liar
+    objective = ReplayBackend(landscape=landscape, seed=seed).objective()
+    knobs = objective.knobs
+    study = optuna.create_study(sampler=_study.make_sampler("tpe", seed, knobs), direction="minimize")
+    dists = _study.distributions(knobs)
+    _, optimum = landscape.optimum()
+    running: list[Any] = []
+    known: dict[str, float | None] = {}
+    order: list[float | None] = []
+    asks = 0
+    while len(order) < budget and asks < budget * 20:
+        while len(running) < n:
+            running.append(study.ask(dists))
+            asks += 1
+        trial = running.pop(0)
+        config = {k: trial.params[k] for k in knobs}
+        key = json.dumps(config, sort_keys=True)
+        entry = landscape.entry(config)
+        if entry is None:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        value = None if landscape.failed(entry) else float(entry["time"])
+        if key in known:
+            study.tell(trial, known[key]) if known[key] is not None else study.tell(
+                trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        known[key] = value
+        order.append(value)
+        study.tell(trial, value) if value is not None else study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    curve = []
+    for b in checkpoints:
+        best = min((v for v in order[:b] if v is not None), default=float("inf"))
+        curve.append(optimum / best if best < float("inf") else 0.0)
+    return curve
+
+
 # -- the report -------------------------------------------------------------------------------------------
 
 def main() -> None:
@@ -140,6 +186,8 @@ def main() -> None:
     ap.add_argument("--eval-s", type=float, default=0.25)
     ap.add_argument("--rate-s", type=float, default=20.0, help="seconds of each storage-rate run")
     ap.add_argument("--storage", help="an existing postgresql:// database (default: start one in a temp dir)")
+    ap.add_argument("--sim-seeds", type=int, default=10, help="seeds of the in-memory sampler-only simulation")
+    ap.add_argument("--only-sim", action="store_true", help="only the in-memory simulation (no server)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--dry-run", action="store_true", help="one seed, budget 16, N = 1 and 2")
     args = ap.parse_args()
@@ -155,6 +203,12 @@ def main() -> None:
     from kernsearch._landscape import Landscape
 
     landscape = Landscape.load(args.landscape)
+    checkpoints = sorted({max(4, args.budget // 4), args.budget // 2, 3 * args.budget // 4, args.budget})
+    if args.only_sim:
+        simulate(args, ns, landscape, checkpoints, say)
+        if args.out:
+            args.out.write_text("\n".join(lines) + "\n")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         server = None
         if args.storage:
@@ -165,7 +219,6 @@ def main() -> None:
             server = PostgresServer(Path(tmp) / "pg").__enter__()
             url = server.url
         try:
-            checkpoints = sorted({max(4, args.budget // 4), args.budget // 2, 3 * args.budget // 4, args.budget})
             say(f"farm_scale: {args.landscape.name} ({len(list(landscape.configs()))} valid configs), one "
                 f"PostgreSQL study per run, budget {args.budget} configs in total, {args.eval_s} s simulated "
                 f"evaluation, {args.seeds} seeds, {os.cpu_count()} CPUs shared by workers and server")
@@ -195,11 +248,27 @@ def main() -> None:
                 f"{args.rate_s:.0f} s each)")
             for n in ns:
                 say(f"  N={n}: {storage_rate(url, n, args.rate_s, args.landscape):.1f} trials/s")
+            say()
+            simulate(args, ns, landscape, checkpoints, say)
         finally:
             if server is not None:
                 server.stop()
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
+
+
+def simulate(args: Any, ns: list[int], landscape: Any, checkpoints: list[int], say: Any) -> None:
+    say(f"sampler only (in memory, no processes): N trials always running, budget {args.budget}, "
+        f"{args.sim_seeds} seeds; score as above, median [10th percentile] over seeds")
+    say(f"{'N':>2} {'sampler':<16} " + " ".join(f"b={b:<13}" for b in checkpoints))
+    for n in ns:
+        for liar in (False, True):
+            curves = [sampler_only(landscape, n, liar, seed, args.budget, checkpoints) for seed in range(args.sim_seeds)]
+            cells = []
+            for i in range(len(checkpoints)):
+                col = sorted(c[i] for c in curves)
+                cells.append(f"{statistics.median(col):.3f} [{col[len(col) // 10]:.3f}]")
+            say(f"{n:>2} {'TPE + liar' if liar else 'TPE':<16} " + " ".join(f"{c:<15}" for c in cells))
 
 
 if __name__ == "__main__":

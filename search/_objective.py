@@ -157,6 +157,10 @@ class KernelObjective(Objective):
             self._worker = Worker(timeout=self.timeout)
         return self._worker
 
+    def prior(self, configs: list[Config]) -> list[float] | None:
+        """The chip's performance model's predicted times (no measurement): the ``auto`` strategy's start."""
+        return model_prior(self.space, configs)
+
     def lookahead(self) -> int:
         return self.compile_workers + 1 if self.compile_workers else 1
 
@@ -192,6 +196,12 @@ class KernelObjective(Objective):
         """What a winner must also pass on the interpreter before it may be published: the tuned shape
         itself (a sample of its threadgroups when the grid is big: corners, edges, random interior, against
         the reference) and a ragged shape (whole grid). Raises VariantFailure."""
+        try:
+            return self._verify_for_publishing(config)
+        except KernsearchError as exc:  # e.g. a tuned shape too big to hold for the reference
+            raise VariantFailure("unverifiable", str(exc)) from None
+
+    def _verify_for_publishing(self, config: Config) -> dict[str, Any]:
         shape = tuple(self.problem.shape)
         out: dict[str, Any] = {"shapes": []}
         if shape != tuple(self.verify_shape):
@@ -356,6 +366,24 @@ class KernelObjective(Objective):
         if self._worker is not None:
             self._worker.close()
             self._worker = None
+
+
+def model_prior(space: Space, configs: list[Config]) -> list[float] | None:
+    """Modeled times of ``configs`` on ``space``'s problem and chip (inf where the model cannot say), or
+    None when the model has nothing for this family or chip. Never raises: a prior is optional."""
+    try:
+        from .backends import get_backend
+
+        model = get_backend("model", chip=space.chip)
+        out = []
+        for c in configs:
+            try:
+                out.append(float(model.predict_ms(space, c)))  # type: ignore[attr-defined]
+            except KernsearchError:
+                out.append(float("inf"))
+        return out if any(v != float("inf") for v in out) else None
+    except Exception:  # noqa: BLE001 - no model for this family or chip: no prior
+        return None
 
 
 def _judge(top: list[TrialSummary], out: dict[str, Any]) -> dict[str, Any]:

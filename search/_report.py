@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import html
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,7 @@ def convergence_figure(h: StudyHistory) -> Any:
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"shape": "hv", "color": "#e45756", "width": 2},
                              name="best so far"))
     failed = [t for t in h.trials if t.time_ms is None]
-    top = max((t.time_ms for t in ok), default=1.0)
+    top = max((t.time_ms for t in ok if t.time_ms is not None), default=1.0)
     symbols = ["x", "triangle-up", "square", "diamond", "cross", "star"]
     for i, (reason, _) in enumerate(h.failures.most_common()):
         ts = [t for t in failed if (t.reason or "?") == reason]
@@ -162,9 +162,9 @@ def _summary(h: StudyHistory) -> str:
     lines = [f"<p class='badge' style='background:{colour}'>{html.escape(words)}</p>",
              "<p>{} {} {} on {} · {} back-end</p>".format(*(html.escape(str(a.get(k, "?"))) for k in
                                                              ("family", "shape", "dtype", "chip", "backend"))),
-             f"<p>{len(h.trials)} configs evaluated ({ok} ok, {len(h.trials) - ok} failed: {fails}); "
+             (f"<p>{len(h.trials)} configs evaluated ({ok} ok, {len(h.trials) - ok} failed: {fails}); "
              f"{h.invalid} proposals rejected by constraints before compiling; {h.known} repeats of known configs "
-             "answered from the study</p>"]
+             "answered from the study</p>")]
     winner = final.get("winner", h.top[0].number if h.top else None)
     best = next((t for t in h.top if t.number == winner), None)
     if best is None:
@@ -218,7 +218,7 @@ def render_report(h: StudyHistory) -> str:
         div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig{i}",
                           config={"displaylogo": False, "responsive": True})
         parts.append(f"<div class='figure' data-title='{html.escape(title)}'>{div}</div>")
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     title = html.escape(h.name)
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>kernsearch report: {title}</title>"
             f"<style>{CSS}</style><script type='text/javascript'>{get_plotlyjs()}</script></head><body>"

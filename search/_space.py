@@ -17,6 +17,9 @@ from typing import Any, Iterator
 from ._chips import Chip
 from ._errors import ConfigError, KernsearchError
 from ._expr import BUILTINS, ExprError
+
+#: Largest size of one problem dimension (kernels index with 32-bit integers).
+MAX_DIM = 2**31 - 1
 from ._spec import DTYPES, Family, KnobValue
 
 Config = dict[str, KnobValue]
@@ -67,6 +70,9 @@ def make_problem(family: Family, shape: str | tuple[int, ...] | None = None, dty
         raise KernsearchError(f"bad shape {shape!r}: {family.name} needs {len(dims)} sizes "
                               f"({','.join(dims)}), got {len(sizes)}")
     bad = [f"{d}={s}" for d, s in zip(dims, sizes) if s <= 0]
+    huge = [f"{d}={s}" for d, s in zip(dims, sizes) if s > MAX_DIM]
+    if huge:
+        raise KernsearchError(f"impossible shape: {', '.join(huge)[:120]} (sizes are at most {MAX_DIM})")
     if bad:
         raise KernsearchError(f"impossible shape: {', '.join(bad)} (sizes must be positive)")
     dtype = dtype or family.problem.default_dtype

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from . import _safeio
 from ._errors import KernsearchError
 
 #: Seconds between the heartbeats of a trial being evaluated; a trial whose heartbeat is older than
@@ -95,7 +96,7 @@ def make_storage(url: str | None) -> Any:
                 time.sleep(0.5 + random.random())
                 continue
             detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            if isinstance(exc, ImportError) or "psycopg" in detail:
+            if isinstance(exc, ImportError):
                 detail = "the PostgreSQL driver is missing (pip install 'psycopg[binary]')"
             raise KernsearchError(f"cannot open study storage {redact(url)!r}: {detail.replace(url, redact(url))[:300]}") \
                 from None
@@ -155,8 +156,13 @@ def check_storage(url: str | None) -> Any:
     import sqlite3
 
     url = url or default_storage()
-    if url.startswith("sqlite:///"):
-        path = Path(url.removeprefix("sqlite:///"))
+    if url.startswith("sqlite:"):
+        path = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+        if path is None or not url.removeprefix("sqlite:///").strip() or url.removeprefix("sqlite:///") == ":memory:":
+            raise KernsearchError(f"study storage {url!r}: expected sqlite:///PATH to a database file")
+        if os.path.lexists(path) and not _safeio.is_regular(path):
+            raise KernsearchError(f"study storage {url!r}: {path} is not a regular file (a link, folder, FIFO "
+                                  "or device: refused)")
         if path.exists():
             try:
                 conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)

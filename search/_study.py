@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
 STATUS_OK, STATUS_FAILED, STATUS_INVALID, STATUS_KNOWN = "ok", "failed", "invalid", "known"
 STATUS_CANCELLED = "cancelled"  # proposed and compiled ahead, but the search stopped before timing it
-SAMPLERS = ("tpe", "random", "grid")
+SAMPLERS = ("tpe", "random", "grid", "auto")
 
 
 # -- what a study optimises ---------------------------------------------------------------------------
@@ -118,6 +118,11 @@ class Objective(ABC):
         """Measure one config; raise :class:`VariantFailure` when it fails."""
 
     def default(self) -> Config | None:
+        return None
+
+    def prior(self, configs: list[Config]) -> list[float] | None:
+        """Predicted times of ``configs`` (e.g. the chip's performance model), or None: the ``auto``
+        strategy starts from the best-predicted configs and learns the prediction's error."""
         return None
 
     def lookahead(self) -> int:
@@ -255,7 +260,7 @@ def make_sampler(name: str, seed: int | None, knobs: dict[str, list[Any]]) -> op
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10,
                                               constant_liar=CONSTANT_LIAR)
-    if name == "random":
+    if name in ("random", "auto"):  # auto: every config comes from ValidSetSearch (fixed), Optuna only stores
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
         class Grid(optuna.samplers.GridSampler):
@@ -380,6 +385,7 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
     # up to ``depth`` before the oldest is timed; what is still ahead when the search stops is closed.
     depth = max(1, objective.lookahead())
     ahead: deque[tuple[optuna.Trial, Config, str]] = deque()
+    strategy: Any = None
     try:
         while True:
             if shared:
@@ -425,6 +431,14 @@ def _search(objective: Objective, *, trials: int | None, time_budget: float | No
             fixed = None
             if first:
                 fixed = first.pop(0)
+            elif sampler == "auto":  # only valid, unevaluated configs are proposed
+                if strategy is None:
+                    from ._strategy import ValidSetSearch
+
+                    strategy = ValidSetSearch(objective.knobs, objective.valid_configs(), seed=seed, budget=trials,
+                                              prior=objective.prior)
+                fixed = strategy.propose(known, {k for _, _, k in ahead}) or _fill(
+                    known, objective, rng, {k for _, _, k in ahead})
             elif skips >= 5:  # the sampler keeps proposing invalid or known configs: spend on a new one
                 fixed = _fill(known, objective, rng, {k for _, _, k in ahead})
                 skips = 0
@@ -513,16 +527,29 @@ def _evaluate(study: optuna.Study, objective: Objective, trial: optuna.Trial, co
         record = objective.evaluate(config)
     except VariantFailure as exc:
         trial.set_user_attr("status", STATUS_FAILED)
-        trial.set_user_attr("failure", {"reason": exc.reason, "detail": exc.detail[:2000]})
+        trial.set_user_attr("failure", {"reason": exc.reason, "detail": exc.detail[:500]})
         study.tell(trial, state=TrialState.FAIL)
         failures[exc.reason] += 1
         known[key] = Seen(None, trial.number, config, exc.reason)
         return f"trial {trial.number} failed ({exc.reason})"
     trial.set_user_attr("status", STATUS_OK)
-    trial.set_user_attr("record", {k: v for k, v in asdict(record).items() if v is not None})
+    trial.set_user_attr("record", compact_record(record))
     study.tell(trial, record.time_ms)
     known[key] = Seen(record.time_ms, trial.number, config)
     return f"trial {trial.number}: {record.time_ms:.4g} ms"
+
+
+def compact_record(record: Record) -> dict[str, Any]:
+    """A trial's record as stored: no empty fields, figures to 6 significant digits (far finer than the timing
+    noise), so optuna-dashboard and `show --json` stay readable."""
+    def short(v: Any) -> Any:
+        if isinstance(v, float):
+            return float(f"{v:.6g}")
+        if isinstance(v, list):
+            return [short(x) for x in v]
+        return v
+
+    return {k: short(v) for k, v in asdict(record).items() if v is not None and v != []}
 
 
 def _ask(study: optuna.Study, dists: dict[str, Any], fixed: Config | None) -> optuna.Trial:

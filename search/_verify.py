@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ._errors import KernsearchError
 from ._expr import BUILTINS
 from ._render import Geometry, KernelSource
 from ._space import Problem
@@ -55,9 +56,28 @@ def draw(dist: Any, shape: tuple[int, ...], dtype: str, rng: np.random.Generator
     return round_to_dtype(values, dtype)
 
 
+#: Most elements (inputs and outputs together) a CPU-side check allocates (float64: 8 bytes each).
+MAX_CHECK_ELEMENTS = 1 << 27
+
+
+def check_size(problem: Problem) -> None:
+    """Refuse (one line) a problem too big to hold in memory for a reference check."""
+    ctx = problem._ctx()
+    total = 0
+    for t in list(problem.family.inputs) + list(problem.family.outputs):
+        n = 1
+        for s in t.shape(ctx):
+            n *= int(s)
+        total += n
+    if total > MAX_CHECK_ELEMENTS:
+        raise KernsearchError(f"{problem.shape_text}: {total:.3g} elements are too many to check against the "
+                              f"NumPy reference here (at most {MAX_CHECK_ELEMENTS:.3g})")
+
+
 def make_inputs(problem: Problem, seed: int = 0) -> dict[str, np.ndarray]:
     """Logical inputs (as the reference sees them), drawn from each input's distribution (uniform in
     [-1, 1] unless the spec says otherwise), exact in each input's dtype (``T``: the problem's)."""
+    check_size(problem)
     rng = np.random.default_rng(seed)
     ctx = problem._ctx()
     return {t.name: draw(t.distribution, tuple(t.shape(ctx)), t.resolved_dtype(problem.dtype), rng)

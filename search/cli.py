@@ -398,6 +398,9 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
         detected = resolve_chip(None)
         chip_name = detected.name if detected.vendor == "apple" else default_apple_chip().name
     fam, c, problem, sp = problem_and_space(family, shape, dtype, chip_name)
+    from ._verify import check_size
+
+    check_size(problem)
     cfg = sp.validate(sp.parse_config(config))
     be = get_backend(backend)
     be.check_available()
@@ -568,7 +571,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
                                                 "a new best (0: never)"),
          backend: str = typer.Option("auto", "--backend", help="auto, metal, cuda, model or replay"),
          landscape: Optional[str] = typer.Option(None, "--landscape", help="replay: a KernelTuner cache file"),
-         sampler: str = typer.Option("tpe", "--sampler", help="tpe, random or grid"),
+         sampler: str = typer.Option("tpe", "--sampler", help="tpe, random, grid, or auto (valid configs only: the model's ranking first, then a GP)"),
          storage: Optional[str] = StorageOpt,
          study: Optional[str] = typer.Option(None, "--study", help="study name (default: family/chip/dtype/"
                                              "shape/backend)"),
@@ -860,7 +863,16 @@ def dashboard(storage: Optional[str] = StorageOpt,
         from optuna_dashboard import run_server
     except ImportError:
         raise KernsearchError("optuna-dashboard is not installed: pip install optuna-dashboard") from None
+    import os
+    import signal
+
+    def stop(signum, frame) -> None:  # noqa: ANN001 - SIGTERM (a service manager, kill): stop at once
+        # (an exception raised here mid-request is swallowed by wsgiref's handler and the server goes on);
+        # the dashboard only reads and answers: nothing is left half-written.
+        os._exit(0)
+
     store = make_storage(storage)
+    signal.signal(signal.SIGTERM, stop)
     err.print(f"optuna-dashboard on {storage or default_storage()}: open http://{host}:{port}/ (Ctrl-C stops)",
               soft_wrap=True, markup=False)
     try:

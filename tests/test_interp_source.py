@@ -106,12 +106,12 @@ def test_every_template_stays_inside_the_subset(family):
 
 @pytest.mark.parametrize("snippet,word", [
     ("imageblock<float> b;", "imageblock"),
-    ("threadgroup float tile[4][8];", "threadgroup declaration"),
-    ("float q = quad_sum(1.0f);", "quad"),
-    ("float v = simd_ballot(true);", "simd_ballot"),
+    ("threadgroup float tile[4][8][2][2];", "threadgroup declaration"),
+    ("float q = quad_rotate_everything(1.0f);", "quad_rotate_everything"),
+    ("float v = simd_vote_majority(true);", "simd_vote_majority"),
     ("simdgroup_matrix<float, 4, 4> m;", "4x4"),
     ("texture2d<float> t;", "texture"),
-    ("float y = metal::sinh(1.0f);", "metal::sinh"),
+    ("float3 y = metal::reflect(a, b);", "metal::reflect"),
 ])
 def test_lint_rejects_outside_the_subset_in_one_line(snippet, word):
     message = lint("", snippet)

@@ -199,3 +199,35 @@ def test_the_shared_landscapes_read_as_their_readme_says(name, configs, knobs):
     config, best = land.optimum()
     assert land.samples(config) and best == min(float(e["time"]) for e in land.entries.values() if not land.failed(e))
     assert all(land.key(land.config_of(e)) == k for k, e in list(land.entries.items())[:50])  # keys as KernelTuner's
+
+
+H100_GEMM = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "gemm_H100_float16_2048x2048x2048.json"
+
+
+def test_auto_strategy_proposes_only_valid_unevaluated_configs():
+    """The valid set is indexed: no trial goes to an invalid or already evaluated config."""
+    backend = ReplayBackend(H100_GEMM, seed=3)
+    objective = backend.objective()
+    objective.prior = lambda configs: None  # the space-filling start and the GP, without the model
+    result = run_study(objective, trials=60, sampler="auto", seed=3, storage=":memory:")
+    assert result.invalid == 0 and result.evaluated == 60 and backend.calls == 60
+    _, optimum = backend.landscape.optimum()
+    assert optimum / float(backend.landscape.entry(result.best.config)["time"]) > 0.9
+
+
+def test_auto_strategy_starts_from_the_performance_models_ranking():
+    """A landscape kernsearch recorded of its own family gets the model's predictions a real tune has:
+    with 7 trials (1 % of the space) the search reaches the optimum's neighbourhood."""
+    from kernsearch.backends._replay import _family_prior
+
+    backend = ReplayBackend(H100_GEMM, seed=0)
+    configs = list(backend.landscape.configs())
+    prior = _family_prior(backend.landscape, configs)
+    assert prior is not None and len(prior) == len(configs)
+    scores = []
+    for seed in range(3):
+        backend = ReplayBackend(H100_GEMM, seed=seed)
+        result = run_study(backend.objective(), trials=7, sampler="auto", seed=seed, storage=":memory:")
+        _, optimum = backend.landscape.optimum()
+        scores.append(optimum / float(backend.landscape.entry(result.best.config)["time"]))
+    assert min(scores) > 0.95, scores

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(KERNSEARCH + list(args), capture_output=True, text=True, timeout=300,
+    return subprocess.run(KERNSEARCH + list(args), capture_output=True, text=True, timeout=300, check=False,
                           env={**os.environ, **(env or {})})
 
 
@@ -32,7 +32,7 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     env = {"KERNSEARCH_HOME": str(home)}
     r = _run("tune", "gemm", "--shape", "128,128,128", "--trials", "30", "--report", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
-    path = re.search(r"^report: (.+\.html)$", r.stderr, re.M)
+    path = re.search(r"^report: (.+\.html)$", r.stderr, re.MULTILINE)
     assert path, r.stderr[-2000:]
     return {"home": str(home), "report": path.group(1), "study": "gemm/M2 Max/float16/128x128x128/model"}
 
@@ -63,7 +63,6 @@ def test_report_command_out_and_errors(tuned: dict[str, str], tmp_path: Path) ->
 
 def test_report_escapes_hostile_names(tmp_path: Path) -> None:
     import optuna
-
     from kernsearch._history import load_history
     from kernsearch._report import render_report
 
@@ -126,3 +125,30 @@ def test_report_renders_in_a_real_browser(tuned: dict[str, str]) -> None:
     for plot in plots:  # every figure drew something: an SVG with marks, not an empty frame
         assert plot["svgs"] > 0 and plot["marks"] > 0 and plot["height"] > 200, plot
     assert (shots / "report.png").stat().st_size > 20_000
+
+
+def test_measured_study_shows_the_speedup_with_its_range(tmp_path: Path) -> None:
+    import optuna
+    from kernsearch._history import load_history
+    from kernsearch._report import render_report
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    s = optuna.create_study(study_name="gemm/H100/float16/64x64x64/cuda", storage=url)
+    for k, v in {"family": "gemm", "chip": "H100", "dtype": "float16", "shape": "64x64x64", "backend": "cuda",
+                 "evidence": "measured", "knobs": {"BM": [32, 64]}}.items():
+        s.set_user_attr(k, v)
+    for i, bm in enumerate([32, 64, 32, 64, 64]):
+        t = s.ask({"BM": optuna.distributions.CategoricalDistribution([32, 64])})
+        t.set_user_attr("config", {"BM": bm})
+        t.set_user_attr("status", "ok")
+        t.set_user_attr("record", {"evidence": "measured", "time_ms": 1.0 + i})
+        s.tell(t, 1.0 + i)
+    s.set_user_attr("final", {"winner": 0, "speedup": 1.25, "speedup_low": 1.2, "speedup_high": 1.3,
+                              "baseline_median_ms": 1.25, "beats_baseline": True})
+    page = render_report(load_history(s.study_name, url)).split("</script></head>", 1)[1]
+    assert "MEASURED on a real GPU" in page and "MODELED" not in page
+    assert "1.25x (1.20-1.30)" in page and "Speedup over the baseline op: 1.25x (range 1.20-1.30" in page
+    s.set_user_attr("final", {"winner": 0, "speedup": 1.01, "speedup_low": 0.97, "speedup_high": 1.05,
+                              "baseline_median_ms": 1.01, "beats_baseline": False})
+    page = render_report(load_history(s.study_name, url))
+    assert "within the measured noise: not a win, the MLX op runs" in page

@@ -10,7 +10,7 @@ KERNSEARCH = [sys.executable, "-m", "kernsearch"]
 
 
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(KERNSEARCH + list(args), capture_output=True, text=True, timeout=300,
+    return subprocess.run(KERNSEARCH + list(args), capture_output=True, text=True, timeout=300, check=False,
                           env={**os.environ, **env})
 
 
@@ -69,3 +69,51 @@ def test_tune_without_a_compiler_refuses_before_searching(tmp_path) -> None:
     assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith("error: ") and "g++" in r.stderr
     assert "trial 1/" not in r.stderr and "--verify none" in r.stderr  # refused before any trial, with a way on
     assert r.stderr.count("\n") <= 3  # the modeled note, the error; no traceback
+
+
+def test_dashboard_serves_the_studies_with_compact_attributes(tmp_path) -> None:
+    import json
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    env = {"KERNSEARCH_HOME": str(tmp_path)}
+    tuned = _run("tune", "gemm", "--shape", "64,64,64", "--trials", "6", "--verify", "none", **env)
+    assert tuned.returncode == 0, tuned.stderr[-2000:]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(KERNSEARCH + ["dashboard", "--port", str(port)], env={**os.environ, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, studies = time.monotonic() + 60, None
+        while studies is None and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=20) as r:
+                    studies = json.load(r)["study_summaries"]
+            except OSError:
+                time.sleep(0.5)
+        assert studies is not None, "optuna-dashboard did not answer in 60 s"
+        (study,) = studies
+        assert study["study_name"] == "gemm/M2 Max/float16/64x64x64/model"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study['study_id']}?after=0",
+                                    timeout=10) as r:
+            trials = json.load(r)["trials"]
+        attrs = [{a["key"]: a["value"] for a in t["user_attrs"]} for t in trials]
+        ok = [a for a in attrs if a.get("status") == "ok"]
+        assert ok and all("BM" in a["config"] for a in ok)
+        assert max(len(a.get("record", "")) for a in ok) < 600  # compact: readable in the dashboard's table
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            raise AssertionError(f"the dashboard did not stop on SIGTERM: {err[-3000:]}") from None
+    assert proc.returncode == 0, err[-2000:]
+    assert "open http://127.0.0.1:" in err and "Traceback" not in err
+    bad = _run("dashboard", "--port", "70000", **env)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1

@@ -44,7 +44,7 @@ class CpuBackend(BaseBackend):
     def run(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
             init_value: float | None = float("nan"), mode: str | None = None, timeout: float | None = None,
             chip: Any = None, lines: Any = None, threadgroups: Any = None, input_dtypes: Any = None,
-            atomic_outputs: bool = False, **options: Any) -> RunResult:
+            atomic_outputs: bool = False, schedule: str = "in-order", **options: Any) -> RunResult:
         """Execute once; a variant that cannot run raises :class:`~kernsearch._errors.VariantFailure`."""
         from ..interp import MODES, run_kernel
         from ..interp._interp import DEFAULT_TG_LIMIT
@@ -60,7 +60,8 @@ class CpuBackend(BaseBackend):
         result = run_kernel(kernel, geometry.grid, geometry.threadgroup, list(geometry.output_shapes),
                             list(geometry.output_dtypes), inputs, dtype, init_value=init_value, mode=mode,
                             timeout=self.timeout if timeout is None else timeout, tg_limit=limit, lines=lines,
-                            threadgroups=threadgroups, input_dtypes=input_dtypes, atomic_outputs=atomic_outputs)
+                            threadgroups=threadgroups, input_dtypes=input_dtypes, atomic_outputs=atomic_outputs,
+                            schedule=schedule)
         diagnostics = [Diagnostic(d.kind, d.message + (f" | {d.code}" if d.code else ""), d.line, d.template_line,
                                   d.severity) for d in result.diagnostics]
         return RunResult(result.outputs, diagnostics, result.compile_seconds)

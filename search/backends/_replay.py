@@ -88,6 +88,9 @@ class ReplayBackend(BaseBackend):
                 samples = backend.sample(config)
                 return Record(float(np.median(samples)), self.evidence, samples, spread(samples), verified="recorded")
 
+            def prior(self, configs: list[dict[str, Any]]) -> list[float] | None:
+                return _family_prior(land, configs)
+
             def finalize(self, top: list[Any]) -> dict[str, Any]:
                 """The final round: finalists re-measured with every recorded repetition, fastest median wins."""
                 medians = {t.number: float(np.median(land.samples(t.config) or [math.inf])) for t in top}
@@ -96,6 +99,30 @@ class ReplayBackend(BaseBackend):
                         "note": f"replayed from {land.path}; measured on {land.device_name or 'an unnamed GPU'}, not here"}
 
         return ReplayObjective()
+
+
+def _family_prior(land: Landscape, configs: list[dict[str, Any]]) -> list[float] | None:
+    """For a landscape kernsearch recorded of one of its own families (``kernel_name`` "kernsearch FAMILY
+    (...)", with ``chip``, ``dtype`` and ``problem_size``): the performance model's predictions, which a
+    real tune of that family has before measuring anything. Knobs the file fixed take the family default."""
+    name = str(land.kernel_name or "")
+    chip_name, dtype = land.meta.get("chip"), land.meta.get("dtype")
+    if not name.startswith("kernsearch ") or not chip_name or not dtype or land.problem_size is None:
+        return None
+    try:
+        from .._chips import get_chip
+        from .._objective import model_prior
+        from .._space import Space, make_problem
+        from .._spec import load_family
+
+        family = load_family(name.split()[1])
+        chip = get_chip(str(chip_name))
+        shape = ",".join(str(int(d)) for d in np.atleast_1d(land.problem_size))
+        space = Space(make_problem(family, shape, str(dtype), chip), chip)
+        full = [{**dict(family.default), **c} for c in configs]
+        return model_prior(space, full)
+    except Exception:  # noqa: BLE001 - not a family of this checkout, unknown chip: no prior
+        return None
 
 
 def replay_chip_name(device: str) -> str:

@@ -463,7 +463,7 @@ class Dispatcher:
         time even to a microsecond-sized MLX op.
         """
         try:
-            key: Any = (family, chip, modeled, os.environ.get(DISABLE_VAR), *[(a.shape, a.dtype) for a in arrays])
+            key: Any = (family, chip, modeled, _env_flag(), *[(a.shape, a.dtype) for a in arrays])
             plan = self._plans.get(key)
         except (AttributeError, TypeError):  # not arrays, or an unhashable chip record: plan every call
             key, plan = None, None
@@ -564,6 +564,21 @@ class Dispatcher:
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
+
+try:  # os.environ.get costs ~2 us (key encoding); the raw table is a dict lookup — this runs on every call
+    _ENV_DATA: Any = os.environ._data  # type: ignore[attr-defined]
+    _ENV_KEY: Any = os.environ.encodekey(DISABLE_VAR)  # type: ignore[attr-defined]
+except AttributeError:  # pragma: no cover - not CPython
+    _ENV_DATA = None
+
+
+def _env_flag() -> Optional[str]:
+    """``KERNSEARCH_KERNELS`` as it is now (None when unset)."""
+    if _ENV_DATA is None:  # pragma: no cover
+        return os.environ.get(DISABLE_VAR)
+    raw = _ENV_DATA.get(_ENV_KEY)
+    return None if raw is None else os.environ.decodevalue(raw)  # type: ignore[attr-defined]
+
 
 def _as_mx(mx: Any, arrays: Sequence[Any]) -> Sequence[Any]:
     """The call's arrays as MLX arrays (a consumer may pass NumPy arrays or lists)."""

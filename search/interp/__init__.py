@@ -8,14 +8,17 @@ barriers and simd collectives are scheduling points, threadgroups run one after 
 Modes: ``fast`` (correctness; divergence, inactive-lane reads, partial-simdgroup matrices, threadgroup
 memory over the chip's limit), ``check`` (adds the threadgroup race / uninitialised-read / bounds
 detector), ``sanitize`` (device-buffer bounds through AddressSanitizer, in a child process).
+Schedule fuzz (:func:`fuzz_schedule`): threadgroups reversed / shuffled, threads resumed in other orders; a
+kernel whose output depends on the order is reported with the first differing element.
 """
 
 from __future__ import annotations
 
-from ._interp import MODES, InterpResult, run_kernel
+from ._fuzz import FuzzResult, OrderDependence, fuzz_schedule
+from ._interp import MODES, SCHEDULES, InterpResult, run_kernel
 from ._lint import lint
 from ._linemap import TemplateLines, template_lines
 from ._source import mlx_source, signature
 
-__all__ = ["MODES", "InterpResult", "TemplateLines", "lint", "mlx_source", "run_kernel", "signature",
-           "template_lines"]
+__all__ = ["MODES", "SCHEDULES", "FuzzResult", "InterpResult", "OrderDependence", "TemplateLines", "fuzz_schedule",
+           "lint", "mlx_source", "run_kernel", "signature", "template_lines"]

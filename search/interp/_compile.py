@@ -81,6 +81,36 @@ def flags(mode: str, cpp: str = "") -> list[str]:
     return f
 
 
+def _pch_dir(cmd_flags: list[str]) -> Path | None:
+    """A GCC precompiled ``ks_shim.h`` for these flags (built once per shim version and flags, shared by every
+    kernel compiled after): parsing the shim is most of a kernel's compile time. GCC checks a precompiled
+    header before using it and falls back to the text, so a stale or foreign one is never wrong; clang++ and
+    sanitize builds compile without it."""
+    if "g++" not in Path(compiler()).name or "-DKS_SANITIZE=1" in cmd_flags or os.environ.get("KERNSEARCH_NO_PCH"):
+        return None
+    pch_flags = [f for f in cmd_flags if f != "-shared"]
+    key = hashlib.sha256("\0".join([*pch_flags, shim_version()]).encode()).hexdigest()[:24]
+    target = cache_dir() / f"pch-{key}"
+    if (target / "ks_shim.h.gch").exists():
+        return target
+    try:
+        with tempfile.TemporaryDirectory(prefix="ks-pch-", dir=cache_dir()) as tmp:
+            out = Path(tmp) / "pch"
+            out.mkdir()
+            proc = subprocess.run([compiler(), *pch_flags, "-DKS_RUNTIME_IMPL=1", "-x", "c++-header",
+                                   str(SHIM_DIR / "ks_shim.h"), "-o", str(out / "ks_shim.h.gch")],
+                                  capture_output=True, timeout=COMPILE_TIMEOUT_S)
+            if proc.returncode != 0:
+                return None
+            try:
+                os.rename(out, target)
+            except OSError:  # another process built it first
+                pass
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return target if (target / "ks_shim.h.gch").exists() else None
+
+
 _ERROR_LINE = re.compile(r"kernel\.metal:(\d+):(?:\d+:)?\s*(?:fatal )?error:\s*(.*)")
 
 
@@ -97,8 +127,10 @@ def compile_unit(cpp: str, mode: str) -> Compiled:
         src = Path(tmp) / "kernel.cpp"
         src.write_text(cpp)
         out = Path(tmp) / f"out{suffix}"
+        pch = _pch_dir(cmd_flags)
+        build_flags = [f"-I{pch}", *cmd_flags] if pch else cmd_flags
         try:
-            proc = subprocess.run([compiler(), *cmd_flags, str(src), "-o", str(out)], capture_output=True,
+            proc = subprocess.run([compiler(), *build_flags, str(src), "-o", str(out)], capture_output=True,
                                   text=True, timeout=COMPILE_TIMEOUT_S)
         except subprocess.TimeoutExpired:  # subprocess.run kills the compiler before raising
             raise VariantFailure("compile", f"the compiler ran longer than {COMPILE_TIMEOUT_S} s") from None

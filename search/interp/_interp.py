@@ -16,6 +16,8 @@ from ._run import RawDiag, run_forked, run_sanitized
 from ._source import DTYPES, NUMPY_DTYPES, cpp_unit, from_storage, mlx_source, signature, to_storage
 
 MODES = ("fast", "check", "sanitize")
+#: Schedules of the schedule fuzz: (threadgroup order, thread resume order); 0 in order, 1 reversed, 2 shuffled.
+SCHEDULES: dict[str, tuple[int, int]] = {"in-order": (0, 0), "reversed": (1, 1), "shuffled": (2, 2)}
 #: Threadgroup memory limit when no chip is given: every Apple GPU kernsearch knows has 32 KiB.
 DEFAULT_TG_LIMIT = 32768
 
@@ -73,7 +75,8 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
                dtype: str, init_value: float | None = float("nan"), mode: str = "fast", timeout: float = 30.0,
                tg_limit: int = DEFAULT_TG_LIMIT, lines: TemplateLines | None = None,
                stack_kb: int = 0, threadgroups: list[tuple[int, int, int]] | None = None,
-               input_dtypes: list[str | None] | None = None, atomic_outputs: bool = False) -> InterpResult:
+               input_dtypes: list[str | None] | None = None, atomic_outputs: bool = False,
+               schedule: str = "in-order", seed: int = 1) -> InterpResult:
     """Run ``kernel`` (a :class:`~kernsearch._render.KernelSource`) on ``inputs``; outputs come back
     pre-filled with ``init_value`` where the kernel did not write. A variant that cannot run raises
     :class:`VariantFailure` (``unsupported``, ``compile``, ``crash``, ``timeout``). ``threadgroups``
@@ -83,7 +86,13 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
     ``input_dtypes`` names each input's MLX dtype (``None`` entries: the default rule, where float arrays
     take ``dtype`` and integer arrays keep their own dtype), so one kernel can read uint32 words beside
     float16 scales and a float32 input. Integer buffers are passed exactly, never converted.
-    ``atomic_outputs`` is MLX's flag: outputs are ``device atomic<T>*``."""
+    ``atomic_outputs`` is MLX's flag: outputs are ``device atomic<T>*``. ``schedule`` ("in-order",
+    "reversed", "shuffled" with ``seed``) changes the order threadgroups run and threads are resumed in
+    (fast and check modes); :func:`kernsearch.interp.fuzz_schedule` compares them."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r} (known: {', '.join(SCHEDULES)})")
+    if schedule != "in-order" and mode == "sanitize":
+        raise ValueError("sanitize mode runs the grid in order (no schedule fuzz)")
     if threadgroups is not None and mode == "sanitize":
         raise ValueError("sanitize mode runs the whole grid (no threadgroups selection)")
     if mode not in MODES:
@@ -137,7 +146,9 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
             args[i] = np.zeros(1, dtype=a.dtype)
     stack = stack_kb or (512 if mode == "sanitize" else 128)
     runner = run_sanitized if mode == "sanitize" else run_forked
-    extra = {"threadgroups": [tuple(int(v) for v in t) for t in threadgroups]} if threadgroups else {}
+    extra: dict[str, Any] = {"threadgroups": [tuple(int(v) for v in t) for t in threadgroups]} if threadgroups else {}
+    if schedule != "in-order":
+        extra["schedule"] = (*SCHEDULES[schedule], int(seed) & 0xFFFFFFFFFFFFFFFF)
     raw = runner(compiled.path, args, out_index, tuple(int(g) for g in grid),  # type: ignore[arg-type]
                  tuple(int(t) for t in threadgroup), int(tg_limit), stack, timeout, **extra)  # type: ignore[arg-type]
     outputs = [from_storage(args[i], odt).reshape(shape)

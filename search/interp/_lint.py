@@ -7,48 +7,76 @@ from __future__ import annotations
 
 import re
 
-from ._source import _TG_ARRAY, _TG_POINTER, _TG_SCALAR
+from ._source import _TG_ARRAY, _TG_ARRAY_MD, _TG_POINTER, _TG_SCALAR
 
-#: simd / simdgroup functions the shim implements.
+#: simd / simdgroup / quad functions the shim implements (ks_shim.h, ks_simd.h).
+_GROUP_COMMON = ("all", "any", "ballot", "and", "or", "xor", "prefix_inclusive_product", "prefix_exclusive_product",
+                 "broadcast_first", "shuffle_rotate_up", "shuffle_rotate_down", "shuffle_and_fill_up",
+                 "shuffle_and_fill_down", "is_first", "sum", "max", "min", "product", "prefix_inclusive_sum",
+                 "prefix_exclusive_sum", "shuffle", "shuffle_xor", "shuffle_up", "shuffle_down", "broadcast")
 SIMD_FUNCTIONS = frozenset({
-    "simd_sum", "simd_max", "simd_min", "simd_product", "simd_prefix_inclusive_sum", "simd_prefix_exclusive_sum",
-    "simd_shuffle", "simd_shuffle_xor", "simd_shuffle_up", "simd_shuffle_down", "simd_broadcast",
+    *(f"simd_{n}" for n in _GROUP_COMMON), *(f"quad_{n}" for n in _GROUP_COMMON), "simd_active_threads_mask",
     "simdgroup_barrier", "simdgroup_matrix", "simdgroup_load", "simdgroup_store", "simdgroup_multiply",
     "simdgroup_multiply_accumulate", "simdgroup_float8x8", "simdgroup_half8x8", "simdgroup_bfloat8x8",
-    "simdgroup_index_in_threadgroup", "simdgroups_per_threadgroup", "simd_size",
+    "make_filled_simdgroup_matrix",
 })
 
-#: metal:: (and metal::fast:: / metal::precise::) names the shim implements.
-METAL_NAMES = frozenset({
-    "exp", "exp2", "exp10", "log", "log2", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "erf",
-    "floor", "ceil", "round", "trunc", "fabs", "abs", "max", "min", "fmax", "fmin", "clamp", "pow", "powr", "fma",
-    "dot", "select", "mix", "divide", "precise_divide", "isnan", "isinf", "isfinite", "numeric_limits", "fast",
-    "precise", "mem_flags", "threadgroup_barrier", "simdgroup_barrier", "as_type", *SIMD_FUNCTIONS,
+#: metal:: (and metal::fast:: / metal::precise::) names the shim implements (ks_shim.h, ks_math.h, ks_atomic.h).
+MATH_FUNCTIONS = frozenset({
+    "exp", "exp2", "exp10", "log", "log2", "log10", "log1p", "expm1", "sqrt", "rsqrt", "cbrt", "sin", "cos", "tan",
+    "sinh", "cosh", "tanh", "asin", "acos", "atan", "atan2", "asinh", "acosh", "atanh", "sinpi", "cospi", "tanpi",
+    "sincos", "erf", "erfc", "lgamma", "tgamma", "floor", "ceil", "round", "rint", "trunc", "fract", "fmod", "modf",
+    "frexp", "ldexp", "copysign", "sign", "step", "smoothstep", "saturate", "fabs", "abs", "max", "min", "fmax",
+    "fmin", "fmax3", "fmin3", "max3", "min3", "fmedian3", "median3", "fdim", "hypot", "nextafter", "clamp", "pow",
+    "powr", "fma", "mad", "recip", "dot", "cross", "length", "length_squared", "distance", "normalize", "select",
+    "mix", "divide", "precise_divide", "isnan", "isinf", "isfinite", "isnormal", "signbit", "isordered",
+    "isunordered", "any", "all", "popcount", "clz", "ctz", "rotate", "mulhi", "absdiff", "hadd", "rhadd", "addsat",
+    "subsat", "extract_bits", "insert_bits", "reverse_bits", "as_type", "numeric_limits",
 })
+ATOMIC_NAMES = frozenset({
+    "atomic", "atomic_int", "atomic_uint", "atomic_bool", "atomic_float", "atomic_ulong", "atomic_load_explicit",
+    "atomic_store_explicit", "atomic_exchange_explicit", "atomic_compare_exchange_weak_explicit",
+    "atomic_compare_exchange_strong_explicit", "atomic_fetch_add_explicit", "atomic_fetch_sub_explicit",
+    "atomic_fetch_and_explicit", "atomic_fetch_or_explicit", "atomic_fetch_xor_explicit", "atomic_fetch_min_explicit",
+    "atomic_fetch_max_explicit", "atomic_thread_fence", "memory_order", "memory_order_relaxed", "thread_scope",
+})
+METAL_NAMES = frozenset({
+    *MATH_FUNCTIONS, *ATOMIC_NAMES, "fast", "precise", "mem_flags", "threadgroup_barrier", "simd_vote",
+    *SIMD_FUNCTIONS,
+})
+#: What MLX's utilities header gives every kernel body (ks_mlx.h).
+MLX_NAMES = frozenset({"Limits", "WorkPerThread", "ceildiv", "elem_to_loc", "elem_to_loc_1", "elem_to_loc_2",
+                       "elem_to_loc_3", "float16_t", "bfloat16_t"})
 
 _HEADERS = re.compile(r"#\s*include\s*[<\"]([^>\"]+)[>\"]")
 _ALLOWED_HEADERS = frozenset({"metal_stdlib", "metal_math", "metal_simdgroup", "metal_simdgroup_matrix",
                               "metal_compute", "metal_integer", "metal_common", "metal_relational", "metal_tensor",
+                              "metal_atomic", "metal_geometric", "metal_types",
                               "MetalPerformancePrimitives/MetalPerformancePrimitives.h"})
 #: A tensor view's element type names its address space: `tensor<threadgroup T, ...>`.
 _TENSOR_SPACE = re.compile(r"\btensor\s*<\s*(?:const\s+)?(?:threadgroup|device|constant)\b")
 _REJECT = [
     (re.compile(r"\b(?:texture[123]d\w*|texture_buffer|depth2d\w*|sampler)\b"), "textures and samplers"),
     (re.compile(r"\bimageblock\w*|threadgroup_imageblock"), "imageblocks"),
-    (re.compile(r"\bquad_\w+\b"), "quad-group functions"),
     (re.compile(r"\[\["), "attributes ([[...]]) inside the kernel source or header"),
     (re.compile(r"\bmem_texture\b"), "texture memory fences"),
     (re.compile(r"\b(?:visible_function_table|intersection_function_table|raytracing)\b"), "function tables"),
     (re.compile(r"\bdouble\b"), "double (Metal has no 64-bit floats)"),
 ]
-_SIMD_IDENT = re.compile(r"\b(simd(?:group)?_\w+)\b")
+#: Only calls are checked: `simd_lane_id`, `simd_group_id` ... are variable names in real kernels.
+_SIMD_IDENT = re.compile(r"\b((?:simd|simdgroup|quad)_\w+)\s*(?:<[^;<>()]*>\s*)?\(")
 _METAL_QUALIFIED = re.compile(r"\bmetal::(?:(?:fast|precise)::)?(\w+)")
+#: A function the kernel defines itself (`float simd_reduce(float x) {`), which the lint must not reject.
+_DEFINITION = re.compile(r"\b(\w+)[\s>&*]+((?:simd|simdgroup|quad)_\w+)\s*\(")
+_NOT_TYPES = frozenset({"return", "else", "case", "do", "co_return", "throw"})
 _MATRIX = re.compile(r"\bsimdgroup_matrix\s*<\s*\w+\s*,\s*(\d+)\s*,\s*(\d+)\s*>")
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
 
 def lint(header: str, source: str) -> str | None:
     """The first construct outside the supported subset, as a one-line message, or None."""
+    defined = {d.group(2) for d in _DEFINITION.finditer(_COMMENT.sub("", header + "\n" + source))
+               if d.group(1) not in _NOT_TYPES}
     for part, text in (("header", header), ("source", source)):
         code = _COMMENT.sub(lambda m: "\n" * m.group(0).count("\n"), text)
 
@@ -63,7 +91,7 @@ def lint(header: str, source: str) -> str | None:
             if m:
                 return f"{where(m.start())}: {what} ({m.group(0)!r}) are outside the interpreter's MSL subset"
         for m in _SIMD_IDENT.finditer(code):
-            if m.group(1) not in SIMD_FUNCTIONS:
+            if m.group(1) not in SIMD_FUNCTIONS and m.group(1) not in defined:
                 return f"{where(m.start())}: {m.group(1)} is outside the interpreter's MSL subset"
         for m in _METAL_QUALIFIED.finditer(code):
             if m.group(1) not in METAL_NAMES:
@@ -71,9 +99,36 @@ def lint(header: str, source: str) -> str | None:
         for m in _MATRIX.finditer(code):
             if (m.group(1), m.group(2)) != ("8", "8"):
                 return f"{where(m.start())}: simdgroup_matrix of {m.group(1)}x{m.group(2)} (only 8x8 is supported)"
-        rest = _TENSOR_SPACE.sub("", _TG_POINTER.sub("", _TG_SCALAR.sub("", _TG_ARRAY.sub("", code))))
+        rest = _TENSOR_SPACE.sub("", _TG_POINTER.sub("", _TG_SCALAR.sub("", _TG_ARRAY.sub("", _TG_ARRAY_MD.sub("", code)))))
         m = re.search(r"\bthreadgroup\b(?!_)", rest)
         if m:
             return (f"{where(m.start())}: this threadgroup declaration is outside the interpreter's MSL subset "
                     "(use a 1-D array `threadgroup T name[N];` or a pointer `threadgroup T* p`)")
     return None
+
+
+def subset_lists() -> dict[str, str]:
+    """The generated lists of ``docs/msl-subset.md`` (between ``<!-- name -->`` markers), from the sets above."""
+    import textwrap
+
+    def fmt(names: frozenset[str]) -> str:
+        return textwrap.fill(" ".join(f"`{n}`" for n in sorted(names)), 110, initial_indent="  ",
+                             subsequent_indent="  ")
+    return {"math": fmt(MATH_FUNCTIONS), "simd": fmt(SIMD_FUNCTIONS - {"simdgroup_matrix", "simdgroup_float8x8",
+                                                                      "simdgroup_half8x8", "simdgroup_bfloat8x8"})}
+
+
+def render_subset_doc(text: str) -> str:
+    """``text`` (the subset document) with its generated lists brought up to date."""
+    for name, body in subset_lists().items():
+        text = re.sub(rf"(<!-- {name} -->).*?(<!-- /{name} -->)",
+                      lambda m: m.group(1) + "\n" + body + "\n  " + m.group(2), text, flags=re.S)
+    return text
+
+
+if __name__ == "__main__":  # python -m kernsearch.interp._lint docs/msl-subset.md: regenerate the lists
+    import sys
+    from pathlib import Path
+
+    doc = Path(sys.argv[1])
+    doc.write_text(render_subset_doc(doc.read_text()))

@@ -63,9 +63,11 @@ def _load(lib_path: Path) -> ctypes.CDLL:
 
 def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid: tuple[int, int, int],
                tg: tuple[int, int, int], tg_limit: int, stack_kb: int, timeout: float,
-               threadgroups: list[tuple[int, int, int]] | None = None) -> list[RawDiag]:
+               threadgroups: list[tuple[int, int, int]] | None = None,
+               schedule: tuple[int, int, int] = (0, 0, 0)) -> list[RawDiag]:
     """Run the kernel in a forked child; ``args[i]`` for i in ``outputs`` are written back in place.
-    ``threadgroups`` (positions in the grid) runs only those threadgroups."""
+    ``threadgroups`` (positions in the grid) runs only those threadgroups; ``schedule`` is (threadgroup
+    order, thread order, seed) for the schedule fuzz (0 = in order, 1 = reversed, 2 = shuffled)."""
     shared = [mmap.mmap(-1, max(args[i].nbytes, 1)) for i in outputs]
     views = [np.frombuffer(m, dtype=args[i].dtype, count=args[i].size) for m, i in zip(shared, outputs)]
     for v, i in zip(views, outputs):
@@ -86,6 +88,8 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
             argv = (ctypes.c_void_p * len(call_args))(*[a.ctypes.data for a in call_args])
             diags = (_Diag * MAX_DIAGS).from_buffer(diag_mem, 16)
             nd = ctypes.c_int(0)
+            if schedule != (0, 0, 0):
+                lib.ks_order(ctypes.c_int(schedule[0]), ctypes.c_int(schedule[1]), ctypes.c_uint64(schedule[2]))
             if threadgroups:
                 flat = [int(v) for t in threadgroups for v in t]
                 selection = (ctypes.c_uint32 * len(flat))(*flat)

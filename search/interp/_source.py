@@ -216,24 +216,60 @@ _TYPE = r"(?:const\s+)?[A-Za-z_][\w:]*(?:\s*<[^;<>]*>)?"
 _TG_ARRAY = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*\[([^\]\n]+)\]\s*;")
 _TG_SCALAR = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*;")
 _TG_POINTER = re.compile(rf"\bthreadgroup\s+({_TYPE})\s*\*\s*(\w+)")
-_SWIZZLE = re.compile(r"\.([xyzw]{2,4})\b")
+_TG_ARRAY_MD = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*((?:\[[^\]\n]+\]\s*){{2,3}});")
+_SWIZZLE = re.compile(r"\.([xyzw]{2,4}|[rgba]{2,4})\b")
+#: Half and bfloat literals (``1.0h``, ``2.5bf``): C++ has no such suffix.
+_HALF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)(h|H|bf|BF)\b")
+_STRING_OR_COMMENT = re.compile(r'"(?:[^"\\\n]|\\.)*"|//[^\n]*|/\*.*?\*/', re.S)
 
 
 def _swizzle(match: re.Match[str]) -> str:
-    idx = ",".join(str("xyzw".index(c)) for c in match.group(1))
+    letters = "xyzw" if match.group(1)[0] in "xyzw" else "rgba"
+    idx = ",".join(str(letters.index(c)) for c in match.group(1))
     return f".template swz<{idx}>()"
+
+
+def _literal(match: re.Match[str]) -> str:
+    num = match.group(1)
+    if not any(c in num for c in ".eE"):
+        num += ".0"
+    return f"{'half' if match.group(2) in 'hH' else 'bfloat'}({num}f)"
+
+
+def _dims(text: str) -> list[str]:
+    return re.findall(r"\[([^\]\n]+)\]", text)
+
+
+def _code_only(text: str, fn: Any) -> str:
+    """Apply ``fn`` to the code between strings and comments (which keep their text and lines)."""
+    out, pos = [], 0
+    for m in _STRING_OR_COMMENT.finditer(text):
+        out.append(fn(text[pos:m.start()]))
+        out.append(m.group(0))
+        pos = m.end()
+    out.append(fn(text[pos:]))
+    return "".join(out)
 
 
 def translate(text: str, check: bool) -> str:
     """MSL text -> C++ over the shim; keeps every line in place."""
-    text = _SWIZZLE.sub(_swizzle, text)
+    text = _code_only(text, lambda code: _HALF_LITERAL.sub(_literal, _SWIZZLE.sub(_swizzle, code)))
     if check:
+        text = _TG_ARRAY_MD.sub(lambda m: f"ks::tgmd<{m[1]}, {', '.join('int64_t(' + d + ')' for d in _dims(m[3])[1:])}> "
+                                          f"{m[2]} = ks::tgmd<{m[1]}, "
+                                          f"{', '.join('int64_t(' + d + ')' for d in _dims(m[3])[1:])}>"
+                                          f"{{ks::tg_alloc_checked<{m[1]}>(({' * '.join('(' + d + ')' for d in _dims(m[3]))}), "
+                                          f"\"{m[2]}\", __LINE__)}};", text)
         text = _TG_ARRAY.sub(lambda m: f"ks::tgptr<{m[1]}> {m[2]} = ks::tg_alloc_checked<{m[1]}>(({m[3]}), "
                                        f"\"{m[2]}\", __LINE__);", text)
         text = _TG_SCALAR.sub(lambda m: f"ks::tgref<{m[1]}> {m[2]} = ks::tg_alloc_checked<{m[1]}>(1, \"{m[2]}\", "
                                         f"__LINE__)[0];", text)
         text = _TG_POINTER.sub(lambda m: f"ks::tgptr<{m[1]}> {m[2]}", text)
     else:
+        text = _TG_ARRAY_MD.sub(lambda m: f"{m[1]} (&{m[2]}){m[3].strip()} = *reinterpret_cast<{m[1]} (*){m[3].strip()}>("
+                                          f"ks::tg_alloc(sizeof({m[1]}{m[3].strip()}), "
+                                          f"({' * '.join('(' + d + ')' for d in _dims(m[3]))}), sizeof({m[1]}), "
+                                          f"\"{m[2]}\", __LINE__));", text)
         text = _TG_ARRAY.sub(lambda m: f"{m[1]} (&{m[2]})[{m[3]}] = *reinterpret_cast<{m[1]} (*)[{m[3]}]>("
                                        f"ks::tg_alloc(sizeof({m[1]}) * ({m[3]}), ({m[3]}), sizeof({m[1]}), "
                                        f"\"{m[2]}\", __LINE__));", text)

@@ -2,17 +2,52 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 GEMM_DIR = REPO / "templates" / "gemm"
+#: A tree no test may change: attacks aim their writes here, and the repository is watched too.
+CANARY = Path(tempfile.gettempdir()) / f"ks-canary-{os.getpid()}"
+_SKIP = {".git", "__pycache__", ".venv", ".hypothesis", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (links as their target text) with a digest of its content and mode."""
+    state: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _SKIP and not d.endswith(".egg-info")]
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            path = Path(dirpath) / name
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                state[rel] = "link:" + os.readlink(path)
+            elif path.is_file():
+                state[rel] = hashlib.sha256(path.read_bytes()).hexdigest() + f":{path.stat().st_mode:o}"
+        state[str(Path(dirpath).relative_to(root)) + "/"] = "dir"
+    return state
+
+
+@pytest.fixture(scope="session", autouse=True)
+def canary_tree() -> Iterator[Path]:
+    """Nothing outside the named output folders (pytest's tmp paths) changes during the suite."""
+    CANARY.mkdir(parents=True, exist_ok=True)
+    (CANARY / "keep.txt").write_text("canary\n")
+    (CANARY / "journal.jsonl").write_text("")
+    before = {"canary": _snapshot(CANARY), "repo": _snapshot(REPO)}
+    yield CANARY
+    after = {"canary": _snapshot(CANARY), "repo": _snapshot(REPO)}
+    changed = {where: sorted(set(before[where].items()) ^ set(after[where].items())) for where in before}
+    shutil.rmtree(CANARY, ignore_errors=True)
+    assert not changed["canary"] and not changed["repo"], f"files changed outside output folders: {changed}"
 
 
 def ks(*args: str, cwd: Path | None = None, timeout: float = 120, env: dict[str, str] | None = None

@@ -10,7 +10,7 @@ from kernsearch._errors import KernsearchError
 from kernsearch._expr import Expr, ExprError
 from kernsearch._spec import load_family
 
-from .conftest import assert_one_line_error, ks, set_key
+from .conftest import CANARY, assert_one_line_error, ks, set_key
 
 TEMPLATE_ATTACKS = [
     "{{% set x = cycler.__init__.__globals__.os.system('touch {m}') %}}",
@@ -25,7 +25,7 @@ TEMPLATE_ATTACKS = [
 
 @pytest.mark.parametrize("attack", TEMPLATE_ATTACKS)
 def test_template_cannot_run_python(hostile_family, tmp_path: Path, attack: str) -> None:
-    marker = tmp_path / "pwned"
+    marker = CANARY / "pwned"
     payload = attack.format(m=marker)
     folder = hostile_family(metal=lambda t: t.replace("{% block source %}", "{% block source %}" + payload, 1))
     proc = ks("render", str(folder), "--chip", "M2 Max", timeout=60)
@@ -56,7 +56,7 @@ def test_template_include_cannot_leave_the_folder(hostile_family, tmp_path: Path
 
 
 def test_reference_cannot_write_files(hostile_family, tmp_path: Path) -> None:
-    target = tmp_path / "written"
+    target = CANARY / "written"
     ref = f"\"((0*A[0][:6]+[112,119]).astype('uint8').tofile('{target}') or matmul(A, B))\""
     folder = hostile_family(toml=lambda t: set_key(t, "reference", ref))
     proc = ks("verify", str(folder), "--shape", "16,16,16", "--chip", "M2 Max", "--timeout", "30", timeout=120)

@@ -16,7 +16,7 @@ from kernsearch._artifacts import ArtifactStore
 from kernsearch._export import INIT_MODULE, export
 from kernsearch._manifest import ArtifactError
 
-from .conftest import KEY, assert_one_line_error, candidate, key, ks, set_key
+from .conftest import CANARY, KEY, assert_one_line_error, candidate, key, ks, set_key
 
 
 @pytest.fixture
@@ -96,7 +96,7 @@ def _import(source_dir: Path, name: str):  # noqa: ANN202
 
 
 def test_exported_package_holds_no_code_from_data(hostile_family, tmp_path: Path) -> None:
-    marker = tmp_path / "pwned"
+    marker = CANARY / "pwned-export"
     desc = json.dumps(HOSTILE.format(m=marker))
     folder = hostile_family(name="evil", toml=lambda t: set_key(set_key(t, "name", '"evil"'), "description", desc)
                             .replace('why = "the simdgroup grid must split the threadgroup tile evenly"',

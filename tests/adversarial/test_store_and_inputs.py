@@ -13,7 +13,7 @@ from kernsearch._artifacts import ArtifactStore
 from kernsearch._manifest import ArtifactError
 
 
-from .conftest import KEY, assert_one_line_error, candidate, key, ks
+from .conftest import CANARY, KEY, assert_one_line_error, candidate, key, ks
 
 READERS = [["artifacts", "list"], ["artifacts", "show", KEY], ["artifacts", "verify"], ["export", "gemm", "--out", "{out}"]]
 
@@ -84,14 +84,13 @@ def test_huge_manifest_is_refused_not_read(store: Path, tmp_path: Path) -> None:
 
 
 def test_symlinked_files_are_refused_and_never_written_through(store: Path, tmp_path: Path) -> None:
-    victim = tmp_path / "victim.txt"
-    victim.write_text("original\n")
+    victim = CANARY / "journal.jsonl"  # a publish must never append to it through the link
     journal = store / KEY / "journal.jsonl"
     journal.unlink()
     journal.symlink_to(victim)
     with pytest.raises(ArtifactError):
         ArtifactStore(store).publish(candidate(median=0.5, config={"BM": 64}))
-    assert victim.read_text() == "original\n"
+    assert victim.read_text() == ""
     manifest = store / KEY / "v1" / "manifest.json"
     real = tmp_path / "elsewhere.json"
     real.write_text(manifest.read_text())

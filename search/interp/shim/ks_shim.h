@@ -76,9 +76,9 @@ typedef bfloat bfloat16;
 // ------------------------------------------------------------------------------------------------
 template <class T, int N> struct vec;
 template <class T, int N> struct vec_storage;
-template <class T> struct vec_storage<T, 2> { union { T v[2]; struct { T x, y; }; }; };
-template <class T> struct vec_storage<T, 3> { union { T v[4]; struct { T x, y, z; }; }; };
-template <class T> struct vec_storage<T, 4> { union { T v[4]; struct { T x, y, z, w; }; }; };
+template <class T> struct vec_storage<T, 2> { union { T v[2]; struct { T x, y; }; struct { T r, g; }; }; };
+template <class T> struct vec_storage<T, 3> { union { T v[4]; struct { T x, y, z; }; struct { T r, g, b; }; }; };
+template <class T> struct vec_storage<T, 4> { union { T v[4]; struct { T x, y, z, w; }; struct { T r, g, b, a; }; }; };
 
 template <class T> struct is_vec : std::false_type {};
 template <class T, int N> struct is_vec<vec<T, N>> : std::true_type {};
@@ -92,7 +92,7 @@ struct alignas((N == 3 ? 4 : N) * sizeof(T)) vec : vec_storage<T, N> {
   using value_type = T;
   using vec_storage<T, N>::v;
   vec() = default;
-  template <class U, class = std::enable_if_t<!is_vec<U>::value>>
+  template <class U, class = std::enable_if_t<!is_vec<U>::value && std::is_constructible<T, U>::value>>
   vec(U s) { for (int i = 0; i < N; ++i) v[i] = T(s); }
   template <class U> explicit vec(const vec<U, N>& o) { for (int i = 0; i < N; ++i) v[i] = T(o.v[i]); }
   template <class A, class B, class... R, class = std::enable_if_t<(sizeof...(R) + 2 <= N)>>
@@ -111,9 +111,13 @@ struct alignas((N == 3 ? 4 : N) * sizeof(T)) vec : vec_storage<T, N> {
     else { for (int i = 0; i < N; ++i) v[i] = T(v[i] op o); }                                       \
     return *this;                                                                                   \
   }
-  KS_VEC_OPASSIGN(+) KS_VEC_OPASSIGN(-) KS_VEC_OPASSIGN(*) KS_VEC_OPASSIGN(/)
+  KS_VEC_OPASSIGN(+) KS_VEC_OPASSIGN(-) KS_VEC_OPASSIGN(*) KS_VEC_OPASSIGN(/) KS_VEC_OPASSIGN(%)
+  KS_VEC_OPASSIGN(&) KS_VEC_OPASSIGN(|) KS_VEC_OPASSIGN(^) KS_VEC_OPASSIGN(<<) KS_VEC_OPASSIGN(>>)
 #undef KS_VEC_OPASSIGN
   vec operator-() const { vec r; for (int i = 0; i < N; ++i) r.v[i] = T(-v[i]); return r; }
+  vec operator+() const { return *this; }
+  vec operator~() const { vec r; for (int i = 0; i < N; ++i) r.v[i] = T(~v[i]); return r; }
+  vec<bool, N> operator!() const { vec<bool, N> r; for (int i = 0; i < N; ++i) r.v[i] = !v[i]; return r; }
 };
 
 template <class T, int N, int... I> struct swizzle_ref {
@@ -134,8 +138,24 @@ template <class T, int N, int... I> struct swizzle_ref {
   vec<T, N> operator op(const U& a, const vec<T, N>& b) {                                           \
     vec<T, N> r; for (int i = 0; i < N; ++i) r.v[i] = T(a op b.v[i]); return r;                     \
   }
-KS_VEC_BINOP(+) KS_VEC_BINOP(-) KS_VEC_BINOP(*) KS_VEC_BINOP(/)
+KS_VEC_BINOP(+) KS_VEC_BINOP(-) KS_VEC_BINOP(*) KS_VEC_BINOP(/) KS_VEC_BINOP(%) KS_VEC_BINOP(&) KS_VEC_BINOP(|)
+KS_VEC_BINOP(^) KS_VEC_BINOP(<<) KS_VEC_BINOP(>>)
 #undef KS_VEC_BINOP
+// Comparisons and logical operators are element-wise and give a boolN (MSL), for any / all / select.
+#define KS_VEC_CMP(op)                                                                               \
+  template <class T, int N, class U> vec<bool, N> operator op(const vec<T, N>& a, const U& b) {     \
+    vec<bool, N> r;                                                                                 \
+    if constexpr (is_vec<U>::value) { for (int i = 0; i < N; ++i) r.v[i] = a.v[i] op b.v[i]; }      \
+    else { for (int i = 0; i < N; ++i) r.v[i] = a.v[i] op b; }                                      \
+    return r;                                                                                       \
+  }                                                                                                 \
+  template <class U, class T, int N, class = std::enable_if_t<!is_vec<U>::value>>                  \
+  vec<bool, N> operator op(const U& a, const vec<T, N>& b) {                                        \
+    vec<bool, N> r; for (int i = 0; i < N; ++i) r.v[i] = a op b.v[i]; return r;                     \
+  }
+KS_VEC_CMP(<) KS_VEC_CMP(>) KS_VEC_CMP(<=) KS_VEC_CMP(>=) KS_VEC_CMP(==) KS_VEC_CMP(!=) KS_VEC_CMP(&&)
+KS_VEC_CMP(||)
+#undef KS_VEC_CMP
 
 #define KS_VEC_TYPES(T, name)                                                                        \
   typedef vec<T, 2> name##2;                                                                        \
@@ -143,9 +163,24 @@ KS_VEC_BINOP(+) KS_VEC_BINOP(-) KS_VEC_BINOP(*) KS_VEC_BINOP(/)
   typedef vec<T, 4> name##4;
 KS_VEC_TYPES(float, float) KS_VEC_TYPES(half, half) KS_VEC_TYPES(bfloat, bfloat) KS_VEC_TYPES(int, int)
 KS_VEC_TYPES(uint, uint) KS_VEC_TYPES(short, short) KS_VEC_TYPES(ushort, ushort) KS_VEC_TYPES(bool, bool)
-KS_VEC_TYPES(char, char) KS_VEC_TYPES(uchar, uchar)
+KS_VEC_TYPES(char, char) KS_VEC_TYPES(uchar, uchar) KS_VEC_TYPES(long, long) KS_VEC_TYPES(unsigned long, ulong)
 #undef KS_VEC_TYPES
-typedef vec<unsigned long, 2> ulong2;
+// Packed vectors: no padding (packed_float3 is 12 bytes), converting to and from the aligned vector.
+template <class T, int N> struct packed_vec {
+  T v[N];
+  packed_vec() = default;
+  template <class U> packed_vec(const vec<U, N>& o) { for (int i = 0; i < N; ++i) v[i] = T(o.v[i]); }
+  template <class A, class... R, class = std::enable_if_t<!is_vec<A>::value>>
+  packed_vec(const A& a, const R&... r) : packed_vec(vec<T, N>(a, r...)) {}
+  operator vec<T, N>() const { vec<T, N> r; for (int i = 0; i < N; ++i) r.v[i] = v[i]; return r; }
+  T& operator[](int i) { return v[i]; }
+  const T& operator[](int i) const { return v[i]; }
+};
+#define KS_PACKED(T, name) typedef packed_vec<T, 2> packed_##name##2; typedef packed_vec<T, 3> packed_##name##3; \
+  typedef packed_vec<T, 4> packed_##name##4;
+KS_PACKED(float, float) KS_PACKED(half, half) KS_PACKED(int, int) KS_PACKED(uint, uint) KS_PACKED(short, short)
+KS_PACKED(ushort, ushort) KS_PACKED(char, char) KS_PACKED(uchar, uchar) KS_PACKED(bfloat, bfloat)
+#undef KS_PACKED
 
 // ------------------------------------------------------------------------------------------------
 // Runtime: fibers, scheduler, diagnostics
@@ -355,7 +390,17 @@ template <class T> struct tgref {
   auto operator op(const U& u, const tgref<T>& r) { return u op r.load(); }
 KS_TGREF_BINOP(+) KS_TGREF_BINOP(-) KS_TGREF_BINOP(*) KS_TGREF_BINOP(/) KS_TGREF_BINOP(<) KS_TGREF_BINOP(>)
 KS_TGREF_BINOP(<=) KS_TGREF_BINOP(>=) KS_TGREF_BINOP(==) KS_TGREF_BINOP(!=)
+KS_TGREF_BINOP(%) KS_TGREF_BINOP(&) KS_TGREF_BINOP(|) KS_TGREF_BINOP(^) KS_TGREF_BINOP(<<) KS_TGREF_BINOP(>>)
 #undef KS_TGREF_BINOP
+template <class T> struct is_tgref : std::false_type {};
+template <class T> struct is_tgref<tgref<T>> : std::true_type {};
+// `s += tile[k]` with a thread-local s: the element is loaded (and checked) once.
+#define KS_TGREF_OPASSIGN(op)                                                                        \
+  template <class A, class T, class = std::enable_if_t<!is_tgref<A>::value>>                        \
+  A& operator op##=(A& a, const tgref<T>& r) { return a op##= r.load(); }
+KS_TGREF_OPASSIGN(+) KS_TGREF_OPASSIGN(-) KS_TGREF_OPASSIGN(*) KS_TGREF_OPASSIGN(/) KS_TGREF_OPASSIGN(&)
+KS_TGREF_OPASSIGN(|) KS_TGREF_OPASSIGN(^)
+#undef KS_TGREF_OPASSIGN
 
 template <class T> struct tgptr {
   const TgAlloc* a = nullptr;
@@ -367,6 +412,18 @@ template <class T> struct tgptr {
   tgptr& operator+=(int64_t d) { off += d; return *this; }
   tgptr& operator-=(int64_t d) { off -= d; return *this; }
   tgptr& operator++() { ++off; return *this; }
+};
+
+// A multi-dimensional threadgroup array (`threadgroup T a[R][C];`): indexing narrows to rows; every element
+// access is checked against the whole array (a column index past its row lands in the next row, as on the GPU).
+template <class T, int64_t... D> struct tgmd;
+template <class T, int64_t D0> struct tgmd<T, D0> {
+  tgptr<T> p;
+  tgptr<T> operator[](idx i) const { return p + i.v * D0; }
+};
+template <class T, int64_t D0, int64_t D1> struct tgmd<T, D0, D1> {
+  tgptr<T> p;
+  tgmd<T, D1> operator[](idx i) const { return tgmd<T, D1>{p + i.v * D0 * D1}; }
 };
 
 // An atomic operation on threadgroup memory: bounds and uninitialised reads are checked; atomics never race
@@ -645,16 +702,44 @@ using metal::divide; using metal::abs; using metal::fabs;
 }  // namespace precise
 
 template <class T> struct numeric_limits {
-  static constexpr T max() { return std::is_same<T, half>::value ? T(65504.0f) : T(3.4028234663852886e38f); }
-  static constexpr T lowest() { return -max(); }
+  static constexpr bool is_integer = std::is_integral<T>::value;
+  static constexpr bool is_signed = !std::is_integral<T>::value || std::is_signed<T>::value;
+  static constexpr int bits = int(sizeof(T)) * 8;
+  static constexpr T max() {
+    if constexpr (std::is_same<T, bool>::value) return true;
+    else if constexpr (is_integer) return is_signed ? T((1ull << (bits - 1)) - 1) : T(~0ull);
+    else if constexpr (std::is_same<T, half>::value) return T(65504.0f);
+    else if constexpr (std::is_same<T, bfloat>::value) return T(0x1.fep127f);
+    else return T(0x1.fffffep127f);
+  }
+  static constexpr T lowest() {
+    if constexpr (std::is_same<T, bool>::value) return false;
+    else if constexpr (is_integer) return is_signed ? T(-(long long)((1ull << (bits - 1)) - 1) - 1) : T(0);
+    else return T(-float(max()));
+  }
+  static constexpr T min() {  // smallest positive normal for floats, like C++
+    if constexpr (is_integer) return lowest();
+    else if constexpr (std::is_same<T, half>::value) return T(0x1p-14f);
+    else return T(0x1p-126f);
+  }
+  static constexpr T epsilon() {
+    if constexpr (is_integer) return T(0);
+    else if constexpr (std::is_same<T, half>::value) return T(0x1p-10f);
+    else if constexpr (std::is_same<T, bfloat>::value) return T(0x1p-7f);
+    else return T(0x1p-23f);
+  }
   static constexpr T infinity() { return T(__builtin_inff()); }
   static constexpr T quiet_NaN() { return T(__builtin_nanf("")); }
+  static constexpr T denorm_min() { return std::is_same<T, half>::value ? T(0x1p-24f) : T(0x1p-149f); }
 };
 }  // namespace metal
 
 using metal::mem_flags;
 
 #include "ks_atomic.h"
+#include "ks_math.h"
+#include "ks_simd.h"
+#include "ks_mlx.h"
 
 // ------------------------------------------------------------------------------------------------
 // The scheduler (one definition per kernel object; the kernel TU defines KS_RUNTIME_IMPL)

@@ -1,0 +1,37 @@
+"""Check mode compiles what fast mode runs: threadgroup elements passed to collectives and math, compound
+assignment from them, vector elements read through them; the two modes agree."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernsearch._render import KernelSource
+from kernsearch.interp import run_kernel
+
+SRC = """
+  threadgroup float tile[64];
+  threadgroup float4 v4[4];
+  uint t = thread_index_in_threadgroup;
+  tile[t] = a[t];
+  if (t < 4) v4[t] = float4(float(t), 1.0f, 2.0f, 3.0f);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  float s = simd_sum(tile[t]);
+  float m = max(tile[t], tile[63 - t]);
+  float acc = 0.0f;
+  for (uint k = 0; k < 4; ++k) acc += tile[k];
+  float4 w = v4[t % 4];
+  out[t] = s + m + acc + w.x + exp(tile[0]);
+"""
+
+
+@pytest.mark.parametrize("mode", ["fast", "check"])
+def test_threadgroup_elements_in_collectives_math_and_compound_assignment(mode):
+    k = KernelSource("chk", "metal", ("a",), ("out",), "", SRC)
+    a = np.arange(64.0)
+    r = run_kernel(k, (64, 1, 1), (64, 1, 1), [(64,)], ["float32"], [a], "float32", mode=mode)
+    t = np.arange(64)
+    sums = np.where(t < 32, np.arange(32).sum(), np.arange(32, 64).sum())
+    expected = sums + np.maximum(t, 63 - t) + 6 + (t % 4) + 1
+    assert r.outputs[0].tolist() == expected.astype(np.float32).tolist()
+    assert r.diagnostics == []

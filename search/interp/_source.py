@@ -255,6 +255,12 @@ def translate(text: str, check: bool) -> str:
     """MSL text -> C++ over the shim; keeps every line in place."""
     text = _code_only(text, lambda code: _HALF_LITERAL.sub(_literal, _SWIZZLE.sub(_swizzle, code)))
     if check:
+        names = [m[2] for m in _TG_ARRAY.finditer(text)]
+        if names:  # `.x` of a threadgroup vector element: a checked component reference
+            element = re.compile(rf"\b((?:{'|'.join(map(re.escape, names))})\s*\[(?:[^\[\]\n]|\[[^\[\]\n]*\])*\])"
+                                 r"\.([xyzwrgba])\b")
+            text = element.sub(lambda m: f"ks::comp<{'xyzw'.index(m[2]) if m[2] in 'xyzw' else 'rgba'.index(m[2])}>"
+                                         f"({m[1]})", text)
         text = _TG_ARRAY_MD.sub(lambda m: f"ks::tgmd<{m[1]}, {', '.join('int64_t(' + d + ')' for d in _dims(m[3])[1:])}> "
                                           f"{m[2]} = ks::tgmd<{m[1]}, "
                                           f"{', '.join('int64_t(' + d + ')' for d in _dims(m[3])[1:])}>"

@@ -31,7 +31,7 @@ MATH_FUNCTIONS = frozenset({
     "powr", "fma", "mad", "recip", "dot", "cross", "length", "length_squared", "distance", "normalize", "select",
     "mix", "divide", "precise_divide", "isnan", "isinf", "isfinite", "isnormal", "signbit", "isordered",
     "isunordered", "any", "all", "popcount", "clz", "ctz", "rotate", "mulhi", "absdiff", "hadd", "rhadd", "addsat",
-    "subsat", "extract_bits", "insert_bits", "reverse_bits", "as_type", "numeric_limits",
+    "subsat", "extract_bits", "insert_bits", "reverse_bits", "as_type", "numeric_limits", "transpose",
 })
 ATOMIC_NAMES = frozenset({
     "atomic", "atomic_int", "atomic_uint", "atomic_bool", "atomic_float", "atomic_ulong", "atomic_load_explicit",
@@ -40,8 +40,10 @@ ATOMIC_NAMES = frozenset({
     "atomic_fetch_and_explicit", "atomic_fetch_or_explicit", "atomic_fetch_xor_explicit", "atomic_fetch_min_explicit",
     "atomic_fetch_max_explicit", "atomic_thread_fence", "memory_order", "memory_order_relaxed", "thread_scope",
 })
+#: Matrix types (ks_matrix.h).
+MATRIX_NAMES = frozenset({"matrix", *(f"{t}{c}x{r}" for t in ("float", "half") for c in "234" for r in "234")})
 METAL_NAMES = frozenset({
-    *MATH_FUNCTIONS, *ATOMIC_NAMES, "fast", "precise", "mem_flags", "threadgroup_barrier", "simd_vote",
+    *MATH_FUNCTIONS, *MATRIX_NAMES, *ATOMIC_NAMES, "fast", "precise", "mem_flags", "threadgroup_barrier", "simd_vote",
     *SIMD_FUNCTIONS,
 })
 #: What MLX's utilities header gives every kernel body (ks_mlx.h).

@@ -217,6 +217,7 @@ _TG_ARRAY = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*\[([^\]\n]+)\]\s*;
 _TG_SCALAR = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*;")
 _TG_POINTER = re.compile(rf"\bthreadgroup\s+({_TYPE})\s*\*\s*(\w+)")
 _TG_ARRAY_MD = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*((?:\[[^\]\n]+\]\s*){{2,3}});")
+_VOLATILE_TG = re.compile(r"\bvolatile\s+threadgroup\b")
 _SWIZZLE = re.compile(r"\.([xyzw]{2,4}|[rgba]{2,4})\b")
 #: Half and bfloat literals (``1.0h``, ``2.5bf``): C++ has no such suffix.
 _HALF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)(h|H|bf|BF)\b")
@@ -264,7 +265,14 @@ def _code_only(text: str, fn: Any) -> str:
 def translate(text: str, check: bool) -> str:
     """MSL text -> C++ over the shim; keeps every line in place."""
     text = _code_only(text, lambda code: _HALF_LITERAL.sub(_literal, _SWIZZLE.sub(_swizzle, code)))
+    text = _VOLATILE_TG.sub("threadgroup", text)  # volatile threadgroup pointers: every access is checked anyway
     if check:
+        names = [m[2] for m in _TG_ARRAY.finditer(text)]
+        if names:  # `.x` of a threadgroup vector element: a checked component reference
+            element = re.compile(rf"\b((?:{'|'.join(map(re.escape, names))})\s*\[(?:[^\[\]\n]|\[[^\[\]\n]*\])*\])"
+                                 r"\.([xyzwrgba])\b")
+            text = element.sub(lambda m: f"ks::comp<{'xyzw'.index(m[2]) if m[2] in 'xyzw' else 'rgba'.index(m[2])}>"
+                                         f"({m[1]})", text)
         text = _TG_ARRAY_MD.sub(lambda m: f"ks::tgmd<{m[1]}, {_inner_extents(m[3])}> "
                                           f"{m[2]} = ks::tgmd<{m[1]}, {_inner_extents(m[3])}>"
                                           f"{{ks::tg_alloc_checked<{m[1]}>(({_element_count(m[3])}), "

@@ -883,7 +883,7 @@ def dashboard(storage: str | None = StorageOpt,
     if not 0 < port < 65536:
         raise KernsearchError(f"--port must be 1-65535, not {port}")
     try:
-        from optuna_dashboard import run_server  # type: ignore[import-not-found,unused-ignore]
+        from optuna_dashboard import run_server  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except ImportError:
         raise KernsearchError("optuna-dashboard is not installed: pip install optuna-dashboard") from None
     import os

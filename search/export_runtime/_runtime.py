@@ -360,6 +360,7 @@ class Dispatcher:
             why.append(f"{level}: {best['key']}/{best['version']} taken: {self._evidence_text(best, op)}, tuned "
                        f"for {'x'.join(map(str, best['shape']))}, nearest valid of {len(valid)}"
                        + (f"; passed over: {'; '.join(reasons)}" if reasons else ""))
+            self._layout_note(decision, fam, dims, chip)
             return decision
         # The untuned default config runs only where a measured artifact shows it beating the op here.
         default = fam["default"]["kernels"].get(f"{target}:{dtype}")
@@ -378,9 +379,31 @@ class Dispatcher:
                 decision.level, decision.entry = LEVELS[3], default
                 why.append(f"family default: taken: {proof[0]['key']}/{proof[0]['version']} measured the default "
                            f"config at {self._evidence_text(proof[0], op)}")
+                self._layout_note(decision, fam, dims, chip)
                 return decision
         why.append(f"mlx op: {op}")
         return decision
+
+    @staticmethod
+    def _layout_note(decision: Decision, fam: Dict[str, Any], dims: Optional[Dict[str, int]],
+                     chip: Dict[str, Any]) -> None:
+        """Which layout the chosen kernel expects: the inputs it takes pre-transposed (e.g. qmatvec's
+        LAYOUT_Q=cols: packed words, scales and biases as [K*BITS/32, N]) and the packing applied to them."""
+        if decision.entry is None or dims is None:
+            return
+        try:
+            names = _context(fam, decision.entry["config"], dims, chip, decision.dtype)
+            moved = [spec["name"] for spec in fam["inputs"]
+                     if spec["transposed"] is not None and bool(evaluate(spec["transposed"], names))]
+        except Exception:  # noqa: BLE001 - the note is informative; the launch re-evaluates and reports
+            return
+        layout = ", ".join(f"{k}={v}" for k, v in decision.entry["config"].items() if "LAYOUT" in k)
+        if moved:
+            decision.why.append(f"layout ({layout}): the kernel takes {', '.join(moved)} transposed (contiguous); "
+                                "packing: mx.transpose of each, applied by this package on every call (pack once "
+                                "and cache the result where the weights are constant)")
+        elif layout:
+            decision.why.append(f"layout ({layout}): inputs as given (MLX's own layout)")
 
     def _unusable(self, a: Dict[str, Any], fam: Dict[str, Any], dims: Optional[Dict[str, int]],
                   shape: Tuple[int, ...], chip: Dict[str, Any], dtype: str, op: str, modeled: bool) -> str:

@@ -241,6 +241,16 @@ def _dims(text: str) -> list[str]:
     return re.findall(r"\[([^\]\n]+)\]", text)
 
 
+def _inner_extents(dims: str) -> str:
+    """``int64_t(d1), int64_t(d2)...``: the extents after the first of a ``[d0][d1]...`` declaration."""
+    return ", ".join("int64_t(" + d + ")" for d in _dims(dims)[1:])
+
+
+def _element_count(dims: str) -> str:
+    """``(d0) * (d1) * ...``: the element count of a ``[d0][d1]...`` declaration."""
+    return " * ".join("(" + d + ")" for d in _dims(dims))
+
+
 def _code_only(text: str, fn: Any) -> str:
     """Apply ``fn`` to the code between strings and comments (which keep their text and lines)."""
     out, pos = [], 0
@@ -263,10 +273,9 @@ def translate(text: str, check: bool) -> str:
                                  r"\.([xyzwrgba])\b")
             text = element.sub(lambda m: f"ks::comp<{'xyzw'.index(m[2]) if m[2] in 'xyzw' else 'rgba'.index(m[2])}>"
                                          f"({m[1]})", text)
-        text = _TG_ARRAY_MD.sub(lambda m: f"ks::tgmd<{m[1]}, {', '.join('int64_t(' + d + ')' for d in _dims(m[3])[1:])}> "
-                                          f"{m[2]} = ks::tgmd<{m[1]}, "
-                                          f"{', '.join('int64_t(' + d + ')' for d in _dims(m[3])[1:])}>"
-                                          f"{{ks::tg_alloc_checked<{m[1]}>(({' * '.join('(' + d + ')' for d in _dims(m[3]))}), "
+        text = _TG_ARRAY_MD.sub(lambda m: f"ks::tgmd<{m[1]}, {_inner_extents(m[3])}> "
+                                          f"{m[2]} = ks::tgmd<{m[1]}, {_inner_extents(m[3])}>"
+                                          f"{{ks::tg_alloc_checked<{m[1]}>(({_element_count(m[3])}), "
                                           f"\"{m[2]}\", __LINE__)}};", text)
         text = _TG_ARRAY.sub(lambda m: f"ks::tgptr<{m[1]}> {m[2]} = ks::tg_alloc_checked<{m[1]}>(({m[3]}), "
                                        f"\"{m[2]}\", __LINE__);", text)
@@ -274,9 +283,10 @@ def translate(text: str, check: bool) -> str:
                                         f"__LINE__)[0];", text)
         text = _TG_POINTER.sub(lambda m: f"ks::tgptr<{m[1]}> {m[2]}", text)
     else:
-        text = _TG_ARRAY_MD.sub(lambda m: f"{m[1]} (&{m[2]}){m[3].strip()} = *reinterpret_cast<{m[1]} (*){m[3].strip()}>("
+        text = _TG_ARRAY_MD.sub(lambda m: f"{m[1]} (&{m[2]}){m[3].strip()} = "
+                                          f"*reinterpret_cast<{m[1]} (*){m[3].strip()}>("
                                           f"ks::tg_alloc(sizeof({m[1]}{m[3].strip()}), "
-                                          f"({' * '.join('(' + d + ')' for d in _dims(m[3]))}), sizeof({m[1]}), "
+                                          f"({_element_count(m[3])}), sizeof({m[1]}), "
                                           f"\"{m[2]}\", __LINE__));", text)
         text = _TG_ARRAY.sub(lambda m: f"{m[1]} (&{m[2]})[{m[3]}] = *reinterpret_cast<{m[1]} (*)[{m[3]}]>("
                                        f"ks::tg_alloc(sizeof({m[1]}) * ({m[3]}), ({m[3]}), sizeof({m[1]}), "

@@ -1,6 +1,5 @@
 """Metal matrix types: a float4x4 built from columns times a vector, a transpose and a half3x3 product."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "Apple Metal sample code: vertex transforms with float4x4 model-view-projection matrices"

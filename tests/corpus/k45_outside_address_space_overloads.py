@@ -1,6 +1,5 @@
 """Outside the subset (documented): helper overloads that differ only by address space. On the CPU the
 address-space qualifiers vanish, so the two overloads are one function defined twice (a compile error)."""
-import numpy as np
 
 from _case import Case, rng
 

@@ -101,10 +101,14 @@ def test_three_workers_two_chips_one_study_per_chip_one_store(tmp_path: Path) ->
             # each chip's runs ran on that chip's machines only (the flow logs the machine it ran on)
             ran_on: dict[str, str] = {}
             for label, run_id in ids.items():
-                logs_ = httpx.post(f"{api}/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}},
-                                   timeout=10).json()
-                found = [m.group(1) for entry in logs_ if (m := re.search(r"on machine (\S+):", entry["message"]))]
-                assert len(found) == 1, [e["message"] for e in logs_]
+                def machine_logged(run_id: str = run_id) -> list[str] | None:  # logs reach the server in batches
+                    logs_ = httpx.post(f"{api}/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}},
+                                       timeout=10).json()
+                    found = [m.group(1) for e in logs_ if (m := re.search(r"on machine (\S+):", e["message"]))]
+                    return found or None
+
+                found = _wait(machine_logged, 90, f"the machine line of run {label}", [server])
+                assert len(found) == 1, found
                 ran_on[label] = found[0]
             assert machines[ran_on["m3-1"]] == "M3 Max"
             assert {machines[ran_on["m2-1"]], machines[ran_on["m2-2"]]} == {"M2 Max"}

@@ -278,9 +278,9 @@ def bench_problem(dev: Any, fam: Any, shape: str, ranked: list[dict], copy_gbps:
 
     space = Space(make_problem(fam, shape, DTYPE, dev.chip), dev.chip)
     model = get_backend("model")
-    by_model = sorted(space.enumerate().valid, key=lambda c: model.predict_ms(space, c))[:3]
+    by_model = sorted(space.enumerate().valid, key=lambda c: model.predict_ms(space, c))[:2]
     cands: list[dict] = []
-    for c in [c for c in ranked if space.is_valid(c)][:4] + by_model:
+    for c in [c for c in ranked if space.is_valid(c)][:3] + by_model:
         if c not in cands:
             cands.append(c)
     logical = make_inputs(space.problem, 1) if not dev.dry or space.problem.bytes() < 5e7 else {}
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--budget", type=float, default=420.0, help="seconds of wall time for the whole run")
-    parser.add_argument("--landscape", type=int, default=64, help="configs per landscape (model's top + sample)")
+    parser.add_argument("--landscape", type=int, default=48, help="configs per landscape (model's top + sample)")
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds against the op")
     parser.add_argument("--families", default=",".join(FAMILIES))

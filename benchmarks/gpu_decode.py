@@ -102,9 +102,9 @@ class Device:
     evidence = "measured"
 
     def __init__(self) -> None:
-        from kernsearch.backends import get_backend
-
         from gpu_gemm import device_chip  # noqa: E402 - same folder
+
+        from kernsearch.backends import get_backend
 
         self.chip, self.info = device_chip()
         self.cuda = get_backend("cuda")

@@ -238,7 +238,8 @@ def interleaved(dev: Any, fam: Any, space: Any, cfg: dict, logical: dict, rounds
         if fam.compile_baseline:
             out["eager"] = [v * 1.6 for v in out["op"]]  # a stand-in, as the dry op is
         return out
-    from kernsearch._measure import TimingPlan, interleaved as run
+    from kernsearch._measure import TimingPlan
+    from kernsearch._measure import interleaved as run
     from kernsearch._render import geometry, render
     from kernsearch._verify import kernel_inputs
 
@@ -269,12 +270,12 @@ def per_call(dev: Any, fam: Any, space: Any, cfg: dict, logical: dict) -> dict[s
 
 def bench_problem(dev: Any, fam: Any, shape: str, ranked: list[dict], copy_gbps: float, store: Any, rounds: int,
                   small: bool) -> dict:
+    from gpu_decode import publish
+
     from kernsearch._measure import speedup
     from kernsearch._space import Space, format_config, make_problem
     from kernsearch._verify import make_inputs
     from kernsearch.backends import get_backend
-
-    from gpu_decode import publish
 
     space = Space(make_problem(fam, shape, DTYPE, dev.chip), dev.chip)
     model = get_backend("model")

@@ -41,9 +41,10 @@ import time
 import warnings
 from abc import ABC, abstractmethod
 from collections import Counter, deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from ._errors import KernsearchError, VariantFailure
 from ._space import Config, format_config
@@ -166,7 +167,8 @@ class TrialSummary:
     @classmethod
     def from_trial(cls, t: optuna.trial.FrozenTrial) -> TrialSummary:
         a = t.user_attrs.get("record", {})
-        return cls(t.number, dict(t.user_attrs["config"]), float(t.value), a.get("evidence", ""), a.get("spread", 0.0),
+        value = t.value if t.value is not None else math.inf
+        return cls(t.number, dict(t.user_attrs["config"]), float(value), a.get("evidence", ""), a.get("spread", 0.0),
                    a.get("gflops"), a.get("peak_pct"), a.get("max_abs_err"), a.get("verified"),
                    a.get("sha256", ""))
 

@@ -14,8 +14,9 @@ import multiprocessing as mp
 import signal
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 from ._errors import KernsearchError, VariantFailure
 
@@ -104,7 +105,7 @@ class Worker:
 
     def _reap(self) -> int | None:
         self._proc.join(timeout=5)
-        code = self._proc.exitcode
+        code: int | None = self._proc.exitcode
         self._drop()
         return code
 

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from test_export import H100, H200, M2MAX, M2PRO, arrays, candidate, import_package
 
 from kernsearch._artifacts import ArtifactKey, ArtifactStore
 from kernsearch._export import export
 from kernsearch._spec import load_family
 from kernsearch.export_runtime import _runtime
-
-from test_export import H100, H200, M2MAX, M2PRO, arrays, candidate, import_package
 
 REPO = Path(__file__).resolve().parents[1]
 HERE = {"mlx": "0.32", "os": "Linux", "macos": None, "cuda_driver": None, "nvrtc": None}

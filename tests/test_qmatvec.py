@@ -9,14 +9,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from test_gemv import NVCC, _run_all, cuda_unit
 
 from kernsearch._chips import get_chip
 from kernsearch._render import geometry, render
 from kernsearch._space import Space, make_problem
 from kernsearch._spec import load_family
 from kernsearch.backends import get_backend
-
-from test_gemv import NVCC, _run_all, cuda_unit
 
 M2 = get_chip("M2 Max")
 H100 = get_chip("H100")

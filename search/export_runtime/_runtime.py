@@ -5,8 +5,9 @@ MLX does, GPU or not. For each call it picks, for the running chip, the kernel t
 — exact chip → same generation and die → same generation → the family's default config → the plain MLX
 op — and, within a chip level, the tuned shape nearest the call's shape whose config is valid for it
 (the family's constraints, evaluated here). A level is taken only with measured evidence that the kernel
-beats the MLX op on that chip (see LEVELS below); otherwise the MLX op runs. Spec expressions arrive pre-parsed as small JSON trees and are
-evaluated by :func:`evaluate` (a closed set of operators and functions; never Python's ``eval``).
+beats the MLX op on that chip (see LEVELS below); otherwise the MLX op runs. Spec expressions arrive
+pre-parsed as small JSON trees and are evaluated by :func:`evaluate` (a closed set of operators and
+functions; never Python's ``eval``).
 Every kernel file's hash is checked before it is used; each kernel is built once per process.
 """
 
@@ -20,7 +21,7 @@ import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 FORMAT = 2
 #: ``off`` (or 0/no/false): every call uses the plain MLX op; ``modeled``: modeled artifacts may be used too.
@@ -263,9 +264,9 @@ class Dispatcher:
         self._device_info = device_info
         self._decisions: Dict[Any, Decision] = {}
         self._plans: Dict[Any, Callable[[Sequence[Any]], Any]] = {}
-        self._sources: Dict[str, Optional[Dict[str, Any]]] = {}
+        self._sources: Dict[Tuple[str, str, str], Optional[Dict[str, Any]]] = {}
         self._kernels: Dict[Any, Any] = {}
-        self._refused: Dict[str, str] = {}
+        self._refused: Dict[Tuple[str, str, str], str] = {}
         self.margin = float(self.table.get("margin", DEFAULT_MARGIN))
         #: This process's timing identity (``timing_identity(...)``); None: detected on first use.
         self.toolchain: Optional[Dict[str, Optional[str]]] = None
@@ -280,10 +281,11 @@ class Dispatcher:
             record = identify(chip, registry)
         elif isinstance(chip, str):
             wanted = re.sub(r"[\s_\-]+", "", chip).lower()
-            record = next((dict(c) for c in registry
-                           if re.sub(r"[\s_\-]+", "", c["name"]).lower() == wanted), None)
-            if record is None:
+            found = next((dict(c) for c in registry
+                          if re.sub(r"[\s_\-]+", "", c["name"]).lower() == wanted), None)
+            if found is None:
                 raise ValueError(f"unknown chip {chip!r}")
+            record = found
         else:
             info = self._device_info
             if info is None:
@@ -331,10 +333,11 @@ class Dispatcher:
         op = fam.get("baseline_name", "the MLX op")
         pool = [a for a in fam["artifacts"] if a["dtype"] == dtype and a["target"] == target]
         running = lineage(chip)
-        tests = (lambda a: a["chip"] == chip["name"],
-                 lambda a: running[1] is not None and tuple(a["lineage"])[1] == running[1],
-                 lambda a: running[0] is not None and tuple(a["lineage"])[0] == running[0])
-        seen: set = set()
+        tests: Tuple[Callable[[Dict[str, Any]], bool], ...] = (
+            lambda a: bool(a["chip"] == chip["name"]),
+            lambda a: running[1] is not None and tuple(a["lineage"])[1] == running[1],
+            lambda a: running[0] is not None and tuple(a["lineage"])[0] == running[0])
+        seen: Set[int] = set()
         for level, matches in zip(LEVELS[:3], tests):
             here = [a for a in pool if matches(a) and id(a) not in seen]
             seen.update(id(a) for a in here)
@@ -391,7 +394,7 @@ class Dispatcher:
             return (f"modeled, not measured: never shown to beat {op} (opt in with {DISABLE_VAR}=modeled)")
         if evidence == "measured":
             if not beats_op(a.get("speedup_low"), self.margin):
-                return f"{speedup_text(a.get('speedup'), a.get('speedup_low'), a.get('speedup_high'))} of {op} (measured)"
+                return self._evidence_text(a, op)
             changed = self._toolchain_change(a.get("timing_identity") or {})
             if changed:
                 return f"measured with another toolchain ({changed}): its timing no longer holds"
@@ -493,7 +496,8 @@ class Dispatcher:
         threadgroup = tuple(int(v) for v in evaluate(launch["threadgroup"], names))
         shared = int(evaluate(launch["shared_memory"], names)) if launch.get("shared_memory") else 0
         # A kernel that accumulates into its outputs (split-K) needs them zero-filled.
-        init = {"init_value": 0.0} if launch.get("zero_outputs") and bool(evaluate(launch["zero_outputs"], names)) else {}
+        zero = launch.get("zero_outputs") and bool(evaluate(launch["zero_outputs"], names))
+        init = {"init_value": 0.0} if zero else {}
         transpose = [spec["transposed"] is not None and bool(evaluate(spec["transposed"], names))
                      for spec in fam["inputs"]]
         source = self._source(decision.entry)
@@ -557,7 +561,8 @@ class Dispatcher:
 
     def _family(self, family: str) -> Dict[str, Any]:
         try:
-            return self.table["families"][family]
+            entry: Dict[str, Any] = self.table["families"][family]
+            return entry
         except KeyError:
             raise ValueError(f"unknown family {family!r} (this package has: "
                              f"{', '.join(self.table['families'])})") from None
@@ -566,8 +571,8 @@ class Dispatcher:
 # -- helpers ---------------------------------------------------------------------------------------------
 
 try:  # os.environ.get costs ~2 us (key encoding); the raw table is a dict lookup — this runs on every call
-    _ENV_DATA: Any = os.environ._data  # type: ignore[attr-defined]
-    _ENV_KEY: Any = os.environ.encodekey(DISABLE_VAR)  # type: ignore[attr-defined]
+    _ENV_DATA: Any = os.environ._data  # type: ignore[attr-defined,unused-ignore]
+    _ENV_KEY: Any = os.environ.encodekey(DISABLE_VAR)  # type: ignore[attr-defined,unused-ignore]
 except AttributeError:  # pragma: no cover - not CPython
     _ENV_DATA = None
 
@@ -577,7 +582,10 @@ def _env_flag() -> Optional[str]:
     if _ENV_DATA is None:  # pragma: no cover
         return os.environ.get(DISABLE_VAR)
     raw = _ENV_DATA.get(_ENV_KEY)
-    return None if raw is None else os.environ.decodevalue(raw)  # type: ignore[attr-defined]
+    if raw is None:
+        return None
+    value: str = os.environ.decodevalue(raw)  # type: ignore[attr-defined,unused-ignore]
+    return value
 
 
 def _as_mx(mx: Any, arrays: Sequence[Any]) -> Sequence[Any]:
@@ -712,7 +720,7 @@ def _running_toolchain() -> Dict[str, Optional[str]]:
         try:
             import mlx.core as mx
 
-            mlx_version: Optional[str] = str(mx.__version__)
+            mlx_version: Optional[str] = str(getattr(mx, "__version__", "unknown"))
         except ImportError:
             mlx_version = None
         macos = platform.mac_ver()[0] or None

@@ -75,7 +75,8 @@ def flags(mode: str, cpp: str = "") -> list[str]:
     if os.environ.get("KERNSEARCH_INTERP_UCONTEXT"):  # the portable fiber switch, for comparison and tests
         f.append("-DKS_FORCE_UCONTEXT=1")
     if mode == "sanitize":
-        f += ["-DKS_SANITIZE=1", "-DKS_DRIVER=1", "-fsanitize=address", "-fsanitize-recover=address", "-fno-omit-frame-pointer", "-g"]
+        f += ["-DKS_SANITIZE=1", "-DKS_DRIVER=1", "-fsanitize=address", "-fsanitize-recover=address",
+              "-fno-omit-frame-pointer", "-g"]
     else:
         f += ["-fPIC", "-shared"]
     return f

@@ -755,6 +755,7 @@ using metal::mem_flags;
 
 #include "ks_atomic.h"
 #include "ks_math.h"
+#include "ks_matrix.h"
 #include "ks_simd.h"
 #include "ks_mlx.h"
 

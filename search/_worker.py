@@ -181,8 +181,9 @@ class WorkerPool:
         return self._pool.submit(lambda: self._worker().call(fn, *args, **kwargs))
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Drop queued tasks and stop the workers now (a compile in flight is not waited for)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             for w in self._workers:
-                w.close()
+                w._kill()
             self._workers.clear()

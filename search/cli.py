@@ -589,8 +589,9 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
                                                 "a new best (0: never)"),
          backend: str = typer.Option("auto", "--backend", help="auto, metal, cuda, model or replay"),
          landscape: str | None = typer.Option(None, "--landscape", help="replay: a KernelTuner cache file"),
-         sampler: str = typer.Option("tpe", "--sampler", help="tpe, random, grid, or auto (valid configs only: "
-                                     "the model's ranking first, then a GP)"),
+         sampler: str = typer.Option("default", "--sampler", help="default (auto when the chip's performance "
+                                     "model ranks the family, else tpe), auto (valid configs only: the model's "
+                                     "ranking, then a GP), tpe, random or grid"),
          storage: str | None = StorageOpt,
          study: str | None = typer.Option(None, "--study", help="study name (default: family/chip/dtype/"
                                              "shape/backend)"),
@@ -882,7 +883,7 @@ def dashboard(storage: str | None = StorageOpt,
     if not 0 < port < 65536:
         raise KernsearchError(f"--port must be 1-65535, not {port}")
     try:
-        from optuna_dashboard import run_server  # type: ignore[import-not-found,unused-ignore]
+        from optuna_dashboard import run_server  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except ImportError:
         raise KernsearchError("optuna-dashboard is not installed: pip install optuna-dashboard") from None
     import os

@@ -270,8 +270,6 @@ def per_call(dev: Any, fam: Any, space: Any, cfg: dict, logical: dict) -> dict[s
 
 def bench_problem(dev: Any, fam: Any, shape: str, ranked: list[dict], copy_gbps: float, store: Any, rounds: int,
                   small: bool) -> dict:
-    from gpu_decode import publish
-
     from kernsearch._measure import speedup
     from kernsearch._space import Space, format_config, make_problem
     from kernsearch._verify import make_inputs
@@ -316,6 +314,28 @@ def bench_problem(dev: Any, fam: Any, shape: str, ranked: list[dict], copy_gbps:
         row["launch_overhead_ms"] = {k: calls[k] - row[k]["median_ms"] for k in calls if k in row}
     row["publish"] = publish(dev, fam, space, best, samples, store)
     return row
+
+
+def publish(dev: Any, fam: Any, space: Any, cfg: dict, samples: dict, store: Any) -> dict:
+    """Offer the winner to the store: the gate publishes it only if it beats the op beyond the margin."""
+    from kernsearch._artifacts import Candidate
+    from kernsearch._manifest import Correctness, Measurements
+    from kernsearch._measure import speedup
+
+    checks = [(space.problem.shape_text, dev.verify(fam, space, cfg, seed=s)) for s in (21, 22)]
+    row, op = stats(samples["tuned"]), stats(samples["op"])
+    sp = speedup(samples["tuned"], samples["op"])
+    measurements = Measurements(median_ms=row["median_ms"], spread=row["spread"], samples_ms=samples["tuned"],
+                                baseline_median_ms=op["median_ms"], baseline_spread=op["spread"],
+                                speedup=sp.median, speedup_low=sp.low, speedup_high=sp.high)
+    try:
+        cand = Candidate.for_config(space, cfg, target="cuda", evidence=dev.evidence, measurements=measurements,
+                                    correctness=Correctness.from_checks("interpreter" if dev.dry else "device", checks),
+                                    study="benchmarks/gpu_families.py")
+        outcome = store.publish(cand)
+    except Exception as exc:  # noqa: BLE001 - the gate's refusal or a store error is reported, not fatal
+        return {"published": False, "reason": str(exc)[:300]}
+    return {"published": outcome.published, "version": outcome.version, "reason": outcome.reason}
 
 
 def print_rows(fam: str, rows: list[dict]) -> None:

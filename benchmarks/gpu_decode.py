@@ -48,10 +48,14 @@ M_VALUES = (1, 4, 16)
 NK = ((4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096))
 LARGE_NK = ((11008, 4096), (14336, 4096))  # "the large shapes" of the qmatvec goal
 DTYPE = "float16"
-SMALL = {"gemv": "5,37,96", "qmatvec": "3,40,256,64,4", "gemm": "20,72,264"}  # ragged checks (a full wave of K splits)
-LANDSCAPE_PROBLEM = {"gemv": "4,4096,4096", "qmatvec": "4,4096,4096,64,4", "gemm": "16,4096,4096"}
-#: qmatvec's problems carry the quantization: group 64, 4 bits (what the issue measured mx.quantized_matmul at).
-QUANT = ",64,4"
+SMALL = {"gemv": "5,37,96", "qmatvec": "3,40,256,32,4", "gemm": "20,72,264"}  # ragged checks (a full wave of K splits)
+LANDSCAPE_PROBLEM = {"gemv": "4,4096,4096", "qmatvec": "4,4096,4096,512,64", "gemm": "16,4096,4096"}
+
+
+def quantized(shape: str, group: int = 64, bits: int = 4) -> str:
+    """qmatvec's problem (M,N,K,KW,NG) for M,N,K at 4 bits, group 64 (the issue's mx.quantized_matmul setting)."""
+    m, n, k = (int(v) for v in shape.split(","))
+    return f"{m},{n},{k},{k * bits // 32},{k // group}"
 SPLITK_SHAPE = "16,4096,4096"
 #: The GEMM sub-space swept for split-K (every valid combination with these values).
 SPLITK_SUBSPACE = {"BM": [16, 32], "BN": [32, 64, 128], "BK": [16, 32], "WM": [1, 2], "WN": [1, 2, 4],
@@ -589,7 +593,7 @@ def main(argv: list[str] | None = None) -> dict:
         land = landscape(dev, fam, LANDSCAPE_PROBLEM[fam.name], configs, {k: v.values for k, v in fam.knobs.items()},
                          out, t0 + 0.5 * share, args.jobs, mlx_version)
         rows = []
-        fam_problems = [shape + QUANT if fam.name == "qmatvec" else shape for shape in problems]
+        fam_problems = [quantized(shape) if fam.name == "qmatvec" else shape for shape in problems]
         candidates = precompile(dev, fam, fam_problems, land["ranked"], args.jobs,
                                 t0 + 0.5 * share + 0.5 * (share - (time.monotonic() - t0)))
         per_problem = max(2.0, (share - (time.monotonic() - t0)) / max(1, len(problems)) - 4.0)

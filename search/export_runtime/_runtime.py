@@ -263,7 +263,7 @@ class Dispatcher:
             raise RuntimeError(f"{self.root}: dispatch table format {self.table.get('format')!r} is not {FORMAT}")
         self._device_info = device_info
         self._decisions: Dict[Any, Decision] = {}
-        self._plans: Dict[Any, Callable[[Sequence[Any]], Any]] = {}
+        self._plans: Dict[Any, Callable[..., Any]] = {}
         self._sources: Dict[Tuple[str, str, str], Optional[Dict[str, Any]]] = {}
         self._kernels: Dict[Any, Any] = {}
         self._refused: Dict[Tuple[str, str, str], str] = {}
@@ -360,6 +360,7 @@ class Dispatcher:
             why.append(f"{level}: {best['key']}/{best['version']} taken: {self._evidence_text(best, op)}, tuned "
                        f"for {'x'.join(map(str, best['shape']))}, nearest valid of {len(valid)}"
                        + (f"; passed over: {'; '.join(reasons)}" if reasons else ""))
+            self._layout_note(decision, fam, dims, chip)
             return decision
         # The untuned default config runs only where a measured artifact shows it beating the op here.
         default = fam["default"]["kernels"].get(f"{target}:{dtype}")
@@ -378,9 +379,31 @@ class Dispatcher:
                 decision.level, decision.entry = LEVELS[3], default
                 why.append(f"family default: taken: {proof[0]['key']}/{proof[0]['version']} measured the default "
                            f"config at {self._evidence_text(proof[0], op)}")
+                self._layout_note(decision, fam, dims, chip)
                 return decision
         why.append(f"mlx op: {op}")
         return decision
+
+    @staticmethod
+    def _layout_note(decision: Decision, fam: Dict[str, Any], dims: Optional[Dict[str, int]],
+                     chip: Dict[str, Any]) -> None:
+        """Which layout the chosen kernel expects: the inputs it takes pre-transposed (e.g. qmatvec's
+        LAYOUT_Q=cols: packed words, scales and biases as [K*BITS/32, N]) and the packing applied to them."""
+        if decision.entry is None or dims is None:
+            return
+        try:
+            names = _context(fam, decision.entry["config"], dims, chip, decision.dtype)
+            moved = [spec["name"] for spec in fam["inputs"]
+                     if spec["transposed"] is not None and bool(evaluate(spec["transposed"], names))]
+        except Exception:  # noqa: BLE001 - the note is informative; the launch re-evaluates and reports
+            return
+        layout = ", ".join(f"{k}={v}" for k, v in decision.entry["config"].items() if "LAYOUT" in k)
+        if moved:
+            decision.why.append(f"layout ({layout}): the kernel takes {', '.join(moved)} transposed (contiguous); "
+                                "packing: mx.transpose of each, applied by this package on every call (pack once "
+                                "and cache the result where the weights are constant)")
+        elif layout:
+            decision.why.append(f"layout ({layout}): inputs as given (MLX's own layout)")
 
     def _unusable(self, a: Dict[str, Any], fam: Dict[str, Any], dims: Optional[Dict[str, int]],
                   shape: Tuple[int, ...], chip: Dict[str, Any], dtype: str, op: str, modeled: bool) -> str:
@@ -466,7 +489,8 @@ class Dispatcher:
         time even to a microsecond-sized MLX op.
         """
         try:
-            key: Any = (family, chip, modeled, _env_flag(), *[(a.shape, a.dtype) for a in arrays])
+            flag = _ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else _env_flag()  # raw: no decoding here
+            key: Any = (family, chip, modeled, flag, *[(a.shape, a.dtype) for a in arrays])
             plan = self._plans.get(key)
         except (AttributeError, TypeError):  # not arrays, or an unhashable chip record: plan every call
             key, plan = None, None
@@ -476,10 +500,10 @@ class Dispatcher:
                 if len(self._plans) >= MAX_DECISIONS:
                     self._plans.clear()
                 self._plans[key] = plan
-        return plan(arrays)
+        return plan(*arrays)
 
-    def _plan(self, family: str, arrays: Sequence[Any], chip: Any, modeled: bool) -> Callable[[Sequence[Any]], Any]:
-        """A function of the call's arrays that runs what the decision for them chose."""
+    def _plan(self, family: str, arrays: Sequence[Any], chip: Any, modeled: bool) -> Callable[..., Any]:
+        """A function of the call's arrays (``plan(*arrays)``) that runs what the decision for them chose."""
         import mlx.core as mx
 
         fam = self._family(family)
@@ -509,7 +533,7 @@ class Dispatcher:
         output_dtypes = [_out_dtype(o, decision.dtype) for o in fam["outputs"]]
         params = [mx.array([p["value"]], dtype=getattr(mx, p["dtype"])) for p in fam.get("params", [])]
 
-        def run(call_arrays: Sequence[Any]) -> Any:
+        def run(*call_arrays: Any) -> Any:
             inputs = [mx.transpose(a) if t else a for t, a in zip(transpose, _as_mx(mx, call_arrays))] + params
             outputs = kernel(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
                              output_shapes=output_shapes, output_dtypes=output_dtypes, **init)
@@ -518,7 +542,7 @@ class Dispatcher:
         return run
 
     def _op_plan(self, fam: Dict[str, Any], arrays: Sequence[Any],
-                 native: bool = False) -> Callable[[Sequence[Any]], Any]:
+                 native: bool = False) -> Callable[..., Any]:
         """The family's MLX baseline as a function of the arrays; a plain ``f(inputs...)`` is called directly.
 
         ``native``: the call passed MLX arrays, so every call with the same key (shapes, MLX dtypes) does too.
@@ -533,16 +557,16 @@ class Dispatcher:
             dims_, _ = _bind_dims(fam, [tuple(a.shape) for a in arrays])
             compiled = mx.compile(lambda *xs: evaluate(tree, {**(dims_ or {}), **params, **dict(zip(order, xs))},
                                                        functions))
-            return lambda call_arrays: compiled(*_as_mx(mx, call_arrays))
+            return lambda *call_arrays: compiled(*_as_mx(mx, call_arrays))
         if (tree[0] == "call" and tree[1] in functions and not tree[3] and not params
                 and all(t[0] == "name" and t[1] in order for t in tree[2])):
             fn, picks = functions[tree[1]], [order.index(t[1]) for t in tree[2]]
             if native and picks == list(range(len(order))):
-                return lambda call_arrays: fn(*call_arrays)
-            return lambda call_arrays: fn(*[_as_mx(mx, call_arrays)[i] for i in picks])
+                return fn  # the op itself: a planned call adds no frame of its own
+            return lambda *call_arrays: fn(*[_as_mx(mx, call_arrays)[i] for i in picks])
         dims, _ = _bind_dims(fam, [tuple(a.shape) for a in arrays])
 
-        def run(call_arrays: Sequence[Any]) -> Any:
+        def run(*call_arrays: Any) -> Any:
             names: Dict[str, Any] = dict(zip(order, _as_mx(mx, call_arrays)))
             names.update(dims or {})
             names.update(params)
@@ -551,7 +575,7 @@ class Dispatcher:
         return run
 
     def _mlx_op(self, fam: Dict[str, Any], arrays: Sequence[Any]) -> Any:
-        return self._op_plan(fam, arrays)(arrays)
+        return self._op_plan(fam, arrays)(*arrays)
 
     def _kernel(self, source: Dict[str, Any], shared_memory: int) -> Any:
         key = (source["sha256"], shared_memory if source["target"] == "cuda" else 0)

@@ -9,7 +9,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 
-.PHONY: setup tune test test-fast
+.PHONY: setup tune test test-fast lint
 setup: $(VENV)/.installed
 
 tune: $(VENV)/.installed
@@ -21,3 +21,8 @@ test: $(VENV)/.installed
 # The developers' lane (< 2 min on an idle 2-core machine): unit tests, two workers, no slow/GPU tests.
 test-fast: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -m "not slow and not gpu" -n 2
+
+# Static checks, run by CI before the tests: ruff on the repository, mypy --strict on search/ (pyproject.toml).
+lint: $(VENV)/.installed
+	$(BIN)/python -m ruff check .
+	$(BIN)/python -m mypy

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -199,6 +200,11 @@ def main() -> None:
     def say(text: str = "") -> None:
         print(text, flush=True)
         lines.append(text)
+        if args.out:  # kept as it grows: a run cut short still leaves what it measured
+            args.out.write_text("\n".join(lines) + "\n")
+
+    # SIGTERM (a timeout) unwinds like Ctrl-C, so the PostgreSQL server started here is stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     from kernsearch._landscape import Landscape
 

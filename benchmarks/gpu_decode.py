@@ -48,8 +48,14 @@ M_VALUES = (1, 4, 16)
 NK = ((4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096))
 LARGE_NK = ((11008, 4096), (14336, 4096))  # "the large shapes" of the qmatvec goal
 DTYPE = "float16"
-SMALL = {"gemv": "5,37,96", "qmatvec": "3,40,256", "gemm": "20,72,264"}  # ragged checks (a full wave of K splits)
-LANDSCAPE_PROBLEM = {"gemv": "4,4096,4096", "qmatvec": "4,4096,4096", "gemm": "16,4096,4096"}
+SMALL = {"gemv": "5,37,96", "qmatvec": "3,40,256,32,4", "gemm": "20,72,264"}  # ragged checks (a full wave of K splits)
+LANDSCAPE_PROBLEM = {"gemv": "4,4096,4096", "qmatvec": "4,4096,4096,512,64", "gemm": "16,4096,4096"}
+
+
+def quantized(shape: str, group: int = 64, bits: int = 4) -> str:
+    """qmatvec's problem (M,N,K,KW,NG) for M,N,K at 4 bits, group 64 (the issue's mx.quantized_matmul setting)."""
+    m, n, k = (int(v) for v in shape.split(","))
+    return f"{m},{n},{k},{k * bits // 32},{k // group}"
 SPLITK_SHAPE = "16,4096,4096"
 #: The GEMM sub-space swept for split-K (every valid combination with these values).
 SPLITK_SUBSPACE = {"BM": [16, 32], "BN": [32, 64, 128], "BK": [16, 32], "WM": [1, 2], "WN": [1, 2, 4],
@@ -100,9 +106,9 @@ class Device:
     evidence = "measured"
 
     def __init__(self) -> None:
-        from kernsearch.backends import get_backend
-
         from gpu_gemm import device_chip  # noqa: E402 - same folder
+
+        from kernsearch.backends import get_backend
 
         self.chip, self.info = device_chip()
         self.cuda = get_backend("cuda")
@@ -299,6 +305,63 @@ def _worker_eval(cfg: dict) -> tuple[dict, dict]:
     return cfg, {"times": times, "max_abs_err": check.max_abs_err, **extra}
 
 
+def _compile_one(job: tuple[str, str, str, dict]) -> bool:
+    """In a worker: build one variant (NVRTC) and run it once on a small problem; MLX keeps the binary in its
+    on-disk cache, so the main process loads it instead of compiling serially."""
+    from kernsearch._chips import get_chip
+    from kernsearch._space import Space, make_problem
+    from kernsearch._spec import load_family
+
+    family, small, chip_name, cfg = job
+    try:
+        if "device" not in _W:
+            _W["device"] = Device()
+        fam = load_family(family)
+        chip = get_chip(chip_name) if _W["device"].chip.name != chip_name else _W["device"].chip
+        space = Space(make_problem(fam, small, DTYPE, chip), chip)
+        return bool(space.is_valid(cfg) and _W["device"].verify(fam, space, cfg, seed=4).ok)
+    except Exception:  # noqa: BLE001 - a failure shows again (and is reported) when the main process runs it
+        return False
+
+
+def precompile(dev: Device, fam, problems: list[str], ranked: list[dict], jobs: int, deadline: float) -> list[list[dict]]:  # noqa: ANN001
+    """The candidates of every problem (landscape's best valid there, then the model's top), compiled in parallel."""
+    from kernsearch._space import Space, make_problem
+    from kernsearch.backends import get_backend
+
+    model = get_backend("model")
+    per_problem = []
+    for shape in problems:
+        space = Space(make_problem(fam, shape, DTYPE, dev.chip), dev.chip)
+        by_model = sorted(space.enumerate().valid, key=lambda c: model.predict_ms(space, c))[:6]
+        cands: list[dict] = []
+        for c in [c for c in ranked if space.is_valid(c)][:6] + by_model:
+            if c not in cands:
+                cands.append(c)
+        per_problem.append(cands)
+    if dev.dry:
+        return per_problem
+    unique: dict[str, dict] = {}
+    for cands in per_problem:
+        for c in cands:
+            unique.setdefault(json.dumps(c, sort_keys=True), c)
+    small = SMALL[fam.name]
+    jobs_ = [(fam.name, small, dev.chip.name, c) for c in unique.values()]
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(jobs) as pool:
+        results = pool.imap_unordered(_compile_one, jobs_, chunksize=1)
+        done = 0
+        while done < len(jobs_):
+            try:
+                results.next(timeout=max(1.0, deadline - time.monotonic()))
+            except (mp.TimeoutError, StopIteration):
+                break
+            done += 1
+        pool.terminate()
+    log(f"  precompiled {done} of {len(jobs_)} candidate variants for {len(problems)} problems")
+    return per_problem
+
+
 def landscape(dev: Device, fam, shape: str, configs: list[dict], knobs: dict, out: Path, deadline: float,  # noqa: ANN001
               jobs: int, mlx_version: str) -> dict:
     """Measure ``configs`` at ``shape``; KernelTuner cache file; model-vs-measured Spearman."""
@@ -376,23 +439,14 @@ def landscape(dev: Device, fam, shape: str, configs: list[dict], knobs: dict, ou
 
 # -- per-problem tables ----------------------------------------------------------------------------------
 
-def tune_problem(dev: Device, fam, shape: str, ranked: list[dict], copy_gbps: float, store, rounds: int,  # noqa: ANN001
+def tune_problem(dev: Device, fam, shape: str, cands: list[dict], copy_gbps: float, store, rounds: int,  # noqa: ANN001
                  per_problem_s: float, extra: dict[str, dict] | None = None) -> dict:
     """Candidates (landscape's best valid here + the model's top) timed; the best vs the op, interleaved."""
     from kernsearch._space import Space, format_config, make_problem
     from kernsearch._verify import make_inputs
-    from kernsearch.backends import get_backend
 
     started = time.monotonic()
     space = Space(make_problem(fam, shape, DTYPE, dev.chip), dev.chip)
-    model = get_backend("model")
-    valid = space.enumerate().valid
-    by_model = sorted(valid, key=lambda c: model.predict_ms(space, c))[:6]
-    from_land = [c for c in ranked if space.is_valid(c)][:6]
-    cands: list[dict] = []
-    for c in from_land + by_model:
-        if c not in cands:
-            cands.append(c)
     logical = make_inputs(space.problem, 1)
     timed = []
     for cfg in cands:
@@ -539,12 +593,15 @@ def main(argv: list[str] | None = None) -> dict:
         land = landscape(dev, fam, LANDSCAPE_PROBLEM[fam.name], configs, {k: v.values for k, v in fam.knobs.items()},
                          out, t0 + 0.5 * share, args.jobs, mlx_version)
         rows = []
+        fam_problems = [quantized(shape) if fam.name == "qmatvec" else shape for shape in problems]
+        candidates = precompile(dev, fam, fam_problems, land["ranked"], args.jobs,
+                                t0 + 0.5 * share + 0.5 * (share - (time.monotonic() - t0)))
         per_problem = max(2.0, (share - (time.monotonic() - t0)) / max(1, len(problems)) - 4.0)
-        for shape in problems:
+        for shape, cands in zip(fam_problems, candidates):
             if time.monotonic() - t0 > share:
                 report["left_out"].append(f"{fam.name} {shape}: out of time")
                 continue
-            rows.append(tune_problem(dev, fam, shape, land["ranked"], copy_gbps, store, args.rounds, per_problem))
+            rows.append(tune_problem(dev, fam, shape, cands, copy_gbps, store, args.rounds, per_problem))
         land.pop("ranked")
         report["families"][fam.name] = {"landscape": land, "rows": rows}
         print_rows(f"{fam.name} (float16) tuned vs {'mx.matmul' if fam.name == 'gemv' else 'mx.quantized_matmul'}",
@@ -572,7 +629,8 @@ def main(argv: list[str] | None = None) -> dict:
         if len(configs) < len(valid):
             report["left_out"].append(f"split-K landscape: a seeded sample of {len(configs)} of {len(valid)} valid")
         extra = {"best SPLIT_K=1": best_by_split[1]} if 1 in best_by_split else {}
-        rows = [tune_problem(dev, gemm, SPLITK_SHAPE, ranked, copy_gbps, store, args.rounds, 20.0, extra)]
+        cands = precompile(dev, gemm, [SPLITK_SHAPE], ranked, args.jobs, time.monotonic() + 60)[0]
+        rows = [tune_problem(dev, gemm, SPLITK_SHAPE, cands, copy_gbps, store, args.rounds, 20.0, extra)]
         report["families"]["gemm_splitk"] = {"landscape": land, "rows": rows,
                                              "best_per_split_k": {str(k): v for k, v in best_by_split.items()}}
         print_rows("split-K GEMM 16x4096x4096 float16 vs mx.matmul", rows, "mx.matmul")
@@ -603,8 +661,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def goals(report: dict) -> list[dict]:
-    def rows(fam: str) -> dict[str, dict]:
-        return {r["problem"]: r for r in report["families"].get(fam, {}).get("rows", []) if "error" not in r}
+    def rows(fam: str) -> dict[str, dict]:  # keyed by MxNxK (qmatvec's group and bits dropped)
+        return {"x".join(r["problem"].split("x")[:3]): r
+                for r in report["families"].get(fam, {}).get("rows", []) if "error" not in r}
 
     out = []
     q = rows("qmatvec")

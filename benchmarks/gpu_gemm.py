@@ -21,7 +21,7 @@ import json
 import platform
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -125,7 +125,7 @@ def cmd_probe(args: argparse.Namespace) -> None:
                    for i, text in enumerate(PROBE)}
         out[title] = interleaved_table(fam, chip, shape, configs, rounds=8)
         print_table(title, out[title])
-        for label, cfg in configs.items():
+        for label in configs:
             print(f"    {label}: {PROBE[int(label[1:])] if label != 'default' else 'default'}")
     _write(args.out, "probe.json", out)
 
@@ -140,7 +140,7 @@ def cmd_tune(args: argparse.Namespace) -> None:
 
     fam = load_family("gemm")
     chip, info = device_chip()
-    header = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": info,
+    header = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "device": info,
               "chip": chip.name, "mlx": mx.__version__, "python": platform.python_version(),
               "strategy": "run_study default (Optuna TPE, trial 0 = family default)", "dtype": "float16"}
     print(json.dumps(header), flush=True)

@@ -30,6 +30,7 @@ KEYS = {"4096x4096x4096": (4096, 4096, 4096), "16x4096x4096": (16, 4096, 4096)}
 
 def run(runs: int, shape_key: str, out: Path) -> None:
     import mlx.core as mx
+    from gpu_gemm import device_chip  # noqa: E402 - same folder
 
     from kernsearch._artifacts import ArtifactKey, ArtifactStore
     from kernsearch._render import geometry, render
@@ -38,7 +39,6 @@ def run(runs: int, shape_key: str, out: Path) -> None:
     from kernsearch._verify import kernel_inputs, make_inputs, verify_kernel
     from kernsearch.backends import get_backend
     from kernsearch.backends._mlx_base import mlx_namespace, to_mx
-    from gpu_gemm import device_chip  # noqa: E402 - same folder
 
     fam = load_family("gemm")
     chip, _ = device_chip()

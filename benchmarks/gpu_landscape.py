@@ -132,11 +132,11 @@ def main() -> None:
     started = time.monotonic()
 
     import mlx.core as mx
+    from gpu_gemm import device_chip  # noqa: E402 - same folder
 
     from kernsearch._landscape import LandscapeWriter
     from kernsearch._space import Space, make_problem
     from kernsearch._spec import load_family
-    from gpu_gemm import device_chip  # noqa: E402 - same folder
 
     fam = load_family("gemm")
     chip, info = device_chip()

@@ -33,7 +33,7 @@ import tempfile
 import time
 import zipfile
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -267,7 +267,7 @@ def main() -> int:
         print()
         print(f"{len(slower)} of {len(rows)} rows slower than mx.matmul beyond the measured noise"
               + (": " + ", ".join(f"{r.shape} {r.dtype}" for r in slower) if slower else ""))
-    out = {"when": datetime.now(timezone.utc).isoformat(timespec="seconds"), "env": env, "chip": chip,
+    out = {"when": datetime.now(UTC).isoformat(timespec="seconds"), "env": env, "chip": chip,
            "rows": [asdict(r) for r in rows], "seconds": round(time.monotonic() - t0, 1)}
     (args.out / "gpu_package.json").write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out / 'gpu_package.json'} in {out['seconds']} s")

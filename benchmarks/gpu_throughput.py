@@ -29,7 +29,7 @@ import platform
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +155,7 @@ def main() -> None:
         from gpu_gemm import device_chip
 
         chip, info = device_chip()
-    header = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": str(info),
+    header = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "device": str(info),
               "chip": chip.name, "shape": args.shape, "dtype": "float16", "cpu_count": os.cpu_count(),
               "python": platform.python_version(), "seconds_per_arm": args.seconds, "dry_run": args.dry_run}
     print(json.dumps(header), flush=True)

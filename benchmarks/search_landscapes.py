@@ -37,6 +37,9 @@ from kernsearch._study import run_study  # noqa: E402
 from kernsearch.backends._replay import ReplayBackend  # noqa: E402
 
 
+NO_PRIOR = False  # --no-prior: strategies get no performance-model prediction, even for kernsearch's own files
+
+
 @dataclass
 class Runs:
     visited: list[float] = field(default_factory=list)
@@ -49,6 +52,8 @@ def one_run(path: Path, strategy: str, budget: int, seed: int, storage: str = ":
     land = backend.landscape
     _, optimum = land.optimum()
     objective = backend.objective()
+    if NO_PRIOR:
+        objective.prior = lambda configs: None  # type: ignore[method-assign]
     seen: list[dict] = []
     evaluate = objective.evaluate
 
@@ -132,18 +137,23 @@ def main() -> None:
     ap.add_argument("--budgets", default="1,5", help="percent of each file's configs, comma-separated")
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--only", default="", help="comma-separated substrings of file names to keep")
+    ap.add_argument("--no-prior", action="store_true",
+                    help="withhold the performance model's predictions (auto's start) from every file")
     ap.add_argument("--no-sqlite", action="store_true", help="skip the SQLite overhead measurement")
     args = ap.parse_args()
     if not args.tuning and not args.held_out:
         ap.error("give --tuning and/or --held-out folders of KernelTuner cache files")
     keep = [s for s in args.only.split(",") if s]
+    global NO_PRIOR
+    NO_PRIOR = args.no_prior
 
     def pick(paths: list[Path]) -> list[Path]:
         return [p for p in files_in(paths) if not keep or any(k in p.name for k in keep)]
 
     strategies = [s for s in args.strategies.split(",") if s]
     budgets = [float(b) for b in args.budgets.split(",")]
-    print(f"score = optimum / recorded time (1.00 = optimum); {args.seeds} seeds; median/p10 over seeds; "
+    print(("NO PRIOR: the performance model's predictions are withheld\n" if args.no_prior else "")
+          + f"score = optimum / recorded time (1.00 = optimum); {args.seeds} seeds; median/p10 over seeds; "
           "vis = best config visited, pick = config picked on noisy timings after the final round")
     overheads: dict[str, list[float]] = {}
     section("TUNING files (the strategy was tuned on these: not evidence of generalisation)", pick(args.tuning),

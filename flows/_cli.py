@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -14,10 +14,10 @@ ChipOpt = typer.Option(None, "--chip", help="the chip whose jobs run here (defau
 
 
 @app.command()
-def serve(job_file: str = JobFileArg, chip: Optional[str] = ChipOpt,
+def serve(job_file: str = JobFileArg, chip: str | None = ChipOpt,
           cron: str = typer.Option("0 2 * * *", "--cron", help="when the nightly run starts (cron syntax)"),
-          timezone: Optional[str] = typer.Option(None, "--timezone", help="IANA time zone of --cron (default: UTC)"),
-          name: Optional[str] = typer.Option(None, "--name", help="deployment name (default: nightly-<chip>)")) -> None:
+          timezone: str | None = typer.Option(None, "--timezone", help="IANA time zone of --cron (default: UTC)"),
+          name: str | None = typer.Option(None, "--name", help="deployment name (default: nightly-<chip>)")) -> None:
     """Serve this machine's nightly deployment on a cron schedule until interrupted."""
     from ._serve import serve as serve_deployment
 
@@ -26,10 +26,10 @@ def serve(job_file: str = JobFileArg, chip: Optional[str] = ChipOpt,
 
 @app.command()
 def deploy(job_file: str = JobFileArg,
-           chips: Optional[list[str]] = typer.Option(None, "--chip", help="deploy for this chip only (repeatable; "
+           chips: list[str] | None = typer.Option(None, "--chip", help="deploy for this chip only (repeatable; "
                                                                           "default: every chip of the job file)"),
            cron: str = typer.Option("0 2 * * *", "--cron", help="when the nightly run starts (cron syntax)"),
-           timezone: Optional[str] = typer.Option(None, "--timezone", help="IANA time zone of --cron (default: UTC)")
+           timezone: str | None = typer.Option(None, "--timezone", help="IANA time zone of --cron (default: UTC)")
            ) -> None:
     """Register a deployment per chip in work pool kernsearch-<chip>; run one worker per machine on its pool."""
     from kernsearch._console import out
@@ -42,7 +42,7 @@ def deploy(job_file: str = JobFileArg,
 
 
 @app.command()
-def run(job_file: str = JobFileArg, chip: Optional[str] = ChipOpt) -> None:
+def run(job_file: str = JobFileArg, chip: str | None = ChipOpt) -> None:
     """Run the nightly flow once, now, without a schedule; exit 1 if a job or the export failed."""
     from ._serve import run_once
 

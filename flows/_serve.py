@@ -65,7 +65,8 @@ def serve(job_file: str | Path, *, chip: str | None = None, cron: str = DEFAULT_
     from .nightly import nightly, slug
 
     nightly.serve(name=name or deployment_name(machine), schedules=[Cron(cron, timezone=timezone or "UTC")],
-                  parameters={"job_file": str(jobs.path), "chip": machine}, tags=["kernsearch", f"chip:{slug(machine)}"],
+                  parameters={"job_file": str(jobs.path), "chip": machine},
+                  tags=["kernsearch", f"chip:{slug(machine)}"],
                   description=f"kernsearch nightly searches for {machine} ({jobs.path})", limit=1,
                   entrypoint_type=EntrypointType.MODULE_PATH)
 

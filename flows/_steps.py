@@ -18,9 +18,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kernsearch._errors import KernsearchError
 
@@ -107,9 +108,9 @@ def _describe(code: int) -> str:
 def tune(p: dict[str, Any]) -> dict[str, Any]:
     """Run (or resume) the unit's study; return its verified winner, or fail with the reason."""
     from kernsearch._chips import get_chip
+    from kernsearch._objective import KernelObjective
     from kernsearch._space import make_problem
     from kernsearch._spec import load_family
-    from kernsearch._objective import KernelObjective
     from kernsearch._study import run_study
 
     fam = load_family(p["family"])

@@ -201,11 +201,12 @@ def nightly(job_file: str, chip: str | None = None) -> dict[str, Any]:
     ensure_gpu_limit(limit)
     rows = [_run_unit(unit, jobs, detected, limit, logger) for unit in units]
     export = _maybe_export(jobs, rows, logger)
-    report = {"chip": machine.name, "machine": machine_name(), "job_file": str(jobs.path), "jobs": rows, "export": export,
+    report = {"chip": machine.name, "machine": machine_name(), "job_file": str(jobs.path), "jobs": rows,
+              "export": export,
               **{k: sum(r["outcome"] == k for r in rows) for k in ("published", "rejected", "failed")}}
     _summarise(report)
-    logger.info("%s on machine %s: %d published, %d rejected, %d failed", machine.name, machine_name(), report["published"],
-                report["rejected"], report["failed"])
+    logger.info("%s on machine %s: %d published, %d rejected, %d failed", machine.name, machine_name(),
+                report["published"], report["rejected"], report["failed"])
     return report
 
 

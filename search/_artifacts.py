@@ -44,17 +44,26 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from . import _safeio
-from ._manifest import (EVIDENCE_RANK, SCHEMA_VERSION, ArtifactError, GateRecord, Manifest, Measurements,
-                        parse_manifest, utcnow)
-from ._errors import KernsearchError
-from ._render import Geometry, KernelSource, source_sha256
 from ._candidate import _VERSION, ArtifactKey, Candidate
 from ._candidate import draft_manifest as _draft_manifest
+from ._errors import KernsearchError
+from ._manifest import (
+    EVIDENCE_RANK,
+    SCHEMA_VERSION,
+    ArtifactError,
+    GateRecord,
+    Manifest,
+    Measurements,
+    parse_manifest,
+    utcnow,
+)
+from ._render import Geometry, KernelSource, source_sha256
 from .export_runtime._runtime import DEFAULT_MARGIN, beats_op, speedup_text
 
 if TYPE_CHECKING:
@@ -230,7 +239,7 @@ class ArtifactStore:
     def journal(self, key: ArtifactKey) -> list[dict[str, Any]]:
         """Publish attempts, oldest first (a line torn by a killed publisher is skipped)."""
         path = self.key_dir(key) / JOURNAL
-        entries = []
+        entries: list[dict[str, Any]] = []
         if not os.path.lexists(path):
             return entries
         try:
@@ -524,8 +533,8 @@ def loses_to_baseline(draft: dict[str, Any], op: str, margin: float = DEFAULT_MA
     """Why a measured result may not be dispatched ('' when it beats the op by more than the margin)."""
     if draft["evidence"] != "measured":
         return ""  # modeled / interpreted results are never dispatched by default anyway (docs/artifacts.md)
-    m = draft.get("measurements")
-    m = m.model_dump() if hasattr(m, "model_dump") else (m or {})
+    given = draft.get("measurements")
+    m: dict[str, Any] = given.model_dump() if isinstance(given, Measurements) else dict(given or {})
     what = f"{version} " if version else ""
     if not m.get("baseline_median_ms") or m.get("speedup_low") is None:
         return f"{what}has no measured speedup over {op} (the baseline was not timed in the same run)"

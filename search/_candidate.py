@@ -11,8 +11,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ._manifest import (EVIDENCE_RANK, ArtifactError, ChipIdentity, Correctness, KernelInfo, LaunchGeometry,
-                        Measurements, ProblemInfo, TemplateInfo, Toolchain, utcnow)
+from ._manifest import (
+    EVIDENCE_RANK,
+    ArtifactError,
+    ChipIdentity,
+    Correctness,
+    KernelInfo,
+    LaunchGeometry,
+    Measurements,
+    ProblemInfo,
+    TemplateInfo,
+    Toolchain,
+    utcnow,
+)
 from ._render import Geometry, KernelSource, geometry, render
 
 if TYPE_CHECKING:
@@ -165,7 +176,8 @@ def draft_manifest(c: Candidate) -> dict[str, Any]:
                              template=[tuple(t) for t in c.kernel.template],
                              header_file=f"header.{suffix}", source_file=f"source.{suffix}"),
         "source_sha256": sha,
-        "template": TemplateInfo(file=template_file.name, sha256=hashlib.sha256(template_file.read_bytes()).hexdigest()),
+        "template": TemplateInfo(file=template_file.name,
+                                 sha256=hashlib.sha256(template_file.read_bytes()).hexdigest()),
         "config": dict(c.config),
         "geometry": LaunchGeometry.of(c.geometry),
         "chip": ChipIdentity.of(c.chip),

@@ -22,7 +22,7 @@ import re
 import shutil
 import zipfile
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from jinja2 import nodes
 from . import __version__
 from ._artifacts import ArtifactStore
 from ._errors import KernsearchError
-from ._expr import Expr, _ENV
+from ._expr import _ENV, Expr
 from ._manifest import ArtifactError
 from ._render import render
 from ._spec import ARRAY_FUNCTIONS, DTYPES, Family, load_family
@@ -43,9 +43,9 @@ DEFAULT_PACKAGE = "kernsearch_kernels"
 RUNTIME_REQUIRES = ("mlx[cpu]>=0.29; sys_platform == 'linux'", "mlx>=0.29; sys_platform == 'darwin'",
                     "numpy>=1.26")
 _SUFFIX = {"metal": "metal", "cuda": "cu"}
-_BINOPS = {nodes.Add: "+", nodes.Sub: "-", nodes.Mul: "*", nodes.Div: "/", nodes.FloorDiv: "//",
-           nodes.Mod: "%", nodes.Pow: "**"}
-_UNARY = {nodes.Not: "not", nodes.Neg: "neg", nodes.Pos: "pos"}
+_BINOPS: dict[type[nodes.Node], str] = {nodes.Add: "+", nodes.Sub: "-", nodes.Mul: "*", nodes.Div: "/",
+                                        nodes.FloorDiv: "//", nodes.Mod: "%", nodes.Pow: "**"}
+_UNARY: dict[type[nodes.Node], str] = {nodes.Not: "not", nodes.Neg: "neg", nodes.Pos: "pos"}
 
 
 class ExportError(KernsearchError):
@@ -86,9 +86,9 @@ def _tree(node: nodes.Node) -> list[Any]:
         return ["name", node.name]
     if isinstance(node, (nodes.List, nodes.Tuple)):
         return ["list", [_tree(n) for n in node.items]]
-    if type(node) in _BINOPS:
+    if isinstance(node, nodes.BinExpr) and type(node) in _BINOPS:
         return ["bin", _BINOPS[type(node)], _tree(node.left), _tree(node.right)]
-    if type(node) in _UNARY:
+    if isinstance(node, nodes.UnaryExpr) and type(node) in _UNARY:
         return [_UNARY[type(node)], _tree(node.node)]
     if isinstance(node, nodes.Concat):
         return ["concat", [_tree(n) for n in node.nodes]]
@@ -164,7 +164,7 @@ def export(families: list[str] | None, out: str | Path, store: ArtifactStore | N
     store = store or ArtifactStore()
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", package) or keyword.iskeyword(package):
         raise ExportError(f"package name {package!r} must be a lower-case Python identifier")
-    version = version or datetime.now(timezone.utc).strftime("%Y.%m.%d.%H%M%S")
+    version = version or datetime.now(UTC).strftime("%Y.%m.%d.%H%M%S")
     if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", version):
         raise ExportError(f"version {version!r} must be numbers separated by dots, e.g. 1.2.0")
     names = list(dict.fromkeys(families or sorted({k.family for k in store.keys()})))
@@ -186,7 +186,7 @@ def _export(names: list[str], out: Path, store: ArtifactStore, package: str, ver
     pkg.mkdir(parents=True)
     table: dict[str, Any] = {"format": FORMAT, "package": package, "version": version, "margin": DEFAULT_MARGIN,
                              "kernsearch_version": __version__,
-                             "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                             "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
                              "chips": _chips(), "families": {}}
     result = ExportResult(package, version, source_dir, out / "unbuilt", [])
     for name in names:
@@ -250,6 +250,7 @@ then the plain MLX op) and the nearest tuned shape valid for the call; ``FAMILY.
 text in it is ever executed.
 """
 
+import functools as _functools
 import inspect as _inspect
 import keyword as _keyword
 import re as _re
@@ -272,8 +273,9 @@ def explain(family, *arrays, chip=None, modeled=False):
 
 
 def _function(family, entry):
-    def call(*arrays, modeled=False):
-        return _dispatcher.call(family, *arrays, modeled=modeled)
+    # A C-level partial of the dispatcher: a planned call costs one Python frame (Dispatcher.call) on top of
+    # the op or kernel, which matters against MLX ops of a few microseconds.
+    call = _functools.partial(_dispatcher.call, family)
 
     def explain_call(*arrays, chip=None, modeled=False):
         return _dispatcher.explain(family, *arrays, chip=chip, modeled=modeled)

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any
 
 from jinja2 import TemplateSyntaxError, nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -241,7 +242,8 @@ def _check(node: nodes.Node, depth: int, names: set[str]) -> None:
             if part is not None:
                 _check(part, d, names)
     else:
-        kind = {nodes.Filter: "filters (|)", nodes.Test: "tests (is)"}.get(type(node), type(node).__name__)
+        named: dict[type[nodes.Node], str] = {nodes.Filter: "filters (|)", nodes.Test: "tests (is)"}
+        kind = named.get(type(node), type(node).__name__)
         raise ExprError(f"{kind} are not part of the expression language")
 
 

@@ -89,7 +89,8 @@ def load_history(study_name: str, storage: str | None = None, importances: bool 
 
 
 def _importances(ok: list[Any]) -> tuple[dict[str, float], str]:
-    """PED-ANOVA importances (no scikit-learn needed) over the distinct successful trials (duplicates told as 'known' would weigh twice)."""
+    """PED-ANOVA importances (no scikit-learn needed) over the distinct successful trials (duplicates told as
+    'known' would weigh twice)."""
     import optuna
 
     if len(ok) < 4:

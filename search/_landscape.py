@@ -17,11 +17,13 @@ import gzip
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ._errors import KernsearchError
+
 
 def config_string(values: Any) -> str:
     """KernelTuner's cache key: knob values in ``tune_params_keys`` order, joined by commas."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import platform
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -136,7 +136,7 @@ class Toolchain(_Model):
         try:
             import mlx.core as mx
 
-            mlx_version = str(mx.__version__)
+            mlx_version = str(getattr(mx, "__version__", "unknown"))
         except ImportError:  # pragma: no cover - MLX is a dependency
             mlx_version = "unavailable"
         macos = platform.mac_ver()[0] or None
@@ -218,7 +218,7 @@ class Correctness(_Model):
         """From ``[(shape_text, Check), ...]``: passed only if every check passed."""
         if not checks:
             raise ArtifactError("correctness evidence needs at least one check")
-        return cls(verifier=verifier, passed=all(c.ok for _, c in checks),  # type: ignore[arg-type]
+        return cls(verifier=verifier, passed=all(c.ok for _, c in checks),
                    shapes_checked=sorted({s for s, _ in checks}),
                    max_abs_error=max(c.max_abs_err for _, c in checks),
                    max_rel_error=max(c.max_rel_err for _, c in checks), checks_run=len(checks))
@@ -263,7 +263,7 @@ class Manifest(_Model):
     @field_validator("created_at", "published_at")
     @classmethod
     def _aware(cls, value: datetime) -> datetime:
-        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
@@ -329,7 +329,7 @@ def migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _jsonable(value: Any) -> Any:

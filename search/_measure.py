@@ -18,10 +18,17 @@ input set ``i``, without waiting) and ``sync()`` (wait until all enqueued work i
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ._render import Geometry, KernelSource
+    from ._space import Problem, Space
+    from ._spec import Family
+    from .backends._base import BaseBackend
 
 Launch = Callable[[int], object]
 Sync = Callable[[], None]
@@ -144,17 +151,18 @@ class VariantTask:
     dtype: str
     chip: str
     backend: str
-    config: dict
+    config: dict[str, Any]
     seed: int = 0
-    backend_options: dict = field(default_factory=dict)
-    options: dict = field(default_factory=dict)  # passed to backend.run (e.g. interpreter mode, timeout)
-    finalists: list = field(default_factory=list)
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # passed to backend.run (e.g. interpreter mode, timeout)
+    finalists: list[dict[str, Any]] = field(default_factory=list)
 
 
-_CACHE: dict[tuple, object] = {}
+_Setup = tuple["Family", "Problem", "Space", "BaseBackend"]
+_CACHE: dict[tuple[Any, ...], _Setup] = {}
 
 
-def load_backend(name: str, **options: object):  # noqa: ANN201 - a BaseBackend
+def load_backend(name: str, **options: Any) -> BaseBackend:
     """A back-end by registry name, or by ``package.module:Class`` (a plug-in, or a test's simulated GPU)."""
     from .backends import get_backend
 
@@ -166,12 +174,14 @@ def load_backend(name: str, **options: object):  # noqa: ANN201 - a BaseBackend
 
     module, _, cls = name.partition(":")
     try:
-        return getattr(import_module(module), cls)(**options)
+        impl: BaseBackend = getattr(import_module(module), cls)(**options)
+        return impl
     except (ImportError, AttributeError) as exc:
         raise BackendError(f"cannot load back-end {name!r}: {exc}") from None
 
 
-def _setup(task: VariantTask, config: dict | None = None):  # noqa: ANN202
+def _setup(task: VariantTask, config: dict[str, Any] | None = None
+           ) -> tuple[Family, Problem, Space, BaseBackend, KernelSource, Geometry]:
     """Family, problem, space, kernel, geometry and back-end for ``task`` (cached per worker)."""
     from ._chips import get_chip
     from ._render import geometry, render
@@ -186,7 +196,7 @@ def _setup(task: VariantTask, config: dict | None = None):  # noqa: ANN202
         impl.check_available()
         _CACHE.clear()
         _CACHE[key] = (fam, problem, Space(problem, chip), impl)
-    fam, problem, space, impl = _CACHE[key]  # type: ignore[misc]
+    fam, problem, space, impl = _CACHE[key]
     cfg = config if config is not None else task.config
     if not space.is_valid(cfg):
         from ._errors import VariantFailure
@@ -199,10 +209,10 @@ def _setup(task: VariantTask, config: dict | None = None):  # noqa: ANN202
 #: Per worker process and problem: (logical inputs, float64 reference) by seed, and the kernel's input
 #: arrays by (seed, transposed inputs). Building them costs seconds at 4096^3; the problem is the same
 #: for every trial of a study, so a worker builds them once (they go with ``_CACHE``'s problem).
-_DATA: dict[tuple, Any] = {}
+_DATA: dict[Any, Any] = {}
 
 
-def _problem_data(problem: Any, seed: int, with_reference: bool = True) -> tuple[dict, list | None]:
+def _problem_data(problem: Any, seed: int, with_reference: bool = True) -> tuple[dict[str, Any], list[Any] | None]:
     from ._verify import make_inputs, reference
 
     key = (problem.family.name, problem.shape_text, problem.dtype, seed)
@@ -216,7 +226,7 @@ def _problem_data(problem: Any, seed: int, with_reference: bool = True) -> tuple
     return _DATA[key][0], _DATA[key][1]
 
 
-def _timing_inputs(problem: Any, seed: int, geo: Any) -> list:
+def _timing_inputs(problem: Any, seed: int, geo: Any) -> list[Any]:
     """The kernel's inputs for timing, the same array objects for every variant with the same layout
     (a back-end may keep its device copies of them across variants)."""
     from ._verify import kernel_inputs
@@ -225,10 +235,12 @@ def _timing_inputs(problem: Any, seed: int, geo: Any) -> list:
     key = ("kernel", seed, tuple(sorted(geo.transposed_inputs)))
     if key not in _DATA:
         _DATA[key] = kernel_inputs(problem, logical, geo)
-    return _DATA[key]  # type: ignore[no-any-return]
+    inputs: list[Any] = _DATA[key]
+    return inputs
 
 
-def _check(impl, kernel, geo, problem, seed: int, options: dict) -> dict:  # noqa: ANN001
+def _check(impl: BaseBackend, kernel: KernelSource, geo: Geometry, problem: Problem, seed: int,
+           options: dict[str, Any]) -> dict[str, Any]:
     from ._errors import VariantFailure
     from ._verify import verify_kernel
 
@@ -243,7 +255,7 @@ def _check(impl, kernel, geo, problem, seed: int, options: dict) -> dict:  # noq
             "warnings": [str(d) for d in diagnostics]}
 
 
-def verify_variant(task: VariantTask) -> dict:
+def verify_variant(task: VariantTask) -> dict[str, Any]:
     """Run once with fresh random inputs (outputs pre-filled with NaN) and compare with the reference."""
     _, problem, space, impl, kernel, geo = _setup(task)
     options = {**task.options, **({"chip": space.chip} if impl.name == "cpu" else {})}
@@ -258,7 +270,7 @@ def verify_variant(task: VariantTask) -> dict:
     return out
 
 
-def measure_variant(task: VariantTask) -> dict:
+def measure_variant(task: VariantTask) -> dict[str, Any]:
     """Build, verify (NaN-prefilled outputs against the float64 reference), then time one variant on a
     real GPU. Inputs and the reference are built once per worker and problem, not per variant."""
     _, problem, _, impl, kernel, geo = _setup(task)
@@ -269,7 +281,7 @@ def measure_variant(task: VariantTask) -> dict:
             "spread": timing.spread, "compile_seconds": timing.compile_seconds}
 
 
-def prepare_variant(task: VariantTask) -> dict:
+def prepare_variant(task: VariantTask) -> dict[str, Any]:
     """Render and compile one variant ahead of its timing, in a compile worker (not the timing process).
 
     The back-end's ``precompile`` does what can truly run in another process: MLX's CUDA back-end keeps
@@ -285,7 +297,7 @@ def prepare_variant(task: VariantTask) -> dict:
     return {"compiled": done, "seconds": time.perf_counter() - start}
 
 
-def final_round(task: VariantTask) -> dict:
+def final_round(task: VariantTask) -> dict[str, Any]:
     """Re-measure the finalists interleaved with the family's baseline op (a fresh worker runs this).
 
     The back-end provides ``launcher(kernel, geometry, inputs, dtype) -> (launch, sync)`` and
@@ -299,10 +311,10 @@ def final_round(task: VariantTask) -> dict:
     for i, cfg in enumerate(task.finalists):
         _, _, _, _, kernel, geo = _setup(task, cfg)
         inputs = kernel_inputs(problem, logical, geo)
-        candidates[f"f{i}"] = impl.launcher(kernel, geo, inputs, problem.dtype)  # type: ignore[attr-defined]
-    out: dict = {}
+        candidates[f"f{i}"] = impl.launcher(kernel, geo, inputs, problem.dtype)
+    out: dict[str, Any] = {}
     try:
-        candidates["baseline"] = impl.baseline_launcher(fam, problem, logical)  # type: ignore[attr-defined]
+        candidates["baseline"] = impl.baseline_launcher(fam, problem, logical)
     except Exception as exc:  # noqa: BLE001 - no baseline is not fatal, and is said
         out["baseline_error"] = str(exc)
     # each launcher rotates its own input copies; a back-end may bring its own clock (a simulated GPU)
@@ -318,5 +330,5 @@ def time_baseline(task: VariantTask) -> float:
 
     fam, problem, _, impl, _, _ = _setup(task)
     logical = make_inputs(problem, task.seed + 2)
-    launch, sync = impl.baseline_launcher(fam, problem, logical)  # type: ignore[attr-defined]
+    launch, sync = impl.baseline_launcher(fam, problem, logical)
     return float(np.median(measure(launch, sync, clock=getattr(impl, "clock", time.perf_counter))))

@@ -40,8 +40,8 @@ class KernelObjective(Objective):
                  verify: str = "finalists", verify_shape: tuple[int, ...] | None = None,
                  verify_mode: str = "fast", backend_options: dict[str, Any] | None = None,
                  compile_workers: int | None = None) -> None:
-        from ._space import Space
         from ._measure import load_backend
+        from ._space import Space
 
         self.problem, self.chip, self.backend, self.seed = problem, chip, backend, seed
         self.space: Space = Space(problem, chip)
@@ -190,7 +190,8 @@ class KernelObjective(Objective):
 
         task = self._task(config, "cpu", self.verify_shape,
                           options={"mode": self.verify_mode, "timeout": max(1.0, self.timeout - 5)})
-        return self.worker().call(verify_variant, task)
+        result: dict[str, Any] = self.worker().call(verify_variant, task)
+        return result
 
     def verify_for_publishing(self, config: Config) -> dict[str, Any]:
         """What a winner must also pass on the interpreter before it may be published: the tuned shape
@@ -247,7 +248,7 @@ class KernelObjective(Objective):
         if self.backend == "model":
             check = self.interpret(config) if self.verify == "all" else None
             try:
-                ms = float(self.impl.predict_ms(self.space, config))  # type: ignore[attr-defined]
+                ms = float(self.impl.predict_ms(self.space, config))
             except KernsearchError as exc:
                 raise VariantFailure("model", str(exc)) from None
             rec = Record(ms, self.evidence, [ms], sha256=kernel.sha256)
@@ -327,7 +328,8 @@ class KernelObjective(Objective):
         """Offer the study's winner to the artifact store (its regression gate decides); returns the
         store's PublishOutcome. Only a winner proven correct (on the device, or on the interpreter for a
         modeled result) is offered; its evidence kind goes with it."""
-        from ._artifacts import ArtifactStore, Candidate
+        from ._artifacts import ArtifactStore
+        from ._candidate import Candidate
         from ._manifest import Correctness, Measurements
 
         best = result.best
@@ -378,7 +380,7 @@ def model_prior(space: Space, configs: list[Config]) -> list[float] | None:
         out = []
         for c in configs:
             try:
-                out.append(float(model.predict_ms(space, c)))  # type: ignore[attr-defined]
+                out.append(float(model.predict_ms(space, c)))
             except KernsearchError:
                 out.append(float("inf"))
         return out if any(v != float("inf") for v in out) else None

@@ -67,7 +67,7 @@ def _names(m: Manifest) -> None:
     for text in (m.chip.name, m.study or "", m.gate.reason[:200], *(str(v) for v in m.config.values())):
         if not _TEXT.fullmatch(text):
             raise _fail(m, f"text {text[:60]!r} is too long or holds control characters")
-    if m.kernel.template != [("T", m.problem.dtype)] and [list(t) for t in m.kernel.template] != [["T", m.problem.dtype]]:
+    if [list(t) for t in m.kernel.template] != [["T", m.problem.dtype]]:
         raise _fail(m, f"kernel template arguments {m.kernel.template!r}")
     known = {"float32", "float16", "bfloat16", "uint32", "int32"}
     if not set(m.geometry.output_dtypes) <= known or not set(m.geometry.input_dtypes) <= known:
@@ -172,8 +172,9 @@ def _against_family(m: Manifest, kernel: KernelSource, fam: Family, chip: Any) -
     if list(m.kernel.input_names) != list(fam.kernel_input_names) or \
             list(m.kernel.output_names) != [t.name for t in fam.outputs]:
         raise _fail(m, "kernel inputs/outputs differ from the family's")
-    if (m.geometry.output_dtypes and list(m.geometry.output_dtypes) != list(fam.output_dtypes(m.problem.dtype))) or (
-            m.geometry.input_dtypes and list(m.geometry.input_dtypes) != list(fam.kernel_input_dtypes(m.problem.dtype))):
+    outputs_differ = list(m.geometry.output_dtypes) != list(fam.output_dtypes(m.problem.dtype))
+    inputs_differ = list(m.geometry.input_dtypes) != list(fam.kernel_input_dtypes(m.problem.dtype))
+    if (m.geometry.output_dtypes and outputs_differ) or (m.geometry.input_dtypes and inputs_differ):
         raise _fail(m, "kernel input/output dtypes differ from the family's")
     if list(m.problem.dims) != list(fam.dims) or list(m.problem.dims.values()) != list(m.problem.shape):
         raise _fail(m, "problem dimensions differ from the family's")

@@ -17,8 +17,8 @@ from typing import Any
 from jinja2 import Template, TemplateError
 
 from ._errors import KernsearchError
-from ._options import MAX_GRID, MAX_SHARED_MEMORY, MAX_THREADGROUP, geometry_ints
 from ._expr import BUILTINS, ExprError
+from ._options import MAX_GRID, MAX_SHARED_MEMORY, MAX_THREADGROUP, geometry_ints
 from ._space import Config, Space, format_config
 from ._spec import Family, template_env
 from ._template import TemplateLimit, bounded_join, render_deadline
@@ -113,7 +113,7 @@ def render(family: Family, config: Config, dtype: str, target: str = "metal") ->
     if target not in family.templates:
         raise KernsearchError(f"family {family.name} has no {target} template")
     ctx = render_context(family, config, dtype)
-    tmpl = _template(family.path, family.templates[target])  # type: ignore[index]
+    tmpl = _template(family.path, family.templates[target])
     try:
         header, source = render_blocks(tmpl, ctx)
     except (TemplateError, TemplateLimit, ExprError, TypeError, ValueError, ArithmeticError) as exc:

@@ -63,10 +63,14 @@ def convergence_figure(h: StudyHistory) -> Any:
     ok = [t for t in h.trials if t.time_ms is not None]
     fig.add_trace(go.Scatter(x=[t.number for t in ok], y=[t.time_ms for t in ok], mode="markers", name="trial",
                              marker={"color": "#4c78a8", "size": 6, "opacity": 0.7},
-                             text=[_config_text(t.config) for t in ok], hovertemplate="trial %{x}: %{y:.4g} ms<br>%{text}"))
-    best, xs, ys = None, [], []
+                             text=[_config_text(t.config) for t in ok],
+                             hovertemplate="trial %{x}: %{y:.4g} ms<br>%{text}"))
+    best: float | None = None
+    xs: list[int] = []
+    ys: list[float] = []
     for t in sorted(ok, key=lambda t: t.number):
-        if best is None or t.time_ms < best:  # type: ignore[operator]
+        assert t.time_ms is not None  # ok holds the timed trials
+        if best is None or t.time_ms < best:
             best = t.time_ms
         xs.append(t.number)
         ys.append(best)
@@ -174,8 +178,9 @@ def _summary(h: StudyHistory) -> str:
                      f"{best.time_ms:.4g} ms ({html.escape(h.evidence)})</p>")
     if final.get("speedup") is not None:
         beats = final.get("beats_baseline")
-        lines.append(f"<p>Speedup over the baseline op: {final['speedup']:.2f}x (range {final.get('speedup_low', 0):.2f}"
-                     f"-{final.get('speedup_high', 0):.2f}; baseline {final.get('baseline_median_ms', 0):.4g} ms)"
+        lines.append(f"<p>Speedup over the baseline op: {final['speedup']:.2f}x "
+                     f"(range {final.get('speedup_low', 0):.2f}-{final.get('speedup_high', 0):.2f}; "
+                     f"baseline {final.get('baseline_median_ms', 0):.4g} ms)"
                      + ("" if beats else " — <b>within the measured noise: not a win, the MLX op runs</b>") + "</p>")
     elif h.evidence == "modeled":
         lines.append("<p>Speedup over the baseline op: not available (modeled times; the baseline is not modeled, "

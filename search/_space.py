@@ -11,16 +11,17 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from ._chips import Chip
 from ._errors import ConfigError, KernsearchError
 from ._expr import BUILTINS, ExprError
+from ._spec import DTYPES, Family, KnobValue
 
 #: Largest size of one problem dimension (kernels index with 32-bit integers).
 MAX_DIM = 2**31 - 1
-from ._spec import DTYPES, Family, KnobValue
 
 Config = dict[str, KnobValue]
 

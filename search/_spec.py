@@ -13,10 +13,10 @@ import re
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
-from jinja2 import TemplateNotFound, TemplateSyntaxError
 import numpy as np
+from jinja2 import TemplateNotFound, TemplateSyntaxError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import _safeio
@@ -37,7 +37,7 @@ CONTEXT_NAMES = frozenset({"chip", "dtype", "dtype_size"}) | frozenset(BUILTINS)
 __all__ = ["ARRAY_FUNCTIONS", "DTYPES", "Family", "load_family", "parse_family"]
 #: Names the performance model supplies to ``[model]`` expressions (threadgroups resident at once, chip-wide).
 MODEL_NAMES = frozenset({"concurrent"})
-KnobValue = Union[bool, int, str]
+KnobValue = bool | int | str
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 #: Family names (they become folder names, package functions and kernel names).
 NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,47}")
@@ -415,7 +415,7 @@ def _check_names(fam: Family) -> None:
             transposed = getattr(t, "transposed", None)
             if transposed is not None:
                 require(f"{kind}[{i}].transposed", transposed, full)
-    names = [t.name for t in fam.inputs + fam.outputs] + list(fam.params)  # type: ignore[operator]
+    names = [t.name for t in fam.inputs + fam.outputs] + list(fam.params)
     if len(set(names)) != len(names):
         errors.append("input, output and parameter names must be distinct")
     for name in params:

@@ -98,8 +98,8 @@ def make_storage(url: str | None) -> Any:
             detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             if isinstance(exc, ImportError):
                 detail = "the PostgreSQL driver is missing (pip install 'psycopg[binary]')"
-            raise KernsearchError(f"cannot open study storage {redact(url)!r}: {detail.replace(url, redact(url))[:300]}") \
-                from None
+            shown = detail.replace(url, redact(url))[:300]
+            raise KernsearchError(f"cannot open study storage {redact(url)!r}: {shown}") from None
     raise AssertionError("unreachable")
 
 
@@ -122,8 +122,8 @@ class Heartbeat:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(self.study)
-        callback = storage.get_heartbeat_stale_trial_callback() if hasattr(storage, "get_heartbeat_stale_trial_callback") \
-            else None
+        stale = getattr(storage, "get_heartbeat_stale_trial_callback", None)
+        callback = stale() if stale is not None else None
         if not isinstance(callback, StaleTrials):
             return []
         configs, callback.configs = callback.configs, []
@@ -181,7 +181,8 @@ def check_storage(url: str | None) -> Any:
 
         optuna.get_all_study_summaries(storage)
     except Exception as exc:  # noqa: BLE001 - a storage Optuna cannot read is bad input
-        raise KernsearchError(f"cannot read study storage {redact(url)!r}: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}") from None
+        why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise KernsearchError(f"cannot read study storage {redact(url)!r}: {why}") from None
     return storage
 
 

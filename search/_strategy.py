@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -88,13 +89,13 @@ class ValidSetSearch:
             groups = [y[col == v] for v in np.unique(col)]
             w[d] = sum(len(g) * (g.mean() - y.mean()) ** 2 for g in groups) / len(y) / total
         w = np.maximum(w, 0.05 * max(w.max(), 1e-9))
-        return w / w.sum()
+        return np.asarray(w / w.sum())
 
     def _steps(self, i: int, free: np.ndarray) -> np.ndarray:
         """Free configs at most two knob steps from config ``i`` (ordered knobs: to the adjacent value)."""
         d = np.abs(self.X[free] - self.X[i])
         steps = np.where(self.ordered, np.round(d * np.maximum(1, [len(v) - 1 for v in self.knobs.values()])), d > 0)
-        return free[steps.sum(axis=1) <= 2]
+        return np.asarray(free[steps.sum(axis=1) <= 2])
 
     # -- proposing --------------------------------------------------------------------------------------
     def propose(self, known: dict[str, Any], busy: set[str]) -> Config | None:
@@ -139,9 +140,10 @@ class ValidSetSearch:
             keep = np.concatenate([order[: MAX_TRAIN // 2],
                                    self.np_rng.choice(order[MAX_TRAIN // 2:], MAX_TRAIN // 2, replace=False)])
             idx, y = idx[keep], y[keep]
-        if self.prior_log is not None:  # the prior's level is not the measurement's: shift it
-            shift = float(np.median(y - self.prior_log[idx]))
-            m = lambda ix: self.prior_log[ix] + shift  # noqa: E731
+        prior = self.prior_log
+        if prior is not None:  # the prior's level is not the measurement's: shift it
+            shift = float(np.median(y - prior[idx]))
+            m: Callable[[np.ndarray], np.ndarray] = lambda ix: prior[ix] + shift  # noqa: E731
         else:
             level = float(y.mean())
             m = lambda ix: np.full(len(ix), level)  # noqa: E731
@@ -189,8 +191,8 @@ class ValidSetSearch:
 
 
 def _npdf(z: np.ndarray) -> np.ndarray:
-    return np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+    return np.asarray(np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi))
 
 
 def _ncdf(z: np.ndarray) -> np.ndarray:
-    return 0.5 * (1 + np.vectorize(math.erf)(z / math.sqrt(2)))
+    return np.asarray(0.5 * (1 + np.vectorize(math.erf)(z / math.sqrt(2))))

@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from jinja2 import BaseLoader, StrictUndefined, TemplateNotFound, nodes
-from jinja2.defaults import DEFAULT_FILTERS, DEFAULT_TESTS
+from jinja2.filters import FILTERS as DEFAULT_FILTERS
 from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.tests import TESTS as DEFAULT_TESTS
 
 from . import _safeio
 from ._expr import ExprError, _binary

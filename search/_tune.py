@@ -38,7 +38,8 @@ class TuneResult:
 
     def publish(self, store: ArtifactStore | None = None, margin: float = DEFAULT_MARGIN) -> PublishOutcome:
         """Offer the winner to ``store`` (default: ./artifacts); the gate decides (docs/artifacts.md)."""
-        return self.objective.publish(self.study, store, margin=margin)
+        outcome: PublishOutcome = self.objective.publish(self.study, store, margin=margin)
+        return outcome
 
 
 def verdict(result: StudyResult, key: dict[str, str], op: str, margin: float = DEFAULT_MARGIN) -> Verdict:

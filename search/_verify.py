@@ -30,8 +30,8 @@ def round_to_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
         with np.errstate(over="ignore"):  # beyond float16's range is inf, as on the GPU (the 1e30 sentinel)
             return x.astype(np.float16).astype(np.float64)
     if dtype == "bfloat16":
-        bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        raw = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+        bits = (raw + 0x7FFF + ((raw >> 16) & 1)) & 0xFFFF0000
         return bits.astype(np.uint32).view(np.float32).astype(np.float64)
     raise ValueError(f"unknown dtype {dtype!r}")
 
@@ -57,7 +57,7 @@ def draw(dist: Any, shape: tuple[int, ...], dtype: str, rng: np.random.Generator
 
 
 #: Most elements (inputs and outputs together) a CPU-side check allocates (float64: 8 bytes each).
-MAX_CHECK_ELEMENTS = 1 << 27
+MAX_CHECK_ELEMENTS = 1 << 28  # ~2 GiB as float64: a 16384x4096 row op (x, y and weights) fits
 
 
 def check_size(problem: Problem) -> None:
@@ -190,7 +190,7 @@ def verify_kernel(backend: Any, kernel: KernelSource, geometry: Geometry, proble
     def run(init: float) -> list[np.ndarray]:
         result = backend.run(kernel, geometry, inputs, problem.dtype, init_value=init, **options, **extra)
         diagnostics.extend(d for d in result.diagnostics if d not in diagnostics)
-        return result.outputs
+        return list(result.outputs)
 
     if threadgroups and not geometry.zero_outputs:  # a sample of partial sums proves nothing: run all
         return verify_sampled(problem, geometry, run, logical, threadgroups), diagnostics

@@ -8,7 +8,8 @@ beat — ``mx.fast.rms_norm``, ``mx.softmax(precise=True)``...). Nothing in a sp
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -30,29 +31,29 @@ MLX_NAMES = {"rms_norm": "mx.fast.rms_norm", "layer_norm": "mx.fast.layer_norm",
 
 def _np_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     e = np.exp(x - x.max(axis, keepdims=True))
-    return e / e.sum(axis, keepdims=True)
+    return np.asarray(e / e.sum(axis, keepdims=True))
 
 
 def _np_rms_norm(x: np.ndarray, w: Any, eps: float) -> np.ndarray:
     y = x / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + eps)
-    return y if w is None else y * w
+    return np.asarray(y if w is None else y * w)
 
 
 def _np_layer_norm(x: np.ndarray, w: Any, b: Any, eps: float) -> np.ndarray:
     mu = x.mean(-1, keepdims=True)
     y = (x - mu) / np.sqrt(np.square(x - mu).mean(-1, keepdims=True) + eps)
     y = y if w is None else y * w
-    return y if b is None else y + b
+    return np.asarray(y if b is None else y + b)
 
 
 def _np_sigmoid(x: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * x))  # no overflow warning for large |x|
+    return np.asarray(0.5 * (1.0 + np.tanh(0.5 * x)))  # no overflow warning for large |x|
 
 
 def _np_gelu(x: np.ndarray) -> np.ndarray:
     from math import erf
 
-    return x * 0.5 * (1.0 + np.vectorize(erf)(x / np.sqrt(2.0)))
+    return np.asarray(x * 0.5 * (1.0 + np.vectorize(erf)(x / np.sqrt(2.0))))
 
 
 def unpack(words: np.ndarray, bits: int) -> np.ndarray:
@@ -73,13 +74,13 @@ def _np_dequantize(w: np.ndarray, scales: np.ndarray, biases: np.ndarray, group_
     if cols % group_size:
         raise ValueError(f"{cols} columns are not whole groups of {group_size}")
     g = q.reshape(rows, cols // group_size, group_size)
-    return (g * np.asarray(scales)[..., None] + np.asarray(biases)[..., None]).reshape(rows, cols)
+    return np.asarray((g * np.asarray(scales)[..., None] + np.asarray(biases)[..., None]).reshape(rows, cols))
 
 
 def _np_quantized_matmul(x: np.ndarray, w: np.ndarray, scales: np.ndarray, biases: np.ndarray,
                          transpose: bool = True, group_size: int = 64, bits: int = 4) -> np.ndarray:
     d = _np_dequantize(w, scales, biases, group_size, bits)
-    return np.matmul(x, d.T if transpose else d)
+    return np.asarray(np.matmul(x, d.T if transpose else d))
 
 
 def numpy_namespace() -> dict[str, Callable[..., Any]]:

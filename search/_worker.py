@@ -14,8 +14,9 @@ import multiprocessing as mp
 import signal
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 from ._errors import KernsearchError, VariantFailure
 
@@ -104,7 +105,7 @@ class Worker:
 
     def _reap(self) -> int | None:
         self._proc.join(timeout=5)
-        code = self._proc.exitcode
+        code: int | None = self._proc.exitcode
         self._drop()
         return code
 
@@ -180,8 +181,9 @@ class WorkerPool:
         return self._pool.submit(lambda: self._worker().call(fn, *args, **kwargs))
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Drop queued tasks and stop the workers now (a compile in flight is not waited for)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             for w in self._workers:
-                w.close()
+                w._kill()
             self._workers.clear()

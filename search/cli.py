@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -17,6 +17,15 @@ from rich.table import Table
 
 from ._console import err, out
 from ._errors import KernsearchError
+
+if TYPE_CHECKING:
+    from ._artifacts import ArtifactStore
+    from ._candidate import ArtifactKey
+    from ._chips import Chip
+    from ._space import Problem, Space
+    from ._spec import Family
+    from ._study import Objective, StudyResult, TrialSummary
+    from ._study import Progress as ProgressInfo
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -50,10 +59,11 @@ def _warn_line(message: warnings.WarningMessage | str) -> None:
     err.print(f"[yellow]warning:[/] {escape(str(text))}")
 
 
-def resolve_chip(name: str | None, target: bool = False):  # noqa: ANN201 - returns a Chip
+def resolve_chip(name: str | None, target: bool = False) -> Chip:
     """``--chip`` or detection; an unknown detected chip warns on one line. ``target``: the chip commands
     work for (``_chips.target_chip``: with no GPU here, the default M-series chip, not the cpu pseudo-chip)."""
-    from ._chips import resolve_chip as _resolve, target_chip
+    from ._chips import resolve_chip as _resolve
+    from ._chips import target_chip
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -63,7 +73,8 @@ def resolve_chip(name: str | None, target: bool = False):  # noqa: ANN201 - retu
     return chip
 
 
-def problem_and_space(family: str, shape: str | None, dtype: str | None, chip_name: str | None):  # noqa: ANN201
+def problem_and_space(family: str, shape: str | None, dtype: str | None,
+                      chip_name: str | None) -> tuple[Family, Chip, Problem, Space]:
     from ._space import Space, make_problem
     from ._spec import load_family
 
@@ -86,7 +97,7 @@ def families() -> None:
 
 
 @app.command()
-def chip(name: Optional[str] = typer.Option(None, "--chip", help="show this chip instead of the detected one"),
+def chip(name: str | None = typer.Option(None, "--chip", help="show this chip instead of the detected one"),
          all_chips: bool = typer.Option(False, "--all", help="list every chip in the registry")) -> None:
     """Show the detected chip (or --chip NAME) and its figures."""
     from ._chips import DIE_CLASSES, registry
@@ -131,8 +142,8 @@ def chip(name: Optional[str] = typer.Option(None, "--chip", help="show this chip
 
 
 @app.command()
-def space(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[str] = ShapeOpt,
-          dtype: Optional[str] = DtypeOpt, chip_name: Optional[str] = ChipOpt) -> None:
+def space(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None = ShapeOpt,
+          dtype: str | None = DtypeOpt, chip_name: str | None = ChipOpt) -> None:
     """Knobs and domains, total and valid config counts, and why configs were rejected."""
     fam, c, problem, sp = problem_and_space(family, shape, dtype, chip_name)
     out.print(f"[bold]{fam.name}[/] {problem.shape_text} {problem.dtype} on {c.name}")
@@ -157,11 +168,12 @@ def space(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[s
 
 @app.command()
 def render(family: str = typer.Argument(..., help=FAMILY_HELP),
-           config: Optional[str] = typer.Option(None, "--config", help="KNOB=VALUE,... (others: the default)"),
-           shape: Optional[str] = ShapeOpt, dtype: Optional[str] = DtypeOpt, chip_name: Optional[str] = ChipOpt,
+           config: str | None = typer.Option(None, "--config", help="KNOB=VALUE,... (others: the default)"),
+           shape: str | None = ShapeOpt, dtype: str | None = DtypeOpt, chip_name: str | None = ChipOpt,
            target: str = typer.Option("metal", "--target", help="metal or cuda")) -> None:
     """Print the header and body of one variant, as mx.fast.metal_kernel takes them."""
-    from ._render import geometry, render as render_variant
+    from ._render import geometry
+    from ._render import render as render_variant
 
     fam, _, problem, sp = problem_and_space(family, shape, dtype, chip_name)
     cfg = sp.validate(sp.parse_config(config))
@@ -180,13 +192,15 @@ artifacts_app = typer.Typer(no_args_is_help=True, help="Published kernel version
 app.add_typer(artifacts_app, name="artifacts")
 StoreOpt = typer.Option(None, "--store", envvar="KERNSEARCH_ARTIFACTS",
                         help="artifact store folder (default: ./artifacts)")
-KeyArg = typer.Argument(..., help="FAMILY/CHIP/DTYPE/SHAPE or FAMILY/CHIP/DTYPE/SHAPE/vN, as `kernsearch artifacts list` prints it")
+KeyArg = typer.Argument(..., help="FAMILY/CHIP/DTYPE/SHAPE or FAMILY/CHIP/DTYPE/SHAPE/vN, as "
+                                  "`kernsearch artifacts list` prints it")
 
 
 @artifacts_app.command("list")
-def artifacts_list(store: Optional[str] = StoreOpt,
-                   family: Optional[str] = typer.Option(None, "--family", help="only this family"),
-                   all_versions: bool = typer.Option(False, "--all", help="every version, not only the current")) -> None:
+def artifacts_list(store: str | None = StoreOpt,
+                   family: str | None = typer.Option(None, "--family", help="only this family"),
+                   all_versions: bool = typer.Option(False, "--all", help="every version, not only the current"),
+                   ) -> None:
     """Keys of the store with their current version, evidence and speed."""
     from ._artifacts import ArtifactStore
     from ._manifest import ArtifactError
@@ -222,7 +236,7 @@ def artifacts_list(store: Optional[str] = StoreOpt,
         out.print(f"[bold]{line}[/]" if i == 0 else line, soft_wrap=True, markup=i == 0)
 
 
-def _readable_pointer(st, key) -> bool:  # noqa: ANN001
+def _readable_pointer(st: ArtifactStore, key: ArtifactKey) -> bool:
     from ._manifest import ArtifactError
 
     try:
@@ -234,11 +248,12 @@ def _readable_pointer(st, key) -> bool:  # noqa: ANN001
 
 
 @artifacts_app.command("show")
-def artifacts_show(key: str = KeyArg, store: Optional[str] = StoreOpt,
+def artifacts_show(key: str = KeyArg, store: str | None = StoreOpt,
                    source: bool = typer.Option(False, "--source", help="also print the kernel header and body"),
                    as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON")) -> None:
     """One version (default: the current one): manifest, evidence, gate decision and history."""
-    from ._artifacts import ArtifactKey, ArtifactStore
+    from ._artifacts import ArtifactStore
+    from ._candidate import ArtifactKey
 
     st = ArtifactStore(store)
     k, version = ArtifactKey.parse(key)
@@ -252,9 +267,9 @@ def artifacts_show(key: str = KeyArg, store: Optional[str] = StoreOpt,
     if pointer and pointer.version == art.version and pointer.invalidated:
         state += f", invalidated: {pointer.invalidated}"
     meas, corr, tc = m.measurements, m.correctness, m.toolchain
+    detected = ", ".join(f"{a}={b}" for a, b in m.chip.detected.items() if a in ("architecture", "device_name"))
     rows = [("evidence", m.evidence),
-            ("chip", f"{m.chip.name} ({m.chip.vendor}; detected: "
-                     f"{', '.join(f'{a}={b}' for a, b in m.chip.detected.items() if a in ('architecture', 'device_name')) or 'no, named'})"),
+            ("chip", f"{m.chip.name} ({m.chip.vendor}; detected: {detected or 'no, named'})"),
             ("problem", f"{m.problem.family} {'x'.join(map(str, m.problem.shape))} {m.problem.dtype}"),
             ("config", ",".join(f"{a}={b}" for a, b in m.config.items())),
             ("launch", f"grid {list(m.geometry.grid)}, threadgroup {list(m.geometry.threadgroup)}, "
@@ -268,7 +283,8 @@ def artifacts_show(key: str = KeyArg, store: Optional[str] = StoreOpt,
                            if meas.baseline_median_ms and meas.speedup else "")) if meas else
              "none (interpreted: correctness only)"),
             ("correctness", f"{'passed' if corr.passed else 'FAILED'} on the {corr.verifier}: {corr.checks_run} "
-                            f"check(s), shapes {', '.join(corr.shapes_checked)}, max abs error {corr.max_abs_error:.3g}"),
+                            f"check(s), shapes {', '.join(corr.shapes_checked)}, "
+                            f"max abs error {corr.max_abs_error:.3g}"),
             ("study", m.study or "-"),
             ("created / published", f"{m.created_at.isoformat(timespec='seconds')} / "
                                     f"{m.published_at.isoformat(timespec='seconds')}"),
@@ -287,7 +303,7 @@ def artifacts_show(key: str = KeyArg, store: Optional[str] = StoreOpt,
 
 
 @artifacts_app.command("verify")
-def artifacts_verify(store: Optional[str] = StoreOpt,
+def artifacts_verify(store: str | None = StoreOpt,
                      repair: bool = typer.Option(False, "--repair", help="finish or roll back what interrupted "
                                                  "publishers left (journal, pointer, half-written versions)")) -> None:
     """Check every version's manifest schema and source hash, and every current pointer."""
@@ -314,7 +330,7 @@ def artifacts_verify(store: Optional[str] = StoreOpt,
 
 
 @artifacts_app.command("migrate")
-def artifacts_migrate(store: Optional[str] = StoreOpt) -> None:
+def artifacts_migrate(store: str | None = StoreOpt) -> None:
     """Rewrite manifests of older schema versions in the current one (readers migrate them anyway)."""
     from ._artifacts import ArtifactStore
 
@@ -326,7 +342,7 @@ def artifacts_migrate(store: Optional[str] = StoreOpt) -> None:
 
 
 @artifacts_app.command("rejudge")
-def artifacts_rejudge(store: Optional[str] = StoreOpt, margin: float = typer.Option(
+def artifacts_rejudge(store: str | None = StoreOpt, margin: float = typer.Option(
         0.03, "--margin", min=0.0, max=10.0, help="required lower bound of the speedup over the op, minus 1")) -> None:
     """Apply the "beats the MLX op" rule to every current measured version; losers stop being dispatched."""
     from ._artifacts import ArtifactStore
@@ -339,12 +355,12 @@ def artifacts_rejudge(store: Optional[str] = StoreOpt, margin: float = typer.Opt
 
 
 @app.command()
-def export(families: Optional[list[str]] = typer.Argument(None, help="families to export (default: every "
+def export(families: list[str] | None = typer.Argument(None, help="families to export (default: every "
                                                                      "family with artifacts)"),
            out_dir: str = typer.Option("dist", "--out", help="folder for the wheel and its source tree"),
-           store: Optional[str] = StoreOpt,
+           store: str | None = StoreOpt,
            package: str = typer.Option("kernsearch_kernels", "--name", help="Python package name"),
-           version: Optional[str] = typer.Option(None, "--version", help="package version (default: UTC date)")) -> None:
+           version: str | None = typer.Option(None, "--version", help="package version (default: UTC date)")) -> None:
     """Build an installable package (a wheel) of the current artifacts, dispatching by chip and shape."""
     from ._artifacts import ArtifactStore
     from ._export import export as build
@@ -366,8 +382,8 @@ app.add_typer(_flows_app, name="flows")
 
 @app.command()
 def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
-           config: Optional[str] = typer.Option(None, "--config", help="KNOB=VALUE,... (others: the default)"),
-           shape: Optional[str] = ShapeOpt, dtype: Optional[str] = DtypeOpt, chip_name: Optional[str] = ChipOpt,
+           config: str | None = typer.Option(None, "--config", help="KNOB=VALUE,... (others: the default)"),
+           shape: str | None = ShapeOpt, dtype: str | None = DtypeOpt, chip_name: str | None = ChipOpt,
            backend: str = typer.Option("cpu", "--backend", help="cpu (the Metal interpreter), metal or cuda"),
            check: bool = typer.Option(False, "--check", help="cpu: also detect threadgroup races, reads of "
                                       "never-written and out-of-bounds threadgroup memory"),
@@ -379,16 +395,16 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
                                      "8 threadgroups: the corners and edge middles, when there are more than 64)")
            ) -> None:
     """Run one variant against the float64 NumPy reference: pass/fail, error, diagnostics (exit 1 on fail)."""
-    from ._chips import default_apple_chip
-    from ._errors import VariantFailure
     from rich.markup import escape
 
-    from ._render import geometry, render as render_variant
+    from . import _options
+    from ._chips import default_apple_chip
+    from ._errors import VariantFailure
+    from ._render import geometry
+    from ._render import render as render_variant
     from ._space import format_config
     from ._verify import tolerance, verify_kernel
     from .backends import get_backend
-
-    from . import _options
 
     _options.check(_options.Seed, seed, "--seed")
     _options.check(_options.Timeout, timeout, "--timeout")
@@ -407,14 +423,14 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
     target = be.target or "metal"
     kernel = render_variant(fam, cfg, problem.dtype, target)
     geo = geometry(sp, cfg)
-    options: dict = {}
+    options: dict[str, Any] = {}
     mode = "sanitize" if sanitize else ("check" if check else "fast")
     if backend == "cpu":
+        from ._verify import sample_threadgroups, threadgroup_counts
         from .interp import template_lines
 
-        from ._verify import sample_threadgroups, threadgroup_counts
-
-        options = {"mode": mode, "timeout": timeout, "chip": c, "lines": template_lines(fam, cfg, problem.dtype, target)}
+        options = {"mode": mode, "timeout": timeout, "chip": c,
+                   "lines": template_lines(fam, cfg, problem.dtype, target)}
         counts = threadgroup_counts(geo)
         groups = counts[0] * counts[1] * counts[2]
         if groups > 64 and not full:  # the interpreter runs a 4096³ GEMM for minutes: check a sample of it
@@ -454,8 +470,10 @@ StorageOpt = typer.Option(None, "--storage", help="Optuna storage URL (default: 
                           "or ~/.kernsearch; e.g. postgresql://... to share a study between machines)")
 
 
-def _pick_backend(backend: str, chip_name: str | None):  # noqa: ANN202 - (backend name, Chip, one-line note)
-    """``--backend auto``: metal on Apple GPUs, cuda on NVIDIA, else the model for --chip (or an M-series)."""
+def _pick_backend(backend: str, chip_name: str | None) -> tuple[str, Chip, str | None]:
+    """``--backend auto``: metal on Apple GPUs, cuda on NVIDIA, else the model for --chip (or an M-series).
+
+    Returns (back-end name, Chip, a one-line note or None)."""
     from ._chips import default_apple_chip, get_chip
 
     if backend in ("metal", "cuda"):  # a measurement belongs to the GPU it ran on, never to a named one
@@ -488,12 +506,12 @@ def _evidence_label(evidence: str, backend: str | None) -> str:
     return f"{evidence}, replayed" if backend == "replay" else evidence
 
 
-def _fmt(value, spec: str, none: str = "-") -> str:  # noqa: ANN001
+def _fmt(value: Any, spec: str, none: str = "-") -> str:
     return none if value is None else format(value, spec)
 
 
-def _top_table(rows, evidence: str, winner: int | None, final: dict | None = None,  # noqa: ANN001, ANN202
-               title: str = "top configs"):
+def _top_table(rows: list[TrialSummary], evidence: str, winner: int | None, final: dict[str, Any] | None = None,
+               title: str = "top configs") -> Any:
     from ._space import format_config
 
     checks = (final or {}).get("checks") or {}
@@ -504,7 +522,7 @@ def _top_table(rows, evidence: str, winner: int | None, final: dict | None = Non
         from rich.padding import Padding
         from rich.text import Text
 
-        blocks: list = [Text(title, style="italic")]
+        blocks: list[Any] = [Text(title, style="italic")]
         for i, t in enumerate(rows, 1):
             check = checks.get(str(t.number)) or {}
             err = check.get("max_abs_err", t.max_abs_err)
@@ -529,15 +547,15 @@ def _top_table(rows, evidence: str, winner: int | None, final: dict | None = Non
     return table
 
 
-def _verified(t, check: dict | None) -> str:  # noqa: ANN001
+def _verified(t: TrialSummary, check: dict[str, Any] | None) -> str:
     """Where a row was proven correct: per trial, or in the final round on the interpreter."""
     if check is not None:
         return "interpreter" if check["ok"] else f"FAIL ({check['reason']})"
     return t.verified or "-"
 
 
-def _final_lines(final: dict, evidence: str) -> list[str]:
-    lines = []
+def _final_lines(final: dict[str, Any], evidence: str) -> list[str]:
+    lines: list[str] = []
     if final.get("speedup") is not None:
         beats = "" if final.get("beats_baseline") else " [yellow](lead within the measured noise)[/]"
         lines.append(f"speedup over the baseline op: {final['speedup']:.2f}x (range {final['speedup_low']:.2f}-"
@@ -562,18 +580,20 @@ def _final_lines(final: dict, evidence: str) -> list[str]:
 
 
 @app.command()
-def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[str] = ShapeOpt,
-         dtype: Optional[str] = DtypeOpt, chip_name: Optional[str] = ChipOpt,
-         trials: Optional[int] = typer.Option(None, "--trials", help="configs the study should have evaluated "
+def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None = ShapeOpt,
+         dtype: str | None = DtypeOpt, chip_name: str | None = ChipOpt,
+         trials: int | None = typer.Option(None, "--trials", help="configs the study should have evaluated "
                                               "(default: 150, or no limit with --time-budget)"),
-         time_budget: Optional[str] = typer.Option(None, "--time-budget", help="e.g. 90s, 10m, 1h"),
-         patience: Optional[int] = typer.Option(60, "--patience", help="stop after this many trials without "
+         time_budget: str | None = typer.Option(None, "--time-budget", help="e.g. 90s, 10m, 1h"),
+         patience: int | None = typer.Option(60, "--patience", help="stop after this many trials without "
                                                 "a new best (0: never)"),
          backend: str = typer.Option("auto", "--backend", help="auto, metal, cuda, model or replay"),
-         landscape: Optional[str] = typer.Option(None, "--landscape", help="replay: a KernelTuner cache file"),
-         sampler: str = typer.Option("tpe", "--sampler", help="tpe, random, grid, or auto (valid configs only: the model's ranking first, then a GP)"),
-         storage: Optional[str] = StorageOpt,
-         study: Optional[str] = typer.Option(None, "--study", help="study name (default: family/chip/dtype/"
+         landscape: str | None = typer.Option(None, "--landscape", help="replay: a KernelTuner cache file"),
+         sampler: str = typer.Option("default", "--sampler", help="default (auto when the chip's performance "
+                                     "model ranks the family, else tpe), auto (valid configs only: the model's "
+                                     "ranking, then a GP), tpe, random or grid"),
+         storage: str | None = StorageOpt,
+         study: str | None = typer.Option(None, "--study", help="study name (default: family/chip/dtype/"
                                              "shape/backend)"),
          seed: int = typer.Option(0, "--seed", help="sampler and input seed"),
          finalists: int = typer.Option(3, "--finalists", help="leaders re-measured (or verified) at the end"),
@@ -612,16 +632,16 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
         if not landscape:
             raise KernsearchError("--backend replay needs --landscape PATH (a KernelTuner cache file)")
         objective = ReplayBackend(landscape, seed=seed).objective(family)
-        note = f"replaying {landscape}: recorded times measured on {objective.study_key['chip']}, not here"
-        kwargs: dict = {}
+        note: str | None = f"replaying {landscape}: recorded times measured on {objective.study_key['chip']}, not here"
     else:
         name, c, note = _pick_backend(backend, chip_name)
         if note and verify != "finalists":
-            note = note.split("; the winner")[0] + ("; every variant is verified on the CPU Metal interpreter"
-                                                    if verify == "all" else "; [yellow]nothing is verified[/] (--verify none)")
+            note = note.split("; the winner")[0] + (
+                "; every variant is verified on the CPU Metal interpreter" if verify == "all"
+                else "; [yellow]nothing is verified[/] (--verify none)")
+        from ._objective import KernelObjective
         from ._space import make_problem
         from ._spec import load_family
-        from ._objective import KernelObjective
 
         fam = load_family(family)
         problem = make_problem(fam, shape, dtype, c)
@@ -671,21 +691,22 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: Optional[st
         raise typer.Exit(1)  # the search ran, but no variant was correct: like a failed `verify`
 
 
-def _verdict(result, key: dict, op: str, margin: float) -> tuple[bool | None, str]:  # noqa: ANN001
+def _verdict(result: Any, key: dict[str, Any], op: str, margin: float) -> tuple[bool | None, str]:
     from ._tune import verdict
 
     v = verdict(result, key, op, margin)
     return v.beats, v.text
 
 
-def asdict_or_none(obj):  # noqa: ANN001, ANN201
+def asdict_or_none(obj: Any) -> dict[str, Any] | None:
     from dataclasses import asdict
 
     return None if obj is None else asdict(obj)
 
 
-def _run_with_progress(objective, trials, time_budget, patience, sampler, seed, storage, study, finalists,  # noqa: ANN001, ANN202
-                       quiet):
+def _run_with_progress(objective: Objective, trials: int | None, time_budget: str | None, patience: int | None,
+                       sampler: str, seed: int | None, storage: str | None, study: str | None, finalists: int,
+                       quiet: bool) -> StudyResult:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ._space import format_config
@@ -694,17 +715,18 @@ def _run_with_progress(objective, trials, time_budget, patience, sampler, seed, 
     if not err.is_terminal and not quiet:  # a log, not a screen: whole lines, never cut at 80 columns
         import time
 
-        state = {"best": None, "shown": 0.0}
+        state: dict[str, float | None] = {"best": None, "shown": 0.0}
 
-        def log(p) -> None:  # noqa: ANN001
+        def log(p: ProgressInfo) -> None:
             now = time.monotonic()
             better = p.best is not None and (state["best"] is None or p.best.time_ms < state["best"])
-            if not better and now - state["shown"] < 10 and p.done != trials:
+            if not better and now - (state["shown"] or 0.0) < 10 and p.done != trials:
                 return
             state["shown"] = now
             if p.best is not None:
                 state["best"] = p.best.time_ms
-            best = f"best {p.best.time_ms:.4g} ms {format_config(p.best.config)}" if p.best else "no correct variant yet"
+            best = (f"best {p.best.time_ms:.4g} ms {format_config(p.best.config)}" if p.best
+                    else "no correct variant yet")
             fails = ", ".join(f"{k} {v}" for k, v in p.failures.most_common()) or "none"
             left = f", ~{p.remaining_s:.0f} s left" if p.remaining_s is not None else ""
             versus = f" ({p.speedup:.2f}x the baseline)" if p.speedup else ""
@@ -718,8 +740,9 @@ def _run_with_progress(objective, trials, time_budget, patience, sampler, seed, 
     with Progress(*columns, console=err, transient=False, disable=quiet) as bar:
         task = bar.add_task("tune", total=trials, of=trials if trials is not None else "-", left="?", status="")
 
-        def show(p) -> None:  # noqa: ANN001
-            best = f"best {p.best.time_ms:.4g} ms {format_config(p.best.config)}" if p.best else "no correct variant yet"
+        def show(p: ProgressInfo) -> None:
+            best = (f"best {p.best.time_ms:.4g} ms {format_config(p.best.config)}" if p.best
+                    else "no correct variant yet")
             fails = ", ".join(f"{k} {v}" for k, v in p.failures.most_common()) or "none"
             left = f"{p.remaining_s:.0f}s" if p.remaining_s is not None else "?"
             versus = f" ({p.speedup:.2f}x the baseline)" if p.speedup else ""
@@ -729,7 +752,7 @@ def _run_with_progress(objective, trials, time_budget, patience, sampler, seed, 
                          seed=seed, storage=storage, study_name=study, finalists=finalists, progress=show)
 
 
-def _print_result(result) -> None:  # noqa: ANN001
+def _print_result(result: StudyResult) -> None:
     from ._space import format_config
 
     fails = ", ".join(f"{k} {v}" for k, v in result.failures.most_common()) or "none"
@@ -749,7 +772,7 @@ def _print_result(result) -> None:  # noqa: ANN001
 
 
 @app.command()
-def studies(storage: Optional[str] = StorageOpt) -> None:
+def studies(storage: str | None = StorageOpt) -> None:
     """List the stored studies: name, configs evaluated (as `tune` counts), best time and its evidence kind."""
     import optuna
 
@@ -776,7 +799,7 @@ def studies(storage: Optional[str] = StorageOpt) -> None:
 
 @app.command()
 def show(study: str = typer.Argument(..., help="study name (see `kernsearch studies`)"),
-         storage: Optional[str] = StorageOpt, top: int = typer.Option(10, "--top", help="rows of the table"),
+         storage: str | None = StorageOpt, top: int = typer.Option(10, "--top", help="rows of the table"),
          as_json: bool = typer.Option(False, "--json", help="machine-readable output")) -> None:
     """One study: what it tuned, trials by outcome, failures by reason, the top configs and the winner."""
     import json
@@ -819,7 +842,7 @@ def show(study: str = typer.Argument(..., help="study name (see `kernsearch stud
         out.print(line, soft_wrap=True)
 
 
-def _trial_counts(status, reasons) -> str:  # noqa: ANN001
+def _trial_counts(status: Any, reasons: Any) -> str:
     """Counted as `tune` counts: configs evaluated (ok + failed); proposals that ran nothing said apart."""
     ok, failed = status.get("ok", 0), status.get("failed", 0)
     text = f"configs evaluated: {ok + failed} ({ok} ok, {failed} failed"
@@ -839,8 +862,8 @@ def _trial_counts(status, reasons) -> str:  # noqa: ANN001
 
 @app.command("report")
 def report_cmd(study: str = typer.Argument(..., help="study name (see `kernsearch studies`)"),
-               storage: Optional[str] = StorageOpt,
-               out_file: Optional[str] = typer.Option(None, "--out", "-o", help="HTML file to write (default: "
+               storage: str | None = StorageOpt,
+               out_file: str | None = typer.Option(None, "--out", "-o", help="HTML file to write (default: "
                                                       "reports/<study>.html under $KERNSEARCH_HOME or ~/.kernsearch)")
                ) -> None:
     """Write one study as a self-contained HTML page with plots (opens offline) and print its path."""
@@ -851,7 +874,7 @@ def report_cmd(study: str = typer.Argument(..., help="study name (see `kernsearc
 
 
 @app.command()
-def dashboard(storage: Optional[str] = StorageOpt,
+def dashboard(storage: str | None = StorageOpt,
               host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
               port: int = typer.Option(8080, "--port", help="port to listen on")) -> None:
     """Browse the stored studies in optuna-dashboard (history, importances, trials' attributes); Ctrl-C stops."""
@@ -860,13 +883,13 @@ def dashboard(storage: Optional[str] = StorageOpt,
     if not 0 < port < 65536:
         raise KernsearchError(f"--port must be 1-65535, not {port}")
     try:
-        from optuna_dashboard import run_server
+        from optuna_dashboard import run_server  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except ImportError:
         raise KernsearchError("optuna-dashboard is not installed: pip install optuna-dashboard") from None
     import os
     import signal
 
-    def stop(signum, frame) -> None:  # noqa: ANN001 - SIGTERM (a service manager, kill): stop at once
+    def stop(signum: int, frame: Any) -> None:  # SIGTERM (a service manager, kill): stop at once
         # (an exception raised here mid-request is swallowed by wsgiref's handler and the server goes on);
         # the dashboard only reads and answers: nothing is left half-written.
         os._exit(0)
@@ -885,9 +908,9 @@ def dashboard(storage: Optional[str] = StorageOpt,
 
 @app.command()
 def predict(family: str = typer.Argument(..., help=FAMILY_HELP),
-            config: Optional[str] = typer.Option(None, "--config", help="KNOB=VALUE,... (others: the default)"),
-            shape: Optional[str] = ShapeOpt, dtype: Optional[str] = DtypeOpt,
-            chip_name: Optional[str] = typer.Option(None, "--chip", help="chip to predict for (default: the GPU "
+            config: str | None = typer.Option(None, "--config", help="KNOB=VALUE,... (others: the default)"),
+            shape: str | None = ShapeOpt, dtype: str | None = DtypeOpt,
+            chip_name: str | None = typer.Option(None, "--chip", help="chip to predict for (default: the GPU "
                                                     "here, else M2 Max, as every command)"),
             as_json: bool = typer.Option(False, "--json", help="print the breakdown as JSON")) -> None:
     """Predict one variant's time with the performance model: modeled, never a measurement."""
@@ -922,10 +945,12 @@ def _error_line(message: str) -> None:
 
 def main(args: list[str] | None = None) -> None:
     """Console-script entry point: usage and user errors → one line on stderr, exit 2."""
+    import importlib
+
     try:  # typer >= 0.20 vendors its own click
-        from typer import _click as click  # type: ignore[attr-defined]
+        click: Any = importlib.import_module("typer._click")
     except ImportError:  # pragma: no cover
-        import click
+        click = importlib.import_module("click")
 
     try:
         rc = app(args=args, prog_name="kernsearch", standalone_mode=False)
@@ -951,7 +976,8 @@ def main(args: list[str] | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 - only storage failures are turned into a line; others stay bugs
         if type(exc).__name__ not in _STORAGE_ERRORS:
             raise
-        _error_line(f"the study storage cannot be used ({type(exc).__name__}): {str(exc).splitlines()[0][:200] if str(exc) else ''}")
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        _error_line(f"the study storage cannot be used ({type(exc).__name__}): {first}")
         sys.exit(2)
     sys.exit(rc if isinstance(rc, int) else 0)
 

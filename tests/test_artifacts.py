@@ -16,8 +16,15 @@ import pytest
 
 from kernsearch._artifacts import ArtifactKey, ArtifactStore, Candidate, gate
 from kernsearch._chips import get_chip
-from kernsearch._manifest import (SCHEMA_VERSION, ArtifactError, Correctness, Manifest, Measurements, Toolchain,
-                                  parse_manifest)
+from kernsearch._manifest import (
+    SCHEMA_VERSION,
+    ArtifactError,
+    Correctness,
+    Manifest,
+    Measurements,
+    Toolchain,
+    parse_manifest,
+)
 from kernsearch._space import Space, make_problem
 from kernsearch._spec import load_family
 

@@ -11,7 +11,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from pgserver import PostgresServer, pg_bin, wait_for
 
 TESTS = Path(__file__).resolve().parent

@@ -13,7 +13,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from pgserver import PostgresServer, pg_bin
 from test_flows import KERNSEARCH, TELEMETRY_OFF, _wait, alive, free_port, stop, write
 

@@ -166,8 +166,10 @@ def test_finalist_verification_skips_a_faulty_leader(planted, tmp_path):
 # exercised deterministically: worker, verification before timing, batching, the final round interleaved
 # with the baseline op, and the judgement.
 
-from kernsearch.backends import Evidence as _Evidence, get_backend as _get_backend
-from kernsearch.backends._base import BaseBackend as _BaseBackend, Timing as _Timing
+from kernsearch.backends import Evidence as _Evidence
+from kernsearch.backends import get_backend as _get_backend
+from kernsearch.backends._base import BaseBackend as _BaseBackend
+from kernsearch.backends._base import Timing as _Timing
 
 _COST_MS = {32: 2.0, 64: 1.0}  # threadgroup size -> simulated kernel time
 _BASELINE_MS = 3.0

@@ -55,8 +55,9 @@ def _run_all(fam, plan: list[tuple[dict, str, str]], mode: str) -> tuple[int, li
 
     def compile_one(kernel) -> None:  # noqa: ANN001
         dt = kernel.template[0][1]
-        sig = signature(kernel.name, kernel.input_names, kernel.output_names, kernel.source, [dt, dt],
-                        [(8, 8), (8, 8)], [dt], kernel.template)
+        dtypes = list(fam.kernel_input_dtypes(dt))
+        sig = signature(kernel.name, kernel.input_names, kernel.output_names, kernel.source, dtypes,
+                        [(64, 64)] * len(dtypes), list(fam.output_dtypes(dt)), kernel.template)
         compile_unit(cpp_unit(sig, kernel.header, kernel.source, check=mode == "check"), mode)
 
     with ThreadPoolExecutor(2) as pool:
@@ -95,13 +96,17 @@ def test_sample_matches_reference_on_ragged_shapes_in_every_dtype(gemv) -> None:
 
 @pytest.mark.slow
 def test_every_valid_config_matches_reference_fast_and_check(gemv) -> None:  # noqa: ANN001
-    """Every valid config at M = 5 (ragged N, aligned K) and at K = 33 (VEC = 1), fast mode; every fourth
-    one also in check mode (races, out-of-bounds, barrier divergence)."""
-    plan = [(c, DTYPES[i % 3], "5,37,96") for i, c in enumerate(_valid(gemv, "5,37,96"))]
-    plan += [(c, DTYPES[i % 3], "16,64,33") for i, c in enumerate(_valid(gemv, "16,64,33"))]
+    """Every valid config (at M = 16, so every row block) once, fast mode, on a ragged shape where it is valid
+    (K = 33 allows VEC = 1 only), dtypes rotated; every eighth one also in check mode (races,
+    out-of-bounds, uninitialised reads, barrier divergence)."""
+    everything = _valid(gemv, "16,64,96")
+    plan = []
+    for i, c in enumerate(everything):
+        shapes = [s for s in ("16,37,96", "9,64,33", "16,130,256") if c in _valid(gemv, s)]
+        plan.append((c, DTYPES[i % 3], shapes[i % len(shapes)]))
     runs, failures = _run_all(gemv, plan, "fast")
-    assert runs == len(plan) > 600 and not failures, failures[:5]
-    runs, failures = _run_all(gemv, plan[::4], "check")
+    assert runs == len(plan) > 1000 and not failures, failures[:5]
+    runs, failures = _run_all(gemv, plan[::8], "check")
     assert not failures, failures[:5]
 
 
@@ -121,15 +126,18 @@ NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if Path("/usr/local/bin/nv
 _CTYPE = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float"}
 
 
-def cuda_unit(kernels: list) -> str:  # noqa: ANN001
-    """Rendered CUDA bodies wrapped as MLX's cuda_kernel wraps them (inputs, shapes, outputs), one namespace each."""
+def cuda_unit(kernels: list, fixed: dict[str, str] | None = None) -> str:  # noqa: ANN001
+    """Rendered CUDA bodies wrapped as MLX's cuda_kernel wraps them (inputs, shapes, outputs), one namespace each;
+    ``fixed`` gives inputs of a fixed C type (e.g. ``{"W": "unsigned int"}``), the rest are ``T``."""
+    fixed = fixed or {}
     parts = ["#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <mma.h>\n"]
     for i, k in enumerate(kernels):
         header = "\n".join(line for line in k.header.splitlines() if not line.startswith("#include"))
         header = header.replace("namespace wmma = nvcuda::wmma;", "namespace wmma = ::nvcuda::wmma;")
         ct = _CTYPE[k.template[0][1]]
-        args = ", ".join([f"const T* {n}, const int* {n}_shape" for n in k.input_names] + [f"T* {n}" for n in k.output_names])
-        inst = ", ".join([f"const {ct}*, const int*" for _ in k.input_names] + [f"{ct}*" for _ in k.output_names])
+        args = ", ".join([f"const {fixed.get(n, 'T')}* {n}, const int* {n}_shape" for n in k.input_names]
+                         + [f"T* {n}" for n in k.output_names])
+        inst = ", ".join([f"const {fixed.get(n, ct)}*, const int*" for n in k.input_names] + [f"{ct}*" for _ in k.output_names])
         parts.append(f"namespace v{i} {{\n{header}\ntemplate <typename T> __global__ void kernel({args}) {{\n"
                      f"{k.source}}}\ntemplate __global__ void kernel<{ct}>({inst});\n}}\n")
     return "".join(parts)

@@ -19,11 +19,13 @@ def modules() -> dict[str, Path]:
     """Module name → file, as the package-dir mapping installs them."""
     setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     found: dict[str, Path] = {}
+    mapped = setup["package-dir"]
     for package in setup["packages"]:
-        folder = ROOT / setup["package-dir"].get(package, "") if package in setup["package-dir"] else None
-        if folder is None:  # a subpackage inside its parent's folder
-            parent, _, child = package.rpartition(".")
-            folder = ROOT / setup["package-dir"][parent] / child
+        ancestor, rest = package, []  # the nearest mapped ancestor's folder, then the subfolders below it
+        while ancestor not in mapped:
+            ancestor, _, child = ancestor.rpartition(".")
+            rest.insert(0, child)
+        folder = ROOT / mapped[ancestor] / "/".join(rest) if rest else ROOT / mapped[ancestor]
         for file in folder.glob("*.py"):
             found[package if file.stem == "__init__" else f"{package}.{file.stem}"] = file
     return found

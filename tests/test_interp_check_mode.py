@@ -35,3 +35,47 @@ def test_threadgroup_elements_in_collectives_math_and_compound_assignment(mode):
     expected = sums + np.maximum(t, 63 - t) + 6 + (t % 4) + 1
     assert r.outputs[0].tolist() == expected.astype(np.float32).tolist()
     assert r.diagnostics == []
+
+
+@pytest.mark.parametrize("mode", ["fast", "check"])
+def test_components_of_threadgroup_vectors_read_and_written(mode):
+    src = """
+  threadgroup float4 acc[32];
+  uint t = thread_index_in_threadgroup;
+  acc[t].x = a[t];
+  acc[t].y = 2.0f * a[t];
+  acc[t].z = 0.0f;
+  acc[t].w = 1.0f;
+  acc[t].z += acc[t].x + acc[t].y;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[t] = acc[31 - t].z + acc[t].w;
+"""
+    k = KernelSource("comp", "metal", ("a",), ("out",), "", src)
+    a = np.arange(32.0)
+    r = run_kernel(k, (32, 1, 1), (32, 1, 1), [(32,)], ["float32"], [a], "float32", mode=mode)
+    assert r.outputs[0].tolist() == (3 * a[::-1] + 1).tolist()
+    assert r.diagnostics == []
+
+
+def test_component_race_is_still_a_race():
+    src = """
+  threadgroup float4 acc[32];
+  uint t = thread_index_in_threadgroup;
+  acc[t].x = a[t];
+  out[t] = acc[(t + 1) % 32].x;
+"""
+    k = KernelSource("comprace", "metal", ("a",), ("out",), "", src)
+    r = run_kernel(k, (32, 1, 1), (32, 1, 1), [(32,)], ["float32"], [np.arange(32.0)], "float32", mode="check")
+    assert any(d.kind in ("race", "uninitialized") for d in r.diagnostics)
+
+
+@pytest.mark.parametrize("mode", ["fast", "check"])
+def test_an_error_inside_the_shim_names_the_kernel_line(mode):
+    from kernsearch._errors import VariantFailure
+
+    src = "uint t = thread_position_in_grid.x;\nfloat x = a[t];\nout[t] = as_type<float>(half(x));\n"
+    k = KernelSource("shimerr", "metal", ("a",), ("out",), "", src)
+    with pytest.raises(VariantFailure) as exc:
+        run_kernel(k, (4, 1, 1), (4, 1, 1), [(4,)], ["float32"], [np.zeros(4)], "float32", mode=mode)
+    # no header; "[[kernel]] void ...(" and 3 parameter lines (a, out, thread_position_in_grid): body line 3 is 7
+    assert exc.value.detail.startswith("line 7:") and "as_type" in exc.value.detail, exc.value.detail

@@ -298,9 +298,9 @@ def test_model_table_names_are_checked_on_load(tmp_path, model, message):
 def test_model_vs_measured_script_ranks_a_landscape(tmp_path, gemm):
     import importlib.util
 
-    from kernsearch._landscape import LandscapeWriter
-
     from conftest import REPO
+
+    from kernsearch._landscape import LandscapeWriter
 
     spec = importlib.util.spec_from_file_location("model_vs_measured", REPO / "benchmarks" / "model_vs_measured.py")
     script = importlib.util.module_from_spec(spec)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from kernsearch._chips import get_chip

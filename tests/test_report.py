@@ -63,6 +63,7 @@ def test_report_command_out_and_errors(tuned: dict[str, str], tmp_path: Path) ->
 
 def test_report_escapes_hostile_names(tmp_path: Path) -> None:
     import optuna
+
     from kernsearch._history import load_history
     from kernsearch._report import render_report
 
@@ -129,6 +130,7 @@ def test_report_renders_in_a_real_browser(tuned: dict[str, str]) -> None:
 
 def test_measured_study_shows_the_speedup_with_its_range(tmp_path: Path) -> None:
     import optuna
+
     from kernsearch._history import load_history
     from kernsearch._report import render_report
 

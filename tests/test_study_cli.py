@@ -116,8 +116,8 @@ def test_publish_then_warm_start_a_related_study(tmp_path, gemm):
 
     from kernsearch._artifacts import ArtifactStore
     from kernsearch._chips import get_chip
-    from kernsearch._space import make_problem
     from kernsearch._objective import KernelObjective
+    from kernsearch._space import make_problem
     from kernsearch._study import run_study
 
     store = ArtifactStore(tmp_path / "artifacts")

@@ -10,8 +10,7 @@ import time
 import pytest
 
 from kernsearch._errors import BackendError, KernsearchError, VariantFailure
-from kernsearch._measure import (TimingPlan, input_sets_needed, interleaved, lead_exceeds_noise, measure,
-                                 speedup, spread)
+from kernsearch._measure import TimingPlan, input_sets_needed, interleaved, lead_exceeds_noise, measure, speedup, spread
 from kernsearch._worker import Worker
 
 

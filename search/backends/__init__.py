@@ -30,7 +30,8 @@ def get_backend(name: str, **options: Any) -> BaseBackend:
         module = import_module(module_name, __name__)
     except ModuleNotFoundError as exc:
         raise BackendError(f"back-end {name!r} is not available: {exc}") from None
-    return getattr(module, cls_name)(**options)
+    backend: BaseBackend = getattr(module, cls_name)(**options)
+    return backend
 
 
 __all__ = ["BACKENDS", "BaseBackend", "Diagnostic", "Evidence", "RunResult", "Timing", "get_backend"]

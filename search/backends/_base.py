@@ -7,13 +7,20 @@ Concrete back-ends live beside this module (``_mlx_metal``, ``_mlx_cuda``, ``_cp
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from .._render import Geometry, KernelSource
+
+if TYPE_CHECKING:
+    from .._space import Config, Space
+
+#: ``(launch, sync)``: ``launch(i)`` submits one run on input set ``i``; ``sync()`` waits for the device.
+Launcher = tuple[Callable[[int], object], Callable[[], None]]
 
 
 class Evidence(str, Enum):
@@ -85,3 +92,22 @@ class BaseBackend(ABC):
     def time(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
              **options: Any) -> Timing:
         raise NotImplementedError(f"back-end {self.name} does not time kernels")
+
+    # Optional capabilities: a back-end that has one overrides it; the others say plainly they lack it.
+    def launcher(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
+                 sets: int | None = None) -> Launcher:
+        """``(launch, sync)`` of the kernel for the interleaved final round (a GPU back-end)."""
+        raise NotImplementedError(f"back-end {self.name} does not launch kernels for timing")
+
+    def baseline_launcher(self, family: Any, problem: Any, logical: dict[str, np.ndarray],
+                          sets: int | None = None) -> Launcher:
+        """``(launch, sync)`` of the family's MLX baseline op on the same inputs (a GPU back-end)."""
+        raise NotImplementedError(f"back-end {self.name} does not run the baseline op")
+
+    def predict_ms(self, space: Space, config: Config) -> float:
+        """A predicted kernel time (the model back-end)."""
+        raise NotImplementedError(f"back-end {self.name} predicts nothing")
+
+    def breakdown(self, space: Space, config: Config) -> dict[str, Any]:
+        """The prediction's terms (the model back-end)."""
+        raise NotImplementedError(f"back-end {self.name} predicts nothing")

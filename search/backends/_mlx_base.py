@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import time
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -149,12 +150,13 @@ class MLXBackend(BaseBackend):
               init_value: float | None) -> list[Any]:
         mx = mx_core()
         extra = {} if init_value is None else {"init_value": float(init_value)}
-        return self.kernel(source, geometry)(
+        outputs: list[Any] = self.kernel(source, geometry)(
             inputs=arrays,
             template=[(k, getattr(mx, v) if isinstance(v, str) else v) for k, v in source.template],
             grid=tuple(geometry.grid), threadgroup=tuple(geometry.threadgroup),
             output_shapes=[tuple(s) for s in geometry.output_shapes],
             output_dtypes=[getattr(mx, d) for d in geometry.output_dtypes], **extra)
+        return outputs
 
     def _first(self, source: KernelSource, geometry: Geometry, arrays: list[Any],
                init_value: float | None) -> tuple[list[Any], float]:
@@ -179,7 +181,7 @@ class MLXBackend(BaseBackend):
         mx = mx_core()
         try:
             arrays = [mx.zeros(tuple(s), dtype=getattr(mx, dtype)) for s in shapes]
-            one = replace(geometry, grid=tuple(geometry.threadgroup))
+            one = replace(geometry, grid=geometry.threadgroup)
             mx.eval(self._call(source, one, arrays, None))
             mx.synchronize()
         except (RuntimeError, ValueError) as exc:
@@ -225,7 +227,7 @@ class MLXBackend(BaseBackend):
         if kept is None or kept[0] != key:
             copies = [[to_mx(x, d) for x, d in zip(inputs, dtypes)] for _ in range(sets)]
             self._copies = kept = (key, copies, inputs)  # holding the arrays keeps their ids unique
-        return kept[1]  # type: ignore[no-any-return]
+        return kept[1]
 
     def baseline_launcher(self, family: Any, problem: Any, logical: dict[str, np.ndarray],
                           sets: int | None = None) -> tuple[Callable[[int], object], Callable[[], None]]:

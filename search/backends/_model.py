@@ -29,8 +29,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .._errors import BackendError, ConfigError, SpecError
 from .._chips import Chip, get_chip
+from .._errors import BackendError, ConfigError, SpecError
 from .._expr import ExprError
 from .._render import Geometry, KernelSource
 from .._space import Config, Space
@@ -244,7 +244,7 @@ class _Evaluator:
     def threads(self, ctx: dict[str, Any]) -> float:
         given = self.number(ctx, "threadgroup_threads")
         if given is not None:
-            return given
+            return float(given)
         return float(math.prod(self._eval("launch.threadgroup", self._threads_expr, ctx)))
 
 

@@ -96,7 +96,8 @@ class ReplayBackend(BaseBackend):
                 medians = {t.number: float(np.median(land.samples(t.config) or [math.inf])) for t in top}
                 winner = min(medians, key=lambda n: (medians[n], n)) if medians else None
                 return {"winner": winner, "finalists": {str(n): {"median_ms": m} for n, m in medians.items()},
-                        "note": f"replayed from {land.path}; measured on {land.device_name or 'an unnamed GPU'}, not here"}
+                        "note": f"replayed from {land.path}; measured on "
+                                f"{land.device_name or 'an unnamed GPU'}, not here"}
 
         return ReplayObjective()
 

@@ -5,8 +5,9 @@ MLX does, GPU or not. For each call it picks, for the running chip, the kernel t
 — exact chip → same generation and die → same generation → the family's default config → the plain MLX
 op — and, within a chip level, the tuned shape nearest the call's shape whose config is valid for it
 (the family's constraints, evaluated here). A level is taken only with measured evidence that the kernel
-beats the MLX op on that chip (see LEVELS below); otherwise the MLX op runs. Spec expressions arrive pre-parsed as small JSON trees and are
-evaluated by :func:`evaluate` (a closed set of operators and functions; never Python's ``eval``).
+beats the MLX op on that chip (see LEVELS below); otherwise the MLX op runs. Spec expressions arrive
+pre-parsed as small JSON trees and are evaluated by :func:`evaluate` (a closed set of operators and
+functions; never Python's ``eval``).
 Every kernel file's hash is checked before it is used; each kernel is built once per process.
 """
 
@@ -20,7 +21,7 @@ import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 FORMAT = 2
 #: ``off`` (or 0/no/false): every call uses the plain MLX op; ``modeled``: modeled artifacts may be used too.
@@ -262,10 +263,10 @@ class Dispatcher:
             raise RuntimeError(f"{self.root}: dispatch table format {self.table.get('format')!r} is not {FORMAT}")
         self._device_info = device_info
         self._decisions: Dict[Any, Decision] = {}
-        self._plans: Dict[Any, Callable[[Sequence[Any]], Any]] = {}
-        self._sources: Dict[str, Optional[Dict[str, Any]]] = {}
+        self._plans: Dict[Any, Callable[..., Any]] = {}
+        self._sources: Dict[Tuple[str, str, str], Optional[Dict[str, Any]]] = {}
         self._kernels: Dict[Any, Any] = {}
-        self._refused: Dict[str, str] = {}
+        self._refused: Dict[Tuple[str, str, str], str] = {}
         self.margin = float(self.table.get("margin", DEFAULT_MARGIN))
         #: This process's timing identity (``timing_identity(...)``); None: detected on first use.
         self.toolchain: Optional[Dict[str, Optional[str]]] = None
@@ -280,10 +281,11 @@ class Dispatcher:
             record = identify(chip, registry)
         elif isinstance(chip, str):
             wanted = re.sub(r"[\s_\-]+", "", chip).lower()
-            record = next((dict(c) for c in registry
-                           if re.sub(r"[\s_\-]+", "", c["name"]).lower() == wanted), None)
-            if record is None:
+            found = next((dict(c) for c in registry
+                          if re.sub(r"[\s_\-]+", "", c["name"]).lower() == wanted), None)
+            if found is None:
                 raise ValueError(f"unknown chip {chip!r}")
+            record = found
         else:
             info = self._device_info
             if info is None:
@@ -331,10 +333,11 @@ class Dispatcher:
         op = fam.get("baseline_name", "the MLX op")
         pool = [a for a in fam["artifacts"] if a["dtype"] == dtype and a["target"] == target]
         running = lineage(chip)
-        tests = (lambda a: a["chip"] == chip["name"],
-                 lambda a: running[1] is not None and tuple(a["lineage"])[1] == running[1],
-                 lambda a: running[0] is not None and tuple(a["lineage"])[0] == running[0])
-        seen: set = set()
+        tests: Tuple[Callable[[Dict[str, Any]], bool], ...] = (
+            lambda a: bool(a["chip"] == chip["name"]),
+            lambda a: running[1] is not None and tuple(a["lineage"])[1] == running[1],
+            lambda a: running[0] is not None and tuple(a["lineage"])[0] == running[0])
+        seen: Set[int] = set()
         for level, matches in zip(LEVELS[:3], tests):
             here = [a for a in pool if matches(a) and id(a) not in seen]
             seen.update(id(a) for a in here)
@@ -357,6 +360,7 @@ class Dispatcher:
             why.append(f"{level}: {best['key']}/{best['version']} taken: {self._evidence_text(best, op)}, tuned "
                        f"for {'x'.join(map(str, best['shape']))}, nearest valid of {len(valid)}"
                        + (f"; passed over: {'; '.join(reasons)}" if reasons else ""))
+            self._layout_note(decision, fam, dims, chip)
             return decision
         # The untuned default config runs only where a measured artifact shows it beating the op here.
         default = fam["default"]["kernels"].get(f"{target}:{dtype}")
@@ -375,9 +379,31 @@ class Dispatcher:
                 decision.level, decision.entry = LEVELS[3], default
                 why.append(f"family default: taken: {proof[0]['key']}/{proof[0]['version']} measured the default "
                            f"config at {self._evidence_text(proof[0], op)}")
+                self._layout_note(decision, fam, dims, chip)
                 return decision
         why.append(f"mlx op: {op}")
         return decision
+
+    @staticmethod
+    def _layout_note(decision: Decision, fam: Dict[str, Any], dims: Optional[Dict[str, int]],
+                     chip: Dict[str, Any]) -> None:
+        """Which layout the chosen kernel expects: the inputs it takes pre-transposed (e.g. qmatvec's
+        LAYOUT_Q=cols: packed words, scales and biases as [K*BITS/32, N]) and the packing applied to them."""
+        if decision.entry is None or dims is None:
+            return
+        try:
+            names = _context(fam, decision.entry["config"], dims, chip, decision.dtype)
+            moved = [spec["name"] for spec in fam["inputs"]
+                     if spec["transposed"] is not None and bool(evaluate(spec["transposed"], names))]
+        except Exception:  # noqa: BLE001 - the note is informative; the launch re-evaluates and reports
+            return
+        layout = ", ".join(f"{k}={v}" for k, v in decision.entry["config"].items() if "LAYOUT" in k)
+        if moved:
+            decision.why.append(f"layout ({layout}): the kernel takes {', '.join(moved)} transposed (contiguous); "
+                                "packing: mx.transpose of each, applied by this package on every call (pack once "
+                                "and cache the result where the weights are constant)")
+        elif layout:
+            decision.why.append(f"layout ({layout}): inputs as given (MLX's own layout)")
 
     def _unusable(self, a: Dict[str, Any], fam: Dict[str, Any], dims: Optional[Dict[str, int]],
                   shape: Tuple[int, ...], chip: Dict[str, Any], dtype: str, op: str, modeled: bool) -> str:
@@ -391,7 +417,7 @@ class Dispatcher:
             return (f"modeled, not measured: never shown to beat {op} (opt in with {DISABLE_VAR}=modeled)")
         if evidence == "measured":
             if not beats_op(a.get("speedup_low"), self.margin):
-                return f"{speedup_text(a.get('speedup'), a.get('speedup_low'), a.get('speedup_high'))} of {op} (measured)"
+                return self._evidence_text(a, op)
             changed = self._toolchain_change(a.get("timing_identity") or {})
             if changed:
                 return f"measured with another toolchain ({changed}): its timing no longer holds"
@@ -463,7 +489,8 @@ class Dispatcher:
         time even to a microsecond-sized MLX op.
         """
         try:
-            key: Any = (family, chip, modeled, _env_flag(), *[(a.shape, a.dtype) for a in arrays])
+            flag = _ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else _env_flag()  # raw: no decoding here
+            key: Any = (family, chip, modeled, flag, *[(a.shape, a.dtype) for a in arrays])
             plan = self._plans.get(key)
         except (AttributeError, TypeError):  # not arrays, or an unhashable chip record: plan every call
             key, plan = None, None
@@ -473,10 +500,10 @@ class Dispatcher:
                 if len(self._plans) >= MAX_DECISIONS:
                     self._plans.clear()
                 self._plans[key] = plan
-        return plan(arrays)
+        return plan(*arrays)
 
-    def _plan(self, family: str, arrays: Sequence[Any], chip: Any, modeled: bool) -> Callable[[Sequence[Any]], Any]:
-        """A function of the call's arrays that runs what the decision for them chose."""
+    def _plan(self, family: str, arrays: Sequence[Any], chip: Any, modeled: bool) -> Callable[..., Any]:
+        """A function of the call's arrays (``plan(*arrays)``) that runs what the decision for them chose."""
         import mlx.core as mx
 
         fam = self._family(family)
@@ -493,7 +520,8 @@ class Dispatcher:
         threadgroup = tuple(int(v) for v in evaluate(launch["threadgroup"], names))
         shared = int(evaluate(launch["shared_memory"], names)) if launch.get("shared_memory") else 0
         # A kernel that accumulates into its outputs (split-K) needs them zero-filled.
-        init = {"init_value": 0.0} if launch.get("zero_outputs") and bool(evaluate(launch["zero_outputs"], names)) else {}
+        zero = launch.get("zero_outputs") and bool(evaluate(launch["zero_outputs"], names))
+        init = {"init_value": 0.0} if zero else {}
         transpose = [spec["transposed"] is not None and bool(evaluate(spec["transposed"], names))
                      for spec in fam["inputs"]]
         source = self._source(decision.entry)
@@ -505,7 +533,7 @@ class Dispatcher:
         output_dtypes = [_out_dtype(o, decision.dtype) for o in fam["outputs"]]
         params = [mx.array([p["value"]], dtype=getattr(mx, p["dtype"])) for p in fam.get("params", [])]
 
-        def run(call_arrays: Sequence[Any]) -> Any:
+        def run(*call_arrays: Any) -> Any:
             inputs = [mx.transpose(a) if t else a for t, a in zip(transpose, _as_mx(mx, call_arrays))] + params
             outputs = kernel(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
                              output_shapes=output_shapes, output_dtypes=output_dtypes, **init)
@@ -514,7 +542,7 @@ class Dispatcher:
         return run
 
     def _op_plan(self, fam: Dict[str, Any], arrays: Sequence[Any],
-                 native: bool = False) -> Callable[[Sequence[Any]], Any]:
+                 native: bool = False) -> Callable[..., Any]:
         """The family's MLX baseline as a function of the arrays; a plain ``f(inputs...)`` is called directly.
 
         ``native``: the call passed MLX arrays, so every call with the same key (shapes, MLX dtypes) does too.
@@ -529,16 +557,16 @@ class Dispatcher:
             dims_, _ = _bind_dims(fam, [tuple(a.shape) for a in arrays])
             compiled = mx.compile(lambda *xs: evaluate(tree, {**(dims_ or {}), **params, **dict(zip(order, xs))},
                                                        functions))
-            return lambda call_arrays: compiled(*_as_mx(mx, call_arrays))
+            return lambda *call_arrays: compiled(*_as_mx(mx, call_arrays))
         if (tree[0] == "call" and tree[1] in functions and not tree[3] and not params
                 and all(t[0] == "name" and t[1] in order for t in tree[2])):
             fn, picks = functions[tree[1]], [order.index(t[1]) for t in tree[2]]
             if native and picks == list(range(len(order))):
-                return lambda call_arrays: fn(*call_arrays)
-            return lambda call_arrays: fn(*[_as_mx(mx, call_arrays)[i] for i in picks])
+                return fn  # the op itself: a planned call adds no frame of its own
+            return lambda *call_arrays: fn(*[_as_mx(mx, call_arrays)[i] for i in picks])
         dims, _ = _bind_dims(fam, [tuple(a.shape) for a in arrays])
 
-        def run(call_arrays: Sequence[Any]) -> Any:
+        def run(*call_arrays: Any) -> Any:
             names: Dict[str, Any] = dict(zip(order, _as_mx(mx, call_arrays)))
             names.update(dims or {})
             names.update(params)
@@ -547,7 +575,7 @@ class Dispatcher:
         return run
 
     def _mlx_op(self, fam: Dict[str, Any], arrays: Sequence[Any]) -> Any:
-        return self._op_plan(fam, arrays)(arrays)
+        return self._op_plan(fam, arrays)(*arrays)
 
     def _kernel(self, source: Dict[str, Any], shared_memory: int) -> Any:
         key = (source["sha256"], shared_memory if source["target"] == "cuda" else 0)
@@ -557,7 +585,8 @@ class Dispatcher:
 
     def _family(self, family: str) -> Dict[str, Any]:
         try:
-            return self.table["families"][family]
+            entry: Dict[str, Any] = self.table["families"][family]
+            return entry
         except KeyError:
             raise ValueError(f"unknown family {family!r} (this package has: "
                              f"{', '.join(self.table['families'])})") from None
@@ -566,8 +595,8 @@ class Dispatcher:
 # -- helpers ---------------------------------------------------------------------------------------------
 
 try:  # os.environ.get costs ~2 us (key encoding); the raw table is a dict lookup — this runs on every call
-    _ENV_DATA: Any = os.environ._data  # type: ignore[attr-defined]
-    _ENV_KEY: Any = os.environ.encodekey(DISABLE_VAR)  # type: ignore[attr-defined]
+    _ENV_DATA: Any = os.environ._data  # type: ignore[attr-defined,unused-ignore]
+    _ENV_KEY: Any = os.environ.encodekey(DISABLE_VAR)  # type: ignore[attr-defined,unused-ignore]
 except AttributeError:  # pragma: no cover - not CPython
     _ENV_DATA = None
 
@@ -577,7 +606,10 @@ def _env_flag() -> Optional[str]:
     if _ENV_DATA is None:  # pragma: no cover
         return os.environ.get(DISABLE_VAR)
     raw = _ENV_DATA.get(_ENV_KEY)
-    return None if raw is None else os.environ.decodevalue(raw)  # type: ignore[attr-defined]
+    if raw is None:
+        return None
+    value: str = os.environ.decodevalue(raw)  # type: ignore[attr-defined,unused-ignore]
+    return value
 
 
 def _as_mx(mx: Any, arrays: Sequence[Any]) -> Sequence[Any]:
@@ -712,7 +744,7 @@ def _running_toolchain() -> Dict[str, Optional[str]]:
         try:
             import mlx.core as mx
 
-            mlx_version: Optional[str] = str(mx.__version__)
+            mlx_version: Optional[str] = str(getattr(mx, "__version__", "unknown"))
         except ImportError:
             mlx_version = None
         macos = platform.mac_ver()[0] or None

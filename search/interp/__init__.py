@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from ._fuzz import FuzzResult, OrderDependence, fuzz_schedule
 from ._interp import MODES, SCHEDULES, InterpResult, run_kernel
-from ._lint import lint
 from ._linemap import TemplateLines, template_lines
+from ._lint import lint
 from ._source import mlx_source, signature
 
 __all__ = ["MODES", "SCHEDULES", "FuzzResult", "InterpResult", "OrderDependence", "TemplateLines", "fuzz_schedule",

@@ -45,7 +45,8 @@ def _first_difference(a: np.ndarray, b: np.ndarray, tolerance: float) -> tuple[t
     if np.issubdtype(a.dtype, np.floating):
         same = (a == b) | (np.isnan(a) & np.isnan(b))
         if tolerance > 0:
-            same |= np.abs(a.astype(np.float64) - b.astype(np.float64)) <= tolerance * (1 + np.abs(a.astype(np.float64)))
+            wide_a, wide_b = a.astype(np.float64), b.astype(np.float64)
+            same |= np.abs(wide_a - wide_b) <= tolerance * (1 + np.abs(wide_a))
     else:
         same = a == b
     bad = np.argwhere(~same)

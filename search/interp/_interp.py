@@ -10,8 +10,8 @@ import numpy as np
 
 from .._errors import VariantFailure
 from ._compile import compile_unit
-from ._lint import lint
 from ._linemap import TemplateLines
+from ._lint import lint
 from ._run import RawDiag, run_forked, run_sanitized
 from ._source import DTYPES, NUMPY_DTYPES, cpp_unit, from_storage, mlx_source, signature, to_storage
 

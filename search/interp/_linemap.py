@@ -1,9 +1,9 @@
 """Which template line produced each rendered line (for diagnostics that name the template file:line).
 
 The template is rendered a second time with an invisible marker at the end of every plain template
-line (lines with no ``{% %}`` / ``{# #}`` tag and no ``-}}`` / ``{{-``, so whitespace control is unchanged); a rendered line
-carries the markers of the template lines it came from. If the marked rendering, markers removed,
-differs from the real one, no mapping is returned rather than a wrong one.
+line (lines with no ``{% %}`` / ``{# #}`` tag and no ``-}}`` / ``{{-``, so whitespace control is
+unchanged); a rendered line carries the markers of the template lines it came from. If the marked
+rendering, markers removed, differs from the real one, no mapping is returned rather than a wrong one.
 """
 
 from __future__ import annotations

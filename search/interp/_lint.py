@@ -31,7 +31,7 @@ MATH_FUNCTIONS = frozenset({
     "powr", "fma", "mad", "recip", "dot", "cross", "length", "length_squared", "distance", "normalize", "select",
     "mix", "divide", "precise_divide", "isnan", "isinf", "isfinite", "isnormal", "signbit", "isordered",
     "isunordered", "any", "all", "popcount", "clz", "ctz", "rotate", "mulhi", "absdiff", "hadd", "rhadd", "addsat",
-    "subsat", "extract_bits", "insert_bits", "reverse_bits", "as_type", "numeric_limits",
+    "subsat", "extract_bits", "insert_bits", "reverse_bits", "as_type", "numeric_limits", "transpose",
 })
 ATOMIC_NAMES = frozenset({
     "atomic", "atomic_int", "atomic_uint", "atomic_bool", "atomic_float", "atomic_ulong", "atomic_load_explicit",
@@ -40,8 +40,10 @@ ATOMIC_NAMES = frozenset({
     "atomic_fetch_and_explicit", "atomic_fetch_or_explicit", "atomic_fetch_xor_explicit", "atomic_fetch_min_explicit",
     "atomic_fetch_max_explicit", "atomic_thread_fence", "memory_order", "memory_order_relaxed", "thread_scope",
 })
+#: Matrix types (ks_matrix.h).
+MATRIX_NAMES = frozenset({"matrix", *(f"{t}{c}x{r}" for t in ("float", "half") for c in "234" for r in "234")})
 METAL_NAMES = frozenset({
-    *MATH_FUNCTIONS, *ATOMIC_NAMES, "fast", "precise", "mem_flags", "threadgroup_barrier", "simd_vote",
+    *MATH_FUNCTIONS, *MATRIX_NAMES, *ATOMIC_NAMES, "fast", "precise", "mem_flags", "threadgroup_barrier", "simd_vote",
     *SIMD_FUNCTIONS,
 })
 #: What MLX's utilities header gives every kernel body (ks_mlx.h).
@@ -80,16 +82,16 @@ def lint(header: str, source: str) -> str | None:
     for part, text in (("header", header), ("source", source)):
         code = _COMMENT.sub(lambda m: "\n" * m.group(0).count("\n"), text)
 
-        def where(pos: int) -> str:
+        def where(pos: int, part: str = part, code: str = code) -> str:
             return f"{part} line {code.count(chr(10), 0, pos) + 1}"
 
         for m in _HEADERS.finditer(code):
             if m.group(1) not in _ALLOWED_HEADERS:
                 return f"{where(m.start())}: #include <{m.group(1)}> is outside the interpreter's MSL subset"
         for pattern, what in _REJECT:
-            m = pattern.search(code)
-            if m:
-                return f"{where(m.start())}: {what} ({m.group(0)!r}) are outside the interpreter's MSL subset"
+            hit = pattern.search(code)
+            if hit:
+                return f"{where(hit.start())}: {what} ({hit.group(0)!r}) are outside the interpreter's MSL subset"
         for m in _SIMD_IDENT.finditer(code):
             if m.group(1) not in SIMD_FUNCTIONS and m.group(1) not in defined:
                 return f"{where(m.start())}: {m.group(1)} is outside the interpreter's MSL subset"
@@ -99,10 +101,12 @@ def lint(header: str, source: str) -> str | None:
         for m in _MATRIX.finditer(code):
             if (m.group(1), m.group(2)) != ("8", "8"):
                 return f"{where(m.start())}: simdgroup_matrix of {m.group(1)}x{m.group(2)} (only 8x8 is supported)"
-        rest = _TENSOR_SPACE.sub("", _TG_POINTER.sub("", _TG_SCALAR.sub("", _TG_ARRAY.sub("", _TG_ARRAY_MD.sub("", code)))))
-        m = re.search(r"\bthreadgroup\b(?!_)", rest)
-        if m:
-            return (f"{where(m.start())}: this threadgroup declaration is outside the interpreter's MSL subset "
+        rest = code
+        for declared in (_TG_ARRAY_MD, _TG_ARRAY, _TG_SCALAR, _TG_POINTER, _TENSOR_SPACE):
+            rest = declared.sub("", rest)
+        found = re.search(r"\bthreadgroup\b(?!_)", rest)
+        if found:
+            return (f"{where(found.start())}: this threadgroup declaration is outside the interpreter's MSL subset "
                     "(use a 1-D array `threadgroup T name[N];` or a pointer `threadgroup T* p`)")
     return None
 
@@ -121,8 +125,10 @@ def subset_lists() -> dict[str, str]:
 def render_subset_doc(text: str) -> str:
     """``text`` (the subset document) with its generated lists brought up to date."""
     for name, body in subset_lists().items():
-        text = re.sub(rf"(<!-- {name} -->).*?(<!-- /{name} -->)",
-                      lambda m: m.group(1) + "\n" + body + "\n  " + m.group(2), text, flags=re.S)
+        def fill(m: re.Match[str], body: str = body) -> str:
+            return m.group(1) + "\n" + body + "\n  " + m.group(2)
+
+        text = re.sub(rf"(<!-- {name} -->).*?(<!-- /{name} -->)", fill, text, flags=re.S)
     return text
 
 

@@ -48,7 +48,7 @@ class RawDiag:
     message: str
 
 
-def _decode(diags: "ctypes.Array[_Diag]", n: int) -> list[RawDiag]:
+def _decode(diags: ctypes.Array[_Diag], n: int) -> list[RawDiag]:
     return [RawDiag(KIND_NAMES.get(d.kind, "unknown"), "warning" if d.severity else "error",
                     d.line if d.line > 0 else None, d.count, d.msg.decode(errors="replace"))
             for d in diags[:n]]
@@ -86,7 +86,7 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
 
             faulthandler.disable()  # a crashing kernel is reported by the parent, not dumped here
             argv = (ctypes.c_void_p * len(call_args))(*[a.ctypes.data for a in call_args])
-            diags = (_Diag * MAX_DIAGS).from_buffer(diag_mem, 16)
+            slots = (_Diag * MAX_DIAGS).from_buffer(diag_mem, 16)
             nd = ctypes.c_int(0)
             if schedule != (0, 0, 0):
                 lib.ks_order(ctypes.c_int(schedule[0]), ctypes.c_int(schedule[1]), ctypes.c_uint64(schedule[2]))
@@ -95,7 +95,7 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
                 selection = (ctypes.c_uint32 * len(flat))(*flat)
                 lib.ks_select(selection, ctypes.c_int(len(threadgroups)))
             rc = lib.ks_run(argv, (ctypes.c_uint32 * 3)(*grid), (ctypes.c_uint32 * 3)(*tg), ctypes.c_int64(tg_limit),
-                            ctypes.c_int(stack_kb), diags, ctypes.c_int(MAX_DIAGS), ctypes.byref(nd))
+                            ctypes.c_int(stack_kb), slots, ctypes.c_int(MAX_DIAGS), ctypes.byref(nd))
             diag_mem[0:8] = struct.pack("ii", rc, nd.value)
             code = 0 if rc == 0 else 3
         finally:

@@ -217,6 +217,7 @@ _TG_ARRAY = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*\[([^\]\n]+)\]\s*;
 _TG_SCALAR = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*;")
 _TG_POINTER = re.compile(rf"\bthreadgroup\s+({_TYPE})\s*\*\s*(\w+)")
 _TG_ARRAY_MD = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*((?:\[[^\]\n]+\]\s*){{2,3}});")
+_VOLATILE_TG = re.compile(r"\bvolatile\s+threadgroup\b")
 _SWIZZLE = re.compile(r"\.([xyzw]{2,4}|[rgba]{2,4})\b")
 #: Half and bfloat literals (``1.0h``, ``2.5bf``): C++ has no such suffix.
 _HALF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)(h|H|bf|BF)\b")
@@ -240,6 +241,16 @@ def _dims(text: str) -> list[str]:
     return re.findall(r"\[([^\]\n]+)\]", text)
 
 
+def _inner_extents(dims: str) -> str:
+    """``int64_t(d1), int64_t(d2)...``: the extents after the first of a ``[d0][d1]...`` declaration."""
+    return ", ".join("int64_t(" + d + ")" for d in _dims(dims)[1:])
+
+
+def _element_count(dims: str) -> str:
+    """``(d0) * (d1) * ...``: the element count of a ``[d0][d1]...`` declaration."""
+    return " * ".join("(" + d + ")" for d in _dims(dims))
+
+
 def _code_only(text: str, fn: Any) -> str:
     """Apply ``fn`` to the code between strings and comments (which keep their text and lines)."""
     out, pos = [], 0
@@ -254,11 +265,17 @@ def _code_only(text: str, fn: Any) -> str:
 def translate(text: str, check: bool) -> str:
     """MSL text -> C++ over the shim; keeps every line in place."""
     text = _code_only(text, lambda code: _HALF_LITERAL.sub(_literal, _SWIZZLE.sub(_swizzle, code)))
+    text = _VOLATILE_TG.sub("threadgroup", text)  # volatile threadgroup pointers: every access is checked anyway
     if check:
-        text = _TG_ARRAY_MD.sub(lambda m: f"ks::tgmd<{m[1]}, {', '.join('int64_t(' + d + ')' for d in _dims(m[3])[1:])}> "
-                                          f"{m[2]} = ks::tgmd<{m[1]}, "
-                                          f"{', '.join('int64_t(' + d + ')' for d in _dims(m[3])[1:])}>"
-                                          f"{{ks::tg_alloc_checked<{m[1]}>(({' * '.join('(' + d + ')' for d in _dims(m[3]))}), "
+        names = [m[2] for m in _TG_ARRAY.finditer(text)]
+        if names:  # `.x` of a threadgroup vector element: a checked component reference
+            element = re.compile(rf"\b((?:{'|'.join(map(re.escape, names))})\s*\[(?:[^\[\]\n]|\[[^\[\]\n]*\])*\])"
+                                 r"\.([xyzwrgba])\b")
+            text = element.sub(lambda m: f"ks::comp<{'xyzw'.index(m[2]) if m[2] in 'xyzw' else 'rgba'.index(m[2])}>"
+                                         f"({m[1]})", text)
+        text = _TG_ARRAY_MD.sub(lambda m: f"ks::tgmd<{m[1]}, {_inner_extents(m[3])}> "
+                                          f"{m[2]} = ks::tgmd<{m[1]}, {_inner_extents(m[3])}>"
+                                          f"{{ks::tg_alloc_checked<{m[1]}>(({_element_count(m[3])}), "
                                           f"\"{m[2]}\", __LINE__)}};", text)
         text = _TG_ARRAY.sub(lambda m: f"ks::tgptr<{m[1]}> {m[2]} = ks::tg_alloc_checked<{m[1]}>(({m[3]}), "
                                        f"\"{m[2]}\", __LINE__);", text)
@@ -266,9 +283,10 @@ def translate(text: str, check: bool) -> str:
                                         f"__LINE__)[0];", text)
         text = _TG_POINTER.sub(lambda m: f"ks::tgptr<{m[1]}> {m[2]}", text)
     else:
-        text = _TG_ARRAY_MD.sub(lambda m: f"{m[1]} (&{m[2]}){m[3].strip()} = *reinterpret_cast<{m[1]} (*){m[3].strip()}>("
+        text = _TG_ARRAY_MD.sub(lambda m: f"{m[1]} (&{m[2]}){m[3].strip()} = "
+                                          f"*reinterpret_cast<{m[1]} (*){m[3].strip()}>("
                                           f"ks::tg_alloc(sizeof({m[1]}{m[3].strip()}), "
-                                          f"({' * '.join('(' + d + ')' for d in _dims(m[3]))}), sizeof({m[1]}), "
+                                          f"({_element_count(m[3])}), sizeof({m[1]}), "
                                           f"\"{m[2]}\", __LINE__));", text)
         text = _TG_ARRAY.sub(lambda m: f"{m[1]} (&{m[2]})[{m[3]}] = *reinterpret_cast<{m[1]} (*)[{m[3]}]>("
                                        f"ks::tg_alloc(sizeof({m[1]}) * ({m[3]}), ({m[3]}), sizeof({m[1]}), "

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from kernsearch._artifacts import ArtifactStore
 from kernsearch._chips import get_chip

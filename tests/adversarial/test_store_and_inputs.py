@@ -13,7 +13,6 @@ import pytest
 from kernsearch._artifacts import ArtifactStore
 from kernsearch._manifest import ArtifactError
 
-
 from .conftest import CANARY, KEY, assert_one_line_error, candidate, key, ks
 
 READERS = [["artifacts", "list"], ["artifacts", "show", KEY], ["artifacts", "verify"], ["export", "gemm", "--out", "{out}"]]

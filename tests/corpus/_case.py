@@ -4,8 +4,9 @@ features it follows — written here, not copied), ``FEATURES`` and ``case()``."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

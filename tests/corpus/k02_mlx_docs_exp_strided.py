@@ -1,6 +1,5 @@
 """Element-wise exp over a strided input located with elem_to_loc (ensure_row_contiguous=False style)."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "MLX documentation, Custom Metal Kernels: the strided `myexp_strided` example using elem_to_loc"

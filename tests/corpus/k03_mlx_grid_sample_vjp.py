@@ -1,6 +1,5 @@
 """Bilinear scatter of gradients into an image with atomic<float> outputs."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "MLX documentation, Custom Metal Kernels: grid_sample VJP with atomic_outputs=True"

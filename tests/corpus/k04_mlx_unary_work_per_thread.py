@@ -1,6 +1,5 @@
 """Element-wise op where each thread handles WorkPerThread<T>::n elements, with a ragged tail."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "MLX kernels/unary.h: unary_v2 with WorkPerThread and a bounds-checked tail"

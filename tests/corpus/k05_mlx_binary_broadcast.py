@@ -1,5 +1,4 @@
 """Binary op with broadcasting: each operand located through its own strides (elem_to_loc_2)."""
-import numpy as np
 
 from _case import Case, rng
 

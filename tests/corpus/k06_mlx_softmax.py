@@ -1,6 +1,5 @@
 """Row softmax: one threadgroup per row, simd_max / simd_sum then threadgroup partials across simdgroups."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "MLX kernels/softmax.h: softmax_single_row (simd reductions + threadgroup local_max/local_normalizer)"

@@ -1,6 +1,5 @@
 """RMS norm of float16 rows with a float32 weight vector: inputs of two dtypes in one kernel."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "MLX kernels/rms_norm.metal: rms_single_row (simd_sum, threadgroup partials, precise::rsqrt)"

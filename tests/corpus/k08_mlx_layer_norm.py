@@ -1,6 +1,5 @@
 """Layer norm with mean and variance through simd_sum and a threadgroup array per statistic."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "MLX kernels/layer_norm.metal: layer_norm_single_row"

@@ -1,6 +1,5 @@
 """Argmax of each row: (value, index) pairs reduced with simd_shuffle_down, ties to the lower index."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "MLX kernels/arg_reduce.metal: ArgMax with simd_shuffle_down of value and index"

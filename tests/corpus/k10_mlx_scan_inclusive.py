@@ -1,6 +1,5 @@
 """Inclusive prefix sum of a row: simd_prefix_inclusive_sum then per-simdgroup totals through threadgroup memory."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "MLX kernels/scan.h: contiguous_scan (simd prefix + threadgroup simdgroup sums)"

@@ -1,6 +1,5 @@
 """Work-efficient exclusive scan (up-sweep / down-sweep) in threadgroup memory with a barrier per level."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "GPU Gems 3 ch. 39 (Blelloch) exclusive scan, as ported in public Metal scan samples"

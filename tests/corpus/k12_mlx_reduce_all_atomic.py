@@ -1,6 +1,5 @@
 """Sum of a large array: per-thread strided loop, simd_sum, threadgroup partials, one atomic add per threadgroup."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "MLX kernels/reduction (all_reduce) and the classic CUDA 'reduce6' with a final atomicAdd"

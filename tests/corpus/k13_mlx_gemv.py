@@ -1,5 +1,4 @@
 """Matrix-vector product: one simdgroup per row, float4 loads, simd_sum."""
-import numpy as np
 
 from _case import Case, rng
 

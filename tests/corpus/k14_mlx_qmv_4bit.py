@@ -1,6 +1,5 @@
 """4-bit affine-quantized matrix-vector product: uint32 words (8 nibbles) beside float16 scales and biases."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "MLX kernels/quantized.h: qmv_fast (bits=4, group_size=32, scales and biases per group)"

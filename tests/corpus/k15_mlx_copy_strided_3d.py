@@ -1,5 +1,4 @@
 """Strided copy of a transposed 3-D view with a 3-D grid and elem_to_loc on a uint3 position."""
-import numpy as np
 
 from _case import Case, rng
 

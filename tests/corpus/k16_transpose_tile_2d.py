@@ -1,5 +1,4 @@
 """Matrix transpose through a padded 2-D threadgroup tile (bank-conflict padding 33)."""
-import numpy as np
 
 from _case import Case, rng
 

@@ -1,6 +1,5 @@
 """Rotary position embedding: pairs rotated by position * inverse frequency, sin and cos from sincos."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "MLX kernels/rope.metal: rope_single / rope (theta = pos * base^(-2i/d), metal::precise)"

@@ -1,6 +1,5 @@
 """Counter-based random bits: Threefry-2x32 rounds with rotate on uint2."""
 import numpy as np
-
 from _case import Case
 
 MODELLED_ON = "MLX kernels/random.metal: threefry2x32_hash (rotations, key schedule, uint2 state)"

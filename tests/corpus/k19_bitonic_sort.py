@@ -1,6 +1,5 @@
 """Block bitonic sort in threadgroup memory: compare-exchange stages separated by barriers."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "MLX kernels/sort.h: block_sort (bitonic merge in threadgroup memory)"

@@ -2,7 +2,6 @@
 import math
 
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "MLX nn.gelu / nn.gelu_approx as a custom element-wise kernel (metal::erf, metal::precise::tanh)"

@@ -1,6 +1,5 @@
 """Row logsumexp with an online max/sum pair reduced across the simdgroup."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "MLX kernels/logsumexp.h: logsumexp (online max and normaliser, simd_max / simd_sum)"

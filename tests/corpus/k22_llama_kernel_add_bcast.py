@@ -1,5 +1,4 @@
 """Broadcast add of a row vector over rows, addressed through byte strides (nb) like ggml tensors."""
-import numpy as np
 
 from _case import Case, rng
 

@@ -1,6 +1,5 @@
 """RMS norm over float4 elements with a shared sum[32] across simdgroups."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "llama.cpp ggml-metal.metal: kernel_rms_norm (float4 sums, simd_sum, shared_memory[32])"

@@ -1,6 +1,5 @@
 """Softmax with a scale and an additive mask (-INFINITY entries), max and sum through simd and threadgroup."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "llama.cpp ggml-metal.metal: kernel_soft_max (scale, mask, -INFINITY, simd_max/simd_sum, buf[32])"

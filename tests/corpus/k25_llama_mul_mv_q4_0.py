@@ -1,6 +1,5 @@
 """Matrix-vector product over ggml block_q4_0 blocks (half scale + 16 bytes of nibbles) read from a uint8 buffer."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "llama.cpp ggml-metal.metal: kernel_mul_mv_q4_0_f32 (block_q4_0 {half d; uint8_t qs[16]})"

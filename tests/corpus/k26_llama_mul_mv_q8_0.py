@@ -1,6 +1,5 @@
 """int8 weights with a float16 scale per block of 32, dotted with a float32 vector (exact int8 buffer)."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "llama.cpp ggml-metal.metal: kernel_mul_mv_q8_0_f32 (int8 qs, half d per 32-block)"

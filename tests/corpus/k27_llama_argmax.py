@@ -1,6 +1,5 @@
 """Argmax over a row with simd_max, a ballot of the lanes holding the max, and ctz of the vote to pick one."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "llama.cpp ggml-metal.metal: kernel_argmax (simd_max then lane selection) with simd_ballot"

@@ -1,6 +1,5 @@
 """SiLU and tanh-GELU over float4 elements with ggml's GELU constants."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "llama.cpp ggml-metal.metal: kernel_silu_4 and kernel_gelu_4 (GELU_COEF_A, SQRT_2_OVER_PI, precise::tanh)"

@@ -1,6 +1,5 @@
 """Gather rows of a float16 embedding table by int32 ids into float32 rows."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "llama.cpp ggml-metal.metal: kernel_get_rows_f16 (int32 row ids, half source, float destination)"

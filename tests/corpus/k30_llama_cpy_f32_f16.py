@@ -1,6 +1,5 @@
 """Copy float32 to float16 with round-to-nearest-even, including overflow to infinity and subnormals."""
 import numpy as np
-
 from _case import Case
 
 MODELLED_ON = "llama.cpp ggml-metal.metal: kernel_cpy_f32_f16"

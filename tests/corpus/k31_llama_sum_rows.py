@@ -1,5 +1,4 @@
 """Sum of each row by a single thread per row (ggml's simple kernel_sum_rows), with ggml's byte strides."""
-import numpy as np
 
 from _case import Case, rng
 

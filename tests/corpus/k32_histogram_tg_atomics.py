@@ -1,6 +1,5 @@
 """256-bin byte histogram: privatised threadgroup atomic bins, merged into device bins with atomics."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "NVIDIA 'GPU Pro Tip: Fast Histograms Using Shared Atomics' (shared-memory privatisation) in Metal"

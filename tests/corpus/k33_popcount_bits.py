@@ -1,6 +1,5 @@
 """Bit statistics of 32-bit words: popcount, leading/trailing zeros, bit fields, reversal and mulhi."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "Metal Shading Language integer functions as used by radix-sort digit extraction kernels"

@@ -1,5 +1,4 @@
 """2x2 box filter by quads: each quad of lanes averages its four values with quad_sum and quad_broadcast."""
-import numpy as np
 
 from _case import Case, rng
 

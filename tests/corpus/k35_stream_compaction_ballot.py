@@ -1,6 +1,5 @@
 """Stream compaction inside a simdgroup: ballot of the kept lanes, popcount of the lower lanes gives the slot."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "Warp-aggregated stream compaction (ballot + popc, NVIDIA 'CUDA Pro Tip: Optimized Filtering') in Metal"

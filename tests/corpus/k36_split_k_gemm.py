@@ -1,5 +1,4 @@
 """Split-K GEMM: each z-slice of the grid computes a K-range partial product and adds it with atomic<float>."""
-import numpy as np
 
 from _case import Case, rng
 

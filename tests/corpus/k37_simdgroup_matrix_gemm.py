@@ -1,5 +1,4 @@
 """8x8 simdgroup_matrix GEMM tile: load A and B fragments from threadgroup memory, multiply-accumulate, store."""
-import numpy as np
 
 from _case import Case, rng
 

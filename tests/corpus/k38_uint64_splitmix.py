@@ -1,6 +1,5 @@
 """splitmix64 hashing of uint64 seeds: 64-bit multiplies, shifts and xors, exact uint64 in and out."""
 import numpy as np
-
 from _case import Case
 
 MODELLED_ON = "splitmix64 (Steele, Lea, Flood 2014) as used for per-thread seeding in public Metal RNG kernels"

@@ -1,6 +1,5 @@
 """Triangle normals from packed_float3 vertices: cross, normalize, length, and a packed store."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "Apple Metal sample code style mesh processing (packed_float3 vertex buffers, cross / normalize)"

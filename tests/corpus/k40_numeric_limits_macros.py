@@ -1,6 +1,5 @@
 """Limits and constants: numeric_limits of every width, Limits<T>, FLT_MAX, HALF_MAX, M_PI_F, half literals."""
 import numpy as np
-
 from _case import Case
 
 MODELLED_ON = "MLX kernels/utils.h Limits<T> as used by reductions' init values (e.g. reduce ops' Max/Min init)"

@@ -1,6 +1,5 @@
 """Classic race (expected detection): a threadgroup tree reduction with the barrier inside the loop missing."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "NVIDIA 'Optimizing Parallel Reduction in CUDA' (Harris) reduction #1, with its __syncthreads removed"

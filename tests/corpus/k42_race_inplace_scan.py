@@ -1,7 +1,6 @@
 """Classic race (expected detection): Hillis-Steele inclusive scan in place, reading a neighbour's slot that
 another thread is updating in the same step (no double buffer, no barrier between read and write)."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "GPU Gems 3 ch. 39 naive (Hillis-Steele) scan, single-buffered"

@@ -1,7 +1,6 @@
 """Order dependence (expected detection): a 'decoupled look-back' scan without flags, reading the previous
 threadgroup's device output as if threadgroups ran in order."""
 import numpy as np
-
 from _case import Case, rng
 
 MODELLED_ON = "Single-pass chained scan (Merrill & Garland decoupled look-back) with the status flags left out"

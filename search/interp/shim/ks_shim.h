@@ -414,6 +414,23 @@ template <class T> struct tgptr {
   tgptr& operator++() { ++off; return *this; }
 };
 
+// One component of a threadgroup vector element (`v4[t].x`, rewritten to ks::comp<0>(v4[t])): reads check the
+// element, writes record a write of it without reading the other components.
+template <int I, class V> struct tgcomp {
+  tgref<V> r;
+  using T = typename V::value_type;
+  T load() const { return r.load().v[I]; }
+  operator T() const { return load(); }
+  tgcomp& operator=(const T& x) { V d; tg_access<V>(r.a, r.i, true, r.line, &d)->v[I] = x; return *this; }
+  tgcomp& operator=(const tgcomp& o) { return *this = o.load(); }
+  template <class U> tgcomp& operator+=(const U& x) { return *this = T(load() + x); }
+  template <class U> tgcomp& operator-=(const U& x) { return *this = T(load() - x); }
+  template <class U> tgcomp& operator*=(const U& x) { return *this = T(load() * x); }
+  template <class U> tgcomp& operator/=(const U& x) { return *this = T(load() / x); }
+};
+template <int I, class V> inline tgcomp<I, V> comp(tgref<V> r) { return tgcomp<I, V>{r}; }
+template <int I, class V> inline auto comp(V& v) -> decltype(v.v[I]) { return v.v[I]; }
+
 // A multi-dimensional threadgroup array (`threadgroup T a[R][C];`): indexing narrows to rows; every element
 // access is checked against the whole array (a column index past its row lands in the next row, as on the GPU).
 template <class T, int64_t... D> struct tgmd;
@@ -738,6 +755,7 @@ using metal::mem_flags;
 
 #include "ks_atomic.h"
 #include "ks_math.h"
+#include "ks_matrix.h"
 #include "ks_simd.h"
 #include "ks_mlx.h"
 

@@ -1,0 +1,110 @@
+"""The row families (rmsnorm, layernorm, softmax, swiglu): each Metal template verifies on the interpreter
+over a knob-covering sample of configs at ragged shapes (fast mode; check mode for a share of them), the
+CUDA twins compile with nvcc for sm_90, a broken kernel is caught, and the model ranks the knobs sensibly."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from rowfamilies import H100, M2, NVCC, covering_sample, nvcc_compiles, run_all, valid
+
+from kernsearch._chips import get_chip
+from kernsearch._space import Space, make_problem
+from kernsearch._spec import load_family
+from kernsearch.backends import get_backend
+
+FAMILIES = ("rmsnorm", "layernorm", "softmax", "swiglu")
+#: A single row, ragged rows (odd, prime lengths: VEC = 1 only), several rows per threadgroup, aligned rows.
+SHAPES = {"rmsnorm": ("1,96", "7,77", "9,40", "3,256"), "layernorm": ("1,96", "7,77", "9,40", "3,256"),
+          "softmax": ("1,96", "7,77", "9,40", "3,256"), "swiglu": ("1,96", "7,77", "3,256")}
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request: pytest.FixtureRequest):  # noqa: ANN201
+    return load_family(request.param)
+
+
+def test_listed_with_both_targets_and_a_valid_default(family) -> None:  # noqa: ANN001
+    assert set(family.templates) == {"metal", "cuda"} and family.description
+    for chip in (M2, H100):
+        for shape in SHAPES[family.name]:
+            sp = Space(make_problem(family, shape, "float16", chip), chip)
+            if shape.endswith(("96", "256", "40")):
+                assert sp.is_valid(dict(family.default)) or family.default.get("VEC", 1) > 1
+
+
+def test_every_knob_value_is_reachable_at_large_shapes(family) -> None:  # noqa: ANN001
+    shapes = ("16384,4096", "4096,4096", "32,8192", "1,4096", "8192,1024") if family.name != "swiglu" else (
+        "4096,11008", "4096,14336", "32,11008", "1,4096")
+    seen: dict[str, set] = {k: set() for k in family.knobs}
+    for chip in (M2, H100):
+        for shape in shapes:
+            for cfg in valid(family, shape, chip):
+                for k, v in cfg.items():
+                    seen[k].add(v)
+    for name, knob in family.knobs.items():
+        assert seen[name] == set(knob.values), (name, seen[name])
+
+
+def test_sample_matches_reference_on_ragged_shapes(family) -> None:  # noqa: ANN001
+    """Fast lane: every knob value valid at each shape at least once, dtypes rotated, fast mode."""
+    plan = covering_sample(family, SHAPES[family.name], per_shape=8)
+    runs, failures = run_all(family, plan, "fast")
+    assert runs == len(plan) >= 12 and not failures, failures[:3]
+
+
+def test_sample_is_race_free_in_check_mode(family) -> None:  # noqa: ANN001
+    """Threadgroup races, uninitialised threadgroup reads, barrier divergence: check mode on a sample."""
+    plan = covering_sample(family, SHAPES[family.name][1:3], per_shape=4, seed=9)
+    runs, failures = run_all(family, plan, "check")
+    assert runs == len(plan) >= 6 and not failures, failures[:3]
+
+
+@pytest.mark.slow
+def test_wider_sweep_fast_mode(family) -> None:  # noqa: ANN001
+    plan = covering_sample(family, SHAPES[family.name], per_shape=30, seed=11)
+    runs, failures = run_all(family, plan, "fast")
+    assert not failures, failures[:3]
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed (the CUDA twins are compiled offline where it is)")
+def test_cuda_twin_compiles_for_h100(family, tmp_path: Path) -> None:  # noqa: ANN001
+    shape = "4096,4096" if family.name != "swiglu" else "4096,11008"
+    pool = valid(family, shape, H100)
+    step = max(1, len(pool) // 60)
+    configs = []
+    for i, cfg in enumerate(pool[::step]):
+        for dtype in ("float16", "bfloat16", "float32")[i % 3:] + ("float16",):
+            if Space(make_problem(family, shape, dtype, H100), H100).is_valid(cfg):
+                configs.append((cfg, dtype))
+                break
+    assert len(configs) >= 30
+    errors = nvcc_compiles(family, configs, tmp_path)
+    assert not errors, errors
+
+
+def test_a_broken_reduction_is_caught(tmp_path: Path) -> None:
+    """Dropping the threadgroup round of the simd reduction (rows of several simdgroups) must fail."""
+    fam = load_family("rmsnorm")
+    folder = tmp_path / "rmsnorm"
+    shutil.copytree(fam.path, folder)
+    tmpl = folder / "rmsnorm.metal.j2"
+    tmpl.write_text(tmpl.read_text().replace("for (int k = 1; k < SPR; ++k)", "for (int k = 1; k < 1; ++k)"))
+    bad = load_family(folder)
+    cfg = {**bad.default, "TG": 128, "ROWS": 1, "VEC": 1, "HOLD": "device", "REDUCE": "simd"}
+    runs, failures = run_all(bad, [(cfg, "float32", "3,256")], "fast")
+    assert runs == 1 and len(failures) == 1 and "wrong" in failures[0]
+
+
+def test_model_prefers_held_rows_at_large_shapes() -> None:
+    model = get_backend("model", chip="H100")
+    for name in ("rmsnorm", "layernorm", "softmax"):
+        fam = load_family(name)
+        sp = Space(make_problem(fam, "16384,4096", "float16", H100), H100)
+        base = {**fam.default, "TG": 512, "ROWS": 1, "VEC": 8, "UNROLL": 1}
+        held = model.predict_ms(sp, {**base, "HOLD": "registers"})
+        assert held < model.predict_ms(sp, {**base, "HOLD": "device"}), name  # x re-read from memory
+        bytes_ = sp.problem.bytes()
+        assert bytes_ / (held * 1e-3) < get_chip("H100").memory_bandwidth_gbs * 1e9  # never above the roofline

@@ -112,7 +112,7 @@ def test_rejudged_repository_artifacts_route_every_h100_gemm_call_to_the_op(tmp_
     shutil.copytree(REPO / "artifacts", store_dir)
     store = ArtifactStore(store_dir)
     store.rejudge()  # already re-judged in the repository: nothing left to invalidate, and no error
-    current = [p for k in store.keys() if (p := store.pointer(k))]
+    current = [p for k in store.keys() if k.family == "gemm" and (p := store.pointer(k))]  # gemv has a winner
     assert current and all(p.invalidated and "of mx.matmul (measured" in p.invalidated for p in current)
     result = export(["gemm"], tmp_path / "dist", store, package="ks_repo", version="1.0")
     assert result.artifacts == []

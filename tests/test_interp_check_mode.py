@@ -67,3 +67,15 @@ def test_component_race_is_still_a_race():
     k = KernelSource("comprace", "metal", ("a",), ("out",), "", src)
     r = run_kernel(k, (32, 1, 1), (32, 1, 1), [(32,)], ["float32"], [np.arange(32.0)], "float32", mode="check")
     assert any(d.kind in ("race", "uninitialized") for d in r.diagnostics)
+
+
+@pytest.mark.parametrize("mode", ["fast", "check"])
+def test_an_error_inside_the_shim_names_the_kernel_line(mode):
+    from kernsearch._errors import VariantFailure
+
+    src = "uint t = thread_position_in_grid.x;\nfloat x = a[t];\nout[t] = as_type<float>(half(x));\n"
+    k = KernelSource("shimerr", "metal", ("a",), ("out",), "", src)
+    with pytest.raises(VariantFailure) as exc:
+        run_kernel(k, (4, 1, 1), (4, 1, 1), [(4,)], ["float32"], [np.zeros(4)], "float32", mode=mode)
+    # no header; "[[kernel]] void ...(" and 3 parameter lines (a, out, thread_position_in_grid): body line 3 is 7
+    assert exc.value.detail.startswith("line 7:") and "as_type" in exc.value.detail, exc.value.detail

@@ -75,3 +75,18 @@ def test_unknown_schedule_is_refused():
     with pytest.raises(ValueError, match="unknown schedule"):
         run_kernel(kern("out[0] = 1.0f;"), (1, 1, 1), (1, 1, 1), [(1,)], ["float32"], [np.zeros(1)], "float32",
                    schedule="sideways")
+
+
+def test_a_sampled_set_of_threadgroups_runs_in_fuzzed_order_too():
+    src = "uint i = thread_position_in_grid.x; out[i] = float(threadgroup_position_in_grid.x);"
+    picks = [(0, 0, 0), (5, 0, 0), (9, 0, 0)]
+    for schedule in ("in-order", "reversed", "shuffled"):
+        r = run_kernel(kern(src), (640, 1, 1), (64, 1, 1), [(640,)], ["float32"], [np.zeros(1)], "float32",
+                       schedule=schedule, threadgroups=picks)
+        out = r.outputs[0]
+        for g in range(10):
+            block = out[g * 64:(g + 1) * 64]
+            if (g, 0, 0) in picks:
+                assert (block == g).all(), (schedule, g)
+            else:
+                assert np.isnan(block).all(), (schedule, g)

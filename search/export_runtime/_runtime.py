@@ -263,7 +263,7 @@ class Dispatcher:
             raise RuntimeError(f"{self.root}: dispatch table format {self.table.get('format')!r} is not {FORMAT}")
         self._device_info = device_info
         self._decisions: Dict[Any, Decision] = {}
-        self._plans: Dict[Any, Callable[[Sequence[Any]], Any]] = {}
+        self._plans: Dict[Any, Callable[..., Any]] = {}
         self._sources: Dict[Tuple[str, str, str], Optional[Dict[str, Any]]] = {}
         self._kernels: Dict[Any, Any] = {}
         self._refused: Dict[Tuple[str, str, str], str] = {}
@@ -489,7 +489,8 @@ class Dispatcher:
         time even to a microsecond-sized MLX op.
         """
         try:
-            key: Any = (family, chip, modeled, _env_flag(), *[(a.shape, a.dtype) for a in arrays])
+            flag = _ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else _env_flag()  # raw: no decoding here
+            key: Any = (family, chip, modeled, flag, *[(a.shape, a.dtype) for a in arrays])
             plan = self._plans.get(key)
         except (AttributeError, TypeError):  # not arrays, or an unhashable chip record: plan every call
             key, plan = None, None
@@ -499,10 +500,10 @@ class Dispatcher:
                 if len(self._plans) >= MAX_DECISIONS:
                     self._plans.clear()
                 self._plans[key] = plan
-        return plan(arrays)
+        return plan(*arrays)
 
-    def _plan(self, family: str, arrays: Sequence[Any], chip: Any, modeled: bool) -> Callable[[Sequence[Any]], Any]:
-        """A function of the call's arrays that runs what the decision for them chose."""
+    def _plan(self, family: str, arrays: Sequence[Any], chip: Any, modeled: bool) -> Callable[..., Any]:
+        """A function of the call's arrays (``plan(*arrays)``) that runs what the decision for them chose."""
         import mlx.core as mx
 
         fam = self._family(family)
@@ -532,7 +533,7 @@ class Dispatcher:
         output_dtypes = [_out_dtype(o, decision.dtype) for o in fam["outputs"]]
         params = [mx.array([p["value"]], dtype=getattr(mx, p["dtype"])) for p in fam.get("params", [])]
 
-        def run(call_arrays: Sequence[Any]) -> Any:
+        def run(*call_arrays: Any) -> Any:
             inputs = [mx.transpose(a) if t else a for t, a in zip(transpose, _as_mx(mx, call_arrays))] + params
             outputs = kernel(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
                              output_shapes=output_shapes, output_dtypes=output_dtypes, **init)
@@ -541,7 +542,7 @@ class Dispatcher:
         return run
 
     def _op_plan(self, fam: Dict[str, Any], arrays: Sequence[Any],
-                 native: bool = False) -> Callable[[Sequence[Any]], Any]:
+                 native: bool = False) -> Callable[..., Any]:
         """The family's MLX baseline as a function of the arrays; a plain ``f(inputs...)`` is called directly.
 
         ``native``: the call passed MLX arrays, so every call with the same key (shapes, MLX dtypes) does too.
@@ -556,16 +557,16 @@ class Dispatcher:
             dims_, _ = _bind_dims(fam, [tuple(a.shape) for a in arrays])
             compiled = mx.compile(lambda *xs: evaluate(tree, {**(dims_ or {}), **params, **dict(zip(order, xs))},
                                                        functions))
-            return lambda call_arrays: compiled(*_as_mx(mx, call_arrays))
+            return lambda *call_arrays: compiled(*_as_mx(mx, call_arrays))
         if (tree[0] == "call" and tree[1] in functions and not tree[3] and not params
                 and all(t[0] == "name" and t[1] in order for t in tree[2])):
             fn, picks = functions[tree[1]], [order.index(t[1]) for t in tree[2]]
             if native and picks == list(range(len(order))):
-                return lambda call_arrays: fn(*call_arrays)
-            return lambda call_arrays: fn(*[_as_mx(mx, call_arrays)[i] for i in picks])
+                return fn  # the op itself: a planned call adds no frame of its own
+            return lambda *call_arrays: fn(*[_as_mx(mx, call_arrays)[i] for i in picks])
         dims, _ = _bind_dims(fam, [tuple(a.shape) for a in arrays])
 
-        def run(call_arrays: Sequence[Any]) -> Any:
+        def run(*call_arrays: Any) -> Any:
             names: Dict[str, Any] = dict(zip(order, _as_mx(mx, call_arrays)))
             names.update(dims or {})
             names.update(params)
@@ -574,7 +575,7 @@ class Dispatcher:
         return run
 
     def _mlx_op(self, fam: Dict[str, Any], arrays: Sequence[Any]) -> Any:
-        return self._op_plan(fam, arrays)(arrays)
+        return self._op_plan(fam, arrays)(*arrays)
 
     def _kernel(self, source: Dict[str, Any], shared_memory: int) -> Any:
         key = (source["sha256"], shared_memory if source["target"] == "cuda" else 0)

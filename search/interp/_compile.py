@@ -112,6 +112,8 @@ def _pch_dir(cmd_flags: list[str]) -> Path | None:
     return target if (target / "ks_shim.h.gch").exists() else None
 
 
+_KERNEL_REF = re.compile(r"kernel\.metal:(\d+)")
+_ANY_ERROR = re.compile(r":\d+(?::\d+)?:\s*(?:fatal )?error:\s*(.*)")
 _ERROR_LINE = re.compile(r"kernel\.metal:(\d+):(?:\d+:)?\s*(?:fatal )?error:\s*(.*)")
 
 
@@ -142,11 +144,19 @@ def compile_unit(cpp: str, mode: str) -> Compiled:
 
 
 def first_error(stderr: str) -> str:
-    """The first compiler error, named by its line in the full kernel when it is in the kernel."""
+    """The first compiler error, named by its line in the full kernel: an error inside the interpreter's shim
+    (a template instantiated by the kernel) is named by the kernel line that required it."""
+    kernel_line = None
     for line in stderr.splitlines():
         m = _ERROR_LINE.search(line)
         if m:
             return f"line {m.group(1)}: {m.group(2)}"
+        ref = _KERNEL_REF.search(line)
+        if ref:
+            kernel_line = ref.group(1)
+        err = _ANY_ERROR.search(line)
+        if err and kernel_line is not None:
+            return f"line {kernel_line}: {err.group(1)} (inside the interpreter's shim)"
     for line in stderr.splitlines():
         if "error" in line:
             return line.strip()[:300]

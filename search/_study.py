@@ -611,12 +611,22 @@ def _reason(t: optuna.trial.FrozenTrial) -> str:
 
 
 def _claimed_elsewhere(study: optuna.Study, trial: optuna.Trial, objective: Objective, key: str) -> Seen | None:
-    """A running trial of another process holds this config (its params are stored when it is asked for)."""
+    """Another process holds this config: a running trial of it (its params are stored when it is asked for;
+    a status written but not told yet still holds it), or a finished one (told since ``known`` was read).
+
+    One read of the study answers both: two reads would miss a trial told between them."""
     from optuna.trial import TrialState
 
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if t.number != trial.number and set(t.params) == set(objective.knobs) and \
-                t.user_attrs.get("status") is None and format_config({k: t.params[k] for k in objective.knobs}) == key:
+    for t in study.get_trials(deepcopy=False):
+        if t.number == trial.number or set(t.params) != set(objective.knobs) or \
+                format_config({k: t.params[k] for k in objective.knobs}) != key:
+            continue
+        status = t.user_attrs.get("status")
+        if status == STATUS_OK and t.value is not None:
+            return Seen(t.value, t.number, dict(t.params))
+        if status == STATUS_FAILED:
+            return Seen(None, t.number, dict(t.params), _reason(t))
+        if t.state == TrialState.RUNNING and status not in (STATUS_INVALID, STATUS_CANCELLED):
             return Seen(None, t.number, dict(t.params), "running elsewhere")
     return None
 

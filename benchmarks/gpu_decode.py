@@ -113,12 +113,13 @@ class Device:
         self.chip, self.info = device_chip()
         self.cuda = get_backend("cuda")
 
-    def verify(self, fam, space, cfg: dict, seed: int):  # noqa: ANN001, ANN201
+    def verify(self, fam, space, cfg: dict, seed: int, data: tuple | None = None):  # noqa: ANN001, ANN201
+        """``data``: (inputs, references) kept across variants of one problem (the float64 reference is costly)."""
         from kernsearch._render import geometry, render
         from kernsearch._verify import verify_kernel
 
         kernel = render(fam, cfg, space.problem.dtype, "cuda")
-        check, _ = verify_kernel(self.cuda, kernel, geometry(space, cfg), space.problem, seed=seed)
+        check, _ = verify_kernel(self.cuda, kernel, geometry(space, cfg), space.problem, seed=seed, data=data)
         return check
 
     def time_one(self, fam, space, cfg: dict, logical: dict) -> list[float]:  # noqa: ANN001
@@ -219,7 +220,7 @@ class DryDevice(Device):
     def _ms(self, space, cfg: dict) -> float:  # noqa: ANN001
         return self.model.predict_ms(space, cfg)
 
-    def verify(self, fam, space, cfg: dict, seed: int):  # noqa: ANN001, ANN201
+    def verify(self, fam, space, cfg: dict, seed: int, data: tuple | None = None):  # noqa: ANN001, ANN201
         """The Metal twin on the interpreter at the family's small ragged shape (the CUDA source is rendered)."""
         from kernsearch._render import geometry, render
         from kernsearch._space import Space, make_problem
@@ -282,7 +283,12 @@ def _worker_eval(cfg: dict) -> tuple[dict, dict]:
         chip = get_chip(_W["chip_name"]) if dev.chip.name != _W["chip_name"] else dev.chip
         full = Space(make_problem(fam, _W["shape"], DTYPE, chip), chip)
         small = Space(make_problem(fam, SMALL[fam.name], DTYPE, chip), chip)
-        _W.update(device=dev, fam=fam, full=full, small=small, logical=make_inputs(full.problem, 0))
+        from kernsearch._verify import reference
+
+        logical = make_inputs(full.problem, 0)
+        _W.update(device=dev, fam=fam, full=full, small=small, logical=logical,
+                  data=(make_inputs(full.problem, 6), None))
+        _W["data"] = (_W["data"][0], reference(full.problem, _W["data"][0]))
     dev, fam, full, small = _W["device"], _W["fam"], _W["full"], _W["small"]
     kernel = render(fam, cfg, DTYPE, "cuda")
     try:
@@ -296,7 +302,7 @@ def _worker_eval(cfg: dict) -> tuple[dict, dict]:
     extra = {"compile_time": dev.cuda.compile_seconds.get(kernel.sha256, 0.0) * 1e3}
     with _W["lock"]:
         try:
-            check = dev.verify(fam, full, cfg, seed=6)
+            check = dev.verify(fam, full, cfg, seed=6, data=_W["data"])
             if not check.ok:
                 return cfg, {"failure": "WrongResultConfig", "failure_detail": check.summary()[:500], **extra}
             times = dev.time_one(fam, full, cfg, _W["logical"])
@@ -447,13 +453,17 @@ def tune_problem(dev: Device, fam, shape: str, cands: list[dict], copy_gbps: flo
 
     started = time.monotonic()
     space = Space(make_problem(fam, shape, DTYPE, dev.chip), dev.chip)
+    from kernsearch._verify import reference
+
     logical = make_inputs(space.problem, 1)
+    checked = make_inputs(space.problem, 2)
+    data = (checked, None if dev.dry else reference(space.problem, checked))
     timed = []
     for cfg in cands:
         if time.monotonic() - started > per_problem_s and timed:
             break
         try:
-            check = dev.verify(fam, space, cfg, seed=2)
+            check = dev.verify(fam, space, cfg, seed=2, data=data)
             if not check.ok:
                 continue
             timed.append((float(np.median(dev.time_one(fam, space, cfg, logical))), cfg))

@@ -36,7 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernsearch._study import run_study  # noqa: E402
 from kernsearch.backends._replay import ReplayBackend  # noqa: E402
 
-
 NO_PRIOR = False  # --no-prior: strategies get no performance-model prediction, even for kernsearch's own files
 
 

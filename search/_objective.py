@@ -271,6 +271,7 @@ class KernelObjective(Objective):
 
     # -- the end ------------------------------------------------------------------------------------
     def finalize(self, top: list[TrialSummary]) -> dict[str, Any]:
+        self._close_pool()  # compiles still running ahead would load the CPU and GPU during the final round
         if self.backend == "model":
             return self._verify_finalists(top)
         return self._remeasure_finalists(top)
@@ -360,11 +361,14 @@ class KernelObjective(Objective):
 
         return (store or ArtifactStore()).publish(candidate, margin=DEFAULT_MARGIN if margin is None else margin)
 
-    def close(self) -> None:
+    def _close_pool(self) -> None:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
             self._prepared.clear()
+
+    def close(self) -> None:
+        self._close_pool()
         if self._worker is not None:
             self._worker.close()
             self._worker = None

@@ -79,3 +79,20 @@ def test_an_error_inside_the_shim_names_the_kernel_line(mode):
         run_kernel(k, (4, 1, 1), (4, 1, 1), [(4,)], ["float32"], [np.zeros(4)], "float32", mode=mode)
     # no header; "[[kernel]] void ...(" and 3 parameter lines (a, out, thread_position_in_grid): body line 3 is 7
     assert exc.value.detail.startswith("line 7:") and "as_type" in exc.value.detail, exc.value.detail
+
+
+@pytest.mark.parametrize("mode", ["fast", "check"])
+def test_range_for_over_a_threadgroup_array(mode):
+    src = """
+  threadgroup float buf[16];
+  uint t = thread_index_in_threadgroup;
+  buf[t] = a[t];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  float s = 0.0f;
+  for (float x : buf) s += x;
+  out[t] = s;
+"""
+    k = KernelSource("rangefor", "metal", ("a",), ("out",), "", src)
+    r = run_kernel(k, (16, 1, 1), (16, 1, 1), [(16,)], ["float32"], [np.arange(16.0)], "float32", mode=mode)
+    assert r.outputs[0].tolist() == [120.0] * 16
+    assert r.diagnostics == []

@@ -49,12 +49,13 @@ def test_every_knob_value_is_reachable_at_large_shapes(family) -> None:  # noqa:
 
 
 def test_sample_matches_reference_on_ragged_shapes(family) -> None:  # noqa: ANN001
-    """Fast lane: every knob value valid at each shape at least once, dtypes rotated, fast mode."""
-    plan = covering_sample(family, SHAPES[family.name], per_shape=8)
+    """Fast lane: every knob value valid at a ragged and an aligned shape at least once, dtypes rotated."""
+    plan = covering_sample(family, ("7,77", "3,256"), per_shape=4)
     runs, failures = run_all(family, plan, "fast")
-    assert runs == len(plan) >= 12 and not failures, failures[:3]
+    assert runs == len(plan) >= 6 and not failures, failures[:3]
 
 
+@pytest.mark.slow
 def test_sample_is_race_free_in_check_mode(family) -> None:  # noqa: ANN001
     """Threadgroup races, uninitialised threadgroup reads, barrier divergence: check mode on a sample."""
     plan = covering_sample(family, SHAPES[family.name][1:3], per_shape=4, seed=9)
@@ -64,11 +65,13 @@ def test_sample_is_race_free_in_check_mode(family) -> None:  # noqa: ANN001
 
 @pytest.mark.slow
 def test_wider_sweep_fast_mode(family) -> None:  # noqa: ANN001
-    plan = covering_sample(family, SHAPES[family.name], per_shape=30, seed=11)
+    """Every shape (a single row, ragged rows, several rows per threadgroup, aligned rows), more configs."""
+    plan = covering_sample(family, SHAPES[family.name], per_shape=16, seed=11)
     runs, failures = run_all(family, plan, "fast")
     assert not failures, failures[:3]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed (the CUDA twins are compiled offline where it is)")
 def test_cuda_twin_compiles_for_h100(family, tmp_path: Path) -> None:  # noqa: ANN001
     shape = "4096,4096" if family.name != "swiglu" else "4096,11008"

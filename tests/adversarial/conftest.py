@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 GEMM_DIR = REPO / "templates" / "gemm"
 #: A tree no test may change: attacks aim their writes here, and the repository is watched too.
 CANARY = Path(tempfile.gettempdir()) / f"ks-canary-{os.getpid()}"
-_SKIP = {".git", "__pycache__", ".venv", ".hypothesis", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+#: Not watched: VCS and tool caches, and ``.kernsearch`` (the test suite's own compiled-kernel cache folder).
+_SKIP = {".git", "__pycache__", ".venv", ".hypothesis", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".kernsearch"}
 
 
 def _snapshot(root: Path) -> dict[str, str]:

@@ -412,6 +412,16 @@ template <class T> struct tgptr {
   tgptr& operator+=(int64_t d) { off += d; return *this; }
   tgptr& operator-=(int64_t d) { off -= d; return *this; }
   tgptr& operator++() { ++off; return *this; }
+  // Range-for over a threadgroup array (`for (float x : buf)`): every element read is checked.
+  struct iterator {
+    const TgAlloc* a;
+    int64_t i;
+    tgref<T> operator*() const { return tgref<T>{a, i, __LINE__}; }
+    iterator& operator++() { ++i; return *this; }
+    bool operator!=(const iterator& o) const { return i != o.i; }
+  };
+  iterator begin() const { return iterator{a, off}; }
+  iterator end() const { return iterator{a, a ? a->elems : off}; }
 };
 
 // One component of a threadgroup vector element (`v4[t].x`, rewritten to ks::comp<0>(v4[t])): reads check the

@@ -7,11 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from pgserver import PostgresServer, pg_bin, wait_for
+
+from kernsearch._storage import GRACE_BEATS
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -74,6 +77,9 @@ def test_a_worker_killed_mid_trial_has_its_trial_failed_and_retried_and_the_stud
     victim.wait(timeout=30)
     running = [t for t in _trials(pg, "killed") if t.state == TrialState.RUNNING]
     assert len(running) == 1  # the dead process's trial: nobody will tell it
+    # Past the grace (3 beats of 1 s) its pulse is stale whenever the survivor looks: without the wait, a survivor
+    # that starts fast can finish its 20 trials while the dead trial still counts as alive (a race, not a bug).
+    time.sleep(GRACE_BEATS * 1 + 1)
 
     survivor = _worker(pg, "killed", 20, 0.05, log)
     out, err = survivor.communicate(timeout=240)

@@ -57,6 +57,8 @@ ROWS: list[tuple[int, int, int, str]] = [
     (512, 512, 512, "float16"),
 ]
 DRY_SHAPE = (64, 48, 32)
+#: The control row's shape: the smallest GPU time in the sweep, where noise is largest.
+CONTROL = (8, 4096, 4096)
 
 
 @dataclass
@@ -174,13 +176,44 @@ def measure_row(pkg: Any, m: int, n: int, k: int, dtype: str, rounds: int, min_b
     scale = float(mx.max(mx.abs(want)).item()) or 1.0
     row.max_rel_error = float(mx.max(mx.abs(got - want)).item()) / scale
     pk, op = interleaved([lambda: pkg.gemm(a, b), lambda: mx.matmul(a, b)], rounds, min_batch_ms)
+    _judge(row, pk, op)
+    return row
+
+
+def _judge(row: Row, pk: list[float], op: list[float]) -> None:
     row.samples_package_ms, row.samples_op_ms = pk, op
     row.package_ms, row.op_ms = percentile(pk, 0.5), percentile(op, 0.5)
     row.percent = 100 * row.op_ms / row.package_ms
     row.percent_low = 100 * percentile(op, 0.1) / percentile(pk, 0.9)
     row.percent_high = 100 * percentile(op, 0.9) / percentile(pk, 0.1)
     row.slower_beyond_noise = row.percent_high < 100
+
+
+def measure_control(m: int, n: int, k: int, rounds: int, min_batch_ms: float) -> Row:
+    """``mx.matmul`` against itself, timed like a package row: how far from 100 % the method alone reads."""
+    import mlx.core as mx
+
+    mx.random.seed(7)
+    a = mx.random.normal((m, k)).astype(mx.float16)
+    b = mx.random.normal((k, n)).astype(mx.float16)
+    row = Row(f"{m}x{n}x{k}", "float16", "control", "mx.matmul", [])
+    first, second = interleaved([lambda: mx.matmul(a, b), lambda: mx.matmul(a, b)], rounds, min_batch_ms)
+    _judge(row, first, second)
     return row
+
+
+def host_call_us(pkg: Any, calls: int = 20000) -> dict[str, float]:
+    """Microseconds per call spent on the host building the graph (nothing evaluated): what the package's
+    dispatch adds to every call, best of 7."""
+    import timeit
+
+    import mlx.core as mx
+
+    a, b = mx.ones((1, 64), dtype=mx.float16), mx.ones((64, 64), dtype=mx.float16)
+    pkg.gemm(a, b)  # planned once
+    cost = {name: min(timeit.repeat(lambda f=f: f(a, b), number=calls, repeat=7)) / calls * 1e6  # type: ignore[misc]
+            for name, f in (("package", pkg.gemm), ("op", mx.matmul))}
+    return cost
 
 
 @dataclass
@@ -212,8 +245,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for gpu_package.json")
     ap.add_argument("--store", type=Path, default=ROOT / "artifacts", help="artifact store to export")
-    ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds per row")
-    ap.add_argument("--min-batch-ms", type=float, default=10.0, help="each timed batch lasts at least this")
+    ap.add_argument("--rounds", type=int, default=41, help="interleaved rounds per row")
+    ap.add_argument("--min-batch-ms", type=float, default=20.0, help="each timed batch lasts at least this")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: decisions for --chip, CPU call path only")
     ap.add_argument("--chip", default=None, help="chip the decisions are made for (dry run: H100)")
     args = ap.parse_args()
@@ -259,7 +292,19 @@ def main() -> int:
             for line in row.why:
                 print(f"    {line}")
 
-    timed = have_mlx and not args.dry_run
+        timed = have_mlx and not args.dry_run
+        if have_mlx:
+            env["host_call_us"] = host_call_us(pkg)
+            print(f"host cost per call, graph building only (no eval), 1x64x64 float16 on "
+                  f"{env.get('device', '-')}: package {env['host_call_us']['package']:.2f} us, "
+                  f"mx.matmul {env['host_call_us']['op']:.2f} us")
+        if timed:  # the method's own noise: mx.matmul timed against itself, as the package rows are
+            m, n, k = CONTROL
+            control = measure_control(m, n, k, rounds, args.min_batch_ms)
+            env["control"] = asdict(control)
+            print(f"control, mx.matmul against itself at {control.shape} float16: {control.percent:.0f} % "
+                  f"({control.percent_low:.0f}-{control.percent_high:.0f})"
+                  + (" **SLOWER**: the method itself reports a slowdown" if control.slower_beyond_noise else ""))
     print()
     print(table(rows, timed))
     slower = [r for r in rows if r.slower_beyond_noise]

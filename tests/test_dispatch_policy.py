@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from test_export import H100, H200, M2MAX, M2PRO, arrays, candidate, import_package
 
@@ -181,3 +182,40 @@ def test_the_exported_functions_take_the_modeled_opt_in_as_a_call_argument(tmp_p
     assert pkg.explain("gemm", *arrays(64, 64, 64), chip=M2MAX, modeled=True).level == "exact chip"
     a, b = mx.ones((8, 4)), mx.ones((4, 6))
     assert mx.array_equal(pkg.gemm(a, b, modeled=True), mx.matmul(a, b)).item()  # no GPU here: the op runs
+
+
+def test_a_family_that_cannot_run_a_kernel_here_calls_the_op_without_planning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a chip where no artifact of the family could be taken (any shape, any dtype), a call is the op plus
+    one look-up; where one could, every call is planned, and opt-ins still reach the kernel."""
+    winner = candidate("H100", (64, 64, 64), "float16", target="cuda", speedup=1.5)
+    loser = candidate("H100", (64, 64, 64), "float16", target="cuda", speedup=0.5)
+    a, b = mx.ones((64, 64), dtype=mx.float16), mx.ones((64, 64), dtype=mx.float16)
+    monkeypatch.setattr(_runtime, "_gpu_available", lambda: True)  # the injected H100 is the running GPU
+    for speedup, expect_op_only in ((loser, True), (winner, False)):
+        root = tmp_path / str(expect_op_only)
+        store = ArtifactStore(root / "store")
+        store.publish(speedup, margin=-1.0)
+        result = export(["gemm"], root / "dist", store, package="ks_fast", version="1.0")
+        d = _runtime.Dispatcher(result.source_dir / "ks_fast", device_info=H100)
+        d.toolchain = dict(HERE)
+        launches: list[object] = []
+
+        def kernel(**kw):  # square all-ones inputs: the product whichever operand arrives transposed
+            launches.append(kw["grid"])
+            return [mx.matmul(kw["inputs"][0], mx.transpose(kw["inputs"][1]))]
+
+        d.kernel_factory = lambda source, shm: kernel
+        assert mx.array_equal(d.call("gemm", a, b), mx.matmul(a, b))
+        assert (d._op_only["gemm"] is mx.matmul) == expect_op_only
+        planned = len(d._plans)
+        d.call("gemm", a, b)
+        assert len(d._plans) == planned  # nothing new planned either way
+        assert len(launches) == (0 if expect_op_only else 2)
+        # NumPy inputs: the op refuses them, the planned path converts them (the fast path falls through).
+        got = d.call("gemm", np.ones((64, 64), np.float16), np.ones((64, 64), np.float16))
+        assert mx.array_equal(got, mx.matmul(a, b)) and len(launches) == (0 if expect_op_only else 3)
+        monkeypatch.setenv("KERNSEARCH_KERNELS", "off")  # the switch still acts on the fast path
+        d.call("gemm", a, b)
+        assert len(launches) == (0 if expect_op_only else 3)
+        monkeypatch.delenv("KERNSEARCH_KERNELS")

@@ -16,10 +16,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import operator
 import os
 import re
 import warnings
 from dataclasses import dataclass, field
+from itertools import chain as _chain
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -264,6 +266,9 @@ class Dispatcher:
         self._device_info = device_info
         self._decisions: Dict[Any, Decision] = {}
         self._plans: Dict[Any, Callable[..., Any]] = {}
+        #: family -> its MLX op, where no kernel of the family can run on this chip (``_op_everywhere``);
+        #: None where one might. Holds for calls with no chip, no opt-in and KERNSEARCH_KERNELS unset.
+        self._op_only: Dict[str, Optional[Callable[..., Any]]] = {}
         self._sources: Dict[Tuple[str, str, str], Optional[Dict[str, Any]]] = {}
         self._kernels: Dict[Any, Any] = {}
         self._refused: Dict[Tuple[str, str, str], str] = {}
@@ -488,14 +493,34 @@ class Dispatcher:
         costs a dictionary look-up on top of the op or kernel it runs, so the package adds no measurable
         time even to a microsecond-sized MLX op.
         """
+        flag = _ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else _env_flag()  # raw: no decoding here
+        if flag is None and chip is None and not modeled:
+            op = self._op_only.get(family)
+            if op is not None:  # no kernel of this family can run here: the op, without building a key
+                try:
+                    return op(*arrays)
+                except TypeError:  # not MLX arrays (the op takes only those): the planned path converts them
+                    pass
         try:
-            flag = _ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else _env_flag()  # raw: no decoding here
-            key: Any = (family, chip, modeled, flag, *[(a.shape, a.dtype) for a in arrays])
+            # The key spelled out for the common arities: a comprehension would cost a frame (~0.4 us, a
+            # tenth of a small op). Every form is (family, chip, modeled, flag, shape0, dtype0, shape1, ...).
+            if len(arrays) == 2:
+                a, b = arrays
+                key: Any = (family, chip, modeled, flag, a.shape, a.dtype, b.shape, b.dtype)
+            elif len(arrays) == 1:
+                key = (family, chip, modeled, flag, arrays[0].shape, arrays[0].dtype)
+            elif len(arrays) == 3:
+                a, b, c = arrays
+                key = (family, chip, modeled, flag, a.shape, a.dtype, b.shape, b.dtype, c.shape, c.dtype)
+            else:
+                key = (family, chip, modeled, flag, *_chain.from_iterable(map(_SIGNATURE, arrays)))
             plan = self._plans.get(key)
         except (AttributeError, TypeError):  # not arrays, or an unhashable chip record: plan every call
             key, plan = None, None
         if plan is None:
             plan = self._plan(family, arrays, chip, modeled)
+            if flag is None and chip is None and not modeled and family not in self._op_only:
+                self._op_only[family] = self._op_everywhere(family, arrays)
             if key is not None:
                 if len(self._plans) >= MAX_DECISIONS:
                     self._plans.clear()
@@ -540,6 +565,21 @@ class Dispatcher:
             return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
         return run
+
+    def _op_everywhere(self, family: str, arrays: Sequence[Any]) -> Optional[Callable[..., Any]]:
+        """The family's MLX op when every call of it on the running chip runs that op, whatever its shapes
+        and dtypes (no artifact of this chip's target may run here, even ignoring chip and shape: the levels
+        and the default-config proof all draw from those); else None. Such calls skip the planning key."""
+        import mlx.core as mx
+
+        fam = self._family(family)
+        record, target = self.running_chip()
+        op = fam.get("baseline_name", "the MLX op")
+        if target and any(not self._unusable(a, fam, None, (), record, a["dtype"], op, False)
+                          for a in fam["artifacts"] if a["target"] == target):
+            return None
+        plan = self._op_plan(fam, arrays, native=all(isinstance(a, mx.array) for a in arrays))
+        return plan if plan in mlx_vocabulary(mx).values() else None  # a plain op, not a wrapper of one
 
     def _op_plan(self, fam: Dict[str, Any], arrays: Sequence[Any],
                  native: bool = False) -> Callable[..., Any]:
@@ -599,6 +639,9 @@ try:  # os.environ.get costs ~2 us (key encoding); the raw table is a dict looku
     _ENV_KEY: Any = os.environ.encodekey(DISABLE_VAR)  # type: ignore[attr-defined,unused-ignore]
 except AttributeError:  # pragma: no cover - not CPython
     _ENV_DATA = None
+
+
+_SIGNATURE = operator.attrgetter("shape", "dtype")
 
 
 def _env_flag() -> Optional[str]:

@@ -61,6 +61,8 @@ def open_regular(path: str | Path, flags: int = _READ_FLAGS, mode: int = 0o644) 
         if exc.errno == errno.ENXIO:
             raise UnsafeFile(f"{path}: is a special file (refused)") from None
         raise UnsafeFile(f"{path}: cannot open ({exc.strerror})") from None
+    except ValueError:  # a NUL byte in the path: no file has that name
+        raise UnsafeFile(f"{str(path)!r}: not a usable path (it holds a NUL byte)") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

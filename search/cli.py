@@ -895,6 +895,7 @@ def dashboard(storage: str | None = StorageOpt,
         os._exit(0)
 
     store = make_storage(storage)
+    _check_listen(host, port)  # before the banner: a bad address is one line, not the server's start-up and then it
     signal.signal(signal.SIGTERM, stop)
     err.print(f"optuna-dashboard on {storage or default_storage()}: open http://{host}:{port}/ (Ctrl-C stops)",
               soft_wrap=True, markup=False)
@@ -904,6 +905,20 @@ def dashboard(storage: str | None = StorageOpt,
         raise KernsearchError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     except KeyboardInterrupt:
         pass
+
+
+def _check_listen(host: str, port: int) -> None:
+    """One line if ``host:port`` cannot be listened on (unknown name, foreign address, port taken)."""
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will
+            probe.bind(address)
+    except (OSError, ValueError, UnicodeError) as exc:
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise KernsearchError(f"cannot listen on {host}:{port}: {detail}") from None
 
 
 @app.command()

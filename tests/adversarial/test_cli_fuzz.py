@@ -23,6 +23,37 @@ BOUND_S = 60
 _TMP = Path(os.environ.get("KS_FUZZ_DIR", "/tmp")) / f"ks-fuzz-{os.getpid()}"
 
 
+_JOB = """[[jobs]]
+name = "fuzz"
+family = "gemm"
+shapes = ["64,64,64"]
+dtypes = ["float32"]
+chips = ["M2 Max"]
+trials = 2
+backend = "model"
+"""
+#: Job files for the flows commands: all hostile but ``valid.toml`` (a job for M2 Max only, which the fuzz
+#: runs only where a bad schedule or a missing Prefect server must stop it first: it never serves or runs).
+JOB_FILES = {
+    "valid.toml": _JOB,
+    "deep.toml": "x = " + "[" * 6000 + "]" * 6000 + "\n",
+    "seed.toml": "[defaults]\nseed = -1\n" + _JOB,
+    "timeout.toml": "[defaults]\ntimeout = inf\n" + _JOB,
+    "trials.toml": _JOB.replace("trials = 2", "trials = 100000000000000000000"),
+    "traversal.toml": _JOB.replace('family = "gemm"', 'family = "../../x"'),
+    "name.toml": _JOB.replace('name = "fuzz"', 'name = "../../../tmp/x"'),
+    "template.toml": _JOB.replace('family = "gemm"', 'family = "{{7*7}}"'),
+    "jobs.toml": 'jobs = "x"\n',
+    "empty.toml": "",
+    "bad.toml": "[[jobs]\nname = 1\n",
+    "bomb.yaml": "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+                 "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+                 "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: &f [*e, *e, *e, *e, *e, *e, *e, *e, *e]\n"
+                 "jobs: [*f, *f, *f, *f, *f, *f, *f, *f, *f]\n",
+    "jobs.txt": _JOB,
+}
+
+
 def _pool() -> dict[str, str]:
     """Hostile files every example may name: special files, links, junk, deep JSON, huge sizes."""
     root = _TMP
@@ -52,6 +83,9 @@ def _pool() -> dict[str, str]:
         os.mkfifo(store / "CURRENT")
     (store / "v1" / "manifest.json").write_text("[" * 10_000)
     paths["store"] = str(root / "store")
+    for name, text in JOB_FILES.items():
+        (root / name).write_text(text)
+        paths[f"job:{name}"] = str(root / name)
     (root / ".ready").write_text(json.dumps(paths))
     return paths
 
@@ -72,6 +106,20 @@ STORAGE = st.sampled_from([":memory:", f"sqlite:///{POOL['junk']}", f"sqlite:///
 STORE = st.sampled_from([POOL["store"], POOL["fifo"], POOL["junk"], POOL["dir"], "/nonexistent"])
 SMALL_SHAPE = st.sampled_from(["16,16,16", "17,9,33", "0,1,1", "-1,4,4", "a,b,c", "1", "", "4,4,4,4",
                                "99999999999,1,1", "100000,100000,100000"])
+
+
+STUDY = "fuzz-study"  # made by the report test before its examples: a study the report can be written for
+OUT_FILE = st.sampled_from(["r.html", "sub/dir/r.html", ".", "", "\x00", "a" * 5000, "/proc/nosuch/r.html",
+                            "/proc/version", "r.html/"]) | TEXT
+BAD_STORAGE = st.sampled_from([f"sqlite:///{POOL['junk']}", f"sqlite:///{POOL['fifo']}", f"sqlite:///{POOL['dir']}",
+                               "nosuch://x", "sqlite:////proc/x", f"sqlite:///{POOL['link']}",
+                               "postgresql://u:pw@127.0.0.1:9/x"])
+BAD_PORT = st.sampled_from(["0", "-1", "65536", "x", "nan", "", str(2**70), "1e3"])
+BAD_HOST = st.sampled_from(["256.256.256.256", "\x00", "nosuch.invalid", "::::", "a" * 300, "203.0.113.7"])
+BAD_CRON = st.sampled_from(["", "* * *", "61 * * * *", "nan", "{{7*7}}", "a b c d e", "0 25 * * *", "\x00"])
+BAD_JOB = st.sampled_from(sorted(v for k, v in POOL.items() if k.startswith("job:") and k != "job:valid.toml")
+                          + [POOL["fifo"], POOL["dir"], POOL["link"], POOL["badutf8"], POOL["deep"], POOL["junk"],
+                             "", "/nonexistent.toml", "\x00"])
 
 
 def _opt(flag: str, values: st.SearchStrategy[str]) -> st.SearchStrategy[list[str]]:
@@ -107,6 +155,26 @@ COMMANDS = {
     "artifacts verify": _cmd(["artifacts", "verify"], STORE.map(lambda s: ["--store", s])),
     "export": _cmd(["export"], st.lists(FAMILY, max_size=2), STORE.map(lambda s: ["--store", s]),
                    _opt("--name", TEXT), _opt("--version", TEXT), st.just(["--out", "dist"])),
+    "artifacts migrate": _cmd(["artifacts", "migrate"], STORE.map(lambda s: ["--store", s])),
+    "artifacts rejudge": _cmd(["artifacts", "rejudge"], STORE.map(lambda s: ["--store", s]),
+                              _opt("--margin", NUMBER)),
+    "report": _cmd(["report"], (st.just(STUDY) | TEXT).map(lambda t: [t]), STORAGE.map(lambda s: ["--storage", s]),
+                   _opt("--out", OUT_FILE)),
+    # Each example has at least one hostile part, so none of them starts serving (which would block).
+    "dashboard": st.one_of(
+        _cmd(["dashboard"], BAD_STORAGE.map(lambda s: ["--storage", s]), _opt("--port", NUMBER)),
+        _cmd(["dashboard", "--storage", ":memory:"], BAD_PORT.map(lambda p: ["--port", p]), _opt("--host", TEXT)),
+        _cmd(["dashboard", "--storage", ":memory:", "--port", "18089"], BAD_HOST.map(lambda h: ["--host", h]))),
+    "flows run": _cmd(["flows", "run"], BAD_JOB.map(lambda j: [j]), _opt("--chip", TEXT)),
+    "flows serve": st.one_of(
+        _cmd(["flows", "serve"], BAD_JOB.map(lambda j: [j]), _opt("--chip", TEXT), _opt("--cron", TEXT),
+             _opt("--timezone", TEXT), _opt("--name", TEXT)),
+        _cmd(["flows", "serve", POOL["job:valid.toml"], "--chip", "M2 Max"],
+             st.one_of(BAD_CRON.map(lambda c: ["--cron", c]),
+                       _opt("--cron", st.just("0 2 * * *")).map(lambda c: c + ["--timezone", "Mars/Olympus"])),
+             _opt("--name", TEXT))),
+    "flows deploy": _cmd(["flows", "deploy"], (BAD_JOB | st.just(POOL["job:valid.toml"])).map(lambda j: [j]),
+                         _opt("--chip", TEXT), _opt("--cron", TEXT), _opt("--timezone", TEXT)),
 }
 
 
@@ -167,6 +235,12 @@ def test_hostile_arguments(command: str, tmp_path_factory: pytest.TempPathFactor
     monkeypatch.setenv("KERNSEARCH_HOME", str(work / "home"))
     monkeypatch.setenv("KERNSEARCH_ARTIFACTS", str(work / "artifacts"))
     monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)  # deploy must stop at "no server", not reach one
+    monkeypatch.setenv("PREFECT_HOME", str(work / "prefect"))
+    if command == "report":
+        code, _, stderr = run_cli(["tune", "gemm", "--backend", "model", "--verify", "none", "--chip", "M2 Max",
+                                   "--trials", "3", "--shape", "64,64,64", "--study", STUDY], work)
+        assert code == 0, stderr
 
     @settings(max_examples=6 if command == "verify" else 12, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))

@@ -172,10 +172,12 @@ def export(families: list[str] | None, out: str | Path, store: ArtifactStore | N
         raise ExportError(f"no artifacts in {store.root} and no family named: nothing to export "
                           "(name a family to ship its default config and MLX fallback)")
 
+    if "\x00" in str(out):
+        raise ExportError(f"cannot write the package under {str(out)[:200]!r}: a NUL byte in the name")
     try:
         return _export(names, Path(out), store, package, version)
     except OSError as exc:
-        raise ExportError(f"cannot write the package under {out}: {exc.strerror or exc}") from None
+        raise ExportError(f"cannot write the package under {str(out)[:200]!r}: {exc.strerror or exc}") from None
 
 
 def _export(names: list[str], out: Path, store: ArtifactStore, package: str, version: str) -> ExportResult:

@@ -239,13 +239,15 @@ def write_report(study_name: str, storage: str | None = None, out: str | Path | 
 
     h = load_history(study_name, storage)
     path = Path(out) if out is not None else default_report_path(study_name)
-    if path.is_dir():
-        raise KernsearchError(f"--out {path} is a folder: give a file name, e.g. {path / 'report.html'}")
+    if "\x00" in str(path):
+        raise KernsearchError(f"cannot write the report to {str(path)[:200]!r}: a NUL byte in the name")
     try:
+        if path.is_dir():
+            raise KernsearchError(f"--out {path} is a folder: give a file name, e.g. {path / 'report.html'}")
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(render_report(h), encoding="utf-8")
         tmp.replace(path)
     except OSError as exc:
-        raise KernsearchError(f"cannot write the report to {path}: {exc.strerror or exc}") from None
+        raise KernsearchError(f"cannot write the report to {str(path)[:200]!r}: {exc.strerror or exc}") from None
     return path

@@ -154,12 +154,15 @@ COMMANDS = {
     "artifacts show": _cmd(["artifacts", "show"], TEXT.map(lambda t: [t]), STORE.map(lambda s: ["--store", s])),
     "artifacts verify": _cmd(["artifacts", "verify"], STORE.map(lambda s: ["--store", s])),
     "export": _cmd(["export"], st.lists(FAMILY, max_size=2), STORE.map(lambda s: ["--store", s]),
-                   _opt("--name", TEXT), _opt("--version", TEXT), st.just(["--out", "dist"])),
+                   _opt("--name", TEXT), _opt("--version", TEXT),
+                   st.sampled_from(["dist", "", "\x00", "a" * 5000, "/proc/version", "/proc/nosuch/dist",
+                                    POOL["fifo"], POOL["link"]]).map(lambda o: ["--out", o])),
     "artifacts migrate": _cmd(["artifacts", "migrate"], STORE.map(lambda s: ["--store", s])),
     "artifacts rejudge": _cmd(["artifacts", "rejudge"], STORE.map(lambda s: ["--store", s]),
                               _opt("--margin", NUMBER)),
-    "report": _cmd(["report"], (st.just(STUDY) | TEXT).map(lambda t: [t]), STORAGE.map(lambda s: ["--storage", s]),
-                   _opt("--out", OUT_FILE)),
+    "report": st.one_of(_cmd(["report", STUDY], OUT_FILE.map(lambda o: ["--out", o])),
+                        _cmd(["report"], TEXT.map(lambda t: [t]), STORAGE.map(lambda s: ["--storage", s]),
+                             _opt("--out", OUT_FILE))),
     # Each example has at least one hostile part, so none of them starts serving (which would block).
     "dashboard": st.one_of(
         _cmd(["dashboard"], BAD_STORAGE.map(lambda s: ["--storage", s]), _opt("--port", NUMBER)),
@@ -250,3 +253,19 @@ def test_hostile_arguments(command: str, tmp_path_factory: pytest.TempPathFactor
         _check(args, code, stderr)
 
     run()
+
+
+@pytest.mark.parametrize("out", ["a\x00b", "a" * 5000, "/proc/version/x"])
+def test_output_paths_no_file_can_have_are_one_line(out: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a command writes (report, export), a name no file can have (a NUL byte, too long, under a
+    file) is one line and exit 2 (found by the suite above, kept here as fixed examples)."""
+    monkeypatch.setenv("KERNSEARCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KERNSEARCH_ARTIFACTS", str(tmp_path / "artifacts"))
+    code, _, stderr = run_cli(["tune", "gemm", "--backend", "model", "--verify", "none", "--chip", "M2 Max",
+                               "--trials", "2", "--shape", "64,64,64", "--study", STUDY], tmp_path)
+    assert code == 0, stderr
+    for args in (["report", STUDY, "--out", out], ["export", "gemm", "--out", out]):
+        code, _, stderr = run_cli(args, tmp_path)
+        _check(args, code, stderr)
+        assert code == 2 and ("cannot write" in stderr or "too long" in stderr), stderr

@@ -159,9 +159,9 @@ def cmd_tune(args: argparse.Namespace) -> None:
         trials = _trials(result)
         best = result.best
         winner_cfg = best.config if best else dict(fam.default)
-        final = result.final or {}
-        if final.get("winner") is not None:
-            winner_cfg = next((t["config"] for t in trials if t["number"] == final["winner"]), winner_cfg)
+        final = result.final
+        if final is not None and final.winner is not None:
+            winner_cfg = next((t["config"] for t in trials if t["number"] == final.winner), winner_cfg)
         reach = _trials_to_best(trials, winner_cfg)
         configs = {"tuned": winner_cfg, "default": space.validate(dict(fam.default))}
         table = interleaved_table(fam, chip, shape, configs)
@@ -171,7 +171,7 @@ def cmd_tune(args: argparse.Namespace) -> None:
             "evaluated": result.evaluated, "failures": dict(result.failures), "invalid_proposals": result.invalid,
             "stop_reason": result.stop_reason, "search_seconds": elapsed, "trials_to_best": reach,
             "default_over_tuned": (default["median_ms"] / tuned["median_ms"]) if tuned and default else None,
-            "final_round": final,
+            "final_round": final.to_dict() if final is not None else {},
         }
         print(f"  search: {result.evaluated} configs evaluated in {elapsed:.0f} s ({dict(result.failures)} failed), "
               f"best found at evaluated trial {reach}; default/tuned = {summary['default_over_tuned']:.2f}x",

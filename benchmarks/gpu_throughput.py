@@ -128,15 +128,17 @@ def run_arm(label: str, workers: int, seconds: float, args: argparse.Namespace, 
     first_launch = [x for x in first_launch if x is not None]
     # elapsed_s ends before the final round: configs per minute of search
     per_min = result.evaluated / result.elapsed_s * 60 if result.elapsed_s else 0.0
-    best, final = result.best, result.final or {}
+    best, final = result.best, result.final
     row = {"arm": label, "compile_workers": workers, "evaluated": result.evaluated,
            "search_seconds": round(result.elapsed_s, 1), "with_final_round_seconds": round(total, 1),
            "configs_per_minute": round(per_min, 2), "failures": dict(result.failures),
            "stop_reason": result.stop_reason, "overhead_ms_per_trial": round(result.overhead_s_per_trial * 1e3, 1),
            "winner": format_config(best.config) if best else None,
-           "winner_median_ms": (final.get("finalists") or {}).get(str(best.number), {}).get("median_ms") if best else None,
+           "winner_median_ms": final.finalists[best.number].median_ms
+           if best and final and best.number in final.finalists else None,
            "winner_search_ms": best.time_ms if best else None,
-           "speedup_vs_baseline": final.get("speedup"), "baseline_median_ms": final.get("baseline_median_ms"),
+           "speedup_vs_baseline": final.speedup if final else None,
+           "baseline_median_ms": final.baseline_median_ms if final else None,
            "timer_first_launch_s_mean": round(sum(first_launch) / len(first_launch), 3) if first_launch else None,
            "optuna": optuna.__version__}
     print(f"{label:>10}: {result.evaluated} configs in {result.elapsed_s:.0f} s = {per_min:.1f}/min "

@@ -108,6 +108,7 @@ def _describe(code: int) -> str:
 def tune(p: dict[str, Any]) -> dict[str, Any]:
     """Run (or resume) the unit's study; return its verified winner, or fail with the reason."""
     from kernsearch._chips import get_chip
+    from kernsearch._final import FinalRound
     from kernsearch._objective import KernelObjective
     from kernsearch._space import make_problem
     from kernsearch._spec import load_family
@@ -125,9 +126,9 @@ def tune(p: dict[str, Any]) -> dict[str, Any]:
     result = run_study(objective, trials=trials, time_budget=o["time_budget"], patience=o["patience"],
                        sampler=o["sampler"], seed=o["seed"], storage=p["storage"], finalists=o["finalists"])
     failures = dict(result.failures)
-    best, final = result.best, result.final
-    refused = "; ".join(f"trial {n}: {c.get('reason')} {c.get('detail', '')[:120]}".strip()
-                        for n, c in final.get("checks", {}).items() if not c.get("ok"))
+    best, final = result.best, result.final or FinalRound(None)
+    refused = "; ".join(f"trial {n}: {c.reason} {(c.detail or '')[:120]}".strip()
+                        for n, c in final.checks.items() if not c.ok)
     if best is None:
         if refused:
             raise StepError("no-winner", f"no finalist passed the interpreter ({refused})")
@@ -135,25 +136,26 @@ def tune(p: dict[str, Any]) -> dict[str, Any]:
                                      f"(failures: {_counts(failures)})")
     checks: list[dict[str, Any]] = []
     if result.evidence == "modeled":
-        verdict = final.get("checks", {}).get(str(best.number))
-        if final.get("winner") != best.number or not verdict or not verdict.get("ok"):
+        verdict = final.checks.get(best.number)
+        if final.winner != best.number or not verdict or not verdict.ok:
             raise StepError("no-winner", "no finalist passed the interpreter" + (f" ({refused})" if refused else ""))
-        checks.append({"shape": list(verdict["shape"]), "verifier": "interpreter",
-                       "max_abs_err": verdict["max_abs_err"], "max_rel_err": None})
+        checks.append({"shape": list(verdict.shape), "verifier": "interpreter",
+                       "max_abs_err": verdict.max_abs_err, "max_rel_err": None})
     elif best.verified == "device":
         checks.append({"shape": list(problem.shape), "verifier": "device", "max_abs_err": best.max_abs_err or 0.0,
                        "max_rel_err": None})
     else:
         raise StepError("unverified", f"the winner (trial {best.number}) was never verified")
     median, spread_ = best.time_ms, best.spread
-    finalist = final.get("finalists", {}).get(str(best.number))
+    finalist = final.finalists.get(best.number)
     if finalist:  # measured: the interleaved final round is the better figure
-        median, spread_ = finalist["median_ms"], finalist["spread"]
+        median, spread_ = finalist.median_ms, finalist.spread if finalist.spread is not None else best.spread
     return {"study": result.study_name, "evidence": result.evidence, "evaluated": result.evaluated,
             "failures": failures, "stop_reason": result.stop_reason, "config": best.config,
             "trial": best.number, "median_ms": median, "spread": spread_,
-            "baseline_median_ms": final.get("baseline_median_ms"), "checks": checks,
-            **{k: final.get(k) for k in ("baseline_spread", "speedup", "speedup_low", "speedup_high")},
+            "baseline_median_ms": final.baseline_median_ms, "checks": checks,
+            "baseline_spread": final.baseline_spread, "speedup": final.speedup, "speedup_low": final.speedup_low,
+            "speedup_high": final.speedup_high,
             "best": _jsonable(asdict(best))}
 
 

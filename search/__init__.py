@@ -21,7 +21,8 @@ _EXPORTS = {
     "get_backend": ".backends",
     # the search
     "tune": "._tune", "TuneResult": "._tune", "Verdict": "._tune",
-    "run_study": "._study", "StudyResult": "._study",
+    "run_study": "._study", "StudyResult": "._study", "Stop": "._study", "StopReason": "._study",
+    "FinalRound": "._final", "FinalistCheck": "._final", "FinalistTime": "._final",
     # artifacts and the exported package
     "ArtifactStore": "._artifacts", "Candidate": "._artifacts", "export": "._export",
     "KernsearchError": "._errors",

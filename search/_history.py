@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import KernsearchError
+from ._final import FinalRound
 from ._study import STATUS_FAILED, STATUS_OK, TrialSummary, _top
 
 
@@ -39,9 +40,9 @@ class StudyHistory:
         return f"{ev}, replayed" if self.attrs.get("backend") == "replay" else ev
 
     @property
-    def final(self) -> dict[str, Any]:
-        final = self.attrs.get("final")
-        return final if isinstance(final, dict) else {}
+    def final(self) -> FinalRound | None:
+        """The stored final round (None: none ran, or what is stored is not one)."""
+        return FinalRound.from_dict(self.attrs.get("final"))
 
     @property
     def knobs(self) -> dict[str, list[Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._errors import BackendError, KernsearchError, VariantFailure
+from ._final import FinalistCheck, FinalistTime, FinalRound
 from ._space import Config
 from ._study import Objective, Record, TrialSummary
 
@@ -270,38 +271,39 @@ class KernelObjective(Objective):
         return rec
 
     # -- the end ------------------------------------------------------------------------------------
-    def finalize(self, top: list[TrialSummary]) -> dict[str, Any]:
+    def finalize(self, top: list[TrialSummary]) -> FinalRound:
         self._close_pool()  # compiles still running ahead would load the CPU and GPU during the final round
         if self.backend == "model":
             return self._verify_finalists(top)
         return self._remeasure_finalists(top)
 
-    def _verify_finalists(self, top: list[TrialSummary]) -> dict[str, Any]:
+    def _verify_finalists(self, top: list[TrialSummary]) -> FinalRound:
         """Modeled leaders are only predictions: the winner is the best-predicted one the interpreter passes."""
-        checks: dict[str, Any] = {}
+        checks: dict[int, FinalistCheck] = {}
         winner = None
         for t in top:
             if self.verify == "none":
                 break
             try:
                 c = self.interpret(t.config)
-                checks[str(t.number)] = {"ok": True, "max_abs_err": c["max_abs_err"], "shape": c["shape"]}
+                checks[t.number] = FinalistCheck(True, c["max_abs_err"], tuple(c["shape"]))
                 if winner is None:  # the one to publish: also at the tuned shape and a ragged one
                     extra = self.verify_for_publishing(t.config)
-                    checks[str(t.number)].update(also=extra["shapes"], threadgroups_checked=extra.get(
-                        "threadgroups_checked"), max_abs_err=max(c["max_abs_err"], extra.get("max_abs_err", 0.0)))
+                    checks[t.number] = FinalistCheck(True, max(c["max_abs_err"], extra.get("max_abs_err", 0.0)),
+                                                     tuple(c["shape"]), tuple(extra["shapes"]),
+                                                     extra.get("threadgroups_checked"))
                     winner = t.number
             except VariantFailure as exc:
-                checks[str(t.number)] = {"ok": False, "reason": exc.reason, "detail": exc.detail[:300]}
+                checks[t.number] = FinalistCheck(False, reason=exc.reason, detail=exc.detail[:300])
         note = "times are predictions of the performance model (modeled), not measurements"
         if self.verify == "none":
             winner = top[0].number
             note += "; the winner is NOT verified" + (
                 " (the CPU interpreter runs Metal only, this is a CUDA kernel)" if self.target != "metal" else "")
-        return {"winner": winner, "verified_on": "interpreter", "verify_shape": list(self.verify_shape),
-                "checks": checks, "baseline": None, "note": note}
+        return FinalRound(winner, verified_on="interpreter", verify_shape=tuple(self.verify_shape), checks=checks,
+                          note=note)
 
-    def _remeasure_finalists(self, top: list[TrialSummary]) -> dict[str, Any]:
+    def _remeasure_finalists(self, top: list[TrialSummary]) -> FinalRound:
         """Fresh worker; finalists and the baseline MLX op interleaved; a lead must exceed the noise."""
         from ._measure import final_round
 
@@ -311,7 +313,7 @@ class KernelObjective(Objective):
         try:
             out = worker.call(final_round, task, timeout=self.timeout * (len(top) + 1))
         except VariantFailure as exc:
-            return {"winner": top[0].number, "note": f"final round failed ({exc.reason}): {exc.detail[:300]}"}
+            return FinalRound(top[0].number, note=f"final round failed ({exc.reason}): {exc.detail[:300]}")
         return _judge(top, out)
 
     def baseline_ms(self) -> float | None:
@@ -336,24 +338,25 @@ class KernelObjective(Objective):
         best = result.best
         if best is None:
             raise KernsearchError("no correct winner to publish")
-        check = (result.final.get("checks") or {}).get(str(best.number))
+        final = result.final or FinalRound(best.number)
+        check = final.checks.get(best.number)
         if best.verified == "device" and best.max_abs_err is not None:
             correctness = Correctness(verifier="device", passed=True, shapes_checked=[self.problem.shape_text],
                                       max_abs_error=best.max_abs_err, checks_run=1)
-        elif check and check.get("ok") and self.problem.shape_text in (
-                check.get("also", []) + ["x".join(map(str, check["shape"]))]):
-            shapes = ["x".join(map(str, check["shape"]))] + list(check.get("also", []))
+        elif check and check.ok and check.max_abs_err is not None and self.problem.shape_text in (
+                list(check.also or ()) + ["x".join(map(str, check.shape))]):
+            shapes = ["x".join(map(str, check.shape))] + list(check.also or ())
             correctness = Correctness(verifier="interpreter", passed=True, shapes_checked=sorted(set(shapes)),
-                                      max_abs_error=check["max_abs_err"], checks_run=len(shapes))
+                                      max_abs_error=check.max_abs_err, checks_run=len(shapes))
         else:
             raise KernsearchError("the winner was not verified at its tuned shape (--verify none?): refusing to "
                                   "publish it")
-        final = (result.final.get("finalists") or {}).get(str(best.number), {})
-        measurements = Measurements(median_ms=final.get("median_ms", best.time_ms),
-                                    spread=final.get("spread", best.spread),
-                                    baseline_median_ms=result.final.get("baseline_median_ms"),
-                                    **{k: result.final.get(k)
-                                       for k in ("baseline_spread", "speedup_low", "speedup_high")})
+        timed = final.finalists.get(best.number)
+        measurements = Measurements(median_ms=timed.median_ms if timed else best.time_ms,
+                                    spread=timed.spread if timed and timed.spread is not None else best.spread,
+                                    baseline_median_ms=final.baseline_median_ms,
+                                    baseline_spread=final.baseline_spread, speedup_low=final.speedup_low,
+                                    speedup_high=final.speedup_high)
         candidate = Candidate.for_config(self.space, best.config, target=self.target, correctness=correctness,
                                          evidence=result.evidence, measurements=measurements,
                                          study=result.study_name)
@@ -392,7 +395,7 @@ def model_prior(space: Space, configs: list[Config]) -> list[float] | None:
         return None
 
 
-def _judge(top: list[TrialSummary], out: dict[str, Any]) -> dict[str, Any]:
+def _judge(top: list[TrialSummary], out: dict[str, Any]) -> FinalRound:
     """Pick the winner of the re-measured finalists and its speedup over the baseline."""
     import numpy as np
 
@@ -404,17 +407,12 @@ def _judge(top: list[TrialSummary], out: dict[str, Any]) -> dict[str, Any]:
     order = sorted(range(len(top)), key=lambda i: medians[i])
     first = order[0]
     decisive = len(order) < 2 or lead_exceeds_noise(samples[first], samples[order[1]])
-    result: dict[str, Any] = {
-        "winner": top[first].number,
-        "finalists": {str(top[i].number): {"median_ms": medians[i],
-                                           "spread": spread(samples[i])} for i in range(len(top))},
-        "lead_exceeds_noise": decisive,
-    }
-    if base:
-        s = speedup(samples[first], base)
-        result.update(baseline_median_ms=float(np.median(base)), baseline_spread=spread(base),
-                      speedup=s.median, speedup_low=s.low, speedup_high=s.high,
-                      beats_baseline=lead_exceeds_noise(samples[first], base))
-    if out.get("baseline_error"):
-        result["baseline_error"] = out["baseline_error"]
-    return result
+    times = {top[i].number: FinalistTime(medians[i], spread(samples[i])) for i in range(len(top))}
+    error = str(out["baseline_error"]) if out.get("baseline_error") else None
+    if not base:
+        return FinalRound(top[first].number, finalists=times, lead_exceeds_noise=decisive, baseline_error=error)
+    s = speedup(samples[first], base)
+    return FinalRound(top[first].number, finalists=times, lead_exceeds_noise=decisive,
+                      baseline_median_ms=float(np.median(base)), baseline_spread=spread(base), speedup=s.median,
+                      speedup_low=s.low, speedup_high=s.high, beats_baseline=lead_exceeds_noise(samples[first], base),
+                      baseline_error=error)

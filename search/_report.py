@@ -125,11 +125,12 @@ def speedup_figure(h: StudyHistory) -> Any | None:
     import plotly.graph_objects as go
 
     final = h.final
-    if final.get("speedup") is None:
+    if final is None or final.speedup is None:
         return None
     fig = _figure_base("Winner's speedup over the baseline op (with its measured range)", h.evidence)
-    s, low, high = float(final["speedup"]), float(final.get("speedup_low", final["speedup"])), \
-        float(final.get("speedup_high", final["speedup"]))
+    s = final.speedup
+    low = final.speedup_low if final.speedup_low is not None else s
+    high = final.speedup_high if final.speedup_high is not None else s
     fig.add_trace(go.Bar(x=["baseline op", "winner"], y=[1.0, s], marker={"color": ["#999", "#1b7f3b"]},
                          error_y={"type": "data", "array": [0, high - s], "arrayminus": [0, s - low]},
                          text=["1.00x", f"{s:.2f}x ({low:.2f}-{high:.2f})"], textposition="outside"))
@@ -140,12 +141,13 @@ def speedup_figure(h: StudyHistory) -> Any | None:
 
 
 def _table(h: StudyHistory) -> str:
-    checks = h.final.get("checks") if isinstance(h.final.get("checks"), dict) else {}
-    winner = h.final.get("winner", h.top[0].number if h.top else None)
+    final = h.final
+    checks = final.checks if final is not None else {}
+    winner = final.winner if final is not None else h.top[0].number if h.top else None
     rows = []
     for i, t in enumerate(h.top, 1):
-        check = checks.get(str(t.number)) if checks else None
-        verified = ("interpreter" if check.get("ok") else f"FAIL ({check.get('reason')})") if isinstance(check, dict) \
+        check = checks.get(t.number)
+        verified = ("interpreter" if check.ok else f"FAIL ({check.reason})") if check is not None \
             else (t.verified or "-")
         rows.append("<tr{}><td>{}</td><td>{}</td><td><code>{}</code></td><td>{:.4g}</td><td>{}</td><td>{}</td>"
                     "<td>{}</td><td>{}</td></tr>".format(
@@ -169,26 +171,26 @@ def _summary(h: StudyHistory) -> str:
              (f"<p>{len(h.trials)} configs evaluated ({ok} ok, {len(h.trials) - ok} failed: {fails}); "
              f"{h.invalid} proposals rejected by constraints before compiling; {h.known} repeats of known configs "
              "answered from the study</p>")]
-    winner = final.get("winner", h.top[0].number if h.top else None)
+    winner = final.winner if final is not None else h.top[0].number if h.top else None
     best = next((t for t in h.top if t.number == winner), None)
     if best is None:
         lines.append("<p class='warn'>No correct variant: nothing wins; the MLX op runs.</p>")
     else:
         lines.append(f"<p>Winner: trial {best.number} <code>{_config_text(best.config)}</code> "
                      f"{best.time_ms:.4g} ms ({html.escape(h.evidence)})</p>")
-    if final.get("speedup") is not None:
-        beats = final.get("beats_baseline")
-        lines.append(f"<p>Speedup over the baseline op: {final['speedup']:.2f}x "
-                     f"(range {final.get('speedup_low', 0):.2f}-{final.get('speedup_high', 0):.2f}; "
-                     f"baseline {final.get('baseline_median_ms', 0):.4g} ms)"
+    if final is not None and final.speedup is not None:
+        beats = final.beats_baseline
+        lines.append(f"<p>Speedup over the baseline op: {final.speedup:.2f}x "
+                     f"(range {final.speedup_low or 0:.2f}-{final.speedup_high or 0:.2f}; "
+                     f"baseline {final.baseline_median_ms or 0:.4g} ms)"
                      + ("" if beats else " — <b>within the measured noise: not a win, the MLX op runs</b>") + "</p>")
     elif h.evidence == "modeled":
         lines.append("<p>Speedup over the baseline op: not available (modeled times; the baseline is not modeled, "
                      "and nothing modeled is shipped).</p>")
     elif h.evidence != "interpreted" and best is not None:
         lines.append("<p>Speedup over the baseline op: not measured in this study.</p>")
-    if final.get("note"):
-        lines.append(f"<p>{html.escape(str(final['note']))}</p>")
+    if final is not None and final.note:
+        lines.append(f"<p>{html.escape(final.note)}</p>")
     return "\n".join(lines)
 
 

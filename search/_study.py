@@ -15,7 +15,7 @@ many evaluated trials without a new best), ``finalists``, ``progress`` (a callba
 :class:`Progress`), ``stop`` (a callable; true ends the search). What a trial does (``verify``: ``all`` |
 ``finalists`` | ``none``, ``timeout`` seconds per variant) is the objective's.
 
-The loop (``_search``): ask the sampler for a config → reject it before compiling if a constraint
+The loop (:class:`_Search`): ask the sampler for a config → reject it before compiling if a constraint
 forbids it (the constraint is recorded) → skip it if the study already evaluated it (its recorded value
 is told again, nothing is measured twice; two processes on one study claim configs through the shared
 storage) → otherwise evaluate it (render → build → verify → time in an isolated worker) and record every
@@ -44,9 +44,11 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from ._errors import KernsearchError, VariantFailure
+from ._final import FinalRound
 from ._space import Config, format_config
 from ._storage import Heartbeat, default_storage, make_storage, redact, study_name_for
 
@@ -145,9 +147,9 @@ class Objective(ABC):
         """The baseline op's time on this problem, when it can be measured here (for the progress display)."""
         return None
 
-    def finalize(self, top: list[TrialSummary]) -> dict[str, Any]:
-        """Final checks of the leaders (re-measure, verify); returns what to record on the study."""
-        return {"winner": top[0].number if top else None}
+    def finalize(self, top: list[TrialSummary]) -> FinalRound:
+        """Final checks of the leaders (re-measure, verify): the winner, and what to record on the study."""
+        return FinalRound(top[0].number if top else None)
 
     def close(self) -> None:
         """Release workers."""
@@ -177,6 +179,52 @@ class TrialSummary:
                    a.get("sha256", ""))
 
 
+class StopReason(Enum):
+    """Why a search ended."""
+
+    BUDGET = "budget"  # the study holds the --trials evaluated configs it was asked for
+    TIME_BUDGET = "time budget"
+    PATIENCE = "patience"  # no new best in the last --patience evaluated configs
+    EXHAUSTED = "exhausted"  # every valid config of the space evaluated
+    STOPPED = "stopped"  # a first Ctrl-C or a stop request: the trial in flight finished first
+    INTERRUPTED = "interrupted"  # a second Ctrl-C: the trial in flight was abandoned
+
+    @property
+    def by_request(self) -> bool:
+        """Cut short by a person (Ctrl-C) or a stop request rather than ended by the search's own limits:
+        nothing is published and the CLI exits 130."""
+        return self in (StopReason.STOPPED, StopReason.INTERRUPTED)
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A :class:`StopReason` with what its message needs; :attr:`text` is what the CLI prints."""
+
+    reason: StopReason
+    patience: int | None = None  # PATIENCE: the patience that ran out
+    before_run: bool = False  # BUDGET, PATIENCE: already so when this run started (it evaluated nothing)
+    evaluated: int = 0  # BUDGET before_run: configs the study already held
+
+    @property
+    def text(self) -> str:
+        if self.reason is StopReason.BUDGET:
+            if not self.before_run:
+                return "trial budget reached"
+            # a resumed study that already had its budget: say how to go on
+            return (f"trial budget reached: the study already has {self.evaluated} configs evaluated and --trials "
+                    f"counts the whole study (e.g. --trials {self.evaluated + 50} evaluates 50 more)")
+        if self.reason is StopReason.PATIENCE:
+            return f"no improvement in {self.patience} trials" + (
+                " (before this run started: to search on, raise --patience, or 0 for no early stop)"
+                if self.before_run else "")
+        return _STOP_TEXT[self.reason]
+
+
+_STOP_TEXT = {StopReason.TIME_BUDGET: "time budget reached", StopReason.EXHAUSTED: "every valid config evaluated",
+              StopReason.STOPPED: "stopped (Ctrl-C or a stop request); finished trials are kept",
+              StopReason.INTERRUPTED: "interrupted (Ctrl-C); finished trials are kept"}
+
+
 @dataclass
 class StudyResult:
     study_name: str
@@ -184,19 +232,26 @@ class StudyResult:
     backend: str
     evidence: str
     key: dict[str, str]
-    best: TrialSummary | None
+    best: TrialSummary | None  # the final round's winner (the leader when no final round ran)
     top: list[TrialSummary]
     evaluated: int  # distinct configs evaluated in the study (ok + failed)
     failures: Counter[str]
     invalid: int  # proposals rejected before compiling
     elapsed_s: float
-    stop_reason: str
-    final: dict[str, Any] = field(default_factory=dict)
+    stop: Stop
+    final: FinalRound | None = None  # None: no final round ran (nothing correct, or interrupted)
     overhead_s_per_trial: float = 0.0  # time per new trial not spent evaluating (sampler, storage, loop)
 
+    @property
+    def stop_reason(self) -> str:
+        """Why the search ended, as the CLI prints it."""
+        return self.stop.text
+
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["failures"] = dict(self.failures)
+        """As ``tune --json`` prints it: ``stop_reason`` the text, ``final`` its stored form."""
+        d = {"stop_reason" if k == "stop" else k: v for k, v in asdict(self).items()}
+        d.update(stop_reason=self.stop.text, final=self.final.to_dict() if self.final is not None else {},
+                 failures=dict(self.failures))
         return d
 
 
@@ -290,12 +345,15 @@ def run_study(objective: Objective, *, trials: int | None = 100, time_budget: st
     ``objective`` evaluates configs: a kernel family's is ``KernelObjective(problem, chip, backend, ...)``
     (``kernsearch._objective``), a replayed landscape's ``ReplayBackend(path).objective()``.
     """
+    if not isinstance(objective, Objective):  # e.g. a Family: `kernsearch.tune` searches a family
+        raise TypeError(f"run_study takes an Objective (e.g. KernelObjective(problem, chip, backend)), "
+                        f"not {type(objective).__name__}; kernsearch.tune(family, ...) searches a family")
     try:
         with _first_ctrl_c_stops() as interrupted:
-            return _search(objective, trials=trials, time_budget=parse_duration(time_budget), patience=patience,
-                           sampler=sampler, seed=seed, storage=storage, study_name=study_name,
-                           finalists=finalists, progress=progress,
-                           stop=lambda: interrupted.is_set() or bool(stop and stop()))
+            search = _Search(objective, trials=trials, time_budget=parse_duration(time_budget), patience=patience,
+                             sampler=sampler, seed=seed, storage=storage, study_name=study_name, progress=progress,
+                             stop=lambda: interrupted.is_set() or bool(stop and stop()))
+            return search.finish(search.run(), finalists)
     finally:
         objective.close()
 
@@ -355,179 +413,222 @@ def open_study(objective: Objective, storage: str | None, study_name: str | None
     return study
 
 
-def _search(objective: Objective, *, trials: int | None, time_budget: float | None, patience: int | None,
-            sampler: str, seed: int | None, storage: str | None, study_name: str | None, finalists: int,
-            progress: Callable[[Progress], None] | None, stop: Callable[[], bool] | None) -> StudyResult:
-    from optuna.trial import TrialState
+class _Search:
+    """The loop's state and its steps: :meth:`_propose` asks the sampler for a new trial and records what is
+    not evaluated (invalid, known); :meth:`_evaluate_oldest` evaluates a queued proposal and records it;
+    :meth:`run` alternates them until a :class:`Stop`."""
 
-    started = time.monotonic()
-    prior = None
-    if sampler in ("default", "auto"):
-        valid = objective.valid_configs()
-        prior = objective.prior(valid) if valid else None
-        if sampler == "default":
-            sampler = "auto" if prior is not None else "tpe"
-    study = open_study(objective, storage, study_name, sampler, seed)
-    dists = distributions(objective.knobs)
-    rng = random.Random(seed)
-    size = objective.size()
-    beat = Heartbeat(study)  # this process's running trial stays alive; dead processes' trials are failed
-    retry = beat.fail_stale()
-    known = _known(study)  # key -> Seen: every config the study has evaluated (ok or failed)
-    # Another process working on this study (running trials now, or gaps in trial numbers later) means
-    # claims must be checked against the shared storage; alone, the local view is complete.
-    at_start = study.get_trials(deepcopy=False)
-    shared = any(t.state == TrialState.RUNNING for t in at_start)
-    next_number = len(at_start)  # a first trial numbered otherwise means another process asked one meanwhile
-    # The default config first (trial 0 of a new study), then configs of published artifacts. Fixed
-    # configs are asked for through this process's sampler, not Optuna's shared queue of enqueued trials
-    # (two processes popping one queued trial from SQLite at once is a race).
-    first: list[Config] = []
-    for c in retry + [objective.default()] + objective.warm_start():
-        if c is not None and format_config(c) not in known and c not in first:
-            first.append(c)
-    failures: Counter[str] = Counter(s.reason for s in known.values() if s.value is None)
-    baseline = objective.baseline_ms() if progress is not None else None
-    invalid = skips = new = 0
-    last_number: int | None = None
-    eval_seconds = 0.0
-    stop_reason = "trial budget reached"
-    trial = None
-    # Pipelined evaluation: proposals are handed to the objective (compiled ahead in other processes)
-    # up to ``depth`` before the oldest is timed; what is still ahead when the search stops is closed.
-    depth = max(1, objective.lookahead())
-    ahead: deque[tuple[optuna.Trial, Config, str]] = deque()
-    strategy: Any = None
-    try:
-        while True:
-            if shared:
-                known.update(_known(study))  # the shared budget counts every process's trials
-                # A process that died mid-trial: its trial is failed here, and its config asked for again.
-                first[:0] = [c for c in beat.fail_stale() if format_config(c) not in known and c not in first]
-            stop_now = None
-            if time_budget is not None and time.monotonic() - started >= time_budget:
-                stop_now = "time budget reached"
-            elif patience is not None and _stale_for(known) >= patience:
-                stop_now = f"no improvement in {patience} trials"
-                if not new and not ahead:
-                    stop_now += (" (before this run started: to search on, raise --patience, or 0 for no "
-                                 "early stop)")
-            elif stop is not None and stop():
-                stop_now = "stopped (Ctrl-C or a stop request); finished trials are kept"
-            if stop_now is not None:
-                stop_reason = stop_now
-                break
-            full = False
-            if size is not None and len(known) + len(ahead) >= size:
-                stop_reason, full = "every valid config evaluated", True
-            elif trials is not None and len(known) + len(ahead) >= trials:
-                stop_reason, full = "trial budget reached", True
-            if full or len(ahead) >= depth:
-                if not ahead:
-                    if not new and stop_reason == "trial budget reached":
-                        # a resumed study that already had its budget: say how to go on
-                        stop_reason += (f": the study already has {len(known)} configs evaluated and --trials "
-                                        f"counts the whole study (e.g. --trials {len(known) + 50} evaluates 50 more)")
-                    break
-                trial, config, key = ahead.popleft()
-                t0 = time.monotonic()
-                last = _evaluate(study, objective, trial, config, key, known, failures)
-                beat.finish(trial)
-                eval_seconds += time.monotonic() - t0
-                trial = None
-                new += 1
-                if progress is not None:
-                    progress(_progress(known, trials, time_budget, time.monotonic() - started, failures, invalid,
-                                       last, new, baseline))
-                continue
-            fixed = None
-            if first:
-                fixed = first.pop(0)
-            elif sampler == "auto":  # only valid, unevaluated configs are proposed
-                if strategy is None:
-                    from ._strategy import ValidSetSearch
+    def __init__(self, objective: Objective, *, trials: int | None, time_budget: float | None,
+                 patience: int | None, sampler: str, seed: int | None, storage: str | None, study_name: str | None,
+                 progress: Callable[[Progress], None] | None, stop: Callable[[], bool] | None) -> None:
+        from optuna.trial import TrialState
 
-                    strategy = ValidSetSearch(objective.knobs, objective.valid_configs(), seed=seed, budget=trials,
-                                              prior=lambda configs: prior)
-                fixed = strategy.propose(known, {k for _, _, k in ahead}) or _fill(
-                    known, objective, rng, {k for _, _, k in ahead})
-            elif skips >= 5:  # the sampler keeps proposing invalid or known configs: spend on a new one
-                fixed = _fill(known, objective, rng, {k for _, _, k in ahead})
-                skips = 0
-            elif sampler == "tpe" and LOCAL_EVERY and new + len(ahead) >= 10 and \
-                    (new + len(ahead)) % LOCAL_EVERY == LOCAL_EVERY - 1:
-                fixed = _neighbour(known, objective, rng, {k for _, _, k in ahead})  # one knob from a leader
-            trial = _ask(study, dists, fixed)
-            beat.start(trial)  # from ask to tell: a trial without a pulse is a dead process's
-            if not shared:  # another process started on this study: its trials interleave with ours
-                shared = trial.number != (next_number if last_number is None else last_number + 1) or any(
-                    t.number != trial.number and all(t.number != a.number for a, _, _ in ahead)
-                    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-            last_number = trial.number
-            config = {k: trial.params[k] for k in objective.knobs}
-            key = format_config(config)
-            trial.set_user_attr("config", config)
-            why = objective.violation(config)
-            if why is not None:  # rejected before compiling; the constraint is recorded
-                trial.set_user_attr("status", STATUS_INVALID)
-                trial.set_user_attr("failure", {"reason": why})
-                study.tell(trial, state=TrialState.PRUNED)
-                beat.finish(trial)
-                invalid += 1
-                skips += 1
-                trial = None
-                continue
-            if shared and key not in known:
-                known.update(_known(study))  # another process may have finished it meanwhile
-            seen = known.get(key) or (_claimed_elsewhere(study, trial, objective, key) if shared else None)
-            if seen is None and any(k == key for _, _, k in ahead):
-                seen = Seen(None, next(t.number for t, _, k in ahead if k == key), config, "in flight")
-            if seen is not None:  # never measure a config twice: tell the sampler what is known
-                trial.set_user_attr("status", STATUS_KNOWN)
-                trial.set_user_attr("failure", {"reason": "known", "same_as": seen.number})
-                if seen.value is None:
-                    study.tell(trial, state=TrialState.PRUNED)
-                else:
-                    study.tell(trial, seen.value)
-                beat.finish(trial)
-                skips += 1
-                trial = None
-                continue
-            skips = 0
-            objective.prefetch(config)  # e.g. compile it in another process while earlier ones are timed
-            ahead.append((trial, config, key))
-            trial = None
-    except KeyboardInterrupt:
-        stop_reason = "interrupted (Ctrl-C); finished trials are kept"
-        if trial is not None:  # the trial in flight is not a result: record why, and keep the rest
-            trial.set_user_attr("status", "interrupted")
-            study.tell(trial, state=TrialState.FAIL)
-    except BaseException:  # a bug of kernsearch itself: close the trial in flight, keep the traceback
-        if trial is not None:
-            trial.set_user_attr("status", "error")
-            study.tell(trial, state=TrialState.FAIL)
-        raise
-    finally:
-        for pending, _, _ in ahead:  # proposed, never timed: not a result, and its config stays free
-            pending.set_user_attr("status", STATUS_CANCELLED)
-            study.tell(pending, state=TrialState.PRUNED)
-            beat.finish(pending)
-        beat.stop()
-    elapsed = time.monotonic() - started
-    top = _top(study, finalists)
-    final: dict[str, Any] = {}
-    if top and not stop_reason.startswith("interrupted"):
+        self.started = time.monotonic()
+        self.objective, self.trials, self.time_budget, self.patience = objective, trials, time_budget, patience
+        self.seed, self.storage, self.progress, self.stop_requested = seed, storage, progress, stop
+        self.prior = None
+        if sampler in ("default", "auto"):
+            valid = objective.valid_configs()
+            self.prior = objective.prior(valid) if valid else None
+            if sampler == "default":
+                sampler = "auto" if self.prior is not None else "tpe"
+        self.sampler = sampler
+        self.study = study = open_study(objective, storage, study_name, sampler, seed)
+        self.dists = distributions(objective.knobs)
+        self.rng = random.Random(seed)
+        self.size = objective.size()
+        self.beat = Heartbeat(study)  # this process's running trial stays alive; dead processes' trials are failed
+        retry = self.beat.fail_stale()
+        self.known = _known(study)  # key -> Seen: every config the study has evaluated (ok or failed)
+        # Another process working on this study (running trials now, or gaps in trial numbers later) means
+        # claims must be checked against the shared storage; alone, the local view is complete.
+        at_start = study.get_trials(deepcopy=False)
+        self.shared = any(t.state == TrialState.RUNNING for t in at_start)
+        self.next_number = len(at_start)  # a first trial numbered otherwise: another process asked one meanwhile
+        self.last_number: int | None = None
+        # The default config first (trial 0 of a new study), then configs of published artifacts. Fixed
+        # configs are asked for through this process's sampler, not Optuna's shared queue of enqueued trials
+        # (two processes popping one queued trial from SQLite at once is a race).
+        self.first: list[Config] = []
+        for c in retry + [objective.default()] + objective.warm_start():
+            if c is not None and format_config(c) not in self.known and c not in self.first:
+                self.first.append(c)
+        self.failures: Counter[str] = Counter(s.reason for s in self.known.values() if s.value is None)
+        self.baseline = objective.baseline_ms() if progress is not None else None
+        self.invalid = self.skips = self.new = 0
+        self.eval_seconds = 0.0
+        self.trial: optuna.Trial | None = None  # asked and not told yet: closed if the loop ends abruptly
+        # Pipelined evaluation: proposals are handed to the objective (compiled ahead in other processes)
+        # up to ``depth`` before the oldest is timed; what is still ahead when the search stops is closed.
+        self.depth = max(1, objective.lookahead())
+        self.ahead: deque[tuple[optuna.Trial, Config, str]] = deque()
+        self.strategy: Any = None
+
+    def run(self) -> Stop:
+        """Propose and evaluate until a limit, a stop request or Ctrl-C; proposals not evaluated are closed."""
+        from optuna.trial import TrialState
+
+        study = self.study
         try:
-            final = objective.finalize(top)
+            while True:
+                if self.shared:
+                    self.known.update(_known(study))  # the shared budget counts every process's trials
+                    # A process that died mid-trial: its trial is failed here, and its config asked for again.
+                    self.first[:0] = [c for c in self.beat.fail_stale()
+                                      if format_config(c) not in self.known and c not in self.first]
+                stop = self._limit_reached()
+                if stop is not None:
+                    return stop
+                full = self._full()
+                if full is not None or len(self.ahead) >= self.depth:
+                    if not self.ahead:
+                        assert full is not None  # depth >= 1: only a full study ends with nothing queued
+                        if not self.new and full.reason is StopReason.BUDGET:
+                            return Stop(StopReason.BUDGET, before_run=True, evaluated=len(self.known))
+                        return full
+                    self._evaluate_oldest()
+                    continue
+                self._propose()
         except KeyboardInterrupt:
-            final = {"winner": None, "note": "final round interrupted"}
-        study.set_user_attr("final", final)
-    winner = final.get("winner", top[0].number if top else None)
-    best = next((t for t in _top(study, None) if t.number == winner), None) if winner is not None else None
-    overhead = (elapsed - eval_seconds) / new if new else 0.0
-    return StudyResult(study.study_name, redact(storage or default_storage()), objective.backend, objective.evidence,
-                       objective.study_key, best, top, len(known), failures, invalid, elapsed, stop_reason,
-                       final, overhead)
+            if self.trial is not None:  # the trial in flight is not a result: record why, and keep the rest
+                self.trial.set_user_attr("status", "interrupted")
+                study.tell(self.trial, state=TrialState.FAIL)
+            return Stop(StopReason.INTERRUPTED)
+        except BaseException:  # a bug of kernsearch itself: close the trial in flight, keep the traceback
+            if self.trial is not None:
+                self.trial.set_user_attr("status", "error")
+                study.tell(self.trial, state=TrialState.FAIL)
+            raise
+        finally:
+            for pending, _, _ in self.ahead:  # proposed, never timed: not a result, and its config stays free
+                pending.set_user_attr("status", STATUS_CANCELLED)
+                study.tell(pending, state=TrialState.PRUNED)
+                self.beat.finish(pending)
+            self.beat.stop()
+
+    def _limit_reached(self) -> Stop | None:
+        """The time budget, the patience or a stop request (checked before every step)."""
+        if self.time_budget is not None and time.monotonic() - self.started >= self.time_budget:
+            return Stop(StopReason.TIME_BUDGET)
+        if self.patience is not None and _stale_for(self.known) >= self.patience:
+            return Stop(StopReason.PATIENCE, patience=self.patience, before_run=not self.new and not self.ahead)
+        if self.stop_requested is not None and self.stop_requested():
+            return Stop(StopReason.STOPPED)
+        return None
+
+    def _full(self) -> Stop | None:
+        """The study holds (or has queued) every valid config, or its trial budget: propose no more."""
+        held = len(self.known) + len(self.ahead)
+        if self.size is not None and held >= self.size:
+            return Stop(StopReason.EXHAUSTED)
+        if self.trials is not None and held >= self.trials:
+            return Stop(StopReason.BUDGET)
+        return None
+
+    def _evaluate_oldest(self) -> None:
+        """Evaluate the oldest queued proposal and record it on its trial (see :func:`_evaluate`)."""
+        self.trial, config, key = self.ahead.popleft()
+        t0 = time.monotonic()
+        last = _evaluate(self.study, self.objective, self.trial, config, key, self.known, self.failures)
+        self.beat.finish(self.trial)
+        self.eval_seconds += time.monotonic() - t0
+        self.trial = None
+        self.new += 1
+        if self.progress is not None:
+            self.progress(_progress(self.known, self.trials, self.time_budget, time.monotonic() - self.started,
+                                    self.failures, self.invalid, last, self.new, self.baseline))
+
+    def _fixed(self) -> Config | None:
+        """The config to ask for instead of the sampler's proposal, if any (see the module docstring)."""
+        busy = {k for _, _, k in self.ahead}
+        if self.first:
+            return self.first.pop(0)
+        if self.sampler == "auto":  # only valid, unevaluated configs are proposed
+            if self.strategy is None:
+                from ._strategy import ValidSetSearch
+
+                prior = self.prior
+                self.strategy = ValidSetSearch(self.objective.knobs, self.objective.valid_configs(), seed=self.seed,
+                                               budget=self.trials, prior=lambda configs: prior)
+            fixed: Config | None = self.strategy.propose(self.known, busy) or _fill(
+                self.known, self.objective, self.rng, busy)
+            return fixed
+        if self.skips >= 5:  # the sampler keeps proposing invalid or known configs: spend on a new one
+            self.skips = 0
+            return _fill(self.known, self.objective, self.rng, busy)
+        queued = self.new + len(self.ahead)
+        if self.sampler == "tpe" and LOCAL_EVERY and queued >= 10 and queued % LOCAL_EVERY == LOCAL_EVERY - 1:
+            return _neighbour(self.known, self.objective, self.rng, busy)  # one knob from a leader
+        return None
+
+    def _propose(self) -> None:
+        """Ask for a trial; record it at once when it is invalid or known, else queue it for evaluation."""
+        from optuna.trial import TrialState
+
+        study, objective = self.study, self.objective
+        fixed = self._fixed()
+        self.trial = trial = _ask(study, self.dists, fixed)
+        self.beat.start(trial)  # from ask to tell: a trial without a pulse is a dead process's
+        if not self.shared:  # another process started on this study: its trials interleave with ours
+            expected = self.next_number if self.last_number is None else self.last_number + 1
+            self.shared = trial.number != expected or any(
+                t.number != trial.number and all(t.number != a.number for a, _, _ in self.ahead)
+                for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+        self.last_number = trial.number
+        config = {k: trial.params[k] for k in objective.knobs}
+        key = format_config(config)
+        trial.set_user_attr("config", config)
+        why = objective.violation(config)
+        if why is not None:  # rejected before compiling; the constraint is recorded
+            self._record_skipped(trial, STATUS_INVALID, {"reason": why}, None)
+            self.invalid += 1
+            return
+        if self.shared and key not in self.known:
+            self.known.update(_known(study))  # another process may have finished it meanwhile
+        seen = self.known.get(key) or (_claimed_elsewhere(study, trial, objective, key) if self.shared else None)
+        if seen is None and any(k == key for _, _, k in self.ahead):
+            seen = Seen(None, next(t.number for t, _, k in self.ahead if k == key), config, "in flight")
+        if seen is not None:  # never measure a config twice: tell the sampler what is known
+            self._record_skipped(trial, STATUS_KNOWN, {"reason": "known", "same_as": seen.number}, seen.value)
+            return
+        self.skips = 0
+        objective.prefetch(config)  # e.g. compile it in another process while earlier ones are timed
+        self.ahead.append((trial, config, key))
+        self.trial = None
+
+    def _record_skipped(self, trial: optuna.Trial, status: str, failure: dict[str, Any],
+                        value: float | None) -> None:
+        """A proposal not evaluated: its status and why; the sampler is told the known value (or pruned)."""
+        from optuna.trial import TrialState
+
+        trial.set_user_attr("status", status)
+        trial.set_user_attr("failure", failure)
+        if value is None:
+            self.study.tell(trial, state=TrialState.PRUNED)
+        else:
+            self.study.tell(trial, value)
+        self.beat.finish(trial)
+        self.skips += 1
+        self.trial = None
+
+    def finish(self, stop: Stop, finalists: int) -> StudyResult:
+        """The final round over the leaders (not after an interrupt), and the result."""
+        elapsed = time.monotonic() - self.started
+        study, objective = self.study, self.objective
+        top = _top(study, finalists)
+        final: FinalRound | None = None
+        if top and stop.reason is not StopReason.INTERRUPTED:
+            try:
+                final = objective.finalize(top)
+            except KeyboardInterrupt:
+                final = FinalRound(None, note="final round interrupted")
+            study.set_user_attr("final", final.to_dict())
+        winner = final.winner if final is not None else top[0].number if top else None
+        best = next((t for t in _top(study, None) if t.number == winner), None) if winner is not None else None
+        overhead = (elapsed - self.eval_seconds) / self.new if self.new else 0.0
+        return StudyResult(study.study_name, redact(self.storage or default_storage()), objective.backend,
+                           objective.evidence, objective.study_key, best, top, len(self.known), self.failures,
+                           self.invalid, elapsed, stop, final, overhead)
 
 
 def _evaluate(study: optuna.Study, objective: Objective, trial: optuna.Trial, config: Config, key: str,

@@ -52,10 +52,10 @@ def verdict(result: StudyResult, key: dict[str, str], op: str, margin: float = D
         return Verdict(None, f"modeled result: {op} is not modeled, so nothing says this variant beats it; measure "
                              f"it on {key['chip']} before it ships (a modeled artifact is dispatched only on the "
                              "consumer's opt-in)")
-    if final.get("speedup_low") is None:
+    if final is None or final.speedup_low is None:
         return Verdict(None, f"{op} was not timed in this run: no verdict on the baseline {where}")
-    text = speedup_text(final.get("speedup"), final.get("speedup_low"), final.get("speedup_high"))
-    if beats_op(final["speedup_low"], margin):
+    text = speedup_text(final.speedup, final.speedup_low, final.speedup_high)
+    if beats_op(final.speedup_low, margin):
         return Verdict(True, f"the winner beats {op} {where}: {text} (lower bound above {1 + margin:.2f}x)")
     return Verdict(False, f"no variant beats {op} {where} (best: {text}); keep the MLX op")
 

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from ._console import err, out
 from ._errors import KernsearchError
+from ._final import FinalistCheck, FinalRound
 
 if TYPE_CHECKING:
     from ._artifacts import ArtifactStore
@@ -470,10 +471,11 @@ StorageOpt = typer.Option(None, "--storage", help="Optuna storage URL (default: 
                           "or ~/.kernsearch; e.g. postgresql://... to share a study between machines)")
 
 
-def _pick_backend(backend: str, chip_name: str | None) -> tuple[str, Chip, str | None]:
+def _pick_backend(backend: str, chip_name: str | None, verify: str = "finalists") -> tuple[str, Chip, str | None]:
     """``--backend auto``: metal on Apple GPUs, cuda on NVIDIA, else the model for --chip (or an M-series).
 
-    Returns (back-end name, Chip, a one-line note or None)."""
+    Returns (back-end name, Chip, a one-line note or None: for the model, what it predicts and what
+    ``verify`` checks)."""
     from ._chips import default_apple_chip, get_chip
 
     if backend in ("metal", "cuda"):  # a measurement belongs to the GPU it ran on, never to a named one
@@ -490,10 +492,16 @@ def _pick_backend(backend: str, chip_name: str | None) -> tuple[str, Chip, str |
         return ("metal" if here.vendor == "apple" else "cuda"), here, None
     chip = wanted or default_apple_chip()
     why = f"{here.name} is not the chip to tune for" if here.vendor != "cpu" else "no GPU here"
-    checked = ("the winner and top finalists are verified on the CPU Metal interpreter" if chip.vendor != "nvidia"
-               else "its CUDA kernels cannot run on the CPU Metal interpreter, so nothing is verified or published")
+    checked = [] if chip.vendor != "nvidia" else [
+        "its CUDA kernels cannot run on the CPU Metal interpreter, so nothing is verified or published"]
+    if verify == "all":
+        checked.append("every variant is verified on the CPU Metal interpreter")
+    elif verify == "none":
+        checked.append("[yellow]nothing is verified[/] (--verify none)")
+    elif not checked:
+        checked.append("the winner and top finalists are verified on the CPU Metal interpreter")
     return "model", chip, (f"{why}: times are predicted by the performance model for {chip.name} "
-                           f"([bold]modeled[/], not measured); {checked}")
+                           f"([bold]modeled[/], not measured); {'; '.join(checked)}")
 
 
 def _wide() -> Console:
@@ -510,11 +518,11 @@ def _fmt(value: Any, spec: str, none: str = "-") -> str:
     return none if value is None else format(value, spec)
 
 
-def _top_table(rows: list[TrialSummary], evidence: str, winner: int | None, final: dict[str, Any] | None = None,
+def _top_table(rows: list[TrialSummary], evidence: str, winner: int | None, final: FinalRound | None = None,
                title: str = "top configs") -> Any:
     from ._space import format_config
 
-    checks = (final or {}).get("checks") or {}
+    checks = final.checks if final is not None else {}
 
     label = {"modeled": "time (predicted)", "measured": "time"}.get(evidence, "time")
     if _wide().width < 120:  # a narrow terminal: one block per config, the config wrapped between knobs
@@ -524,12 +532,11 @@ def _top_table(rows: list[TrialSummary], evidence: str, winner: int | None, fina
 
         blocks: list[Any] = [Text(title, style="italic")]
         for i, t in enumerate(rows, 1):
-            check = checks.get(str(t.number)) or {}
-            err = check.get("max_abs_err", t.max_abs_err)
+            err = _max_err(t, checks.get(t.number))
             blocks.append(Text(f"{i}{' *' if t.number == winner else ''}  trial {t.number}  {label} {t.time_ms:.4g} ms"
                                f"  spread {f'{t.spread:.1%}' if t.spread else '-'}  {_fmt(t.gflops, '.0f')} GFLOP/s"
                                f"  max err {_fmt(err, '.2g')}  {t.evidence}  verified: "
-                               f"{_verified(t, checks.get(str(t.number)))}"))
+                               f"{_verified(t, checks.get(t.number))}"))
             blocks.append(Padding(Text(format_config(t.config).replace(",", ", ")), (0, 0, 0, 4)))
         return Group(*blocks)
     table = Table("#", "trial", "config", f"{label} ms", "spread", "GFLOP/s", "% peak", "max err",
@@ -539,43 +546,49 @@ def _top_table(rows: list[TrialSummary], evidence: str, winner: int | None, fina
     table.columns[2].ratio = 1
     for i, t in enumerate(rows, 1):
         mark = " *" if t.number == winner else ""
-        check = checks.get(str(t.number)) or {}
-        err = check.get("max_abs_err", t.max_abs_err)
+        err = _max_err(t, checks.get(t.number))
         table.add_row(f"{i}{mark}", str(t.number), format_config(t.config).replace(",", ", "), f"{t.time_ms:.4g}",
                       f"{t.spread:.1%}" if t.spread else "-", _fmt(t.gflops, ".0f"), _fmt(t.peak_pct, ".1f"),
-                      _fmt(err, ".2g"), t.evidence, _verified(t, checks.get(str(t.number))))
+                      _fmt(err, ".2g"), t.evidence, _verified(t, checks.get(t.number)))
     return table
 
 
-def _verified(t: TrialSummary, check: dict[str, Any] | None) -> str:
+def _max_err(t: TrialSummary, check: FinalistCheck | None) -> float | None:
+    """A row's error: the final round's interpreter check when it passed one, else the trial's own."""
+    return check.max_abs_err if check is not None and check.max_abs_err is not None else t.max_abs_err
+
+
+def _verified(t: TrialSummary, check: FinalistCheck | None) -> str:
     """Where a row was proven correct: per trial, or in the final round on the interpreter."""
     if check is not None:
-        return "interpreter" if check["ok"] else f"FAIL ({check['reason']})"
+        return "interpreter" if check.ok else f"FAIL ({check.reason})"
     return t.verified or "-"
 
 
-def _final_lines(final: dict[str, Any], evidence: str) -> list[str]:
+def _final_lines(final: FinalRound | None, evidence: str) -> list[str]:
     lines: list[str] = []
-    if final.get("speedup") is not None:
-        beats = "" if final.get("beats_baseline") else " [yellow](lead within the measured noise)[/]"
-        lines.append(f"speedup over the baseline op: {final['speedup']:.2f}x (range {final['speedup_low']:.2f}-"
-                     f"{final['speedup_high']:.2f}; baseline {final['baseline_median_ms']:.4g} ms){beats}")
+    if final is not None and final.speedup is not None:
+        beats = "" if final.beats_baseline else " [yellow](lead within the measured noise)[/]"
+        lines.append(f"speedup over the baseline op: {final.speedup:.2f}x (range {_fmt(final.speedup_low, '.2f')}-"
+                     f"{_fmt(final.speedup_high, '.2f')}; baseline {_fmt(final.baseline_median_ms, '.4g')} ms){beats}")
     elif evidence == "modeled":
         lines.append("speedup over the baseline op: not available (modeled times; the baseline is not modeled)")
-    if "lead_exceeds_noise" in final and not final["lead_exceeds_noise"]:
+    if final is None:
+        return lines
+    if final.lead_exceeds_noise is False:
         lines.append("[yellow]the winner's lead over the runner-up is within the measured noise[/]")
-    for number, check in (final.get("checks") or {}).items():
-        state = f"[green]pass[/] (max abs err {check['max_abs_err']:.2g})" if check["ok"] else \
-            f"[red]FAIL ({check['reason']})[/]"
+    for number, check in final.checks.items():
+        state = f"[green]pass[/] (max abs err {_fmt(check.max_abs_err, '.2g')})" if check.ok else \
+            f"[red]FAIL ({check.reason})[/]"
         also = ""
-        if check.get("also"):
-            sampled = check.get("threadgroups_checked")
-            also = " and " + ", ".join(check["also"]) + (f" ({sampled} threadgroups sampled at the tuned shape)"
-                                                         if sampled else "")
-        lines.append(f"trial {number} on the interpreter at {'x'.join(map(str, final.get('verify_shape', [])))}"
+        if check.also:
+            sampled = check.threadgroups_checked
+            also = " and " + ", ".join(check.also) + (f" ({sampled} threadgroups sampled at the tuned shape)"
+                                                      if sampled else "")
+        lines.append(f"trial {number} on the interpreter at {'x'.join(map(str, final.verify_shape or ()))}"
                      f"{escape(also)}: {state}")
-    if final.get("note"):
-        lines.append(str(final["note"]))
+    if final.note:
+        lines.append(final.note)
     return lines
 
 
@@ -634,11 +647,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
         objective = ReplayBackend(landscape, seed=seed).objective(family)
         note: str | None = f"replaying {landscape}: recorded times measured on {objective.study_key['chip']}, not here"
     else:
-        name, c, note = _pick_backend(backend, chip_name)
-        if note and verify != "finalists":
-            note = note.split("; the winner")[0] + (
-                "; every variant is verified on the CPU Metal interpreter" if verify == "all"
-                else "; [yellow]nothing is verified[/] (--verify none)")
+        name, c, note = _pick_backend(backend, chip_name, verify)
         from ._objective import KernelObjective
         from ._space import make_problem
         from ._spec import load_family
@@ -662,7 +671,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
     result = _run_with_progress(objective, trials, time_budget, patience or None, sampler, seed, storage, study,
                                 finalists, as_json)
     outcome = objective.publish(result, margin=margin) if publish and result.best is not None and \
-        "Ctrl-C" not in result.stop_reason else None
+        not result.stop.reason.by_request else None
     beats, verdict = _verdict(result, key, getattr(getattr(objective, "family", None), "baseline_name", "the MLX op"),
                               margin)
     if as_json:
@@ -685,9 +694,9 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
 
         path = write_report(result.study_name, storage)
         err.print(f"report: {path}", soft_wrap=True, markup=False)
-    if "Ctrl-C" in result.stop_reason:
+    if result.stop.reason.by_request:
         raise typer.Exit(130)
-    if result.best is None or result.final.get("winner", result.best.number) is None:
+    if result.best is None or result.final is not None and result.final.winner is None:
         raise typer.Exit(1)  # the search ran, but no variant was correct: like a failed `verify`
 
 
@@ -759,7 +768,7 @@ def _print_result(result: StudyResult) -> None:
     out.print(f"study [bold]{result.study_name}[/] · {result.evaluated} configs evaluated · failed: {fails} · "
               f"{result.invalid} invalid proposals rejected before compiling · {result.elapsed_s:.1f} s · "
               f"{result.stop_reason}", soft_wrap=True)
-    winner = result.final.get("winner", result.best.number if result.best else None)
+    winner = result.final.winner if result.final is not None else result.best.number if result.best else None
     if result.top:
         _wide().print(_top_table(result.top, result.evidence, winner, result.final))
     for line in _final_lines(result.final, result.evidence):
@@ -824,7 +833,7 @@ def show(study: str = typer.Argument(..., help="study name (see `kernsearch stud
                       if t.user_attrs.get("status") == "failed")
     rows = _top(s, top)
     attrs = s.user_attrs
-    final = attrs.get("final", {})
+    final = FinalRound.from_dict(attrs.get("final"))
     if as_json:
         from dataclasses import asdict
 
@@ -837,7 +846,7 @@ def show(study: str = typer.Argument(..., help="study name (see `kernsearch stud
               f"{_evidence_label(evidence, attrs.get('backend'))})", soft_wrap=True)
     out.print(_trial_counts(status, reasons), soft_wrap=True)
     if rows:
-        _wide().print(_top_table(rows, evidence, final.get("winner"), final))
+        _wide().print(_top_table(rows, evidence, final.winner if final is not None else None, final))
     for line in _final_lines(final, evidence):
         out.print(line, soft_wrap=True)
 

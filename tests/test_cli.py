@@ -101,3 +101,24 @@ def test_malformed_user_family_is_one_line(tmp_path) -> None:  # noqa: ANN001
 def test_error_text_with_brackets_is_printed_verbatim(args: list[str], message: str) -> None:
     res = ks(*args)
     assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("chip,verify,checked", [
+    ("M2 Max", "finalists", "the winner and top finalists are verified on the CPU Metal interpreter"),
+    ("M2 Max", "all", "every variant is verified on the CPU Metal interpreter"),
+    ("M2 Max", "none", "[yellow]nothing is verified[/] (--verify none)"),
+    ("H100", "finalists", "its CUDA kernels cannot run on the CPU Metal interpreter, so nothing is verified or "
+                          "published"),
+    ("H100", "none", "its CUDA kernels cannot run on the CPU Metal interpreter, so nothing is verified or "
+                     "published; [yellow]nothing is verified[/] (--verify none)"),
+])
+def test_auto_on_a_machine_without_gpu_says_what_the_model_checks(monkeypatch, chip: str, verify: str,
+                                                                  checked: str) -> None:
+    from kernsearch import cli
+    from kernsearch._chips import get_chip
+
+    monkeypatch.setattr(cli, "resolve_chip", lambda name, target=False: get_chip(name or "cpu"))
+    name, picked, note = cli._pick_backend("auto", chip, verify)
+    assert name == "model" and picked.name == chip
+    assert note == (f"no GPU here: times are predicted by the performance model for {chip} ([bold]modeled[/], not "
+                    f"measured); {checked}")

@@ -131,19 +131,20 @@ def test_rejudged_repository_artifacts_route_every_h100_gemm_call_to_the_op(tmp_
 def test_tune_verdict_says_plainly_when_nothing_beats_the_op() -> None:
     from types import SimpleNamespace
 
+    from kernsearch._final import FinalRound
     from kernsearch.cli import _verdict
 
     key = {"chip": "H100", "shape": "2048x2048x2048", "dtype": "float16"}
     lost = SimpleNamespace(best=object(), evidence="measured",
-                           final={"speedup": 0.47, "speedup_low": 0.45, "speedup_high": 0.49})
+                           final=FinalRound(0, speedup=0.47, speedup_low=0.45, speedup_high=0.49))
     beats, text = _verdict(lost, key, "mx.matmul", 0.03)
     assert beats is False and text == ("no variant beats mx.matmul on H100 at 2048x2048x2048 float16 "
                                        "(best: 0.47x (range 0.45-0.49)); keep the MLX op")
     won = SimpleNamespace(best=object(), evidence="measured",
-                          final={"speedup": 1.4, "speedup_low": 1.3, "speedup_high": 1.5})
+                          final=FinalRound(0, speedup=1.4, speedup_low=1.3, speedup_high=1.5))
     assert _verdict(won, key, "mx.matmul", 0.03)[0] is True
     assert _verdict(won, key, "mx.matmul", 0.5)[0] is False  # the margin is the user's
-    modeled = SimpleNamespace(best=object(), evidence="modeled", final={})
+    modeled = SimpleNamespace(best=object(), evidence="modeled", final=None)
     beats, text = _verdict(modeled, key, "mx.matmul", 0.03)
     assert beats is None and "mx.matmul is not modeled" in text and "before it ships" in text
 

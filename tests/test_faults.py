@@ -13,7 +13,7 @@ from kernsearch._chips import get_chip
 from kernsearch._objective import KernelObjective
 from kernsearch._space import make_problem
 from kernsearch._spec import load_family
-from kernsearch._study import run_study
+from kernsearch._study import StopReason, run_study
 
 FAMILY = """
 name = "planted"
@@ -122,6 +122,7 @@ def study_of_faults(planted, tmp_path_factory):
 def test_each_planted_fault_fails_its_trial_with_the_right_reason(study_of_faults):
     result, study = study_of_faults
     assert result.evaluated == 14 and result.stop_reason == "every valid config evaluated"
+    assert result.stop.reason is StopReason.EXHAUSTED
     seen = {}
     for t in study.trials:
         if t.user_attrs.get("status") in ("ok", "failed"):
@@ -138,9 +139,9 @@ def test_the_study_completes_and_its_winner_is_correct(study_of_faults):
     assert result.best is not None and result.best.config["FAULT"] == "none"
     assert result.best.verified == "interpreter" and result.best.max_abs_err == 0.0
     assert result.evidence == "modeled" and result.best.evidence == "modeled"
-    checks = result.final["checks"]
-    assert checks and all(c["ok"] for c in checks.values())  # the finalists passed the interpreter again
-    assert result.final["winner"] == result.best.number
+    checks = result.final.checks
+    assert checks and all(c.ok for c in checks.values())  # the finalists passed the interpreter again
+    assert result.final.winner == result.best.number
 
 
 def test_finalist_verification_skips_a_faulty_leader(planted, tmp_path):
@@ -155,9 +156,9 @@ def test_finalist_verification_skips_a_faulty_leader(planted, tmp_path):
     objective.default = lambda: None  # type: ignore[method-assign]
     result = run_study(objective, trials=2, sampler="grid", seed=0, storage=f"sqlite:///{tmp_path / 'f.db'}")
     assert {str(t.config) for t in result.top} == {str(c) for c in pair}  # both led on (equal) predicted time
-    wrong = [n for n, c in result.final["checks"].items() if not c["ok"]]
-    assert len(wrong) == 1 and result.final["checks"][wrong[0]]["reason"] == "wrong"
-    assert result.best.config["FAULT"] == "none" and result.best.number == result.final["winner"]
+    wrong = [n for n, c in result.final.checks.items() if not c.ok]
+    assert len(wrong) == 1 and result.final.checks[wrong[0]].reason == "wrong"
+    assert result.best.config["FAULT"] == "none" and result.best.number == result.final.winner
 
 
 # -- the measured pipeline, end to end, on a simulated GPU -------------------------------------------------
@@ -235,8 +236,8 @@ def test_measured_pipeline_verifies_times_and_judges_against_the_baseline(plante
     # batches of >= 20 ms between syncs: the 0.05 ms sync adds at most 0.25 % to a 1 ms kernel
     assert 1.0 <= best.time_ms <= 1.0025 and result.top[1].time_ms == pytest.approx(2.0, rel=3e-3)
     final = result.final
-    assert final["winner"] == best.number and final["lead_exceeds_noise"] and final["beats_baseline"]
-    assert final["speedup"] == pytest.approx(3.0, rel=3e-3)
+    assert final.winner == best.number and final.lead_exceeds_noise and final.beats_baseline
+    assert final.speedup == pytest.approx(3.0, rel=3e-3)
 
 
 def test_pipelined_search_compiles_ahead_and_a_fault_fails_only_its_trial(planted, tmp_path):

@@ -18,7 +18,7 @@ import pytest
 
 from kernsearch._errors import BackendError, KernsearchError, VariantFailure
 from kernsearch._landscape import Landscape, LandscapeWriter
-from kernsearch._study import open_study, run_study
+from kernsearch._study import StopReason, open_study, run_study
 from kernsearch.backends import get_backend
 from kernsearch.backends._replay import ReplayBackend
 
@@ -133,7 +133,7 @@ def test_search_finds_the_optimum_of_a_small_landscape(small, tmp_path):
     # recorded time lies within the optimum's own measured spread (p10..p90 of its repetitions).
     spread = (times[int(0.9 * len(times))] - times[int(0.1 * len(times))]) / best_time
     assert picked <= best_time * (1 + spread), (result.best.config, picked, best_time, spread)
-    assert result.evidence == "measured" and "not here" in result.final["note"]
+    assert result.evidence == "measured" and "not here" in result.final.note
 
 
 @needs_landscapes
@@ -151,7 +151,8 @@ def test_resume_after_interruption_continues_the_same_study(small, tmp_path):
 
     first_obj.evaluate = evaluate
     first = run_study(first_obj, trials=40, seed=1, storage=url)
-    assert first.stop_reason.startswith("interrupted") and first.evaluated == 11
+    assert first.stop.reason is StopReason.INTERRUPTED and first.stop_reason.startswith("interrupted")
+    assert first.evaluated == 11
     second = run_study(ReplayBackend(small, seed=2).objective(), trials=40, seed=2, storage=url)
     assert second.study_name == first.study_name and second.evaluated == 40
     import optuna

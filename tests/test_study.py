@@ -10,7 +10,7 @@ import pytest
 
 from kernsearch._errors import KernsearchError, VariantFailure
 from kernsearch._storage import study_name_for
-from kernsearch._study import Objective, Record, parse_duration, run_study
+from kernsearch._study import Objective, Record, Stop, StopReason, parse_duration, run_study
 
 
 class Toy(Objective):
@@ -79,6 +79,12 @@ def test_failures_are_recorded_with_their_reason_and_the_search_goes_on(tmp_path
     assert result.evaluated == 91 and result.failures == Counter({"compile": 10})
     assert result.best.config == {"x": 7, "y": 3} and result.best.time_ms == 1.0
     assert all(t.config["x"] != 0 for t in result.top)
+    assert result.stop.reason is StopReason.BUDGET and result.stop_reason == "trial budget reached"
+    data = result.to_dict()  # as `tune --json` prints it: the stop's text, the final round's stored form
+    assert list(data) == ["study_name", "storage", "backend", "evidence", "key", "best", "top", "evaluated",
+                          "failures", "invalid", "elapsed_s", "stop_reason", "final", "overhead_s_per_trial"]
+    assert data["stop_reason"] == "trial budget reached" and data["failures"] == {"compile": 10}
+    assert data["final"] == {"winner": result.best.number} and data["best"]["config"] == {"x": 7, "y": 3}
 
 
 def test_tpe_beats_a_third_of_the_space_and_records_figures(tmp_path):
@@ -95,6 +101,8 @@ def test_resume_continues_the_same_study(tmp_path):
     assert second.study_name == first.study_name == study_name_for(Toy().study_key)
     assert second.evaluated == 25 and sum(toy.calls.values()) == 15  # only the 15 new ones measured
     again = run_study(Toy(), trials=25, seed=2, storage=storage(tmp_path))
+    assert second.stop == Stop(StopReason.BUDGET) and second.stop_reason == "trial budget reached"
+    assert again.stop == Stop(StopReason.BUDGET, before_run=True, evaluated=25)
     assert again.evaluated == 25 and again.stop_reason.startswith("trial budget reached: the study already has 25")
     assert "--trials 75 evaluates 50 more" in again.stop_reason  # how to go on, not just "budget reached"
 
@@ -102,7 +110,8 @@ def test_resume_continues_the_same_study(tmp_path):
 def test_stop_request_keeps_finished_trials(tmp_path):
     toy = Toy()
     result = run_study(toy, trials=50, seed=0, storage=storage(tmp_path), stop=lambda: sum(toy.calls.values()) >= 7)
-    assert result.evaluated == 7 and "stopped" in result.stop_reason
+    assert result.evaluated == 7 and result.stop.reason is StopReason.STOPPED and result.stop.reason.by_request
+    assert result.stop_reason == "stopped (Ctrl-C or a stop request); finished trials are kept"
     resumed = run_study(Toy(), trials=12, seed=0, storage=storage(tmp_path))
     assert resumed.evaluated == 12
 
@@ -116,7 +125,9 @@ def test_keyboard_interrupt_inside_a_trial_keeps_the_others(tmp_path):
             return super().evaluate(config)
 
     result = run_study(Interrupted(fail_x0=False), trials=20, seed=0, storage=storage(tmp_path))
-    assert result.stop_reason.startswith("interrupted") and result.evaluated == 5
+    assert result.stop.reason is StopReason.INTERRUPTED and result.stop.reason.by_request
+    assert result.stop_reason == "interrupted (Ctrl-C); finished trials are kept" and result.evaluated == 5
+    assert result.final is None  # no final round after an interrupt: the leader is the best
     resumed = run_study(Toy(fail_x0=False), trials=8, seed=0, storage=storage(tmp_path))
     assert resumed.evaluated == 8  # the interrupted config is not counted as evaluated
 
@@ -124,8 +135,23 @@ def test_keyboard_interrupt_inside_a_trial_keeps_the_others(tmp_path):
 def test_patience_and_time_budget_stop_early(tmp_path):
     result = run_study(Toy(), trials=91, patience=5, seed=0, sampler="random", storage=":memory:")
     assert result.stop_reason == "no improvement in 5 trials" and result.evaluated < 91
+    assert result.stop == Stop(StopReason.PATIENCE, patience=5) and not result.stop.reason.by_request
     timed = run_study(Toy(), trials=None, time_budget=0.0, storage=":memory:")
     assert timed.stop_reason == "time budget reached" and timed.evaluated == 0
+    assert timed.stop.reason is StopReason.TIME_BUDGET
+
+
+def test_patience_spent_before_the_run_says_how_to_go_on(tmp_path):
+    first = run_study(Toy(), trials=91, patience=5, seed=0, sampler="random", storage=storage(tmp_path))
+    again = run_study(Toy(), trials=91, patience=5, seed=0, sampler="random", storage=storage(tmp_path))
+    assert again.evaluated == first.evaluated and again.stop == Stop(StopReason.PATIENCE, 5, before_run=True)
+    assert again.stop_reason == ("no improvement in 5 trials (before this run started: to search on, raise "
+                                 "--patience, or 0 for no early stop)")
+
+
+def test_run_study_takes_an_objective():
+    with pytest.raises(TypeError, match="kernsearch.tune"):
+        run_study("gemm", trials=1)  # type: ignore[arg-type]
 
 
 def test_a_study_for_another_space_is_refused(tmp_path):

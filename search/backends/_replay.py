@@ -54,6 +54,7 @@ class ReplayBackend(BaseBackend):
 
     def objective(self, name: str | None = None) -> Any:
         """This landscape as a study objective (see ``_study.run_study``)."""
+        from .._final import FinalistTime, FinalRound
         from .._study import Objective, Record
 
         backend = self
@@ -91,13 +92,13 @@ class ReplayBackend(BaseBackend):
             def prior(self, configs: list[dict[str, Any]]) -> list[float] | None:
                 return _family_prior(land, configs)
 
-            def finalize(self, top: list[Any]) -> dict[str, Any]:
+            def finalize(self, top: list[Any]) -> FinalRound:
                 """The final round: finalists re-measured with every recorded repetition, fastest median wins."""
                 medians = {t.number: float(np.median(land.samples(t.config) or [math.inf])) for t in top}
                 winner = min(medians, key=lambda n: (medians[n], n)) if medians else None
-                return {"winner": winner, "finalists": {str(n): {"median_ms": m} for n, m in medians.items()},
-                        "note": f"replayed from {land.path}; measured on "
-                                f"{land.device_name or 'an unnamed GPU'}, not here"}
+                return FinalRound(winner, finalists={n: FinalistTime(m) for n, m in medians.items()},
+                                  note=f"replayed from {land.path}; measured on "
+                                       f"{land.device_name or 'an unnamed GPU'}, not here")
 
         return ReplayObjective()
 

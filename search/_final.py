@@ -1,0 +1,168 @@
+"""The final round of a study as typed data: which leader wins, how it was proven, and what it gains.
+
+A search ends with a final round over its leaders (``Objective.finalize``): measured back-ends re-time the
+finalists interleaved with the baseline op (``finalists``, ``speedup`` and its range, ``lead_exceeds_noise``);
+the model back-end proves them on the CPU interpreter (``checks``). The round is stored on the study (user
+attribute ``final``) and printed by ``tune --json``: :meth:`FinalRound.to_dict` writes the form those have
+always had, and :meth:`FinalRound.from_dict` reads it back from a storage it does not trust.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FinalistCheck:
+    """A finalist run on the CPU interpreter: passed (its error, and for the winner the further shapes it
+    passed before it may be published) or refused (why)."""
+
+    ok: bool
+    max_abs_err: float | None = None
+    shape: tuple[int, ...] = ()
+    also: tuple[str, ...] | None = None  # the winner's further shapes (tuned, ragged); None: not checked further
+    threadgroups_checked: int | None = None  # of the tuned shape, when only a sample of its grid was checked
+    reason: str | None = None
+    detail: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if not self.ok:
+            return {"ok": False, "reason": self.reason, "detail": self.detail}
+        d: dict[str, Any] = {"ok": True, "max_abs_err": self.max_abs_err, "shape": list(self.shape)}
+        if self.also is not None:
+            d.update(also=list(self.also), threadgroups_checked=self.threadgroups_checked)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: object) -> FinalistCheck | None:
+        """None when ``data`` is not a check (a passed one needs its error)."""
+        if not isinstance(data, dict) or not isinstance(data.get("ok"), bool):
+            return None
+        if not data["ok"]:
+            return cls(False, reason=_text(data.get("reason")) or "?", detail=_text(data.get("detail")) or "")
+        err = _number(data.get("max_abs_err"))
+        if err is None:
+            return None
+        also = data.get("also")
+        return cls(True, err, _ints(data.get("shape")),
+                   tuple(str(s) for s in also) if isinstance(also, list) else None,
+                   _int(data.get("threadgroups_checked")))
+
+
+@dataclass(frozen=True)
+class FinalistTime:
+    """A finalist re-timed in the final round (``spread``: None where the round does not say, e.g. replayed)."""
+
+    median_ms: float
+    spread: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"median_ms": self.median_ms} if self.spread is None else \
+            {"median_ms": self.median_ms, "spread": self.spread}
+
+
+#: Optional figures of a measured final round, in their stored order (absent when None).
+_FIGURES = ("lead_exceeds_noise", "baseline_median_ms", "baseline_spread", "speedup", "speedup_low", "speedup_high",
+            "beats_baseline", "baseline_error")
+
+
+@dataclass(frozen=True)
+class FinalRound:
+    """What the final round decided. ``winner`` None: no finalist is correct (or the round was interrupted).
+
+    Measured: ``finalists`` re-timed; ``speedup`` (baseline median / winner median) with its ``speedup_low`` -
+    ``speedup_high`` range when the baseline op was timed; ``lead_exceeds_noise`` whether the winner's lead over
+    the runner-up exceeds the noise, ``beats_baseline`` whether its lead over the baseline does.
+    Modeled: ``verified_on`` is ``"interpreter"``, ``checks`` per finalist at ``verify_shape``.
+    """
+
+    winner: int | None
+    verified_on: str | None = None
+    verify_shape: tuple[int, ...] | None = None
+    checks: dict[int, FinalistCheck] = field(default_factory=dict)
+    finalists: dict[int, FinalistTime] = field(default_factory=dict)
+    lead_exceeds_noise: bool | None = None
+    baseline_median_ms: float | None = None
+    baseline_spread: float | None = None
+    speedup: float | None = None
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    beats_baseline: bool | None = None
+    baseline_error: str | None = None
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored form (study attribute ``final``, ``tune --json``): trial numbers as string keys, figures
+        that do not apply left out."""
+        d: dict[str, Any] = {"winner": self.winner}
+        if self.verified_on is not None:  # as the interpreter's round was always stored (no baseline there)
+            d.update(verified_on=self.verified_on, verify_shape=list(self.verify_shape or ()),
+                     checks={str(n): c.to_dict() for n, c in self.checks.items()}, baseline=None)
+        elif self.checks:
+            d["checks"] = {str(n): c.to_dict() for n, c in self.checks.items()}
+        if self.finalists:
+            d["finalists"] = {str(n): t.to_dict() for n, t in self.finalists.items()}
+        for name in _FIGURES:
+            if getattr(self, name) is not None:
+                d[name] = getattr(self, name)
+        if self.note is not None:
+            d["note"] = self.note
+        return d
+
+    @classmethod
+    def from_dict(cls, data: object) -> FinalRound | None:
+        """A stored round read back; None when there is none (or it is not a mapping). Fields of the wrong
+        type are dropped, never trusted."""
+        if not isinstance(data, dict) or not data:
+            return None
+        checks: dict[int, FinalistCheck] = {}
+        for key, raw in _mapping(data.get("checks")).items():
+            number, check = _trial_number(key), FinalistCheck.from_dict(raw)
+            if number is not None and check is not None:
+                checks[number] = check
+        finalists: dict[int, FinalistTime] = {}
+        for key, raw in _mapping(data.get("finalists")).items():
+            number, median = _trial_number(key), _number(raw.get("median_ms")) if isinstance(raw, dict) else None
+            if number is not None and median is not None:
+                finalists[number] = FinalistTime(median, _number(raw.get("spread")))
+        shape = data.get("verify_shape")
+        return cls(_int(data.get("winner")), _text(data.get("verified_on")),
+                   _ints(shape) if isinstance(shape, list) else None, checks, finalists,
+                   lead_exceeds_noise=_flag(data.get("lead_exceeds_noise")),
+                   baseline_median_ms=_number(data.get("baseline_median_ms")),
+                   baseline_spread=_number(data.get("baseline_spread")), speedup=_number(data.get("speedup")),
+                   speedup_low=_number(data.get("speedup_low")), speedup_high=_number(data.get("speedup_high")),
+                   beats_baseline=_flag(data.get("beats_baseline")), baseline_error=_text(data.get("baseline_error")),
+                   note=_text(data.get("note")))
+
+
+def _mapping(v: object) -> dict[Any, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+def _number(v: object) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _flag(v: object) -> bool | None:
+    return v if isinstance(v, bool) else None
+
+
+def _int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _text(v: object) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _ints(v: object) -> tuple[int, ...]:
+    return tuple(x for x in v if _int(x) is not None) if isinstance(v, list) else ()
+
+
+def _trial_number(key: object) -> int | None:
+    """A trial number as stored (a string key in JSON)."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key
+    return int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else None

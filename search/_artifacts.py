@@ -57,6 +57,7 @@ from ._manifest import (
     SCHEMA_VERSION,
     ArtifactError,
     GateRecord,
+    KeyBusy,
     Manifest,
     Measurements,
     parse_manifest,
@@ -653,6 +654,6 @@ def _locked(path: Path, timeout: float, key: ArtifactKey) -> Iterator[None]:
         except _safeio.UnsafeFile as exc:
             raise ArtifactError(f"cannot lock the key: {exc}") from None
         except _lockfile.LockTimeout:
-            raise ArtifactError(f"artifact key {key} is busy: another publisher holds {path} "
+            raise KeyBusy(f"artifact key {key} is busy: another publisher holds {path} "
                                 f"(waited {timeout:g} s)") from None
         yield

@@ -122,9 +122,11 @@ def tune_task(unit: Unit, backend: str, storage: str | None, gpu_limit: str) -> 
 @task(name="verify")
 def verify_task(unit: Unit, backend: str, config: dict[str, Any], gpu_limit: str) -> dict[str, Any]:
     """Verify the winner on the unit's extra shapes (interpreter for modeled searches, else the device)."""
+    from kernsearch.backends import backend_class
+
     payload = {"family": unit.family, "dtype": unit.dtype, "chip": unit.chip, "config": config,
                "shapes": [list(s) for s in unit.verify_shapes], "seed": unit.options.seed,
-               "verifier_backend": "cpu" if backend == "model" else backend, "timeout": unit.options.timeout}
+               "verifier_backend": backend_class(backend).verifier(), "timeout": unit.options.timeout}
     with concurrency(gpu_limit, occupy=1, strict=True):
         return run_step("verify", payload, timeout=VERIFY_SECONDS_PER_SHAPE * max(1, len(unit.verify_shapes)))
 
@@ -223,22 +225,23 @@ def _machine(chip: str | None) -> tuple[Any, Any]:
 
 
 def _backend(choice: str, detected: Any, chip: str) -> str:
-    """``auto``: measure (metal / cuda) when the job's chip is the GPU here, else predict with the model."""
-    if choice != "auto":
-        return choice
-    if detected.name != chip:
-        return "model"
-    return {"apple": "metal", "nvidia": "cuda"}.get(detected.vendor, "model")
+    """``auto``: measure (metal / cuda) when the job's chip is the GPU here, else predict with the model
+    (``backends.select_backend``, as ``kernsearch tune`` decides)."""
+    from kernsearch.backends import select_backend
+
+    return select_backend(choice, chip, detected=detected).backend
 
 
 def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) -> dict[str, Any]:
+    from kernsearch.backends import backend_class
+
     backend = _backend(unit.options.backend, detected, unit.chip)
     row: dict[str, Any] = {"job": unit.job, "family": unit.family_name, "family_ref": unit.family,
                            "chip": unit.chip,
                            "dtype": unit.dtype, "shape": unit.shape_text, "backend": backend, "evidence": None,
                            "old_ms": None, "old_version": None, "new_ms": None, "speedup": None,
                            "outcome": "failed", "version": None, "reason": ""}
-    if backend in ("metal", "cuda") and detected.name != unit.chip:
+    if backend_class(backend).measures_device and detected.name != unit.chip:
         row["reason"] = (f"a {backend} search measures the chip it runs on: this machine is {detected.name}, "
                          f"the job is for {unit.chip}")
         logger.error("%s: %s", unit.name, row["reason"])

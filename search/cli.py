@@ -6,8 +6,10 @@ Every user error (:class:`KernsearchError`) becomes one line on stderr and exit 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -65,12 +67,20 @@ def resolve_chip(name: str | None, target: bool = False) -> Chip:
     from ._chips import resolve_chip as _resolve
     from ._chips import target_chip
 
+    with _warnings_as_lines():
+        return target_chip(name) if target else _resolve(name)
+
+
+@contextlib.contextmanager
+def _warnings_as_lines() -> Iterator[None]:
+    """Warnings raised inside (an unknown detected chip) are printed as one line each, even on an error."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        chip = target_chip(name) if target else _resolve(name)
-    for w in caught:
-        _warn_line(w)
-    return chip
+        try:
+            yield
+        finally:
+            for w in caught:
+                _warn_line(w)
 
 
 def problem_and_space(family: str, shape: str | None, dtype: str | None,
@@ -404,13 +414,14 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
     from ._render import render as render_variant
     from ._space import format_config
     from ._verify import tolerance, verify_kernel
-    from .backends import get_backend
+    from .backends import backend_class
 
     _options.check(_options.Seed, seed, "--seed")
     _options.check(_options.Timeout, timeout, "--timeout")
     if check and sanitize:
         raise KernsearchError("--check and --sanitize are separate runs: give one of them")
-    if backend == "cpu" and chip_name is None:
+    be_class = backend_class(backend)
+    if be_class.interprets and chip_name is None:
         detected = resolve_chip(None)
         chip_name = detected.name if detected.vendor == "apple" else default_apple_chip().name
     fam, c, problem, sp = problem_and_space(family, shape, dtype, chip_name)
@@ -418,14 +429,14 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
 
     check_size(problem)
     cfg = sp.validate(sp.parse_config(config))
-    be = get_backend(backend)
+    be = be_class()
     be.check_available()
     target = be.target or "metal"
     kernel = render_variant(fam, cfg, problem.dtype, target)
     geo = geometry(sp, cfg)
     options: dict[str, Any] = {}
     mode = "sanitize" if sanitize else ("check" if check else "fast")
-    if backend == "cpu":
+    if be.interprets:
         from ._verify import sample_threadgroups, threadgroup_counts
         from .interp import template_lines
 
@@ -438,7 +449,7 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
             sampled = f"{len(options['threadgroups'])} of {groups} threadgroups (corners, edge middles; --full: all)"
     elif check or sanitize:
         raise KernsearchError("--check and --sanitize need --backend cpu")
-    how = f"{be.name} back-end ({be.evidence.value}" + (f", {mode} mode)" if backend == "cpu" else ")")
+    how = f"{be.name} back-end ({be.evidence.value}" + (f", {mode} mode)" if be.interprets else ")")
     if "threadgroups" in options:
         how += f", {sampled}"
     out.print(f"[bold]{fam.name}[/] {problem.shape_text} {problem.dtype} for {c.name} · "
@@ -446,7 +457,7 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
     try:
         result, diagnostics = verify_kernel(be, kernel, geo, problem, seed, **options)
     except VariantFailure as exc:
-        if exc.reason == "timeout" and backend == "cpu":  # slow interpretation is no verdict on the kernel
+        if exc.reason == "timeout" and be.interprets:  # slow interpretation is no verdict on the kernel
             out.print(f"[yellow]NO VERDICT (timeout)[/]: the interpreter did not finish in {timeout:g} s at "
                       f"{problem.shape_text}; this says nothing about the kernel (a hang and a big problem look "
                       "alike here): try a smaller --shape or a longer --timeout", soft_wrap=True)
@@ -473,27 +484,15 @@ StorageOpt = typer.Option(None, "--storage", help="Optuna storage URL (default: 
 def _pick_backend(backend: str, chip_name: str | None) -> tuple[str, Chip, str | None]:
     """``--backend auto``: metal on Apple GPUs, cuda on NVIDIA, else the model for --chip (or an M-series).
 
+    A measurement belongs to the GPU it ran on, never to a named one (see ``backends.select_backend``).
     Returns (back-end name, Chip, a one-line note or None)."""
-    from ._chips import default_apple_chip, get_chip
+    from .backends import select_backend
 
-    if backend in ("metal", "cuda"):  # a measurement belongs to the GPU it ran on, never to a named one
-        here = resolve_chip(None)
-        if chip_name and here.vendor != "cpu" and get_chip(chip_name).name != here.name:
-            raise KernsearchError(f"the {backend} back-end measures the GPU here ({here.name}), not "
-                                  f"{get_chip(chip_name).name}; use --backend model to predict for another chip")
-        return backend, here, None
-    if backend != "auto":
-        return backend, resolve_chip(chip_name, target=True), None
-    here = resolve_chip(None)
-    wanted = get_chip(chip_name) if chip_name else None
-    if here.vendor in ("apple", "nvidia") and (wanted is None or wanted.name == here.name):
-        return ("metal" if here.vendor == "apple" else "cuda"), here, None
-    chip = wanted or default_apple_chip()
-    why = f"{here.name} is not the chip to tune for" if here.vendor != "cpu" else "no GPU here"
-    checked = ("the winner and top finalists are verified on the CPU Metal interpreter" if chip.vendor != "nvidia"
-               else "its CUDA kernels cannot run on the CPU Metal interpreter, so nothing is verified or published")
-    return "model", chip, (f"{why}: times are predicted by the performance model for {chip.name} "
-                           f"([bold]modeled[/], not measured); {checked}")
+    with _warnings_as_lines():  # an unknown detected chip warns on one line
+        chosen = select_backend(backend, chip_name)
+    if chosen.refusal:
+        raise KernsearchError(chosen.refusal)
+    return chosen.backend, chosen.chip, chosen.note
 
 
 def _wide() -> Console:
@@ -503,7 +502,9 @@ def _wide() -> Console:
 
 def _evidence_label(evidence: str, backend: str | None) -> str:
     """A replayed landscape was measured on the GPU that recorded it, never here: say so."""
-    return f"{evidence}, replayed" if backend == "replay" else evidence
+    from .backends import evidence_label
+
+    return evidence_label(evidence, backend)
 
 
 def _fmt(value: Any, spec: str, none: str = "-") -> str:
@@ -626,12 +627,15 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
     _options.check(_options.Patience, patience, "--patience")
     _options.check(_options.Timeout, timeout, "--timeout")
     _options.check(_options.Seed, seed, "--seed")
-    if backend == "replay" or landscape:
-        from .backends._replay import ReplayBackend
+    from .backends import replays
+
+    replay = replays(backend) or bool(landscape)
+    if replay:
+        from ._replay import Replay
 
         if not landscape:
             raise KernsearchError("--backend replay needs --landscape PATH (a KernelTuner cache file)")
-        objective = ReplayBackend(landscape, seed=seed).objective(family)
+        objective = Replay(landscape, seed=seed).objective(family)
         note: str | None = f"replaying {landscape}: recorded times measured on {objective.study_key['chip']}, not here"
     else:
         name, c, note = _pick_backend(backend, chip_name)
@@ -647,7 +651,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
         problem = make_problem(fam, shape, dtype, c)
         objective = KernelObjective(problem, c, name, seed=seed, timeout=timeout, verify=verify)
     key = objective.study_key
-    if publish and backend == "replay" or publish and landscape:
+    if publish and replay:
         raise KernsearchError("--publish needs a kernel family: replayed landscapes have no kernel to publish")
     if storage != ":memory:":
         from ._storage import check_storage
@@ -657,7 +661,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
         err.print(note, soft_wrap=True)
     err.print(f"tuning [bold]{key['family']}[/] {key['shape']} {key['dtype']} on {key['chip']} "
               f"({key['backend']} back-end, {objective.evidence})", soft_wrap=True)
-    if publish and backend == "replay" or publish and landscape:
+    if publish and replay:
         raise KernsearchError("--publish needs a kernel family: replayed landscapes have no kernel to publish")
     result = _run_with_progress(objective, trials, time_budget, patience or None, sampler, seed, storage, study,
                                 finalists, as_json)

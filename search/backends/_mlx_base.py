@@ -109,6 +109,9 @@ class MLXBackend(BaseBackend):
     """Builds, runs and times rendered kernels through ``mx.fast`` (evidence: measured)."""
 
     evidence = Evidence.MEASURED
+    measures_device = True
+    rotates_inputs = True
+    compiles_ahead = True
     #: Last-level cache assumed when deciding how many input copies to rotate.
     default_cache_bytes: float = 48e6
     default_memory_budget_bytes: float = 2e9

@@ -107,6 +107,8 @@ class ModelBackend(BaseBackend):
     name: ClassVar[str] = "model"
     evidence: ClassVar[Evidence] = Evidence.MODELED
     target: ClassVar[str | None] = None
+    predicts: ClassVar[bool] = True
+    verified_by: ClassVar[str | None] = "cpu"  # the interpreter runs the Metal kernel the chip would run
 
     def __init__(self, chip: Chip | str | None = None) -> None:
         """``chip`` overrides the space's chip (the space's problem is predicted on it instead)."""

@@ -5,7 +5,7 @@
 
 Every ``*.json`` / ``*.json.gz`` KernelTuner cache file in the given folders (or the files themselves) is
 replayed: each strategy searches with a budget of 1 % and 5 % of the file's configs for ``--seeds`` seeds
-(``run_study`` on the replay back-end: noisy timings drawn from the recorded repetitions). Two scores per run,
+(``run_study`` on a replayed landscape: noisy timings drawn from the recorded repetitions). Two scores per run,
 both ``optimum time / recorded time`` (1.0 = the optimum):
 
 * ``visited`` — the best config among those the search evaluated (what the strategy found);

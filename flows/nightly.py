@@ -140,6 +140,7 @@ def publish_task(unit: Unit, backend: str, tuned: dict[str, Any], verified: dict
     from kernsearch._manifest import Correctness, Measurements
     from kernsearch._space import Space, make_problem
     from kernsearch._spec import load_family
+    from kernsearch._targets import chip_target
 
     fam = load_family(unit.family)
     chip = get_chip(unit.chip)
@@ -159,7 +160,7 @@ def publish_task(unit: Unit, backend: str, tuned: dict[str, Any], verified: dict
                                 samples_ms=list(tuned["best"].get("samples_ms") or []),  # none made up
                                 baseline_median_ms=tuned.get("baseline_median_ms"),
                                 **{k: tuned.get(k) for k in ("baseline_spread", "speedup_low", "speedup_high")})
-    target = "cuda" if chip.vendor == "nvidia" else "metal"  # what the chip runs, modeled or measured
+    target = chip_target(chip.vendor)  # what the chip runs, modeled or measured
     candidate = Candidate.for_config(space, tuned["config"], target=target, correctness=correctness,
                                      evidence=tuned["evidence"], measurements=measurements, study=tuned["study"])
     store = ArtifactStore(artifacts)

@@ -36,13 +36,13 @@ from ._expr import _ENV, Expr
 from ._manifest import ArtifactError
 from ._render import render
 from ._spec import ARRAY_FUNCTIONS, DTYPES, Family, load_family
+from ._targets import TARGETS
 from .export_runtime._runtime import DEFAULT_MARGIN, FORMAT
 
 DEFAULT_PACKAGE = "kernsearch_kernels"
 #: MLX has no CPU back-end on Linux without its ``cpu`` extra: consumers' CI must still get correct results.
 RUNTIME_REQUIRES = ("mlx[cpu]>=0.29; sys_platform == 'linux'", "mlx>=0.29; sys_platform == 'darwin'",
                     "numpy>=1.26")
-_SUFFIX = {"metal": "metal", "cuda": "cu"}
 _BINOPS: dict[type[nodes.Node], str] = {nodes.Add: "+", nodes.Sub: "-", nodes.Mul: "*", nodes.Div: "/",
                                         nodes.FloorDiv: "//", nodes.Mod: "%", nodes.Pow: "**"}
 _UNARY: dict[type[nodes.Node], str] = {nodes.Not: "not", nodes.Neg: "neg", nodes.Pos: "pos"}
@@ -197,12 +197,12 @@ def _export(names: list[str], out: Path, store: ArtifactStore, package: str, ver
         for target in fam.templates:
             for dtype in fam.problem.dtypes:
                 kernel = render(fam, dict(fam.default), dtype, target)
-                rel = f"defaults/{fam.name}/{target}-{dtype}"
-                _write(pkg / rel / f"header.{_SUFFIX[target]}", kernel.header)
-                _write(pkg / rel / f"source.{_SUFFIX[target]}", kernel.source)
+                rel, suffix = f"defaults/{fam.name}/{target}-{dtype}", TARGETS[target].suffix
+                _write(pkg / rel / f"header.{suffix}", kernel.header)
+                _write(pkg / rel / f"source.{suffix}", kernel.source)
                 entry["default"]["kernels"][f"{target}:{dtype}"] = {
                     "config": dict(fam.default), "kernel": _kernel_record(kernel), "sha256": kernel.sha256,
-                    "header": f"{rel}/header.{_SUFFIX[target]}", "source": f"{rel}/source.{_SUFFIX[target]}"}
+                    "header": f"{rel}/header.{suffix}", "source": f"{rel}/source.{suffix}"}
         shipped = 0
         # Current versions, verified on load (tampered ones stop the export); invalidated ones travel as
         # records the dispatcher never runs, so `explain` can say why (e.g. "0.26x of mx.matmul").

@@ -169,6 +169,7 @@ def _setup(task: VariantTask, config: dict[str, Any] | None = None
     from ._render import geometry, render
     from ._space import Space, make_problem
     from ._spec import load_family
+    from ._targets import DEFAULT_TARGET
     from .backends import get_backend
 
     key = (task.family, task.shape, task.dtype, task.chip, task.backend, tuple(sorted(task.backend_options.items())))
@@ -187,7 +188,7 @@ def _setup(task: VariantTask, config: dict[str, Any] | None = None
 
         raise VariantFailure("invalid", f"not valid for shape {problem.shape_text}: "
                              + "; ".join(map(str, space.violations(cfg))))
-    return fam, problem, space, impl, render(fam, cfg, task.dtype, impl.target or "metal"), geometry(space, cfg)
+    return fam, problem, space, impl, render(fam, cfg, task.dtype, impl.target or DEFAULT_TARGET), geometry(space, cfg)
 
 
 #: Per worker process and problem: (logical inputs, float64 reference) by seed, and the kernel's input

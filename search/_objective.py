@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ._errors import BackendError, KernsearchError, VariantFailure
 from ._space import Config
 from ._study import Objective, Record, TrialSummary
+from ._targets import chip_target, interpretable
 
 #: Threadgroups of the tuned shape a winner runs on the interpreter before publishing (corners, edges,
 #: random interior ones): a big problem cannot run whole on the CPU, a sample of its tiles can.
@@ -55,12 +56,12 @@ class KernelObjective(Objective):
         self.impl.check_available()
         self.evidence = self.impl.evidence.value
         # The model predicts the kernel the chip would run: Metal on Apple GPUs, CUDA on NVIDIA ones.
-        self.target = self.impl.target or ("cuda" if chip.vendor == "nvidia" else "metal")
+        self.target = self.impl.target or chip_target(chip.vendor)
         if self.target not in self.family.templates:
             raise BackendError(f"family {self.family.name} has no {self.target} template "
                                f"(back-end {backend} needs one)")
         # The interpreter runs Metal only: a modeled CUDA kernel cannot be verified here (nor published).
-        self.verify = verify if self.target == "metal" or not cls.predicts else "none"
+        self.verify = verify if interpretable(self.target) or not cls.predicts else "none"
         self.verify_shape = verify_shape or tuple(min(d, 96) for d in problem.shape)
         if cls.predicts and self.verify != "none":  # say it now, not after the whole search
             from .interp._compile import compiler
@@ -293,8 +294,8 @@ class KernelObjective(Objective):
         note = "times are predictions of the performance model (modeled), not measurements"
         if self.verify == "none":
             winner = top[0].number
-            note += "; the winner is NOT verified" + (
-                " (the CPU interpreter runs Metal only, this is a CUDA kernel)" if self.target != "metal" else "")
+            note += "; the winner is NOT verified" + ("" if interpretable(self.target) else
+                                                      " (the CPU interpreter runs Metal only, this is a CUDA kernel)")
         return {"winner": winner, "verified_on": "interpreter", "verify_shape": list(self.verify_shape),
                 "checks": checks, "baseline": None, "note": note}
 

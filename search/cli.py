@@ -413,6 +413,7 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
     from ._render import geometry
     from ._render import render as render_variant
     from ._space import format_config
+    from ._targets import DEFAULT_TARGET, target_of
     from ._verify import tolerance, verify_kernel
     from .backends import backend_class
 
@@ -423,7 +424,8 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
     be_class = backend_class(backend)
     if be_class.interprets and chip_name is None:
         detected = resolve_chip(None)
-        chip_name = detected.name if detected.vendor == "apple" else default_apple_chip().name
+        runs_here = target_of(detected.vendor) == be_class.target  # the interpreter checks what this chip runs
+        chip_name = detected.name if runs_here else default_apple_chip().name
     fam, c, problem, sp = problem_and_space(family, shape, dtype, chip_name)
     from ._verify import check_size
 
@@ -431,7 +433,7 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
     cfg = sp.validate(sp.parse_config(config))
     be = be_class()
     be.check_available()
-    target = be.target or "metal"
+    target = be.target or DEFAULT_TARGET
     kernel = render_variant(fam, cfg, problem.dtype, target)
     geo = geometry(sp, cfg)
     options: dict[str, Any] = {}

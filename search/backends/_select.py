@@ -18,8 +18,6 @@ AUTO = "auto"
 REPLAY = "replay"
 #: What ``auto`` falls back to: the per-chip performance model.
 PREDICTOR = "model"
-#: Vendor -> the template target its GPUs run.
-_VENDOR_TARGET = {"apple": "metal", "nvidia": "cuda"}
 
 
 @dataclass(frozen=True)
@@ -47,7 +45,9 @@ def evidence_label(evidence: str, backend: str | None) -> str:
 
 def measuring_backend(chip: Chip) -> str | None:
     """The back-end that measures ``chip`` when it is the GPU here (its vendor's target), None for none."""
-    target = _VENDOR_TARGET.get(chip.vendor)
+    from .._targets import target_of
+
+    target = target_of(chip.vendor)
     for name in BACKENDS:
         cls = backend_class(name)
         if cls.measures_device and cls.target == target:
@@ -64,6 +64,7 @@ def select_backend(choice: str, chip: str | None = None, *, detected: Chip | Non
     for ``chip`` (default: the GPU here, or an M-series chip without one). ``detected``: the chip here, when
     the caller has detected it already (else detection runs only where needed; it may warn)."""
     from .._chips import default_apple_chip, get_chip, resolve_chip, target_chip
+    from .._targets import chip_target, interpretable
 
     if choice != AUTO:
         if not backend_class(choice).measures_device:
@@ -81,7 +82,8 @@ def select_backend(choice: str, chip: str | None = None, *, detected: Chip | Non
         return Selection(measuring, here)
     target = wanted or default_apple_chip()
     why = f"{here.name} is not the chip to tune for" if here.vendor != "cpu" else "no GPU here"
-    checked = ("the winner and top finalists are verified on the CPU Metal interpreter" if target.vendor != "nvidia"
-               else "its CUDA kernels cannot run on the CPU Metal interpreter, so nothing is verified or published")
+    checked = ("the winner and top finalists are verified on the CPU Metal interpreter"
+               if interpretable(chip_target(target.vendor)) else
+               "its CUDA kernels cannot run on the CPU Metal interpreter, so nothing is verified or published")
     return Selection(PREDICTOR, target, (f"{why}: times are predicted by the performance model for {target.name} "
                                          f"([bold]modeled[/], not measured); {checked}"))

@@ -25,6 +25,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.concurrency.sync import concurrency
 
 from kernsearch._errors import KernsearchError
+from kernsearch._manifest import KeyBusy
 
 from ._jobs import Jobs, Unit, load_jobs
 from ._steps import StepCrashed, StepError, run_step
@@ -98,9 +99,9 @@ def _retry_on_crash(task: Any, task_run: Any, state: Any) -> bool:
 def _retry_when_busy(task: Any, task_run: Any, state: Any) -> bool:
     try:
         state.result()
-    except KernsearchError as exc:
-        return "busy" in str(exc)
-    except BaseException:  # noqa: BLE001
+    except KeyBusy:
+        return True
+    except BaseException:  # noqa: BLE001 - any other failure is deterministic
         return False
     return False
 

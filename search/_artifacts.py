@@ -42,14 +42,13 @@ import contextlib
 import json
 import os
 import shutil
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import _safeio
+from . import _lockfile, _safeio
 from ._candidate import _VERSION, ArtifactKey, Candidate
 from ._candidate import draft_manifest as _draft_manifest
 from ._errors import KernsearchError
@@ -58,6 +57,7 @@ from ._manifest import (
     SCHEMA_VERSION,
     ArtifactError,
     GateRecord,
+    KeyBusy,
     Manifest,
     Measurements,
     parse_manifest,
@@ -646,30 +646,14 @@ def _fsync_dir(path: Path) -> None:
 
 @contextlib.contextmanager
 def _locked(path: Path, timeout: float, key: ArtifactKey) -> Iterator[None]:
-    """An exclusive advisory lock on ``path``; the OS drops it if the holder dies."""
-    import fcntl
-
+    """The key's publish lock (:mod:`kernsearch._lockfile`), its failures as one-line artifact errors."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = _safeio.open_regular(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-                                  | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except _safeio.UnsafeFile as exc:
-        raise ArtifactError(f"cannot lock the key: {exc}") from None
-    fh = os.fdopen(fd, "a+")
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise ArtifactError(f"artifact key {key} is busy: another publisher holds {path} "
-                                        f"(waited {timeout:g} s)") from None
-                time.sleep(0.02)
+    with contextlib.ExitStack() as held:
         try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-    finally:
-        fh.close()
+            held.enter_context(_lockfile.exclusive(path, timeout))
+        except _safeio.UnsafeFile as exc:
+            raise ArtifactError(f"cannot lock the key: {exc}") from None
+        except _lockfile.LockTimeout:
+            raise KeyBusy(f"artifact key {key} is busy: another publisher holds {path} "
+                                f"(waited {timeout:g} s)") from None
+        yield

@@ -40,6 +40,10 @@ class ArtifactError(KernsearchError):
     """An artifact (or the store) cannot be used: tampered, malformed, unknown schema, busy, missing."""
 
 
+class KeyBusy(ArtifactError):
+    """Another publisher held the artifact key for the whole lock timeout: worth trying again later."""
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

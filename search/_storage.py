@@ -5,11 +5,10 @@ name of a problem's study."""
 from __future__ import annotations
 
 import os
-import random
-import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from . import _safeio
@@ -20,6 +19,8 @@ from ._errors import KernsearchError
 #: ``KERNSEARCH_HEARTBEAT_S`` overrides the interval (tests use 1).
 HEARTBEAT_S = 10
 GRACE_BEATS = 3
+
+T = TypeVar("T")
 
 
 def data_home() -> Path:
@@ -81,26 +82,36 @@ def make_storage(url: str | None) -> Any:
         # A farm's connections cross networks and outlive server restarts: check each before use.
         kwargs = {"pool_pre_ping": True, "connect_args": {"connect_timeout": 20}}
     beat = heartbeat_interval()
-    for attempt in range(3):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(sqlalchemy_url(url), engine_kwargs=kwargs, heartbeat_interval=beat,
-                                                  grace_period=GRACE_BEATS * beat,
-                                                  heartbeat_stale_trial_callback=StaleTrials())
-        except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable server
-            # Processes creating one new SQLite file (or one new PostgreSQL schema) at once can collide on
-            # its tables: try again.
-            if attempt < 2 and type(exc).__module__.split(".")[0] == "sqlalchemy" and \
-                    url.startswith(("sqlite", "postgres")):
-                time.sleep(0.5 + random.random())
-                continue
-            detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            if isinstance(exc, ImportError):
-                detail = "the PostgreSQL driver is missing (pip install 'psycopg[binary]')"
-            shown = detail.replace(url, redact(url))[:300]
-            raise KernsearchError(f"cannot open study storage {redact(url)!r}: {shown}") from None
-    raise AssertionError("unreachable")
+
+    def build() -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(sqlalchemy_url(url), engine_kwargs=kwargs, heartbeat_interval=beat,
+                                              grace_period=GRACE_BEATS * beat,
+                                              heartbeat_stale_trial_callback=StaleTrials())
+
+    try:
+        return retry_collisions(build) if url.startswith(("sqlite", "postgres")) else build()
+    except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable server
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, ImportError):
+            detail = "the PostgreSQL driver is missing (pip install 'psycopg[binary]')"
+        shown = detail.replace(url, redact(url))[:300]
+        raise KernsearchError(f"cannot open study storage {redact(url)!r}: {shown}") from None
+
+
+def retry_collisions(call: Callable[[], T]) -> T:
+    """``call()``, tried twice more (0.5-1.5 s apart) while it raises a SQLAlchemy error: processes creating one
+    new SQLite file (or one new PostgreSQL schema) at once can collide on its tables. Other errors pass at once."""
+    import tenacity
+
+    retrying = tenacity.Retrying(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_random(0.5, 1.5),
+                                 retry=tenacity.retry_if_exception(_from_sqlalchemy), reraise=True)
+    return retrying(call)
+
+
+def _from_sqlalchemy(exc: BaseException) -> bool:
+    return type(exc).__module__.split(".")[0] == "sqlalchemy"
 
 
 class Heartbeat:

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._errors import KernsearchError, VariantFailure
 from ._space import Config, format_config
-from ._storage import Heartbeat, default_storage, make_storage, redact, study_name_for
+from ._storage import Heartbeat, default_storage, make_storage, redact, retry_collisions, study_name_for
 
 if TYPE_CHECKING:
     import optuna
@@ -329,15 +329,8 @@ def open_study(objective: Objective, storage: str | None, study_name: str | None
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     name = study_name or study_name_for(objective.study_key)
     made = make_sampler(sampler, seed, objective.knobs)
-    for attempt in range(3):  # processes creating one new SQLite file at once can collide: retry
-        try:
-            study = optuna.create_study(study_name=name, storage=make_storage(storage), direction="minimize",
-                                        sampler=made, load_if_exists=True)
-            break
-        except Exception as exc:  # noqa: BLE001 - sqlalchemy's OperationalError / IntegrityError
-            if attempt == 2 or type(exc).__module__.split(".")[0] != "sqlalchemy":
-                raise
-            time.sleep(0.5 + random.random())
+    study = retry_collisions(lambda: optuna.create_study(study_name=name, storage=make_storage(storage),
+                                                         direction="minimize", sampler=made, load_if_exists=True))
     stored = study.user_attrs.get("knobs")
     if stored is None:
         for k, v in objective.study_key.items():

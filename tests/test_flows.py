@@ -629,3 +629,31 @@ def test_auto_measures_only_the_chip_that_is_here(here: str, job_chip: str, expe
 
     assert _backend("auto", get_chip(here), job_chip) == expected
     assert _backend("model", get_chip(here), job_chip) == "model"
+
+
+def test_publish_is_retried_only_when_the_key_is_busy(tmp_path: Path) -> None:
+    """A busy key (typed KeyBusy) is worth a retry; an error whose text merely says "busy" is not."""
+    import fcntl
+
+    from test_artifacts import candidate, key
+
+    from kernsearch._artifacts import ArtifactStore
+    from kernsearch._manifest import ArtifactError, KeyBusy
+    from kernsearch.flows.nightly import _retry_when_busy
+
+    store = ArtifactStore(tmp_path / "store", lock_timeout=0.1)
+    store.publish(candidate(median=1.0))
+    with open(store.key_dir(key()) / ".lock", "a+") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(KeyBusy) as info:
+            store.publish(candidate(median=0.5))
+
+    class State:
+        def __init__(self, exc: BaseException) -> None:
+            self.exc = exc
+
+        def result(self) -> None:
+            raise self.exc
+
+    assert _retry_when_busy(None, None, State(info.value))
+    assert not _retry_when_busy(None, None, State(ArtifactError("manifest says the GPU was busy")))

@@ -101,6 +101,28 @@ def test_symlinked_files_are_refused_and_never_written_through(store: Path, tmp_
         ArtifactStore(store).load(key(), "v1")
 
 
+@pytest.mark.parametrize("kind", ["symlink", "hardlink", "fifo"])
+def test_the_lock_file_is_never_written_through(store: Path, tmp_path: Path, kind: str) -> None:
+    # The lock is ours, not the filelock package's: filelock 3.32.7 and 4.0.0 truncate a hard-linked lock file.
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    lock = store / KEY / ".lock"
+    lock.unlink(missing_ok=True)
+    if kind == "symlink":
+        lock.symlink_to(victim)
+    elif kind == "hardlink":
+        os.link(victim, lock)
+    else:
+        os.mkfifo(lock)
+    if kind == "hardlink":  # a regular file: it locks, and nothing is written to it
+        assert ArtifactStore(store, lock_timeout=1).publish(candidate(median=0.5, config={"BM": 64})).published
+    else:
+        with pytest.raises(ArtifactError, match="cannot lock the key: .*(symbolic link|FIFO)"):
+            ArtifactStore(store, lock_timeout=1).publish(candidate(median=0.5, config={"BM": 64}))
+        assert ArtifactStore(store).versions(key()) == ["v1"]
+    assert victim.read_text() == "precious\n"
+
+
 def test_symlinked_key_folder_is_not_a_key(store: Path, tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     (store / "gemm" / "M2-Max" / "float32" / "64x64x64").rename(outside)

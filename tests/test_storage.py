@@ -1,0 +1,49 @@
+"""The study storage's retry: only SQLAlchemy errors (two processes creating one database at once) are retried."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import sqlalchemy.exc
+
+from kernsearch._storage import retry_collisions
+
+
+@pytest.fixture
+def no_sleep(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    return slept
+
+
+def _failing(errors: list[BaseException], value: str = "ok"):  # noqa: ANN202
+    calls: list[int] = []
+
+    def call() -> str:
+        calls.append(1)
+        if errors:
+            raise errors.pop(0)
+        return value
+    return call, calls
+
+
+def test_a_collision_is_tried_again_after_a_random_pause(no_sleep: list[float]) -> None:
+    call, calls = _failing([sqlalchemy.exc.OperationalError("CREATE TABLE", {}, Exception("table exists"))])
+    assert retry_collisions(call) == "ok" and len(calls) == 2
+    assert len(no_sleep) == 1 and 0.5 <= no_sleep[0] <= 1.5
+
+
+def test_three_collisions_raise_the_last_error(no_sleep: list[float]) -> None:
+    errors = [sqlalchemy.exc.IntegrityError("INSERT", {}, Exception(str(i))) for i in range(4)]
+    call, calls = _failing(errors)
+    with pytest.raises(sqlalchemy.exc.IntegrityError, match="2"):
+        retry_collisions(call)
+    assert len(calls) == 3 and len(no_sleep) == 2
+
+
+def test_other_errors_are_not_retried(no_sleep: list[float]) -> None:
+    call, calls = _failing([ValueError("bad url")])
+    with pytest.raises(ValueError, match="bad url"):
+        retry_collisions(call)
+    assert len(calls) == 1 and no_sleep == []

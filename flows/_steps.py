@@ -121,7 +121,8 @@ def tune(p: dict[str, Any]) -> dict[str, Any]:
     if o.get("trials_per_night"):
         tonight = _evaluated(fam.name, chip.name, problem, p["backend"], p["storage"]) + o["trials_per_night"]
         trials = tonight if trials is None else min(trials, tonight)
-    objective = KernelObjective(problem, chip, p["backend"], seed=o["seed"] or 0, timeout=o["timeout"])
+    objective = KernelObjective(problem, chip, p["backend"], seed=o["seed"] or 0, timeout=o["timeout"],
+                                verify=o.get("verify", "finalists"))
     result = run_study(objective, trials=trials, time_budget=o["time_budget"], patience=o["patience"],
                        sampler=o["sampler"], seed=o["seed"], storage=p["storage"], finalists=o["finalists"])
     failures = dict(result.failures)

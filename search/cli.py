@@ -10,6 +10,7 @@ import contextlib
 import sys
 import warnings
 from collections.abc import Iterator
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -19,6 +20,31 @@ from rich.table import Table
 
 from ._console import err, out
 from ._errors import KernsearchError
+
+
+class TargetChoice(str, Enum):
+    """``render --target``: the kernel language (Typer lists and checks the choices)."""
+
+    metal = "metal"
+    cuda = "cuda"
+
+
+class VerifyChoice(str, Enum):
+    """``tune --verify``: which trials of a modeled search the interpreter checks."""
+
+    all = "all"
+    finalists = "finalists"
+    none = "none"
+
+
+class SamplerChoice(str, Enum):
+    """``tune --sampler`` (the study's ``SAMPLERS``; tests/test_study_cli.py checks the two agree)."""
+
+    default = "default"
+    tpe = "tpe"
+    random = "random"
+    grid = "grid"
+    auto = "auto"
 
 if TYPE_CHECKING:
     from ._artifacts import ArtifactStore
@@ -180,14 +206,14 @@ def space(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None
 def render(family: str = typer.Argument(..., help=FAMILY_HELP),
            config: str | None = typer.Option(None, "--config", help="KNOB=VALUE,... (others: the default)"),
            shape: str | None = ShapeOpt, dtype: str | None = DtypeOpt, chip_name: str | None = ChipOpt,
-           target: str = typer.Option("metal", "--target", help="metal or cuda")) -> None:
+           target: TargetChoice = typer.Option(TargetChoice.metal, "--target", help="the kernel language")) -> None:
     """Print the header and body of one variant, as mx.fast.metal_kernel takes them."""
     from ._render import geometry
     from ._render import render as render_variant
 
     fam, _, problem, sp = problem_and_space(family, shape, dtype, chip_name)
     cfg = sp.validate(sp.parse_config(config))
-    kernel = render_variant(fam, cfg, problem.dtype, target)
+    kernel = render_variant(fam, cfg, problem.dtype, target.value)
     geo = geometry(sp, cfg)
     sys.stdout.write(f"// name: {kernel.name}\n// inputs: {', '.join(kernel.input_names)}"
                      f"{' (transposed: ' + ', '.join(geo.transposed_inputs) + ')' if geo.transposed_inputs else ''}"
@@ -592,16 +618,17 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
                                                 "a new best (0: never)"),
          backend: str = typer.Option("auto", "--backend", help="auto, metal, cuda, model or replay"),
          landscape: str | None = typer.Option(None, "--landscape", help="replay: a KernelTuner cache file"),
-         sampler: str = typer.Option("default", "--sampler", help="default (auto when the chip's performance "
-                                     "model ranks the family, else tpe), auto (valid configs only: the model's "
-                                     "ranking, then a GP), tpe, random or grid"),
+         sampler: SamplerChoice = typer.Option(
+             SamplerChoice.default, "--sampler", help="default (auto when the chip's performance model ranks the "
+             "family, else tpe), auto (valid configs only: the model's ranking, then a GP), tpe, random or grid"),
          storage: str | None = StorageOpt,
          study: str | None = typer.Option(None, "--study", help="study name (default: family/chip/dtype/"
                                              "shape/backend)"),
          seed: int = typer.Option(0, "--seed", help="sampler and input seed"),
          finalists: int = typer.Option(3, "--finalists", help="leaders re-measured (or verified) at the end"),
-         verify: str = typer.Option("finalists", "--verify", help="model back-end: verify all trials, the "
-                                    "finalists or none on the CPU interpreter"),
+         verify_choice: VerifyChoice = typer.Option(
+             VerifyChoice.finalists, "--verify", help="model back-end: verify all trials, the finalists or none on "
+             "the CPU interpreter"),
          timeout: float = typer.Option(120.0, "--timeout", help="seconds per variant before it counts as hung"),
          publish: bool = typer.Option(False, "--publish", help="offer the winner to the artifact store "
                                       "(its regression gate decides)"),
@@ -613,12 +640,9 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
     """Search for the fastest correct variant of a family on a problem and chip."""
     import json
 
-    from ._study import SAMPLERS, parse_duration
+    from ._study import parse_duration
 
-    if verify not in ("all", "finalists", "none"):
-        raise KernsearchError(f"--verify must be all, finalists or none, not {verify!r}")
-    if sampler not in SAMPLERS:
-        raise KernsearchError(f"unknown sampler {sampler!r} (known: {', '.join(SAMPLERS)})")
+    verify, sampler_name = verify_choice.value, sampler.value  # Typer checked both against their choices
     parse_duration(time_budget)  # a bad duration is refused before anything starts
     if trials is None and time_budget is None:
         trials = 150
@@ -665,7 +689,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
               f"({key['backend']} back-end, {objective.evidence})", soft_wrap=True)
     if publish and replay:
         raise KernsearchError("--publish needs a kernel family: replayed landscapes have no kernel to publish")
-    result = _run_with_progress(objective, trials, time_budget, patience or None, sampler, seed, storage, study,
+    result = _run_with_progress(objective, trials, time_budget, patience or None, sampler_name, seed, storage, study,
                                 finalists, as_json)
     outcome = objective.publish(result, margin=margin) if publish and result.best is not None and \
         "Ctrl-C" not in result.stop_reason else None
@@ -882,12 +906,10 @@ def report_cmd(study: str = typer.Argument(..., help="study name (see `kernsearc
 @app.command()
 def dashboard(storage: str | None = StorageOpt,
               host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
-              port: int = typer.Option(8080, "--port", help="port to listen on")) -> None:
+              port: int = typer.Option(8080, "--port", min=1, max=65535, help="port to listen on")) -> None:
     """Browse the stored studies in optuna-dashboard (history, importances, trials' attributes); Ctrl-C stops."""
     from ._storage import default_storage, make_storage
 
-    if not 0 < port < 65536:
-        raise KernsearchError(f"--port must be 1-65535, not {port}")
     try:
         from optuna_dashboard import run_server  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except ImportError:

@@ -44,10 +44,10 @@ sys.path.insert(0, str(REPO / "tests"))  # tests/pgserver.py: a real PostgreSQL 
 def worker(url: str, study: str, budget: int, eval_s: float, sampler: str, liar: bool, seed: int,
            landscape: str) -> None:
     from kernsearch import _study
-    from kernsearch.backends._replay import ReplayBackend
+    from kernsearch._replay import Replay
 
     _study.CONSTANT_LIAR = liar
-    objective = ReplayBackend(landscape, seed=seed).objective()
+    objective = Replay(landscape, seed=seed).objective()
     evaluate = objective.evaluate
 
     def slow(config: dict[str, Any]) -> Any:
@@ -137,11 +137,11 @@ def sampler_only(landscape: Any, n: int, liar: bool, seed: int, budget: int, che
     import optuna
 
     from kernsearch import _study
-    from kernsearch.backends._replay import ReplayBackend
+    from kernsearch._replay import Replay
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     _study.CONSTANT_LIAR = liar
-    objective = ReplayBackend(landscape=landscape, seed=seed).objective()
+    objective = Replay(landscape=landscape, seed=seed).objective()
     knobs = objective.knobs
     study = optuna.create_study(sampler=_study.make_sampler("tpe", seed, knobs), direction="minimize")
     dists = _study.distributions(knobs)

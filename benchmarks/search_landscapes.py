@@ -5,7 +5,7 @@
 
 Every ``*.json`` / ``*.json.gz`` KernelTuner cache file in the given folders (or the files themselves) is
 replayed: each strategy searches with a budget of 1 % and 5 % of the file's configs for ``--seeds`` seeds
-(``run_study`` on the replay back-end: noisy timings drawn from the recorded repetitions). Two scores per run,
+(``run_study`` on a replayed landscape: noisy timings drawn from the recorded repetitions). Two scores per run,
 both ``optimum time / recorded time`` (1.0 = the optimum):
 
 * ``visited`` — the best config among those the search evaluated (what the strategy found);
@@ -33,8 +33,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kernsearch._replay import Replay  # noqa: E402
 from kernsearch._study import run_study  # noqa: E402
-from kernsearch.backends._replay import ReplayBackend  # noqa: E402
 
 NO_PRIOR = False  # --no-prior: strategies get no performance-model prediction, even for kernsearch's own files
 
@@ -47,7 +47,7 @@ class Runs:
 
 
 def one_run(path: Path, strategy: str, budget: int, seed: int, storage: str = ":memory:") -> tuple[float, float, float]:
-    backend = ReplayBackend(path, seed=seed)
+    backend = Replay(path, seed=seed)
     land = backend.landscape
     _, optimum = land.optimum()
     objective = backend.objective()
@@ -84,7 +84,7 @@ def files_in(targets: list[Path]) -> list[Path]:
 
 def _is_landscape(path: Path) -> bool:
     try:
-        return len(ReplayBackend(path).landscape) > 0
+        return len(Replay(path).landscape) > 0
     except Exception:  # noqa: BLE001 - not a KernelTuner cache file: skipped (said below)
         print(f"  (skipped {path}: not a KernelTuner cache file)", file=sys.stderr)
         return False
@@ -101,7 +101,7 @@ def section(title: str, files: list[Path], strategies: list[str], budgets: list[
     print("-" * len(head))
     means: dict[tuple[float, str], list[tuple[float, float, float, float]]] = {}
     for path in files:
-        size = len(ReplayBackend(path).landscape)
+        size = len(Replay(path).landscape)
         for pct in budgets:
             budget = max(1, math.ceil(size * pct / 100))
             row = f"{path.name.split('.json')[0][:39]:<40}{size:>8}{f'{pct:g}% ({budget})':>11}  "

@@ -60,6 +60,9 @@ class JobOptions(_Model):
     finalists: Count = 3
     #: Seconds one kernel variant may take (build + verify + time) before its worker is killed.
     timeout: Timeout = 120.0
+    #: Which trials of a modeled search the interpreter verifies: the finalists (default), every trial (a compile
+    #: each: slower, but a wrong variant never counts as a trial's time), or none (then nothing is published).
+    verify: Literal["finalists", "all", "none"] = "finalists"
     #: Extra shapes the winner is verified on before publishing ("68,68,68"); default: one small ragged shape.
     verify_shapes: list[str] | None = None
     #: Relative speed-up the gate requires on top of the measured noise (0.02 = 2 %).

@@ -122,7 +122,8 @@ def tune(p: dict[str, Any]) -> dict[str, Any]:
     if o.get("trials_per_night"):
         tonight = _evaluated(fam.name, chip.name, problem, p["backend"], p["storage"]) + o["trials_per_night"]
         trials = tonight if trials is None else min(trials, tonight)
-    objective = KernelObjective(problem, chip, p["backend"], seed=o["seed"] or 0, timeout=o["timeout"])
+    objective = KernelObjective(problem, chip, p["backend"], seed=o["seed"] or 0, timeout=o["timeout"],
+                                verify=o.get("verify", "finalists"))
     result = run_study(objective, trials=trials, time_budget=o["time_budget"], patience=o["patience"],
                        sampler=o["sampler"], seed=o["seed"], storage=p["storage"], finalists=o["finalists"])
     failures = dict(result.failures)
@@ -166,10 +167,12 @@ def verify(p: dict[str, Any]) -> dict[str, Any]:
     from kernsearch._measure import VariantTask, verify_variant
     from kernsearch._space import Space, make_problem
     from kernsearch._spec import load_family
+    from kernsearch.backends import backend_class
 
     fam = load_family(p["family"])
     chip = get_chip(p["chip"])
     backend = p["verifier_backend"]
+    interprets = backend_class(backend).interprets
     checks, skipped = [], []
     for shape in p["shapes"]:
         problem = make_problem(fam, tuple(shape), p["dtype"], chip)
@@ -177,14 +180,14 @@ def verify(p: dict[str, Any]) -> dict[str, Any]:
         if bad:
             skipped.append({"shape": list(problem.shape), "why": "; ".join(map(str, bad))})
             continue
-        options = {"mode": "fast", "timeout": p["timeout"]} if backend == "cpu" else {}
+        options = {"mode": "fast", "timeout": p["timeout"]} if interprets else {}
         task = VariantTask(family=str(fam.path), shape=problem.shape, dtype=p["dtype"], chip=chip.name,
                            backend=backend, config=p["config"], seed=p["seed"] + 7, options=options)
         try:
             out = verify_variant(task)
         except VariantFailure as exc:
             raise StepError(exc.reason, f"winner wrong at shape {problem.shape_text}: {exc.detail[:300]}") from None
-        checks.append({"shape": list(problem.shape), "verifier": "interpreter" if backend == "cpu" else "device",
+        checks.append({"shape": list(problem.shape), "verifier": "interpreter" if interprets else "device",
                        "max_abs_err": out["max_abs_err"], "max_rel_err": out["max_rel_err"]})
     return {"checks": checks, "skipped": skipped}
 

@@ -123,9 +123,11 @@ def tune_task(unit: Unit, backend: str, storage: str | None, gpu_limit: str) -> 
 @task(name="verify")
 def verify_task(unit: Unit, backend: str, config: dict[str, Any], gpu_limit: str) -> dict[str, Any]:
     """Verify the winner on the unit's extra shapes (interpreter for modeled searches, else the device)."""
+    from kernsearch.backends import backend_class
+
     payload = {"family": unit.family, "dtype": unit.dtype, "chip": unit.chip, "config": config,
                "shapes": [list(s) for s in unit.verify_shapes], "seed": unit.options.seed,
-               "verifier_backend": "cpu" if backend == "model" else backend, "timeout": unit.options.timeout}
+               "verifier_backend": backend_class(backend).verifier(), "timeout": unit.options.timeout}
     with concurrency(gpu_limit, occupy=1, strict=True):
         return run_step("verify", payload, timeout=VERIFY_SECONDS_PER_SHAPE * max(1, len(unit.verify_shapes)))
 
@@ -139,6 +141,7 @@ def publish_task(unit: Unit, backend: str, tuned: dict[str, Any], verified: dict
     from kernsearch._manifest import Correctness, Measurements
     from kernsearch._space import Space, make_problem
     from kernsearch._spec import load_family
+    from kernsearch._targets import chip_target
 
     fam = load_family(unit.family)
     chip = get_chip(unit.chip)
@@ -158,7 +161,7 @@ def publish_task(unit: Unit, backend: str, tuned: dict[str, Any], verified: dict
                                 samples_ms=list(tuned["best"].get("samples_ms") or []),  # none made up
                                 baseline_median_ms=tuned.get("baseline_median_ms"),
                                 **{k: tuned.get(k) for k in ("baseline_spread", "speedup_low", "speedup_high")})
-    target = "cuda" if chip.vendor == "nvidia" else "metal"  # what the chip runs, modeled or measured
+    target = chip_target(chip.vendor)  # what the chip runs, modeled or measured
     candidate = Candidate.for_config(space, tuned["config"], target=target, correctness=correctness,
                                      evidence=tuned["evidence"], measurements=measurements, study=tuned["study"])
     store = ArtifactStore(artifacts)
@@ -224,22 +227,23 @@ def _machine(chip: str | None) -> tuple[Any, Any]:
 
 
 def _backend(choice: str, detected: Any, chip: str) -> str:
-    """``auto``: measure (metal / cuda) when the job's chip is the GPU here, else predict with the model."""
-    if choice != "auto":
-        return choice
-    if detected.name != chip:
-        return "model"
-    return {"apple": "metal", "nvidia": "cuda"}.get(detected.vendor, "model")
+    """``auto``: measure (metal / cuda) when the job's chip is the GPU here, else predict with the model
+    (``backends.select_backend``, as ``kernsearch tune`` decides)."""
+    from kernsearch.backends import select_backend
+
+    return select_backend(choice, chip, detected=detected).backend
 
 
 def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) -> dict[str, Any]:
+    from kernsearch.backends import backend_class
+
     backend = _backend(unit.options.backend, detected, unit.chip)
     row: dict[str, Any] = {"job": unit.job, "family": unit.family_name, "family_ref": unit.family,
                            "chip": unit.chip,
                            "dtype": unit.dtype, "shape": unit.shape_text, "backend": backend, "evidence": None,
                            "old_ms": None, "old_version": None, "new_ms": None, "speedup": None,
                            "outcome": "failed", "version": None, "reason": ""}
-    if backend in ("metal", "cuda") and detected.name != unit.chip:
+    if backend_class(backend).measures_device and detected.name != unit.chip:
         row["reason"] = (f"a {backend} search measures the chip it runs on: this machine is {detected.name}, "
                          f"the job is for {unit.chip}")
         logger.error("%s: %s", unit.name, row["reason"])

@@ -30,10 +30,8 @@ Publishers to one key serialise on an advisory ``flock`` (released by the OS if 
 at most ``lock_timeout`` seconds, then refuse cleanly. Loading checks the manifest schema and the source
 hash; anything tampered or malformed is refused with a one-line :class:`ArtifactError`.
 
-The regression gate (:func:`gate`): a candidate that failed verification is refused; a lower evidence kind
-never replaces a higher one (modeled never replaces measured); otherwise a candidate becomes current if
-there is no current version, the current one is invalidated (explicitly, unreadable, or measured with a
-different compile toolchain or on a different device), or it is faster by more than the measured noise.
+What may become current is decided by the regression gate (:mod:`kernsearch._gate`); what a loaded version
+must still match (its family renders the same source) by :mod:`kernsearch._recheck`.
 """
 
 from __future__ import annotations
@@ -52,22 +50,20 @@ from . import _lockfile, _safeio
 from ._candidate import _VERSION, ArtifactKey, Candidate
 from ._candidate import draft_manifest as _draft_manifest
 from ._errors import KernsearchError
+from ._gate import gate, loses_to_baseline
 from ._manifest import (
-    EVIDENCE_RANK,
     SCHEMA_VERSION,
     ArtifactError,
     GateRecord,
     KeyBusy,
     Manifest,
-    Measurements,
     parse_manifest,
     utcnow,
 )
 from ._render import Geometry, KernelSource, source_sha256
-from .export_runtime._runtime import DEFAULT_MARGIN, beats_op, speedup_text
+from .export_runtime._runtime import DEFAULT_MARGIN
 
 if TYPE_CHECKING:
-    from ._chips import Chip
     from ._spec import Family
 
 ENV_VAR = "KERNSEARCH_ARTIFACTS"
@@ -491,102 +487,6 @@ class ArtifactStore:
             _safeio.append_line(self.key_dir(key) / JOURNAL, json.dumps(entry) + "\n")
         except _safeio.UnsafeFile as exc:
             raise ArtifactError(f"cannot write the journal: {exc}") from None
-
-
-def related_configs(family: str, chip: Chip, dtype: str, shape: tuple[int, ...],
-                    store: ArtifactStore | None = None, limit: int = 8) -> list[dict[str, Any]]:
-    """Configs of current artifacts worth trying first in a new search (warm start), best bets first.
-
-    Ordered by chip kinship (same chip, same generation and die, same generation, any), then same dtype,
-    then nearest shape (sum of |log ratio| per dimension). Unreadable artifacts are skipped.
-    """
-    import math
-
-    store = store or ArtifactStore()
-    gen, gen_die = chip.lineage
-    ranked = []
-    for key in store.keys():
-        if key.family != family:
-            continue
-        try:
-            pointer = store.pointer(key)
-            if pointer is None or pointer.invalidated:
-                continue
-            m = store.load(key, pointer.version).manifest
-        except ArtifactError:
-            continue
-        kin = 0 if m.chip.name == chip.name else 1 if gen_die and m.chip.lineage[1] == gen_die else \
-            2 if gen and m.chip.lineage[0] == gen else 3
-        distance = sum(abs(math.log(max(a, 1) / max(b, 1))) for a, b in zip(m.problem.shape, shape))
-        ranked.append(((kin, m.problem.dtype != dtype, distance), dict(m.config)))
-    configs: list[dict[str, Any]] = []
-    for _, config in sorted(ranked, key=lambda r: r[0]):
-        if config not in configs:
-            configs.append(config)
-    return configs[:limit]
-
-
-# -- the regression gate -------------------------------------------------------------------------------
-
-def loses_to_baseline(draft: dict[str, Any], op: str, margin: float = DEFAULT_MARGIN,
-                      version: str | None = None) -> str:
-    """Why a measured result may not be dispatched ('' when it beats the op by more than the margin)."""
-    if draft["evidence"] != "measured":
-        return ""  # modeled / interpreted results are never dispatched by default anyway (docs/artifacts.md)
-    given = draft.get("measurements")
-    m: dict[str, Any] = given.model_dump() if isinstance(given, Measurements) else dict(given or {})
-    what = f"{version} " if version else ""
-    if not m.get("baseline_median_ms") or m.get("speedup_low") is None:
-        return f"{what}has no measured speedup over {op} (the baseline was not timed in the same run)"
-    if beats_op(m["speedup_low"], margin):
-        return ""
-    return (f"{what}{speedup_text(m.get('speedup'), m.get('speedup_low'), m.get('speedup_high'))} of {op} "
-            f"(measured; needs a lower bound above {1 + margin:.2f}x)")
-
-
-def gate(draft: dict[str, Any], current: Manifest | None, invalid: str | None,
-         min_gain: float = 0.0) -> tuple[bool, str]:
-    """Decide whether a (correct) candidate replaces the current version; returns (publish, reason)."""
-    evidence: str = draft["evidence"]
-    new: Measurements | None = draft.get("measurements")
-    if current is None:
-        return True, f"{invalid}; replaced by a correct {evidence} result" if invalid else \
-            f"first version for this key ({evidence})"
-    if invalid:
-        return True, f"{invalid}; replaced by a correct {evidence} result"
-    old_rank, new_rank = EVIDENCE_RANK[current.evidence], EVIDENCE_RANK[evidence]
-    if new_rank < old_rank:
-        return False, (f"{evidence} results never replace {current.evidence} ones "
-                       f"(current {current.version} is {current.evidence})")
-    if current.evidence == "measured":
-        changed = _identity_changes(current, draft)
-        if changed:
-            return True, f"current {current.version} invalidated: {changed}"
-    if new_rank > old_rank:
-        return True, f"{evidence} result replaces {current.evidence} {current.version}"
-    old = current.measurements
-    if new is None or old is None:
-        return False, (f"no timing to compare ({evidence} evidence is correctness only); "
-                       f"current {current.version} stays")
-    gain = (old.median_ms - new.median_ms) / old.median_ms
-    noise = max(new.spread, old.spread)
-    needed = noise + min_gain
-    figures = (f"{new.median_ms:.4g} ms vs {current.version}'s {old.median_ms:.4g} ms "
-               f"({gain:+.1%}; noise {noise:.1%}{f', required gain {min_gain:.1%}' if min_gain else ''})")
-    if gain > needed:
-        return True, f"faster than {current.version} beyond the noise: {figures}"
-    return False, f"not faster than {current.version} beyond the noise: {figures}"
-
-
-def _identity_changes(current: Manifest, draft: dict[str, Any]) -> str:
-    """What changed since the current (measured) version was measured: toolchain or device."""
-    old, new = current.toolchain.timing_identity(), draft["toolchain"].timing_identity()
-    changes = [f"{k} {old[k]} → {new[k]}" for k in old if old[k] != new[k]]
-    old_dev, new_dev = current.chip.detected, draft["chip"].detected
-    for k in ("architecture", "device_name"):
-        if new_dev and old_dev.get(k) != new_dev.get(k):
-            changes.append(f"device {k} {old_dev.get(k)} → {new_dev.get(k)}")
-    return ("toolchain changed (" if changes else "") + ", ".join(changes) + (")" if changes else "")
 
 
 # -- helpers -------------------------------------------------------------------------------------------

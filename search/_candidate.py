@@ -25,6 +25,7 @@ from ._manifest import (
     utcnow,
 )
 from ._render import Geometry, KernelSource, geometry, render
+from ._targets import get_target, target_of
 
 if TYPE_CHECKING:
     from ._chips import Chip
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 
 _VERSION = re.compile(r"^v([1-9][0-9]*)$")
 _PART = re.compile(r"^(?!\.)[A-Za-z0-9._-]+$")
-_SOURCE_SUFFIX = {"metal": "metal", "cuda": "cu"}
 
 
 def chip_slug(name: str) -> str:
@@ -151,7 +151,7 @@ def draft_manifest(c: Candidate) -> dict[str, Any]:
         raise ArtifactError(f"{kind} evidence needs measurements (median, spread, samples)")
     if c.kernel.target not in fam.templates:
         raise ArtifactError(f"family {fam.name} has no {c.kernel.target} template")
-    runs = {"apple": "metal", "nvidia": "cuda"}.get(c.chip.vendor)
+    runs = target_of(c.chip.vendor)
     if runs is not None and c.kernel.target != runs:
         raise ArtifactError(f"a {c.kernel.target} kernel cannot run on {c.chip.name} ({runs} only)")
     problem = make_problem(fam, tuple(c.shape), c.dtype)
@@ -166,7 +166,7 @@ def draft_manifest(c: Candidate) -> dict[str, Any]:
         raise ArtifactError(f"kernel source differs from what {fam.templates[c.kernel.target]} renders for "
                             "this config (stale template or edited source)")
     template_file = fam.template_path(c.kernel.target)
-    suffix = _SOURCE_SUFFIX[c.kernel.target]
+    suffix = get_target(c.kernel.target).suffix
     return {
         "schema_version": 2,
         "family": fam.name,

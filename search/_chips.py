@@ -91,9 +91,20 @@ def _normalise(name: str) -> str:
 
 
 @lru_cache(maxsize=1)
+def _data() -> dict[str, Any]:
+    return tomllib.loads(resources.files("kernsearch").joinpath("chips.toml").read_text())
+
+
+def core_tables() -> dict[str, dict[str, Any]]:
+    """Per-vendor figures of one GPU core (``[cores.VENDOR]`` in chips.toml), as the performance model reads
+    them: a new architecture adds a table there, not code."""
+    return {vendor: dict(figures) for vendor, figures in _data().get("cores", {}).items()}
+
+
+@lru_cache(maxsize=1)
 def registry() -> dict[str, Chip]:
     """All known chips by name, in registry order."""
-    data = tomllib.loads(resources.files("kernsearch").joinpath("chips.toml").read_text())
+    data = _data()
     chips: dict[str, Chip] = {}
     for vendor in ("apple", "nvidia", "cpu"):
         for entry in data.get(vendor, []):

@@ -7,20 +7,17 @@ exposes one function per family (``gemm(a, b)``) plus ``explain(...)``. Geometry
 shapes nobody tuned are computed at run time: the family's expressions are parsed here with Jinja's
 parser and shipped as small JSON trees that the dispatcher evaluates without ``eval`` and without Jinja.
 
-The wheel is written directly (a zip with ``METADATA``, ``WHEEL`` and a hashed ``RECORD``, PEP 427), so
-exporting needs no build back-end and no network; the source tree beside it has a ``pyproject.toml``
-for anyone who prefers to build it themselves.
+The source tree is a flit project (its ``pyproject.toml`` names ``flit_core`` as the build back-end); the
+wheel beside it is built from that tree by ``flit_core`` in this process (no network, no build isolation),
+so anyone can rebuild the same wheel from the tree with ``pip wheel`` or ``python -m build``.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import keyword
 import re
 import shutil
-import zipfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
@@ -36,13 +33,13 @@ from ._expr import _ENV, Expr
 from ._manifest import ArtifactError
 from ._render import render
 from ._spec import ARRAY_FUNCTIONS, DTYPES, Family, load_family
+from ._targets import TARGETS
 from .export_runtime._runtime import DEFAULT_MARGIN, FORMAT
 
 DEFAULT_PACKAGE = "kernsearch_kernels"
 #: MLX has no CPU back-end on Linux without its ``cpu`` extra: consumers' CI must still get correct results.
 RUNTIME_REQUIRES = ("mlx[cpu]>=0.29; sys_platform == 'linux'", "mlx>=0.29; sys_platform == 'darwin'",
                     "numpy>=1.26")
-_SUFFIX = {"metal": "metal", "cuda": "cu"}
 _BINOPS: dict[type[nodes.Node], str] = {nodes.Add: "+", nodes.Sub: "-", nodes.Mul: "*", nodes.Div: "/",
                                         nodes.FloorDiv: "//", nodes.Mod: "%", nodes.Pow: "**"}
 _UNARY: dict[type[nodes.Node], str] = {nodes.Not: "not", nodes.Neg: "neg", nodes.Pos: "pos"}
@@ -167,6 +164,8 @@ def export(families: list[str] | None, out: str | Path, store: ArtifactStore | N
     version = version or datetime.now(UTC).strftime("%Y.%m.%d.%H%M%S")
     if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", version):
         raise ExportError(f"version {version!r} must be numbers separated by dots, e.g. 1.2.0")
+    # PEP 440's normal form (what pip shows and the wheel's name holds): no leading zeros, 2026.05.03 -> 2026.5.3.
+    version = ".".join(part.lstrip("0") or "0" for part in version.split("."))
     names = list(dict.fromkeys(families or sorted({k.family for k in store.keys()})))
     if not names:
         raise ExportError(f"no artifacts in {store.root} and no family named: nothing to export "
@@ -197,12 +196,12 @@ def _export(names: list[str], out: Path, store: ArtifactStore, package: str, ver
         for target in fam.templates:
             for dtype in fam.problem.dtypes:
                 kernel = render(fam, dict(fam.default), dtype, target)
-                rel = f"defaults/{fam.name}/{target}-{dtype}"
-                _write(pkg / rel / f"header.{_SUFFIX[target]}", kernel.header)
-                _write(pkg / rel / f"source.{_SUFFIX[target]}", kernel.source)
+                rel, suffix = f"defaults/{fam.name}/{target}-{dtype}", TARGETS[target].suffix
+                _write(pkg / rel / f"header.{suffix}", kernel.header)
+                _write(pkg / rel / f"source.{suffix}", kernel.source)
                 entry["default"]["kernels"][f"{target}:{dtype}"] = {
                     "config": dict(fam.default), "kernel": _kernel_record(kernel), "sha256": kernel.sha256,
-                    "header": f"{rel}/header.{_SUFFIX[target]}", "source": f"{rel}/source.{_SUFFIX[target]}"}
+                    "header": f"{rel}/header.{suffix}", "source": f"{rel}/source.{suffix}"}
         shipped = 0
         # Current versions, verified on load (tampered ones stop the export); invalidated ones travel as
         # records the dispatcher never runs, so `explain` can say why (e.g. "0.26x of mx.matmul").
@@ -312,8 +311,8 @@ def _init_module(table: dict[str, Any], package: str) -> str:
 def _pyproject(package: str, version: str) -> str:
     deps = ", ".join(json.dumps(r) for r in RUNTIME_REQUIRES)
     return f'''[build-system]
-requires = ["setuptools>=69"]
-build-backend = "setuptools.build_meta"
+requires = ["flit_core>=3.9,<5"]
+build-backend = "flit_core.buildapi"
 
 [project]
 name = "{package.replace("_", "-")}"
@@ -322,41 +321,24 @@ description = "Tuned MLX kernels exported by kernsearch"
 requires-python = ">=3.9"
 dependencies = [{deps}]
 
-[tool.setuptools]
-packages = ["{package}"]
-
-[tool.setuptools.package-data]
-"{package}" = ["dispatch.json", "defaults/**/*", "artifacts/**/*"]
+[tool.flit.module]
+name = "{package}"
 '''
 
 
 def build_wheel(source_dir: Path, package: str, version: str, out: Path) -> Path:
-    """Zip ``source_dir/package`` into ``out/{package}-{version}-py3-none-any.whl`` (PEP 427)."""
-    dist_info = f"{package}-{version}.dist-info"
-    wheel_path = out / f"{package}-{version}-py3-none-any.whl"
-    files = sorted(p for p in (source_dir / package).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-    metadata = "\n".join(["Metadata-Version: 2.1", f"Name: {package.replace('_', '-')}", f"Version: {version}",
-                          "Summary: Tuned MLX kernels exported by kernsearch", "Requires-Python: >=3.9",
-                          *(f"Requires-Dist: {r}" for r in RUNTIME_REQUIRES)]) + "\n"
-    wheel_meta = (f"Wheel-Version: 1.0\nGenerator: kernsearch {__version__}\nRoot-Is-Purelib: true\n"
-                  "Tag: py3-none-any\n")
-    entries = [(p.relative_to(source_dir).as_posix(), p.read_bytes()) for p in files]
-    entries += [(f"{dist_info}/METADATA", metadata.encode()), (f"{dist_info}/WHEEL", wheel_meta.encode())]
-    record = [f"{name},sha256={_b64(hashlib.sha256(data).digest())},{len(data)}" for name, data in entries]
-    entries.append((f"{dist_info}/RECORD", ("\n".join(record + [f"{dist_info}/RECORD,,"]) + "\n").encode()))
-    tmp = wheel_path.with_suffix(".whl.part")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
-        for name, data in entries:
-            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))  # reproducible
-            info.external_attr = 0o644 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            zf.writestr(info, data)
-    tmp.replace(wheel_path)
-    return wheel_path
+    """``out/{package}-{version}-py3-none-any.whl``, built by flit_core from ``source_dir`` (its pyproject.toml).
 
+    Every value in that pyproject.toml is checked here (package name, version) or constant: no text from a
+    manifest reaches the metadata. Static name, version and description: flit never imports the package.
+    """
+    from flit_core.wheel import make_wheel_in
 
-def _b64(digest: bytes) -> str:
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+    built = Path(make_wheel_in(source_dir / "pyproject.toml", out).file)
+    expected = out / f"{package}-{version}-py3-none-any.whl"
+    if built != expected:  # pragma: no cover - the version is normalised before export writes anything
+        raise ExportError(f"flit_core named the wheel {built.name}, expected {expected.name}")
+    return built
 
 
 def _write(path: Path, text: str) -> None:

@@ -36,8 +36,9 @@ class StudyHistory:
     @property
     def evidence(self) -> str:
         """The study's evidence kind as users read it: modeled, interpreted, measured, or measured, replayed."""
-        ev = str(self.attrs.get("evidence", "unknown"))
-        return f"{ev}, replayed" if self.attrs.get("backend") == "replay" else ev
+        from .backends import evidence_label
+
+        return evidence_label(str(self.attrs.get("evidence", "unknown")), self.attrs.get("backend"))
 
     @property
     def final(self) -> FinalRound | None:

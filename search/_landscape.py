@@ -7,8 +7,8 @@ A landscape is one JSON object (gzipped when the file name ends in ``.gz``)::
      "cache": {"v1,v2,...": {knob: value, ..., "time": ms | "RuntimeFailedConfig", "times": [ms, ...], ...}}}
 
 Configs absent from ``cache`` were not valid; an entry whose ``time`` is a string failed (the string
-says how). The replay back-end reads landscapes as an objective; :class:`LandscapeWriter` writes the
-same format (atomically: a reader never sees a half-written file) so a measured sweep can be replayed.
+says how). Replay (:mod:`kernsearch._replay`) reads landscapes as an objective; :class:`LandscapeWriter`
+writes the same format (atomically: a reader never sees a half-written file) so a measured sweep can be replayed.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ._errors import KernsearchError
+from ._targets import TargetName
 
 if TYPE_CHECKING:
     from ._chips import Chip
@@ -52,7 +53,7 @@ class KernelInfo(_Model):
     """What ``mx.fast.metal_kernel`` / ``cuda_kernel`` were given, minus the text (kept in files)."""
 
     name: str
-    target: Literal["metal", "cuda"]
+    target: TargetName
     input_names: list[str] = Field(min_length=1)
     output_names: list[str] = Field(min_length=1)
     #: MLX template arguments, e.g. ``[["T", "float16"]]``.

@@ -162,24 +162,6 @@ _Setup = tuple["Family", "Problem", "Space", "BaseBackend"]
 _CACHE: dict[tuple[Any, ...], _Setup] = {}
 
 
-def load_backend(name: str, **options: Any) -> BaseBackend:
-    """A back-end by registry name, or by ``package.module:Class`` (a plug-in, or a test's simulated GPU)."""
-    from .backends import get_backend
-
-    if ":" not in name:
-        return get_backend(name, **options)
-    from importlib import import_module
-
-    from ._errors import BackendError
-
-    module, _, cls = name.partition(":")
-    try:
-        impl: BaseBackend = getattr(import_module(module), cls)(**options)
-        return impl
-    except (ImportError, AttributeError) as exc:
-        raise BackendError(f"cannot load back-end {name!r}: {exc}") from None
-
-
 def _setup(task: VariantTask, config: dict[str, Any] | None = None
            ) -> tuple[Family, Problem, Space, BaseBackend, KernelSource, Geometry]:
     """Family, problem, space, kernel, geometry and back-end for ``task`` (cached per worker)."""
@@ -187,12 +169,15 @@ def _setup(task: VariantTask, config: dict[str, Any] | None = None
     from ._render import geometry, render
     from ._space import Space, make_problem
     from ._spec import load_family
+    from ._targets import DEFAULT_TARGET
+    from .backends import get_backend
+
     key = (task.family, task.shape, task.dtype, task.chip, task.backend, tuple(sorted(task.backend_options.items())))
     if key not in _CACHE:
         fam = load_family(task.family)
         chip = get_chip(task.chip)
         problem = make_problem(fam, task.shape, task.dtype, chip)
-        impl = load_backend(task.backend, **task.backend_options)
+        impl = get_backend(task.backend, **task.backend_options)
         impl.check_available()
         _CACHE.clear()
         _CACHE[key] = (fam, problem, Space(problem, chip), impl)
@@ -203,7 +188,7 @@ def _setup(task: VariantTask, config: dict[str, Any] | None = None
 
         raise VariantFailure("invalid", f"not valid for shape {problem.shape_text}: "
                              + "; ".join(map(str, space.violations(cfg))))
-    return fam, problem, space, impl, render(fam, cfg, task.dtype, impl.target or "metal"), geometry(space, cfg)
+    return fam, problem, space, impl, render(fam, cfg, task.dtype, impl.target or DEFAULT_TARGET), geometry(space, cfg)
 
 
 #: Per worker process and problem: (logical inputs, float64 reference) by seed, and the kernel's input
@@ -258,7 +243,7 @@ def _check(impl: BaseBackend, kernel: KernelSource, geo: Geometry, problem: Prob
 def verify_variant(task: VariantTask) -> dict[str, Any]:
     """Run once with fresh random inputs (outputs pre-filled with NaN) and compare with the reference."""
     _, problem, space, impl, kernel, geo = _setup(task)
-    options = {**task.options, **({"chip": space.chip} if impl.name == "cpu" else {})}
+    options = {**task.options, **({"chip": space.chip} if impl.interprets else {})}
     sample = options.pop("sample_threadgroups", None)
     if sample:  # a big problem on the interpreter: a sample of its threadgroups, checked against the reference
         from ._verify import sample_threadgroups

@@ -10,6 +10,7 @@ from ._errors import BackendError, KernsearchError, VariantFailure
 from ._final import FinalistCheck, FinalistTime, FinalRound
 from ._space import Config
 from ._study import Objective, Record, TrialSummary
+from ._targets import chip_target, interpretable
 
 #: Threadgroups of the tuned shape a winner runs on the interpreter before publishing (corners, edges,
 #: random interior ones): a big problem cannot run whole on the CPU, a sample of its tiles can.
@@ -41,32 +42,29 @@ class KernelObjective(Objective):
                  verify: str = "finalists", verify_shape: tuple[int, ...] | None = None,
                  verify_mode: str = "fast", backend_options: dict[str, Any] | None = None,
                  compile_workers: int | None = None) -> None:
-        from ._measure import load_backend
         from ._space import Space
+        from .backends import backend_class
 
         self.problem, self.chip, self.backend, self.seed = problem, chip, backend, seed
         self.space: Space = Space(problem, chip)
         self.family = problem.family
         self.backend_options = dict(backend_options or {})
-        if backend in ("metal", "cuda"):  # inputs are rotated when the working set fits the last-level cache
+        cls = backend_class(backend)
+        if cls.rotates_inputs:  # inputs are rotated when the working set fits the last-level cache
             self.backend_options.setdefault("cache_bytes", chip.system_cache_mb * 1e6)
-        if backend == "cpu":
-            raise BackendError("the cpu back-end (Metal interpreter) checks correctness only and never times "
-                               "a kernel; tune with --backend model (verified on the interpreter) instead")
-        if backend == "replay":
-            raise BackendError("the replay back-end needs a landscape file: use --landscape PATH")
-        self.impl = load_backend(backend, **({"chip": chip} if backend == "model" else self.backend_options))
+        cls.check_tunable()
+        self.impl = cls(chip=chip) if cls.predicts else cls(**self.backend_options)  # type: ignore[call-arg]
         self.impl.check_available()
         self.evidence = self.impl.evidence.value
         # The model predicts the kernel the chip would run: Metal on Apple GPUs, CUDA on NVIDIA ones.
-        self.target = self.impl.target or ("cuda" if chip.vendor == "nvidia" else "metal")
+        self.target = self.impl.target or chip_target(chip.vendor)
         if self.target not in self.family.templates:
             raise BackendError(f"family {self.family.name} has no {self.target} template "
                                f"(back-end {backend} needs one)")
         # The interpreter runs Metal only: a modeled CUDA kernel cannot be verified here (nor published).
-        self.verify = verify if self.target == "metal" or backend != "model" else "none"
+        self.verify = verify if interpretable(self.target) or not cls.predicts else "none"
         self.verify_shape = verify_shape or tuple(min(d, 96) for d in problem.shape)
-        if backend == "model" and self.verify != "none":  # say it now, not after the whole search
+        if cls.predicts and self.verify != "none":  # say it now, not after the whole search
             from .interp._compile import compiler
 
             try:
@@ -84,8 +82,8 @@ class KernelObjective(Objective):
         if compile_workers is None:
             import os
 
-            compile_workers = max(1, (os.cpu_count() or 2) - 1) if backend in ("metal", "cuda") else 0
-        self.compile_workers = compile_workers if backend != "model" else 0
+            compile_workers = max(1, (os.cpu_count() or 2) - 1) if cls.compiles_ahead else 0
+        self.compile_workers = compile_workers if not cls.predicts else 0
         self._pool: Any = None
         self._prepared: dict[str, Any] = {}  # config key -> future of prepare_variant
 
@@ -246,7 +244,7 @@ class KernelObjective(Objective):
         except KernsearchError as exc:  # the template cannot render this config: this variant fails
             raise VariantFailure("render", str(exc)) from None
         flops = self.problem.flops()
-        if self.backend == "model":
+        if self.impl.predicts:
             check = self.interpret(config) if self.verify == "all" else None
             try:
                 ms = float(self.impl.predict_ms(self.space, config))
@@ -273,7 +271,7 @@ class KernelObjective(Objective):
     # -- the end ------------------------------------------------------------------------------------
     def finalize(self, top: list[TrialSummary]) -> FinalRound:
         self._close_pool()  # compiles still running ahead would load the CPU and GPU during the final round
-        if self.backend == "model":
+        if self.impl.predicts:
             return self._verify_finalists(top)
         return self._remeasure_finalists(top)
 
@@ -298,8 +296,8 @@ class KernelObjective(Objective):
         note = "times are predictions of the performance model (modeled), not measurements"
         if self.verify == "none":
             winner = top[0].number
-            note += "; the winner is NOT verified" + (
-                " (the CPU interpreter runs Metal only, this is a CUDA kernel)" if self.target != "metal" else "")
+            note += "; the winner is NOT verified" + ("" if interpretable(self.target) else
+                                                      " (the CPU interpreter runs Metal only, this is a CUDA kernel)")
         return FinalRound(winner, verified_on="interpreter", verify_shape=tuple(self.verify_shape), checks=checks,
                           note=note)
 
@@ -318,7 +316,7 @@ class KernelObjective(Objective):
 
     def baseline_ms(self) -> float | None:
         """The family's baseline MLX op timed in the worker (measured back-ends only); None if it fails."""
-        if self.backend == "model":
+        if self.impl.predicts:
             return None
         from ._measure import time_baseline
 

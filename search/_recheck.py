@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ._errors import KernsearchError
 from ._manifest import ArtifactError
 from ._options import MAX_GRID, MAX_SHARED_MEMORY, MAX_THREADGROUP
+from ._targets import target_of
 
 if TYPE_CHECKING:
     from ._manifest import Manifest
@@ -102,7 +103,7 @@ def _chip(m: Manifest) -> Any:
             raise _fail(m, "measured evidence from a device that is not this chip")
         if m.correctness.verifier != "device":
             raise _fail(m, "measured evidence verified off the device")
-    runs = {"apple": "metal", "nvidia": "cuda"}.get(m.chip.vendor)
+    runs = target_of(m.chip.vendor)
     if runs is not None and m.kernel.target != runs:
         raise _fail(m, f"a {m.kernel.target} kernel on {m.chip.name}")
     return chip.model_copy(update={"detected": dict(m.chip.detected)})

@@ -22,11 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from . import _safeio
 from ._errors import SpecError
 from ._expr import BUILTINS, Expr, ExprError
+from ._targets import TargetName
 from ._template import TEMPLATE_LIMIT, TemplateSandbox
 from ._vocab import ARRAY_FUNCTIONS, MLX_NAMES
 
 SPEC_FILE = "family.toml"
-TARGETS = ("metal", "cuda")
 #: Problem dtypes (``T``): a family's kernels are rendered and tuned per problem dtype.
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
 #: Dtypes an input, output or scalar parameter may declare besides ``T`` (the problem dtype).
@@ -279,7 +279,7 @@ class Family(_Model):
     baseline: Expr
     #: Time the baseline as one ``mx.compile``d function (a composition MLX fuses, e.g. ``silu(a) * b``).
     compile_baseline: bool = False
-    templates: dict[Literal["metal", "cuda"], str] = Field(min_length=1)
+    templates: dict[TargetName, str] = Field(min_length=1)
     knobs: dict[str, Knob] = Field(min_length=1)
     derived: dict[str, Expr] = Field(default_factory=dict)
     #: Inputs of the performance model (``search/backends/_model.py``, ``docs/model.md``); optional.

@@ -9,7 +9,7 @@ Python API (what the CLI, the nightly flows and the GPU scripts call)::
                        storage=None, study_name=None)          # -> StudyResult
     result.best.config, result.best.time_ms, result.evidence, result.top, result.failures
 
-``run_study`` takes any :class:`Objective` (the replay back-end's ``ReplayBackend(path).objective()`` is
+``run_study`` takes any :class:`Objective` (a replayed landscape's ``Replay(path).objective()`` is
 another) and keyword options: ``sampler`` (``tpe`` | ``random`` | ``grid``), ``patience`` (stop after that
 many evaluated trials without a new best), ``finalists``, ``progress`` (a callback receiving
 :class:`Progress`), ``stop`` (a callable; true ends the search). What a trial does (``verify``: ``all`` |
@@ -343,7 +343,7 @@ def run_study(objective: Objective, *, trials: int | None = 100, time_budget: st
     """Search for the fastest correct variant; see the module docstring. Ctrl-C keeps finished trials.
 
     ``objective`` evaluates configs: a kernel family's is ``KernelObjective(problem, chip, backend, ...)``
-    (``kernsearch._objective``), a replayed landscape's ``ReplayBackend(path).objective()``.
+    (``kernsearch._objective``), a replayed landscape's ``Replay(path).objective()``.
     """
     if not isinstance(objective, Objective):  # e.g. a Family: `kernsearch.tune` searches a family
         raise TypeError(f"run_study takes an Objective (e.g. KernelObjective(problem, chip, backend)), "

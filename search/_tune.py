@@ -72,9 +72,10 @@ def tune(family: str | Family, shape: str | tuple[int, ...] | None = None, dtype
     from ._space import make_problem
     from ._spec import load_family
     from ._study import run_study
+    from .backends import backend_class
 
     fam = load_family(family) if isinstance(family, str) else family
-    if backend in ("metal", "cuda"):
+    if backend_class(backend).measures_device:
         here = resolve_chip(None)
         if chip is not None and (chip.name if isinstance(chip, Chip) else get_chip(chip).name) != here.name:
             raise KernsearchError(f"the {backend} back-end measures the GPU here ({here.name}), not {chip}")

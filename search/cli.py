@@ -6,8 +6,11 @@ Every user error (:class:`KernsearchError`) becomes one line on stderr and exit 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
+from collections.abc import Iterator
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -18,6 +21,31 @@ from rich.table import Table
 from ._console import err, out
 from ._errors import KernsearchError
 from ._final import FinalistCheck, FinalRound
+
+
+class TargetChoice(str, Enum):
+    """``render --target``: the kernel language (Typer lists and checks the choices)."""
+
+    metal = "metal"
+    cuda = "cuda"
+
+
+class VerifyChoice(str, Enum):
+    """``tune --verify``: which trials of a modeled search the interpreter checks."""
+
+    all = "all"
+    finalists = "finalists"
+    none = "none"
+
+
+class SamplerChoice(str, Enum):
+    """``tune --sampler`` (the study's ``SAMPLERS``; tests/test_study_cli.py checks the two agree)."""
+
+    default = "default"
+    tpe = "tpe"
+    random = "random"
+    grid = "grid"
+    auto = "auto"
 
 if TYPE_CHECKING:
     from ._artifacts import ArtifactStore
@@ -66,12 +94,20 @@ def resolve_chip(name: str | None, target: bool = False) -> Chip:
     from ._chips import resolve_chip as _resolve
     from ._chips import target_chip
 
+    with _warnings_as_lines():
+        return target_chip(name) if target else _resolve(name)
+
+
+@contextlib.contextmanager
+def _warnings_as_lines() -> Iterator[None]:
+    """Warnings raised inside (an unknown detected chip) are printed as one line each, even on an error."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        chip = target_chip(name) if target else _resolve(name)
-    for w in caught:
-        _warn_line(w)
-    return chip
+        try:
+            yield
+        finally:
+            for w in caught:
+                _warn_line(w)
 
 
 def problem_and_space(family: str, shape: str | None, dtype: str | None,
@@ -171,14 +207,14 @@ def space(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None
 def render(family: str = typer.Argument(..., help=FAMILY_HELP),
            config: str | None = typer.Option(None, "--config", help="KNOB=VALUE,... (others: the default)"),
            shape: str | None = ShapeOpt, dtype: str | None = DtypeOpt, chip_name: str | None = ChipOpt,
-           target: str = typer.Option("metal", "--target", help="metal or cuda")) -> None:
+           target: TargetChoice = typer.Option(TargetChoice.metal, "--target", help="the kernel language")) -> None:
     """Print the header and body of one variant, as mx.fast.metal_kernel takes them."""
     from ._render import geometry
     from ._render import render as render_variant
 
     fam, _, problem, sp = problem_and_space(family, shape, dtype, chip_name)
     cfg = sp.validate(sp.parse_config(config))
-    kernel = render_variant(fam, cfg, problem.dtype, target)
+    kernel = render_variant(fam, cfg, problem.dtype, target.value)
     geo = geometry(sp, cfg)
     sys.stdout.write(f"// name: {kernel.name}\n// inputs: {', '.join(kernel.input_names)}"
                      f"{' (transposed: ' + ', '.join(geo.transposed_inputs) + ')' if geo.transposed_inputs else ''}"
@@ -404,29 +440,32 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
     from ._render import geometry
     from ._render import render as render_variant
     from ._space import format_config
+    from ._targets import DEFAULT_TARGET, target_of
     from ._verify import tolerance, verify_kernel
-    from .backends import get_backend
+    from .backends import backend_class
 
     _options.check(_options.Seed, seed, "--seed")
     _options.check(_options.Timeout, timeout, "--timeout")
     if check and sanitize:
         raise KernsearchError("--check and --sanitize are separate runs: give one of them")
-    if backend == "cpu" and chip_name is None:
+    be_class = backend_class(backend)
+    if be_class.interprets and chip_name is None:
         detected = resolve_chip(None)
-        chip_name = detected.name if detected.vendor == "apple" else default_apple_chip().name
+        runs_here = target_of(detected.vendor) == be_class.target  # the interpreter checks what this chip runs
+        chip_name = detected.name if runs_here else default_apple_chip().name
     fam, c, problem, sp = problem_and_space(family, shape, dtype, chip_name)
     from ._verify import check_size
 
     check_size(problem)
     cfg = sp.validate(sp.parse_config(config))
-    be = get_backend(backend)
+    be = be_class()
     be.check_available()
-    target = be.target or "metal"
+    target = be.target or DEFAULT_TARGET
     kernel = render_variant(fam, cfg, problem.dtype, target)
     geo = geometry(sp, cfg)
     options: dict[str, Any] = {}
     mode = "sanitize" if sanitize else ("check" if check else "fast")
-    if backend == "cpu":
+    if be.interprets:
         from ._verify import sample_threadgroups, threadgroup_counts
         from .interp import template_lines
 
@@ -439,7 +478,7 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
             sampled = f"{len(options['threadgroups'])} of {groups} threadgroups (corners, edge middles; --full: all)"
     elif check or sanitize:
         raise KernsearchError("--check and --sanitize need --backend cpu")
-    how = f"{be.name} back-end ({be.evidence.value}" + (f", {mode} mode)" if backend == "cpu" else ")")
+    how = f"{be.name} back-end ({be.evidence.value}" + (f", {mode} mode)" if be.interprets else ")")
     if "threadgroups" in options:
         how += f", {sampled}"
     out.print(f"[bold]{fam.name}[/] {problem.shape_text} {problem.dtype} for {c.name} · "
@@ -447,7 +486,7 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
     try:
         result, diagnostics = verify_kernel(be, kernel, geo, problem, seed, **options)
     except VariantFailure as exc:
-        if exc.reason == "timeout" and backend == "cpu":  # slow interpretation is no verdict on the kernel
+        if exc.reason == "timeout" and be.interprets:  # slow interpretation is no verdict on the kernel
             out.print(f"[yellow]NO VERDICT (timeout)[/]: the interpreter did not finish in {timeout:g} s at "
                       f"{problem.shape_text}; this says nothing about the kernel (a hang and a big problem look "
                       "alike here): try a smaller --shape or a longer --timeout", soft_wrap=True)
@@ -474,34 +513,15 @@ StorageOpt = typer.Option(None, "--storage", help="Optuna storage URL (default: 
 def _pick_backend(backend: str, chip_name: str | None, verify: str = "finalists") -> tuple[str, Chip, str | None]:
     """``--backend auto``: metal on Apple GPUs, cuda on NVIDIA, else the model for --chip (or an M-series).
 
-    Returns (back-end name, Chip, a one-line note or None: for the model, what it predicts and what
-    ``verify`` checks)."""
-    from ._chips import default_apple_chip, get_chip
+    A measurement belongs to the GPU it ran on, never to a named one (see ``backends.select_backend``).
+    Returns (back-end name, Chip, a one-line note or None)."""
+    from .backends import select_backend
 
-    if backend in ("metal", "cuda"):  # a measurement belongs to the GPU it ran on, never to a named one
-        here = resolve_chip(None)
-        if chip_name and here.vendor != "cpu" and get_chip(chip_name).name != here.name:
-            raise KernsearchError(f"the {backend} back-end measures the GPU here ({here.name}), not "
-                                  f"{get_chip(chip_name).name}; use --backend model to predict for another chip")
-        return backend, here, None
-    if backend != "auto":
-        return backend, resolve_chip(chip_name, target=True), None
-    here = resolve_chip(None)
-    wanted = get_chip(chip_name) if chip_name else None
-    if here.vendor in ("apple", "nvidia") and (wanted is None or wanted.name == here.name):
-        return ("metal" if here.vendor == "apple" else "cuda"), here, None
-    chip = wanted or default_apple_chip()
-    why = f"{here.name} is not the chip to tune for" if here.vendor != "cpu" else "no GPU here"
-    checked = [] if chip.vendor != "nvidia" else [
-        "its CUDA kernels cannot run on the CPU Metal interpreter, so nothing is verified or published"]
-    if verify == "all":
-        checked.append("every variant is verified on the CPU Metal interpreter")
-    elif verify == "none":
-        checked.append("[yellow]nothing is verified[/] (--verify none)")
-    elif not checked:
-        checked.append("the winner and top finalists are verified on the CPU Metal interpreter")
-    return "model", chip, (f"{why}: times are predicted by the performance model for {chip.name} "
-                           f"([bold]modeled[/], not measured); {'; '.join(checked)}")
+    with _warnings_as_lines():  # an unknown detected chip warns on one line
+        chosen = select_backend(backend, chip_name, verify=verify)
+    if chosen.refusal:
+        raise KernsearchError(chosen.refusal)
+    return chosen.backend, chosen.chip, chosen.note
 
 
 def _wide() -> Console:
@@ -511,7 +531,9 @@ def _wide() -> Console:
 
 def _evidence_label(evidence: str, backend: str | None) -> str:
     """A replayed landscape was measured on the GPU that recorded it, never here: say so."""
-    return f"{evidence}, replayed" if backend == "replay" else evidence
+    from .backends import evidence_label
+
+    return evidence_label(evidence, backend)
 
 
 def _fmt(value: Any, spec: str, none: str = "-") -> str:
@@ -602,16 +624,17 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
                                                 "a new best (0: never)"),
          backend: str = typer.Option("auto", "--backend", help="auto, metal, cuda, model or replay"),
          landscape: str | None = typer.Option(None, "--landscape", help="replay: a KernelTuner cache file"),
-         sampler: str = typer.Option("default", "--sampler", help="default (auto when the chip's performance "
-                                     "model ranks the family, else tpe), auto (valid configs only: the model's "
-                                     "ranking, then a GP), tpe, random or grid"),
+         sampler: SamplerChoice = typer.Option(
+             SamplerChoice.default, "--sampler", help="default (auto when the chip's performance model ranks the "
+             "family, else tpe), auto (valid configs only: the model's ranking, then a GP), tpe, random or grid"),
          storage: str | None = StorageOpt,
          study: str | None = typer.Option(None, "--study", help="study name (default: family/chip/dtype/"
                                              "shape/backend)"),
          seed: int = typer.Option(0, "--seed", help="sampler and input seed"),
          finalists: int = typer.Option(3, "--finalists", help="leaders re-measured (or verified) at the end"),
-         verify: str = typer.Option("finalists", "--verify", help="model back-end: verify all trials, the "
-                                    "finalists or none on the CPU interpreter"),
+         verify_choice: VerifyChoice = typer.Option(
+             VerifyChoice.finalists, "--verify", help="model back-end: verify all trials, the finalists or none on "
+             "the CPU interpreter"),
          timeout: float = typer.Option(120.0, "--timeout", help="seconds per variant before it counts as hung"),
          publish: bool = typer.Option(False, "--publish", help="offer the winner to the artifact store "
                                       "(its regression gate decides)"),
@@ -623,12 +646,9 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
     """Search for the fastest correct variant of a family on a problem and chip."""
     import json
 
-    from ._study import SAMPLERS, parse_duration
+    from ._study import parse_duration
 
-    if verify not in ("all", "finalists", "none"):
-        raise KernsearchError(f"--verify must be all, finalists or none, not {verify!r}")
-    if sampler not in SAMPLERS:
-        raise KernsearchError(f"unknown sampler {sampler!r} (known: {', '.join(SAMPLERS)})")
+    verify, sampler_name = verify_choice.value, sampler.value  # Typer checked both against their choices
     parse_duration(time_budget)  # a bad duration is refused before anything starts
     if trials is None and time_budget is None:
         trials = 150
@@ -639,12 +659,15 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
     _options.check(_options.Patience, patience, "--patience")
     _options.check(_options.Timeout, timeout, "--timeout")
     _options.check(_options.Seed, seed, "--seed")
-    if backend == "replay" or landscape:
-        from .backends._replay import ReplayBackend
+    from .backends import replays
+
+    replay = replays(backend) or bool(landscape)
+    if replay:
+        from ._replay import Replay
 
         if not landscape:
             raise KernsearchError("--backend replay needs --landscape PATH (a KernelTuner cache file)")
-        objective = ReplayBackend(landscape, seed=seed).objective(family)
+        objective = Replay(landscape, seed=seed).objective(family)
         note: str | None = f"replaying {landscape}: recorded times measured on {objective.study_key['chip']}, not here"
     else:
         name, c, note = _pick_backend(backend, chip_name, verify)
@@ -656,7 +679,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
         problem = make_problem(fam, shape, dtype, c)
         objective = KernelObjective(problem, c, name, seed=seed, timeout=timeout, verify=verify)
     key = objective.study_key
-    if publish and backend == "replay" or publish and landscape:
+    if publish and replay:
         raise KernsearchError("--publish needs a kernel family: replayed landscapes have no kernel to publish")
     if storage != ":memory:":
         from ._storage import check_storage
@@ -666,9 +689,9 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
         err.print(note, soft_wrap=True)
     err.print(f"tuning [bold]{key['family']}[/] {key['shape']} {key['dtype']} on {key['chip']} "
               f"({key['backend']} back-end, {objective.evidence})", soft_wrap=True)
-    if publish and backend == "replay" or publish and landscape:
+    if publish and replay:
         raise KernsearchError("--publish needs a kernel family: replayed landscapes have no kernel to publish")
-    result = _run_with_progress(objective, trials, time_budget, patience or None, sampler, seed, storage, study,
+    result = _run_with_progress(objective, trials, time_budget, patience or None, sampler_name, seed, storage, study,
                                 finalists, as_json)
     outcome = objective.publish(result, margin=margin) if publish and result.best is not None and \
         not result.stop.reason.by_request else None
@@ -885,12 +908,10 @@ def report_cmd(study: str = typer.Argument(..., help="study name (see `kernsearc
 @app.command()
 def dashboard(storage: str | None = StorageOpt,
               host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
-              port: int = typer.Option(8080, "--port", help="port to listen on")) -> None:
+              port: int = typer.Option(8080, "--port", min=1, max=65535, help="port to listen on")) -> None:
     """Browse the stored studies in optuna-dashboard (history, importances, trials' attributes); Ctrl-C stops."""
     from ._storage import default_storage, make_storage
 
-    if not 0 < port < 65536:
-        raise KernsearchError(f"--port must be 1-65535, not {port}")
     try:
         from optuna_dashboard import run_server  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except ImportError:

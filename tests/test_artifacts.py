@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from kernsearch._artifacts import ArtifactKey, ArtifactStore, Candidate, gate
+from kernsearch._artifacts import ArtifactKey, ArtifactStore, Candidate
 from kernsearch._chips import get_chip
+from kernsearch._gate import gate
 from kernsearch._manifest import (
     SCHEMA_VERSION,
     ArtifactError,
@@ -362,23 +363,6 @@ def test_a_busy_key_is_refused_cleanly_after_the_timeout(published: ArtifactStor
             ArtifactStore(published.root, lock_timeout=0.3).publish(candidate(median=0.1))
         assert time.monotonic() - t0 < 5
     assert published.versions(key()) == ["v1"]
-
-
-def test_related_configs_warm_start_a_search_with_the_nearest_chips_and_shapes(tmp_path: Path) -> None:
-    from kernsearch._artifacts import related_configs
-
-    store = ArtifactStore(tmp_path)
-    a, b, c = {"BM": 64}, {"BN": 64}, {"BK": 32}
-    store.publish(candidate(config=a))  # M2 Max, 64^3
-    store.publish(candidate(config=b, shape=(2048, 2048, 2048)))  # M2 Max, 2048^3
-    store.publish(candidate(config=c, chip="M1"))  # another generation
-    full = {k: load_family("gemm").default | v for k, v in (("a", a), ("b", b), ("c", c))}
-    near_big = related_configs("gemm", get_chip("M2 Max"), "float32", (1500, 1500, 1500), store)
-    assert near_big == [full["b"], full["a"], full["c"]]
-    small_on_pro = related_configs("gemm", get_chip("M2 Pro"), "float32", (64, 64, 64), store)
-    assert small_on_pro == [full["a"], full["b"], full["c"]]
-    assert related_configs("gemm", get_chip("M1"), "float32", (64, 64, 64), store, limit=1) == [full["c"]]
-    assert related_configs("other", get_chip("M1"), "float32", (64, 64, 64), store) == []
 
 
 def test_evidence_helpers_take_timings_and_checks(tmp_path: Path) -> None:

@@ -86,3 +86,17 @@ def test_m5_peak_is_the_accelerators_for_16_bit_and_the_simd_rate_otherwise() ->
     m5 = get_chip("M5 Max")
     assert m5.peak_tflops("float16") == m5.tensor_fp16_tflops > m5.simd_tflops("float16") == m5.fp32_tflops
     assert m5.peak_tflops("float32") == m5.fp32_tflops
+
+
+def test_per_core_figures_are_data_in_the_registry() -> None:
+    """The performance model's per-core figures come from chips.toml ([cores.VENDOR]), complete per vendor."""
+    import dataclasses
+
+    from kernsearch._chips import core_tables
+    from kernsearch.backends._model import CoreFigures, core_figures
+
+    fields = {f.name for f in dataclasses.fields(CoreFigures)}
+    tables = core_tables()
+    assert set(tables) == {"apple", "nvidia"} and all(set(t) == fields for t in tables.values())
+    assert core_figures("nvidia").threadgroup_memory == tables["nvidia"]["threadgroup_memory"] == 233472
+    assert core_figures("cpu") == core_figures("apple")  # the CPU pseudo-chip borrows Apple's

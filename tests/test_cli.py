@@ -112,13 +112,11 @@ def test_error_text_with_brackets_is_printed_verbatim(args: list[str], message: 
     ("H100", "none", "its CUDA kernels cannot run on the CPU Metal interpreter, so nothing is verified or "
                      "published; [yellow]nothing is verified[/] (--verify none)"),
 ])
-def test_auto_on_a_machine_without_gpu_says_what_the_model_checks(monkeypatch, chip: str, verify: str,
-                                                                  checked: str) -> None:
-    from kernsearch import cli
+def test_auto_on_a_machine_without_gpu_says_what_the_model_checks(chip: str, verify: str, checked: str) -> None:
     from kernsearch._chips import get_chip
+    from kernsearch.backends import select_backend
 
-    monkeypatch.setattr(cli, "resolve_chip", lambda name, target=False: get_chip(name or "cpu"))
-    name, picked, note = cli._pick_backend("auto", chip, verify)
-    assert name == "model" and picked.name == chip
-    assert note == (f"no GPU here: times are predicted by the performance model for {chip} ([bold]modeled[/], not "
-                    f"measured); {checked}")
+    chosen = select_backend("auto", chip, detected=get_chip("cpu"), verify=verify)
+    assert chosen.backend == "model" and chosen.chip.name == chip
+    assert chosen.note == (f"no GPU here: times are predicted by the performance model for {chip} ([bold]modeled[/], "
+                           f"not measured); {checked}")

@@ -150,7 +150,7 @@ def test_measured_landscape_is_complete_and_replays(gemm) -> None:  # noqa: ANN0
     import json
 
     from kernsearch._landscape import Landscape
-    from kernsearch.backends import get_backend
+    from kernsearch._replay import Replay
 
     land = Landscape.load(LANDSCAPE)
     data = json.loads(LANDSCAPE.read_text())
@@ -164,6 +164,6 @@ def test_measured_landscape_is_complete_and_replays(gemm) -> None:  # noqa: ANN0
     for entry in land.entries.values():
         assert Landscape.failed(entry) or (len(entry["times"]) == 10 and entry["compile_time"] > 0)
     best, best_ms = land.optimum()
-    replay = get_backend("replay", path=LANDSCAPE)
+    replay = Replay(path=LANDSCAPE)
     assert min(replay.sample(best)) > 0 and best_ms == min(
         sum(e["times"]) / len(e["times"]) for e in land.entries.values() if not Landscape.failed(e))

@@ -374,6 +374,28 @@ def test_publish_list_show_export_install_import_call(tmp_path: Path) -> None:
     assert not report["kernsearch_importable"] and report["heavy_modules"] == []
 
 
+def test_the_wheel_is_the_flit_build_of_the_source_tree_and_its_version_is_normal(tmp_path: Path) -> None:
+    """Export's wheel is what pip builds from the source tree beside it; versions are PEP 440 normal forms."""
+    import zipfile
+
+    store = ArtifactStore(tmp_path / "store")
+    store.publish(candidate("M2 Max", (64, 64, 64), config={"BM": 64}, median=0.7))
+    result = export(["gemm"], tmp_path / "dist", store, package="ks_flit", version="2026.05.03.021500")
+    assert result.version == "2026.5.3.21500" and result.source_dir.name == "ks_flit-2026.5.3.21500"
+    assert result.wheel == tmp_path / "dist" / "ks_flit-2026.5.3.21500-py3-none-any.whl"
+    assert 'build-backend = "flit_core.buildapi"' in (result.source_dir / "pyproject.toml").read_text()
+    rebuilt = tmp_path / "rebuilt"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+                    "-w", str(rebuilt), str(result.source_dir)], check=True, capture_output=True, timeout=300)
+    with zipfile.ZipFile(result.wheel) as ours, zipfile.ZipFile(rebuilt / result.wheel.name) as theirs:
+        assert sorted(ours.namelist()) == sorted(theirs.namelist())
+        assert all(ours.read(n) == theirs.read(n) for n in ours.namelist() if ".dist-info/" not in n)
+        metadata = ours.read("ks_flit-2026.5.3.21500.dist-info/METADATA").decode()
+    assert "Name: ks-flit\n" in metadata and "Version: 2026.5.3.21500\n" in metadata
+    assert "Requires-Dist: numpy>=1.26" in metadata
+    assert json.loads((result.source_dir / "ks_flit" / "dispatch.json").read_text())["version"] == result.version
+
+
 def _gpu() -> str:
     if mx.metal.is_available():
         return "metal"

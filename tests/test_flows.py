@@ -287,6 +287,28 @@ def test_tune_step_resumes_the_study_with_trials_per_night(tmp_path: Path) -> No
     assert second["evidence"] == "modeled" and second["checks"][0]["verifier"] == "interpreter"
 
 
+def test_a_job_can_have_every_trial_verified_on_the_interpreter(tmp_path: Path) -> None:
+    import optuna
+
+    from kernsearch._storage import make_storage
+    from kernsearch.flows._jobs import JobOptions
+    from kernsearch.flows._steps import run_step
+
+    assert JobOptions().verify == "finalists"
+    with pytest.raises(ValueError, match="verify"):
+        JobOptions(verify="sometimes")  # type: ignore[arg-type]
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    for verify, shape in (("all", [24, 24, 24]), ("finalists", [32, 24, 24])):
+        options = JobOptions(trials=3, sampler="random", finalists=1, verify=verify).model_dump()
+        payload = {"family": "gemm", "shape": shape, "dtype": "float16", "chip": "M2 Max", "backend": "model",
+                   "storage": storage, "options": options}
+        result = run_step("tune", payload, timeout=300)
+        trials = optuna.load_study(study_name=result["study"], storage=make_storage(storage)).get_trials()
+        ran = [t.user_attrs["record"] for t in trials if t.user_attrs.get("status") == "ok"]
+        checked = [r for r in ran if r.get("verified") == "interpreter"]
+        assert ran and len(checked) == (len(ran) if verify == "all" else 0), (verify, ran)
+
+
 def test_measured_winner_is_published_with_the_detected_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The publish task (called as a plain function): measured evidence carries this machine's device_info."""
     from kernsearch._artifacts import ArtifactKey, ArtifactStore

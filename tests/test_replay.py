@@ -18,9 +18,9 @@ import pytest
 
 from kernsearch._errors import BackendError, KernsearchError, VariantFailure
 from kernsearch._landscape import Landscape, LandscapeWriter
+from kernsearch._replay import Replay
 from kernsearch._study import StopReason, open_study, run_study
 from kernsearch.backends import get_backend
-from kernsearch.backends._replay import ReplayBackend
 
 REPO = Path(__file__).resolve().parents[1]
 LANDSCAPES = Path(os.environ.get("KERNSEARCH_LANDSCAPES", REPO.parent / "shared" / "landscapes"))
@@ -81,7 +81,9 @@ def test_unreadable_landscapes_are_one_line_errors(tmp_path):
     for name in ("bad.json", "other.json", "missing.json"):
         with pytest.raises(KernsearchError, match="KernelTuner|no such"):
             Landscape.load(tmp_path / name)
-    with pytest.raises(BackendError):
+    with pytest.raises(BackendError, match="needs a landscape file"):
+        Replay()
+    with pytest.raises(BackendError, match="unknown back-end 'replay'"):  # an objective, not a device (issue 12)
         get_backend("replay")
 
 
@@ -98,7 +100,7 @@ def test_malformed_landscape_contents_are_one_line_errors(tmp_path, data, messag
 
 
 def test_replay_draws_recorded_times_and_refuses_absent_or_failed(small):
-    backend = ReplayBackend(small, seed=0)
+    backend = Replay(small, seed=0)
     land = backend.landscape
     ok = next(land.config_of(e) for e in land.entries.values() if not land.failed(e))
     draws = backend.sample(ok)
@@ -121,7 +123,7 @@ def test_search_finds_the_optimum_of_a_small_landscape(small, tmp_path):
     land = Landscape.load(small)
     optimum, best_time = land.optimum()
     times = sorted(land.samples(optimum))
-    result = run_study(ReplayBackend(small, seed=0).objective(), trials=90, seed=0,
+    result = run_study(Replay(small, seed=0).objective(), trials=90, seed=0,
                        storage=f"sqlite:///{tmp_path / 's.db'}")
     import optuna
 
@@ -139,7 +141,7 @@ def test_search_finds_the_optimum_of_a_small_landscape(small, tmp_path):
 @needs_landscapes
 def test_resume_after_interruption_continues_the_same_study(small, tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}"
-    first_obj = ReplayBackend(small, seed=1).objective()
+    first_obj = Replay(small, seed=1).objective()
     calls = {"n": 0}
     real = first_obj.evaluate
 
@@ -153,7 +155,7 @@ def test_resume_after_interruption_continues_the_same_study(small, tmp_path):
     first = run_study(first_obj, trials=40, seed=1, storage=url)
     assert first.stop.reason is StopReason.INTERRUPTED and first.stop_reason.startswith("interrupted")
     assert first.evaluated == 11
-    second = run_study(ReplayBackend(small, seed=2).objective(), trials=40, seed=2, storage=url)
+    second = run_study(Replay(small, seed=2).objective(), trials=40, seed=2, storage=url)
     assert second.study_name == first.study_name and second.evaluated == 40
     import optuna
 
@@ -166,13 +168,13 @@ def test_resume_after_interruption_continues_the_same_study(small, tmp_path):
 @needs_landscapes
 def test_two_processes_share_one_study_without_duplicates(small, tmp_path):
     url = f"sqlite:///{tmp_path / 'shared.db'}"
-    open_study(ReplayBackend(small).objective(), url, "shared", "tpe", 0)  # created before the workers start
+    open_study(Replay(small).objective(), url, "shared", "tpe", 0)  # created before the workers start
     script = textwrap.dedent(f"""
         import sys
         from kernsearch._study import run_study
-        from kernsearch.backends._replay import ReplayBackend
+        from kernsearch._replay import Replay
         seed = int(sys.argv[1])
-        backend = ReplayBackend({str(small)!r}, seed=seed)
+        backend = Replay({str(small)!r}, seed=seed)
         r = run_study(backend.objective(), trials=70, seed=seed, storage={url!r}, study_name="shared")
         print(backend.calls)  # configs this process evaluated
     """)
@@ -207,7 +209,7 @@ H100_GEMM = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "gemm_
 
 def test_auto_strategy_proposes_only_valid_unevaluated_configs():
     """The valid set is indexed: no trial goes to an invalid or already evaluated config."""
-    backend = ReplayBackend(H100_GEMM, seed=3)
+    backend = Replay(H100_GEMM, seed=3)
     objective = backend.objective()
     objective.prior = lambda configs: None  # the space-filling start and the GP, without the model
     result = run_study(objective, trials=60, sampler="auto", seed=3, storage=":memory:")
@@ -219,15 +221,15 @@ def test_auto_strategy_proposes_only_valid_unevaluated_configs():
 def test_auto_strategy_starts_from_the_performance_models_ranking():
     """A landscape kernsearch recorded of its own family gets the model's predictions a real tune has:
     with 7 trials (1 % of the space) the search reaches the optimum's neighbourhood."""
-    from kernsearch.backends._replay import _family_prior
+    from kernsearch._replay import _family_prior
 
-    backend = ReplayBackend(H100_GEMM, seed=0)
+    backend = Replay(H100_GEMM, seed=0)
     configs = list(backend.landscape.configs())
     prior = _family_prior(backend.landscape, configs)
     assert prior is not None and len(prior) == len(configs)
     scores = []
     for seed in range(3):
-        backend = ReplayBackend(H100_GEMM, seed=seed)
+        backend = Replay(H100_GEMM, seed=seed)
         result = run_study(backend.objective(), trials=7, sampler="auto", seed=seed, storage=":memory:")
         _, optimum = backend.landscape.optimum()
         scores.append(optimum / float(backend.landscape.entry(result.best.config)["time"]))

@@ -70,8 +70,15 @@ def test_rerunning_the_command_resumes_the_study(tuned):
     assert data["evaluated"] == 10 and data["study_name"] == "gemm/M2 Max/float32/64x64x64/model"
 
 
+def test_the_cli_choices_are_the_library_s() -> None:
+    from kernsearch._study import SAMPLERS
+    from kernsearch.cli import SamplerChoice
+
+    assert [c.value for c in SamplerChoice] == list(SAMPLERS)
+
+
 @pytest.mark.parametrize("args,message", [
-    (["--sampler", "anneal"], "unknown sampler"),
+    (["--sampler", "anneal"], "'anneal' is not one of 'default', 'tpe', 'random', 'grid', 'auto'"),
     (["--time-budget", "soon"], "bad duration"),
     (["--backend", "metal"], "no Metal device"),
     (["--backend", "cpu"], "correctness only"),

@@ -48,7 +48,7 @@ def test_metal_refusal_hint_leads_somewhere_that_works() -> None:
 
 
 def test_replay_study_key_names_a_chip_and_no_dash_dtype(tmp_path) -> None:
-    from kernsearch.backends._replay import ReplayBackend, replay_chip_name
+    from kernsearch._replay import Replay, replay_chip_name
 
     assert replay_chip_name("NVIDIA GeForce RTX 3090") == "RTX 3090"
     assert replay_chip_name("NVIDIA H100 80GB HBM3") == "H100"  # a device the registry knows: its name
@@ -60,7 +60,7 @@ def test_replay_study_key_names_a_chip_and_no_dash_dtype(tmp_path) -> None:
         import pytest
 
         pytest.skip(f"{land} is not here (shared landscapes)")
-    key = ReplayBackend(str(land)).objective("pnpoly").study_key
+    key = Replay(str(land)).objective("pnpoly").study_key
     assert key["chip"] == "RTX 3090" and key["dtype"] == "unknown-dtype" and key["backend"] == "replay"
 
 

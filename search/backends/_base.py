@@ -1,7 +1,8 @@
 """The back-end interface: build a kernel from rendered source, run it on inputs, return outputs.
 
-Concrete back-ends live beside this module (``_mlx_metal``, ``_mlx_cuda``, ``_cpu``, ``_model``,
-``_replay``); each says which evidence its results are (measured / interpreted / modeled).
+Concrete back-ends live beside this module (``_mlx_metal``, ``_mlx_cuda``, ``_cpu``, ``_model``); each
+says which evidence its results are (measured / interpreted / modeled) and, as class attributes, what it can
+do: callers ask those (no device is opened to ask) instead of comparing back-end names.
 """
 
 from __future__ import annotations
@@ -80,6 +81,35 @@ class BaseBackend(ABC):
     evidence: ClassVar[Evidence]
     #: Which template family target this back-end executes ("metal", "cuda"), None if it runs nothing.
     target: ClassVar[str | None]
+
+    # -- capabilities: what callers may ask of the class (a plug-in that declares none gets these) --------
+    #: ``time`` measures on the GPU here: a measurement belongs to the detected device, never to a chip
+    #: named on the command line (the metal and cuda back-ends).
+    measures_device: ClassVar[bool] = False
+    #: ``predict_ms``/``breakdown`` predict for the chip given to the constructor (``chip=``); ``run``
+    #: executes nothing, so results are proven correct by :attr:`verified_by` (the model back-end).
+    predicts: ClassVar[bool] = False
+    #: ``run`` executes on the CPU interpreter: correctness only, never a timing; ``run`` takes its options
+    #: (``mode``, ``timeout``, ``chip``, ``lines``, ``threadgroups``) and a timeout is no verdict on a kernel.
+    interprets: ClassVar[bool] = False
+    #: The constructor takes ``cache_bytes`` (the chip's last-level cache): inputs are rotated among copies
+    #: when the working set would fit in it.
+    rotates_inputs: ClassVar[bool] = False
+    #: Compile workers may build the next variants while the timing process measures (a measured search's
+    #: default is one per core but the timer's).
+    compiles_ahead: ClassVar[bool] = False
+    #: The back-end whose runs prove this one's results correct; None: this one (it runs its kernels).
+    verified_by: ClassVar[str | None] = None
+
+    @classmethod
+    def verifier(cls) -> str:
+        """The name of the back-end that verifies this one's results (itself, or the interpreter)."""
+        return cls.verified_by or cls.name
+
+    @classmethod
+    def check_tunable(cls) -> None:
+        """Raise :class:`BackendError` with a one-line reason if a search cannot use this back-end (it
+        neither times nor predicts kernels)."""
 
     def check_available(self) -> None:
         """Raise :class:`BackendError` with a one-line reason if this back-end cannot run here."""

@@ -27,6 +27,12 @@ class CpuBackend(BaseBackend):
     name: ClassVar[str] = "cpu"
     evidence: ClassVar[Evidence] = Evidence.INTERPRETED
     target: ClassVar[str | None] = "metal"
+    interprets: ClassVar[bool] = True
+
+    @classmethod
+    def check_tunable(cls) -> None:
+        raise BackendError("the cpu back-end (Metal interpreter) checks correctness only and never times "
+                           "a kernel; tune with --backend model (verified on the interpreter) instead")
 
     def __init__(self, mode: str = "fast", timeout: float = 30.0) -> None:
         from ..interp import MODES

@@ -14,7 +14,6 @@ set would sit in the last-level cache, so a launch does not find its operands ho
 from __future__ import annotations
 
 import time
-from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -109,6 +108,9 @@ class MLXBackend(BaseBackend):
     """Builds, runs and times rendered kernels through ``mx.fast`` (evidence: measured)."""
 
     evidence = Evidence.MEASURED
+    measures_device = True
+    rotates_inputs = True
+    compiles_ahead = True
     #: Last-level cache assumed when deciding how many input copies to rotate.
     default_cache_bytes: float = 48e6
     default_memory_budget_bytes: float = 2e9
@@ -125,9 +127,15 @@ class MLXBackend(BaseBackend):
         self._copies: tuple[Any, list[list[Any]], list[np.ndarray]] | None = None
 
     # -- what differs between Metal and CUDA ----------------------------------------------------------
-    @abstractmethod
     def _make_kernel(self, source: KernelSource, geometry: Geometry) -> Any:
-        """The ``mx.fast`` kernel object of a variant."""
+        """The ``mx.fast`` kernel object of a variant: the target's constructor (``_targets.TARGETS``)."""
+        from .._targets import get_target
+
+        target = get_target(source.target)
+        extra = {"shared_memory": int(geometry.shared_memory)} if target.shared_memory_at_build else {}
+        return getattr(mx_core().fast, target.mlx_kernel)(
+            name=source.name, input_names=list(source.input_names), output_names=list(source.output_names),
+            source=source.source, header=source.header, ensure_row_contiguous=True, **extra)
 
     def classify(self, exc: Exception) -> VariantFailure:
         """An MLX exception while building or running one variant, as that variant's failure."""

@@ -13,10 +13,8 @@ microseconds a timing includes MLX's per-operation host cost; Nsight Compute's G
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from .._errors import BackendError, VariantFailure
-from .._render import Geometry, KernelSource
 from ._base import Diagnostic
 from ._mlx_base import MLXBackend, mx_core
 
@@ -44,12 +42,6 @@ class CudaBackend(MLXBackend):
         if not hasattr(mx, "cuda") or not mx.cuda.is_available():
             raise BackendError("no CUDA device: the cuda back-end needs an NVIDIA GPU and MLX's CUDA build "
                                "(pip install 'mlx[cuda13]'); this MLX has no CUDA back-end")
-
-    def _make_kernel(self, source: KernelSource, geometry: Geometry) -> Any:
-        return mx_core().fast.cuda_kernel(
-            name=source.name, input_names=list(source.input_names), output_names=list(source.output_names),
-            source=source.source, header=source.header, ensure_row_contiguous=True,
-            shared_memory=int(geometry.shared_memory))
 
     def classify(self, exc: Exception) -> VariantFailure:
         """NVRTC errors become a ``compile`` failure with the compiler's first messages."""

@@ -9,10 +9,7 @@ CI) the back-end refuses with a one-line reason.
 
 from __future__ import annotations
 
-from typing import Any
-
 from .._errors import BackendError
-from .._render import Geometry, KernelSource
 from ._mlx_base import MLXBackend, mx_core
 
 
@@ -29,8 +26,3 @@ class MetalBackend(MLXBackend):
             raise BackendError("no Metal device: the metal back-end runs on Apple silicon only (here: tune with "
                                "--backend model, whose winners are verified on the interpreter; check one variant "
                                "with `kernsearch verify --backend cpu`)")
-
-    def _make_kernel(self, source: KernelSource, geometry: Geometry) -> Any:
-        return mx_core().fast.metal_kernel(
-            name=source.name, input_names=list(source.input_names), output_names=list(source.output_names),
-            source=source.source, header=source.header, ensure_row_contiguous=True)

@@ -5,7 +5,7 @@ the winner on the CPU interpreter; a predicted time is never shown or stored as 
 
 What the kernel does comes from the family spec's optional ``[model]`` table (data, not code):
 threadgroups, FLOPs and bytes per threadgroup, threadgroup memory, registers, loads in flight... What the
-chip can do comes from ``chips.toml`` plus the per-vendor core figures in :data:`CORES`. The model
+chip can do comes from ``chips.toml``: each chip's figures and its vendor's per-core ones (``[cores.*]``). The model
 (``docs/model.md`` says what it assumes):
 
 * occupancy: threadgroups resident per core, limited by threadgroup memory, threads and registers;
@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from operator import itemgetter
 from typing import Any, ClassVar
 
 import numpy as np
 
-from .._chips import Chip, get_chip
+from .._chips import Chip, core_tables, get_chip
 from .._errors import BackendError, ConfigError, SpecError
 from .._expr import ExprError
 from .._render import Geometry, KernelSource
@@ -82,23 +83,15 @@ class CoreFigures:
     launch_us: float  # dispatch overhead of one kernel launch
 
 
-#: Per-vendor core figures (Apple: ~208 KiB registers, 64 KiB threadgroup memory per core; H100 SM:
-#: 64 Ki registers, 228 KiB shared memory, 2048 threads, 32 blocks). The CPU entry borrows Apple's.
-CORES: dict[str, CoreFigures] = {
-    "apple": CoreFigures(threadgroup_memory=65536, max_threads=2048, max_threadgroups=32, registers=53248,
-                         simdgroups_to_fill=8, latency_ns=300, max_loads_in_flight=8,
-                         cache_bandwidth_factor=2.0, threadgroup_bytes_per_flop=0.25, matrix_fraction=0.9,
-                         accelerator_fraction=0.75,
-                         scalar_fraction=1.0,
-                         device_fetch_cost=4.0, barrier_ns=40, launch_us=5.0),
-    "nvidia": CoreFigures(threadgroup_memory=233472, max_threads=2048, max_threadgroups=32, registers=65536,
-                          simdgroups_to_fill=8, latency_ns=300, max_loads_in_flight=8,
-                          cache_bandwidth_factor=2.0, threadgroup_bytes_per_flop=0.5, matrix_fraction=0.5,
-                          accelerator_fraction=0.0,
-                          scalar_fraction=1.0,
-                          device_fetch_cost=4.0, barrier_ns=20, launch_us=3.0),
-}
-CORES["cpu"] = CORES["apple"]
+def core_figures(vendor: str) -> CoreFigures:
+    """The per-core figures of ``vendor``'s GPUs, from ``[cores.VENDOR]`` in chips.toml (the CPU pseudo-chip
+    and unknown vendors borrow Apple's)."""
+    return _cores().get(vendor) or _cores()["apple"]
+
+
+@lru_cache(maxsize=1)
+def _cores() -> dict[str, CoreFigures]:
+    return {vendor: CoreFigures(**figures) for vendor, figures in core_tables().items()}
 
 
 class ModelBackend(BaseBackend):
@@ -107,6 +100,8 @@ class ModelBackend(BaseBackend):
     name: ClassVar[str] = "model"
     evidence: ClassVar[Evidence] = Evidence.MODELED
     target: ClassVar[str | None] = None
+    predicts: ClassVar[bool] = True
+    verified_by: ClassVar[str | None] = "cpu"  # the interpreter runs the Metal kernel the chip would run
 
     def __init__(self, chip: Chip | str | None = None) -> None:
         """``chip`` overrides the space's chip (the space's problem is predicted on it instead)."""
@@ -155,7 +150,7 @@ class _Evaluator:
 
     def __init__(self, space: Space) -> None:
         self.space, self.family, self.chip, self.problem = space, space.family, space.chip, space.problem
-        self.core = CORES.get(self.chip.vendor, CORES["apple"])
+        self.core = core_figures(self.chip.vendor)
         self.base: dict[str, Any] = dict(space.base)
         self.problem_flops, self.problem_bytes = self.problem.flops(), self.problem.bytes()
         fam = self.family

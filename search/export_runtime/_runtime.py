@@ -33,6 +33,12 @@ DISABLE_VAR = "KERNSEARCH_KERNELS"
 DEFAULT_MARGIN = 0.03
 #: The nearest-shape rule stretches a tuned kernel at most this factor per dimension (either way).
 SHAPE_BOUND = 2.0
+#: The columns of kernsearch's targets table (``search/_targets.py``) this file needs, copied because it
+#: imports nothing of kernsearch (``tests/test_targets.py`` checks they agree): the target a vendor's GPUs
+#: run, the ``mx.fast`` constructor of each target, the targets whose kernel object fixes its shared memory.
+VENDOR_TARGETS = {"apple": "metal", "nvidia": "cuda"}
+MLX_KERNELS = {"metal": "metal_kernel", "cuda": "cuda_kernel"}
+SHARED_MEMORY_AT_BUILD = frozenset({"cuda"})
 
 
 def beats_op(speedup_low: Optional[float], margin: float = DEFAULT_MARGIN) -> bool:
@@ -296,7 +302,7 @@ class Dispatcher:
             if info is None:
                 info = _device_info()
             record = identify(info, registry) if _gpu_available() else dict(identify({}, registry))
-        target = {"apple": "metal", "nvidia": "cuda"}.get(record.get("vendor", ""), "")
+        target = VENDOR_TARGETS.get(record.get("vendor", ""), "")
         return record, target
 
     # -- choosing --------------------------------------------------------------------------------------
@@ -618,7 +624,7 @@ class Dispatcher:
         return self._op_plan(fam, arrays)(*arrays)
 
     def _kernel(self, source: Dict[str, Any], shared_memory: int) -> Any:
-        key = (source["sha256"], shared_memory if source["target"] == "cuda" else 0)
+        key = (source["sha256"], shared_memory if source["target"] in SHARED_MEMORY_AT_BUILD else 0)
         if key not in self._kernels:
             self._kernels[key] = self.kernel_factory(source, key[1])
         return self._kernels[key]
@@ -827,6 +833,7 @@ def _mlx_kernel(source: Dict[str, Any], shared_memory: int) -> Any:
 
     args = dict(name=source["name"], input_names=list(source["input_names"]),
                 output_names=list(source["output_names"]), source=source["source"], header=source["header"])
-    if source["target"] == "cuda":
-        return mx.fast.cuda_kernel(**args, shared_memory=shared_memory)
-    return mx.fast.metal_kernel(**args)
+    make = getattr(mx.fast, MLX_KERNELS.get(source["target"], MLX_KERNELS["metal"]))
+    if source["target"] in SHARED_MEMORY_AT_BUILD:
+        return make(**args, shared_memory=shared_memory)
+    return make(**args)

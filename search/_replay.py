@@ -1,4 +1,7 @@
-"""The replay back-end: a recorded landscape (KernelTuner cache file) stands in for the GPU.
+"""Replay: a recorded landscape (KernelTuner cache file) as a study objective, standing in for the GPU.
+
+Not a back-end: nothing is rendered or run, so it lives beside the study loop, not in ``backends/``
+(``--backend replay`` selects it).
 
 The space is the file's knobs; a config absent from the file is invalid (rejected before "compiling"),
 a config recorded as failed fails with the recorded reason, and any other config's time is the median of
@@ -16,30 +19,27 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import BackendError, VariantFailure
-from .._landscape import Landscape
-from .._measure import spread
-from .._render import Geometry, KernelSource
-from ._base import BaseBackend, Evidence, RunResult
+from ._errors import BackendError, VariantFailure
+from ._landscape import Landscape
+from ._measure import spread
+from .backends import Evidence
+from .backends._select import REPLAY
 
 
-class ReplayBackend(BaseBackend):
-    name = "replay"
+class Replay:
+    """Recorded times of a landscape's configs, drawn as a GPU would show them (evidence: measured, on the
+    file's GPU)."""
+
     evidence = Evidence.MEASURED  # recorded measurements of the file's GPU, replayed
-    target = None
 
     def __init__(self, path: str | Path | None = None, seed: int | None = 0, draws: int = 5,
                  landscape: Landscape | None = None) -> None:
         if landscape is None and path is None:
-            raise BackendError("the replay back-end needs a landscape file (KernelTuner cache format)")
+            raise BackendError("replay needs a landscape file (KernelTuner cache format)")
         self.landscape = landscape if landscape is not None else Landscape.load(path)  # type: ignore[arg-type]
         self.rng = random.Random(seed)
         self.draws = draws
         self.calls = 0
-
-    def run(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
-            init_value: float | None = float("nan"), **options: Any) -> RunResult:
-        raise BackendError("the replay back-end replays recorded times; it runs no kernel")
 
     def sample(self, config: dict[str, Any]) -> list[float]:
         """Noisy timing of ``config``: ``draws`` values drawn (with replacement) from its recorded times."""
@@ -54,8 +54,8 @@ class ReplayBackend(BaseBackend):
 
     def objective(self, name: str | None = None) -> Any:
         """This landscape as a study objective (see ``_study.run_study``)."""
-        from .._final import FinalistTime, FinalRound
-        from .._study import Objective, Record
+        from ._final import FinalistTime, FinalRound
+        from ._study import Objective, Record
 
         backend = self
         land = self.landscape
@@ -65,7 +65,7 @@ class ReplayBackend(BaseBackend):
             evidence = Evidence.MEASURED.value
 
             def __init__(self) -> None:
-                self.backend = "replay"
+                self.backend = REPLAY
                 self._valid = list(land.configs())
                 self._keys = {land.key(c) for c in self._valid}
 
@@ -77,7 +77,7 @@ class ReplayBackend(BaseBackend):
             def study_key(self) -> dict[str, str]:
                 return {"family": label, "chip": replay_chip_name(land.device_name),
                         "dtype": str(land.meta.get("dtype") or "unknown-dtype"),
-                        "shape": "x".join(map(str, np.atleast_1d(land.problem_size or [0]))), "backend": "replay"}
+                        "shape": "x".join(map(str, np.atleast_1d(land.problem_size or [0]))), "backend": REPLAY}
 
             def violation(self, config: dict[str, Any]) -> str | None:
                 return None if land.key(config) in self._keys else "absent_from_landscape"
@@ -112,10 +112,10 @@ def _family_prior(land: Landscape, configs: list[dict[str, Any]]) -> list[float]
     if not name.startswith("kernsearch ") or not chip_name or not dtype or land.problem_size is None:
         return None
     try:
-        from .._chips import get_chip
-        from .._objective import model_prior
-        from .._space import Space, make_problem
-        from .._spec import load_family
+        from ._chips import get_chip
+        from ._objective import model_prior
+        from ._space import Space, make_problem
+        from ._spec import load_family
 
         family = load_family(name.split()[1])
         chip = get_chip(str(chip_name))
@@ -133,7 +133,7 @@ def replay_chip_name(device: str) -> str:
     ``RTX 3090``)."""
     import re
 
-    from .._chips import registry
+    from ._chips import registry
 
     for chip in registry().values():
         if chip.vendor != "cpu" and chip.device_match and chip.device_match in device:

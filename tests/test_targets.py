@@ -1,0 +1,40 @@
+"""Targets as data (issue 12): one table says which vendor runs a target, its source suffix, its MLX
+constructor and whether the interpreter runs it; every other copy agrees with it."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+import pytest
+
+from kernsearch._chips import registry
+from kernsearch._errors import KernsearchError
+from kernsearch._targets import TARGETS, TargetName, chip_target, get_target, interpretable, target_of
+from kernsearch.backends import BACKENDS, backend_class
+from kernsearch.export_runtime import _runtime
+
+
+def test_the_table_answers_what_callers_ask() -> None:
+    assert target_of("apple") == "metal" and target_of("nvidia") == "cuda" and target_of("cpu") is None
+    assert chip_target("cpu") == "metal"  # no GPU here: commands render the default target
+    assert interpretable("metal") and not interpretable("cuda")
+    assert get_target("cuda").suffix == "cu" and get_target("metal").mlx_kernel == "metal_kernel"
+    with pytest.raises(KernsearchError, match="unknown target 'vulkan'"):
+        get_target("vulkan")
+
+
+def test_the_validated_type_and_the_registry_name_the_table_s_targets() -> None:
+    assert set(get_args(TargetName)) == set(TARGETS)
+    vendors = {chip.vendor for chip in registry().values()}
+    assert {t.vendor for t in TARGETS.values()} <= vendors  # every target runs on chips the registry knows
+    # every target has a back-end that measures it; every back-end's target is in the table
+    measured = {backend_class(n).target for n in BACKENDS if backend_class(n).measures_device}
+    assert measured == set(TARGETS)
+    assert {backend_class(n).target for n in BACKENDS} - {None} <= set(TARGETS)
+
+
+def test_the_export_runtime_s_copy_agrees_with_the_table() -> None:
+    """The exported runtime imports nothing of kernsearch: its copy of the columns it needs must match."""
+    assert _runtime.VENDOR_TARGETS == {t.vendor: t.name for t in TARGETS.values()}
+    assert _runtime.MLX_KERNELS == {t.name: t.mlx_kernel for t in TARGETS.values()}
+    assert _runtime.SHARED_MEMORY_AT_BUILD == {t.name for t in TARGETS.values() if t.shared_memory_at_build}

@@ -16,7 +16,7 @@ tune: $(VENV)/.installed
 	$(BIN)/kernsearch tune gemm --report  # prints the path of the study's HTML report
 
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --durations=30
 
 # The developers' lane (< 2 min on an idle 2-core machine): unit tests, two workers, no slow/GPU tests.
 test-fast: $(VENV)/.installed

@@ -43,8 +43,8 @@ sys.path.insert(0, str(REPO / "tests"))  # tests/pgserver.py: a real PostgreSQL 
 
 def worker(url: str, study: str, budget: int, eval_s: float, sampler: str, liar: bool, seed: int,
            landscape: str) -> None:
-    from kernsearch import _study
-    from kernsearch._replay import Replay
+    from kernsearch.studies import _study
+    from kernsearch.studies._replay import Replay
 
     _study.CONSTANT_LIAR = liar
     objective = Replay(landscape, seed=seed).objective()
@@ -80,7 +80,7 @@ def best_curve(url: str, study: str, landscape: Any, checkpoints: list[int]) -> 
     """optimum / recorded time of the best config among the first b configs evaluated (completion order)."""
     import optuna
 
-    from kernsearch._storage import make_storage
+    from kernsearch.studies._storage import make_storage
 
     trials = optuna.load_study(study_name=study, storage=make_storage(url)).get_trials(deepcopy=False)
     done = sorted((t for t in trials if t.user_attrs.get("status") in ("ok", "failed")),
@@ -102,7 +102,7 @@ def storage_rate(url: str, n: int, seconds: float, landscape: Path) -> float:
     """Trials/s of n processes running the loop with instant evaluations and the random sampler."""
     import optuna
 
-    from kernsearch._storage import make_storage
+    from kernsearch.studies._storage import make_storage
 
     study = f"rate-{n}-{time.time_ns()}"
     storage = make_storage(url)
@@ -136,8 +136,8 @@ def sampler_only(landscape: Any, n: int, liar: bool, seed: int, budget: int, che
     evaluated is told its value and not counted, as the loop does."""
     import optuna
 
-    from kernsearch import _study
-    from kernsearch._replay import Replay
+    from kernsearch.studies import _study
+    from kernsearch.studies._replay import Replay
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     _study.CONSTANT_LIAR = liar
@@ -206,7 +206,7 @@ def main() -> None:
     # SIGTERM (a timeout) unwinds like Ctrl-C, so the PostgreSQL server started here is stopped
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    from kernsearch._landscape import Landscape
+    from kernsearch.studies._landscape import Landscape
 
     landscape = Landscape.load(args.landscape)
     checkpoints = sorted({max(4, args.budget // 4), args.budget // 2, 3 * args.budget // 4, args.budget})

@@ -115,26 +115,26 @@ class Device:
 
     def verify(self, fam, space, cfg: dict, seed: int, data: tuple | None = None):  # noqa: ANN001, ANN201
         """``data``: (inputs, references) kept across variants of one problem (the float64 reference is costly)."""
-        from kernsearch._render import geometry, render
-        from kernsearch._verify import verify_kernel
+        from kernsearch.evaluation._verify import verify_kernel
+        from kernsearch.family._render import geometry, render
 
         kernel = render(fam, cfg, space.problem.dtype, "cuda")
         check, _ = verify_kernel(self.cuda, kernel, geometry(space, cfg), space.problem, seed=seed, data=data)
         return check
 
     def time_one(self, fam, space, cfg: dict, logical: dict) -> list[float]:  # noqa: ANN001
-        from kernsearch._measure import TimingPlan, measure
-        from kernsearch._render import geometry, render
-        from kernsearch._verify import kernel_inputs
+        from kernsearch.evaluation._measure import TimingPlan, measure
+        from kernsearch.evaluation._verify import kernel_inputs
+        from kernsearch.family._render import geometry, render
 
         kernel, geo = render(fam, cfg, space.problem.dtype, "cuda"), geometry(space, cfg)
         launch, sync = self.cuda.launcher(kernel, geo, kernel_inputs(space.problem, logical, geo), space.problem.dtype)
         return measure(launch, sync, plan=TimingPlan(**QUICK_PLAN))
 
     def interleaved(self, fam, space, configs: dict[str, dict], logical: dict, rounds: int) -> dict[str, list[float]]:  # noqa: ANN001
-        from kernsearch._measure import TimingPlan, interleaved
-        from kernsearch._render import geometry, render
-        from kernsearch._verify import kernel_inputs
+        from kernsearch.evaluation._measure import TimingPlan, interleaved
+        from kernsearch.evaluation._verify import kernel_inputs
+        from kernsearch.family._render import geometry, render
 
         p = space.problem
         sets = self.cuda.input_sets(list(logical.values()), p.dtype)
@@ -148,8 +148,8 @@ class Device:
     def copy_bandwidth(self) -> dict:
         import mlx.core as mx
 
-        from kernsearch._measure import TimingPlan, measure
         from kernsearch.backends._mlx_base import separate_launches
+        from kernsearch.evaluation._measure import TimingPlan, measure
 
         n = 1 << 29  # float16 elements: 1 GiB
         x = mx.zeros((n,), dtype=mx.float16)
@@ -184,8 +184,8 @@ class Device:
     def quantized_op(self, m: int, n: int, k: int) -> dict:
         import mlx.core as mx
 
-        from kernsearch._measure import TimingPlan, measure
         from kernsearch.backends._mlx_base import separate_launches
+        from kernsearch.evaluation._measure import TimingPlan, measure
 
         rng = np.random.default_rng(0)
         w = mx.array(rng.uniform(-1, 1, (n, k)).astype(np.float16))
@@ -209,8 +209,8 @@ class DryDevice(Device):
     evidence = "modeled"
 
     def __init__(self) -> None:
-        from kernsearch._chips import get_chip
         from kernsearch.backends import get_backend
+        from kernsearch.hardware._chips import get_chip
 
         self.chip, self.info = get_chip("H100"), {"device_name": "dry run (no GPU)"}
         self.model = get_backend("model")
@@ -222,17 +222,17 @@ class DryDevice(Device):
 
     def verify(self, fam, space, cfg: dict, seed: int, data: tuple | None = None):  # noqa: ANN001, ANN201
         """The Metal twin on the interpreter at the family's small ragged shape (the CUDA source is rendered)."""
-        from kernsearch._render import geometry, render
-        from kernsearch._space import Space, make_problem
-        from kernsearch._verify import verify_kernel
+        from kernsearch.evaluation._verify import verify_kernel
+        from kernsearch.family._render import geometry, render
+        from kernsearch.family._space import Space, make_problem
 
         render(fam, cfg, space.problem.dtype, "cuda")
-        from kernsearch._chips import get_chip
+        from kernsearch.hardware._chips import get_chip
 
         m2 = get_chip("M2 Max")
         small = Space(make_problem(fam, SMALL[fam.name], space.problem.dtype, m2), m2)
         if not small.is_valid(cfg):  # e.g. split-K, NVIDIA only: nothing here can run it
-            from kernsearch._verify import Check
+            from kernsearch.evaluation._verify import Check
 
             return Check(True, "", detail="dry run: not verifiable without the GPU (no Metal equivalent)")
         check, _ = verify_kernel(self.cpu, render(fam, cfg, space.problem.dtype, "metal"), geometry(small, cfg),
@@ -270,20 +270,20 @@ def _worker_init(lock, family: str, shape: str, chip_name: str) -> None:  # noqa
 def _worker_eval(cfg: dict) -> tuple[dict, dict]:
     """Compile + small ragged check (parallel), then full-size check and timing under the GPU lock."""
     from kernsearch._errors import VariantFailure
-    from kernsearch._render import render
+    from kernsearch.family._render import render
 
     if "device" not in _W:
-        from kernsearch._chips import get_chip
-        from kernsearch._space import Space, make_problem
-        from kernsearch._spec import load_family
-        from kernsearch._verify import make_inputs
+        from kernsearch.evaluation._verify import make_inputs
+        from kernsearch.family._space import Space, make_problem
+        from kernsearch.family._spec import load_family
+        from kernsearch.hardware._chips import get_chip
 
         fam = load_family(_W["family"])
         dev = Device()
         chip = get_chip(_W["chip_name"]) if dev.chip.name != _W["chip_name"] else dev.chip
         full = Space(make_problem(fam, _W["shape"], DTYPE, chip), chip)
         small = Space(make_problem(fam, SMALL[fam.name], DTYPE, chip), chip)
-        from kernsearch._verify import reference
+        from kernsearch.evaluation._verify import reference
 
         logical = make_inputs(full.problem, 0)
         _W.update(device=dev, fam=fam, full=full, small=small, logical=logical,
@@ -314,9 +314,9 @@ def _worker_eval(cfg: dict) -> tuple[dict, dict]:
 def _compile_one(job: tuple[str, str, str, dict]) -> bool:
     """In a worker: build one variant (NVRTC) and run it once on a small problem; MLX keeps the binary in its
     on-disk cache, so the main process loads it instead of compiling serially."""
-    from kernsearch._chips import get_chip
-    from kernsearch._space import Space, make_problem
-    from kernsearch._spec import load_family
+    from kernsearch.family._space import Space, make_problem
+    from kernsearch.family._spec import load_family
+    from kernsearch.hardware._chips import get_chip
 
     family, small, chip_name, cfg = job
     try:
@@ -332,8 +332,8 @@ def _compile_one(job: tuple[str, str, str, dict]) -> bool:
 
 def precompile(dev: Device, fam, problems: list[str], ranked: list[dict], jobs: int, deadline: float) -> list[list[dict]]:  # noqa: ANN001
     """The candidates of every problem (landscape's best valid there, then the model's top), compiled in parallel."""
-    from kernsearch._space import Space, make_problem
     from kernsearch.backends import get_backend
+    from kernsearch.family._space import Space, make_problem
 
     model = get_backend("model")
     per_problem = []
@@ -371,9 +371,9 @@ def precompile(dev: Device, fam, problems: list[str], ranked: list[dict], jobs: 
 def landscape(dev: Device, fam, shape: str, configs: list[dict], knobs: dict, out: Path, deadline: float,  # noqa: ANN001
               jobs: int, mlx_version: str) -> dict:
     """Measure ``configs`` at ``shape``; KernelTuner cache file; model-vs-measured Spearman."""
-    from kernsearch._landscape import LandscapeWriter
-    from kernsearch._space import Space, make_problem
-    from kernsearch._verify import make_inputs
+    from kernsearch.evaluation._verify import make_inputs
+    from kernsearch.family._space import Space, make_problem
+    from kernsearch.studies._landscape import LandscapeWriter
 
     space = Space(make_problem(fam, shape, DTYPE, dev.chip), dev.chip)
     name = f"{fam.name}_{dev.chip.name}_{DTYPE}_{space.problem.shape_text}.json".replace(" ", "")
@@ -448,12 +448,12 @@ def landscape(dev: Device, fam, shape: str, configs: list[dict], knobs: dict, ou
 def tune_problem(dev: Device, fam, shape: str, cands: list[dict], copy_gbps: float, store, rounds: int,  # noqa: ANN001
                  per_problem_s: float, extra: dict[str, dict] | None = None) -> dict:
     """Candidates (landscape's best valid here + the model's top) timed; the best vs the op, interleaved."""
-    from kernsearch._space import Space, format_config, make_problem
-    from kernsearch._verify import make_inputs
+    from kernsearch.evaluation._verify import make_inputs
+    from kernsearch.family._space import Space, format_config, make_problem
 
     started = time.monotonic()
     space = Space(make_problem(fam, shape, DTYPE, dev.chip), dev.chip)
-    from kernsearch._verify import reference
+    from kernsearch.evaluation._verify import reference
 
     logical = make_inputs(space.problem, 1)
     checked = make_inputs(space.problem, 2)
@@ -476,7 +476,7 @@ def tune_problem(dev: Device, fam, shape: str, cands: list[dict], copy_gbps: flo
     samples = dev.interleaved(fam, space, {"tuned": best_cfg, **others}, logical, rounds)
     nbytes = space.problem.bytes()
     row, op = stats(samples["tuned"]), stats(samples["op"])
-    from kernsearch._measure import speedup
+    from kernsearch.evaluation._measure import speedup
 
     sp = speedup(samples["tuned"], samples["op"])
     result = {"problem": space.problem.shape_text, "config": format_config(best_cfg), "candidates": len(cands),
@@ -495,9 +495,9 @@ def tune_problem(dev: Device, fam, shape: str, cands: list[dict], copy_gbps: flo
 
 
 def publish(dev: Device, fam, space, cfg: dict, samples: dict, store) -> dict:  # noqa: ANN001
-    from kernsearch._artifacts import Candidate
-    from kernsearch._manifest import Correctness, Measurements
-    from kernsearch._measure import speedup
+    from kernsearch.artifacts._artifacts import Candidate
+    from kernsearch.artifacts._manifest import Correctness, Measurements
+    from kernsearch.evaluation._measure import speedup
 
     checks = [(space.problem.shape_text, dev.verify(fam, space, cfg, seed=s)) for s in (21, 22)]
     row, op = stats(samples["tuned"]), stats(samples["op"])
@@ -533,7 +533,7 @@ def print_rows(title: str, rows: list[dict], op_name: str) -> None:
 
 def family_or_none(name: str):  # noqa: ANN201
     from kernsearch._errors import KernsearchError
-    from kernsearch._spec import load_family
+    from kernsearch.family._spec import load_family
 
     try:
         return load_family(name)
@@ -557,8 +557,8 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")
     os.environ.setdefault("OMP_NUM_THREADS", "2")
 
-    from kernsearch._artifacts import ArtifactStore
-    from kernsearch._space import Space, make_problem
+    from kernsearch.artifacts._artifacts import ArtifactStore
+    from kernsearch.family._space import Space, make_problem
 
     dev: Device = DryDevice() if args.dry_run else Device()
     mlx_version = "none"

@@ -64,10 +64,10 @@ class FamilyDryDevice(DryDevice):
     """The dry device of gpu_decode, checking the Metal twin of these families at their ragged shape."""
 
     def verify(self, fam, space, cfg: dict, seed: int):  # noqa: ANN001, ANN201
-        from kernsearch._chips import get_chip
-        from kernsearch._render import geometry, render
-        from kernsearch._space import Space, make_problem
-        from kernsearch._verify import Check, verify_kernel
+        from kernsearch.evaluation._verify import Check, verify_kernel
+        from kernsearch.family._render import geometry, render
+        from kernsearch.family._space import Space, make_problem
+        from kernsearch.hardware._chips import get_chip
 
         render(fam, cfg, space.problem.dtype, "cuda")
         m2 = get_chip("M2 Max")
@@ -82,9 +82,9 @@ class FamilyDryDevice(DryDevice):
 def _quick(dev: Any, fam: Any, space: Any, cfg: dict, logical: dict, plan: dict) -> list[float]:
     if dev.dry:
         return dev.time_one(fam, space, cfg, logical)
-    from kernsearch._measure import TimingPlan, measure
-    from kernsearch._render import geometry, render
-    from kernsearch._verify import kernel_inputs
+    from kernsearch.evaluation._measure import TimingPlan, measure
+    from kernsearch.evaluation._verify import kernel_inputs
+    from kernsearch.family._render import geometry, render
 
     kernel, geo = render(fam, cfg, space.problem.dtype, "cuda"), geometry(space, cfg)
     launch, sync = dev.cuda.launcher(kernel, geo, kernel_inputs(space.problem, logical, geo), space.problem.dtype)
@@ -104,12 +104,12 @@ def _worker_eval(cfg: dict) -> tuple[dict, dict]:
     """Compile + ragged check (parallel), then timing under the GPU lock (the full-size check, costly on the
     CPU side, is left to the candidates each problem times and to publishing)."""
     from kernsearch._errors import VariantFailure
-    from kernsearch._render import render
+    from kernsearch.family._render import render
 
     if "device" not in _W:
-        from kernsearch._space import Space, make_problem
-        from kernsearch._spec import load_family
-        from kernsearch._verify import make_inputs
+        from kernsearch.evaluation._verify import make_inputs
+        from kernsearch.family._space import Space, make_problem
+        from kernsearch.family._spec import load_family
 
         fam = load_family(_W["family"])
         dev = Device()
@@ -157,10 +157,10 @@ def pick_configs(fam: Any, space: Any, count: int) -> list[dict]:
 def landscape(dev: Any, fam: Any, shape: str, count: int, out: Path, deadline: float, jobs: int,
               mlx_version: str) -> dict:
     """Measure a sample of configs at ``shape``; KernelTuner cache file; model-vs-measured Spearman."""
-    from kernsearch._landscape import LandscapeWriter
-    from kernsearch._space import Space, make_problem
-    from kernsearch._verify import make_inputs
     from kernsearch.backends import get_backend
+    from kernsearch.evaluation._verify import make_inputs
+    from kernsearch.family._space import Space, make_problem
+    from kernsearch.studies._landscape import LandscapeWriter
 
     space = Space(make_problem(fam, shape, DTYPE, dev.chip), dev.chip)
     configs = pick_configs(fam, space, count)
@@ -243,10 +243,10 @@ def interleaved(dev: Any, fam: Any, space: Any, cfg: dict, logical: dict, rounds
         if fam.compile_baseline:
             out["eager"] = [v * 1.6 for v in out["op"]]  # a stand-in, as the dry op is
         return out
-    from kernsearch._measure import TimingPlan
-    from kernsearch._measure import interleaved as run
-    from kernsearch._render import geometry, render
-    from kernsearch._verify import kernel_inputs
+    from kernsearch.evaluation._measure import TimingPlan
+    from kernsearch.evaluation._measure import interleaved as run
+    from kernsearch.evaluation._verify import kernel_inputs
+    from kernsearch.family._render import geometry, render
 
     p = space.problem
     sets = dev.cuda.input_sets(list(logical.values()), p.dtype)
@@ -261,9 +261,9 @@ def per_call(dev: Any, fam: Any, space: Any, cfg: dict, logical: dict) -> dict[s
     if dev.dry:
         ms = dev.model.predict_ms(space, cfg)
         return {"tuned": ms + 0.02, "op": ms * 1.1 + 0.02}
-    from kernsearch._measure import TimingPlan, measure
-    from kernsearch._render import geometry, render
-    from kernsearch._verify import kernel_inputs
+    from kernsearch.evaluation._measure import TimingPlan, measure
+    from kernsearch.evaluation._verify import kernel_inputs
+    from kernsearch.family._render import geometry, render
 
     p = space.problem
     kernel, geo = render(fam, cfg, p.dtype, "cuda"), geometry(space, cfg)
@@ -275,10 +275,10 @@ def per_call(dev: Any, fam: Any, space: Any, cfg: dict, logical: dict) -> dict[s
 
 def bench_problem(dev: Any, fam: Any, shape: str, ranked: list[dict], copy_gbps: float, store: Any, rounds: int,
                   small: bool) -> dict:
-    from kernsearch._measure import speedup
-    from kernsearch._space import Space, format_config, make_problem
-    from kernsearch._verify import make_inputs
     from kernsearch.backends import get_backend
+    from kernsearch.evaluation._measure import speedup
+    from kernsearch.evaluation._verify import make_inputs
+    from kernsearch.family._space import Space, format_config, make_problem
 
     space = Space(make_problem(fam, shape, DTYPE, dev.chip), dev.chip)
     model = get_backend("model")
@@ -323,9 +323,9 @@ def bench_problem(dev: Any, fam: Any, shape: str, ranked: list[dict], copy_gbps:
 
 def publish(dev: Any, fam: Any, space: Any, cfg: dict, samples: dict, store: Any) -> dict:
     """Offer the winner to the store: the gate publishes it only if it beats the op beyond the margin."""
-    from kernsearch._artifacts import Candidate
-    from kernsearch._manifest import Correctness, Measurements
-    from kernsearch._measure import speedup
+    from kernsearch.artifacts._artifacts import Candidate
+    from kernsearch.artifacts._manifest import Correctness, Measurements
+    from kernsearch.evaluation._measure import speedup
 
     checks = [(space.problem.shape_text, dev.verify(fam, space, cfg, seed=s)) for s in (21, 22)]
     row, op = stats(samples["tuned"]), stats(samples["op"])
@@ -404,8 +404,8 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")
     os.environ.setdefault("OMP_NUM_THREADS", "2")
 
-    from kernsearch._artifacts import ArtifactStore
-    from kernsearch._spec import load_family
+    from kernsearch.artifacts._artifacts import ArtifactStore
+    from kernsearch.family._spec import load_family
 
     dev: Any = FamilyDryDevice() if args.dry_run else Device()
     mlx_version = "none"

@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 def _search_timing():  # noqa: ANN202
-    from kernsearch._measure import TimingPlan
+    from kernsearch.evaluation._measure import TimingPlan
 
     return TimingPlan(warmup=2, min_batch_ms=10.0, min_samples=5, max_samples=15, target_spread=0.03,
                       max_seconds=1.0)
@@ -49,7 +49,7 @@ def device_chip():  # noqa: ANN201
     """The chip MLX reports, as a registry entry carrying what was detected."""
     import mlx.core as mx
 
-    from kernsearch._chips import detect_chip, get_chip
+    from kernsearch.hardware._chips import detect_chip, get_chip
 
     info = dict(mx.device_info())
     chip = detect_chip()
@@ -67,11 +67,11 @@ def stats(samples: list[float]) -> dict:
 
 def interleaved_table(fam, chip, shape, configs: dict[str, dict], rounds: int = 25) -> dict:  # noqa: ANN001
     """Verify each config on fresh inputs, then time configs and mx.matmul round-robin on shared inputs."""
-    from kernsearch._measure import TimingPlan, interleaved
-    from kernsearch._render import geometry, render
-    from kernsearch._space import Space, make_problem
-    from kernsearch._verify import kernel_inputs, make_inputs, verify_kernel
     from kernsearch.backends import get_backend
+    from kernsearch.evaluation._measure import TimingPlan, interleaved
+    from kernsearch.evaluation._verify import kernel_inputs, make_inputs, verify_kernel
+    from kernsearch.family._render import geometry, render
+    from kernsearch.family._space import Space, make_problem
 
     cuda = get_backend("cuda")
     problem = make_problem(fam, shape, "float16", chip)
@@ -112,8 +112,8 @@ def print_table(title: str, table: dict) -> None:
 
 
 def cmd_probe(args: argparse.Namespace) -> None:
-    from kernsearch._space import Space, make_problem
-    from kernsearch._spec import load_family
+    from kernsearch.family._space import Space, make_problem
+    from kernsearch.family._spec import load_family
 
     fam = load_family("gemm")
     chip, info = device_chip()
@@ -133,10 +133,10 @@ def cmd_probe(args: argparse.Namespace) -> None:
 def cmd_tune(args: argparse.Namespace) -> None:
     import mlx.core as mx
 
-    from kernsearch._objective import KernelObjective
-    from kernsearch._space import Space, format_config, make_problem
-    from kernsearch._spec import load_family
-    from kernsearch._study import run_study
+    from kernsearch.family._space import Space, format_config, make_problem
+    from kernsearch.family._spec import load_family
+    from kernsearch.studies._objective import KernelObjective
+    from kernsearch.studies._study import run_study
 
     fam = load_family("gemm")
     chip, info = device_chip()
@@ -207,11 +207,11 @@ def _trials_to_best(trials: list[dict], best: dict) -> int | None:
 
 
 def _publish(fam, chip, space, config, table, result) -> dict:  # noqa: ANN001
-    from kernsearch._artifacts import ArtifactStore, Candidate
-    from kernsearch._manifest import Correctness, Measurements
-    from kernsearch._render import geometry, render
-    from kernsearch._verify import verify_kernel
+    from kernsearch.artifacts._artifacts import ArtifactStore, Candidate
+    from kernsearch.artifacts._manifest import Correctness, Measurements
     from kernsearch.backends import Evidence, get_backend
+    from kernsearch.evaluation._verify import verify_kernel
+    from kernsearch.family._render import geometry, render
 
     cuda = get_backend("cuda")
     kernel, geo = render(fam, config, space.problem.dtype, "cuda"), geometry(space, config)

@@ -7,7 +7,7 @@ Every valid config of the sub-space below (float16) is handled by one of ``--job
    against the float64 reference; the compile time is the wall time of the variant's first launch
    (compile + module load + one tiny run) while ``--jobs`` processes compile at once;
 2. then, holding a GPU lock (one process at a time), verified at the full size against the float64
-   reference (outputs pre-filled with NaN) and timed (``kernsearch._measure.measure``: warm-up, batches
+   reference (outputs pre-filled with NaN) and timed (``kernsearch.evaluation._measure.measure``: warm-up, batches
    of at least 5 ms, 10 samples, input sets rotated so the operands are not L2-hot), every repetition
    kept in ``times``. Compiles of other processes go on meanwhile (CPU work; their tiny verification
    launches are the only other GPU work).
@@ -48,11 +48,11 @@ def _init(lock, chip_name: str, shape: tuple[int, ...]) -> None:  # noqa: ANN001
 
 def _setup() -> dict:
     if "fam" not in _STATE:
-        from kernsearch._chips import get_chip
-        from kernsearch._space import Space, make_problem
-        from kernsearch._spec import load_family
-        from kernsearch._verify import make_inputs, reference
         from kernsearch.backends import get_backend
+        from kernsearch.evaluation._verify import make_inputs, reference
+        from kernsearch.family._space import Space, make_problem
+        from kernsearch.family._spec import load_family
+        from kernsearch.hardware._chips import get_chip
 
         fam = load_family("gemm")
         chip = get_chip(_STATE["chip_name"])
@@ -68,10 +68,10 @@ def _evaluate(config: dict) -> tuple[dict, dict]:
     import mlx.core as mx
 
     from kernsearch._errors import VariantFailure
-    from kernsearch._measure import TimingPlan, measure
-    from kernsearch._render import geometry, render
-    from kernsearch._verify import SENTINEL, compare, kernel_inputs, verify_kernel
     from kernsearch.backends._mlx_base import separate_launches, to_mx, to_numpy
+    from kernsearch.evaluation._measure import TimingPlan, measure
+    from kernsearch.evaluation._verify import SENTINEL, compare, kernel_inputs, verify_kernel
+    from kernsearch.family._render import geometry, render
 
     st = _setup()
     fam, cuda, small, full = st["fam"], st["cuda"], st["small"], st["full"]
@@ -134,9 +134,9 @@ def main() -> None:
     import mlx.core as mx
     from gpu_gemm import device_chip  # noqa: E402 - same folder
 
-    from kernsearch._landscape import LandscapeWriter
-    from kernsearch._space import Space, make_problem
-    from kernsearch._spec import load_family
+    from kernsearch.family._space import Space, make_problem
+    from kernsearch.family._spec import load_family
+    from kernsearch.studies._landscape import LandscapeWriter
 
     fam = load_family("gemm")
     chip, info = device_chip()

@@ -82,8 +82,8 @@ class Row:
 # -- export and install ----------------------------------------------------------------------------------
 
 def export_wheel(store_root: Path, work: Path) -> Path:
-    from kernsearch._artifacts import ArtifactStore
-    from kernsearch._export import export
+    from kernsearch.artifacts._artifacts import ArtifactStore
+    from kernsearch.exporting._export import export
 
     result = export(["gemm"], work / "export", ArtifactStore(store_root), package=PACKAGE, version="0.0.1")
     print(f"exported {result.wheel.name}: {len(result.artifacts)} artifact(s) "

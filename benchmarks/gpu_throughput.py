@@ -94,18 +94,18 @@ class SimulatedCuda:
         return self._launcher(0.5)
 
     def time(self, kernel: Any, geometry: Any, inputs: Any, dtype: str, **options: Any) -> Any:
-        from kernsearch._measure import measure
         from kernsearch.backends._base import Timing
+        from kernsearch.evaluation._measure import measure
 
         launch, sync = self.launcher(kernel, geometry, inputs, dtype)
         return Timing(measure(launch, sync, clock=self.clock), self.evidence, self.compile_seconds[kernel.sha256])
 
 
 def run_arm(label: str, workers: int, seconds: float, args: argparse.Namespace, chip: Any) -> dict:
-    from kernsearch._objective import KernelObjective
-    from kernsearch._space import format_config, make_problem
-    from kernsearch._spec import load_family
-    from kernsearch._study import run_study
+    from kernsearch.family._space import format_config, make_problem
+    from kernsearch.family._spec import load_family
+    from kernsearch.studies._objective import KernelObjective
+    from kernsearch.studies._study import run_study
 
     cache = tempfile.mkdtemp(prefix=f"ptx-{label}-")
     os.environ["MLX_PTX_CACHE_DIR"] = cache  # read by each worker process when it starts (spawn)
@@ -162,7 +162,7 @@ def main() -> None:
     args.shape = args.shape or ("64,64,64" if args.dry_run else "2048,2048,2048")
     workers = args.workers or max(1, (os.cpu_count() or 2) - 1)
     if args.dry_run:
-        from kernsearch._chips import get_chip
+        from kernsearch.hardware._chips import get_chip
 
         chip, info = get_chip("H100"), {"device": "simulated (dry run)"}
     else:

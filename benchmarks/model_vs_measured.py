@@ -54,12 +54,12 @@ def shape_of(problem_size: object, fallback: str | None) -> str | None:
 
 
 def compare(path: Path, chip_name: str | None, shape: str | None, dtype: str | None) -> dict[str, object]:
-    from kernsearch._chips import get_chip
     from kernsearch._errors import KernsearchError
-    from kernsearch._landscape import Landscape
-    from kernsearch._space import Space, make_problem
-    from kernsearch._spec import load_family
     from kernsearch.backends._model import ModelBackend
+    from kernsearch.family._space import Space, make_problem
+    from kernsearch.family._spec import load_family
+    from kernsearch.hardware._chips import get_chip
+    from kernsearch.studies._landscape import Landscape
 
     land = Landscape.load(path)
     family = load_family("gemm")

@@ -33,8 +33,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernsearch._replay import Replay  # noqa: E402
-from kernsearch._study import run_study  # noqa: E402
+from kernsearch.studies._replay import Replay  # noqa: E402
+from kernsearch.studies._study import run_study  # noqa: E402
 
 NO_PRIOR = False  # --no-prior: strategies get no performance-model prediction, even for kernsearch's own files
 

@@ -82,7 +82,7 @@ class JobOptions(_Model):
     @classmethod
     def _duration(cls, value: str | None) -> str | None:
         if value is not None:
-            from kernsearch._study import parse_duration
+            from kernsearch.studies._study import parse_duration
 
             try:
                 parse_duration(value)
@@ -134,7 +134,7 @@ class Unit(_Model):
 
     def step_timeout(self) -> float:
         """How long the tune step may run before it is killed."""
-        from kernsearch._study import parse_duration
+        from kernsearch.studies._study import parse_duration
 
         if self.options.step_timeout is not None:
             return self.options.step_timeout
@@ -163,7 +163,7 @@ class Jobs:
 
     def units(self, chip: str | None = None) -> list[Unit]:
         """The units for ``chip`` (a registry name; every chip when None), in file order."""
-        from kernsearch._chips import get_chip
+        from kernsearch.hardware._chips import get_chip
 
         wanted = get_chip(chip).name if chip is not None else None
         out = []
@@ -176,9 +176,9 @@ class Jobs:
         return out
 
     def _expand(self, index: int, job: Job, chip_name: str) -> list[Unit]:
-        from kernsearch._chips import get_chip
-        from kernsearch._space import make_problem
-        from kernsearch._spec import load_family
+        from kernsearch.family._space import make_problem
+        from kernsearch.family._spec import load_family
+        from kernsearch.hardware._chips import get_chip
 
         family = _family_ref(self.path.parent, job.family)
         fam = load_family(family)

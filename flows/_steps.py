@@ -107,12 +107,12 @@ def _describe(code: int) -> str:
 
 def tune(p: dict[str, Any]) -> dict[str, Any]:
     """Run (or resume) the unit's study; return its verified winner, or fail with the reason."""
-    from kernsearch._chips import get_chip
-    from kernsearch._final import FinalRound
-    from kernsearch._objective import KernelObjective
-    from kernsearch._space import make_problem
-    from kernsearch._spec import load_family
-    from kernsearch._study import run_study
+    from kernsearch.family._space import make_problem
+    from kernsearch.family._spec import load_family
+    from kernsearch.hardware._chips import get_chip
+    from kernsearch.studies._final import FinalRound
+    from kernsearch.studies._objective import KernelObjective
+    from kernsearch.studies._study import run_study
 
     fam = load_family(p["family"])
     chip = get_chip(p["chip"])
@@ -162,12 +162,12 @@ def tune(p: dict[str, Any]) -> dict[str, Any]:
 
 def verify(p: dict[str, Any]) -> dict[str, Any]:
     """Verify the winner on the unit's extra shapes (a shape its config is not valid for is skipped)."""
-    from kernsearch._chips import get_chip
     from kernsearch._errors import VariantFailure
-    from kernsearch._measure import VariantTask, verify_variant
-    from kernsearch._space import Space, make_problem
-    from kernsearch._spec import load_family
     from kernsearch.backends import backend_class
+    from kernsearch.evaluation._measure import VariantTask, verify_variant
+    from kernsearch.family._space import Space, make_problem
+    from kernsearch.family._spec import load_family
+    from kernsearch.hardware._chips import get_chip
 
     fam = load_family(p["family"])
     chip = get_chip(p["chip"])
@@ -196,9 +196,9 @@ def _evaluated(family: str, chip: str, problem: Any, backend: str, storage: str 
     """Configs the unit's study has evaluated so far (0 when it does not exist yet)."""
     import optuna
 
-    from kernsearch._space import format_config
-    from kernsearch._storage import make_storage, study_name_for
-    from kernsearch._study import STATUS_FAILED, STATUS_OK
+    from kernsearch.family._space import format_config
+    from kernsearch.studies._storage import make_storage, study_name_for
+    from kernsearch.studies._study import STATUS_FAILED, STATUS_OK
 
     name = study_name_for({"family": family, "chip": chip, "dtype": problem.dtype, "shape": problem.shape_text,
                            "backend": backend})

@@ -25,7 +25,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.concurrency.sync import concurrency
 
 from kernsearch._errors import KernsearchError
-from kernsearch._manifest import KeyBusy
+from kernsearch.artifacts._manifest import KeyBusy
 
 from ._jobs import Jobs, Unit, load_jobs
 from ._steps import StepCrashed, StepError, run_step
@@ -61,7 +61,7 @@ def refusal(chip: str | None) -> str | None:
     declared = os.environ.get("KERNSEARCH_CHIP")
     if not declared or not chip:
         return None
-    from kernsearch._chips import get_chip
+    from kernsearch.hardware._chips import get_chip
 
     if get_chip(declared).name == get_chip(chip).name:
         return None
@@ -136,12 +136,12 @@ def verify_task(unit: Unit, backend: str, config: dict[str, Any], gpu_limit: str
 def publish_task(unit: Unit, backend: str, tuned: dict[str, Any], verified: dict[str, Any],
                  artifacts: str | None) -> dict[str, Any]:
     """Offer the verified winner to the store's regression gate; returns the outcome and the old time."""
-    from kernsearch._artifacts import ArtifactStore, Candidate
-    from kernsearch._chips import get_chip
-    from kernsearch._manifest import Correctness, Measurements
-    from kernsearch._space import Space, make_problem
-    from kernsearch._spec import load_family
-    from kernsearch._targets import chip_target
+    from kernsearch.artifacts._artifacts import ArtifactStore, Candidate
+    from kernsearch.artifacts._manifest import Correctness, Measurements
+    from kernsearch.family._space import Space, make_problem
+    from kernsearch.family._spec import load_family
+    from kernsearch.hardware._chips import get_chip
+    from kernsearch.hardware._targets import chip_target
 
     fam = load_family(unit.family)
     chip = get_chip(unit.chip)
@@ -178,8 +178,8 @@ def export_task(artifacts: str | None, out: str, families: list[str]) -> dict[st
 
 
 def export_package(artifacts: str | None, out: str, families: list[str]) -> dict[str, Any]:
-    from kernsearch._artifacts import ArtifactStore
-    from kernsearch._export import export
+    from kernsearch.artifacts._artifacts import ArtifactStore
+    from kernsearch.exporting._export import export
 
     result = export(families, out, ArtifactStore(artifacts))
     return {"out": out, "wheel": str(result.wheel), "package": result.package, "version": result.version,
@@ -218,7 +218,7 @@ def _machine(chip: str | None) -> tuple[Any, Any]:
     """(the chip whose jobs run here, the chip detected here)."""
     import warnings
 
-    from kernsearch._chips import get_chip, resolve_chip
+    from kernsearch.hardware._chips import get_chip, resolve_chip
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -285,8 +285,8 @@ def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) ->
 def _attach_report(unit: Unit, study: str, storage: str | None, logger: Any) -> str | None:
     """The job's study as an HTML report (``kernsearch report``) and a markdown artifact that summarises it and
     links the file. A report that cannot be made is a warning: it never fails the job."""
-    from kernsearch._history import load_history
-    from kernsearch._report import evidence_badge, write_report
+    from kernsearch.studies._history import load_history
+    from kernsearch.studies._report import evidence_badge, write_report
 
     try:
         path = write_report(study, storage)

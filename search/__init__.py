@@ -1,7 +1,10 @@
 """kernsearch: find the fastest correct variant of an MLX custom kernel for the chip it runs on.
 
-The public API (``docs/api.md``) is what ``__all__`` lists; everything else is private and may change.
-Names are imported on first use, so ``import kernsearch`` (and the CLI) stays fast.
+The subpackages follow the data path: ``family`` (spec → space → render) → ``backends`` → ``evaluation``
+(→ verify → measure) → ``studies`` (→ study) → ``artifacts`` (→ artifact) → ``exporting`` (→ export);
+``hardware`` holds the chips and targets every stage reads, ``interp`` the Metal interpreter behind the
+``cpu`` back-end. The public API (``docs/api.md``) is what ``__all__`` lists; everything else is private and
+may change. Names are imported on first use, so ``import kernsearch`` (and the CLI) stays fast.
 """
 
 from __future__ import annotations
@@ -12,19 +15,21 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    # spec -> space -> render
-    "load_family": "._spec", "Family": "._spec",
-    "make_problem": "._space", "Problem": "._space", "Space": "._space",
-    "render": "._render", "geometry": "._render", "KernelSource": "._render", "Geometry": "._render",
-    # chips and back-ends
-    "get_chip": "._chips", "detect_chip": "._chips", "Chip": "._chips",
+    # family: spec -> space -> render
+    "load_family": ".family._spec", "Family": ".family._spec",
+    "make_problem": ".family._space", "Problem": ".family._space", "Space": ".family._space",
+    "render": ".family._render", "geometry": ".family._render", "KernelSource": ".family._render",
+    "Geometry": ".family._render",
+    # hardware and back-ends
+    "get_chip": ".hardware._chips", "detect_chip": ".hardware._chips", "Chip": ".hardware._chips",
     "get_backend": ".backends",
-    # the search
-    "tune": "._tune", "TuneResult": "._tune", "Verdict": "._tune",
-    "run_study": "._study", "StudyResult": "._study", "Stop": "._study", "StopReason": "._study",
-    "FinalRound": "._final", "FinalistCheck": "._final", "FinalistTime": "._final",
+    # studies: the search
+    "tune": ".studies._tune", "TuneResult": ".studies._tune", "Verdict": ".studies._tune",
+    "run_study": ".studies._study", "StudyResult": ".studies._study", "Stop": ".studies._study",
+    "StopReason": ".studies._study",
+    "FinalRound": ".studies._final", "FinalistCheck": ".studies._final", "FinalistTime": ".studies._final",
     # artifacts and the exported package
-    "ArtifactStore": "._artifacts", "Candidate": "._artifacts", "export": "._export",
+    "ArtifactStore": ".artifacts._artifacts", "Candidate": ".artifacts._artifacts", "export": ".exporting._export",
     "KernsearchError": "._errors",
 }
 __all__ = sorted(_EXPORTS)

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from ._console import err, out
 from ._errors import KernsearchError
-from ._final import FinalistCheck, FinalRound
+from .studies._final import FinalistCheck, FinalRound
 
 
 class TargetChoice(str, Enum):
@@ -48,13 +48,13 @@ class SamplerChoice(str, Enum):
     auto = "auto"
 
 if TYPE_CHECKING:
-    from ._artifacts import ArtifactStore
-    from ._candidate import ArtifactKey
-    from ._chips import Chip
-    from ._space import Problem, Space
-    from ._spec import Family
-    from ._study import Objective, StudyResult, TrialSummary
-    from ._study import Progress as ProgressInfo
+    from .artifacts._artifacts import ArtifactStore
+    from .artifacts._candidate import ArtifactKey
+    from .family._space import Problem, Space
+    from .family._spec import Family
+    from .hardware._chips import Chip
+    from .studies._study import Objective, StudyResult, TrialSummary
+    from .studies._study import Progress as ProgressInfo
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -91,8 +91,8 @@ def _warn_line(message: warnings.WarningMessage | str) -> None:
 def resolve_chip(name: str | None, target: bool = False) -> Chip:
     """``--chip`` or detection; an unknown detected chip warns on one line. ``target``: the chip commands
     work for (``_chips.target_chip``: with no GPU here, the default M-series chip, not the cpu pseudo-chip)."""
-    from ._chips import resolve_chip as _resolve
-    from ._chips import target_chip
+    from .hardware._chips import resolve_chip as _resolve
+    from .hardware._chips import target_chip
 
     with _warnings_as_lines():
         return target_chip(name) if target else _resolve(name)
@@ -112,8 +112,8 @@ def _warnings_as_lines() -> Iterator[None]:
 
 def problem_and_space(family: str, shape: str | None, dtype: str | None,
                       chip_name: str | None) -> tuple[Family, Chip, Problem, Space]:
-    from ._space import Space, make_problem
-    from ._spec import load_family
+    from .family._space import Space, make_problem
+    from .family._spec import load_family
 
     fam = load_family(family)
     chip = resolve_chip(chip_name, target=True)
@@ -124,7 +124,7 @@ def problem_and_space(family: str, shape: str | None, dtype: str | None,
 @app.command()
 def families() -> None:
     """List kernel families with a one-line description."""
-    from ._spec import builtin_family_names, load_family
+    from .family._spec import builtin_family_names, load_family
 
     table = Table("family", "targets", "knobs", "description", box=None)
     for name in builtin_family_names():
@@ -137,7 +137,7 @@ def families() -> None:
 def chip(name: str | None = typer.Option(None, "--chip", help="show this chip instead of the detected one"),
          all_chips: bool = typer.Option(False, "--all", help="list every chip in the registry")) -> None:
     """Show the detected chip (or --chip NAME) and its figures."""
-    from ._chips import DIE_CLASSES, registry
+    from .hardware._chips import DIE_CLASSES, registry
 
     if all_chips:
         table = Table("chip", "vendor", "cores", "GB/s", "FP32 TF", "FP16 TF", "matrix TF", "bf16", "tg mem",
@@ -209,8 +209,8 @@ def render(family: str = typer.Argument(..., help=FAMILY_HELP),
            shape: str | None = ShapeOpt, dtype: str | None = DtypeOpt, chip_name: str | None = ChipOpt,
            target: TargetChoice = typer.Option(TargetChoice.metal, "--target", help="the kernel language")) -> None:
     """Print the header and body of one variant, as mx.fast.metal_kernel takes them."""
-    from ._render import geometry
-    from ._render import render as render_variant
+    from .family._render import geometry
+    from .family._render import render as render_variant
 
     fam, _, problem, sp = problem_and_space(family, shape, dtype, chip_name)
     cfg = sp.validate(sp.parse_config(config))
@@ -239,8 +239,8 @@ def artifacts_list(store: str | None = StoreOpt,
                    all_versions: bool = typer.Option(False, "--all", help="every version, not only the current"),
                    ) -> None:
     """Keys of the store with their current version, evidence and speed."""
-    from ._artifacts import ArtifactStore
-    from ._manifest import ArtifactError
+    from .artifacts._artifacts import ArtifactStore
+    from .artifacts._manifest import ArtifactError
 
     st = ArtifactStore(store)
     keys = [k for k in st.keys() if family is None or k.family == family]
@@ -274,7 +274,7 @@ def artifacts_list(store: str | None = StoreOpt,
 
 
 def _readable_pointer(st: ArtifactStore, key: ArtifactKey) -> bool:
-    from ._manifest import ArtifactError
+    from .artifacts._manifest import ArtifactError
 
     try:
         st.pointer(key)
@@ -289,8 +289,8 @@ def artifacts_show(key: str = KeyArg, store: str | None = StoreOpt,
                    source: bool = typer.Option(False, "--source", help="also print the kernel header and body"),
                    as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON")) -> None:
     """One version (default: the current one): manifest, evidence, gate decision and history."""
-    from ._artifacts import ArtifactStore
-    from ._candidate import ArtifactKey
+    from .artifacts._artifacts import ArtifactStore
+    from .artifacts._candidate import ArtifactKey
 
     st = ArtifactStore(store)
     k, version = ArtifactKey.parse(key)
@@ -344,8 +344,8 @@ def artifacts_verify(store: str | None = StoreOpt,
                      repair: bool = typer.Option(False, "--repair", help="finish or roll back what interrupted "
                                                  "publishers left (journal, pointer, half-written versions)")) -> None:
     """Check every version's manifest schema and source hash, and every current pointer."""
-    from ._artifacts import ArtifactStore
-    from ._manifest import ArtifactError
+    from .artifacts._artifacts import ArtifactStore
+    from .artifacts._manifest import ArtifactError
 
     st = ArtifactStore(store)
     if repair:
@@ -369,7 +369,7 @@ def artifacts_verify(store: str | None = StoreOpt,
 @artifacts_app.command("migrate")
 def artifacts_migrate(store: str | None = StoreOpt) -> None:
     """Rewrite manifests of older schema versions in the current one (readers migrate them anyway)."""
-    from ._artifacts import ArtifactStore
+    from .artifacts._artifacts import ArtifactStore
 
     st = ArtifactStore(store)
     done = st.migrate()
@@ -382,7 +382,7 @@ def artifacts_migrate(store: str | None = StoreOpt) -> None:
 def artifacts_rejudge(store: str | None = StoreOpt, margin: float = typer.Option(
         0.03, "--margin", min=0.0, max=10.0, help="required lower bound of the speedup over the op, minus 1")) -> None:
     """Apply the "beats the MLX op" rule to every current measured version; losers stop being dispatched."""
-    from ._artifacts import ArtifactStore
+    from .artifacts._artifacts import ArtifactStore
 
     st = ArtifactStore(store)
     done = st.rejudge(margin)
@@ -399,8 +399,8 @@ def export(families: list[str] | None = typer.Argument(None, help="families to e
            package: str = typer.Option("kernsearch_kernels", "--name", help="Python package name"),
            version: str | None = typer.Option(None, "--version", help="package version (default: UTC date)")) -> None:
     """Build an installable package (a wheel) of the current artifacts, dispatching by chip and shape."""
-    from ._artifacts import ArtifactStore
-    from ._export import export as build
+    from .artifacts._artifacts import ArtifactStore
+    from .exporting._export import export as build
 
     result = build(families, out_dir, ArtifactStore(store), package=package, version=version)
     for note in result.notes:
@@ -435,14 +435,14 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
     from rich.markup import escape
 
     from . import _options
-    from ._chips import default_apple_chip
     from ._errors import VariantFailure
-    from ._render import geometry
-    from ._render import render as render_variant
-    from ._space import format_config
-    from ._targets import DEFAULT_TARGET, target_of
-    from ._verify import tolerance, verify_kernel
     from .backends import backend_class
+    from .evaluation._verify import tolerance, verify_kernel
+    from .family._render import geometry
+    from .family._render import render as render_variant
+    from .family._space import format_config
+    from .hardware._chips import default_apple_chip
+    from .hardware._targets import DEFAULT_TARGET, target_of
 
     _options.check(_options.Seed, seed, "--seed")
     _options.check(_options.Timeout, timeout, "--timeout")
@@ -454,7 +454,7 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
         runs_here = target_of(detected.vendor) == be_class.target  # the interpreter checks what this chip runs
         chip_name = detected.name if runs_here else default_apple_chip().name
     fam, c, problem, sp = problem_and_space(family, shape, dtype, chip_name)
-    from ._verify import check_size
+    from .evaluation._verify import check_size
 
     check_size(problem)
     cfg = sp.validate(sp.parse_config(config))
@@ -466,7 +466,7 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
     options: dict[str, Any] = {}
     mode = "sanitize" if sanitize else ("check" if check else "fast")
     if be.interprets:
-        from ._verify import sample_threadgroups, threadgroup_counts
+        from .evaluation._verify import sample_threadgroups, threadgroup_counts
         from .interp import template_lines
 
         options = {"mode": mode, "timeout": timeout, "chip": c,
@@ -542,7 +542,7 @@ def _fmt(value: Any, spec: str, none: str = "-") -> str:
 
 def _top_table(rows: list[TrialSummary], evidence: str, winner: int | None, final: FinalRound | None = None,
                title: str = "top configs") -> Any:
-    from ._space import format_config
+    from .family._space import format_config
 
     checks = final.checks if final is not None else {}
 
@@ -646,7 +646,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
     """Search for the fastest correct variant of a family on a problem and chip."""
     import json
 
-    from ._study import parse_duration
+    from .studies._study import parse_duration
 
     verify, sampler_name = verify_choice.value, sampler.value  # Typer checked both against their choices
     parse_duration(time_budget)  # a bad duration is refused before anything starts
@@ -663,7 +663,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
 
     replay = replays(backend) or bool(landscape)
     if replay:
-        from ._replay import Replay
+        from .studies._replay import Replay
 
         if not landscape:
             raise KernsearchError("--backend replay needs --landscape PATH (a KernelTuner cache file)")
@@ -671,9 +671,9 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
         note: str | None = f"replaying {landscape}: recorded times measured on {objective.study_key['chip']}, not here"
     else:
         name, c, note = _pick_backend(backend, chip_name, verify)
-        from ._objective import KernelObjective
-        from ._space import make_problem
-        from ._spec import load_family
+        from .family._space import make_problem
+        from .family._spec import load_family
+        from .studies._objective import KernelObjective
 
         fam = load_family(family)
         problem = make_problem(fam, shape, dtype, c)
@@ -682,7 +682,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
     if publish and replay:
         raise KernsearchError("--publish needs a kernel family: replayed landscapes have no kernel to publish")
     if storage != ":memory:":
-        from ._storage import check_storage
+        from .studies._storage import check_storage
 
         check_storage(storage)  # a corrupted storage is one line, before the banner
     if note:
@@ -713,7 +713,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
             state = f"published as {outcome.version}" if outcome.published else "not published"
             out.print(f"artifact {outcome.key}: {state} ({outcome.reason})", soft_wrap=True)
     if report:
-        from ._report import write_report
+        from .studies._report import write_report
 
         path = write_report(result.study_name, storage)
         err.print(f"report: {path}", soft_wrap=True, markup=False)
@@ -724,7 +724,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
 
 
 def _verdict(result: Any, key: dict[str, Any], op: str, margin: float) -> tuple[bool | None, str]:
-    from ._tune import verdict
+    from .studies._tune import verdict
 
     v = verdict(result, key, op, margin)
     return v.beats, v.text
@@ -741,8 +741,8 @@ def _run_with_progress(objective: Objective, trials: int | None, time_budget: st
                        quiet: bool) -> StudyResult:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ._space import format_config
-    from ._study import run_study
+    from .family._space import format_config
+    from .studies._study import run_study
 
     if not err.is_terminal and not quiet:  # a log, not a screen: whole lines, never cut at 80 columns
         import time
@@ -785,7 +785,7 @@ def _run_with_progress(objective: Objective, trials: int | None, time_budget: st
 
 
 def _print_result(result: StudyResult) -> None:
-    from ._space import format_config
+    from .family._space import format_config
 
     fails = ", ".join(f"{k} {v}" for k, v in result.failures.most_common()) or "none"
     out.print(f"study [bold]{result.study_name}[/] · {result.evaluated} configs evaluated · failed: {fails} · "
@@ -808,7 +808,7 @@ def studies(storage: str | None = StorageOpt) -> None:
     """List the stored studies: name, configs evaluated (as `tune` counts), best time and its evidence kind."""
     import optuna
 
-    from ._storage import check_storage
+    from .studies._storage import check_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     summaries = optuna.get_all_study_summaries(check_storage(storage))
@@ -840,8 +840,8 @@ def show(study: str = typer.Argument(..., help="study name (see `kernsearch stud
     import optuna
 
     from . import _options
-    from ._storage import check_storage
-    from ._study import _top
+    from .studies._storage import check_storage
+    from .studies._study import _top
 
     _options.check(_options.Rows, top, "--top")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -899,7 +899,7 @@ def report_cmd(study: str = typer.Argument(..., help="study name (see `kernsearc
                                                       "reports/<study>.html under $KERNSEARCH_HOME or ~/.kernsearch)")
                ) -> None:
     """Write one study as a self-contained HTML page with plots (opens offline) and print its path."""
-    from ._report import write_report
+    from .studies._report import write_report
 
     path = write_report(study, storage, out_file)
     out.print(str(path), soft_wrap=True, markup=False)
@@ -910,7 +910,7 @@ def dashboard(storage: str | None = StorageOpt,
               host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
               port: int = typer.Option(8080, "--port", min=1, max=65535, help="port to listen on")) -> None:
     """Browse the stored studies in optuna-dashboard (history, importances, trials' attributes); Ctrl-C stops."""
-    from ._storage import default_storage, make_storage
+    from .studies._storage import default_storage, make_storage
 
     try:
         from optuna_dashboard import run_server  # type: ignore[import-not-found,import-untyped,unused-ignore]

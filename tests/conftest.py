@@ -23,7 +23,7 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 
 @pytest.fixture(scope="session")
 def gemm():
-    from kernsearch._spec import load_family
+    from kernsearch.family._spec import load_family
 
     return load_family("gemm")
 
@@ -35,8 +35,8 @@ def hashes_in_fresh_process():
     import sys
 
     def run(chip: str, configs: list[str], target: str = "metal") -> list[str]:
-        code = ("from kernsearch._chips import get_chip; from kernsearch._space import Space, make_problem;"
-                "from kernsearch._spec import load_family; from kernsearch._render import render;"
+        code = ("from kernsearch.hardware._chips import get_chip; from kernsearch.family._space import Space, make_problem;"
+                "from kernsearch.family._spec import load_family; from kernsearch.family._render import render;"
                 f"f=load_family('gemm'); c=get_chip({chip!r}); sp=Space(make_problem(f,'64,64,64','float16',c),c);"
                 f"print(' '.join(render(f, sp.parse_config(t), 'float16', {target!r}).sha256 for t in {configs!r}))")
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from kernsearch._study import Objective, Record, run_study
+from kernsearch.studies._study import Objective, Record, run_study
 
 
 class Synthetic(Objective):

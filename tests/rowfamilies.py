@@ -9,11 +9,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from kernsearch._chips import get_chip
-from kernsearch._render import geometry, render
-from kernsearch._space import Space, make_problem
-from kernsearch._verify import verify_kernel
 from kernsearch.backends import get_backend
+from kernsearch.evaluation._verify import verify_kernel
+from kernsearch.family._render import geometry, render
+from kernsearch.family._space import Space, make_problem
+from kernsearch.hardware._chips import get_chip
 
 M2 = get_chip("M2 Max")
 H100 = get_chip("H100")

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from kernsearch._artifacts import ArtifactKey, ArtifactStore, Candidate
-from kernsearch._chips import get_chip
-from kernsearch._gate import gate
-from kernsearch._manifest import (
+from kernsearch.artifacts._artifacts import ArtifactKey, ArtifactStore, Candidate
+from kernsearch.artifacts._gate import gate
+from kernsearch.artifacts._manifest import (
     SCHEMA_VERSION,
     ArtifactError,
     Correctness,
@@ -26,8 +25,9 @@ from kernsearch._manifest import (
     Toolchain,
     parse_manifest,
 )
-from kernsearch._space import Space, make_problem
-from kernsearch._spec import load_family
+from kernsearch.family._space import Space, make_problem
+from kernsearch.family._spec import load_family
+from kernsearch.hardware._chips import get_chip
 
 REPO = Path(__file__).resolve().parents[1]
 M2MAX_INFO = {"architecture": "applegpu_g14c", "device_name": "Apple M2 Max"}
@@ -172,7 +172,7 @@ def test_a_kernel_that_is_not_what_the_template_renders_is_refused(tmp_path: Pat
 
 def test_gate_is_a_pure_decision() -> None:
     store_free = candidate(median=1.0)
-    from kernsearch._candidate import draft_manifest
+    from kernsearch.artifacts._candidate import draft_manifest
 
     draft = draft_manifest(store_free)
     assert gate(draft, None, None) == (True, "first version for this key (modeled)")
@@ -270,7 +270,7 @@ PUBLISHER = textwrap.dedent("""
     import json, os, sys, time
     sys.path.insert(0, {tests!r})
     from test_artifacts import candidate
-    from kernsearch._artifacts import ArtifactStore
+    from kernsearch.artifacts._artifacts import ArtifactStore
     store = ArtifactStore({root!r}, lock_timeout=60)
     medians = json.loads(sys.argv[1])
     cands = [candidate(median=m) for m in medians]
@@ -320,7 +320,7 @@ KILLED_PUBLISHER = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {tests!r})
     from test_artifacts import candidate
-    import kernsearch._artifacts as A
+    import kernsearch.artifacts._artifacts as A
     real_write = A._write_file
     def slow_write(path, text):
         if path.name == "manifest.json":  # half the manifest on disk, then hang until killed
@@ -368,8 +368,8 @@ def test_a_busy_key_is_refused_cleanly_after_the_timeout(published: ArtifactStor
 def test_evidence_helpers_take_timings_and_checks(tmp_path: Path) -> None:
     import dataclasses
 
-    from kernsearch._verify import Check
     from kernsearch.backends._base import Evidence, Timing
+    from kernsearch.evaluation._verify import Check
 
     timing = Timing([1.0, 1.1, 0.9, 1.0, 1.05], Evidence.MEASURED)
     m = Measurements.from_timing(timing, Timing([2.0] * 5, Evidence.MEASURED))
@@ -388,7 +388,7 @@ def test_an_unwritable_store_is_a_one_line_error(tmp_path: Path) -> None:
     root.write_text("a file where the store should be\n")
     with pytest.raises(ArtifactError, match="cannot publish to .*not-a-folder/gemm"):
         ArtifactStore(root).publish(candidate())
-    from kernsearch._export import ExportError, export
+    from kernsearch.exporting._export import ExportError, export
 
     with pytest.raises(ExportError, match="cannot write the package under"):
         export(["gemm"], root / "dist", ArtifactStore(tmp_path / "empty"), version="1.0")
@@ -396,9 +396,9 @@ def test_an_unwritable_store_is_a_one_line_error(tmp_path: Path) -> None:
 
 def test_a_cpu_search_result_publishes_with_real_interpreter_evidence(tmp_path: Path) -> None:
     """What a search on a machine without a GPU publishes: interpreter-verified, model-timed (modeled)."""
-    from kernsearch._render import geometry, render
-    from kernsearch._verify import verify_kernel
     from kernsearch.backends import get_backend
+    from kernsearch.evaluation._verify import verify_kernel
+    from kernsearch.family._render import geometry, render
 
     fam, chip = load_family("gemm"), get_chip("M2 Max")
     space = Space(make_problem(fam, (64, 64, 64), "float32", chip), chip)
@@ -423,11 +423,11 @@ def test_a_cpu_search_result_publishes_with_real_interpreter_evidence(tmp_path: 
 
 def test_a_kernel_for_another_vendor_is_refused(tmp_path):
     """A Metal kernel never becomes an NVIDIA chip's artifact (nor CUDA an Apple chip's)."""
-    from kernsearch._artifacts import ArtifactStore, Candidate
-    from kernsearch._chips import get_chip
-    from kernsearch._manifest import ArtifactError, Correctness, Measurements
-    from kernsearch._space import Space, make_problem
-    from kernsearch._spec import load_family
+    from kernsearch.artifacts._artifacts import ArtifactStore, Candidate
+    from kernsearch.artifacts._manifest import ArtifactError, Correctness, Measurements
+    from kernsearch.family._space import Space, make_problem
+    from kernsearch.family._spec import load_family
+    from kernsearch.hardware._chips import get_chip
 
     fam = load_family("gemm")
     chip = get_chip("H100")

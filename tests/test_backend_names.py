@@ -16,13 +16,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = {"model", "metal", "cuda", "cpu", "replay", "auto"}
-SKIP = (ROOT / "search" / "backends", ROOT / "search" / "export_runtime")
+SKIP = (ROOT / "search" / "backends", ROOT / "search" / "exporting" / "runtime")
 #: Other vocabularies that share a word with back-end names: a chip's vendor ("cpu": no GPU) and a study's
 #: sampler ("auto": the model-ranked valid-set search). A comparison whose other side is one of these is not
 #: about back-ends.
 OTHER_VOCABULARIES = {"vendor", "sampler"}
 #: Functions whose argument is another vocabulary's name (module relative to ROOT, function).
-OTHER_FUNCTIONS = {("search/_study.py", "make_sampler")}
+OTHER_FUNCTIONS = {("search/studies/_study.py", "make_sampler")}
 
 
 def _strings(node: ast.expr) -> set[str]:
@@ -115,8 +115,8 @@ def test_backends_declare_what_callers_ask() -> None:
 
 
 def test_select_backend_decides_auto_for_the_cli_and_the_flows() -> None:
-    from kernsearch._chips import get_chip, registry
     from kernsearch.backends import select_backend
+    from kernsearch.hardware._chips import get_chip, registry
 
     nothing, h100, m2 = registry()["cpu"], get_chip("H100"), get_chip("M2 Max")
     assert select_backend("auto", detected=h100) == select_backend("auto", "H100", detected=h100)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernsearch._chips import chip_from_device_info, detect_chip, get_chip, registry
 from kernsearch._errors import ChipError
+from kernsearch.hardware._chips import chip_from_device_info, detect_chip, get_chip, registry
 
 
 def test_registry_covers_m1_to_m4_tiers_and_nvidia() -> None:
@@ -92,8 +92,8 @@ def test_per_core_figures_are_data_in_the_registry() -> None:
     """The performance model's per-core figures come from chips.toml ([cores.VENDOR]), complete per vendor."""
     import dataclasses
 
-    from kernsearch._chips import core_tables
     from kernsearch.backends._model import CoreFigures, core_figures
+    from kernsearch.hardware._chips import core_tables
 
     fields = {f.name for f in dataclasses.fields(CoreFigures)}
     tables = core_tables()

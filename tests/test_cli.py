@@ -82,7 +82,7 @@ def test_bad_input_is_one_line_exit_2(args: list[str], message: str) -> None:
 def test_malformed_user_family_is_one_line(tmp_path) -> None:  # noqa: ANN001
     import shutil
 
-    from kernsearch._spec import builtin_families_dir
+    from kernsearch.family._spec import builtin_families_dir
 
     folder = tmp_path / "myfam"
     shutil.copytree(builtin_families_dir() / "gemm", folder)
@@ -113,8 +113,8 @@ def test_error_text_with_brackets_is_printed_verbatim(args: list[str], message: 
                      "published; [yellow]nothing is verified[/] (--verify none)"),
 ])
 def test_auto_on_a_machine_without_gpu_says_what_the_model_checks(chip: str, verify: str, checked: str) -> None:
-    from kernsearch._chips import get_chip
     from kernsearch.backends import select_backend
+    from kernsearch.hardware._chips import get_chip
 
     chosen = select_backend("auto", chip, detected=get_chip("cpu"), verify=verify)
     assert chosen.backend == "model" and chosen.chip.name == chip

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kernsearch._errors import VariantFailure
-from kernsearch._render import KernelSource
+from kernsearch.family._render import KernelSource
 from kernsearch.interp import fuzz_schedule, run_kernel
 
 CORPUS = Path(__file__).parent / "corpus"

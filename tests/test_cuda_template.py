@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from kernsearch._chips import get_chip
-from kernsearch._render import geometry, render
-from kernsearch._space import Space, make_problem
+from kernsearch.family._render import geometry, render
+from kernsearch.family._space import Space, make_problem
+from kernsearch.hardware._chips import get_chip
 
 REPO = Path(__file__).resolve().parents[1]
 LANDSCAPE = REPO / "benchmarks" / "data" / "gemm_H100_float16_2048x2048x2048.json"
@@ -129,7 +129,7 @@ def test_shared_memory_covers_the_tiles_the_template_declares(gemm, h100_float16
 
 def test_apple_space_is_unchanged_by_the_cuda_rules(gemm, tmp_path) -> None:  # noqa: ANN001
     """Strip every NVIDIA rule from a copy of the family: the M2 Max space must come out identical."""
-    from kernsearch._spec import load_family
+    from kernsearch.family._spec import load_family
 
     folder = tmp_path / "gemm"
     shutil.copytree(gemm.path, folder)
@@ -149,8 +149,8 @@ def test_apple_space_is_unchanged_by_the_cuda_rules(gemm, tmp_path) -> None:  # 
 def test_measured_landscape_is_complete_and_replays(gemm) -> None:  # noqa: ANN001
     import json
 
-    from kernsearch._landscape import Landscape
-    from kernsearch._replay import Replay
+    from kernsearch.studies._landscape import Landscape
+    from kernsearch.studies._replay import Replay
 
     land = Landscape.load(LANDSCAPE)
     data = json.loads(LANDSCAPE.read_text())

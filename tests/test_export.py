@@ -15,14 +15,14 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from kernsearch._artifacts import ArtifactKey, ArtifactStore, Candidate
-from kernsearch._chips import get_chip
-from kernsearch._export import ExportError, export, expr_tree
-from kernsearch._manifest import ArtifactError, Correctness, Measurements
-from kernsearch._render import geometry
-from kernsearch._space import Space, make_problem
-from kernsearch._spec import load_family
-from kernsearch.export_runtime import _runtime
+from kernsearch.artifacts._artifacts import ArtifactKey, ArtifactStore, Candidate
+from kernsearch.artifacts._manifest import ArtifactError, Correctness, Measurements
+from kernsearch.exporting._export import ExportError, export, expr_tree
+from kernsearch.exporting.runtime import _runtime
+from kernsearch.family._render import geometry
+from kernsearch.family._space import Space, make_problem
+from kernsearch.family._spec import load_family
+from kernsearch.hardware._chips import get_chip
 
 M2MAX = {"architecture": "applegpu_g14c", "device_name": "Apple M2 Max"}
 M2PRO = {"architecture": "applegpu_g14s", "device_name": "Apple M2 Pro"}
@@ -183,7 +183,7 @@ def test_expression_trees_evaluate_like_the_spec_sandbox() -> None:
     for text in ["a // b + a % b * 3 - -a", "a / b", "a ** b", "ceil_div(a, b) * 2", "'A' in s and not 'C' in s",
                  "1 < a <= 7 != b", "a if chip.vendor == 'nvidia' else b", "[a, b, max(a, b, 9)]", "xs[1]",
                  "s ~ 'x'", "round_up(a, 4) == 8 or false", "is_pow2(b) and abs(-a) == a"]:
-        from kernsearch._expr import BUILTINS, Expr
+        from kernsearch.family._expr import BUILTINS, Expr
 
         assert _runtime.evaluate(expr_tree(text), {**_runtime.FUNCTIONS, **ctx}) == Expr(text)({**BUILTINS, **ctx}), text
     for refused in ["a | abs", "a is even", "xs[0:1]", "f(*xs)"]:
@@ -410,7 +410,7 @@ def test_exported_kernel_runs_on_this_gpu(tmp_path: Path) -> None:
     fam = load_family("gemm")
     if _gpu() not in fam.templates:
         pytest.skip(f"gemm has no {_gpu()} template in this checkout")
-    from kernsearch._chips import detect_chip
+    from kernsearch.hardware._chips import detect_chip
 
     here = detect_chip()
     store = ArtifactStore(tmp_path / "store")

@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernsearch._chips import get_chip
 from kernsearch._errors import SpecError
-from kernsearch._render import geometry, render
-from kernsearch._space import Space, make_problem
-from kernsearch._spec import load_family, parse_family
-from kernsearch._verify import kernel_inputs, make_inputs, reference, verify_kernel
-from kernsearch._vocab import ARRAY_FUNCTIONS, numpy_namespace, unpack
-from kernsearch.export_runtime import _runtime
+from kernsearch.evaluation._verify import kernel_inputs, make_inputs, reference, verify_kernel
+from kernsearch.exporting.runtime import _runtime
+from kernsearch.family._render import geometry, render
+from kernsearch.family._space import Space, make_problem
+from kernsearch.family._spec import load_family, parse_family
+from kernsearch.family._vocab import ARRAY_FUNCTIONS, numpy_namespace, unpack
+from kernsearch.hardware._chips import get_chip
 
 TOY = Path(__file__).parent / "families" / "scaled_rmsnorm"
 M2MAX = get_chip("M2 Max")

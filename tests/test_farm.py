@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pgserver import PostgresServer, pg_bin, wait_for
 
-from kernsearch._storage import GRACE_BEATS
+from kernsearch.studies._storage import GRACE_BEATS
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -41,7 +41,7 @@ def _worker(pg: PostgresServer, study: str, trials: int, eval_s: float, log: Pat
 def _trials(pg: PostgresServer, study: str):
     import optuna
 
-    from kernsearch._storage import make_storage
+    from kernsearch.studies._storage import make_storage
 
     return optuna.load_study(study_name=study, storage=make_storage(pg.url)).get_trials(deepcopy=False)
 

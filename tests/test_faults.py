@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from kernsearch._chips import get_chip
-from kernsearch._objective import KernelObjective
-from kernsearch._space import make_problem
-from kernsearch._spec import load_family
-from kernsearch._study import StopReason, run_study
+from kernsearch.family._space import make_problem
+from kernsearch.family._spec import load_family
+from kernsearch.hardware._chips import get_chip
+from kernsearch.studies._objective import KernelObjective
+from kernsearch.studies._study import StopReason, run_study
 
 FAMILY = """
 name = "planted"
@@ -213,7 +213,7 @@ class SimulatedGPU(_BaseBackend):
         return self._launcher(_BASELINE_MS)
 
     def time(self, kernel, geometry, inputs, dtype, **options):
-        from kernsearch._measure import measure
+        from kernsearch.evaluation._measure import measure
 
         launch, sync = self.launcher(kernel, geometry, inputs, dtype)
         return _Timing(measure(launch, sync, clock=self.clock), self.evidence, 0.0)

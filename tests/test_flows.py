@@ -230,7 +230,7 @@ def test_step_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     fam = hanging_family(tmp_path)
     payload = {"family": str(fam), "dtype": "float32", "chip": "M2 Max", "seed": 0, "shapes": [[16, 16, 16]],
                "config": {}, "verifier_backend": "cpu", "timeout": 600}
-    from kernsearch._spec import load_family
+    from kernsearch.family._spec import load_family
 
     payload["config"] = dict(load_family(str(fam)).default)
     started = time.monotonic()
@@ -290,9 +290,9 @@ def test_tune_step_resumes_the_study_with_trials_per_night(tmp_path: Path) -> No
 def test_a_job_can_have_every_trial_verified_on_the_interpreter(tmp_path: Path) -> None:
     import optuna
 
-    from kernsearch._storage import make_storage
     from kernsearch.flows._jobs import JobOptions
     from kernsearch.flows._steps import run_step
+    from kernsearch.studies._storage import make_storage
 
     assert JobOptions().verify == "finalists"
     with pytest.raises(ValueError, match="verify"):
@@ -311,11 +311,11 @@ def test_a_job_can_have_every_trial_verified_on_the_interpreter(tmp_path: Path) 
 
 def test_measured_winner_is_published_with_the_detected_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The publish task (called as a plain function): measured evidence carries this machine's device_info."""
-    from kernsearch._artifacts import ArtifactKey, ArtifactStore
-    from kernsearch._chips import chip_from_device_info
     from kernsearch._errors import KernsearchError
-    from kernsearch._spec import load_family
+    from kernsearch.artifacts._artifacts import ArtifactKey, ArtifactStore
+    from kernsearch.family._spec import load_family
     from kernsearch.flows import nightly
+    from kernsearch.hardware._chips import chip_from_device_info
 
     (unit,) = load_jobs(write(tmp_path / "jobs.toml", """
 [[jobs]]
@@ -396,7 +396,7 @@ def _artifact_table(key: str, kind: str = "table") -> list[dict]:
 
 @pytest.mark.slow
 def test_nightly_publishes_then_rejects_and_a_hanging_job_fails_alone(prefect_harness, farm: Path) -> None:
-    from kernsearch._artifacts import ArtifactKey, ArtifactStore
+    from kernsearch.artifacts._artifacts import ArtifactKey, ArtifactStore
     from kernsearch.flows.nightly import gpu_limit_name, nightly, slug
 
     first = nightly(job_file=str(farm / "first.toml"), chip="M2 Max")
@@ -624,8 +624,8 @@ def _suppress():  # noqa: ANN202
     ("H100", "M2 Max", "model"), ("cpu", "M2 Max", "model"),
 ])
 def test_auto_measures_only_the_chip_that_is_here(here: str, job_chip: str, expected: str) -> None:
-    from kernsearch._chips import get_chip
     from kernsearch.flows.nightly import _backend
+    from kernsearch.hardware._chips import get_chip
 
     assert _backend("auto", get_chip(here), job_chip) == expected
     assert _backend("model", get_chip(here), job_chip) == "model"
@@ -637,8 +637,8 @@ def test_publish_is_retried_only_when_the_key_is_busy(tmp_path: Path) -> None:
 
     from test_artifacts import candidate, key
 
-    from kernsearch._artifacts import ArtifactStore
-    from kernsearch._manifest import ArtifactError, KeyBusy
+    from kernsearch.artifacts._artifacts import ArtifactStore
+    from kernsearch.artifacts._manifest import ArtifactError, KeyBusy
     from kernsearch.flows.nightly import _retry_when_busy
 
     store = ArtifactStore(tmp_path / "store", lock_timeout=0.1)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from kernsearch._chips import get_chip
-from kernsearch._render import geometry, render
-from kernsearch._space import Space, make_problem
-from kernsearch._spec import load_family
-from kernsearch._verify import verify_kernel
 from kernsearch.backends import get_backend
+from kernsearch.evaluation._verify import verify_kernel
+from kernsearch.family._render import geometry, render
+from kernsearch.family._space import Space, make_problem
+from kernsearch.family._spec import load_family
+from kernsearch.hardware._chips import get_chip
 
 M2 = get_chip("M2 Max")
 H100 = get_chip("H100")

@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernsearch._chips import get_chip
 from kernsearch._errors import BackendError, VariantFailure
-from kernsearch._render import Geometry, KernelSource, geometry, render
-from kernsearch._space import Space, make_problem
-from kernsearch._verify import SENTINEL, verify_kernel
 from kernsearch.backends import Evidence, get_backend
+from kernsearch.evaluation._verify import SENTINEL, verify_kernel
+from kernsearch.family._render import Geometry, KernelSource, geometry, render
+from kernsearch.family._space import Space, make_problem
+from kernsearch.hardware._chips import get_chip
 
 pytestmark = pytest.mark.gpu
 
@@ -98,8 +98,8 @@ def test_gemm_variants_match_the_float64_reference_on_ragged_shapes(cuda, gemm, 
 
 
 def test_gemm_timing_and_the_baseline_are_measured(cuda, gemm) -> None:  # noqa: ANN001
-    from kernsearch._measure import TimingPlan, measure
-    from kernsearch._verify import kernel_inputs, make_inputs
+    from kernsearch.evaluation._measure import TimingPlan, measure
+    from kernsearch.evaluation._verify import kernel_inputs, make_inputs
 
     chip = get_chip("H100")
     space = Space(make_problem(gemm, "1024,1024,1024", "float16", chip), chip)
@@ -122,8 +122,8 @@ def test_published_h100_artifacts_run_through_the_exported_package(cuda, tmp_pat
 
     import mlx.core as mx
 
-    from kernsearch._artifacts import ArtifactStore
-    from kernsearch._export import export
+    from kernsearch.artifacts._artifacts import ArtifactStore
+    from kernsearch.exporting._export import export
 
     store = ArtifactStore(Path(__file__).resolve().parents[1] / "artifacts")
     result = export(["gemm"], tmp_path / "dist", store, package="ks_h100_kernels", version="1.0.0")

@@ -16,7 +16,7 @@ def test_dry_run_writes_landscape_report_and_modeled_store(tmp_path: Path, capsy
         import gpu_decode
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
-    from kernsearch._landscape import Landscape
+    from kernsearch.studies._landscape import Landscape
 
     report = gpu_decode.main(["--out", str(tmp_path), "--dry-run", "--budget", "300", "--landscape", "12",
                               "--rounds", "5", "--problems", "1,4096,4096;16,11008,4096"])

@@ -30,16 +30,16 @@ def _cuda() -> bool:
 def test_family_through_the_exported_package(name: str, tmp_path: Path) -> None:
     import mlx.core as mx
 
-    from kernsearch._artifacts import ArtifactStore, Candidate
-    from kernsearch._chips import detect_chip
-    from kernsearch._export import export
-    from kernsearch._manifest import Correctness, Measurements
-    from kernsearch._measure import TimingPlan, interleaved, speedup
-    from kernsearch._render import geometry, render
-    from kernsearch._space import Space, make_problem
-    from kernsearch._spec import load_family
-    from kernsearch._verify import kernel_inputs, make_inputs, reference, verify_kernel
+    from kernsearch.artifacts._artifacts import ArtifactStore, Candidate
+    from kernsearch.artifacts._manifest import Correctness, Measurements
     from kernsearch.backends import get_backend
+    from kernsearch.evaluation._measure import TimingPlan, interleaved, speedup
+    from kernsearch.evaluation._verify import kernel_inputs, make_inputs, reference, verify_kernel
+    from kernsearch.exporting._export import export
+    from kernsearch.family._render import geometry, render
+    from kernsearch.family._space import Space, make_problem
+    from kernsearch.family._spec import load_family
+    from kernsearch.hardware._chips import detect_chip
 
     fam, chip = load_family(name), detect_chip()
     space = Space(make_problem(fam, FAMILIES[name], "float16", chip), chip)

@@ -17,7 +17,7 @@ def test_dry_run_writes_landscapes_report_goals_and_modeled_store(tmp_path: Path
         import gpu_families
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
-    from kernsearch._landscape import Landscape
+    from kernsearch.studies._landscape import Landscape
 
     report = gpu_families.main(["--out", str(tmp_path), "--dry-run", "--budget", "300", "--landscape", "10",
                                 "--rounds", "5", "--families", "rmsnorm,swiglu"])

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from kernsearch._errors import VariantFailure
-from kernsearch._render import Geometry, KernelSource, geometry, render
-from kernsearch._space import Space, make_problem
-from kernsearch._verify import kernel_inputs, make_inputs, verify_kernel
 from kernsearch.backends import Evidence, get_backend
+from kernsearch.evaluation._verify import kernel_inputs, make_inputs, verify_kernel
+from kernsearch.family._render import Geometry, KernelSource, geometry, render
+from kernsearch.family._space import Space, make_problem
 
 HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
 
@@ -198,7 +198,7 @@ def test_full_simd_collectives_compute():
 
 
 def test_output_element_never_written_shows_as_unwritten(gemm):
-    from kernsearch._chips import get_chip
+    from kernsearch.hardware._chips import get_chip
 
     chip = get_chip("M2 Max")
     problem = make_problem(gemm, "32,32,16", "float32", chip)
@@ -255,7 +255,7 @@ def test_outside_the_subset_is_rejected_before_compiling():
 
 def test_race_diagnostic_names_the_template_line(gemm):
     """GEMM with the barrier after the tile loads removed: a race, named at its template line."""
-    from kernsearch._chips import get_chip
+    from kernsearch.hardware._chips import get_chip
     from kernsearch.interp import template_lines
 
     chip = get_chip("M2 Max")

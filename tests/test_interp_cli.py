@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kernsearch._render import Geometry, KernelSource
 from kernsearch.backends import get_backend
+from kernsearch.family._render import Geometry, KernelSource
 
 
 def verify(*args: str) -> subprocess.CompletedProcess[str]:

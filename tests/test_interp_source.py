@@ -9,10 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from kernsearch._chips import get_chip
-from kernsearch._render import render
-from kernsearch._space import Space, make_problem
-from kernsearch._spec import builtin_family_names, load_family
+from kernsearch.family._render import render
+from kernsearch.family._space import Space, make_problem
+from kernsearch.family._spec import builtin_family_names, load_family
+from kernsearch.hardware._chips import get_chip
 from kernsearch.interp import lint, mlx_source, signature
 
 # Runs in a child: MLX writes the source it generates into the exported .mlxfn file.
@@ -127,8 +127,8 @@ def test_storage_round_trips_bfloat16():
 
 
 def test_compiled_objects_are_cached_by_source_flags_and_place(tmp_path, monkeypatch):
-    from kernsearch._render import Geometry, KernelSource
     from kernsearch.backends import get_backend
+    from kernsearch.family._render import Geometry, KernelSource
 
     monkeypatch.setenv("KERNSEARCH_CACHE", str(tmp_path / "one"))
     geo = Geometry(grid=(8, 1, 1), threadgroup=(8, 1, 1), output_shapes=((8,),), output_dtypes=("float32",))
@@ -162,7 +162,7 @@ def test_wheel_carries_the_shim_and_runs_a_kernel_outside_the_repo(tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(whl).extractall(site)
     code = (f"import sys; sys.path.insert(0, {str(site)!r});"
-            "import numpy as np, kernsearch.interp as ki; from kernsearch._render import Geometry, KernelSource;"
+            "import numpy as np, kernsearch.interp as ki; from kernsearch.family._render import Geometry, KernelSource;"
             "from kernsearch.backends import get_backend;"
             "assert ki.__file__.startswith(sys.path[0]), ki.__file__;"
             "k = KernelSource('w', 'metal', ('A',), ('C',), '#include <metal_stdlib>\\n', "

@@ -7,11 +7,11 @@ import random
 
 import pytest
 
-from kernsearch._chips import get_chip
-from kernsearch._render import KernelSource, geometry, render
-from kernsearch._space import Space, format_config, make_problem
-from kernsearch._verify import kernel_inputs, make_inputs, verify_kernel
 from kernsearch.backends import get_backend
+from kernsearch.evaluation._verify import kernel_inputs, make_inputs, verify_kernel
+from kernsearch.family._render import KernelSource, geometry, render
+from kernsearch.family._space import Space, format_config, make_problem
+from kernsearch.hardware._chips import get_chip
 
 TENSOR_KNOBS = ("TSCOPE", "TACC", "STAGE", "LAYOUT_B", "DOUBLE_BUFFER", "BK", "WM", "WN")
 

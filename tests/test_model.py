@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernsearch._chips import get_chip
 from kernsearch._errors import BackendError, ConfigError, SpecError
-from kernsearch._space import Space, make_problem
-from kernsearch._spec import load_family
 from kernsearch.backends import Evidence, get_backend
 from kernsearch.backends._model import ModelBackend
+from kernsearch.family._space import Space, make_problem
+from kernsearch.family._spec import load_family
+from kernsearch.hardware._chips import get_chip
 
 TOY_SPEC = """
 name = "toy"
@@ -300,7 +300,7 @@ def test_model_vs_measured_script_ranks_a_landscape(tmp_path, gemm):
 
     from conftest import REPO
 
-    from kernsearch._landscape import LandscapeWriter
+    from kernsearch.studies._landscape import LandscapeWriter
 
     spec = importlib.util.spec_from_file_location("model_vs_measured", REPO / "benchmarks" / "model_vs_measured.py")
     script = importlib.util.module_from_spec(spec)

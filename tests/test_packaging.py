@@ -38,10 +38,10 @@ def test_building_prints_no_setuptools_warnings(wheel: Path) -> None:
 
 def test_wheel_contains_templates_and_data(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    for required in ["kernsearch/__init__.py", "kernsearch/cli.py", "kernsearch/chips.toml",
+    for required in ["kernsearch/__init__.py", "kernsearch/cli.py", "kernsearch/hardware/chips.toml",
                      "kernsearch/backends/_base.py", "kernsearch/templates/gemm/family.toml",
                      "kernsearch/templates/gemm/gemm.metal.j2", "kernsearch/templates/gemm/gemm.cu.j2",
-                     "kernsearch/flows/__init__.py", "kernsearch/export_runtime/_runtime.py"]:
+                     "kernsearch/flows/__init__.py", "kernsearch/exporting/runtime/_runtime.py"]:
         assert required in names, required
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "kernsearch = kernsearch.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
@@ -52,7 +52,7 @@ def test_installed_wheel_works_outside_the_repo(wheel: Path, tmp_path: Path) -> 
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
                     "--target", str(target), str(wheel)], check=True, capture_output=True, timeout=300)
     env = {**os.environ, "PYTHONPATH": str(target)}
-    code = ("import kernsearch, kernsearch.flows; from kernsearch._spec import load_family;"
+    code = ("import kernsearch, kernsearch.flows; from kernsearch.family._spec import load_family;"
             "f = load_family('gemm'); print(kernsearch.__file__); print(f.path)")
     res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          check=True)

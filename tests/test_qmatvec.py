@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from test_gemv import NVCC, _run_all, cuda_unit
 
-from kernsearch._chips import get_chip
-from kernsearch._render import geometry, render
-from kernsearch._space import Space, make_problem
-from kernsearch._spec import load_family
 from kernsearch.backends import get_backend
+from kernsearch.family._render import geometry, render
+from kernsearch.family._space import Space, make_problem
+from kernsearch.family._spec import load_family
+from kernsearch.hardware._chips import get_chip
 
 M2 = get_chip("M2 Max")
 H100 = get_chip("H100")
@@ -122,8 +122,8 @@ def test_cuda_twin_compiles_for_h100(qmatvec, tmp_path: Path) -> None:  # noqa: 
 
 def test_explain_names_the_layout_a_kernel_expects(qmatvec) -> None:  # noqa: ANN001
     """The exported dispatcher's explanation says which inputs a chosen kernel takes pre-transposed."""
-    from kernsearch._export import _family_table
-    from kernsearch.export_runtime._runtime import Decision, Dispatcher
+    from kernsearch.exporting._export import _family_table
+    from kernsearch.exporting.runtime._runtime import Decision, Dispatcher
 
     table = _family_table(qmatvec)
     chip = {"name": "H100", "vendor": "nvidia", "simd_width": 32, "max_threads_per_threadgroup": 1024,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kernsearch._chips import get_chip
-from kernsearch._render import geometry, render
-from kernsearch._space import Space, make_problem
-from kernsearch._spec import DTYPES
+from kernsearch.family._render import geometry, render
+from kernsearch.family._space import Space, make_problem
+from kernsearch.family._spec import DTYPES
+from kernsearch.hardware._chips import get_chip
 
 SHAPES = ["4096,4096,4096", "33,65,7"]
 
@@ -83,7 +83,7 @@ def test_missing_template_variable_is_an_error(tmp_path, gemm) -> None:  # noqa:
     import shutil
 
     from kernsearch._errors import KernsearchError
-    from kernsearch._spec import load_family
+    from kernsearch.family._spec import load_family
 
     folder = tmp_path / "fam"
     shutil.copytree(gemm.path, folder)

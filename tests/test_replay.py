@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from kernsearch._errors import BackendError, KernsearchError, VariantFailure
-from kernsearch._landscape import Landscape, LandscapeWriter
-from kernsearch._replay import Replay
-from kernsearch._study import StopReason, open_study, run_study
 from kernsearch.backends import get_backend
+from kernsearch.studies._landscape import Landscape, LandscapeWriter
+from kernsearch.studies._replay import Replay
+from kernsearch.studies._study import StopReason, open_study, run_study
 
 REPO = Path(__file__).resolve().parents[1]
 LANDSCAPES = Path(os.environ.get("KERNSEARCH_LANDSCAPES", REPO.parent / "shared" / "landscapes"))
@@ -171,8 +171,8 @@ def test_two_processes_share_one_study_without_duplicates(small, tmp_path):
     open_study(Replay(small).objective(), url, "shared", "tpe", 0)  # created before the workers start
     script = textwrap.dedent(f"""
         import sys
-        from kernsearch._study import run_study
-        from kernsearch._replay import Replay
+        from kernsearch.studies._study import run_study
+        from kernsearch.studies._replay import Replay
         seed = int(sys.argv[1])
         backend = Replay({str(small)!r}, seed=seed)
         r = run_study(backend.objective(), trials=70, seed=seed, storage={url!r}, study_name="shared")
@@ -221,7 +221,7 @@ def test_auto_strategy_proposes_only_valid_unevaluated_configs():
 def test_auto_strategy_starts_from_the_performance_models_ranking():
     """A landscape kernsearch recorded of its own family gets the model's predictions a real tune has:
     with 7 trials (1 % of the space) the search reaches the optimum's neighbourhood."""
-    from kernsearch._replay import _family_prior
+    from kernsearch.studies._replay import _family_prior
 
     backend = Replay(H100_GEMM, seed=0)
     configs = list(backend.landscape.configs())

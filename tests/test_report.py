@@ -64,8 +64,8 @@ def test_report_command_out_and_errors(tuned: dict[str, str], tmp_path: Path) ->
 def test_report_escapes_hostile_names(tmp_path: Path) -> None:
     import optuna
 
-    from kernsearch._history import load_history
-    from kernsearch._report import render_report
+    from kernsearch.studies._history import load_history
+    from kernsearch.studies._report import render_report
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     evil = "<script>alert(1)</script>"
@@ -131,8 +131,8 @@ def test_report_renders_in_a_real_browser(tuned: dict[str, str]) -> None:
 def test_measured_study_shows_the_speedup_with_its_range(tmp_path: Path) -> None:
     import optuna
 
-    from kernsearch._history import load_history
-    from kernsearch._report import render_report
+    from kernsearch.studies._history import load_history
+    from kernsearch.studies._report import render_report
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     s = optuna.create_study(study_name="gemm/H100/float16/64x64x64/cuda", storage=url)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kernsearch._chips import get_chip
 from kernsearch._errors import ConfigError, KernsearchError
-from kernsearch._space import Space, make_problem
+from kernsearch.family._space import Space, make_problem
+from kernsearch.hardware._chips import get_chip
 
 
 def _space(gemm, shape="4096,4096,4096", dtype="float16", chip="M2 Max") -> Space:  # noqa: ANN001

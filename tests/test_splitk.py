@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from test_gemv import NVCC, cuda_unit
 
-from kernsearch._chips import get_chip
-from kernsearch._render import geometry, render
-from kernsearch._space import Space, make_problem
-from kernsearch._verify import make_inputs, reference, verify_outputs
 from kernsearch.backends import get_backend
+from kernsearch.evaluation._verify import make_inputs, reference, verify_outputs
+from kernsearch.family._render import geometry, render
+from kernsearch.family._space import Space, make_problem
+from kernsearch.hardware._chips import get_chip
 
 H100 = get_chip("H100")
 M2 = get_chip("M2 Max")

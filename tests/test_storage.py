@@ -7,7 +7,7 @@ import time
 import pytest
 import sqlalchemy.exc
 
-from kernsearch._storage import retry_collisions
+from kernsearch.studies._storage import retry_collisions
 
 
 @pytest.fixture

@@ -71,8 +71,8 @@ def test_rerunning_the_command_resumes_the_study(tuned):
 
 
 def test_the_cli_choices_are_the_library_s() -> None:
-    from kernsearch._study import SAMPLERS
     from kernsearch.cli import SamplerChoice
+    from kernsearch.studies._study import SAMPLERS
 
     assert [c.value for c in SamplerChoice] == list(SAMPLERS)
 
@@ -121,11 +121,11 @@ def test_publish_then_warm_start_a_related_study(tmp_path, gemm):
     """The winner goes to the artifact store; a study of a related shape starts from it (trial 1)."""
     import optuna
 
-    from kernsearch._artifacts import ArtifactStore
-    from kernsearch._chips import get_chip
-    from kernsearch._objective import KernelObjective
-    from kernsearch._space import make_problem
-    from kernsearch._study import run_study
+    from kernsearch.artifacts._artifacts import ArtifactStore
+    from kernsearch.family._space import make_problem
+    from kernsearch.hardware._chips import get_chip
+    from kernsearch.studies._objective import KernelObjective
+    from kernsearch.studies._study import run_study
 
     store = ArtifactStore(tmp_path / "artifacts")
     chip = get_chip("M2 Max")

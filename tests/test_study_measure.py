@@ -10,8 +10,16 @@ import time
 import pytest
 
 from kernsearch._errors import BackendError, KernsearchError, VariantFailure
-from kernsearch._measure import TimingPlan, input_sets_needed, interleaved, lead_exceeds_noise, measure, speedup, spread
-from kernsearch._worker import Worker
+from kernsearch.evaluation._measure import (
+    TimingPlan,
+    input_sets_needed,
+    interleaved,
+    lead_exceeds_noise,
+    measure,
+    speedup,
+    spread,
+)
+from kernsearch.evaluation._worker import Worker
 
 
 class FakeGPU:
@@ -138,8 +146,8 @@ def test_metal_backend_refuses_cleanly_without_metal():
 
 
 def test_judge_picks_the_fastest_finalist_and_reports_the_speedup():
-    from kernsearch._objective import _judge
-    from kernsearch._study import TrialSummary
+    from kernsearch.studies._objective import _judge
+    from kernsearch.studies._study import TrialSummary
 
     top = [TrialSummary(5, {"a": 1}, 1.0, "measured"), TrialSummary(9, {"a": 2}, 1.1, "measured")]
     out = {"finalists": [[1.30, 1.31, 1.29, 1.30], [1.00, 1.01, 0.99, 1.00]], "baseline": [2.0, 2.02, 1.98, 2.0]}

@@ -7,11 +7,11 @@ from typing import get_args
 
 import pytest
 
-from kernsearch._chips import registry
 from kernsearch._errors import KernsearchError
-from kernsearch._targets import TARGETS, TargetName, chip_target, get_target, interpretable, target_of
 from kernsearch.backends import BACKENDS, backend_class
-from kernsearch.export_runtime import _runtime
+from kernsearch.exporting.runtime import _runtime
+from kernsearch.hardware._chips import registry
+from kernsearch.hardware._targets import TARGETS, TargetName, chip_target, get_target, interpretable, target_of
 
 
 def test_the_table_answers_what_callers_ask() -> None:
@@ -33,7 +33,7 @@ def test_the_validated_type_and_the_registry_name_the_table_s_targets() -> None:
     assert {backend_class(n).target for n in BACKENDS} - {None} <= set(TARGETS)
 
 
-def test_the_export_runtime_s_copy_agrees_with_the_table() -> None:
+def test_the_exported_runtime_s_copy_agrees_with_the_table() -> None:
     """The exported runtime imports nothing of kernsearch: its copy of the columns it needs must match."""
     assert _runtime.VENDOR_TARGETS == {t.vendor: t.name for t in TARGETS.values()}
     assert _runtime.MLX_KERNELS == {t.name: t.mlx_kernel for t in TARGETS.values()}

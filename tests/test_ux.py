@@ -48,7 +48,7 @@ def test_metal_refusal_hint_leads_somewhere_that_works() -> None:
 
 
 def test_replay_study_key_names_a_chip_and_no_dash_dtype(tmp_path) -> None:
-    from kernsearch._replay import Replay, replay_chip_name
+    from kernsearch.studies._replay import Replay, replay_chip_name
 
     assert replay_chip_name("NVIDIA GeForce RTX 3090") == "RTX 3090"
     assert replay_chip_name("NVIDIA H100 80GB HBM3") == "H100"  # a device the registry knows: its name

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from .._render import Geometry, KernelSource
+from ..family._render import Geometry, KernelSource
 
 if TYPE_CHECKING:
-    from .._space import Config, Space
+    from ..family._space import Config, Space
 
 #: ``(launch, sync)``: ``launch(i)`` submits one run on input set ``i``; ``sync()`` waits for the device.
 Launcher = tuple[Callable[[int], object], Callable[[], None]]

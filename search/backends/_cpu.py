@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .._errors import BackendError
-from .._render import Geometry, KernelSource
+from ..family._render import Geometry, KernelSource
 from ._base import BaseBackend, Diagnostic, Evidence, RunResult
 
 

@@ -3,7 +3,7 @@
 ``metal`` (``mx.fast.metal_kernel``) and ``cuda`` (``mx.fast.cuda_kernel``) differ only in how a kernel
 object is made, how availability is checked and how a compiler error reads; everything else is here.
 
-Timing follows :mod:`kernsearch._measure` (``docs/timing.md``): ``launch`` submits one run and ``sync``
+Timing follows :mod:`kernsearch.evaluation._measure` (``docs/timing.md``): ``launch`` submits one run and ``sync``
 waits for the device (``mx.synchronize``); a batch's wall time over its size is one sample. Each launch is
 its own submission (``mx.async_eval``): within one evaluation MLX may run independent kernels concurrently
 (a CUDA graph; a concurrent Metal encoder), so a batch evaluated at once would time the throughput of
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import BackendError, VariantFailure
-from .._render import Geometry, KernelSource
+from ..family._render import Geometry, KernelSource
 from ._base import BaseBackend, Evidence, RunResult, Timing
 
 #: A batch keeps every launch's outputs alive until its sync: at most this many bytes of them.
@@ -57,7 +57,7 @@ def to_numpy(array: Any) -> np.ndarray:
 
 def mlx_namespace() -> dict[str, Any]:
     """The array functions a family's ``baseline`` expression may call, as MLX ops (``_vocab``)."""
-    from .._vocab import mlx_namespace as vocabulary
+    from ..family._vocab import mlx_namespace as vocabulary
 
     return vocabulary(mx_core())
 
@@ -117,7 +117,7 @@ class MLXBackend(BaseBackend):
 
     def __init__(self, plan: Any = None, cache_bytes: float | None = None,
                  memory_budget_bytes: float | None = None) -> None:
-        from .._measure import TimingPlan
+        from ..evaluation._measure import TimingPlan
 
         self.plan = plan if plan is not None else TimingPlan()
         self.cache_bytes = cache_bytes if cache_bytes is not None else self.default_cache_bytes
@@ -129,7 +129,7 @@ class MLXBackend(BaseBackend):
     # -- what differs between Metal and CUDA ----------------------------------------------------------
     def _make_kernel(self, source: KernelSource, geometry: Geometry) -> Any:
         """The ``mx.fast`` kernel object of a variant: the target's constructor (``_targets.TARGETS``)."""
-        from .._targets import get_target
+        from ..hardware._targets import get_target
 
         target = get_target(source.target)
         extra = {"shared_memory": int(geometry.shared_memory)} if target.shared_memory_at_build else {}
@@ -207,9 +207,9 @@ class MLXBackend(BaseBackend):
 
     # -- timing ---------------------------------------------------------------------------------------
     def input_sets(self, arrays: list[np.ndarray], dtype: str, geometry: Geometry | None = None) -> int:
-        """How many copies of the inputs to rotate among (:func:`kernsearch._measure.input_sets_needed`)."""
-        from .._measure import input_sets_needed
-        from .._spec import DTYPES
+        """How many copies of the inputs to rotate among (:func:`kernsearch.evaluation._measure.input_sets_needed`)."""
+        from ..evaluation._measure import input_sets_needed
+        from ..family._spec import DTYPES
 
         size = DTYPES[dtype]
         working = sum(x.size for x in arrays) * size
@@ -219,7 +219,7 @@ class MLXBackend(BaseBackend):
 
     def launcher(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
                  sets: int | None = None) -> tuple[Callable[[int], object], Callable[[], None]]:
-        """``(launch, sync)`` for :mod:`kernsearch._measure`, after one (compiling) run."""
+        """``(launch, sync)`` for :mod:`kernsearch.evaluation._measure`, after one (compiling) run."""
         self.check_available()
         copies = self._device_copies(inputs, dtype, sets or self.input_sets(inputs, dtype, geometry), geometry)
         self._first(kernel, geometry, copies[0], geometry.init_value)
@@ -250,8 +250,8 @@ class MLXBackend(BaseBackend):
 
     def time(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
              **options: Any) -> Timing:
-        from .._measure import measure
-        from .._spec import DTYPES
+        from ..evaluation._measure import measure
+        from ..family._spec import DTYPES
 
         launch, sync = self.launcher(kernel, geometry, inputs, dtype)
         plan = options.get("plan", self.plan)

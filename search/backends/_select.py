@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 from ._registry import BACKENDS, backend_class
 
 if TYPE_CHECKING:
-    from .._chips import Chip
+    from ..hardware._chips import Chip
 
 #: ``--backend auto``: measure on the GPU here when results are wanted for it, else predict.
 AUTO = "auto"
 #: ``--backend replay``: no device but a recorded landscape replayed as the objective
-#: (:mod:`kernsearch._replay`); studies of one carry this name as their back-end.
+#: (:mod:`kernsearch.studies._replay`); studies of one carry this name as their back-end.
 REPLAY = "replay"
 #: What ``auto`` falls back to: the per-chip performance model.
 PREDICTOR = "model"
@@ -45,7 +45,7 @@ def evidence_label(evidence: str, backend: str | None) -> str:
 
 def measuring_backend(chip: Chip) -> str | None:
     """The back-end that measures ``chip`` when it is the GPU here (its vendor's target), None for none."""
-    from .._targets import target_of
+    from ..hardware._targets import target_of
 
     target = target_of(chip.vendor)
     for name in BACKENDS:
@@ -65,8 +65,8 @@ def select_backend(choice: str, chip: str | None = None, *, detected: Chip | Non
     for ``chip`` (default: the GPU here, or an M-series chip without one). ``detected``: the chip here, when
     the caller has detected it already (else detection runs only where needed; it may warn). ``verify``
     (``all``, ``finalists``, ``none``): what the model's note says the interpreter checks."""
-    from .._chips import default_apple_chip, get_chip, resolve_chip, target_chip
-    from .._targets import chip_target, interpretable
+    from ..hardware._chips import default_apple_chip, get_chip, resolve_chip, target_chip
+    from ..hardware._targets import chip_target, interpretable
 
     if choice != AUTO:
         if not backend_class(choice).measures_device:

@@ -77,7 +77,7 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
                stack_kb: int = 0, threadgroups: list[tuple[int, int, int]] | None = None,
                input_dtypes: list[str | None] | None = None, atomic_outputs: bool = False,
                schedule: str = "in-order", seed: int = 1) -> InterpResult:
-    """Run ``kernel`` (a :class:`~kernsearch._render.KernelSource`) on ``inputs``; outputs come back
+    """Run ``kernel`` (a :class:`~kernsearch.family._render.KernelSource`) on ``inputs``; outputs come back
     pre-filled with ``init_value`` where the kernel did not write. A variant that cannot run raises
     :class:`VariantFailure` (``unsupported``, ``compile``, ``crash``, ``timeout``). ``threadgroups``
     (positions in the grid) runs only those threadgroups (fast and check modes): big problems are verified

@@ -51,9 +51,9 @@ def _lines(marked: str) -> tuple[str, dict[int, int]]:
 
 def template_lines(family: Any, config: dict[str, Any], dtype: str, target: str = "metal") -> TemplateLines | None:
     """The line mapping of ``render(family, config, dtype, target)``, or None when it cannot be made."""
-    from .._render import render, render_blocks, render_context
     from .._safeio import read_text
-    from .._spec import template_env
+    from ..family._render import render, render_blocks, render_context
+    from ..family._spec import template_env
 
     try:
         kernel = render(family, config, dtype, target)

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from kernsearch._artifacts import ArtifactStore
-from kernsearch._export import INIT_MODULE, export
-from kernsearch._manifest import ArtifactError
+from kernsearch.artifacts._artifacts import ArtifactStore
+from kernsearch.artifacts._manifest import ArtifactError
+from kernsearch.exporting._export import INIT_MODULE, export
 
 from .conftest import CANARY, KEY, assert_one_line_error, candidate, key, ks, set_key
 
@@ -115,7 +115,7 @@ def test_exported_package_holds_no_code_from_data(hostile_family, tmp_path: Path
 
 
 def test_tamper_verdict_belongs_to_a_file_not_to_a_hash(tmp_path: Path) -> None:
-    from kernsearch.export_runtime import _runtime
+    from kernsearch.exporting.runtime import _runtime
 
     store = ArtifactStore(tmp_path / "store")
     assert store.publish(candidate(median=1.0)).published
@@ -142,7 +142,7 @@ def test_tamper_verdict_belongs_to_a_file_not_to_a_hash(tmp_path: Path) -> None:
 
 
 def test_kernel_files_outside_the_package_are_refused(tmp_path: Path) -> None:
-    from kernsearch.export_runtime import _runtime
+    from kernsearch.exporting.runtime import _runtime
 
     store = ArtifactStore(tmp_path / "store")
     assert store.publish(candidate(median=1.0)).published

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from kernsearch._artifacts import ArtifactStore
-from kernsearch._chips import get_chip
-from kernsearch._render import geometry, render
-from kernsearch._space import Space, make_problem
-from kernsearch._spec import load_family
-from kernsearch._verify import sample_threadgroups, threadgroup_counts, verify_kernel
+from kernsearch.artifacts._artifacts import ArtifactStore
 from kernsearch.backends import get_backend
+from kernsearch.evaluation._verify import sample_threadgroups, threadgroup_counts, verify_kernel
+from kernsearch.family._render import geometry, render
+from kernsearch.family._space import Space, make_problem
+from kernsearch.family._spec import load_family
+from kernsearch.hardware._chips import get_chip
 
 from .conftest import ks
 

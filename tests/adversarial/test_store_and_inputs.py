@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kernsearch._artifacts import ArtifactStore
-from kernsearch._manifest import ArtifactError
+from kernsearch.artifacts._artifacts import ArtifactStore
+from kernsearch.artifacts._manifest import ArtifactError
 
 from .conftest import CANARY, KEY, assert_one_line_error, candidate, key, ks
 
@@ -246,7 +246,7 @@ class _Killed(BaseException):
 @pytest.mark.parametrize("step", ["journal", "rename", "pointer"])
 def test_a_publisher_killed_at_any_step_leaves_a_consistent_repairable_store(store: Path, step: str,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    import kernsearch._artifacts as arts
+    import kernsearch.artifacts._artifacts as arts
 
     st = ArtifactStore(store)
     if step == "journal":
@@ -308,7 +308,7 @@ def test_a_process_joining_a_new_study_late_does_not_remeasure_its_first_configs
     that another process is on the study (its first trial number is not the next one it saw) and skip."""
     import threading
 
-    from kernsearch._study import Objective, Record, run_study
+    from kernsearch.studies._study import Objective, Record, run_study
 
     evaluated: list[tuple[str, str]] = []
     a_done = threading.Event()

@@ -1,0 +1,1 @@
+"""Artifacts: a study's winner → a gated, versioned, re-checked entry of the artifact store (→ artifact)."""

@@ -1,0 +1,192 @@
+"""What a search offers the artifact store: a :class:`Candidate` and the key (:class:`ArtifactKey`) it
+belongs to, and the manifest fields drafted from it (:func:`draft_manifest`), which both the store's gate
+and the re-check of a loaded manifest (``_recheck``) use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ._manifest import (
+    EVIDENCE_RANK,
+    ArtifactError,
+    ChipIdentity,
+    Correctness,
+    KernelInfo,
+    LaunchGeometry,
+    Measurements,
+    ProblemInfo,
+    TemplateInfo,
+    Toolchain,
+    utcnow,
+)
+from ..family._render import Geometry, KernelSource, geometry, render
+from ..hardware._targets import get_target, target_of
+
+if TYPE_CHECKING:
+    from ..hardware._chips import Chip
+    from ..family._space import Config, Space
+    from ..family._spec import Family
+    from ..backends._base import Evidence
+
+_VERSION = re.compile(r"^v([1-9][0-9]*)$")
+_PART = re.compile(r"^(?!\.)[A-Za-z0-9._-]+$")
+
+
+def chip_slug(name: str) -> str:
+    """A chip name as a folder name: ``M2 Max`` → ``M2-Max``."""
+    slug = re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-")
+    if not slug:
+        raise ArtifactError(f"chip name {name!r} cannot name a folder")
+    return slug
+
+
+@dataclass(frozen=True, order=True)
+class ArtifactKey:
+    """family / chip / dtype / shape: what one line of versions is about."""
+
+    family: str
+    chip: str  # the chip's slug
+    dtype: str
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        for part in (self.family, self.chip, self.dtype):  # each is one folder name inside the store
+            if not _PART.match(part):
+                raise ArtifactError(f"{part!r} cannot name an artifact folder (letters, digits, . _ - only)")
+        if not self.shape or any(s <= 0 for s in self.shape):
+            raise ArtifactError(f"bad shape {self.shape!r} for an artifact key")
+
+    @property
+    def path(self) -> str:
+        return f"{self.family}/{self.chip}/{self.dtype}/{'x'.join(map(str, self.shape))}"
+
+    def __str__(self) -> str:
+        return self.path
+
+    @classmethod
+    def parse(cls, text: str) -> tuple[ArtifactKey, str | None]:
+        """``gemm/M2-Max/float16/64x64x64`` (optionally ``/v2``) → (key, version or None)."""
+        parts = [p for p in text.strip().strip("/").split("/") if p]
+        version = parts.pop() if len(parts) == 5 and _VERSION.match(parts[-1]) else None
+        if len(parts) != 4:
+            raise ArtifactError(f"bad artifact key {text!r}: expected FAMILY/CHIP/DTYPE/SHAPE[/vN], "
+                                "e.g. gemm/M2-Max/float16/4096x4096x4096")
+        family, chip, dtype, shape = parts
+        try:
+            sizes = tuple(int(s) for s in shape.split("x"))
+        except ValueError:
+            raise ArtifactError(f"bad artifact key {text!r}: shape {shape!r} is not like 64x64x64") from None
+        return cls(family, chip_slug(chip), dtype, sizes), version
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A search result offered for publication."""
+
+    family: Family
+    chip: Chip
+    dtype: str
+    shape: tuple[int, ...]
+    config: Config
+    kernel: KernelSource
+    geometry: Geometry
+    correctness: Correctness
+    evidence: Evidence | str
+    measurements: Measurements | None = None
+    study: str | None = None
+    created_at: datetime = field(default_factory=utcnow)
+    #: Detected at publish time when not given (tests inject one to simulate a toolchain change).
+    toolchain: Toolchain | None = None
+
+    @classmethod
+    def for_config(cls, space: Space, config: Config, *, target: str, correctness: Correctness,
+                   evidence: Evidence | str, measurements: Measurements | None = None,
+                   study: str | None = None, toolchain: Toolchain | None = None) -> Candidate:
+        """Render ``config`` for the space's problem and wrap it with its evidence."""
+        problem = space.problem
+        return cls(family=space.family, chip=space.chip, dtype=problem.dtype, shape=problem.shape,
+                   config=dict(config), kernel=render(space.family, config, problem.dtype, target),
+                   geometry=geometry(space, config), correctness=correctness, evidence=evidence,
+                   measurements=measurements, study=study, toolchain=toolchain)
+
+    @property
+    def key(self) -> ArtifactKey:
+        return ArtifactKey(self.family.name, chip_slug(self.chip.name), self.dtype, tuple(self.shape))
+
+    @property
+    def evidence_kind(self) -> str:
+        return str(getattr(self.evidence, "value", self.evidence))
+
+
+def draft_manifest(c: Candidate) -> dict[str, Any]:
+    """Every manifest field but version, gate and published_at; refuses inconsistent candidates."""
+    from ..family._space import Space, make_problem
+
+    fam, kind = c.family, c.evidence_kind
+    if kind not in EVIDENCE_RANK:
+        raise ArtifactError(f"unknown evidence kind {kind!r} (measured, interpreted or modeled)")
+    if kind == "measured" and (c.chip.vendor == "cpu" or not c.chip.detected):
+        raise ArtifactError(f"measured evidence needs a GPU detected on the machine that timed it (the Chip "
+                            f"from detect_chip(), carrying mx.device_info()); chip {c.chip.name} was "
+                            f"{'named, not detected' if not c.chip.detected else 'a CPU'}")
+    if kind == "measured":
+        import warnings
+
+        from ..hardware._chips import chip_from_device_info
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an unknown GPU is fine here; only its lineage matters
+            seen = chip_from_device_info(c.chip.detected)
+        if (seen.vendor, seen.lineage) != (c.chip.vendor, c.chip.lineage):
+            raise ArtifactError(f"chip {c.chip.name} does not match the device that timed it "
+                                f"({c.chip.detected.get('device_name')}, {c.chip.detected.get('architecture')})")
+    if kind == "interpreted" and c.measurements is not None:
+        raise ArtifactError("interpreted evidence is correctness only: drop the measurements or call them modeled")
+    if kind != "interpreted" and c.measurements is None:
+        raise ArtifactError(f"{kind} evidence needs measurements (median, spread, samples)")
+    if c.kernel.target not in fam.templates:
+        raise ArtifactError(f"family {fam.name} has no {c.kernel.target} template")
+    runs = target_of(c.chip.vendor)
+    if runs is not None and c.kernel.target != runs:
+        raise ArtifactError(f"a {c.kernel.target} kernel cannot run on {c.chip.name} ({runs} only)")
+    problem = make_problem(fam, tuple(c.shape), c.dtype)
+    space = Space(problem, c.chip)
+    bad = space.violations(dict(c.config))
+    if bad:
+        raise ArtifactError(f"config is not valid for {c.key}: " + "; ".join(map(str, bad)))
+    if LaunchGeometry.of(geometry(space, dict(c.config))) != LaunchGeometry.of(c.geometry):
+        raise ArtifactError(f"geometry does not match the family's launch for this config and shape ({c.key})")
+    sha = c.kernel.sha256
+    if render(fam, dict(c.config), c.dtype, c.kernel.target).sha256 != sha:
+        raise ArtifactError(f"kernel source differs from what {fam.templates[c.kernel.target]} renders for "
+                            "this config (stale template or edited source)")
+    template_file = fam.template_path(c.kernel.target)
+    suffix = get_target(c.kernel.target).suffix
+    return {
+        "schema_version": 2,
+        "family": fam.name,
+        "key": c.key.path,
+        "kernel": KernelInfo(name=c.kernel.name, target=c.kernel.target, input_names=list(c.kernel.input_names),
+                             output_names=list(c.kernel.output_names),
+                             template=[tuple(t) for t in c.kernel.template],
+                             header_file=f"header.{suffix}", source_file=f"source.{suffix}"),
+        "source_sha256": sha,
+        "template": TemplateInfo(file=template_file.name,
+                                 sha256=hashlib.sha256(template_file.read_bytes()).hexdigest()),
+        "config": dict(c.config),
+        "geometry": LaunchGeometry.of(c.geometry),
+        "chip": ChipIdentity.of(c.chip),
+        "toolchain": c.toolchain or Toolchain.detect(),
+        "problem": ProblemInfo(family=fam.name, dims=problem.dims, shape=list(problem.shape), dtype=problem.dtype,
+                               flops=problem.flops(), bytes=problem.bytes()),
+        "evidence": kind,
+        "measurements": c.measurements,
+        "correctness": c.correctness,
+        "study": c.study,
+        "created_at": c.created_at,
+    }

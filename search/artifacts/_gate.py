@@ -1,0 +1,77 @@
+"""The regression gate: whether a correct candidate may become a key's current version, and whether a
+measured result beats the MLX op it replaces.
+
+A candidate that failed verification is refused (by the store, before the gate); a lower evidence kind never
+replaces a higher one (modeled never replaces measured); otherwise a candidate becomes current if there is no
+current version, the current one is invalidated (explicitly, unreadable, or measured with a different compile
+toolchain or on a different device), or it is faster by more than the measured noise. Pure functions of the
+draft manifest and the current one: the store (:mod:`kernsearch.artifacts._artifacts`) reads, locks and writes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._manifest import EVIDENCE_RANK, Manifest, Measurements
+from ..exporting.runtime._runtime import DEFAULT_MARGIN, beats_op, speedup_text
+
+
+def loses_to_baseline(draft: dict[str, Any], op: str, margin: float = DEFAULT_MARGIN,
+                      version: str | None = None) -> str:
+    """Why a measured result may not be dispatched ('' when it beats the op by more than the margin)."""
+    if draft["evidence"] != "measured":
+        return ""  # modeled / interpreted results are never dispatched by default anyway (docs/artifacts.md)
+    given = draft.get("measurements")
+    m: dict[str, Any] = given.model_dump() if isinstance(given, Measurements) else dict(given or {})
+    what = f"{version} " if version else ""
+    if not m.get("baseline_median_ms") or m.get("speedup_low") is None:
+        return f"{what}has no measured speedup over {op} (the baseline was not timed in the same run)"
+    if beats_op(m["speedup_low"], margin):
+        return ""
+    return (f"{what}{speedup_text(m.get('speedup'), m.get('speedup_low'), m.get('speedup_high'))} of {op} "
+            f"(measured; needs a lower bound above {1 + margin:.2f}x)")
+
+
+def gate(draft: dict[str, Any], current: Manifest | None, invalid: str | None,
+         min_gain: float = 0.0) -> tuple[bool, str]:
+    """Decide whether a (correct) candidate replaces the current version; returns (publish, reason)."""
+    evidence: str = draft["evidence"]
+    new: Measurements | None = draft.get("measurements")
+    if current is None:
+        return True, f"{invalid}; replaced by a correct {evidence} result" if invalid else \
+            f"first version for this key ({evidence})"
+    if invalid:
+        return True, f"{invalid}; replaced by a correct {evidence} result"
+    old_rank, new_rank = EVIDENCE_RANK[current.evidence], EVIDENCE_RANK[evidence]
+    if new_rank < old_rank:
+        return False, (f"{evidence} results never replace {current.evidence} ones "
+                       f"(current {current.version} is {current.evidence})")
+    if current.evidence == "measured":
+        changed = _identity_changes(current, draft)
+        if changed:
+            return True, f"current {current.version} invalidated: {changed}"
+    if new_rank > old_rank:
+        return True, f"{evidence} result replaces {current.evidence} {current.version}"
+    old = current.measurements
+    if new is None or old is None:
+        return False, (f"no timing to compare ({evidence} evidence is correctness only); "
+                       f"current {current.version} stays")
+    gain = (old.median_ms - new.median_ms) / old.median_ms
+    noise = max(new.spread, old.spread)
+    needed = noise + min_gain
+    figures = (f"{new.median_ms:.4g} ms vs {current.version}'s {old.median_ms:.4g} ms "
+               f"({gain:+.1%}; noise {noise:.1%}{f', required gain {min_gain:.1%}' if min_gain else ''})")
+    if gain > needed:
+        return True, f"faster than {current.version} beyond the noise: {figures}"
+    return False, f"not faster than {current.version} beyond the noise: {figures}"
+
+
+def _identity_changes(current: Manifest, draft: dict[str, Any]) -> str:
+    """What changed since the current (measured) version was measured: toolchain or device."""
+    old, new = current.toolchain.timing_identity(), draft["toolchain"].timing_identity()
+    changes = [f"{k} {old[k]} → {new[k]}" for k in old if old[k] != new[k]]
+    old_dev, new_dev = current.chip.detected, draft["chip"].detected
+    for k in ("architecture", "device_name"):
+        if new_dev and old_dev.get(k) != new_dev.get(k):
+            changes.append(f"device {k} {old_dev.get(k)} → {new_dev.get(k)}")
+    return ("toolchain changed (" if changes else "") + ", ".join(changes) + (")" if changes else "")

@@ -1,0 +1,839 @@
+"""Run-time dispatch of an exported kernsearch package (copied verbatim into every exported package).
+
+Depends on ``mlx`` only (plus the standard library): it must import and give correct results anywhere
+MLX does, GPU or not. For each call it picks, for the running chip, the kernel through a fallback chain
+— exact chip → same generation and die → same generation → the family's default config → the plain MLX
+op — and, within a chip level, the tuned shape nearest the call's shape whose config is valid for it
+(the family's constraints, evaluated here). A level is taken only with measured evidence that the kernel
+beats the MLX op on that chip (see LEVELS below); otherwise the MLX op runs. Spec expressions arrive
+pre-parsed as small JSON trees and are evaluated by :func:`evaluate` (a closed set of operators and
+functions; never Python's ``eval``).
+Every kernel file's hash is checked before it is used; each kernel is built once per process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import operator
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+from itertools import chain as _chain
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+FORMAT = 2
+#: ``off`` (or 0/no/false): every call uses the plain MLX op; ``modeled``: modeled artifacts may be used too.
+DISABLE_VAR = "KERNSEARCH_KERNELS"
+#: A kernel is dispatched only if the lower bound of its measured speedup over the MLX op (baseline p10 /
+#: kernel p90, same inputs, interleaved, one run) exceeds 1 + margin.
+DEFAULT_MARGIN = 0.03
+#: The nearest-shape rule stretches a tuned kernel at most this factor per dimension (either way).
+SHAPE_BOUND = 2.0
+#: The columns of kernsearch's targets table (``search/hardware/_targets.py``) this file needs, copied because it
+#: imports nothing of kernsearch (``tests/test_targets.py`` checks they agree): the target a vendor's GPUs
+#: run, the ``mx.fast`` constructor of each target, the targets whose kernel object fixes its shared memory.
+VENDOR_TARGETS = {"apple": "metal", "nvidia": "cuda"}
+MLX_KERNELS = {"metal": "metal_kernel", "cuda": "cuda_kernel"}
+SHARED_MEMORY_AT_BUILD = frozenset({"cuda"})
+
+
+def beats_op(speedup_low: Optional[float], margin: float = DEFAULT_MARGIN) -> bool:
+    """The rule of the gate and of dispatch: the measured speedup's lower bound exceeds 1 + margin."""
+    return speedup_low is not None and math.isfinite(speedup_low) and speedup_low > 1.0 + margin
+
+
+def speedup_text(speedup: Optional[float], low: Optional[float], high: Optional[float]) -> str:
+    """``0.26x (range 0.25-0.27)`` or ``no measured speedup``."""
+    if speedup is None:
+        return "no measured speedup"
+    rng = f" (range {low:.2f}-{high:.2f})" if low is not None and high is not None else ""
+    return f"{speedup:.2f}x{rng}"
+
+
+def timing_identity(mlx_version: Optional[str], os_name: Optional[str], macos_version: Optional[str],
+                    cuda_driver: Optional[str], nvrtc: Optional[str]) -> Dict[str, Optional[str]]:
+    """What can move a measured kernel time when it changes (a measured result is void across a change)."""
+    def major_minor(v: Optional[str], parts: int) -> Optional[str]:
+        return ".".join(v.split(".")[:parts]) if v else None
+
+    return {"mlx": major_minor(mlx_version, 2), "os": os_name or None, "macos": major_minor(macos_version, 1),
+            "cuda_driver": cuda_driver or None, "nvrtc": nvrtc or None}
+
+
+def cuda_driver_version() -> Optional[str]:
+    """The NVIDIA kernel driver version (Linux), or None."""
+    try:
+        with open("/proc/driver/nvidia/version", "rb") as f:
+            text = f.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return None
+    m = re.search(r"Kernel Module\s+(?:for\s+\S+\s+)?([0-9]+(?:\.[0-9]+)+)", text)
+    return m.group(1) if m else None
+
+
+def nvrtc_version() -> Optional[str]:
+    """NVRTC's version (the compiler of ``mx.fast.cuda_kernel``), or None where there is no NVRTC."""
+    import ctypes
+    import ctypes.util
+
+    names = [n for n in (ctypes.util.find_library("nvrtc"),) if n] + [f"libnvrtc.so.{v}" for v in (13, 12, 11)]
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        if lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) == 0:
+            return f"{major.value}.{minor.value}"
+    return None
+
+
+def within_shape_bound(tuned: Sequence[int], wanted: Sequence[int], bound: float = SHAPE_BOUND) -> bool:
+    """True when every dimension of ``wanted`` is within ``bound``x of the tuned one."""
+    return len(tuned) == len(wanted) and all(
+        max(t, 1) / max(w, 1) <= bound and max(w, 1) / max(t, 1) <= bound for t, w in zip(tuned, wanted))
+MAX_DECISIONS = 4096
+LEVELS = ("exact chip", "same generation and die", "same generation", "family default", "mlx op")
+# Dispatch rules (docs/artifacts.md): a level uses an artifact only with measured evidence, on that chip, that
+# it beats the MLX op by more than the margin (modeled ones only when the consumer opts in; interpreted ones
+# never); other chips' artifacts only for families that allow the transfer; a tuned shape only within
+# SHAPE_BOUND per dimension; the family default only where a measured artifact shows the default config
+# beating the op on this chip; a measured artifact is void when the toolchain that timed it changed.
+
+
+# -- expressions -----------------------------------------------------------------------------------------
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+FUNCTIONS: Dict[str, Callable[..., Any]] = {
+    "ceil_div": _ceil_div, "round_up": lambda a, b: _ceil_div(a, b) * b,
+    "is_pow2": lambda n: n > 0 and n & (n - 1) == 0, "min": min, "max": max, "abs": abs, "int": int,
+    "float": float, "len": len, "sqrt": math.sqrt, "log2": math.log2,
+}
+_BINARY: Dict[str, Callable[[Any, Any], Any]] = {
+    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b,
+    "//": lambda a, b: a // b, "%": lambda a, b: a % b, "**": lambda a, b: _power(a, b),
+}
+
+
+def _power(a: Any, b: Any) -> Any:
+    """``a ** b`` refused where the result would be enormous (an integer of more than 256 bits)."""
+    if isinstance(a, int) and isinstance(b, int) and b > 0 and abs(a) > 1 and b * a.bit_length() > 256:
+        raise ExpressionError(f"{a}**{b} is too large")
+    return a ** b
+_COMPARE: Dict[str, Callable[[Any, Any], bool]] = {
+    "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b, "lteq": lambda a, b: a <= b,
+    "gt": lambda a, b: a > b, "gteq": lambda a, b: a >= b, "in": lambda a, b: a in b,
+    "notin": lambda a, b: a not in b,
+}
+
+
+class ExpressionError(ValueError):
+    """An exported expression could not be evaluated (a name is missing, an operator is unknown)."""
+
+
+def evaluate(tree: Any, names: Dict[str, Any], functions: Dict[str, Callable[..., Any]] = FUNCTIONS) -> Any:
+    """Evaluate an expression tree: ``["const", v]``, ``["name", n]``, ``["bin", op, a, b]``, ..."""
+    kind = tree[0]
+    if kind == "const":
+        return tree[1]
+    if kind == "name":
+        if tree[1] not in names:
+            raise ExpressionError(f"unknown name {tree[1]!r}")
+        return names[tree[1]]
+    if kind == "list":
+        return [evaluate(t, names, functions) for t in tree[1]]
+    if kind == "bin":
+        return _BINARY[tree[1]](evaluate(tree[2], names, functions), evaluate(tree[3], names, functions))
+    if kind == "concat":
+        return "".join(str(evaluate(t, names, functions)) for t in tree[1])
+    if kind == "not":
+        return not evaluate(tree[1], names, functions)
+    if kind == "neg":
+        return -evaluate(tree[1], names, functions)
+    if kind == "pos":
+        return +evaluate(tree[1], names, functions)
+    if kind == "and":
+        return evaluate(tree[1], names, functions) and evaluate(tree[2], names, functions)
+    if kind == "or":
+        return evaluate(tree[1], names, functions) or evaluate(tree[2], names, functions)
+    if kind == "cmp":
+        left = evaluate(tree[1], names, functions)
+        for op, operand in tree[2]:
+            right = evaluate(operand, names, functions)
+            if not _COMPARE[op](left, right):
+                return False
+            left = right
+        return True
+    if kind == "if":
+        if evaluate(tree[1], names, functions):
+            return evaluate(tree[2], names, functions)
+        return evaluate(tree[3], names, functions) if tree[3] is not None else None
+    if kind == "call":
+        if tree[1] not in functions:
+            raise ExpressionError(f"unknown function {tree[1]!r}")
+        args = [evaluate(t, names, functions) for t in tree[2]]
+        kwargs = {k: evaluate(t, names, functions) for k, t in tree[3].items()}
+        return functions[tree[1]](*args, **kwargs)
+    if kind == "attr":  # only records (dicts) have attributes here, e.g. chip.simd_width
+        obj = evaluate(tree[1], names, functions)
+        if not isinstance(obj, dict) or tree[2] not in obj:
+            raise ExpressionError(f"no attribute {tree[2]!r}")
+        return obj[tree[2]]
+    if kind == "item":
+        return evaluate(tree[1], names, functions)[evaluate(tree[2], names, functions)]
+    raise ExpressionError(f"unknown expression node {kind!r}")
+
+
+# -- chips -----------------------------------------------------------------------------------------------
+
+def lineage(chip: Dict[str, Any]) -> Tuple[Optional[str], Optional[str]]:
+    """(generation key, generation+die key), as kernsearch's ``Chip.lineage``."""
+    if chip.get("vendor") == "apple" and chip.get("generation") is not None:
+        return f"apple-g{chip['generation']}", f"apple-g{chip['generation']}{chip.get('die') or ''}"
+    if chip.get("architecture"):
+        return chip["architecture"], chip["architecture"]
+    return None, None
+
+
+def identify(info: Dict[str, Any], registry: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The chip record for ``mx.device_info()`` output (an unknown GPU gets a same-vendor stand-in)."""
+    arch, device = str(info.get("architecture", "")), str(info.get("device_name", ""))
+    apple = re.fullmatch(r"applegpu_g(\d+)([a-z])", arch)
+    if apple:
+        gen, die = int(apple.group(1)), apple.group(2)
+        for chip in registry:
+            if chip.get("generation") == gen and chip.get("die") == die:
+                return dict(chip)
+        return _stand_in(registry, "apple", device or arch, generation=gen, die=die)
+    if arch.startswith("sm_"):
+        for chip in registry:
+            if chip.get("architecture") == arch and chip.get("device_match") and chip["device_match"] in device:
+                return dict(chip)
+        return _stand_in(registry, "nvidia", device or arch, architecture=arch)
+    cpu = next((c for c in registry if c.get("vendor") == "cpu"), {"name": "cpu", "vendor": "cpu"})
+    return dict(cpu)
+
+
+def _stand_in(registry: List[Dict[str, Any]], vendor: str, name: str, **identity: Any) -> Dict[str, Any]:
+    same = [c for c in registry if c.get("vendor") == vendor] or [{"vendor": vendor}]
+    gen = [c for c in same if identity.get("generation") in (None, c.get("generation"))]
+    smallest = min(gen or same, key=lambda c: c.get("gpu_cores", 0))
+    return {**smallest, "name": name, "known": False, "die": None, "generation": None, "architecture": None,
+            **identity}
+
+
+# -- decisions -------------------------------------------------------------------------------------------
+
+@dataclass
+class Decision:
+    """Which kernel (or fallback) a call uses, and why."""
+
+    family: str
+    level: str
+    chip: str
+    shape: Tuple[int, ...]
+    dtype: str
+    entry: Optional[Dict[str, Any]] = None  # the artifact or default kernel chosen (None: the MLX op)
+    why: List[str] = field(default_factory=list)
+
+    @property
+    def artifact(self) -> Optional[str]:
+        """``key/version`` of the chosen artifact, None for the default config or the MLX op."""
+        if self.entry and "key" in self.entry:
+            return f"{self.entry['key']}/{self.entry['version']}"
+        return None
+
+    @property
+    def config(self) -> Optional[Dict[str, Any]]:
+        return dict(self.entry["config"]) if self.entry else None
+
+    def __str__(self) -> str:
+        what = self.artifact or ("default config" if self.entry else "plain MLX op")
+        lines = [f"{self.family} {'x'.join(map(str, self.shape))} {self.dtype} on {self.chip}: "
+                 f"{self.level} -> {what}"]
+        return "\n".join(lines + [f"  - {w}" for w in self.why])
+
+
+class Dispatcher:
+    """Loads an exported package's dispatch table and runs its families."""
+
+    def __init__(self, root: Path, device_info: Optional[Dict[str, Any]] = None) -> None:
+        self.root = Path(root)
+        self.table = json.loads((self.root / "dispatch.json").read_text(encoding="utf-8"))
+        if self.table.get("format") != FORMAT:
+            raise RuntimeError(f"{self.root}: dispatch table format {self.table.get('format')!r} is not {FORMAT}")
+        self._device_info = device_info
+        self._decisions: Dict[Any, Decision] = {}
+        self._plans: Dict[Any, Callable[..., Any]] = {}
+        #: family -> its MLX op, where no kernel of the family can run on this chip (``_op_everywhere``);
+        #: None where one might. Holds for calls with no chip, no opt-in and KERNSEARCH_KERNELS unset.
+        self._op_only: Dict[str, Optional[Callable[..., Any]]] = {}
+        self._sources: Dict[Tuple[str, str, str], Optional[Dict[str, Any]]] = {}
+        self._kernels: Dict[Any, Any] = {}
+        self._refused: Dict[Tuple[str, str, str], str] = {}
+        self.margin = float(self.table.get("margin", DEFAULT_MARGIN))
+        #: This process's timing identity (``timing_identity(...)``); None: detected on first use.
+        self.toolchain: Optional[Dict[str, Optional[str]]] = None
+        #: Builds a kernel object from a source record; tests may replace it.
+        self.kernel_factory: Callable[[Dict[str, Any], int], Any] = _mlx_kernel
+
+    # -- the running chip --------------------------------------------------------------------------------
+    def running_chip(self, chip: Any = None) -> Tuple[Dict[str, Any], str]:
+        """(chip record, target) for an injected identity or the device MLX runs on; target "" = none."""
+        registry = self.table["chips"]
+        if isinstance(chip, dict):
+            record = identify(chip, registry)
+        elif isinstance(chip, str):
+            wanted = re.sub(r"[\s_\-]+", "", chip).lower()
+            found = next((dict(c) for c in registry
+                          if re.sub(r"[\s_\-]+", "", c["name"]).lower() == wanted), None)
+            if found is None:
+                raise ValueError(f"unknown chip {chip!r}")
+            record = found
+        else:
+            info = self._device_info
+            if info is None:
+                info = _device_info()
+            record = identify(info, registry) if _gpu_available() else dict(identify({}, registry))
+        target = VENDOR_TARGETS.get(record.get("vendor", ""), "")
+        return record, target
+
+    # -- choosing --------------------------------------------------------------------------------------
+    def decide(self, family: str, shapes: Sequence[Sequence[int]], dtype: str, chip: Any = None,
+               modeled: bool = False) -> Decision:
+        """``modeled``: also use modeled (never measured) artifacts, as ``KERNSEARCH_KERNELS=modeled`` does."""
+        fam = self._family(family)
+        record, target = self.running_chip(chip)
+        modeled = modeled or os.environ.get(DISABLE_VAR, "").lower() == "modeled"
+        if os.environ.get(DISABLE_VAR, "").lower() in ("0", "off", "no", "false"):
+            dims, _ = _bind_dims(fam, shapes)
+            decision = Decision(family, LEVELS[4], record["name"], tuple((dims or {}).values()), dtype)
+            decision.why.append(f"tuned kernels switched off ({DISABLE_VAR}={os.environ[DISABLE_VAR]})")
+            return decision
+        cache_key = (family, tuple(tuple(s) for s in shapes), dtype, record["name"], target, modeled)
+        if cache_key in self._decisions:
+            return self._decisions[cache_key]
+        decision = self._decide(fam, family, shapes, dtype, record, target, modeled)
+        if len(self._decisions) >= MAX_DECISIONS:  # many distinct shapes: start over rather than grow
+            self._decisions.clear()
+        self._decisions[cache_key] = decision
+        return decision
+
+    def _decide(self, fam: Dict[str, Any], family: str, shapes: Sequence[Sequence[int]], dtype: str,
+                chip: Dict[str, Any], target: str, modeled: bool = False) -> Decision:
+        dims, problem = _bind_dims(fam, shapes)
+        shape = tuple(dims[d] for d in fam["dims"]) if dims else tuple()
+        decision = Decision(family, LEVELS[4], chip["name"], shape, dtype)
+        why = decision.why
+        if dims is None:
+            why.append(f"inputs do not match the family's inputs ({problem})")
+            return decision
+        if dtype not in fam["dtypes"]:
+            why.append(f"dtype {dtype} is not one the family supports ({', '.join(fam['dtypes'])})")
+            return decision
+        if not target:
+            why.append(f"no GPU back-end here (chip {chip['name']}): custom kernels need Metal or CUDA")
+            return decision
+        op = fam.get("baseline_name", "the MLX op")
+        pool = [a for a in fam["artifacts"] if a["dtype"] == dtype and a["target"] == target]
+        running = lineage(chip)
+        tests: Tuple[Callable[[Dict[str, Any]], bool], ...] = (
+            lambda a: bool(a["chip"] == chip["name"]),
+            lambda a: running[1] is not None and tuple(a["lineage"])[1] == running[1],
+            lambda a: running[0] is not None and tuple(a["lineage"])[0] == running[0])
+        seen: Set[int] = set()
+        for level, matches in zip(LEVELS[:3], tests):
+            here = [a for a in pool if matches(a) and id(a) not in seen]
+            seen.update(id(a) for a in here)
+            if not here:
+                why.append(f"{level}: no {target} {dtype} artifact")
+                continue
+            if level != LEVELS[0] and not fam.get("transfer"):
+                why.append(f"{level}: {len(here)} artifact(s) of other chips skipped: the family does not allow "
+                           "transferring a kernel between chips")
+                continue
+            valid, reasons = [], []
+            for a in here:
+                bad = self._unusable(a, fam, dims, shape, chip, dtype, op, modeled)
+                (reasons.append(f"{a['key']}/{a['version']} skipped: {bad}") if bad else valid.append(a))
+            if not valid:
+                why.append(f"{level}: " + "; ".join(reasons))
+                continue
+            best = min(valid, key=lambda a: (_distance(a["shape"], shape), a.get("median_ms") or math.inf))
+            decision.level, decision.entry = level, best
+            why.append(f"{level}: {best['key']}/{best['version']} taken: {self._evidence_text(best, op)}, tuned "
+                       f"for {'x'.join(map(str, best['shape']))}, nearest valid of {len(valid)}"
+                       + (f"; passed over: {'; '.join(reasons)}" if reasons else ""))
+            self._layout_note(decision, fam, dims, chip)
+            return decision
+        # The untuned default config runs only where a measured artifact shows it beating the op here.
+        default = fam["default"]["kernels"].get(f"{target}:{dtype}")
+        proof = [a for a in pool if a["chip"] == chip["name"] and a["config"] == fam["default"]["config"]
+                 and not self._unusable(a, fam, None, (), chip, dtype, op, False)]  # any tuned shape
+        if default is None:
+            why.append(f"family default: no {target} {dtype} kernel in this package")
+        elif not proof:
+            why.append(f"family default: skipped: no measured evidence that the default config beats {op} on "
+                       f"{chip['name']}")
+        else:
+            bad = violation(fam, fam["default"]["config"], dims, chip, dtype) or self._refusal(default)
+            if bad:
+                why.append(f"family default: skipped: {bad}")
+            else:
+                decision.level, decision.entry = LEVELS[3], default
+                why.append(f"family default: taken: {proof[0]['key']}/{proof[0]['version']} measured the default "
+                           f"config at {self._evidence_text(proof[0], op)}")
+                self._layout_note(decision, fam, dims, chip)
+                return decision
+        why.append(f"mlx op: {op}")
+        return decision
+
+    @staticmethod
+    def _layout_note(decision: Decision, fam: Dict[str, Any], dims: Optional[Dict[str, int]],
+                     chip: Dict[str, Any]) -> None:
+        """Which layout the chosen kernel expects: the inputs it takes pre-transposed (e.g. qmatvec's
+        LAYOUT_Q=cols: packed words, scales and biases as [K*BITS/32, N]) and the packing applied to them."""
+        if decision.entry is None or dims is None:
+            return
+        try:
+            names = _context(fam, decision.entry["config"], dims, chip, decision.dtype)
+            moved = [spec["name"] for spec in fam["inputs"]
+                     if spec["transposed"] is not None and bool(evaluate(spec["transposed"], names))]
+        except Exception:  # noqa: BLE001 - the note is informative; the launch re-evaluates and reports
+            return
+        layout = ", ".join(f"{k}={v}" for k, v in decision.entry["config"].items() if "LAYOUT" in k)
+        if moved:
+            decision.why.append(f"layout ({layout}): the kernel takes {', '.join(moved)} transposed (contiguous); "
+                                "packing: mx.transpose of each, applied by this package on every call (pack once "
+                                "and cache the result where the weights are constant)")
+        elif layout:
+            decision.why.append(f"layout ({layout}): inputs as given (MLX's own layout)")
+
+    def _unusable(self, a: Dict[str, Any], fam: Dict[str, Any], dims: Optional[Dict[str, int]],
+                  shape: Tuple[int, ...], chip: Dict[str, Any], dtype: str, op: str, modeled: bool) -> str:
+        """'' if artifact ``a`` may run this call, else why not (the rules of docs/artifacts.md)."""
+        evidence = a.get("evidence")
+        if a.get("invalidated"):
+            return f"invalidated: {a['invalidated']}"
+        if evidence == "interpreted":
+            return "interpreted (correctness only): never dispatched"
+        if evidence == "modeled" and not modeled:
+            return (f"modeled, not measured: never shown to beat {op} (opt in with {DISABLE_VAR}=modeled)")
+        if evidence == "measured":
+            if not beats_op(a.get("speedup_low"), self.margin):
+                return self._evidence_text(a, op)
+            changed = self._toolchain_change(a.get("timing_identity") or {})
+            if changed:
+                return f"measured with another toolchain ({changed}): its timing no longer holds"
+        elif evidence != "modeled":
+            return f"unknown evidence kind {evidence!r}"
+        if shape and not within_shape_bound(a["shape"], shape):
+            return (f"tuned for {'x'.join(map(str, a['shape']))}, more than {SHAPE_BOUND:g}x from "
+                    f"{'x'.join(map(str, shape))} in some dimension")
+        if dims is not None:
+            bad = violation(fam, a["config"], dims, chip, dtype) or self._refusal(a)
+            if bad:
+                return bad
+        return ""
+
+    @staticmethod
+    def _evidence_text(a: Dict[str, Any], op: str) -> str:
+        if a.get("evidence") == "measured":
+            return f"{speedup_text(a.get('speedup'), a.get('speedup_low'), a.get('speedup_high'))} of {op} (measured)"
+        return f"{a.get('evidence')} (opted in; not measured)"
+
+    def _toolchain_change(self, recorded: Dict[str, Any]) -> str:
+        """What differs between the toolchain an artifact was timed with and this process's ('' if nothing)."""
+        here = self.toolchain if self.toolchain is not None else _running_toolchain()
+        changes = [f"{k} {recorded.get(k)} -> {here.get(k)}" for k in ("mlx", "os", "macos", "cuda_driver", "nvrtc")
+                   if recorded.get(k) is not None and here.get(k) is not None and recorded.get(k) != here.get(k)]
+        return ", ".join(changes)
+
+    def _refusal(self, entry: Dict[str, Any]) -> str:
+        """'' if the entry's kernel files are intact, else why it is refused."""
+        return "" if self._source(entry) is not None else f"refused: {self._refused[_files(entry)]}"
+
+    def _source(self, entry: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """The kernel's source record, read once per pair of files and hash-checked; None (with a
+        warning) if tampered. The verdict belongs to the files: one tampered copy of a kernel never
+        refuses an intact copy elsewhere, and a tampered copy is never shown usable."""
+        sha = entry["sha256"]
+        where = _files(entry)
+        if where not in self._sources:
+            record = None
+            try:
+                header = _read_inside(self.root, entry["header"])
+                source = _read_inside(self.root, entry["source"])
+                k = entry["kernel"]
+                actual = source_sha256(header, source, k["template"], k["input_names"], k["output_names"])
+                if actual != sha:
+                    self._refused[where] = f"source hash mismatch ({actual[:12]}, expected {sha[:12]})"
+                else:
+                    record = {**k, "header": header, "source": source, "sha256": sha}
+            except (OSError, UnicodeDecodeError, ValueError) as exc:
+                self._refused[where] = f"cannot read kernel files ({exc})"
+            if record is None:
+                warnings.warn(f"kernel {entry.get('key', 'default')} {sha[:12]}: {self._refused[where]}; "
+                              "falling back", RuntimeWarning, stacklevel=4)
+            self._sources[where] = record
+        return self._sources[where]
+
+    # -- running ---------------------------------------------------------------------------------------
+    def explain(self, family: str, *arrays: Any, chip: Any = None, modeled: bool = False) -> Decision:
+        """Which artifact (or fallback) ``family(*arrays)`` would use here (or on ``chip``), and why."""
+        return self.decide(family, [tuple(a.shape) for a in arrays], _dtype_name(arrays, self._family(family)),
+                           chip, modeled)
+
+    def call(self, family: str, *arrays: Any, chip: Any = None, modeled: bool = False) -> Any:
+        """``family(*arrays)`` with the kernel :meth:`explain` names (or the MLX op).
+
+        The decision and everything the launch needs (grid, templates, output shapes, the built kernel) are
+        planned once per (family, shapes, dtypes, chip, opt-ins) and reused: a call that was planned before
+        costs a dictionary look-up on top of the op or kernel it runs, so the package adds no measurable
+        time even to a microsecond-sized MLX op.
+        """
+        flag = _ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else _env_flag()  # raw: no decoding here
+        if flag is None and chip is None and not modeled:
+            op = self._op_only.get(family)
+            if op is not None:  # no kernel of this family can run here: the op, without building a key
+                try:
+                    return op(*arrays)
+                except TypeError:  # not MLX arrays (the op takes only those): the planned path converts them
+                    pass
+        try:
+            # The key spelled out for the common arities: a comprehension would cost a frame (~0.4 us, a
+            # tenth of a small op). Every form is (family, chip, modeled, flag, shape0, dtype0, shape1, ...).
+            if len(arrays) == 2:
+                a, b = arrays
+                key: Any = (family, chip, modeled, flag, a.shape, a.dtype, b.shape, b.dtype)
+            elif len(arrays) == 1:
+                key = (family, chip, modeled, flag, arrays[0].shape, arrays[0].dtype)
+            elif len(arrays) == 3:
+                a, b, c = arrays
+                key = (family, chip, modeled, flag, a.shape, a.dtype, b.shape, b.dtype, c.shape, c.dtype)
+            else:
+                key = (family, chip, modeled, flag, *_chain.from_iterable(map(_SIGNATURE, arrays)))
+            plan = self._plans.get(key)
+        except (AttributeError, TypeError):  # not arrays, or an unhashable chip record: plan every call
+            key, plan = None, None
+        if plan is None:
+            plan = self._plan(family, arrays, chip, modeled)
+            if flag is None and chip is None and not modeled and family not in self._op_only:
+                self._op_only[family] = self._op_everywhere(family, arrays)
+            if key is not None:
+                if len(self._plans) >= MAX_DECISIONS:
+                    self._plans.clear()
+                self._plans[key] = plan
+        return plan(*arrays)
+
+    def _plan(self, family: str, arrays: Sequence[Any], chip: Any, modeled: bool) -> Callable[..., Any]:
+        """A function of the call's arrays (``plan(*arrays)``) that runs what the decision for them chose."""
+        import mlx.core as mx
+
+        fam = self._family(family)
+        native = all(isinstance(a, mx.array) for a in arrays)
+        arrays = tuple(a if isinstance(a, mx.array) else mx.array(a) for a in arrays)
+        decision = self.explain(family, *arrays, chip=chip, modeled=modeled)
+        if decision.entry is None:
+            return self._op_plan(fam, arrays, native)
+        record, _ = self.running_chip(chip)
+        dims = dict(zip(fam["dims"], decision.shape))
+        names = _context(fam, decision.entry["config"], dims, record, decision.dtype)
+        launch = fam["launch"]
+        grid = tuple(int(v) for v in evaluate(launch["grid"], names))
+        threadgroup = tuple(int(v) for v in evaluate(launch["threadgroup"], names))
+        shared = int(evaluate(launch["shared_memory"], names)) if launch.get("shared_memory") else 0
+        # A kernel that accumulates into its outputs (split-K) needs them zero-filled.
+        zero = launch.get("zero_outputs") and bool(evaluate(launch["zero_outputs"], names))
+        init = {"init_value": 0.0} if zero else {}
+        transpose = [spec["transposed"] is not None and bool(evaluate(spec["transposed"], names))
+                     for spec in fam["inputs"]]
+        source = self._source(decision.entry)
+        assert source is not None  # checked while deciding
+        kernel = self._kernel(source, shared)
+        template = [(k, getattr(mx, v) if isinstance(v, str) and hasattr(mx, v) else v)
+                    for k, v in source["template"]]
+        output_shapes = [tuple(int(s) for s in evaluate(o["shape"], names)) for o in fam["outputs"]]
+        output_dtypes = [_out_dtype(o, decision.dtype) for o in fam["outputs"]]
+        params = [mx.array([p["value"]], dtype=getattr(mx, p["dtype"])) for p in fam.get("params", [])]
+
+        def run(*call_arrays: Any) -> Any:
+            inputs = [mx.transpose(a) if t else a for t, a in zip(transpose, _as_mx(mx, call_arrays))] + params
+            outputs = kernel(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
+                             output_shapes=output_shapes, output_dtypes=output_dtypes, **init)
+            return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+        return run
+
+    def _op_everywhere(self, family: str, arrays: Sequence[Any]) -> Optional[Callable[..., Any]]:
+        """The family's MLX op when every call of it on the running chip runs that op, whatever its shapes
+        and dtypes (no artifact of this chip's target may run here, even ignoring chip and shape: the levels
+        and the default-config proof all draw from those); else None. Such calls skip the planning key."""
+        import mlx.core as mx
+
+        fam = self._family(family)
+        record, target = self.running_chip()
+        op = fam.get("baseline_name", "the MLX op")
+        if target and any(not self._unusable(a, fam, None, (), record, a["dtype"], op, False)
+                          for a in fam["artifacts"] if a["target"] == target):
+            return None
+        plan = self._op_plan(fam, arrays, native=all(isinstance(a, mx.array) for a in arrays))
+        return plan if plan in mlx_vocabulary(mx).values() else None  # a plain op, not a wrapper of one
+
+    def _op_plan(self, fam: Dict[str, Any], arrays: Sequence[Any],
+                 native: bool = False) -> Callable[..., Any]:
+        """The family's MLX baseline as a function of the arrays; a plain ``f(inputs...)`` is called directly.
+
+        ``native``: the call passed MLX arrays, so every call with the same key (shapes, MLX dtypes) does too.
+        """
+        import mlx.core as mx
+
+        functions = {name: fn for name, fn in mlx_vocabulary(mx).items() if name in fam["array_functions"]}
+        order = [spec["name"] for spec in fam["inputs"]]
+        tree = fam["baseline"]
+        params = {p["name"]: p["value"] for p in fam.get("params", [])}
+        if fam.get("compile_baseline"):  # one mx.compile'd function of the inputs, built once per plan
+            dims_, _ = _bind_dims(fam, [tuple(a.shape) for a in arrays])
+            compiled = mx.compile(lambda *xs: evaluate(tree, {**(dims_ or {}), **params, **dict(zip(order, xs))},
+                                                       functions))
+            return lambda *call_arrays: compiled(*_as_mx(mx, call_arrays))
+        if (tree[0] == "call" and tree[1] in functions and not tree[3] and not params
+                and all(t[0] == "name" and t[1] in order for t in tree[2])):
+            fn, picks = functions[tree[1]], [order.index(t[1]) for t in tree[2]]
+            if native and picks == list(range(len(order))):
+                return fn  # the op itself: a planned call adds no frame of its own
+            return lambda *call_arrays: fn(*[_as_mx(mx, call_arrays)[i] for i in picks])
+        dims, _ = _bind_dims(fam, [tuple(a.shape) for a in arrays])
+
+        def run(*call_arrays: Any) -> Any:
+            names: Dict[str, Any] = dict(zip(order, _as_mx(mx, call_arrays)))
+            names.update(dims or {})
+            names.update(params)
+            return evaluate(tree, names, functions)
+
+        return run
+
+    def _mlx_op(self, fam: Dict[str, Any], arrays: Sequence[Any]) -> Any:
+        return self._op_plan(fam, arrays)(*arrays)
+
+    def _kernel(self, source: Dict[str, Any], shared_memory: int) -> Any:
+        key = (source["sha256"], shared_memory if source["target"] in SHARED_MEMORY_AT_BUILD else 0)
+        if key not in self._kernels:
+            self._kernels[key] = self.kernel_factory(source, key[1])
+        return self._kernels[key]
+
+    def _family(self, family: str) -> Dict[str, Any]:
+        try:
+            entry: Dict[str, Any] = self.table["families"][family]
+            return entry
+        except KeyError:
+            raise ValueError(f"unknown family {family!r} (this package has: "
+                             f"{', '.join(self.table['families'])})") from None
+
+
+# -- helpers ---------------------------------------------------------------------------------------------
+
+try:  # os.environ.get costs ~2 us (key encoding); the raw table is a dict lookup — this runs on every call
+    _ENV_DATA: Any = os.environ._data  # type: ignore[attr-defined,unused-ignore]
+    _ENV_KEY: Any = os.environ.encodekey(DISABLE_VAR)  # type: ignore[attr-defined,unused-ignore]
+except AttributeError:  # pragma: no cover - not CPython
+    _ENV_DATA = None
+
+
+_SIGNATURE = operator.attrgetter("shape", "dtype")
+
+
+def _env_flag() -> Optional[str]:
+    """``KERNSEARCH_KERNELS`` as it is now (None when unset)."""
+    if _ENV_DATA is None:  # pragma: no cover
+        return os.environ.get(DISABLE_VAR)
+    raw = _ENV_DATA.get(_ENV_KEY)
+    if raw is None:
+        return None
+    value: str = os.environ.decodevalue(raw)  # type: ignore[attr-defined,unused-ignore]
+    return value
+
+
+def _as_mx(mx: Any, arrays: Sequence[Any]) -> Sequence[Any]:
+    """The call's arrays as MLX arrays (a consumer may pass NumPy arrays or lists)."""
+    if all(isinstance(a, mx.array) for a in arrays):
+        return arrays
+    return [a if isinstance(a, mx.array) else mx.array(a) for a in arrays]
+
+
+def _files(entry: Dict[str, Any]) -> Tuple[str, str, str]:
+    """What a tamper verdict is about: the two files and the hash they must have."""
+    return (str(entry["header"]), str(entry["source"]), str(entry["sha256"]))
+
+
+def _read_inside(root: Path, rel: str, limit: int = 4 << 20) -> str:
+    """A kernel file of the package: a plain relative path inside it, a regular file, bounded."""
+    parts = str(rel).split("/")
+    if any(p in ("", ".", "..") for p in parts) or str(rel).startswith("/"):
+        raise ValueError(f"{rel!r} is not a path inside the package")
+    path = root.joinpath(*parts)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        import stat
+
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{rel} is not a regular file")
+        data = os.read(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"{rel} is larger than {limit} bytes")
+    return data.decode("utf-8")
+
+
+
+def source_sha256(header: str, source: str, template: Any, input_names: Any, output_names: Any) -> str:
+    """The kernel hash kernsearch computes (``kernsearch.family._render.source_sha256``): same JSON, same order."""
+    blob = json.dumps([header, source, [list(t) for t in template], list(input_names), list(output_names)])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _bind_dims(fam: Dict[str, Any], shapes: Sequence[Sequence[int]]) -> Tuple[Optional[Dict[str, int]], str]:
+    """Problem dimensions read off the input shapes; (None, why) if they do not fit the family."""
+    if len(shapes) != len(fam["inputs"]):
+        return None, f"{len(shapes)} inputs given, {len(fam['inputs'])} expected"
+    dims: Dict[str, int] = {}
+    for spec, shape in zip(fam["inputs"], shapes):
+        if len(shape) != len(spec["axes"]):
+            return None, f"{spec['name']} has {len(shape)} dimensions, expected {len(spec['axes'])}"
+        for axis, size in zip(spec["axes"], shape):
+            if isinstance(axis, int):
+                if axis != size:
+                    return None, f"{spec['name']}: size {size} where {axis} is required"
+            elif dims.setdefault(axis, int(size)) != size:
+                return None, f"{axis} is {dims[axis]} and {size}"
+    missing = [d for d in fam["dims"] if d not in dims]
+    if missing:
+        return None, f"dimension(s) {missing} not given by any input"
+    return dims, ""
+
+
+def _context(fam: Dict[str, Any], config: Dict[str, Any], dims: Dict[str, int], chip: Dict[str, Any],
+             dtype: str) -> Dict[str, Any]:
+    names: Dict[str, Any] = {**FUNCTIONS, **dims, "dtype": dtype, "dtype_size": fam["dtype_sizes"][dtype],
+                             "chip": chip, **config}
+    for name, tree in fam["derived"]:
+        names[name] = evaluate(tree, names)
+    return names
+
+
+def violation(fam: Dict[str, Any], config: Dict[str, Any], dims: Dict[str, int], chip: Dict[str, Any],
+              dtype: str) -> str:
+    """'' if ``config`` obeys every family constraint for this shape and chip, else the first violated."""
+    try:
+        names = _context(fam, config, dims, chip, dtype)
+        for c in fam["constraints"]:
+            if not evaluate(c["expr"], names):
+                return f"violates {c['name']}" + (f" ({c['why']})" if c.get("why") else "")
+    except (ExpressionError, ArithmeticError, TypeError, ValueError, KeyError) as exc:
+        return f"cannot evaluate constraints: {exc}"
+    return ""
+
+
+def _distance(tuned: Sequence[int], wanted: Sequence[int]) -> float:
+    """How far two shapes are: the sum of |log ratio| over dimensions."""
+    return sum(abs(math.log(max(t, 1) / max(w, 1))) for t, w in zip(tuned, wanted))
+
+
+def _dtype_name(arrays: Sequence[Any], fam: Optional[Dict[str, Any]] = None) -> str:
+    """The problem dtype ``T``: that of the inputs the family types as ``T`` (all of them, in older tables)."""
+    specs = (fam or {}).get("inputs") or []
+    typed = [a for i, a in enumerate(arrays) if i >= len(specs) or specs[i].get("dtype", "T") == "T"]
+    names = {str(a.dtype).rsplit(".", 1)[-1] for a in typed or arrays}
+    return names.pop() if len(names) == 1 else "mixed"
+
+
+def _out_dtype(spec: Dict[str, Any], dtype: str) -> Any:
+    import mlx.core as mx
+
+    return getattr(mx, dtype if spec.get("dtype", "T") == "T" else spec["dtype"])
+
+
+def mlx_vocabulary(mx: Any) -> Dict[str, Callable[..., Any]]:
+    """The MLX meaning of the names a baseline may call (kernsearch's ``_vocab``, restated: this file
+    imports nothing but MLX)."""
+    plain = ("matmul", "einsum", "transpose", "exp", "log", "sqrt", "tanh", "maximum", "minimum", "sum", "max",
+             "min", "mean", "where", "abs", "square", "reshape", "concatenate")
+    ns: Dict[str, Callable[..., Any]] = {name: getattr(mx, name) for name in plain if hasattr(mx, name)}
+    ns.update(
+        softmax=lambda x, axis=-1: mx.softmax(x, axis=axis, precise=True),
+        rms_norm=lambda x, w, eps: mx.fast.rms_norm(x, w, float(eps)),
+        layer_norm=lambda x, w, b, eps: mx.fast.layer_norm(x, w, b, float(eps)),
+        sigmoid=mx.sigmoid, silu=lambda x: x * mx.sigmoid(x), gelu=lambda x: x * (1 + mx.erf(x / 2 ** 0.5)) / 2,
+        split=lambda x, parts, axis=-1: mx.split(x, parts, axis=axis),
+        dequantize=lambda w, scales, biases, group_size=64, bits=4: mx.dequantize(
+            w, scales, biases, group_size=group_size, bits=bits),
+        quantized_matmul=lambda x, w, scales, biases, transpose=True, group_size=64, bits=4: mx.quantized_matmul(
+            x, w, scales, biases, transpose=transpose, group_size=group_size, bits=bits),
+        rsqrt=mx.rsqrt,
+    )
+    return ns
+
+
+_TOOLCHAIN: Dict[str, Optional[str]] = {}
+
+
+def _running_toolchain() -> Dict[str, Optional[str]]:
+    """This process's timing identity, detected once (MLX, OS, macOS, CUDA driver, NVRTC)."""
+    if not _TOOLCHAIN:
+        import platform
+
+        try:
+            import mlx.core as mx
+
+            mlx_version: Optional[str] = str(getattr(mx, "__version__", "unknown"))
+        except ImportError:
+            mlx_version = None
+        macos = platform.mac_ver()[0] or None
+        nvidia = platform.system() == "Linux"
+        _TOOLCHAIN.update(timing_identity(mlx_version, platform.system(), macos,
+                                          cuda_driver_version() if nvidia else None,
+                                          nvrtc_version() if nvidia else None))
+    return _TOOLCHAIN
+
+
+def _gpu_available() -> bool:
+    try:
+        import mlx.core as mx
+
+        if mx.default_device().type != mx.DeviceType.gpu:
+            return False
+        if mx.metal.is_available():
+            return True
+        cuda = getattr(mx, "cuda", None)
+        return bool(cuda is not None and cuda.is_available())
+    except Exception:  # noqa: BLE001 - any MLX without a GPU back-end
+        return False
+
+
+def _device_info() -> Dict[str, Any]:
+    try:
+        import mlx.core as mx
+
+        return dict(mx.device_info())
+    except Exception:  # noqa: BLE001 - older MLX
+        return {}
+
+
+def _mlx_kernel(source: Dict[str, Any], shared_memory: int) -> Any:
+    """``mx.fast.metal_kernel`` or ``mx.fast.cuda_kernel`` for one source record."""
+    import mlx.core as mx
+
+    args = dict(name=source["name"], input_names=list(source["input_names"]),
+                output_names=list(source["output_names"]), source=source["source"], header=source["header"])
+    make = getattr(mx.fast, MLX_KERNELS.get(source["target"], MLX_KERNELS["metal"]))
+    if source["target"] in SHARED_MEMORY_AT_BUILD:
+        return make(**args, shared_memory=shared_memory)
+    return make(**args)

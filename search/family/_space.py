@@ -1,0 +1,234 @@
+"""The search space of one problem: a family's knobs filtered by its constraints for a shape, dtype and chip.
+
+Enumeration walks the knobs in declared order and checks each constraint as soon as every name it
+reads is bound, so whole sub-trees are pruned at once. A rejected config is counted once, under the
+first constraint (in that walk order) it violates; :meth:`Space.violations` lists *all* of them for one
+config.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import ConfigError, KernsearchError
+from ..hardware._chips import Chip
+from ._expr import BUILTINS, ExprError
+from ._spec import DTYPES, Family, KnobValue
+
+#: Largest size of one problem dimension (kernels index with 32-bit integers).
+MAX_DIM = 2**31 - 1
+
+Config = dict[str, KnobValue]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One concrete problem: a family at a shape and dtype."""
+
+    family: Family
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def dims(self) -> dict[str, int]:
+        return dict(zip(self.family.dims, self.shape))
+
+    @property
+    def shape_text(self) -> str:
+        return "x".join(map(str, self.shape))
+
+    def flops(self) -> float:
+        return float(self.family.problem.flops(self._ctx()))
+
+    def bytes(self) -> float:
+        return float(self.family.problem.bytes(self._ctx()))
+
+    def _ctx(self) -> dict[str, Any]:
+        return {**BUILTINS, **self.dims, "dtype": self.dtype, "dtype_size": DTYPES[self.dtype]}
+
+
+def make_problem(family: Family, shape: str | tuple[int, ...] | None = None, dtype: str | None = None,
+                 chip: Chip | None = None) -> Problem:
+    """Parse and check a shape (``"4096,4096,4096"``) and dtype against the family (and chip)."""
+    dims = family.dims
+    if shape is None:
+        sizes = tuple(family.problem.default_shape)
+    elif isinstance(shape, str):
+        parts = [p for p in shape.replace("x", ",").split(",") if p.strip()]
+        try:
+            sizes = tuple(int(p) for p in parts)
+        except ValueError:
+            raise KernsearchError(f"bad shape {shape!r}: expected {len(dims)} integers "
+                                  f"{','.join(dims)}") from None
+    else:
+        sizes = tuple(int(s) for s in shape)
+    if len(sizes) != len(dims):
+        raise KernsearchError(f"bad shape {shape!r}: {family.name} needs {len(dims)} sizes "
+                              f"({','.join(dims)}), got {len(sizes)}")
+    bad = [f"{d}={s}" for d, s in zip(dims, sizes) if s <= 0]
+    huge = [f"{d}={s}" for d, s in zip(dims, sizes) if s > MAX_DIM]
+    if huge:
+        raise KernsearchError(f"impossible shape: {', '.join(huge)[:120]} (sizes are at most {MAX_DIM})")
+    if bad:
+        raise KernsearchError(f"impossible shape: {', '.join(bad)} (sizes must be positive)")
+    dtype = dtype or family.problem.default_dtype
+    if dtype not in family.problem.dtypes:
+        raise KernsearchError(f"dtype {dtype!r} not supported by {family.name} "
+                              f"(supported: {', '.join(family.problem.dtypes)})")
+    if chip is not None and dtype == "bfloat16" and not chip.bfloat16:
+        raise KernsearchError(f"chip {chip.name} has no bfloat16 support")
+    return Problem(family, sizes, dtype)
+
+
+@dataclass(frozen=True)
+class Violation:
+    constraint: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.constraint} ({self.why})" if self.why else self.constraint
+
+
+@dataclass
+class SpaceSummary:
+    total: int
+    valid: list[Config]
+    rejected: Counter[str] = field(default_factory=Counter)
+
+
+class Space:
+    """Knobs × constraints for one problem on one chip."""
+
+    def __init__(self, problem: Problem, chip: Chip) -> None:
+        self.problem = problem
+        self.family = problem.family
+        self.chip = chip
+        self.base: dict[str, Any] = {**problem._ctx(), "chip": chip}
+        self._plan = self._make_plan()
+
+    @property
+    def knobs(self) -> dict[str, list[KnobValue]]:
+        return {name: list(k.values) for name, k in self.family.knobs.items()}
+
+    @property
+    def total(self) -> int:
+        return math.prod(len(v) for v in self.knobs.values())
+
+    def _make_plan(self) -> list[tuple[list[str], list[int]]]:
+        """For each knob depth: derived values and constraints that become computable there."""
+        fam = self.family
+        bound = set(self.base)
+        plan: list[tuple[list[str], list[int]]] = []
+        pending_derived = list(fam.derived)
+        pending_constraints = list(range(len(fam.constraints)))
+        for knob in fam.knobs:
+            bound.add(knob)
+            ready_derived = []
+            for name in list(pending_derived):
+                if fam.derived[name].names <= bound:
+                    ready_derived.append(name)
+                    bound.add(name)
+                    pending_derived.remove(name)
+            ready = [i for i in pending_constraints if fam.constraints[i].expr.names <= bound]
+            pending_constraints = [i for i in pending_constraints if i not in ready]
+            plan.append((ready_derived, ready))
+        return plan
+
+    # -- one config ---------------------------------------------------------------------------------
+    def context(self, config: Config) -> dict[str, Any]:
+        """Everything an expression may read for ``config``: problem, chip, knobs, derived values."""
+        ctx = {**self.base, **config}
+        for name, expr in self.family.derived.items():
+            ctx[name] = self._eval(expr, ctx, f"derived.{name}")
+        return ctx
+
+    def violations(self, config: Config) -> list[Violation]:
+        ctx = self.context(config)
+        return [Violation(c.name, c.why) for c in self.family.constraints
+                if not self._eval(c.expr, ctx, f"constraint {c.name}")]
+
+    def parse_config(self, text: str | Config | None) -> Config:
+        """``"BM=64,BN=32"`` (knobs not given keep the family default) → a checked, complete config."""
+        config: Config = dict(self.family.default)
+        given = text if isinstance(text, dict) else _split_assignments(text or "")
+        for name, raw in given.items():
+            knob = self.family.knobs.get(name)
+            if knob is None:
+                raise ConfigError(f"unknown knob {name!r} for {self.family.name} "
+                                  f"(knobs: {', '.join(self.family.knobs)})")
+            try:
+                value = knob.parse(raw) if isinstance(raw, str) else raw
+            except ValueError:
+                value = raw
+            if value not in knob.values or type(value) is not type(knob.values[0]):
+                raise ConfigError(f"invalid value {name}={raw} (allowed: "
+                                  f"{', '.join(map(str, knob.values))})")
+            config[name] = value
+        return config
+
+    def validate(self, config: Config) -> Config:
+        bad = self.violations(config)
+        if bad:
+            raise ConfigError(f"config {format_config(config)} violates " + "; ".join(map(str, bad)))
+        return config
+
+    def is_valid(self, config: Config) -> bool:
+        return not self.violations(config)
+
+    # -- the whole space ----------------------------------------------------------------------------
+    def enumerate(self) -> SpaceSummary:
+        fam = self.family
+        names = list(fam.knobs)
+        sizes = [len(fam.knobs[n].values) for n in names]
+        remaining = [math.prod(sizes[i + 1:]) for i in range(len(names))]
+        summary = SpaceSummary(total=self.total, valid=[])
+
+        def walk(depth: int, ctx: dict[str, Any]) -> None:
+            if depth == len(names):
+                summary.valid.append({n: ctx[n] for n in names})
+                return
+            derived, checks = self._plan[depth]
+            for value in fam.knobs[names[depth]].values:
+                c = {**ctx, names[depth]: value}
+                for d in derived:
+                    c[d] = self._eval(fam.derived[d], c, f"derived.{d}")
+                failed = next((i for i in checks
+                               if not self._eval(fam.constraints[i].expr, c, fam.constraints[i].name)), None)
+                if failed is not None:
+                    summary.rejected[fam.constraints[failed].name] += remaining[depth]
+                    continue
+                walk(depth + 1, c)
+
+        walk(0, dict(self.base))
+        return summary
+
+    def iter_all(self) -> Iterator[Config]:
+        """Every config of the product, valid or not (for tests and brute force)."""
+        names = list(self.family.knobs)
+        for values in itertools.product(*(self.family.knobs[n].values for n in names)):
+            yield dict(zip(names, values))
+
+    def _eval(self, expr: Any, ctx: dict[str, Any], where: str) -> Any:
+        try:
+            return expr(ctx)
+        except ExprError as exc:
+            raise KernsearchError(f"{self.family.path}/family.toml: {where}: {exc}") from None
+
+
+def _split_assignments(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise ConfigError(f"bad config item {part!r}: expected KNOB=VALUE")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def format_config(config: Config) -> str:
+    return ",".join(f"{k}={v}" for k, v in config.items())

@@ -1,0 +1,542 @@
+"""Kernel-family specs: the declarative ``family.toml`` beside each family's templates.
+
+A family folder holds ``family.toml`` and one Jinja template per target (``metal``, ``cuda``). The spec
+declares the problem (dimensions, dtypes, FLOP and byte counts), the kernel's inputs and outputs, the
+knobs and their domains, derived values, constraints, launch geometry, the untuned default config, the
+NumPy reference, the MLX baseline op and tolerances. Everything is validated on load; every error names
+the file and the field. Expressions are compiled in Jinja's sandbox (see ``_expr``).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cached_property
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from jinja2 import TemplateNotFound, TemplateSyntaxError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .. import _safeio
+from .._errors import SpecError
+from ..hardware._targets import TargetName
+from ._expr import BUILTINS, Expr, ExprError
+from ._template import TEMPLATE_LIMIT, TemplateSandbox
+from ._vocab import ARRAY_FUNCTIONS, MLX_NAMES
+
+SPEC_FILE = "family.toml"
+#: Problem dtypes (``T``): a family's kernels are rendered and tuned per problem dtype.
+DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
+#: Dtypes an input, output or scalar parameter may declare besides ``T`` (the problem dtype).
+TENSOR_DTYPES = {**DTYPES, "uint32": 4, "int32": 4}
+TensorDtype = Literal["T", "float32", "float16", "bfloat16", "uint32", "int32"]
+#: Names every geometry/constraint expression may read besides knobs, dimensions and derived values.
+CONTEXT_NAMES = frozenset({"chip", "dtype", "dtype_size"}) | frozenset(BUILTINS)
+__all__ = ["ARRAY_FUNCTIONS", "DTYPES", "Family", "load_family", "parse_family"]
+#: Names the performance model supplies to ``[model]`` expressions (threadgroups resident at once, chip-wide).
+MODEL_NAMES = frozenset({"concurrent"})
+KnobValue = bool | int | str
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+#: Family names (they become folder names, package functions and kernel names).
+NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,47}")
+KnobKind = Literal["tile", "vector", "buffering", "layout", "threadgroup_memory", "threadgroup_size",
+                   "inner_product", "other"]
+
+
+def _expr(value: Any) -> Expr:
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"expected an expression string, got {type(value).__name__}")
+    try:
+        return Expr(str(value))
+    except ExprError as exc:
+        raise ValueError(str(exc)) from None
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+
+class Knob(_Model):
+    """One tunable parameter and its domain."""
+
+    kind: KnobKind
+    values: list[KnobValue] = Field(min_length=1)
+    help: str = ""
+
+    @field_validator("values")
+    @classmethod
+    def _homogeneous(cls, values: list[KnobValue]) -> list[KnobValue]:
+        if len({type(v) for v in values}) != 1:
+            raise ValueError("values must all have one type")
+        if len(set(values)) != len(values):
+            raise ValueError("values must be distinct")
+        return values
+
+    def parse(self, text: str) -> KnobValue:
+        """A value typed like the domain, from command-line text."""
+        kind = type(self.values[0])
+        if kind is bool:
+            lowered = text.strip().lower()
+            if lowered in ("1", "true", "on", "yes"):
+                return True
+            if lowered in ("0", "false", "off", "no"):
+                return False
+            raise ValueError(f"{text!r} is not a boolean")
+        return kind(text.strip())
+
+
+class Tensor(_Model):
+    """A kernel output (and the base of an input); ``shape`` is an expression of the problem dimensions.
+
+    ``dtype`` is ``T`` (the problem dtype, default) or a fixed dtype (``float32``, ``uint32``...)."""
+
+    name: str
+    shape: Expr
+    dtype: TensorDtype = "T"
+    _check_shape = field_validator("shape", mode="before")(lambda v: _expr(v))
+
+    @field_validator("name")
+    @classmethod
+    def _ident(cls, name: str) -> str:
+        if not _IDENT.fullmatch(name):
+            raise ValueError(f"{name!r} is not an identifier")
+        return name
+
+    def resolved_dtype(self, dtype: str) -> str:
+        """This tensor's dtype in a problem of dtype ``dtype``."""
+        return dtype if self.dtype == "T" else self.dtype
+
+
+class Distribution(_Model):
+    """How verification and timing draw an input's values (always exact in the input's dtype).
+
+    ``uniform`` in [low, high] (default [-1, 1]); ``positive``: uniform in [low, high] with 0 < low
+    (default [0.5, 1.5]: scales, variances); ``integer``: whole numbers in [low, high] (indices, quantized
+    values); ``packed``: uint32 words of ``bits``-wide unsigned fields, every field uniform (quantized
+    weights as MLX packs them: low bits first).
+    """
+
+    kind: Literal["uniform", "positive", "integer", "packed"] = "uniform"
+    low: float | None = None
+    high: float | None = None
+    bits: Literal[2, 4, 8] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Distribution:
+        if self.kind == "packed":
+            if self.bits is None or self.low is not None or self.high is not None:
+                raise ValueError("a packed distribution takes bits (2, 4 or 8) and no low/high")
+            return self
+        if self.bits is not None:
+            raise ValueError("bits is for packed distributions")
+        low, high = self.bounds()
+        if self.kind == "integer" and (self.low is None or self.high is None or abs(low) > 2**31
+                                       or abs(high) > 2**32 or low != int(low) or high != int(high)):
+            raise ValueError("an integer distribution needs whole low and high (32-bit)")
+        if not (low < high) or abs(low) > 1e30 or abs(high) > 1e30:
+            raise ValueError(f"need low < high (finite), got [{low}, {high}]")
+        if self.kind == "positive" and low <= 0:
+            raise ValueError("a positive distribution needs low > 0")
+        return self
+
+    def bounds(self) -> tuple[float, float]:
+        default = {"uniform": (-1.0, 1.0), "positive": (0.5, 1.5), "integer": (0.0, 0.0), "packed": (0.0, 0.0)}
+        d_low, d_high = default[self.kind]
+        return (d_low if self.low is None else self.low, d_high if self.high is None else self.high)
+
+
+class Input(Tensor):
+    """A kernel input: a tensor with a value distribution, possibly taken transposed by some variants."""
+
+    transposed: Expr | None = None
+    distribution: Distribution = Distribution()
+    _check_transposed = field_validator("transposed", mode="before")(lambda v: v if v is None else _expr(v))
+
+    @field_validator("distribution", mode="before")
+    @classmethod
+    def _short(cls, value: Any) -> Any:
+        return {"kind": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _fits_dtype(self) -> Input:
+        kind, integer = self.distribution.kind, self.dtype in ("uint32", "int32")
+        if kind == "packed" and self.dtype != "uint32":
+            raise ValueError("a packed distribution needs dtype = \"uint32\"")
+        if integer and kind not in ("integer", "packed"):
+            raise ValueError(f"an input of dtype {self.dtype} needs an integer or packed distribution")
+        if kind == "integer" and self.dtype == "uint32" and self.distribution.bounds()[0] < 0:
+            raise ValueError("a uint32 input cannot hold negative integers")
+        return self
+
+
+class Param(_Model):
+    """A scalar the kernel takes (``eps``), passed as a 1-element input after the tensor inputs.
+
+    In a spec: ``eps = 1e-5`` (a float32), or ``eps = { value = 3, dtype = "int32" }``. References,
+    baselines and tolerances read it by name."""
+
+    value: float | int
+    dtype: Literal["float32", "int32", "uint32"] = "float32"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("a parameter is a number, not a boolean")
+        if isinstance(value, (int, float)):
+            return {"value": value, "dtype": "int32" if isinstance(value, int) else "float32"}
+        return value
+
+    @model_validator(mode="after")
+    def _fits(self) -> Param:
+        if isinstance(self.value, bool) or not np.isfinite(self.value):
+            raise ValueError(f"value {self.value!r} is not a finite number")
+        if self.dtype != "float32":
+            if self.value != int(self.value):
+                raise ValueError(f"{self.dtype} parameter with a fractional value {self.value}")
+            low, high = (0, 2**32 - 1) if self.dtype == "uint32" else (-2**31, 2**31 - 1)
+            if not low <= self.value <= high:
+                raise ValueError(f"value {self.value} does not fit {self.dtype}")
+        elif abs(self.value) > 3.4e38:
+            raise ValueError(f"value {self.value} does not fit float32")
+        return self
+
+    @property
+    def number(self) -> float | int:
+        """The value as the kernel sees it (rounded to float32, or an integer)."""
+        if self.dtype == "float32":
+            return float(np.float32(self.value))
+        return int(self.value)
+
+
+class Constraint(_Model):
+    """A rule every valid config obeys; ``why`` is shown when it is violated."""
+
+    name: str
+    expr: Expr
+    why: str = ""
+    _check = field_validator("expr", mode="before")(lambda v: _expr(v))
+
+
+class ProblemSpec(_Model):
+    dims: list[str] = Field(min_length=1)
+    default_shape: list[int]
+    dtypes: list[Literal["float32", "float16", "bfloat16"]] = Field(min_length=1)
+    default_dtype: Literal["float32", "float16", "bfloat16"]
+    flops: Expr
+    bytes: Expr
+    _check = field_validator("flops", "bytes", mode="before")(lambda v: _expr(v))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ProblemSpec:
+        for d in self.dims:
+            if not _IDENT.fullmatch(d):
+                raise ValueError(f"dimension {d!r} is not an identifier")
+        if len(self.default_shape) != len(self.dims) or any(s <= 0 for s in self.default_shape):
+            raise ValueError(f"default_shape must give {len(self.dims)} positive sizes")
+        if self.default_dtype not in self.dtypes:
+            raise ValueError(f"default_dtype {self.default_dtype!r} is not among dtypes")
+        return self
+
+
+class Launch(_Model):
+    """Grid in threads (as ``mx.fast.metal_kernel`` counts it) and threadgroup size."""
+
+    grid: Expr
+    threadgroup: Expr
+    shared_memory: Expr | None = None
+    #: True where the kernel accumulates into its outputs (e.g. split-K adds partial sums atomically): the
+    #: outputs must start zero-filled, so verification and timing launch with ``init_value = 0``.
+    zero_outputs: Expr | None = None
+    _check = field_validator("grid", "threadgroup", "shared_memory", "zero_outputs", mode="before")(
+        lambda v: v if v is None else _expr(v))
+
+
+class Tolerance(_Model):
+    """Element-wise ``|out - ref| <= atol + rtol * |ref|``; either may be an expression of dimensions."""
+
+    rtol: Expr
+    atol: Expr
+    _check = field_validator("rtol", "atol", mode="before")(lambda v: _expr(v))
+
+
+class Family(_Model):
+    """A validated kernel family."""
+
+    name: str
+    description: str = Field(max_length=2000)
+    problem: ProblemSpec
+    inputs: list[Input] = Field(min_length=1)
+    outputs: list[Tensor] = Field(min_length=1)
+    #: Scalars the kernel takes as 1-element inputs after ``inputs`` (``eps``), by name.
+    params: dict[str, Param] = Field(default_factory=dict)
+    reference: Expr
+    #: The MLX op a kernel must beat, over the vocabulary of :mod:`kernsearch.family._vocab` (``rms_norm(x, w, eps)``).
+    baseline: Expr
+    #: Time the baseline as one ``mx.compile``d function (a composition MLX fuses, e.g. ``silu(a) * b``).
+    compile_baseline: bool = False
+    templates: dict[TargetName, str] = Field(min_length=1)
+    knobs: dict[str, Knob] = Field(min_length=1)
+    derived: dict[str, Expr] = Field(default_factory=dict)
+    #: Inputs of the performance model (``search/backends/_model.py``, ``docs/model.md``); optional.
+    model: dict[str, Expr] = Field(default_factory=dict)
+    constraints: list[Constraint] = Field(default_factory=list)
+    launch: Launch
+    default: dict[str, KnobValue]
+    tolerance: dict[Literal["float32", "float16", "bfloat16"], Tolerance]
+    #: Whether the exported package may run a kernel tuned on one chip on another of the same generation
+    #: (only when it beat the op on its own chip by the margin). Off unless the family says so.
+    transfer: bool = False
+    path: Path
+    _check = field_validator("reference", "baseline", mode="before")(lambda v: _expr(v))
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not NAME_RE.fullmatch(name):
+            raise ValueError(f"{name[:80]!r} is not a family name (lower-case letters, digits and _, "
+                             "starting with a letter, at most 48 characters)")
+        return name
+
+    @field_validator("templates")
+    @classmethod
+    def _template_files(cls, files: dict[str, str]) -> dict[str, str]:
+        for target, filename in files.items():
+            if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", filename) or ".." in filename:
+                raise ValueError(f"{target}: {filename[:80]!r} is not a plain file name in the family folder")
+        return files
+
+    @field_validator("derived", "model", mode="before")
+    @classmethod
+    def _derived(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        return {k: _expr(v) for k, v in value.items()}
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> Family:
+        _check_names(self)
+        return self
+
+    # -- views ------------------------------------------------------------------------------------
+    @property
+    def baseline_name(self) -> str:
+        """The baseline op as users know it (``mx.matmul``, ``mx.fast.rms_norm``), for verdicts and ``explain``."""
+        m = re.fullmatch(r"\s*([A-Za-z_][A-Za-z0-9_]{0,47})\s*\([^()]*\)\s*", self.baseline.text)
+        if m:
+            name = MLX_NAMES.get(m.group(1), f"mx.{m.group(1)}")
+        else:
+            text = " ".join(self.baseline.text.split())
+            name = f"MLX {text[:60]}" + ("..." if len(text) > 60 else "")
+        return f"mx.compile({name})" if self.compile_baseline else name
+
+    @property
+    def kernel_input_names(self) -> tuple[str, ...]:
+        """What the kernel takes, in order: the tensor inputs, then the scalar parameters."""
+        return tuple(t.name for t in self.inputs) + tuple(self.params)
+
+    def kernel_input_dtypes(self, dtype: str) -> tuple[str, ...]:
+        """The dtype of each kernel input (inputs, then parameters) in a problem of dtype ``dtype``."""
+        return tuple(t.resolved_dtype(dtype) for t in self.inputs) + tuple(p.dtype for p in self.params.values())
+
+    def output_dtypes(self, dtype: str) -> tuple[str, ...]:
+        return tuple(t.resolved_dtype(dtype) for t in self.outputs)
+
+    @property
+    def param_values(self) -> dict[str, float | int]:
+        """Each parameter's value as the kernel sees it (references and baselines read these)."""
+        return {name: p.number for name, p in self.params.items()}
+
+    @property
+    def dims(self) -> list[str]:
+        return self.problem.dims
+
+    @cached_property
+    def static_derived(self) -> list[str]:
+        """Derived values that depend on knobs only (so templates may use them)."""
+        static: list[str] = []
+        for name, expr in self.derived.items():
+            if expr.names <= set(self.knobs) | set(BUILTINS) | set(static):
+                static.append(name)
+        return static
+
+    def template_path(self, target: str) -> Path:
+        return self.path / self.templates[target]  # type: ignore[index]
+
+
+def _check_names(fam: Family) -> None:
+    """Every name an expression reads must exist where it is evaluated; every problem is reported at once."""
+    errors: list[str] = []
+    knobs, dims, params = set(fam.knobs), set(fam.problem.dims), set(fam.params)
+    for name in list(knobs) + list(fam.derived):
+        if not _IDENT.fullmatch(name):
+            errors.append(f"{name!r} is not an identifier")
+        elif name in dims or name in CONTEXT_NAMES:
+            errors.append(f"name {name!r} is reserved (a dimension or a built-in)")
+    clash = knobs & set(fam.derived)
+    if clash:
+        errors.append(f"derived value(s) {sorted(clash)} shadow knobs")
+
+    def require(where: str, expr: Expr, allowed: set[str]) -> None:
+        unknown = sorted(expr.names - allowed)
+        if unknown:
+            errors.append(f"{where}: unknown name(s) {', '.join(unknown)} in {expr.text!r}")
+
+    base = knobs | dims | set(CONTEXT_NAMES)
+    seen: set[str] = set()
+    for name, expr in fam.derived.items():
+        require(f"derived.{name}", expr, base | seen)
+        seen.add(name)
+    full = base | seen
+    for i, c in enumerate(fam.constraints):
+        require(f"constraints[{i}] ({c.name})", c.expr, full)
+    for field in ("grid", "threadgroup", "shared_memory", "zero_outputs"):
+        expr = getattr(fam.launch, field)
+        if expr is not None:
+            require(f"launch.{field}", expr, full)
+    model_base = full | set(MODEL_NAMES)
+    for name, expr in fam.model.items():
+        if not _IDENT.fullmatch(name):
+            errors.append(f"model.{name}: not an identifier")
+            continue
+        if name in full or name in MODEL_NAMES:
+            errors.append(f"model.{name}: name is taken (a knob, dimension, derived value or built-in)")
+        require(f"model.{name}", expr, model_base)
+        model_base = model_base | {name}
+    require("problem.flops", fam.problem.flops, dims | set(CONTEXT_NAMES))
+    require("problem.bytes", fam.problem.bytes, dims | set(CONTEXT_NAMES))
+    for kind, tensors in (("inputs", fam.inputs), ("outputs", fam.outputs)):
+        for i, t in enumerate(tensors):
+            require(f"{kind}[{i}].shape", t.shape, dims | set(CONTEXT_NAMES))
+            transposed = getattr(t, "transposed", None)
+            if transposed is not None:
+                require(f"{kind}[{i}].transposed", transposed, full)
+    names = [t.name for t in fam.inputs + fam.outputs] + list(fam.params)
+    if len(set(names)) != len(names):
+        errors.append("input, output and parameter names must be distinct")
+    for name in params:
+        if not _IDENT.fullmatch(name):
+            errors.append(f"params.{name[:40]!r}: not an identifier")
+        elif name in dims | knobs | set(fam.derived) | set(CONTEXT_NAMES) | set(ARRAY_FUNCTIONS):
+            errors.append(f"params.{name}: name is taken (a dimension, knob, derived value or built-in)")
+    arrays = {t.name for t in fam.inputs} | dims | params | set(ARRAY_FUNCTIONS)
+    require("reference", fam.reference, arrays)
+    require("baseline", fam.baseline, arrays)
+    for dtype, tol in fam.tolerance.items():
+        require(f"tolerance.{dtype}.rtol", tol.rtol, dims | params | set(BUILTINS))
+        require(f"tolerance.{dtype}.atol", tol.atol, dims | params | set(BUILTINS))
+    missing_tol = [d for d in fam.problem.dtypes if d not in fam.tolerance]
+    if missing_tol:
+        errors.append(f"tolerance: no entry for dtype(s) {missing_tol}")
+    extra, missing = sorted(set(fam.default) - knobs), sorted(knobs - set(fam.default))
+    if extra:
+        errors.append(f"default: unknown knob(s) {extra}")
+    if missing:
+        errors.append(f"default: missing knob(s) {missing}")
+    for knob, value in fam.default.items():
+        if knob in fam.knobs and (value not in fam.knobs[knob].values
+                                  or type(value) is not type(fam.knobs[knob].values[0])):
+            errors.append(f"default.{knob}: {value!r} is not in its domain {fam.knobs[knob].values}")
+    if errors:
+        raise ValueError(_CROSS + _CROSS.join(errors))
+
+
+#: Separates the cross-field errors of one spec inside a single ValueError (split again by parse_family).
+_CROSS = "\x1f"
+
+
+# -- loading -----------------------------------------------------------------------------------------
+
+def builtin_families_dir() -> Path:
+    return Path(str(resources.files("kernsearch.templates")))
+
+
+def builtin_family_names() -> list[str]:
+    root = builtin_families_dir()
+    return sorted(p.name for p in root.iterdir() if (p / SPEC_FILE).is_file())
+
+
+def load_family(name_or_path: str | Path) -> Family:
+    """A built-in family by bare name (``gemm``), or a user's family folder by path (``./gemm``, ``/abs``).
+
+    A bare name never reads the current directory: a folder called ``gemm`` here cannot shadow the
+    built-in family; it is loaded only when given as a path.
+    """
+    text = str(name_or_path)
+    if not text or "\x00" in text:
+        raise SpecError("empty family name (give a built-in name or a path to a family folder)")
+    if isinstance(name_or_path, Path) or "/" in text or text.startswith(".") or text.endswith(".toml"):
+        path = Path(text)
+        folder = path.parent if path.name == SPEC_FILE else path
+        if not _safeio.is_regular(folder / SPEC_FILE):
+            raise SpecError(f"{folder}: no {SPEC_FILE} file in this folder (not a kernel family)")
+        return _load_folder(folder.resolve())
+    if NAME_RE.fullmatch(text) and _safeio.is_regular(builtin_families_dir() / text / SPEC_FILE):
+        return _load_folder(builtin_families_dir() / text)
+    hint = ""
+    if NAME_RE.fullmatch(text) and Path(text).is_dir():
+        hint = f"; to use the folder {text!r} here, give it as a path: ./{text}"
+    raise SpecError(f"unknown family {text[:80]!r} (built-in: {', '.join(builtin_family_names())}; "
+                    f"a user's family is given as a path, e.g. ./myfamily){hint}")
+
+
+def _load_folder(folder: Path) -> Family:
+    spec_file = folder / SPEC_FILE
+    try:
+        data = _safeio.read_toml(spec_file)
+    except _safeio.UnsafeFile as exc:
+        raise SpecError(str(exc)) from None
+    family = parse_family(data, spec_file)
+    for target in family.templates:
+        check_template(family, target)
+    return family
+
+
+def parse_family(data: Any, source: Path | str = "<spec>") -> Family:
+    """Validate a spec mapping; every error names ``source`` and the offending field."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: a family spec must be a table")
+    folder = Path(source).parent if str(source) != "<spec>" else Path(".")
+    try:
+        return Family(**{**data, "path": folder})
+    except ValidationError as exc:
+        problems: list[str] = []
+        for err in exc.errors():
+            message = str(err["msg"]).removeprefix("Value error, ")
+            field = ".".join(str(p) for p in err["loc"])
+            if message.startswith(_CROSS):  # every cross-field error, each named by its own field
+                problems.extend(message.split(_CROSS)[1:])
+            else:
+                problems.append(f"{field or '(top level)'}: {message}")
+        more = f" ({len(problems)} errors)" if len(problems) > 1 else ""
+        raise SpecError(f"{source}{more}: " + "; ".join(p.replace("\n", " ") for p in problems)) from None
+    except (TypeError, ValueError, ExprError) as exc:  # e.g. non-string keys from a hand-built mapping
+        raise SpecError(f"{source}: {exc}") from None
+
+
+def template_env(folder: Path) -> TemplateSandbox:
+    """The sandbox templates render in (``_template``): whitelisted filters/tests, no globals, bounded."""
+    return TemplateSandbox(folder)
+
+
+def check_template(family: Family, target: str) -> None:
+    path = family.template_path(target)
+    if not _safeio.is_regular(path):
+        what = "no such file" if not path.exists() and not path.is_symlink() else "not a regular file (refused)"
+        raise SpecError(f"{family.path / SPEC_FILE}: templates.{target}: {what}: {path.name}")
+    try:
+        tmpl = template_env(family.path).get_template(path.name)
+    except TemplateSyntaxError as exc:
+        raise SpecError(f"{path}:{exc.lineno}: template syntax error: {exc.message}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: template nested too deeply") from None
+    except TemplateNotFound:
+        raise SpecError(f"{path}: cannot read the template (a link, special file or over "
+                        f"{TEMPLATE_LIMIT} bytes)") from None
+    missing = {"header", "source"} - set(tmpl.blocks)
+    if missing:
+        raise SpecError(f"{path}: template must define blocks 'header' and 'source' (missing {sorted(missing)})")

@@ -1,0 +1,190 @@
+"""The chip registry and chip detection.
+
+Figures live in ``chips.toml`` (data, not code). Detection reads ``mx.device_info()``: on Metal the
+``architecture`` string (``applegpu_g14c``: generation 14 = M2, die class ``c`` = Max) with the
+``device_name`` for the tier; on CUDA the ``architecture`` (``sm_90``) and ``device_name``. An unknown
+chip gets conservative limits and a warning, never a crash; ``--chip NAME`` overrides detection.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+import warnings
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .._errors import ChipError
+
+DIE_CLASSES = {"g": "base", "s": "Pro", "c": "Max", "d": "Ultra"}
+
+
+class Chip(BaseModel):
+    """One GPU's limits and peak figures, as constraints and the performance model read them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    vendor: Literal["apple", "nvidia", "cpu"]
+    generation: int | None = None
+    die: str | None = None
+    architecture: str | None = None
+    device_match: str | None = None
+    gpu_cores: int
+    memory_bandwidth_gbs: float
+    fp32_tflops: float
+    fp16_tflops: float | None = None
+    bfloat16: bool
+    simd_width: int = 32
+    max_threads_per_threadgroup: int = 1024
+    threadgroup_memory_bytes: int
+    max_registers_per_thread: int = 128
+    system_cache_mb: float = 8
+    neural_accelerators: bool = False
+    tensor_fp16_tflops: float | None = None
+    sources: dict[str, str] = Field(default_factory=dict)
+    estimated: tuple[str, ...] = ()
+    known: bool = True
+    detected: dict[str, Any] = Field(default_factory=dict)
+
+    def simd_tflops(self, dtype: str) -> float:
+        """Peak rate of the GPU cores' own ALUs / matrix units (tensor cores for 16-bit types on NVIDIA)."""
+        if dtype in ("float16", "bfloat16") and self.fp16_tflops:
+            return self.fp16_tflops
+        return self.fp32_tflops
+
+    def peak_tflops(self, dtype: str) -> float:
+        """The chip's best arithmetic rate for ``dtype``: the neural accelerators' where they take it."""
+        return max(self.simd_tflops(dtype), self.tensor_tflops(dtype) or 0.0)
+
+    def tensor_tflops(self, dtype: str) -> float | None:
+        """Peak matrix rate of the neural accelerators for ``dtype`` (None: no accelerator for it).
+
+        Only 16-bit inputs are accelerated in the published measurements; float32 runs on the SIMD units.
+        """
+        if self.neural_accelerators and dtype in ("float16", "bfloat16"):
+            return self.tensor_fp16_tflops
+        return None
+
+    def figure_source(self, field: str) -> str:
+        """Where a figure comes from, and whether it is an estimate (empty when the registry header covers it)."""
+        source = self.sources.get(field, "")
+        if field in self.estimated:
+            source = f"estimate; {source}" if source else "estimate"
+        return source
+
+    @property
+    def lineage(self) -> tuple[str | None, str | None]:
+        """(generation key, generation+die key) used by the export fallback chain."""
+        if self.vendor == "apple" and self.generation is not None:
+            return f"apple-g{self.generation}", f"apple-g{self.generation}{self.die or ''}"
+        if self.architecture:
+            return self.architecture, self.architecture
+        return None, None
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[\s_\-]+", "", name).lower().removeprefix("apple")
+
+
+@lru_cache(maxsize=1)
+def _data() -> dict[str, Any]:
+    return tomllib.loads(resources.files("kernsearch.hardware").joinpath("chips.toml").read_text())
+
+
+def core_tables() -> dict[str, dict[str, Any]]:
+    """Per-vendor figures of one GPU core (``[cores.VENDOR]`` in chips.toml), as the performance model reads
+    them: a new architecture adds a table there, not code."""
+    return {vendor: dict(figures) for vendor, figures in _data().get("cores", {}).items()}
+
+
+@lru_cache(maxsize=1)
+def registry() -> dict[str, Chip]:
+    """All known chips by name, in registry order."""
+    data = _data()
+    chips: dict[str, Chip] = {}
+    for vendor in ("apple", "nvidia", "cpu"):
+        for entry in data.get(vendor, []):
+            merged = {"vendor": vendor, **data["defaults"].get(vendor, {}), **entry}
+            if vendor == "apple":
+                merged.setdefault("fp16_tflops", merged["fp32_tflops"])  # same rate on Apple GPUs
+            chips[merged["name"]] = Chip(**merged)
+    return chips
+
+
+def get_chip(name: str) -> Chip:
+    """Look a chip up by name (``"M2 Max"``, ``m2max``, ``M2-Max``, ``H100`` all work)."""
+    wanted = _normalise(name)
+    for chip in registry().values():
+        if _normalise(chip.name) == wanted:
+            return chip
+    known = ", ".join(registry())
+    raise ChipError(f"unknown chip {name!r} (known: {known})")
+
+
+def chip_from_device_info(info: dict[str, Any]) -> Chip:
+    """Identify the chip MLX reports; unknown chips get conservative limits and a warning."""
+    arch = str(info.get("architecture", ""))
+    device = str(info.get("device_name", ""))
+    chips = registry()
+    apple = re.fullmatch(r"applegpu_g(\d+)([a-z])", arch)
+    if apple:
+        generation, die = int(apple.group(1)), apple.group(2)
+        for chip in chips.values():
+            if chip.generation == generation and chip.die == die:
+                return chip.model_copy(update={"detected": dict(info)})
+        return _unknown(info, "apple", generation=generation, die=die)
+    if arch.startswith("sm_"):
+        for chip in chips.values():
+            if chip.architecture == arch and chip.device_match and chip.device_match in device:
+                return chip.model_copy(update={"detected": dict(info)})
+        return _unknown(info, "nvidia", architecture=arch)
+    return chips["cpu"].model_copy(update={"detected": dict(info)})
+
+
+def _unknown(info: dict[str, Any], vendor: str, **identity: Any) -> Chip:
+    """Conservative stand-in: the smallest known chip of the vendor (same generation if known)."""
+    same_vendor = [c for c in registry().values() if c.vendor == vendor]
+    same_gen = [c for c in same_vendor if identity.get("generation") in (None, c.generation)]
+    smallest = min(same_gen or same_vendor, key=lambda c: c.gpu_cores)
+    name = str(info.get("device_name") or info.get("architecture") or "unknown GPU")
+    warnings.warn(f"unknown chip {name!r} ({info.get('architecture')}): using conservative limits "
+                  f"of {smallest.name}; pass --chip NAME to choose one", stacklevel=2)
+    limits: dict[str, Any] = {"name": name, "known": False, "detected": dict(info), **identity}
+    if vendor == "nvidia":
+        limits["threadgroup_memory_bytes"] = 49152  # no opt-in assumed
+    return smallest.model_copy(update=limits)
+
+
+def detect_chip() -> Chip:
+    """The chip MLX runs on here (imports MLX: call only where a chip is needed)."""
+    import mlx.core as mx
+
+    try:
+        info = dict(mx.device_info())
+    except Exception:  # noqa: BLE001 - older MLX or no device: fall back to the CPU entry
+        info = {}
+    return chip_from_device_info(info)
+
+
+def resolve_chip(name: str | None) -> Chip:
+    """``--chip NAME`` if given, else detection."""
+    return get_chip(name) if name else detect_chip()
+
+
+def target_chip(name: str | None) -> Chip:
+    """The chip every command works for: ``--chip NAME``, else the GPU detected here, else (no GPU: the
+    ``cpu`` pseudo-chip) :func:`default_apple_chip`. ``space``, ``render``, ``verify``, ``tune`` and
+    ``predict`` all use it, so their defaults agree."""
+    if name:
+        return get_chip(name)
+    here = detect_chip()
+    return here if here.vendor != "cpu" else default_apple_chip()
+
+
+def default_apple_chip() -> Chip:
+    """The M-series chip named when nothing Apple is present and the user named none."""
+    return get_chip("M2 Max")

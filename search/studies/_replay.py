@@ -1,0 +1,143 @@
+"""Replay: a recorded landscape (KernelTuner cache file) as a study objective, standing in for the GPU.
+
+Not a back-end: nothing is rendered or run, so it lives beside the study loop, not in ``backends/``
+(``--backend replay`` selects it).
+
+The space is the file's knobs; a config absent from the file is invalid (rejected before "compiling"),
+a config recorded as failed fails with the recorded reason, and any other config's time is the median of
+a few draws from its recorded repeated ``times``, so the search sees the same noise a real GPU showed.
+The figures were measured on the GPU named in the file (``device_name``), not here; results say so.
+Used to test and benchmark search strategies without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._errors import BackendError, VariantFailure
+from ..backends import Evidence
+from ..backends._select import REPLAY
+from ..evaluation._measure import spread
+from ._landscape import Landscape
+
+
+class Replay:
+    """Recorded times of a landscape's configs, drawn as a GPU would show them (evidence: measured, on the
+    file's GPU)."""
+
+    evidence = Evidence.MEASURED  # recorded measurements of the file's GPU, replayed
+
+    def __init__(self, path: str | Path | None = None, seed: int | None = 0, draws: int = 5,
+                 landscape: Landscape | None = None) -> None:
+        if landscape is None and path is None:
+            raise BackendError("replay needs a landscape file (KernelTuner cache format)")
+        self.landscape = landscape if landscape is not None else Landscape.load(path)  # type: ignore[arg-type]
+        self.rng = random.Random(seed)
+        self.draws = draws
+        self.calls = 0
+
+    def sample(self, config: dict[str, Any]) -> list[float]:
+        """Noisy timing of ``config``: ``draws`` values drawn (with replacement) from its recorded times."""
+        self.calls += 1
+        entry = self.landscape.entry(config)
+        if entry is None:
+            raise VariantFailure("invalid", "config not in the landscape (it was not valid there)")
+        if self.landscape.failed(entry):
+            raise VariantFailure("failed", f"recorded as {entry.get('time')}")
+        times = self.landscape.samples(config) or []
+        return [self.rng.choice(times) for _ in range(self.draws)]
+
+    def objective(self, name: str | None = None) -> Any:
+        """This landscape as a study objective (see ``_study.run_study``)."""
+        from ._final import FinalistTime, FinalRound
+        from ._study import Objective, Record
+
+        backend = self
+        land = self.landscape
+        label = name or (Path(land.path).name.split(".")[0] if land.path else land.kernel_name or "landscape")
+
+        class ReplayObjective(Objective):
+            evidence = Evidence.MEASURED.value
+
+            def __init__(self) -> None:
+                self.backend = REPLAY
+                self._valid = list(land.configs())
+                self._keys = {land.key(c) for c in self._valid}
+
+            @property
+            def knobs(self) -> dict[str, list[Any]]:
+                return land.knobs
+
+            @property
+            def study_key(self) -> dict[str, str]:
+                return {"family": label, "chip": replay_chip_name(land.device_name),
+                        "dtype": str(land.meta.get("dtype") or "unknown-dtype"),
+                        "shape": "x".join(map(str, np.atleast_1d(land.problem_size or [0]))), "backend": REPLAY}
+
+            def violation(self, config: dict[str, Any]) -> str | None:
+                return None if land.key(config) in self._keys else "absent_from_landscape"
+
+            def valid_configs(self) -> list[dict[str, Any]]:
+                return self._valid
+
+            def evaluate(self, config: dict[str, Any]) -> Record:
+                samples = backend.sample(config)
+                return Record(float(np.median(samples)), self.evidence, samples, spread(samples), verified="recorded")
+
+            def prior(self, configs: list[dict[str, Any]]) -> list[float] | None:
+                return _family_prior(land, configs)
+
+            def finalize(self, top: list[Any]) -> FinalRound:
+                """The final round: finalists re-measured with every recorded repetition, fastest median wins."""
+                medians = {t.number: float(np.median(land.samples(t.config) or [math.inf])) for t in top}
+                winner = min(medians, key=lambda n: (medians[n], n)) if medians else None
+                return FinalRound(winner, finalists={n: FinalistTime(m) for n, m in medians.items()},
+                                  note=f"replayed from {land.path}; measured on "
+                                       f"{land.device_name or 'an unnamed GPU'}, not here")
+
+        return ReplayObjective()
+
+
+def _family_prior(land: Landscape, configs: list[dict[str, Any]]) -> list[float] | None:
+    """For a landscape kernsearch recorded of one of its own families (``kernel_name`` "kernsearch FAMILY
+    (...)", with ``chip``, ``dtype`` and ``problem_size``): the performance model's predictions, which a
+    real tune of that family has before measuring anything. Knobs the file fixed take the family default."""
+    name = str(land.kernel_name or "")
+    chip_name, dtype = land.meta.get("chip"), land.meta.get("dtype")
+    if not name.startswith("kernsearch ") or not chip_name or not dtype or land.problem_size is None:
+        return None
+    try:
+        from ..family._space import Space, make_problem
+        from ..family._spec import load_family
+        from ..hardware._chips import get_chip
+        from ._objective import model_prior
+
+        family = load_family(name.split()[1])
+        chip = get_chip(str(chip_name))
+        shape = ",".join(str(int(d)) for d in np.atleast_1d(land.problem_size))
+        space = Space(make_problem(family, shape, str(dtype), chip), chip)
+        full = [{**dict(family.default), **c} for c in configs]
+        return model_prior(space, full)
+    except Exception:  # noqa: BLE001 - not a family of this checkout, unknown chip: no prior
+        return None
+
+
+def replay_chip_name(device: str) -> str:
+    """The recording GPU as a study key names a chip: the registry's name when it knows the device (``NVIDIA
+    H100 80GB HBM3`` → ``H100``), else the device string without vendor words (``NVIDIA GeForce RTX 3090`` →
+    ``RTX 3090``)."""
+    import re
+
+    from ..hardware._chips import registry
+
+    for chip in registry().values():
+        if chip.vendor != "cpu" and chip.device_match and chip.device_match in device:
+            return chip.name
+    short = re.sub(r"^(NVIDIA|AMD|Apple|Intel)\s+|^(GeForce|Radeon|Tesla|Quadro)\s+", "", device.strip())
+    short = re.sub(r"^(GeForce|Radeon|Tesla|Quadro)\s+", "", short)
+    return " ".join(short.split())[:60] or "unknown GPU"

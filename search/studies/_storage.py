@@ -1,0 +1,228 @@
+"""Where studies live: the data folder, the Optuna storage (SQLite in WAL mode by default, PostgreSQL for a
+farm of machines sharing one study), the heartbeat that fails a dead process's trial, and the predictable
+name of a problem's study."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from .. import _safeio
+from .._errors import KernsearchError
+
+#: Seconds between the heartbeats of a trial being evaluated; a trial whose heartbeat is older than
+#: GRACE_BEATS of them belongs to a dead process and is failed (then retried) by the next process that looks.
+#: ``KERNSEARCH_HEARTBEAT_S`` overrides the interval (tests use 1).
+HEARTBEAT_S = 10
+GRACE_BEATS = 3
+
+T = TypeVar("T")
+
+
+def data_home() -> Path:
+    return Path(os.environ.get("KERNSEARCH_HOME") or Path.home() / ".kernsearch")
+
+
+def default_storage() -> str:
+    home = data_home()
+    home.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{home / 'studies.db'}"
+
+
+def heartbeat_interval() -> int:
+    text = os.environ.get("KERNSEARCH_HEARTBEAT_S", "")
+    return int(text) if text.isdigit() and int(text) > 0 else HEARTBEAT_S
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and results."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def sqlalchemy_url(url: str) -> str:
+    """``postgresql://`` means psycopg 3 (SQLAlchemy's default driver would be psycopg2, not installed)."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url.removeprefix(prefix)
+    return url
+
+
+class StaleTrials:
+    """Optuna's callback for a trial failed because its heartbeat stopped: remembers its config, so the
+    process that failed it (exactly one does) asks for the config again."""
+
+    def __init__(self) -> None:
+        self.configs: list[dict[str, Any]] = []
+
+    def __call__(self, study: Any, trial: Any) -> None:
+        if trial.params:
+            self.configs.append(dict(trial.params))
+
+
+def make_storage(url: str | None) -> Any:
+    """Optuna storage for a URL, with heartbeats (SQLite waits on locks instead of failing; ``:memory:`` =
+    in memory; ``postgresql://user:pw@host/db`` = a study shared by several machines)."""
+    import optuna
+
+    url = url or default_storage()
+    if url == ":memory:":
+        return optuna.storages.InMemoryStorage()
+    kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+    if url.startswith("sqlite"):
+        _sqlite_wal()
+    elif url.startswith(("postgresql", "postgres:")):
+        # A farm's connections cross networks and outlive server restarts: check each before use.
+        kwargs = {"pool_pre_ping": True, "connect_args": {"connect_timeout": 20}}
+    beat = heartbeat_interval()
+
+    def build() -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(sqlalchemy_url(url), engine_kwargs=kwargs, heartbeat_interval=beat,
+                                              grace_period=GRACE_BEATS * beat,
+                                              heartbeat_stale_trial_callback=StaleTrials())
+
+    try:
+        return retry_collisions(build) if url.startswith(("sqlite", "postgres")) else build()
+    except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable server
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, ImportError):
+            detail = "the PostgreSQL driver is missing (pip install 'psycopg[binary]')"
+        shown = detail.replace(url, redact(url))[:300]
+        raise KernsearchError(f"cannot open study storage {redact(url)!r}: {shown}") from None
+
+
+def retry_collisions(call: Callable[[], T]) -> T:
+    """``call()``, tried twice more (0.5-1.5 s apart) while it raises a SQLAlchemy error: processes creating one
+    new SQLite file (or one new PostgreSQL schema) at once can collide on its tables. Other errors pass at once."""
+    import tenacity
+
+    retrying = tenacity.Retrying(stop=tenacity.stop_after_attempt(3), wait=tenacity.wait_random(0.5, 1.5),
+                                 retry=tenacity.retry_if_exception(_from_sqlalchemy), reraise=True)
+    return retrying(call)
+
+
+def _from_sqlalchemy(exc: BaseException) -> bool:
+    return type(exc).__module__.split(".")[0] == "sqlalchemy"
+
+
+class Heartbeat:
+    """The pulse of the trial this process is evaluating (Optuna's heartbeat thread, from just after ask to
+    tell), and the check that fails other processes' trials whose pulse stopped.
+
+    ``fail_stale()`` returns the configs of trials it failed, to be asked for again: a worker killed
+    mid-trial costs the study that trial, not its config.
+    """
+
+    def __init__(self, study: Any) -> None:
+        self.study = study
+        self._threads: dict[int, Any] = {}  # trial id -> its pulse (several while a pipelined search runs ahead)
+
+    def fail_stale(self) -> list[dict[str, Any]]:
+        import optuna
+
+        storage = self.study._storage
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)
+        stale = getattr(storage, "get_heartbeat_stale_trial_callback", None)
+        callback = stale() if stale is not None else None
+        if not isinstance(callback, StaleTrials):
+            return []
+        configs, callback.configs = callback.configs, []
+        return configs
+
+    def start(self, trial: Any) -> None:
+        from optuna.storages._heartbeat import get_heartbeat_thread
+
+        self.finish(trial)
+        thread = self._threads[trial._trial_id] = get_heartbeat_thread(trial._trial_id, self.study._storage)
+        thread.start()
+
+    def finish(self, trial: Any) -> None:
+        """``trial`` was told: its pulse stops."""
+        thread = self._threads.pop(trial._trial_id, None)
+        if thread is not None:
+            thread.join()
+
+    def stop(self) -> None:
+        for thread in self._threads.values():
+            thread.join()
+        self._threads.clear()
+
+
+def check_storage(url: str | None) -> Any:
+    """:func:`make_storage`, after checking a SQLite file is an intact database (one line if not).
+
+    A corrupted page would otherwise surface mid-search as Optuna's ``StorageInternalError``.
+    """
+    import sqlite3
+
+    url = url or default_storage()
+    if url.startswith("sqlite:"):
+        path = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
+        if path is None or not url.removeprefix("sqlite:///").strip() or url.removeprefix("sqlite:///") == ":memory:":
+            raise KernsearchError(f"study storage {url!r}: expected sqlite:///PATH to a database file")
+        if os.path.lexists(path) and not _safeio.is_regular(path):
+            raise KernsearchError(f"study storage {url!r}: {path} is not a regular file (a link, folder, FIFO "
+                                  "or device: refused)")
+        if path.exists():
+            try:
+                conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)
+                try:
+                    rows = conn.execute("PRAGMA quick_check").fetchall()
+                finally:
+                    conn.close()
+            except sqlite3.Error as exc:
+                raise KernsearchError(f"cannot open study storage {url!r}: {exc}") from None
+            if rows != [("ok",)]:
+                detail = "; ".join(str(r[0]) for r in rows[:2])
+                raise KernsearchError(f"study storage {url!r} is corrupted (sqlite quick_check: {detail[:200]})")
+    storage = make_storage(url)
+    try:
+        import optuna
+
+        optuna.get_all_study_summaries(storage)
+    except Exception as exc:  # noqa: BLE001 - a storage Optuna cannot read is bad input
+        why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise KernsearchError(f"cannot read study storage {redact(url)!r}: {why}") from None
+    return storage
+
+
+_WAL = False
+
+
+def _sqlite_wal() -> None:
+    """SQLite in WAL mode with synchronous=NORMAL: a commit no longer waits for fsync (Optuna commits ~20
+    times a trial), readers do not block the writer (several processes on one study), and a killed
+    process still leaves a consistent database."""
+    global _WAL
+    if _WAL:
+        return
+    import sqlite3
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    def pragmas(conn: Any, _record: Any) -> None:
+        if isinstance(conn, sqlite3.Connection):
+            cur = conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+    event.listen(Engine, "connect", pragmas)
+    _WAL = True
+
+
+def study_name_for(key: dict[str, str]) -> str:
+    """Predictable: ``gemm/M2 Max/float16/4096x4096x4096/model``."""
+    return "/".join(key[k] for k in ("family", "chip", "dtype", "shape", "backend"))

@@ -1,0 +1,198 @@
+"""The ``auto`` search strategy: proposals only inside the valid set, for small budgets.
+
+Kernel spaces are enumerable and mostly invalid (constraints), ordered (tile sizes, widths) and small
+enough to score every valid config. ``ValidSetSearch`` therefore proposes one valid, unevaluated config
+at a time from an index over the valid set, so no trial and no model capacity goes to invalid configs:
+
+1. a start: the configs the objective's prior ranks best (a performance model's predictions, when the
+   objective has one), else a space-filling design (greedy max-min distance over a random sample);
+2. then a Gaussian-process surrogate of log time over the evaluated configs (ordered knobs by position,
+   categorical ones by equality, each weighted by how much of the variance its values explain; its mean
+   is the prior when there is one, so the model only learns the prior's error) picks the config of
+   highest expected improvement — alternately among all valid configs and inside a trust region around
+   the incumbent (configs at most two knob steps away).
+
+Everything is NumPy on a few hundred points; the candidate set is capped so a proposal costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..family._space import Config, format_config
+
+#: Largest training set and candidate sample a proposal looks at (keeps a proposal to milliseconds).
+MAX_TRAIN, MAX_CANDIDATES = 160, 4000
+LENGTHSCALES = (0.15, 0.3, 0.6, 1.2)
+
+
+def _ordered(values: Sequence[Any]) -> bool:
+    return len(values) > 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+
+
+class ValidSetSearch:
+    """Proposes valid, unevaluated configs: prior or space-filling start, then GP expected improvement."""
+
+    def __init__(self, knobs: dict[str, list[Any]], valid: list[Config], *, seed: int | None = None,
+                 budget: int | None = None, prior: Callable[[list[Config]], Sequence[float] | None] | None = None
+                 ) -> None:
+        self.knobs = {k: list(v) for k, v in knobs.items() if len(v) > 1}  # a fixed knob tells nothing
+        self.valid = valid
+        self.rng = random.Random(seed)
+        self.np_rng = np.random.default_rng(seed)
+        self.keys = [format_config(c) for c in valid]
+        self.index = {k: i for i, k in enumerate(self.keys)}
+        # encoding: ordered knobs by position in [0, 1]; categorical knobs by value index (compared for equality)
+        self.ordered = np.array([_ordered(v) for v in self.knobs.values()])
+        cols = []
+        for (k, values), ordered in zip(self.knobs.items(), self.ordered):
+            pos = {repr(v): i for i, v in enumerate(sorted(values) if ordered else values)}
+            scale = max(1, len(values) - 1) if ordered else 1
+            cols.append([pos[repr(c[k])] / scale for c in valid])
+        self.X = np.array(cols, dtype=float).T if cols else np.zeros((len(valid), 0))
+        n = len(valid)
+        self.n_init = max(3, min(10, (budget or 40) // 5, n))
+        self.prior_log: np.ndarray | None = None
+        if prior is not None and valid:
+            p = prior(valid)
+            if p is not None:
+                arr = np.asarray(list(p), dtype=float)
+                if arr.shape == (n,) and np.isfinite(arr).any():
+                    worst = np.nanmax(arr[np.isfinite(arr)])
+                    self.prior_log = np.log(np.where(np.isfinite(arr) & (arr > 0), arr, worst * 10))
+        self.proposed = 0
+
+    # -- geometry ---------------------------------------------------------------------------------------
+    def _sqdist(self, A: np.ndarray, B: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
+        """Weighted mean squared per-knob distance (ordered: position difference; categorical: 0 or 1)."""
+        if A.shape[1] == 0:
+            return np.zeros((len(A), len(B)))
+        w = np.full(A.shape[1], 1.0 / A.shape[1]) if w is None else w
+        out = np.zeros((len(A), len(B)))
+        for d in range(A.shape[1]):  # per knob: no (A, B, knobs) temporary
+            diff = np.abs(A[:, d, None] - B[None, :, d])
+            out += w[d] * (diff * diff if self.ordered[d] else (diff > 0))
+        return out
+
+    def _relevance(self, idx: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Per-knob weights: how much of the variance of log time the knob's values explain (main
+        effects of the evaluated configs), floored so no knob is ignored; they sum to one."""
+        w = np.zeros(self.X.shape[1])
+        total = y.var() or 1.0
+        for d in range(self.X.shape[1]):
+            col = self.X[idx, d]
+            groups = [y[col == v] for v in np.unique(col)]
+            w[d] = sum(len(g) * (g.mean() - y.mean()) ** 2 for g in groups) / len(y) / total
+        w = np.maximum(w, 0.05 * max(w.max(), 1e-9))
+        return np.asarray(w / w.sum())
+
+    def _steps(self, i: int, free: np.ndarray) -> np.ndarray:
+        """Free configs at most two knob steps from config ``i`` (ordered knobs: to the adjacent value)."""
+        d = np.abs(self.X[free] - self.X[i])
+        steps = np.where(self.ordered, np.round(d * np.maximum(1, [len(v) - 1 for v in self.knobs.values()])), d > 0)
+        return np.asarray(free[steps.sum(axis=1) <= 2])
+
+    # -- proposing --------------------------------------------------------------------------------------
+    def propose(self, known: dict[str, Any], busy: set[str]) -> Config | None:
+        """The next config to evaluate; ``known``: key → object with ``.value`` (None: failed)."""
+        taken = np.zeros(len(self.valid), dtype=bool)
+        for k in list(known) + list(busy):
+            i = self.index.get(k)
+            if i is not None:
+                taken[i] = True
+        free = np.flatnonzero(~taken)
+        if len(free) == 0:
+            return None
+        done = [(self.index[k], s.value) for k, s in known.items() if k in self.index and s.value is not None]
+        self.proposed += 1
+        if len(done) < self.n_init:
+            i = self._start(free, np.flatnonzero(taken))
+        else:
+            i = self._model_pick(free, done)
+        return dict(self.valid[i])
+
+    def _start(self, free: np.ndarray, taken: np.ndarray) -> int:
+        if self.prior_log is not None:  # the best-ranked free config that differs from those taken
+            order = free[np.argsort(self.prior_log[free], kind="stable")]
+            if len(taken) == 0:
+                return int(order[0])
+            head = order[: max(1, len(order) // 20)][:200]
+            gap = self._sqdist(self.X[head], self.X[taken]).min(axis=1)
+            # rank by prior, but skip near-duplicates of taken configs (one knob apart) when others exist
+            far = head[gap > 1.0 / max(1, self.X.shape[1]) + 1e-9]
+            return int(far[0] if len(far) else order[0])
+        sample = free if len(free) <= MAX_CANDIDATES else self.np_rng.choice(free, MAX_CANDIDATES, replace=False)
+        if len(taken) == 0:
+            return int(self.np_rng.choice(sample))
+        gap = self._sqdist(self.X[sample], self.X[taken]).min(axis=1)
+        return int(sample[int(np.argmax(gap))])
+
+    def _model_pick(self, free: np.ndarray, done: list[tuple[int, float]]) -> int:
+        idx = np.array([i for i, _ in done])
+        y = np.log(np.maximum(np.array([v for _, v in done], dtype=float), 1e-12))
+        if len(idx) > MAX_TRAIN:  # the best half and a random rest
+            order = np.argsort(y)
+            keep = np.concatenate([order[: MAX_TRAIN // 2],
+                                   self.np_rng.choice(order[MAX_TRAIN // 2:], MAX_TRAIN // 2, replace=False)])
+            idx, y = idx[keep], y[keep]
+        prior = self.prior_log
+        if prior is not None:  # the prior's level is not the measurement's: shift it
+            shift = float(np.median(y - prior[idx]))
+            m: Callable[[np.ndarray], np.ndarray] = lambda ix: prior[ix] + shift  # noqa: E731
+        else:
+            level = float(y.mean())
+            m = lambda ix: np.full(len(ix), level)  # noqa: E731
+        mean = m(idx)
+        r = y - mean
+        scale = r.std() or 1.0
+        r = r / scale
+        w = self._relevance(idx, y)
+        K0 = self._sqdist(self.X[idx], self.X[idx], w)
+        best_ll, best_l, best_fact = -math.inf, LENGTHSCALES[0], None
+        for ls in LENGTHSCALES:
+            K = np.exp(-K0 / (2 * ls * ls)) + 1e-2 * np.eye(len(idx))
+            try:
+                L = np.linalg.cholesky(K)
+            except np.linalg.LinAlgError:
+                continue
+            a = np.linalg.solve(L.T, np.linalg.solve(L, r))
+            ll = -0.5 * r @ a - np.log(np.diag(L)).sum()
+            if ll > best_ll:
+                best_ll, best_l, best_fact = ll, ls, (L, a)
+        # alternate: global candidates, then the trust region around the incumbent
+        incumbent = idx[int(np.argmin(y))]
+        if self.proposed % 2 == 0:
+            cand = self._steps(int(incumbent), free)
+            if len(cand) == 0:
+                cand = free
+        else:
+            cand = free
+        if len(cand) > MAX_CANDIDATES:
+            cand = self.np_rng.choice(cand, MAX_CANDIDATES, replace=False)
+        if best_fact is None:
+            return int(self.rng.choice(list(cand)))
+        L, a = best_fact
+        Ks = np.exp(-self._sqdist(self.X[cand], self.X[idx], w) / (2 * best_l * best_l))
+        mu = Ks @ a
+        v = np.linalg.solve(L, Ks.T)
+        sd = np.sqrt(np.maximum(1e-12, 1.0 - (v * v).sum(axis=0)))
+        pred = m(cand) + scale * mu
+        sd = scale * sd
+        best = float(y.min())
+        # expected improvement of log time
+        z = (best - pred) / sd
+        ei = sd * (z * _ncdf(z) + _npdf(z))
+        return int(cand[int(np.argmax(ei))])
+
+
+def _npdf(z: np.ndarray) -> np.ndarray:
+    return np.asarray(np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi))
+
+
+def _ncdf(z: np.ndarray) -> np.ndarray:
+    return np.asarray(0.5 * (1 + np.vectorize(math.erf)(z / math.sqrt(2))))

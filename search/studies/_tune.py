@@ -1,0 +1,89 @@
+"""``kernsearch.tune``: the library call under ``kernsearch tune`` — search one problem, judge the winner
+against the baseline op, and (if asked) publish it through the store's gate.
+
+The CLI adds the terminal around it (progress, tables, notes); flows and scripts call this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .._errors import KernsearchError
+from ..exporting.runtime._runtime import DEFAULT_MARGIN, beats_op, speedup_text
+
+if TYPE_CHECKING:
+    from ..artifacts._artifacts import ArtifactStore, PublishOutcome
+    from ..family._spec import Family
+    from ..hardware._chips import Chip
+    from ._objective import KernelObjective
+    from ._study import StudyResult
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Does the winner beat the family's baseline op? ``beats`` is None when nothing can say (modeled)."""
+
+    beats: bool | None
+    text: str
+
+
+@dataclass
+class TuneResult:
+    """A finished search: the study's result, the verdict on the baseline, and a way to publish the winner."""
+
+    study: StudyResult
+    verdict: Verdict
+    objective: KernelObjective
+
+    def publish(self, store: ArtifactStore | None = None, margin: float = DEFAULT_MARGIN) -> PublishOutcome:
+        """Offer the winner to ``store`` (default: ./artifacts); the gate decides (docs/artifacts.md)."""
+        outcome: PublishOutcome = self.objective.publish(self.study, store, margin=margin)
+        return outcome
+
+
+def verdict(result: StudyResult, key: dict[str, str], op: str, margin: float = DEFAULT_MARGIN) -> Verdict:
+    """The search's last word: does a correct variant beat ``op`` beyond the noise and the margin?"""
+    where = f"on {key['chip']} at {key['shape']} {key['dtype']}"
+    final = result.final
+    if result.best is None:
+        return Verdict(False, f"no correct variant {where}; keep the MLX op")
+    if result.evidence == "modeled":
+        return Verdict(None, f"modeled result: {op} is not modeled, so nothing says this variant beats it; measure "
+                             f"it on {key['chip']} before it ships (a modeled artifact is dispatched only on the "
+                             "consumer's opt-in)")
+    if final is None or final.speedup_low is None:
+        return Verdict(None, f"{op} was not timed in this run: no verdict on the baseline {where}")
+    text = speedup_text(final.speedup, final.speedup_low, final.speedup_high)
+    if beats_op(final.speedup_low, margin):
+        return Verdict(True, f"the winner beats {op} {where}: {text} (lower bound above {1 + margin:.2f}x)")
+    return Verdict(False, f"no variant beats {op} {where} (best: {text}); keep the MLX op")
+
+
+def tune(family: str | Family, shape: str | tuple[int, ...] | None = None, dtype: str | None = None, *,
+         backend: str = "model", chip: str | Chip | None = None, trials: int | None = 150,
+         time_budget: str | float | None = None, patience: int | None = 60, sampler: str = "tpe", seed: int = 0,
+         storage: str | None = ":memory:", study: str | None = None, finalists: int = 3, timeout: float = 120.0,
+         verify: str = "finalists", margin: float = DEFAULT_MARGIN, **options: Any) -> TuneResult:
+    """Search ``family`` at ``shape``/``dtype`` on ``backend`` (``model``: predicted times for ``chip``, finalists
+    verified on the CPU interpreter; ``metal``/``cuda``: measured on the GPU here) and judge the winner."""
+    from ..backends import backend_class
+    from ..family._space import make_problem
+    from ..family._spec import load_family
+    from ..hardware._chips import Chip, default_apple_chip, get_chip, resolve_chip
+    from ._objective import KernelObjective
+    from ._study import run_study
+
+    fam = load_family(family) if isinstance(family, str) else family
+    if backend_class(backend).measures_device:
+        here = resolve_chip(None)
+        if chip is not None and (chip.name if isinstance(chip, Chip) else get_chip(chip).name) != here.name:
+            raise KernsearchError(f"the {backend} back-end measures the GPU here ({here.name}), not {chip}")
+        the_chip = here
+    else:
+        the_chip = chip if isinstance(chip, Chip) else get_chip(chip) if chip else default_apple_chip()
+    problem = make_problem(fam, shape, dtype, the_chip)
+    objective = KernelObjective(problem, the_chip, backend, seed=seed, timeout=timeout, verify=verify, **options)
+    result = run_study(objective, trials=trials, time_budget=time_budget, patience=patience, sampler=sampler,
+                       seed=seed, storage=storage, study_name=study, finalists=finalists)
+    return TuneResult(result, verdict(result, objective.study_key, fam.baseline_name, margin), objective)

@@ -373,7 +373,7 @@ def landscape(dev: Device, fam, shape: str, configs: list[dict], knobs: dict, ou
     """Measure ``configs`` at ``shape``; KernelTuner cache file; model-vs-measured Spearman."""
     from kernsearch.evaluation._verify import make_inputs
     from kernsearch.family._space import Space, make_problem
-    from kernsearch.studies._landscape import LandscapeWriter
+    from kernsearch.studies._landscape import NOT_MEASURED, LandscapeWriter
 
     space = Space(make_problem(fam, shape, DTYPE, dev.chip), dev.chip)
     name = f"{fam.name}_{dev.chip.name}_{DTYPE}_{space.problem.shape_text}.json".replace(" ", "")
@@ -416,7 +416,7 @@ def landscape(dev: Device, fam, shape: str, configs: list[dict], knobs: dict, ou
                     log(f"    {len(writer.cache)}/{len(configs)} configs done")
             pool.terminate()
     for cfg in pending.values():
-        writer.add(cfg, failure="NotMeasured", failure_detail="time share of this landscape used up")
+        writer.add(cfg, failure=NOT_MEASURED, failure_detail="time share of this landscape used up")
     path = writer.save()
     ok = [e for e in writer.cache.values() if not isinstance(e["time"], str)]
     failed: dict[str, int] = {}

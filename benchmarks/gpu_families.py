@@ -160,7 +160,7 @@ def landscape(dev: Any, fam: Any, shape: str, count: int, out: Path, deadline: f
     from kernsearch.backends import get_backend
     from kernsearch.evaluation._verify import make_inputs
     from kernsearch.family._space import Space, make_problem
-    from kernsearch.studies._landscape import LandscapeWriter
+    from kernsearch.studies._landscape import NOT_MEASURED, LandscapeWriter
 
     space = Space(make_problem(fam, shape, DTYPE, dev.chip), dev.chip)
     configs = pick_configs(fam, space, count)
@@ -202,7 +202,7 @@ def landscape(dev: Any, fam: Any, shape: str, count: int, out: Path, deadline: f
                     writer.add(cfg, failure=res.pop("failure"), **res)
             pool.terminate()
     for cfg in pending.values():
-        writer.add(cfg, failure="NotMeasured", failure_detail="time share of this landscape used up")
+        writer.add(cfg, failure=NOT_MEASURED, failure_detail="time share of this landscape used up")
     path = writer.save()
     ok = [e for e in writer.cache.values() if not isinstance(e["time"], str)]
     failed: dict[str, int] = {}

@@ -136,7 +136,7 @@ def main() -> None:
 
     from kernsearch.family._space import Space, make_problem
     from kernsearch.family._spec import load_family
-    from kernsearch.studies._landscape import LandscapeWriter
+    from kernsearch.studies._landscape import NOT_MEASURED, LandscapeWriter
 
     fam = load_family("gemm")
     chip, info = device_chip()
@@ -173,7 +173,7 @@ def main() -> None:
                 print(f"  {len(writer.cache)}/{len(valid)} done at {time.monotonic() - started:.0f} s", flush=True)
         pool.terminate()
     for cfg in pending.values():
-        writer.add(cfg, failure="NotMeasured", failure_detail=f"sweep deadline ({args.deadline:.0f} s) reached")
+        writer.add(cfg, failure=NOT_MEASURED, failure_detail=f"sweep deadline ({args.deadline:.0f} s) reached")
     path = writer.save()
     _summarise(writer, path, out, len(sub), len(valid), problem.flops(), args, time.monotonic() - started)
 

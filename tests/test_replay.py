@@ -234,3 +234,51 @@ def test_auto_strategy_starts_from_the_performance_models_ranking():
         _, optimum = backend.landscape.optimum()
         scores.append(optimum / float(backend.landscape.entry(result.best.config)["time"]))
     assert min(scores) > 0.95, scores
+
+
+def test_not_measured_configs_are_absent_not_failed(tmp_path):
+    """A sweep that ran out of time writes ``NotMeasured``: that says nothing about the config, so replay
+    leaves it out of the space instead of failing it (a search would learn to avoid it)."""
+    from kernsearch.studies._landscape import NOT_MEASURED
+
+    path = tmp_path / "partial.json"
+    writer = LandscapeWriter(path, {"a": [1, 2, 3]}, device_name="NVIDIA H100 80GB HBM3")
+    writer.add({"a": 1}, [2.0, 2.1])
+    writer.add({"a": 2}, failure="RuntimeFailedConfig")
+    writer.add({"a": 3}, failure=NOT_MEASURED)
+    writer.save()
+    land = Landscape.load(path)
+    assert len(land) == 2 and land.meta["not_measured"] == 1
+    assert [c["a"] for c in land.configs()] == [1, 2]
+    backend = Replay(landscape=land)
+    with pytest.raises(VariantFailure) as exc:
+        backend.sample({"a": 3})
+    assert exc.value.reason == "invalid"
+    with pytest.raises(VariantFailure) as exc:
+        backend.sample({"a": 2})
+    assert exc.value.reason == "failed"
+
+
+def test_auto_strategy_learns_where_kernels_fail():
+    """Half of a 12 x 12 space fails (a < 6) and the working half is nearly flat: the model counts a failure
+    as slow, so after its start it keeps proposing where kernels work (blind to failures, about half of its
+    proposals went to the failing half)."""
+    from types import SimpleNamespace
+
+    from kernsearch.family._space import format_config
+    from kernsearch.studies._strategy import ValidSetSearch
+
+    knobs = {"a": list(range(12)), "b": list(range(12))}
+    valid = [{"a": a, "b": b} for a in knobs["a"] for b in knobs["b"]]
+    into_failures = []
+    for seed in range(4):
+        search = ValidSetSearch(knobs, valid, seed=seed, budget=40)
+        known: dict[str, SimpleNamespace] = {}
+        for trial in range(40):
+            config = search.propose(known, set())
+            assert config is not None
+            fails = config["a"] < 6
+            known[format_config(config)] = SimpleNamespace(value=None if fails else 1.0 + 0.01 * config["b"])
+            if trial >= search.n_init:
+                into_failures.append(fails)
+    assert sum(into_failures) / len(into_failures) < 0.2, sum(into_failures) / len(into_failures)

@@ -7,8 +7,11 @@ A landscape is one JSON object (gzipped when the file name ends in ``.gz``)::
      "cache": {"v1,v2,...": {knob: value, ..., "time": ms | "RuntimeFailedConfig", "times": [ms, ...], ...}}}
 
 Configs absent from ``cache`` were not valid; an entry whose ``time`` is a string failed (the string
-says how). Replay (:mod:`kernsearch.studies._replay`) reads landscapes as an objective; :class:`LandscapeWriter`
-writes the same format (atomically: a reader never sees a half-written file) so a measured sweep can be replayed.
+says how), except ``NotMeasured`` (:data:`NOT_MEASURED`): a sweep that ran out of time left that config
+unmeasured, which says nothing about it, so reading drops it (counted in ``meta["not_measured"]``) and
+replay treats it as absent rather than as a failure a search should learn to avoid.
+Replay (:mod:`kernsearch.studies._replay`) reads landscapes as an objective; :class:`LandscapeWriter` writes
+the same format (atomically: a reader never sees a half-written file) so a measured sweep can be replayed.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import KernsearchError
+
+#: The ``time`` a sweep writes for a config it had no time left to measure (not a failure of the config).
+NOT_MEASURED = "NotMeasured"
 
 
 def config_string(values: Any) -> str:
@@ -75,7 +81,10 @@ class Landscape:
         extra = {k: v for k, v in data.items() if k not in
                  ("tune_params_keys", "tune_params", "cache", "device_name", "kernel_name", "problem_size",
                   "objective")}
-        return cls(knobs=knobs, entries=data["cache"], device_name=str(data.get("device_name", "")),
+        entries = {name: e for name, e in data["cache"].items() if e.get("time") != NOT_MEASURED}
+        if len(entries) < len(data["cache"]):
+            extra["not_measured"] = len(data["cache"]) - len(entries)
+        return cls(knobs=knobs, entries=entries, device_name=str(data.get("device_name", "")),
                    kernel_name=str(data.get("kernel_name", "")), problem_size=data.get("problem_size"),
                    objective=str(data.get("objective", "time")), path=path, meta=extra)
 

@@ -10,7 +10,10 @@ at a time from an index over the valid set, so no trial and no model capacity go
    categorical ones by equality, each weighted by how much of the variance its values explain; its mean
    is the prior when there is one, so the model only learns the prior's error) picks the config of
    highest expected improvement — alternately among all valid configs and inside a trust region around
-   the incumbent (configs at most two knob steps away).
+   the incumbent (configs one knob step away: a wider region let the weights, which see main effects
+   only, hide a knob that matters in combination, e.g. ``read_only`` of the convolution landscape).
+   A config that failed counts as slower than the slowest that ran (``FAILURE_PENALTY``), so the model
+   steers away from where kernels fail instead of proposing their neighbours again.
 
 Everything is NumPy on a few hundred points; the candidate set is capped so a proposal costs milliseconds.
 """
@@ -29,6 +32,10 @@ from ..family._space import Config, format_config
 #: Largest training set and candidate sample a proposal looks at (keeps a proposal to milliseconds).
 MAX_TRAIN, MAX_CANDIDATES = 160, 4000
 LENGTHSCALES = (0.15, 0.3, 0.6, 1.2)
+#: A failed config's log time: the slowest working one's plus this (about 1.65x slower).
+FAILURE_PENALTY = 0.5
+#: The trust region: free configs at most this many knob steps from the incumbent.
+TRUST_STEPS = 1
 
 
 def _ordered(values: Sequence[Any]) -> bool:
@@ -92,10 +99,11 @@ class ValidSetSearch:
         return np.asarray(w / w.sum())
 
     def _steps(self, i: int, free: np.ndarray) -> np.ndarray:
-        """Free configs at most two knob steps from config ``i`` (ordered knobs: to the adjacent value)."""
+        """Free configs at most ``TRUST_STEPS`` knob steps from config ``i`` (ordered knobs: to the adjacent
+        value)."""
         d = np.abs(self.X[free] - self.X[i])
         steps = np.where(self.ordered, np.round(d * np.maximum(1, [len(v) - 1 for v in self.knobs.values()])), d > 0)
-        return np.asarray(free[steps.sum(axis=1) <= 2])
+        return np.asarray(free[steps.sum(axis=1) <= TRUST_STEPS])
 
     # -- proposing --------------------------------------------------------------------------------------
     def propose(self, known: dict[str, Any], busy: set[str]) -> Config | None:
@@ -109,11 +117,12 @@ class ValidSetSearch:
         if len(free) == 0:
             return None
         done = [(self.index[k], s.value) for k, s in known.items() if k in self.index and s.value is not None]
+        failed = [self.index[k] for k, s in known.items() if k in self.index and s.value is None]
         self.proposed += 1
         if len(done) < self.n_init:
             i = self._start(free, np.flatnonzero(taken))
         else:
-            i = self._model_pick(free, done)
+            i = self._model_pick(free, done, failed)
         return dict(self.valid[i])
 
     def _start(self, free: np.ndarray, taken: np.ndarray) -> int:
@@ -132,17 +141,20 @@ class ValidSetSearch:
         gap = self._sqdist(self.X[sample], self.X[taken]).min(axis=1)
         return int(sample[int(np.argmax(gap))])
 
-    def _model_pick(self, free: np.ndarray, done: list[tuple[int, float]]) -> int:
+    def _model_pick(self, free: np.ndarray, done: list[tuple[int, float]], failed: list[int]) -> int:
         idx = np.array([i for i, _ in done])
         y = np.log(np.maximum(np.array([v for _, v in done], dtype=float), 1e-12))
+        prior = self.prior_log  # its level is not the measurements': shifted by their median difference
+        shift = float(np.median(y - prior[idx])) if prior is not None else 0.0
+        if failed:  # a failed config counts as slower than the slowest that ran
+            idx = np.concatenate([idx, np.array(failed)])
+            y = np.concatenate([y, np.full(len(failed), y.max() + FAILURE_PENALTY)])
         if len(idx) > MAX_TRAIN:  # the best half and a random rest
             order = np.argsort(y)
             keep = np.concatenate([order[: MAX_TRAIN // 2],
                                    self.np_rng.choice(order[MAX_TRAIN // 2:], MAX_TRAIN // 2, replace=False)])
             idx, y = idx[keep], y[keep]
-        prior = self.prior_log
-        if prior is not None:  # the prior's level is not the measurement's: shift it
-            shift = float(np.median(y - prior[idx]))
+        if prior is not None:
             m: Callable[[np.ndarray], np.ndarray] = lambda ix: prior[ix] + shift  # noqa: E731
         else:
             level = float(y.mean())

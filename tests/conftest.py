@@ -22,6 +22,27 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 
 
 @pytest.fixture(scope="session")
+def kernsearch_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """kernsearch built as a wheel (pip, as a user builds it), once per session; pip's output is in
+    ``build.log`` beside it. Built from a copy of the checkout: setuptools writes ``build/`` into the source
+    tree it builds, and the suite must leave the repository as it found it (tests/adversarial/conftest.py)."""
+    import shutil
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("wheel")
+    source = tmp_path_factory.mktemp("source") / "kernsearch"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", ".kernsearch",
+        "test-artifacts", ".gpuwheels"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v",
+                            "-w", str(out), str(source)], check=True, capture_output=True, text=True, timeout=300)
+    (out / "build.log").write_text(built.stdout + built.stderr)
+    (whl,) = out.glob("kernsearch-*.whl")
+    return whl
+
+
+@pytest.fixture(scope="session")
 def gemm():
     from kernsearch.family._spec import load_family
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -15,18 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Built from a copy of the checkout: setuptools writes ``build/`` into the source tree it builds."""
-    out = tmp_path_factory.mktemp("wheel")
-    source = tmp_path_factory.mktemp("source") / "kernsearch"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", ".kernsearch",
-        "test-artifacts", ".gpuwheels"))
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v",
-                            "-w", str(out), str(source)], check=True, capture_output=True, text=True, timeout=300)
-    (out / "build.log").write_text(built.stdout + built.stderr)
-    (whl,) = out.glob("kernsearch-*.whl")
-    return whl
+def wheel(kernsearch_wheel: Path) -> Path:
+    return kernsearch_wheel
 
 
 def test_building_prints_no_setuptools_warnings(wheel: Path) -> None:

@@ -19,13 +19,17 @@ GEMM_DIR = REPO / "templates" / "gemm"
 CANARY = Path(tempfile.gettempdir()) / f"ks-canary-{os.getpid()}"
 #: Not watched: VCS and tool caches, and ``.kernsearch`` (the test suite's own compiled-kernel cache folder).
 _SKIP = {".git", "__pycache__", ".venv", ".hypothesis", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".kernsearch"}
+#: Named output folders inside the checkout: the screenshots folder CI keeps (``.ci/run`` sets it in the clone).
+_OUTPUTS = {Path(os.environ["KERNSEARCH_TEST_ARTIFACTS"]).resolve()} if os.environ.get("KERNSEARCH_TEST_ARTIFACTS") \
+    else set()
 
 
 def _snapshot(root: Path) -> dict[str, str]:
     """Every file under ``root`` (links as their target text) with a digest of its content and mode."""
     state: dict[str, str] = {}
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in _SKIP and not d.endswith(".egg-info")]
+        dirnames[:] = [d for d in dirnames if d not in _SKIP and not d.endswith(".egg-info")
+                       and Path(dirpath, d).resolve() not in _OUTPUTS]
         for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
             path = Path(dirpath) / name
             rel = str(path.relative_to(root))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 
@@ -23,7 +24,10 @@ def test_version_help_and_completion() -> None:
         r = _run(*args)
         assert r.returncode == 0 and "Usage:" in r.stdout, (args, r.stderr)
     assert "--install-completion" in _run("-h").stdout
-    script = _run("--show-completion", "bash")
+    # as a bash user runs it: Typer names the shell it finds among the command's parents (under `make`,
+    # `sh`, which it does not support), so the command runs from bash (two commands: bash does not exec it)
+    script = subprocess.run(["bash", "-c", shlex.join(KERNSEARCH + ["--show-completion"]) + "; exit $?"],
+                            capture_output=True, text=True, timeout=300, check=False)
     assert script.returncode == 0 and "complete -o default -F _kernsearch_completion kernsearch" in script.stdout
     # what bash asks for while the user types `kernsearch tu<TAB>` and `kernsearch tune gemm --ba<TAB>`
     words = _run(_KERNSEARCH_COMPLETE="complete_bash", COMP_WORDS="kernsearch tu", COMP_CWORD="1")

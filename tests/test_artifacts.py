@@ -225,6 +225,7 @@ def test_tampered_or_malformed_artifacts_are_refused_in_one_line(published: Arti
     assert len(bad) == 1 and bad[0].where == f"{KEY}/v1"
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_tampered_artifact_with_one_line_and_exit_2(published: ArtifactStore) -> None:
     (published.key_dir(key()) / "v1" / "source.metal").write_text("// tampered\n")
     env = {**os.environ, "KERNSEARCH_ARTIFACTS": str(published.root)}
@@ -285,6 +286,7 @@ PUBLISHER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_concurrent_publishers_get_distinct_versions_and_a_consistent_gate(tmp_path: Path) -> None:
     root, barrier = tmp_path / "store", tmp_path / "barrier"
     barrier.mkdir()

@@ -71,6 +71,7 @@ def test_render_prints_header_and_body() -> None:
     (["tune", "gemm", "--patience", "-1"], "--patience must be 0 or more"),
     (["tune", "gemm", "--timeout", "0"], "--timeout must be more than 0"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_one_line_exit_2(args: list[str], message: str) -> None:
     res = ks(*args)
     assert res.returncode == 2, (res.stdout, res.stderr)

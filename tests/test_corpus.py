@@ -51,6 +51,7 @@ def test_corpus_is_documented_and_large_enough():
     assert outside <= len(FILES) * 0.05
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fast", "check"])
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_corpus_kernel(path, mode):

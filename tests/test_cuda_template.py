@@ -53,6 +53,7 @@ def test_every_valid_h100_config_renders_to_distinct_cuda_source(gemm, h100_floa
     assert len(digests) == len(h100_float16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_other_dtypes_render_with_their_type(gemm, h100_float16, dtype: str) -> None:  # noqa: ANN001
     space = Space(make_problem(gemm, "4096,4096,4096", dtype, H100), H100)
@@ -127,6 +128,7 @@ def test_shared_memory_covers_the_tiles_the_template_declares(gemm, h100_float16
         assert ("extern __shared__" in src) == (need > 0)
 
 
+@pytest.mark.slow
 def test_apple_space_is_unchanged_by_the_cuda_rules(gemm, tmp_path) -> None:  # noqa: ANN001
     """Strip every NVIDIA rule from a copy of the family: the M2 Max space must come out identical."""
     from kernsearch.family._spec import load_family

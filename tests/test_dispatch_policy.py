@@ -50,6 +50,7 @@ def test_gate_records_a_losing_measured_kernel_without_dispatching_it(tmp_path: 
     assert store.publish(candidate("M2 Max", (64, 64, 64), speedup=1.035), margin=0.01).published
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chip, level", [(M2MAX, "exact chip"), (M2PRO, "same generation")])
 def test_each_level_skips_a_kernel_slower_than_the_op(tmp_path: Path, chip, level: str) -> None:
     d = package(tmp_path, candidate("M2 Max", (64, 64, 64), speedup=0.62))

@@ -98,6 +98,7 @@ def arrays(m: int, n: int, k: int, dtype=mx.float32):
     pytest.param(H200, mx.float16, "same generation and die", "gemm/H100/float16/128x128x128/v1",
                  marks=needs_cuda_template),
 ])
+@pytest.mark.slow
 def test_each_level_of_the_fallback_chain(exported, chip, dtype, level: str, artifact: str | None) -> None:
     _, _, pkg = exported
     decision = pkg.gemm.explain(*arrays(64, 64, 64, dtype), chip=chip)
@@ -144,6 +145,7 @@ def test_nearest_valid_tuned_shape_within_the_bound(exported, shape, tuned: str 
 
 # -- run-time expressions agree with kernsearch's --------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chip_name", ["M2 Max", "M1", "H100"])
 def test_runtime_constraints_and_geometry_match_kernsearch(exported, chip_name: str) -> None:
     result, _, _ = exported
@@ -374,6 +376,7 @@ def test_publish_list_show_export_install_import_call(tmp_path: Path) -> None:
     assert not report["kernsearch_importable"] and report["heavy_modules"] == []
 
 
+@pytest.mark.slow
 def test_the_wheel_is_the_flit_build_of_the_source_tree_and_its_version_is_normal(tmp_path: Path) -> None:
     """Export's wheel is what pip builds from the source tree beside it; versions are PEP 440 normal forms."""
     import zipfile

@@ -193,6 +193,7 @@ def test_a_wrong_scale_dtype_is_caught_by_verification(tmp_path: Path) -> None:
     assert not check.ok
 
 
+@pytest.mark.slow
 def test_space_render_verify_tune_export_on_the_toy_family(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()

@@ -93,6 +93,7 @@ def test_a_worker_killed_mid_trial_has_its_trial_failed_and_retried_and_the_stud
     assert len(ok) >= 20 and not [t for t in trials if t.state == TrialState.RUNNING]
 
 
+@pytest.mark.slow
 def test_an_unreachable_postgresql_url_is_one_line_without_the_password(tmp_path):
     url = "postgresql://farm:hunter2@127.0.0.1:9/studies"  # port 9 (discard): nothing listens
     proc = subprocess.run([sys.executable, "-m", "kernsearch", "tune", "gemm", "--backend", "model", "--trials", "2",

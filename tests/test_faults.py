@@ -119,6 +119,7 @@ def study_of_faults(planted, tmp_path_factory):
     return result, optuna.load_study(study_name=result.study_name, storage=url)
 
 
+@pytest.mark.slow
 def test_each_planted_fault_fails_its_trial_with_the_right_reason(study_of_faults):
     result, study = study_of_faults
     assert result.evaluated == 14 and result.stop_reason == "every valid config evaluated"
@@ -144,6 +145,7 @@ def test_the_study_completes_and_its_winner_is_correct(study_of_faults):
     assert result.final.winner == result.best.number
 
 
+@pytest.mark.slow
 def test_finalist_verification_skips_a_faulty_leader(planted, tmp_path):
     """verify=finalists: faults are not checked per trial, so a broken variant can lead on predicted
     time; the final round on the interpreter must refuse it and crown a correct one."""
@@ -219,6 +221,7 @@ class SimulatedGPU(_BaseBackend):
         return _Timing(measure(launch, sync, clock=self.clock), self.evidence, 0.0)
 
 
+@pytest.mark.slow
 def test_measured_pipeline_verifies_times_and_judges_against_the_baseline(planted, tmp_path):
     chip = get_chip("M2 Max")
     problem = make_problem(load_family(planted), "64", None, chip)
@@ -240,6 +243,7 @@ def test_measured_pipeline_verifies_times_and_judges_against_the_baseline(plante
     assert final.speedup == pytest.approx(3.0, rel=3e-3)
 
 
+@pytest.mark.slow
 def test_pipelined_search_compiles_ahead_and_a_fault_fails_only_its_trial(planted, tmp_path):
     """Two compile workers build the next proposals while the timing worker measures; a variant that
     fails to compile, hangs or crashes in a compile worker fails its own trial and is never timed."""

@@ -223,6 +223,7 @@ def test_cli_bad_job_file_exit_2_one_line_and_no_prefect_import(tmp_path: Path) 
 
 # -- the killable step subprocess ------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_step_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     """A kernel that spins on the interpreter is killed by the step's timeout, worker processes included."""
     from kernsearch.flows._steps import StepTimeout, run_step
@@ -273,6 +274,7 @@ def test_step_process_that_dies_is_a_crash_worth_one_retry(tmp_path: Path, monke
     assert not _retry_on_crash(None, None, State(StepError("no-winner", "no finalist passed")))
 
 
+@pytest.mark.slow
 def test_tune_step_resumes_the_study_with_trials_per_night(tmp_path: Path) -> None:
     from kernsearch.flows._jobs import JobOptions
     from kernsearch.flows._steps import run_step
@@ -287,6 +289,7 @@ def test_tune_step_resumes_the_study_with_trials_per_night(tmp_path: Path) -> No
     assert second["evidence"] == "modeled" and second["checks"][0]["verifier"] == "interpreter"
 
 
+@pytest.mark.slow
 def test_a_job_can_have_every_trial_verified_on_the_interpreter(tmp_path: Path) -> None:
     import optuna
 
@@ -471,6 +474,7 @@ def test_two_runs_on_one_machine_take_turns_on_the_gpu(prefect_harness, farm: Pa
     assert first[1] <= second[0], (first, second)  # one GPU slot per machine: the second waited
 
 
+@pytest.mark.slow
 def test_nightly_skips_jobs_for_other_chips(prefect_harness, farm: Path) -> None:
     from kernsearch.flows.nightly import nightly
 

@@ -75,6 +75,7 @@ def _run_all(fam, plan: list[tuple[dict, str, str]], mode: str) -> tuple[int, li
     return runs, failures
 
 
+@pytest.mark.slow
 def test_sample_matches_reference_on_ragged_shapes_in_every_dtype(gemv) -> None:  # noqa: ANN001
     """Fast lane: a knob-covering sample of configs, each at every shape where it is valid, dtypes rotated."""
     rng = random.Random(5)

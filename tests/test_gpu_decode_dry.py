@@ -7,9 +7,12 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_dry_run_writes_landscape_report_and_modeled_store(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 #: The seven calls of issue 11's table (shape MxNxK, dtype): the benchmark must cover each.
 ISSUE_ROWS = {("4096x4096x4096", "float16"), ("16x4096x4096", "float16"), ("2048x2048x2048", "float16"),
@@ -14,6 +16,7 @@ ISSUE_ROWS = {("4096x4096x4096", "float16"), ("16x4096x4096", "float16"), ("2048
               ("4096x4096x4096", "bfloat16"), ("1024x1024x1024", "float32")}
 
 
+@pytest.mark.slow
 def test_dry_run_installs_the_wheel_and_decides_every_row(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_package.py"), "--dry-run",
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=ROOT)

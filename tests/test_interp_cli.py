@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from kernsearch.backends import get_backend
 from kernsearch.family._render import Geometry, KernelSource
@@ -24,6 +25,7 @@ def test_verify_passes_and_prints_the_error():
     assert "pass: max abs err" in proc.stdout and "interpreted" in proc.stdout and "M2 Max" in proc.stdout
 
 
+@pytest.mark.slow
 def test_verify_bad_input_is_one_line_exit_2():
     proc = verify("gemm", "--config", "MMA=tensor")
     assert proc.returncode == 2

@@ -126,6 +126,7 @@ def test_storage_round_trips_bfloat16():
     assert np.array_equal(back[:4], x[:4]) and np.isnan(back[4])
 
 
+@pytest.mark.slow
 def test_compiled_objects_are_cached_by_source_flags_and_place(tmp_path, monkeypatch):
     from kernsearch.backends import get_backend
     from kernsearch.family._render import Geometry, KernelSource
@@ -147,6 +148,7 @@ def test_compiled_objects_are_cached_by_source_flags_and_place(tmp_path, monkeyp
     assert cpu.run(k, geo, a, "float32").compile_seconds > 0
 
 
+@pytest.mark.slow
 def test_wheel_carries_the_shim_and_runs_a_kernel_outside_the_repo(tmp_path, kernsearch_wheel):
     """The shim headers are package data: an installed kernsearch interprets kernels without the repo."""
     import zipfile

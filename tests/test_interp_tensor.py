@@ -36,6 +36,7 @@ def tensor_sample(gemm, n: int, seed: int) -> list[dict]:
     return chosen
 
 
+@pytest.mark.slow
 def test_tensor_configs_only_on_chips_with_neural_accelerators(gemm):
     tensor = tensor_sample(gemm, 40, seed=1)  # valid on M5 Max
     assert len(tensor) == 40

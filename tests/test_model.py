@@ -295,6 +295,7 @@ def test_model_table_names_are_checked_on_load(tmp_path, model, message):
 
 # -- benchmarks/model_vs_measured.py on synthetic landscapes -------------------------------------------
 
+@pytest.mark.slow
 def test_model_vs_measured_script_ranks_a_landscape(tmp_path, gemm):
     import importlib.util
 
@@ -325,6 +326,7 @@ def test_model_vs_measured_script_ranks_a_landscape(tmp_path, gemm):
             assert result["pick_vs_best"] == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_cli_predict_labels_its_figure_modeled():
     import json
     import subprocess

@@ -36,6 +36,7 @@ def test_wheel_contains_templates_and_data(wheel: Path) -> None:
     assert "kernsearch = kernsearch.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
+@pytest.mark.slow
 def test_installed_wheel_works_outside_the_repo(wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",

@@ -49,6 +49,7 @@ def test_space_pins_the_field_width_and_covers_every_knob(qmatvec) -> None:  # n
     assert geometry(space, dict(qmatvec.default)).input_dtypes == ("float16", "uint32", "float16", "float16")
 
 
+@pytest.mark.slow
 def test_sample_matches_the_dequantizing_reference(qmatvec) -> None:  # noqa: ANN001
     rng = random.Random(2)
     plan = []

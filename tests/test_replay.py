@@ -118,6 +118,7 @@ def test_replay_draws_recorded_times_and_refuses_absent_or_failed(small):
     assert objective.violation(ok) is None and objective.size() == len(land)
 
 
+@pytest.mark.slow
 @needs_landscapes
 def test_search_finds_the_optimum_of_a_small_landscape(small, tmp_path):
     land = Landscape.load(small)
@@ -138,6 +139,7 @@ def test_search_finds_the_optimum_of_a_small_landscape(small, tmp_path):
     assert result.evidence == "measured" and "not here" in result.final.note
 
 
+@pytest.mark.slow
 @needs_landscapes
 def test_resume_after_interruption_continues_the_same_study(small, tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}"
@@ -165,6 +167,7 @@ def test_resume_after_interruption_continues_the_same_study(small, tmp_path):
     assert Counter(t.user_attrs.get("status") for t in study.trials)["interrupted"] == 1
 
 
+@pytest.mark.slow
 @needs_landscapes
 def test_two_processes_share_one_study_without_duplicates(small, tmp_path):
     url = f"sqlite:///{tmp_path / 'shared.db'}"
@@ -196,6 +199,7 @@ def test_two_processes_share_one_study_without_duplicates(small, tmp_path):
 @needs_landscapes
 @pytest.mark.parametrize("name,configs,knobs", [("gemm_clblast_RTX_3090", 17956, 15), ("convolution_A100", 4362, 10),
                                                 ("dedispersion_A100", 11130, 8), ("pnpoly_RTX_3090", 4092, 4)])
+@pytest.mark.slow
 def test_the_shared_landscapes_read_as_their_readme_says(name, configs, knobs):
     land = Landscape.load(LANDSCAPES / f"{name}.json.gz")
     assert len(land) == configs and len(land.knobs) == knobs

@@ -37,6 +37,7 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {"home": str(home), "report": path.group(1), "study": "gemm/M2 Max/float16/128x128x128/model"}
 
 
+@pytest.mark.slow
 def test_tune_report_writes_a_self_contained_page(tuned: dict[str, str]) -> None:
     page = Path(tuned["report"]).read_text()
     assert Path(tuned["report"]).parent == Path(tuned["home"]) / "reports"
@@ -50,6 +51,7 @@ def test_tune_report_writes_a_self_contained_page(tuned: dict[str, str]) -> None
     assert "not available (modeled times" in page  # no made-up speedup for a modeled study
 
 
+@pytest.mark.slow
 def test_report_command_out_and_errors(tuned: dict[str, str], tmp_path: Path) -> None:
     env = {"KERNSEARCH_HOME": tuned["home"]}
     r = _run("report", tuned["study"], "--out", str(tmp_path / "r.html"), env=env)

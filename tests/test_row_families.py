@@ -35,6 +35,7 @@ def test_listed_with_both_targets_and_a_valid_default(family) -> None:  # noqa: 
                 assert sp.is_valid(dict(family.default)) or family.default.get("VEC", 1) > 1
 
 
+@pytest.mark.slow
 def test_every_knob_value_is_reachable_at_large_shapes(family) -> None:  # noqa: ANN001
     shapes = ("16384,4096", "4096,4096", "32,8192", "1,4096", "8192,1024") if family.name != "swiglu" else (
         "4096,11008", "4096,14336", "32,11008", "1,4096")
@@ -48,6 +49,7 @@ def test_every_knob_value_is_reachable_at_large_shapes(family) -> None:  # noqa:
         assert seen[name] == set(knob.values), (name, seen[name])
 
 
+@pytest.mark.slow
 def test_sample_matches_reference_on_ragged_shapes(family) -> None:  # noqa: ANN001
     """Fast lane: every knob value valid at a ragged and an aligned shape at least once, dtypes rotated."""
     plan = covering_sample(family, ("7,77", "3,256"), per_shape=4)

@@ -14,6 +14,7 @@ def _space(gemm, shape="4096,4096,4096", dtype="float16", chip="M2 Max") -> Spac
     return Space(make_problem(gemm, shape, dtype, c), c)
 
 
+@pytest.mark.slow
 def test_m2_max_4096_float16_space_is_large_and_explained(gemm) -> None:  # noqa: ANN001
     sp = _space(gemm)
     summary = sp.enumerate()

@@ -54,6 +54,7 @@ def storage(tmp_path):
     return f"sqlite:///{tmp_path / 'studies.db'}"
 
 
+@pytest.mark.slow
 def test_default_config_is_trial_zero_and_nothing_is_measured_twice(tmp_path):
     toy = Toy()
     result = run_study(toy, trials=40, seed=1, storage=storage(tmp_path))
@@ -72,6 +73,7 @@ def test_default_config_is_trial_zero_and_nothing_is_measured_twice(tmp_path):
             assert t.user_attrs["failure"]["reason"] == "sum_at_most_15"
 
 
+@pytest.mark.slow
 def test_failures_are_recorded_with_their_reason_and_the_search_goes_on(tmp_path):
     toy = Toy()
     result = run_study(toy, trials=91, sampler="grid", seed=0, storage=storage(tmp_path))
@@ -87,6 +89,7 @@ def test_failures_are_recorded_with_their_reason_and_the_search_goes_on(tmp_path
     assert data["final"] == {"winner": result.best.number} and data["best"]["config"] == {"x": 7, "y": 3}
 
 
+@pytest.mark.slow
 def test_tpe_beats_a_third_of_the_space_and_records_figures(tmp_path):
     result = run_study(Toy(), trials=30, seed=3, storage=storage(tmp_path))
     assert result.best.time_ms <= 3.0, result.best  # top few of 91 configs within a third of the space
@@ -94,6 +97,7 @@ def test_tpe_beats_a_third_of_the_space_and_records_figures(tmp_path):
     assert [t.time_ms for t in result.top] == sorted(t.time_ms for t in result.top)
 
 
+@pytest.mark.slow
 def test_resume_continues_the_same_study(tmp_path):
     first = run_study(Toy(), trials=10, seed=0, storage=storage(tmp_path))
     toy = Toy()
@@ -107,6 +111,7 @@ def test_resume_continues_the_same_study(tmp_path):
     assert "--trials 75 evaluates 50 more" in again.stop_reason  # how to go on, not just "budget reached"
 
 
+@pytest.mark.slow
 def test_stop_request_keeps_finished_trials(tmp_path):
     toy = Toy()
     result = run_study(toy, trials=50, seed=0, storage=storage(tmp_path), stop=lambda: sum(toy.calls.values()) >= 7)

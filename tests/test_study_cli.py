@@ -32,6 +32,7 @@ def tuned(tmp_path_factory):
     return home, res
 
 
+@pytest.mark.slow
 def test_tune_without_a_gpu_is_modeled_and_its_winner_passes_the_interpreter(tuned):
     home, res = tuned
     assert res.returncode == 0, res.stderr[-3000:]
@@ -46,6 +47,7 @@ def test_tune_without_a_gpu_is_modeled_and_its_winner_passes_the_interpreter(tun
     assert (home / "studies.db").is_file()  # default storage: SQLite under $KERNSEARCH_HOME
 
 
+@pytest.mark.slow
 def test_studies_and_show_print_the_stored_study(tuned):
     home, _ = tuned
     listed = ks("studies", home=home)
@@ -61,6 +63,7 @@ def test_studies_and_show_print_the_stored_study(tuned):
     assert as_json["status"]["ok"] == 8 and len(as_json["top"]) == 8
 
 
+@pytest.mark.slow
 def test_rerunning_the_command_resumes_the_study(tuned):
     home, _ = tuned
     res = ks("tune", "gemm", "--shape", "64,64,64", "--dtype", "float32", "--trials", "10", "--patience", "0",
@@ -86,6 +89,7 @@ def test_the_cli_choices_are_the_library_s() -> None:
     (["--shape", "0,4,4"], "impossible shape"),
     (["--verify", "sometimes"], "--verify"),
 ])
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     res = ks("tune", "gemm", "--trials", "2", *args, home=tmp_path)
     assert res.returncode == 2, (res.stdout, res.stderr)
@@ -93,11 +97,13 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     assert message in res.stderr and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
 
 
+@pytest.mark.slow
 def test_show_of_an_unknown_study_is_a_user_error(tmp_path):
     res = ks("show", "no/such/study", home=tmp_path)
     assert res.returncode == 2 and "no study" in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not PNPOLY.is_file(), reason=f"recorded landscapes not found in {LANDSCAPES}")
 def test_ctrl_c_stops_cleanly_and_keeps_finished_trials(tmp_path):
     env = {**os.environ, "KERNSEARCH_HOME": str(tmp_path)}
@@ -117,6 +123,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished_trials(tmp_path):
     assert shown["status"].get("ok", 0) > 0 and "running" not in shown["status"]
 
 
+@pytest.mark.slow
 def test_publish_then_warm_start_a_related_study(tmp_path, gemm):
     """The winner goes to the artifact store; a study of a related shape starts from it (trial 1)."""
     import optuna

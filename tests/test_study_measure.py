@@ -106,6 +106,7 @@ def _bug() -> None:
     raise ZeroDivisionError("planted bug")
 
 
+@pytest.mark.slow
 def test_worker_survives_crash_hang_and_errors():
     with Worker(timeout=20) as worker:
         assert worker.call(os.getpid) != os.getpid()  # really another process

@@ -7,6 +7,8 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 KERNSEARCH = [sys.executable, "-m", "kernsearch"]
 
 
@@ -15,6 +17,7 @@ def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
                           env={**os.environ, **env})
 
 
+@pytest.mark.slow
 def test_version_help_and_completion() -> None:
     from importlib.metadata import version
 
@@ -36,6 +39,7 @@ def test_version_help_and_completion() -> None:
     assert words.stdout.split() == ["--backend"]
 
 
+@pytest.mark.slow
 def test_verify_samples_big_problems_on_the_interpreter_and_says_so() -> None:
     r = _run("verify", "gemm", "--shape", "1024,1024,32", "--config", "BM=32,BN=32")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -75,6 +79,7 @@ def test_tune_without_a_compiler_refuses_before_searching(tmp_path) -> None:
     assert r.stderr.count("\n") <= 3  # the modeled note, the error; no traceback
 
 
+@pytest.mark.slow
 def test_dashboard_serves_the_studies_with_compact_attributes(tmp_path) -> None:
     import json
     import signal

@@ -235,6 +235,7 @@ SLOW = {"space", "verify"}
 
 @pytest.mark.parametrize("command", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c
                                      for c in sorted(COMMANDS)])
+@pytest.mark.slow
 def test_hostile_arguments(command: str, tmp_path_factory: pytest.TempPathFactory,
                            monkeypatch: pytest.MonkeyPatch) -> None:
     work = tmp_path_factory.mktemp("fuzz")
@@ -259,6 +260,7 @@ def test_hostile_arguments(command: str, tmp_path_factory: pytest.TempPathFactor
     run()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("out", ["a\x00b", "a" * 5000, "/proc/version/x"])
 def test_output_paths_no_file_can_have_are_one_line(out: str, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,6 +23,7 @@ TEMPLATE_ATTACKS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attack", TEMPLATE_ATTACKS)
 def test_template_cannot_run_python(hostile_family, tmp_path: Path, attack: str) -> None:
     marker = CANARY / "pwned"
@@ -38,6 +39,7 @@ def test_template_string_bomb_is_bounded(hostile_family) -> None:
     assert_one_line_error(ks("render", str(folder), "--chip", "M2 Max", timeout=60), "gemm.metal.j2")
 
 
+@pytest.mark.slow
 def test_template_include_cannot_leave_the_folder(hostile_family, tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("TOP-SECRET")
@@ -96,6 +98,7 @@ def test_expression_bomb_in_a_spec_is_one_line_at_load(hostile_family) -> None:
     assert_one_line_error(ks("space", str(folder), "--chip", "M2 Max", timeout=30))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ['"../../x"', '""', '"a/b"', '"Gemm x"', '"x\\n"', '"' + "a" * 200 + '"'])
 def test_family_name_must_be_an_identifier(hostile_family, name: str) -> None:
     folder = hostile_family(toml=lambda t: set_key(t, "name", name))
@@ -116,6 +119,7 @@ def test_template_file_name_cannot_leave_the_folder(hostile_family) -> None:
         load_family(str(folder))
 
 
+@pytest.mark.slow
 def test_current_directory_never_shadows_a_builtin(tmp_path: Path, hostile_family) -> None:
     (tmp_path / "gemm").mkdir()  # an empty ./gemm
     proc = ks("render", "gemm", "--chip", "M2 Max", cwd=tmp_path, timeout=60)

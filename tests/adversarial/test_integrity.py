@@ -56,6 +56,7 @@ MANIFEST_ATTACKS: dict[str, Callable[[dict[str, Any]], None]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attack", sorted(MANIFEST_ATTACKS))
 def test_a_manifest_is_revalidated_against_its_family(store: Path, attack: str) -> None:
     _edit(store, MANIFEST_ATTACKS[attack])
@@ -64,6 +65,7 @@ def test_a_manifest_is_revalidated_against_its_family(store: Path, attack: str) 
     assert not ArtifactStore(store).verify()[0].ok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attack", ["modeled->measured", "BM=7", "kernel name ../../x"])
 def test_every_command_refuses_a_revalidation_failure(store: Path, tmp_path: Path, attack: str) -> None:
     _edit(store, MANIFEST_ATTACKS[attack])

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from kernsearch.artifacts._artifacts import ArtifactStore
 from kernsearch.backends import get_backend
@@ -27,6 +28,7 @@ def _wrong_from_row_128(text: str) -> str:
     return out
 
 
+@pytest.mark.slow
 def test_a_kernel_wrong_at_the_tuned_shape_is_never_published(hostile_family, tmp_path: Path) -> None:
     folder = hostile_family(metal=_wrong_from_row_128)
     store = tmp_path / "store"

@@ -36,6 +36,7 @@ def _run_readers(root: Path, tmp_path: Path, allowed=(0, 1, 2)) -> None:  # noqa
             assert len(proc.stderr.strip().splitlines()) == 1, (args, proc.stderr)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("victim", ["v1/manifest.json", "CURRENT", "v1/source.metal", "journal.jsonl"])
 def test_fifo_in_the_store_never_blocks_a_reader(store: Path, tmp_path: Path, victim: str) -> None:
     path = store / KEY / victim
@@ -47,6 +48,7 @@ def test_fifo_in_the_store_never_blocks_a_reader(store: Path, tmp_path: Path, vi
     _run_readers(store, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("victim", ["v1/manifest.json", "CURRENT", "v1/source.metal"])
 def test_directory_where_a_file_belongs(store: Path, tmp_path: Path, victim: str) -> None:
     path = store / KEY / victim
@@ -57,6 +59,7 @@ def test_directory_where_a_file_belongs(store: Path, tmp_path: Path, victim: str
     _run_readers(store, tmp_path)
 
 
+@pytest.mark.slow
 def test_version_as_a_file_and_non_utf8_pointer_and_journal(store: Path, tmp_path: Path) -> None:
     (store / KEY / "v7").write_text("not a folder")
     results = {r.where: r for r in ArtifactStore(store).verify()}
@@ -69,6 +72,7 @@ def test_version_as_a_file_and_non_utf8_pointer_and_journal(store: Path, tmp_pat
     _run_readers(store, tmp_path)
 
 
+@pytest.mark.slow
 def test_deep_json_manifest_is_one_line(store: Path, tmp_path: Path) -> None:
     (store / KEY / "v1" / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ArtifactError, match="nested deeper"):
@@ -152,6 +156,7 @@ def test_symlinked_key_folder_is_not_a_key(store: Path, tmp_path: Path) -> None:
     (["show", "x", "--top", "-5"], "--top"),
     (["tune", "gemm", "--seed", "2**32"], "--seed"),
 ])
+@pytest.mark.slow
 def test_numeric_options_are_checked_before_anything_starts(args: list[str], flag: str) -> None:
     assert_one_line_error(ks(*args, "--chip", "M2 Max") if args[0] != "show" else ks(*args), flag)
 
@@ -200,17 +205,20 @@ def _set_line(text: str, key: str, value: str) -> str:
 
 @pytest.mark.parametrize("grid", ['"\'abc\'"', '"{1: 2}"', '"[1e999, 1, 1]"', '"[-1, 1, 1]"', '"[0, 1, 1]"',
                                   '"[2**70, 1, 1]"', '"[1, 1]"', '"[1.5, 1, 1]"'])
+@pytest.mark.slow
 def test_bad_launch_grid_is_one_line(hostile_family, grid: str) -> None:
     folder = hostile_family(toml=lambda t: _set_line(t, "grid", grid))
     assert_one_line_error(ks("render", str(folder), "--chip", "M2 Max", timeout=60), "launch.grid")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tg", ['"[0, 1, 1]"', '"[-32, 1, 1]"', '"[2**40, 1, 1]"'])
 def test_bad_threadgroup_is_one_line(hostile_family, tg: str) -> None:
     folder = hostile_family(toml=lambda t: _set_line(t, "threadgroup", tg))
     assert_one_line_error(ks("render", str(folder), "--chip", "M2 Max", timeout=60), "launch.threadgroup")
 
 
+@pytest.mark.slow
 def test_corrupted_sqlite_storage_is_one_line(tmp_path: Path) -> None:
     db = tmp_path / "studies.db"
     ok = ks("tune", "gemm", "--backend", "model", "--chip", "M2 Max", "--shape", "64,64,64", "--trials", "2",
@@ -230,6 +238,7 @@ def test_corrupted_sqlite_storage_is_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("args", [[], ["tune"], ["tune", "gemm", "--seed", "x"], ["nosuch"], ["tune", "gemm", "--bogus"],
                                   ["verify"], ["artifacts", "show"]])
+@pytest.mark.slow
 def test_usage_errors_are_one_line(args: list[str]) -> None:
     proc = ks(*args)
     if not args:
@@ -243,6 +252,7 @@ class _Killed(BaseException):
     """Stands for SIGKILL at one point of a publish (nothing after it runs)."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", ["journal", "rename", "pointer"])
 def test_a_publisher_killed_at_any_step_leaves_a_consistent_repairable_store(store: Path, step: str,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
@@ -303,6 +313,7 @@ def test_two_tune_processes_on_one_new_study_never_measure_a_config_twice(tmp_pa
     assert measured and len(measured) == len(set(measured)), sorted(measured)
 
 
+@pytest.mark.slow
 def test_a_process_joining_a_new_study_late_does_not_remeasure_its_first_configs(tmp_path: Path) -> None:
     """B opens the study, A measures the default config meanwhile, then B asks its first trial: B must see
     that another process is on the study (its first trial number is not the next one it saw) and skip."""

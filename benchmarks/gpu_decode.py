@@ -108,33 +108,33 @@ class Device:
     def __init__(self) -> None:
         from gpu_gemm import device_chip  # noqa: E402 - same folder
 
-        from kernsearch.backends import get_backend
+        from kernsearch import get_backend
 
         self.chip, self.info = device_chip()
         self.cuda = get_backend("cuda")
 
     def verify(self, fam, space, cfg: dict, seed: int, data: tuple | None = None):  # noqa: ANN001, ANN201
         """``data``: (inputs, references) kept across variants of one problem (the float64 reference is costly)."""
+        from kernsearch import geometry, render
         from kernsearch.evaluation._verify import verify_kernel
-        from kernsearch.family._render import geometry, render
 
         kernel = render(fam, cfg, space.problem.dtype, "cuda")
         check, _ = verify_kernel(self.cuda, kernel, geometry(space, cfg), space.problem, seed=seed, data=data)
         return check
 
     def time_one(self, fam, space, cfg: dict, logical: dict) -> list[float]:  # noqa: ANN001
+        from kernsearch import geometry, render
         from kernsearch.evaluation._measure import TimingPlan, measure
         from kernsearch.evaluation._verify import kernel_inputs
-        from kernsearch.family._render import geometry, render
 
         kernel, geo = render(fam, cfg, space.problem.dtype, "cuda"), geometry(space, cfg)
         launch, sync = self.cuda.launcher(kernel, geo, kernel_inputs(space.problem, logical, geo), space.problem.dtype)
         return measure(launch, sync, plan=TimingPlan(**QUICK_PLAN))
 
     def interleaved(self, fam, space, configs: dict[str, dict], logical: dict, rounds: int) -> dict[str, list[float]]:  # noqa: ANN001
+        from kernsearch import geometry, render
         from kernsearch.evaluation._measure import TimingPlan, interleaved
         from kernsearch.evaluation._verify import kernel_inputs
-        from kernsearch.family._render import geometry, render
 
         p = space.problem
         sets = self.cuda.input_sets(list(logical.values()), p.dtype)
@@ -209,8 +209,7 @@ class DryDevice(Device):
     evidence = "modeled"
 
     def __init__(self) -> None:
-        from kernsearch.backends import get_backend
-        from kernsearch.hardware._chips import get_chip
+        from kernsearch import get_backend, get_chip
 
         self.chip, self.info = get_chip("H100"), {"device_name": "dry run (no GPU)"}
         self.model = get_backend("model")
@@ -222,12 +221,11 @@ class DryDevice(Device):
 
     def verify(self, fam, space, cfg: dict, seed: int, data: tuple | None = None):  # noqa: ANN001, ANN201
         """The Metal twin on the interpreter at the family's small ragged shape (the CUDA source is rendered)."""
+        from kernsearch import Space, geometry, make_problem, render
         from kernsearch.evaluation._verify import verify_kernel
-        from kernsearch.family._render import geometry, render
-        from kernsearch.family._space import Space, make_problem
 
         render(fam, cfg, space.problem.dtype, "cuda")
-        from kernsearch.hardware._chips import get_chip
+        from kernsearch import get_chip
 
         m2 = get_chip("M2 Max")
         small = Space(make_problem(fam, SMALL[fam.name], space.problem.dtype, m2), m2)
@@ -269,14 +267,12 @@ def _worker_init(lock, family: str, shape: str, chip_name: str) -> None:  # noqa
 
 def _worker_eval(cfg: dict) -> tuple[dict, dict]:
     """Compile + small ragged check (parallel), then full-size check and timing under the GPU lock."""
+    from kernsearch import render
     from kernsearch._errors import VariantFailure
-    from kernsearch.family._render import render
 
     if "device" not in _W:
+        from kernsearch import Space, get_chip, load_family, make_problem
         from kernsearch.evaluation._verify import make_inputs
-        from kernsearch.family._space import Space, make_problem
-        from kernsearch.family._spec import load_family
-        from kernsearch.hardware._chips import get_chip
 
         fam = load_family(_W["family"])
         dev = Device()
@@ -314,9 +310,7 @@ def _worker_eval(cfg: dict) -> tuple[dict, dict]:
 def _compile_one(job: tuple[str, str, str, dict]) -> bool:
     """In a worker: build one variant (NVRTC) and run it once on a small problem; MLX keeps the binary in its
     on-disk cache, so the main process loads it instead of compiling serially."""
-    from kernsearch.family._space import Space, make_problem
-    from kernsearch.family._spec import load_family
-    from kernsearch.hardware._chips import get_chip
+    from kernsearch import Space, get_chip, load_family, make_problem
 
     family, small, chip_name, cfg = job
     try:
@@ -332,8 +326,7 @@ def _compile_one(job: tuple[str, str, str, dict]) -> bool:
 
 def precompile(dev: Device, fam, problems: list[str], ranked: list[dict], jobs: int, deadline: float) -> list[list[dict]]:  # noqa: ANN001
     """The candidates of every problem (landscape's best valid there, then the model's top), compiled in parallel."""
-    from kernsearch.backends import get_backend
-    from kernsearch.family._space import Space, make_problem
+    from kernsearch import Space, get_backend, make_problem
 
     model = get_backend("model")
     per_problem = []
@@ -371,8 +364,8 @@ def precompile(dev: Device, fam, problems: list[str], ranked: list[dict], jobs: 
 def landscape(dev: Device, fam, shape: str, configs: list[dict], knobs: dict, out: Path, deadline: float,  # noqa: ANN001
               jobs: int, mlx_version: str) -> dict:
     """Measure ``configs`` at ``shape``; KernelTuner cache file; model-vs-measured Spearman."""
+    from kernsearch import Space, make_problem
     from kernsearch.evaluation._verify import make_inputs
-    from kernsearch.family._space import Space, make_problem
     from kernsearch.studies._landscape import NOT_MEASURED, LandscapeWriter
 
     space = Space(make_problem(fam, shape, DTYPE, dev.chip), dev.chip)
@@ -423,7 +416,7 @@ def landscape(dev: Device, fam, shape: str, configs: list[dict], knobs: dict, ou
     for e in writer.cache.values():
         if isinstance(e["time"], str):
             failed[e["time"]] = failed.get(e["time"], 0) + 1
-    from kernsearch.backends import get_backend
+    from kernsearch import get_backend
 
     model = get_backend("model")
     measured_cfgs = [{k: e[k] for k in knobs} for e in ok]
@@ -448,8 +441,9 @@ def landscape(dev: Device, fam, shape: str, configs: list[dict], knobs: dict, ou
 def tune_problem(dev: Device, fam, shape: str, cands: list[dict], copy_gbps: float, store, rounds: int,  # noqa: ANN001
                  per_problem_s: float, extra: dict[str, dict] | None = None) -> dict:
     """Candidates (landscape's best valid here + the model's top) timed; the best vs the op, interleaved."""
+    from kernsearch import Space, make_problem
     from kernsearch.evaluation._verify import make_inputs
-    from kernsearch.family._space import Space, format_config, make_problem
+    from kernsearch.family._space import format_config
 
     started = time.monotonic()
     space = Space(make_problem(fam, shape, DTYPE, dev.chip), dev.chip)
@@ -495,7 +489,7 @@ def tune_problem(dev: Device, fam, shape: str, cands: list[dict], copy_gbps: flo
 
 
 def publish(dev: Device, fam, space, cfg: dict, samples: dict, store) -> dict:  # noqa: ANN001
-    from kernsearch.artifacts._artifacts import Candidate
+    from kernsearch import Candidate
     from kernsearch.artifacts._manifest import Correctness, Measurements
     from kernsearch.evaluation._measure import speedup
 
@@ -532,8 +526,7 @@ def print_rows(title: str, rows: list[dict], op_name: str) -> None:
 # -- main --------------------------------------------------------------------------------------------------
 
 def family_or_none(name: str):  # noqa: ANN201
-    from kernsearch._errors import KernsearchError
-    from kernsearch.family._spec import load_family
+    from kernsearch import KernsearchError, load_family
 
     try:
         return load_family(name)
@@ -557,8 +550,7 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")
     os.environ.setdefault("OMP_NUM_THREADS", "2")
 
-    from kernsearch.artifacts._artifacts import ArtifactStore
-    from kernsearch.family._space import Space, make_problem
+    from kernsearch import ArtifactStore, Space, make_problem
 
     dev: Device = DryDevice() if args.dry_run else Device()
     mlx_version = "none"

@@ -64,10 +64,8 @@ class FamilyDryDevice(DryDevice):
     """The dry device of gpu_decode, checking the Metal twin of these families at their ragged shape."""
 
     def verify(self, fam, space, cfg: dict, seed: int):  # noqa: ANN001, ANN201
+        from kernsearch import Space, geometry, get_chip, make_problem, render
         from kernsearch.evaluation._verify import Check, verify_kernel
-        from kernsearch.family._render import geometry, render
-        from kernsearch.family._space import Space, make_problem
-        from kernsearch.hardware._chips import get_chip
 
         render(fam, cfg, space.problem.dtype, "cuda")
         m2 = get_chip("M2 Max")
@@ -82,9 +80,9 @@ class FamilyDryDevice(DryDevice):
 def _quick(dev: Any, fam: Any, space: Any, cfg: dict, logical: dict, plan: dict) -> list[float]:
     if dev.dry:
         return dev.time_one(fam, space, cfg, logical)
+    from kernsearch import geometry, render
     from kernsearch.evaluation._measure import TimingPlan, measure
     from kernsearch.evaluation._verify import kernel_inputs
-    from kernsearch.family._render import geometry, render
 
     kernel, geo = render(fam, cfg, space.problem.dtype, "cuda"), geometry(space, cfg)
     launch, sync = dev.cuda.launcher(kernel, geo, kernel_inputs(space.problem, logical, geo), space.problem.dtype)
@@ -103,13 +101,12 @@ def _worker_init(lock: Any, family: str, shape: str) -> None:
 def _worker_eval(cfg: dict) -> tuple[dict, dict]:
     """Compile + ragged check (parallel), then timing under the GPU lock (the full-size check, costly on the
     CPU side, is left to the candidates each problem times and to publishing)."""
+    from kernsearch import render
     from kernsearch._errors import VariantFailure
-    from kernsearch.family._render import render
 
     if "device" not in _W:
+        from kernsearch import Space, load_family, make_problem
         from kernsearch.evaluation._verify import make_inputs
-        from kernsearch.family._space import Space, make_problem
-        from kernsearch.family._spec import load_family
 
         fam = load_family(_W["family"])
         dev = Device()
@@ -138,7 +135,7 @@ def _worker_eval(cfg: dict) -> tuple[dict, dict]:
 def pick_configs(fam: Any, space: Any, count: int) -> list[dict]:
     """Wide configs first (the widest vector, the row held in registers, 256+ threads, simd reductions:
     what memory-bound row kernels win with), then the model's top, then a seeded sample of the rest."""
-    from kernsearch.backends import get_backend
+    from kernsearch import get_backend
 
     valid = space.enumerate().valid
     model = get_backend("model")
@@ -157,9 +154,8 @@ def pick_configs(fam: Any, space: Any, count: int) -> list[dict]:
 def landscape(dev: Any, fam: Any, shape: str, count: int, out: Path, deadline: float, jobs: int,
               mlx_version: str) -> dict:
     """Measure a sample of configs at ``shape``; KernelTuner cache file; model-vs-measured Spearman."""
-    from kernsearch.backends import get_backend
+    from kernsearch import Space, get_backend, make_problem
     from kernsearch.evaluation._verify import make_inputs
-    from kernsearch.family._space import Space, make_problem
     from kernsearch.studies._landscape import NOT_MEASURED, LandscapeWriter
 
     space = Space(make_problem(fam, shape, DTYPE, dev.chip), dev.chip)
@@ -243,10 +239,10 @@ def interleaved(dev: Any, fam: Any, space: Any, cfg: dict, logical: dict, rounds
         if fam.compile_baseline:
             out["eager"] = [v * 1.6 for v in out["op"]]  # a stand-in, as the dry op is
         return out
+    from kernsearch import geometry, render
     from kernsearch.evaluation._measure import TimingPlan
     from kernsearch.evaluation._measure import interleaved as run
     from kernsearch.evaluation._verify import kernel_inputs
-    from kernsearch.family._render import geometry, render
 
     p = space.problem
     sets = dev.cuda.input_sets(list(logical.values()), p.dtype)
@@ -261,9 +257,9 @@ def per_call(dev: Any, fam: Any, space: Any, cfg: dict, logical: dict) -> dict[s
     if dev.dry:
         ms = dev.model.predict_ms(space, cfg)
         return {"tuned": ms + 0.02, "op": ms * 1.1 + 0.02}
+    from kernsearch import geometry, render
     from kernsearch.evaluation._measure import TimingPlan, measure
     from kernsearch.evaluation._verify import kernel_inputs
-    from kernsearch.family._render import geometry, render
 
     p = space.problem
     kernel, geo = render(fam, cfg, p.dtype, "cuda"), geometry(space, cfg)
@@ -275,10 +271,10 @@ def per_call(dev: Any, fam: Any, space: Any, cfg: dict, logical: dict) -> dict[s
 
 def bench_problem(dev: Any, fam: Any, shape: str, ranked: list[dict], copy_gbps: float, store: Any, rounds: int,
                   small: bool) -> dict:
-    from kernsearch.backends import get_backend
+    from kernsearch import Space, get_backend, make_problem
     from kernsearch.evaluation._measure import speedup
     from kernsearch.evaluation._verify import make_inputs
-    from kernsearch.family._space import Space, format_config, make_problem
+    from kernsearch.family._space import format_config
 
     space = Space(make_problem(fam, shape, DTYPE, dev.chip), dev.chip)
     model = get_backend("model")
@@ -323,7 +319,7 @@ def bench_problem(dev: Any, fam: Any, shape: str, ranked: list[dict], copy_gbps:
 
 def publish(dev: Any, fam: Any, space: Any, cfg: dict, samples: dict, store: Any) -> dict:
     """Offer the winner to the store: the gate publishes it only if it beats the op beyond the margin."""
-    from kernsearch.artifacts._artifacts import Candidate
+    from kernsearch import Candidate
     from kernsearch.artifacts._manifest import Correctness, Measurements
     from kernsearch.evaluation._measure import speedup
 
@@ -387,7 +383,7 @@ def goals(report: dict) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from kernsearch._errors import KernsearchError
+    from kernsearch import KernsearchError
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -404,8 +400,7 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")
     os.environ.setdefault("OMP_NUM_THREADS", "2")
 
-    from kernsearch.artifacts._artifacts import ArtifactStore
-    from kernsearch.family._spec import load_family
+    from kernsearch import ArtifactStore, load_family
 
     dev: Any = FamilyDryDevice() if args.dry_run else Device()
     mlx_version = "none"

@@ -49,7 +49,7 @@ def device_chip():  # noqa: ANN201
     """The chip MLX reports, as a registry entry carrying what was detected."""
     import mlx.core as mx
 
-    from kernsearch.hardware._chips import detect_chip, get_chip
+    from kernsearch import detect_chip, get_chip
 
     info = dict(mx.device_info())
     chip = detect_chip()
@@ -67,11 +67,9 @@ def stats(samples: list[float]) -> dict:
 
 def interleaved_table(fam, chip, shape, configs: dict[str, dict], rounds: int = 25) -> dict:  # noqa: ANN001
     """Verify each config on fresh inputs, then time configs and mx.matmul round-robin on shared inputs."""
-    from kernsearch.backends import get_backend
+    from kernsearch import Space, geometry, get_backend, make_problem, render
     from kernsearch.evaluation._measure import TimingPlan, interleaved
     from kernsearch.evaluation._verify import kernel_inputs, make_inputs, verify_kernel
-    from kernsearch.family._render import geometry, render
-    from kernsearch.family._space import Space, make_problem
 
     cuda = get_backend("cuda")
     problem = make_problem(fam, shape, "float16", chip)
@@ -112,8 +110,7 @@ def print_table(title: str, table: dict) -> None:
 
 
 def cmd_probe(args: argparse.Namespace) -> None:
-    from kernsearch.family._space import Space, make_problem
-    from kernsearch.family._spec import load_family
+    from kernsearch import Space, load_family, make_problem
 
     fam = load_family("gemm")
     chip, info = device_chip()
@@ -133,10 +130,9 @@ def cmd_probe(args: argparse.Namespace) -> None:
 def cmd_tune(args: argparse.Namespace) -> None:
     import mlx.core as mx
 
-    from kernsearch.family._space import Space, format_config, make_problem
-    from kernsearch.family._spec import load_family
+    from kernsearch import Space, load_family, make_problem, run_study
+    from kernsearch.family._space import format_config
     from kernsearch.studies._objective import KernelObjective
-    from kernsearch.studies._study import run_study
 
     fam = load_family("gemm")
     chip, info = device_chip()
@@ -207,11 +203,10 @@ def _trials_to_best(trials: list[dict], best: dict) -> int | None:
 
 
 def _publish(fam, chip, space, config, table, result) -> dict:  # noqa: ANN001
-    from kernsearch.artifacts._artifacts import ArtifactStore, Candidate
+    from kernsearch import ArtifactStore, Candidate, geometry, get_backend, render
     from kernsearch.artifacts._manifest import Correctness, Measurements
-    from kernsearch.backends import Evidence, get_backend
+    from kernsearch.backends import Evidence
     from kernsearch.evaluation._verify import verify_kernel
-    from kernsearch.family._render import geometry, render
 
     cuda = get_backend("cuda")
     kernel, geo = render(fam, config, space.problem.dtype, "cuda"), geometry(space, config)

@@ -28,12 +28,9 @@ CONFIG = "BM=128,BN=128,BK=32,WM=2,WN=4,MMA=simdgroup,STAGE=AB,VEC=4,DOUBLE_BUFF
 def main() -> None:
     from gpu_gemm import device_chip, stats  # noqa: E402 - same folder
 
-    from kernsearch.backends import get_backend
+    from kernsearch import Space, geometry, get_backend, load_family, make_problem, render
     from kernsearch.evaluation._measure import TimingPlan, interleaved
     from kernsearch.evaluation._verify import kernel_inputs, make_inputs, verify_kernel
-    from kernsearch.family._render import geometry, render
-    from kernsearch.family._space import Space, make_problem
-    from kernsearch.family._spec import load_family
 
     fam = load_family("gemm")
     chip, _ = device_chip()

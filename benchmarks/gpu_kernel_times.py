@@ -32,13 +32,10 @@ def run(runs: int, shape_key: str, out: Path) -> None:
     import mlx.core as mx
     from gpu_gemm import device_chip  # noqa: E402 - same folder
 
-    from kernsearch.artifacts._artifacts import ArtifactKey, ArtifactStore
-    from kernsearch.backends import get_backend
+    from kernsearch import ArtifactStore, Space, geometry, get_backend, load_family, make_problem, render
+    from kernsearch.artifacts._artifacts import ArtifactKey
     from kernsearch.backends._mlx_base import mlx_namespace, to_mx
     from kernsearch.evaluation._verify import kernel_inputs, make_inputs, verify_kernel
-    from kernsearch.family._render import geometry, render
-    from kernsearch.family._space import Space, make_problem
-    from kernsearch.family._spec import load_family
 
     fam = load_family("gemm")
     chip, _ = device_chip()

@@ -48,11 +48,8 @@ def _init(lock, chip_name: str, shape: tuple[int, ...]) -> None:  # noqa: ANN001
 
 def _setup() -> dict:
     if "fam" not in _STATE:
-        from kernsearch.backends import get_backend
+        from kernsearch import Space, get_backend, get_chip, load_family, make_problem
         from kernsearch.evaluation._verify import make_inputs, reference
-        from kernsearch.family._space import Space, make_problem
-        from kernsearch.family._spec import load_family
-        from kernsearch.hardware._chips import get_chip
 
         fam = load_family("gemm")
         chip = get_chip(_STATE["chip_name"])
@@ -67,11 +64,11 @@ def _evaluate(config: dict) -> tuple[dict, dict]:
     """In a worker: compile + small check, then (GPU lock held) full-size check and timing."""
     import mlx.core as mx
 
+    from kernsearch import geometry, render
     from kernsearch._errors import VariantFailure
     from kernsearch.backends._mlx_base import separate_launches, to_mx, to_numpy
     from kernsearch.evaluation._measure import TimingPlan, measure
     from kernsearch.evaluation._verify import SENTINEL, compare, kernel_inputs, verify_kernel
-    from kernsearch.family._render import geometry, render
 
     st = _setup()
     fam, cuda, small, full = st["fam"], st["cuda"], st["small"], st["full"]
@@ -134,8 +131,7 @@ def main() -> None:
     import mlx.core as mx
     from gpu_gemm import device_chip  # noqa: E402 - same folder
 
-    from kernsearch.family._space import Space, make_problem
-    from kernsearch.family._spec import load_family
+    from kernsearch import Space, load_family, make_problem
     from kernsearch.studies._landscape import NOT_MEASURED, LandscapeWriter
 
     fam = load_family("gemm")

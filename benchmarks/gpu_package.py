@@ -82,8 +82,7 @@ class Row:
 # -- export and install ----------------------------------------------------------------------------------
 
 def export_wheel(store_root: Path, work: Path) -> Path:
-    from kernsearch.artifacts._artifacts import ArtifactStore
-    from kernsearch.exporting._export import export
+    from kernsearch import ArtifactStore, export
 
     result = export(["gemm"], work / "export", ArtifactStore(store_root), package=PACKAGE, version="0.0.1")
     print(f"exported {result.wheel.name}: {len(result.artifacts)} artifact(s) "

@@ -47,7 +47,8 @@ class SimulatedCuda:
     target = "metal"  # the interpreter runs the Metal twin
 
     def __init__(self, **_: Any) -> None:
-        from kernsearch.backends import Evidence, get_backend
+        from kernsearch import get_backend
+        from kernsearch.backends import Evidence
 
         self.evidence = Evidence.MEASURED
         self.cpu = get_backend("cpu")
@@ -102,10 +103,9 @@ class SimulatedCuda:
 
 
 def run_arm(label: str, workers: int, seconds: float, args: argparse.Namespace, chip: Any) -> dict:
-    from kernsearch.family._space import format_config, make_problem
-    from kernsearch.family._spec import load_family
+    from kernsearch import load_family, make_problem, run_study
+    from kernsearch.family._space import format_config
     from kernsearch.studies._objective import KernelObjective
-    from kernsearch.studies._study import run_study
 
     cache = tempfile.mkdtemp(prefix=f"ptx-{label}-")
     os.environ["MLX_PTX_CACHE_DIR"] = cache  # read by each worker process when it starts (spawn)
@@ -162,7 +162,7 @@ def main() -> None:
     args.shape = args.shape or ("64,64,64" if args.dry_run else "2048,2048,2048")
     workers = args.workers or max(1, (os.cpu_count() or 2) - 1)
     if args.dry_run:
-        from kernsearch.hardware._chips import get_chip
+        from kernsearch import get_chip
 
         chip, info = get_chip("H100"), {"device": "simulated (dry run)"}
     else:

@@ -27,9 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 
 def _setup():
-    from kernsearch.family._space import Space, make_problem
-    from kernsearch.family._spec import load_family
-    from kernsearch.hardware._chips import get_chip
+    from kernsearch import Space, get_chip, load_family, make_problem
 
     fam = load_family("gemm")
     chip = get_chip("M2 Max")
@@ -46,9 +44,8 @@ def _cpu_seconds() -> float:
 
 def _verify(cfg: dict, mode: str) -> tuple[bool, float, float, float]:
     """(passed, compile seconds, wall seconds, CPU seconds) of one verification."""
-    from kernsearch.backends import get_backend
+    from kernsearch import geometry, get_backend, render
     from kernsearch.evaluation._verify import verify_kernel
-    from kernsearch.family._render import geometry, render
 
     fam, chip, problem, space = _setup()
     cpu0 = _cpu_seconds()
@@ -62,11 +59,8 @@ def _verify(cfg: dict, mode: str) -> tuple[bool, float, float, float]:
 
 def _run_only(cfg: dict, mode: str, shape: str) -> float | None:
     """CPU seconds of one run (objects compiled first, outside the measurement); None if invalid there."""
-    from kernsearch.backends import get_backend
+    from kernsearch import Space, geometry, get_backend, get_chip, make_problem, render
     from kernsearch.evaluation._verify import kernel_inputs, make_inputs
-    from kernsearch.family._render import geometry, render
-    from kernsearch.family._space import Space, make_problem
-    from kernsearch.hardware._chips import get_chip
 
     fam, chip, _, _ = _setup()
     problem = make_problem(fam, shape, "float32", get_chip(chip.name))
@@ -86,8 +80,7 @@ def _barrier_cost() -> float:
     """Seconds per thread per barrier: a kernel doing 1000 extra barriers with 1024 threads."""
     import numpy as np
 
-    from kernsearch.backends import get_backend
-    from kernsearch.family._render import Geometry, KernelSource
+    from kernsearch import Geometry, KernelSource, get_backend
 
     cpu = get_backend("cpu")
     geo = Geometry((1024, 1, 1), (1024, 1, 1), ((1024,),), ("float32",))

@@ -54,11 +54,8 @@ def shape_of(problem_size: object, fallback: str | None) -> str | None:
 
 
 def compare(path: Path, chip_name: str | None, shape: str | None, dtype: str | None) -> dict[str, object]:
-    from kernsearch._errors import KernsearchError
+    from kernsearch import KernsearchError, Space, get_chip, load_family, make_problem
     from kernsearch.backends._model import ModelBackend
-    from kernsearch.family._space import Space, make_problem
-    from kernsearch.family._spec import load_family
-    from kernsearch.hardware._chips import get_chip
     from kernsearch.studies._landscape import Landscape
 
     land = Landscape.load(path)
@@ -112,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if not files:
         print("no GEMM landscape given or found in benchmarks/data/", file=sys.stderr)
         return 1
-    from kernsearch._errors import KernsearchError
+    from kernsearch import KernsearchError
 
     for path in files:
         try:

@@ -30,8 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from kernsearch import _safeio
-from kernsearch._errors import KernsearchError
+from kernsearch import KernsearchError, _safeio
 from kernsearch._options import Count, Gain, Seed, Timeout
 
 BACKENDS = ("auto", "metal", "cuda", "model")
@@ -163,7 +162,7 @@ class Jobs:
 
     def units(self, chip: str | None = None) -> list[Unit]:
         """The units for ``chip`` (a registry name; every chip when None), in file order."""
-        from kernsearch.hardware._chips import get_chip
+        from kernsearch import get_chip
 
         wanted = get_chip(chip).name if chip is not None else None
         out = []
@@ -176,9 +175,7 @@ class Jobs:
         return out
 
     def _expand(self, index: int, job: Job, chip_name: str) -> list[Unit]:
-        from kernsearch.family._space import make_problem
-        from kernsearch.family._spec import load_family
-        from kernsearch.hardware._chips import get_chip
+        from kernsearch import get_chip, load_family, make_problem
 
         family = _family_ref(self.path.parent, job.family)
         fam = load_family(family)

@@ -12,14 +12,15 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from kernsearch._errors import KernsearchError
+from kernsearch import KernsearchError
 
 DEFAULT_CRON = "0 2 * * *"
 
 
 def machine_chip(chip: str | None) -> str:
     """The chip whose jobs this machine runs: ``--chip`` or the detected one (registry name)."""
-    from kernsearch.hardware._chips import get_chip, resolve_chip
+    from kernsearch import get_chip
+    from kernsearch.hardware._chips import resolve_chip
 
     if chip:
         return get_chip(chip).name
@@ -107,7 +108,7 @@ def deploy(job_file: str | Path, *, chips: list[str] | None = None, cron: str = 
 
     jobs = load_jobs(job_file)
     check_schedule(cron, timezone)
-    from kernsearch.hardware._chips import get_chip
+    from kernsearch import get_chip
 
     wanted = [get_chip(c).name for c in chips] if chips else jobs.chips()
     for chip in wanted:

@@ -23,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from kernsearch._errors import KernsearchError
+from kernsearch import KernsearchError
 
 
 class StepError(Exception):
@@ -107,12 +107,8 @@ def _describe(code: int) -> str:
 
 def tune(p: dict[str, Any]) -> dict[str, Any]:
     """Run (or resume) the unit's study; return its verified winner, or fail with the reason."""
-    from kernsearch.family._space import make_problem
-    from kernsearch.family._spec import load_family
-    from kernsearch.hardware._chips import get_chip
-    from kernsearch.studies._final import FinalRound
+    from kernsearch import FinalRound, get_chip, load_family, make_problem, run_study
     from kernsearch.studies._objective import KernelObjective
-    from kernsearch.studies._study import run_study
 
     fam = load_family(p["family"])
     chip = get_chip(p["chip"])
@@ -162,12 +158,10 @@ def tune(p: dict[str, Any]) -> dict[str, Any]:
 
 def verify(p: dict[str, Any]) -> dict[str, Any]:
     """Verify the winner on the unit's extra shapes (a shape its config is not valid for is skipped)."""
+    from kernsearch import Space, get_chip, load_family, make_problem
     from kernsearch._errors import VariantFailure
     from kernsearch.backends import backend_class
     from kernsearch.evaluation._measure import VariantTask, verify_variant
-    from kernsearch.family._space import Space, make_problem
-    from kernsearch.family._spec import load_family
-    from kernsearch.hardware._chips import get_chip
 
     fam = load_family(p["family"])
     chip = get_chip(p["chip"])

@@ -24,7 +24,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.concurrency.sync import concurrency
 
-from kernsearch._errors import KernsearchError
+from kernsearch import KernsearchError
 from kernsearch.artifacts._manifest import KeyBusy
 
 from ._jobs import Jobs, Unit, load_jobs
@@ -61,7 +61,7 @@ def refusal(chip: str | None) -> str | None:
     declared = os.environ.get("KERNSEARCH_CHIP")
     if not declared or not chip:
         return None
-    from kernsearch.hardware._chips import get_chip
+    from kernsearch import get_chip
 
     if get_chip(declared).name == get_chip(chip).name:
         return None
@@ -136,11 +136,8 @@ def verify_task(unit: Unit, backend: str, config: dict[str, Any], gpu_limit: str
 def publish_task(unit: Unit, backend: str, tuned: dict[str, Any], verified: dict[str, Any],
                  artifacts: str | None) -> dict[str, Any]:
     """Offer the verified winner to the store's regression gate; returns the outcome and the old time."""
-    from kernsearch.artifacts._artifacts import ArtifactStore, Candidate
+    from kernsearch import ArtifactStore, Candidate, Space, get_chip, load_family, make_problem
     from kernsearch.artifacts._manifest import Correctness, Measurements
-    from kernsearch.family._space import Space, make_problem
-    from kernsearch.family._spec import load_family
-    from kernsearch.hardware._chips import get_chip
     from kernsearch.hardware._targets import chip_target
 
     fam = load_family(unit.family)
@@ -178,8 +175,7 @@ def export_task(artifacts: str | None, out: str, families: list[str]) -> dict[st
 
 
 def export_package(artifacts: str | None, out: str, families: list[str]) -> dict[str, Any]:
-    from kernsearch.artifacts._artifacts import ArtifactStore
-    from kernsearch.exporting._export import export
+    from kernsearch import ArtifactStore, export
 
     result = export(families, out, ArtifactStore(artifacts))
     return {"out": out, "wheel": str(result.wheel), "package": result.package, "version": result.version,
@@ -218,7 +214,8 @@ def _machine(chip: str | None) -> tuple[Any, Any]:
     """(the chip whose jobs run here, the chip detected here)."""
     import warnings
 
-    from kernsearch.hardware._chips import get_chip, resolve_chip
+    from kernsearch import get_chip
+    from kernsearch.hardware._chips import resolve_chip
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -44,7 +44,7 @@ def kernsearch_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def gemm():
-    from kernsearch.family._spec import load_family
+    from kernsearch import load_family
 
     return load_family("gemm")
 

@@ -12,7 +12,8 @@ import sys
 import time
 from typing import Any
 
-from kernsearch.studies._study import Objective, Record, run_study
+from kernsearch import run_study
+from kernsearch.studies._study import Objective, Record
 
 
 class Synthetic(Objective):

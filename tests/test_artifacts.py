@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kernsearch.artifacts._artifacts import ArtifactKey, ArtifactStore, Candidate
+from kernsearch import ArtifactStore, Candidate, Space, get_chip, load_family, make_problem
+from kernsearch.artifacts._artifacts import ArtifactKey
 from kernsearch.artifacts._gate import gate
 from kernsearch.artifacts._manifest import (
     SCHEMA_VERSION,
@@ -25,9 +26,6 @@ from kernsearch.artifacts._manifest import (
     Toolchain,
     parse_manifest,
 )
-from kernsearch.family._space import Space, make_problem
-from kernsearch.family._spec import load_family
-from kernsearch.hardware._chips import get_chip
 
 REPO = Path(__file__).resolve().parents[1]
 M2MAX_INFO = {"architecture": "applegpu_g14c", "device_name": "Apple M2 Max"}
@@ -271,7 +269,7 @@ PUBLISHER = textwrap.dedent("""
     import json, os, sys, time
     sys.path.insert(0, {tests!r})
     from test_artifacts import candidate
-    from kernsearch.artifacts._artifacts import ArtifactStore
+    from kernsearch import ArtifactStore
     store = ArtifactStore({root!r}, lock_timeout=60)
     medians = json.loads(sys.argv[1])
     cands = [candidate(median=m) for m in medians]
@@ -390,7 +388,8 @@ def test_an_unwritable_store_is_a_one_line_error(tmp_path: Path) -> None:
     root.write_text("a file where the store should be\n")
     with pytest.raises(ArtifactError, match="cannot publish to .*not-a-folder/gemm"):
         ArtifactStore(root).publish(candidate())
-    from kernsearch.exporting._export import ExportError, export
+    from kernsearch import export
+    from kernsearch.exporting._export import ExportError
 
     with pytest.raises(ExportError, match="cannot write the package under"):
         export(["gemm"], root / "dist", ArtifactStore(tmp_path / "empty"), version="1.0")
@@ -398,9 +397,8 @@ def test_an_unwritable_store_is_a_one_line_error(tmp_path: Path) -> None:
 
 def test_a_cpu_search_result_publishes_with_real_interpreter_evidence(tmp_path: Path) -> None:
     """What a search on a machine without a GPU publishes: interpreter-verified, model-timed (modeled)."""
-    from kernsearch.backends import get_backend
+    from kernsearch import geometry, get_backend, render
     from kernsearch.evaluation._verify import verify_kernel
-    from kernsearch.family._render import geometry, render
 
     fam, chip = load_family("gemm"), get_chip("M2 Max")
     space = Space(make_problem(fam, (64, 64, 64), "float32", chip), chip)
@@ -425,11 +423,8 @@ def test_a_cpu_search_result_publishes_with_real_interpreter_evidence(tmp_path: 
 
 def test_a_kernel_for_another_vendor_is_refused(tmp_path):
     """A Metal kernel never becomes an NVIDIA chip's artifact (nor CUDA an Apple chip's)."""
-    from kernsearch.artifacts._artifacts import ArtifactStore, Candidate
+    from kernsearch import ArtifactStore, Candidate, Space, get_chip, load_family, make_problem
     from kernsearch.artifacts._manifest import ArtifactError, Correctness, Measurements
-    from kernsearch.family._space import Space, make_problem
-    from kernsearch.family._spec import load_family
-    from kernsearch.hardware._chips import get_chip
 
     fam = load_family("gemm")
     chip = get_chip("H100")

@@ -115,8 +115,9 @@ def test_backends_declare_what_callers_ask() -> None:
 
 
 def test_select_backend_decides_auto_for_the_cli_and_the_flows() -> None:
+    from kernsearch import get_chip
     from kernsearch.backends import select_backend
-    from kernsearch.hardware._chips import get_chip, registry
+    from kernsearch.hardware._chips import registry
 
     nothing, h100, m2 = registry()["cpu"], get_chip("H100"), get_chip("M2 Max")
     assert select_backend("auto", detected=h100) == select_backend("auto", "H100", detected=h100)

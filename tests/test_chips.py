@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from kernsearch import detect_chip, get_chip
 from kernsearch._errors import ChipError
-from kernsearch.hardware._chips import chip_from_device_info, detect_chip, get_chip, registry
+from kernsearch.hardware._chips import chip_from_device_info, registry
 
 
 def test_registry_covers_m1_to_m4_tiers_and_nvidia() -> None:

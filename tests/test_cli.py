@@ -114,8 +114,8 @@ def test_error_text_with_brackets_is_printed_verbatim(args: list[str], message: 
                      "published; [yellow]nothing is verified[/] (--verify none)"),
 ])
 def test_auto_on_a_machine_without_gpu_says_what_the_model_checks(chip: str, verify: str, checked: str) -> None:
+    from kernsearch import get_chip
     from kernsearch.backends import select_backend
-    from kernsearch.hardware._chips import get_chip
 
     chosen = select_backend("auto", chip, detected=get_chip("cpu"), verify=verify)
     assert chosen.backend == "model" and chosen.chip.name == chip

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kernsearch import KernelSource
 from kernsearch._errors import VariantFailure
-from kernsearch.family._render import KernelSource
 from kernsearch.interp import fuzz_schedule, run_kernel
 
 CORPUS = Path(__file__).parent / "corpus"

@@ -15,9 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kernsearch.family._render import geometry, render
-from kernsearch.family._space import Space, make_problem
-from kernsearch.hardware._chips import get_chip
+from kernsearch import Space, geometry, get_chip, make_problem, render
 
 REPO = Path(__file__).resolve().parents[1]
 LANDSCAPE = REPO / "benchmarks" / "data" / "gemm_H100_float16_2048x2048x2048.json"
@@ -131,7 +129,7 @@ def test_shared_memory_covers_the_tiles_the_template_declares(gemm, h100_float16
 @pytest.mark.slow
 def test_apple_space_is_unchanged_by_the_cuda_rules(gemm, tmp_path) -> None:  # noqa: ANN001
     """Strip every NVIDIA rule from a copy of the family: the M2 Max space must come out identical."""
-    from kernsearch.family._spec import load_family
+    from kernsearch import load_family
 
     folder = tmp_path / "gemm"
     shutil.copytree(gemm.path, folder)

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 from test_export import H100, H200, M2MAX, M2PRO, arrays, candidate, import_package
 
-from kernsearch.artifacts._artifacts import ArtifactKey, ArtifactStore
-from kernsearch.exporting._export import export
+from kernsearch import ArtifactStore, export, load_family
+from kernsearch.artifacts._artifacts import ArtifactKey
 from kernsearch.exporting.runtime import _runtime
-from kernsearch.family._spec import load_family
 
 REPO = Path(__file__).resolve().parents[1]
 HERE = {"mlx": "0.32", "os": "Linux", "macos": None, "cuda_driver": None, "nvrtc": None}
@@ -132,8 +131,8 @@ def test_rejudged_repository_artifacts_route_every_h100_gemm_call_to_the_op(tmp_
 def test_tune_verdict_says_plainly_when_nothing_beats_the_op() -> None:
     from types import SimpleNamespace
 
+    from kernsearch import FinalRound
     from kernsearch.cli import _verdict
-    from kernsearch.studies._final import FinalRound
 
     key = {"chip": "H100", "shape": "2048x2048x2048", "dtype": "float16"}
     lost = SimpleNamespace(best=object(), evidence="measured",

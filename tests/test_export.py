@@ -15,14 +15,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from kernsearch.artifacts._artifacts import ArtifactKey, ArtifactStore, Candidate
+from kernsearch import ArtifactStore, Candidate, Space, export, geometry, get_chip, load_family, make_problem
+from kernsearch.artifacts._artifacts import ArtifactKey
 from kernsearch.artifacts._manifest import ArtifactError, Correctness, Measurements
-from kernsearch.exporting._export import ExportError, export, expr_tree
+from kernsearch.exporting._export import ExportError, expr_tree
 from kernsearch.exporting.runtime import _runtime
-from kernsearch.family._render import geometry
-from kernsearch.family._space import Space, make_problem
-from kernsearch.family._spec import load_family
-from kernsearch.hardware._chips import get_chip
 
 M2MAX = {"architecture": "applegpu_g14c", "device_name": "Apple M2 Max"}
 M2PRO = {"architecture": "applegpu_g14s", "device_name": "Apple M2 Pro"}
@@ -413,7 +410,7 @@ def test_exported_kernel_runs_on_this_gpu(tmp_path: Path) -> None:
     fam = load_family("gemm")
     if _gpu() not in fam.templates:
         pytest.skip(f"gemm has no {_gpu()} template in this checkout")
-    from kernsearch.hardware._chips import detect_chip
+    from kernsearch import detect_chip
 
     here = detect_chip()
     store = ArtifactStore(tmp_path / "store")

@@ -13,14 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kernsearch import Space, geometry, get_chip, load_family, make_problem, render
 from kernsearch._errors import SpecError
 from kernsearch.evaluation._verify import kernel_inputs, make_inputs, reference, verify_kernel
 from kernsearch.exporting.runtime import _runtime
-from kernsearch.family._render import geometry, render
-from kernsearch.family._space import Space, make_problem
-from kernsearch.family._spec import load_family, parse_family
+from kernsearch.family._spec import parse_family
 from kernsearch.family._vocab import ARRAY_FUNCTIONS, numpy_namespace, unpack
-from kernsearch.hardware._chips import get_chip
 
 TOY = Path(__file__).parent / "families" / "scaled_rmsnorm"
 M2MAX = get_chip("M2 Max")
@@ -167,7 +165,7 @@ def test_unpack_reads_mlx_packing() -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_toy_verifies_on_the_interpreter_with_ragged_rows(dtype: str) -> None:
-    from kernsearch.backends import get_backend
+    from kernsearch import get_backend
 
     sp = toy_space("7,301", dtype)
     cfg = sp.parse_config("TG=64")
@@ -178,7 +176,7 @@ def test_toy_verifies_on_the_interpreter_with_ragged_rows(dtype: str) -> None:
 
 def test_a_wrong_scale_dtype_is_caught_by_verification(tmp_path: Path) -> None:
     """The uint32 input really reaches the kernel as uint32: read as float it gives garbage (a failing check)."""
-    from kernsearch.backends import get_backend
+    from kernsearch import get_backend
 
     folder = tmp_path / "toy"
     folder.mkdir()

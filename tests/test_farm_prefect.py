@@ -224,9 +224,7 @@ def test_three_workers_two_chips_one_study_per_chip_one_store(tmp_path: Path) ->
                 return optuna.load_study(study_name=names[0], storage=storage).get_trials() if names else []
 
             # (mini-a is the only M2 Max machine up: the run is its; the flow logs its machine only at the end)
-            from kernsearch.family._space import Space, make_problem
-            from kernsearch.family._spec import load_family
-            from kernsearch.hardware._chips import get_chip
+            from kernsearch import Space, get_chip, load_family, make_problem
 
             m2 = get_chip("M2 Max")
             space = Space(make_problem(load_family("gemm"), (72, 72, 72), "float16", m2), m2)

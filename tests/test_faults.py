@@ -9,11 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kernsearch.family._space import make_problem
-from kernsearch.family._spec import load_family
-from kernsearch.hardware._chips import get_chip
+from kernsearch import StopReason, get_chip, load_family, make_problem, run_study
 from kernsearch.studies._objective import KernelObjective
-from kernsearch.studies._study import StopReason, run_study
 
 FAMILY = """
 name = "planted"
@@ -169,8 +166,8 @@ def test_finalist_verification_skips_a_faulty_leader(planted, tmp_path):
 # exercised deterministically: worker, verification before timing, batching, the final round interleaved
 # with the baseline op, and the judgement.
 
+from kernsearch import get_backend as _get_backend
 from kernsearch.backends import Evidence as _Evidence
-from kernsearch.backends import get_backend as _get_backend
 from kernsearch.backends._base import BaseBackend as _BaseBackend
 from kernsearch.backends._base import Timing as _Timing
 

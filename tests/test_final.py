@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from kernsearch.studies._final import FinalistCheck, FinalistTime, FinalRound
+from kernsearch import FinalistCheck, FinalistTime, FinalRound
 
 #: As the model back-end's final round has always been stored (kernsearch 0.1.0).
 INTERPRETED = {"winner": 4, "verified_on": "interpreter", "verify_shape": [64, 64, 64],

@@ -231,7 +231,7 @@ def test_step_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     fam = hanging_family(tmp_path)
     payload = {"family": str(fam), "dtype": "float32", "chip": "M2 Max", "seed": 0, "shapes": [[16, 16, 16]],
                "config": {}, "verifier_backend": "cpu", "timeout": 600}
-    from kernsearch.family._spec import load_family
+    from kernsearch import load_family
 
     payload["config"] = dict(load_family(str(fam)).default)
     started = time.monotonic()
@@ -314,9 +314,8 @@ def test_a_job_can_have_every_trial_verified_on_the_interpreter(tmp_path: Path) 
 
 def test_measured_winner_is_published_with_the_detected_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The publish task (called as a plain function): measured evidence carries this machine's device_info."""
-    from kernsearch._errors import KernsearchError
-    from kernsearch.artifacts._artifacts import ArtifactKey, ArtifactStore
-    from kernsearch.family._spec import load_family
+    from kernsearch import ArtifactStore, KernsearchError, load_family
+    from kernsearch.artifacts._artifacts import ArtifactKey
     from kernsearch.flows import nightly
     from kernsearch.hardware._chips import chip_from_device_info
 
@@ -399,7 +398,8 @@ def _artifact_table(key: str, kind: str = "table") -> list[dict]:
 
 @pytest.mark.slow
 def test_nightly_publishes_then_rejects_and_a_hanging_job_fails_alone(prefect_harness, farm: Path) -> None:
-    from kernsearch.artifacts._artifacts import ArtifactKey, ArtifactStore
+    from kernsearch import ArtifactStore
+    from kernsearch.artifacts._artifacts import ArtifactKey
     from kernsearch.flows.nightly import gpu_limit_name, nightly, slug
 
     first = nightly(job_file=str(farm / "first.toml"), chip="M2 Max")
@@ -628,8 +628,8 @@ def _suppress():  # noqa: ANN202
     ("H100", "M2 Max", "model"), ("cpu", "M2 Max", "model"),
 ])
 def test_auto_measures_only_the_chip_that_is_here(here: str, job_chip: str, expected: str) -> None:
+    from kernsearch import get_chip
     from kernsearch.flows.nightly import _backend
-    from kernsearch.hardware._chips import get_chip
 
     assert _backend("auto", get_chip(here), job_chip) == expected
     assert _backend("model", get_chip(here), job_chip) == "model"
@@ -641,7 +641,7 @@ def test_publish_is_retried_only_when_the_key_is_busy(tmp_path: Path) -> None:
 
     from test_artifacts import candidate, key
 
-    from kernsearch.artifacts._artifacts import ArtifactStore
+    from kernsearch import ArtifactStore
     from kernsearch.artifacts._manifest import ArtifactError, KeyBusy
     from kernsearch.flows.nightly import _retry_when_busy
 

@@ -9,12 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kernsearch import Geometry, KernelSource, Space, geometry, get_backend, get_chip, make_problem, render
 from kernsearch._errors import BackendError, VariantFailure
-from kernsearch.backends import Evidence, get_backend
+from kernsearch.backends import Evidence
 from kernsearch.evaluation._verify import SENTINEL, verify_kernel
-from kernsearch.family._render import Geometry, KernelSource, geometry, render
-from kernsearch.family._space import Space, make_problem
-from kernsearch.hardware._chips import get_chip
 
 pytestmark = pytest.mark.gpu
 
@@ -122,8 +120,7 @@ def test_published_h100_artifacts_run_through_the_exported_package(cuda, tmp_pat
 
     import mlx.core as mx
 
-    from kernsearch.artifacts._artifacts import ArtifactStore
-    from kernsearch.exporting._export import export
+    from kernsearch import ArtifactStore, export
 
     store = ArtifactStore(Path(__file__).resolve().parents[1] / "artifacts")
     result = export(["gemm"], tmp_path / "dist", store, package="ks_h100_kernels", version="1.0.0")

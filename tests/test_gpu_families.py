@@ -30,16 +30,21 @@ def _cuda() -> bool:
 def test_family_through_the_exported_package(name: str, tmp_path: Path) -> None:
     import mlx.core as mx
 
-    from kernsearch.artifacts._artifacts import ArtifactStore, Candidate
+    from kernsearch import (
+        ArtifactStore,
+        Candidate,
+        Space,
+        detect_chip,
+        export,
+        geometry,
+        get_backend,
+        load_family,
+        make_problem,
+        render,
+    )
     from kernsearch.artifacts._manifest import Correctness, Measurements
-    from kernsearch.backends import get_backend
     from kernsearch.evaluation._measure import TimingPlan, interleaved, speedup
     from kernsearch.evaluation._verify import kernel_inputs, make_inputs, reference, verify_kernel
-    from kernsearch.exporting._export import export
-    from kernsearch.family._render import geometry, render
-    from kernsearch.family._space import Space, make_problem
-    from kernsearch.family._spec import load_family
-    from kernsearch.hardware._chips import detect_chip
 
     fam, chip = load_family(name), detect_chip()
     space = Space(make_problem(fam, FAMILIES[name], "float16", chip), chip)

@@ -7,11 +7,10 @@ import time
 import numpy as np
 import pytest
 
+from kernsearch import Geometry, KernelSource, Space, geometry, get_backend, make_problem, render
 from kernsearch._errors import VariantFailure
-from kernsearch.backends import Evidence, get_backend
+from kernsearch.backends import Evidence
 from kernsearch.evaluation._verify import kernel_inputs, make_inputs, verify_kernel
-from kernsearch.family._render import Geometry, KernelSource, geometry, render
-from kernsearch.family._space import Space, make_problem
 
 HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
 
@@ -198,7 +197,7 @@ def test_full_simd_collectives_compute():
 
 
 def test_output_element_never_written_shows_as_unwritten(gemm):
-    from kernsearch.hardware._chips import get_chip
+    from kernsearch import get_chip
 
     chip = get_chip("M2 Max")
     problem = make_problem(gemm, "32,32,16", "float32", chip)
@@ -255,7 +254,7 @@ def test_outside_the_subset_is_rejected_before_compiling():
 
 def test_race_diagnostic_names_the_template_line(gemm):
     """GEMM with the barrier after the tile loads removed: a race, named at its template line."""
-    from kernsearch.hardware._chips import get_chip
+    from kernsearch import get_chip
     from kernsearch.interp import template_lines
 
     chip = get_chip("M2 Max")

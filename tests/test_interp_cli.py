@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernsearch.backends import get_backend
-from kernsearch.family._render import Geometry, KernelSource
+from kernsearch import Geometry, KernelSource, get_backend
 
 
 def verify(*args: str) -> subprocess.CompletedProcess[str]:

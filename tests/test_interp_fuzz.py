@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernsearch.family._render import KernelSource
+from kernsearch import KernelSource
 from kernsearch.interp import fuzz_schedule, run_kernel
 
 

@@ -8,11 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from kernsearch.backends import get_backend
+from kernsearch import Space, geometry, get_backend, get_chip, make_problem, render
 from kernsearch.evaluation._verify import verify_kernel
-from kernsearch.family._render import geometry, render
-from kernsearch.family._space import Space, format_config, make_problem
-from kernsearch.hardware._chips import get_chip
+from kernsearch.family._space import format_config
 
 SHAPES = ("33,65,7", "100,72,40", "64,64,64")
 DTYPES = ("float32", "float16", "bfloat16")

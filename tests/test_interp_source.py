@@ -9,10 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from kernsearch.family._render import render
-from kernsearch.family._space import Space, make_problem
-from kernsearch.family._spec import builtin_family_names, load_family
-from kernsearch.hardware._chips import get_chip
+from kernsearch import Space, get_chip, load_family, make_problem, render
+from kernsearch.family._spec import builtin_family_names
 from kernsearch.interp import lint, mlx_source, signature
 
 # Runs in a child: MLX writes the source it generates into the exported .mlxfn file.
@@ -128,8 +126,7 @@ def test_storage_round_trips_bfloat16():
 
 @pytest.mark.slow
 def test_compiled_objects_are_cached_by_source_flags_and_place(tmp_path, monkeypatch):
-    from kernsearch.backends import get_backend
-    from kernsearch.family._render import Geometry, KernelSource
+    from kernsearch import Geometry, KernelSource, get_backend
 
     monkeypatch.setenv("KERNSEARCH_CACHE", str(tmp_path / "one"))
     geo = Geometry(grid=(8, 1, 1), threadgroup=(8, 1, 1), output_shapes=((8,),), output_dtypes=("float32",))

@@ -7,11 +7,9 @@ import random
 
 import pytest
 
-from kernsearch.backends import get_backend
+from kernsearch import KernelSource, Space, geometry, get_backend, get_chip, make_problem, render
 from kernsearch.evaluation._verify import kernel_inputs, make_inputs, verify_kernel
-from kernsearch.family._render import KernelSource, geometry, render
-from kernsearch.family._space import Space, format_config, make_problem
-from kernsearch.hardware._chips import get_chip
+from kernsearch.family._space import format_config
 
 TENSOR_KNOBS = ("TSCOPE", "TACC", "STAGE", "LAYOUT_B", "DOUBLE_BUFFER", "BK", "WM", "WN")
 

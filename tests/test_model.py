@@ -10,12 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kernsearch import Space, get_backend, get_chip, load_family, make_problem
 from kernsearch._errors import BackendError, ConfigError, SpecError
-from kernsearch.backends import Evidence, get_backend
+from kernsearch.backends import Evidence
 from kernsearch.backends._model import ModelBackend
-from kernsearch.family._space import Space, make_problem
-from kernsearch.family._spec import load_family
-from kernsearch.hardware._chips import get_chip
 
 TOY_SPEC = """
 name = "toy"

@@ -11,11 +11,7 @@ from pathlib import Path
 import pytest
 from test_gemv import NVCC, _run_all, cuda_unit
 
-from kernsearch.backends import get_backend
-from kernsearch.family._render import geometry, render
-from kernsearch.family._space import Space, make_problem
-from kernsearch.family._spec import load_family
-from kernsearch.hardware._chips import get_chip
+from kernsearch import Space, geometry, get_backend, get_chip, load_family, make_problem, render
 
 M2 = get_chip("M2 Max")
 H100 = get_chip("H100")

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernsearch.family._render import geometry, render
-from kernsearch.family._space import Space, make_problem
+from kernsearch import Space, geometry, get_chip, make_problem, render
 from kernsearch.family._spec import DTYPES
-from kernsearch.hardware._chips import get_chip
 
 SHAPES = ["4096,4096,4096", "33,65,7"]
 
@@ -82,8 +80,7 @@ def test_geometry_counts_threads_and_covers_ragged_edges(gemm) -> None:  # noqa:
 def test_missing_template_variable_is_an_error(tmp_path, gemm) -> None:  # noqa: ANN001
     import shutil
 
-    from kernsearch._errors import KernsearchError
-    from kernsearch.family._spec import load_family
+    from kernsearch import KernsearchError, load_family
 
     folder = tmp_path / "fam"
     shutil.copytree(gemm.path, folder)

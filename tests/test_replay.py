@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from kernsearch._errors import BackendError, KernsearchError, VariantFailure
-from kernsearch.backends import get_backend
+from kernsearch import KernsearchError, StopReason, get_backend, run_study
+from kernsearch._errors import BackendError, VariantFailure
 from kernsearch.studies._landscape import Landscape, LandscapeWriter
 from kernsearch.studies._replay import Replay
-from kernsearch.studies._study import StopReason, open_study, run_study
+from kernsearch.studies._study import open_study
 
 REPO = Path(__file__).resolve().parents[1]
 LANDSCAPES = Path(os.environ.get("KERNSEARCH_LANDSCAPES", REPO.parent / "shared" / "landscapes"))
@@ -174,7 +174,7 @@ def test_two_processes_share_one_study_without_duplicates(small, tmp_path):
     open_study(Replay(small).objective(), url, "shared", "tpe", 0)  # created before the workers start
     script = textwrap.dedent(f"""
         import sys
-        from kernsearch.studies._study import run_study
+        from kernsearch import run_study
         from kernsearch.studies._replay import Replay
         seed = int(sys.argv[1])
         backend = Replay({str(small)!r}, seed=seed)

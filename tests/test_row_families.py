@@ -10,10 +10,7 @@ from pathlib import Path
 import pytest
 from rowfamilies import H100, M2, NVCC, covering_sample, nvcc_compiles, run_all, valid
 
-from kernsearch.backends import get_backend
-from kernsearch.family._space import Space, make_problem
-from kernsearch.family._spec import load_family
-from kernsearch.hardware._chips import get_chip
+from kernsearch import Space, get_backend, get_chip, load_family, make_problem
 
 FAMILIES = ("rmsnorm", "layernorm", "softmax", "swiglu")
 #: A single row, ragged rows (odd, prime lengths: VEC = 1 only), several rows per threadgroup, aligned rows.

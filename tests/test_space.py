@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernsearch._errors import ConfigError, KernsearchError
-from kernsearch.family._space import Space, make_problem
-from kernsearch.hardware._chips import get_chip
+from kernsearch import KernsearchError, Space, get_chip, make_problem
+from kernsearch._errors import ConfigError
 
 
 def _space(gemm, shape="4096,4096,4096", dtype="float16", chip="M2 Max") -> Space:  # noqa: ANN001

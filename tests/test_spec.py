@@ -12,9 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kernsearch import load_family
 from kernsearch._errors import SpecError
 from kernsearch.family._expr import Expr, ExprError
-from kernsearch.family._spec import SPEC_FILE, builtin_families_dir, load_family, parse_family
+from kernsearch.family._spec import SPEC_FILE, builtin_families_dir, parse_family
 
 GEMM_DIR = builtin_families_dir() / "gemm"
 GEMM = tomllib.loads((GEMM_DIR / SPEC_FILE).read_text())

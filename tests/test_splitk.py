@@ -13,11 +13,8 @@ import numpy as np
 import pytest
 from test_gemv import NVCC, cuda_unit
 
-from kernsearch.backends import get_backend
+from kernsearch import Space, geometry, get_backend, get_chip, make_problem, render
 from kernsearch.evaluation._verify import make_inputs, reference, verify_outputs
-from kernsearch.family._render import geometry, render
-from kernsearch.family._space import Space, make_problem
-from kernsearch.hardware._chips import get_chip
 
 H100 = get_chip("H100")
 M2 = get_chip("M2 Max")

@@ -8,9 +8,10 @@ from collections import Counter
 
 import pytest
 
-from kernsearch._errors import KernsearchError, VariantFailure
+from kernsearch import KernsearchError, Stop, StopReason, run_study
+from kernsearch._errors import VariantFailure
 from kernsearch.studies._storage import study_name_for
-from kernsearch.studies._study import Objective, Record, Stop, StopReason, parse_duration, run_study
+from kernsearch.studies._study import Objective, Record, parse_duration
 
 
 class Toy(Objective):
@@ -224,9 +225,7 @@ def test_a_bug_in_evaluation_surfaces_and_leaves_no_running_trial(tmp_path):
 
 
 def test_a_modeled_search_for_an_nvidia_chip_ranks_its_cuda_kernel_unverified():
-    from kernsearch.family._space import make_problem
-    from kernsearch.family._spec import load_family
-    from kernsearch.hardware._chips import get_chip
+    from kernsearch import get_chip, load_family, make_problem
     from kernsearch.studies._objective import KernelObjective
 
     h100, m2 = get_chip("H100"), get_chip("M2 Max")

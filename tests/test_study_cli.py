@@ -128,11 +128,8 @@ def test_publish_then_warm_start_a_related_study(tmp_path, gemm):
     """The winner goes to the artifact store; a study of a related shape starts from it (trial 1)."""
     import optuna
 
-    from kernsearch.artifacts._artifacts import ArtifactStore
-    from kernsearch.family._space import make_problem
-    from kernsearch.hardware._chips import get_chip
+    from kernsearch import ArtifactStore, get_chip, make_problem, run_study
     from kernsearch.studies._objective import KernelObjective
-    from kernsearch.studies._study import run_study
 
     store = ArtifactStore(tmp_path / "artifacts")
     chip = get_chip("M2 Max")

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from kernsearch._errors import BackendError, KernsearchError, VariantFailure
+from kernsearch import KernsearchError
+from kernsearch._errors import BackendError, VariantFailure
 from kernsearch.evaluation._measure import (
     TimingPlan,
     input_sets_needed,
@@ -136,7 +137,7 @@ def test_worker_survives_crash_hang_and_errors():
 def test_metal_backend_refuses_cleanly_without_metal():
     import mlx.core as mx
 
-    from kernsearch.backends import get_backend
+    from kernsearch import get_backend
 
     backend = get_backend("metal")
     assert backend.evidence.value == "measured" and backend.target == "metal"

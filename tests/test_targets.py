@@ -7,7 +7,7 @@ from typing import get_args
 
 import pytest
 
-from kernsearch._errors import KernsearchError
+from kernsearch import KernsearchError
 from kernsearch.backends import BACKENDS, backend_class
 from kernsearch.exporting.runtime import _runtime
 from kernsearch.hardware._chips import registry

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kernsearch._errors import KernsearchError
+from kernsearch import KernsearchError, load_family
 from kernsearch.family._expr import Expr, ExprError
-from kernsearch.family._spec import load_family
 
 from .conftest import CANARY, assert_one_line_error, ks, set_key
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from kernsearch.artifacts._artifacts import ArtifactStore
+from kernsearch import ArtifactStore, export
 from kernsearch.artifacts._manifest import ArtifactError
-from kernsearch.exporting._export import INIT_MODULE, export
+from kernsearch.exporting._export import INIT_MODULE
 
 from .conftest import CANARY, KEY, assert_one_line_error, candidate, key, ks, set_key
 

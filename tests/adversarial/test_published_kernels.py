@@ -8,13 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernsearch.artifacts._artifacts import ArtifactStore
-from kernsearch.backends import get_backend
+from kernsearch import ArtifactStore, Space, geometry, get_backend, get_chip, load_family, make_problem, render
 from kernsearch.evaluation._verify import sample_threadgroups, threadgroup_counts, verify_kernel
-from kernsearch.family._render import geometry, render
-from kernsearch.family._space import Space, make_problem
-from kernsearch.family._spec import load_family
-from kernsearch.hardware._chips import get_chip
 
 from .conftest import ks
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kernsearch.artifacts._artifacts import ArtifactStore
+from kernsearch import ArtifactStore
 from kernsearch.artifacts._manifest import ArtifactError
 
 from .conftest import CANARY, KEY, assert_one_line_error, candidate, key, ks
@@ -319,7 +319,8 @@ def test_a_process_joining_a_new_study_late_does_not_remeasure_its_first_configs
     that another process is on the study (its first trial number is not the next one it saw) and skip."""
     import threading
 
-    from kernsearch.studies._study import Objective, Record, run_study
+    from kernsearch import run_study
+    from kernsearch.studies._study import Objective, Record
 
     evaluated: list[tuple[str, str]] = []
     a_done = threading.Event()

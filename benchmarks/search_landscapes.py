@@ -161,8 +161,9 @@ def main() -> None:
     print("\nframework overhead per trial (sampler + storage + loop; replay evaluation excluded):")
     for strategy, values in overheads.items():
         print(f"  {strategy:<7} in memory: median {statistics.median(values) * 1e3:.1f} ms/trial over all runs above")
+    files = pick(args.held_out) or pick(args.tuning)
     # the largest file: on a small one 200 trials exhaust the space and time the loop's no-op ends instead
-    first = sorted(pick(args.held_out) or pick(args.tuning), key=lambda p: -len(Replay(p).landscape))[:1]
+    first = [max(files, key=lambda p: len(Replay(p).landscape))] if files else []
     if first and not args.no_sqlite:
         with tempfile.TemporaryDirectory() as tmp:
             for strategy in strategies:

@@ -13,34 +13,29 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def wheel(kernsearch_wheel: Path) -> Path:
-    return kernsearch_wheel
-
-
-def test_building_prints_no_setuptools_warnings(wheel: Path) -> None:
+def test_building_prints_no_setuptools_warnings(kernsearch_wheel: Path) -> None:
     """pyproject.toml is clean: a user installing kernsearch sees no wall of setuptools warnings."""
-    log = (wheel.parent / "build.log").read_text()
+    log = (kernsearch_wheel.parent / "build.log").read_text()
     warnings = [line.strip() for line in log.splitlines() if "Warning:" in line]
     assert not warnings, "\n".join(warnings) + "\n(a data folder missing from [tool.setuptools] packages?)"
 
 
-def test_wheel_contains_templates_and_data(wheel: Path) -> None:
-    names = set(zipfile.ZipFile(wheel).namelist())
+def test_wheel_contains_templates_and_data(kernsearch_wheel: Path) -> None:
+    names = set(zipfile.ZipFile(kernsearch_wheel).namelist())
     for required in ["kernsearch/__init__.py", "kernsearch/cli.py", "kernsearch/hardware/chips.toml",
                      "kernsearch/backends/_base.py", "kernsearch/templates/gemm/family.toml",
                      "kernsearch/templates/gemm/gemm.metal.j2", "kernsearch/templates/gemm/gemm.cu.j2",
                      "kernsearch/flows/__init__.py", "kernsearch/exporting/runtime/_runtime.py"]:
         assert required in names, required
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "kernsearch = kernsearch.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "kernsearch = kernsearch.cli:main" in zipfile.ZipFile(kernsearch_wheel).read(entry_points).decode()
 
 
 @pytest.mark.slow
-def test_installed_wheel_works_outside_the_repo(wheel: Path, tmp_path: Path) -> None:
+def test_installed_wheel_works_outside_the_repo(kernsearch_wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
-                    "--target", str(target), str(wheel)], check=True, capture_output=True, timeout=300)
+                    "--target", str(target), str(kernsearch_wheel)], check=True, capture_output=True, timeout=300)
     env = {**os.environ, "PYTHONPATH": str(target)}
     code = ("import kernsearch, kernsearch.flows; from kernsearch.family._spec import load_family;"
             "f = load_family('gemm'); print(kernsearch.__file__); print(f.path)")

@@ -286,3 +286,15 @@ def test_auto_strategy_learns_where_kernels_fail():
             if trial >= search.n_init:
                 into_failures.append(fails)
     assert sum(into_failures) / len(into_failures) < 0.2, sum(into_failures) / len(into_failures)
+
+
+def test_a_fifo_or_a_link_is_refused_never_waited_on(tmp_path):
+    """``--landscape`` names a file someone else may have made: a FIFO would block a plain open for ever."""
+    fifo = tmp_path / "land.json"
+    os.mkfifo(fifo)
+    with pytest.raises(KernsearchError, match="FIFO"):
+        Landscape.load(fifo)
+    (tmp_path / "real.json").write_text("{}")
+    (tmp_path / "link.json").symlink_to(tmp_path / "real.json")
+    with pytest.raises(KernsearchError, match="symbolic link"):
+        Landscape.load(tmp_path / "link.json")

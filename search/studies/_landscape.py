@@ -20,12 +20,14 @@ import gzip
 import json
 import os
 import tempfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .._errors import KernsearchError
+from .._safeio import UnsafeFile, read_bytes
 
 #: The ``time`` a sweep writes for a config it had no time left to measure (not a failure of the config).
 NOT_MEASURED = "NotMeasured"
@@ -36,8 +38,27 @@ def config_string(values: Any) -> str:
     return ",".join(str(v) for v in values)
 
 
+#: Largest landscape read, compressed and uncompressed (the largest shared one is 16.5 MB of JSON).
+LANDSCAPE_LIMIT = 256 << 20
+
+
 def _open(path: Path, mode: str) -> Any:
     return gzip.open(path, mode + "t", encoding="utf-8") if path.suffix == ".gz" else open(path, mode, encoding="utf-8")
+
+
+def _read_json(path: Path) -> Any:
+    """A landscape file's JSON: a regular file only (a FIFO or device is refused, never waited on), its size
+    bounded before and after gunzip."""
+    raw = read_bytes(path, LANDSCAPE_LIMIT)
+    try:
+        if path.suffix == ".gz":
+            inflate = zlib.decompressobj(wbits=31)  # gzip framing
+            raw = inflate.decompress(raw, LANDSCAPE_LIMIT + 1)
+            if len(raw) > LANDSCAPE_LIMIT:
+                raise UnsafeFile(f"{path}: more than {LANDSCAPE_LIMIT} bytes uncompressed (refused)")
+        return json.loads(raw.decode("utf-8"))
+    except (zlib.error, ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise KernsearchError(f"{path}: not a KernelTuner cache file: {' '.join(str(exc).split())[:200]}") from None
 
 
 @dataclass
@@ -57,13 +78,7 @@ class Landscape:
     @classmethod
     def load(cls, path: str | Path) -> Landscape:
         path = Path(path)
-        try:
-            with _open(path, "r") as fh:
-                data = json.load(fh)
-        except FileNotFoundError:
-            raise KernsearchError(f"{path}: no such landscape file") from None
-        except (OSError, ValueError, EOFError) as exc:
-            raise KernsearchError(f"{path}: not a KernelTuner cache file: {exc}") from None
+        data = _read_json(path)
         if not isinstance(data, dict) or not isinstance(data.get("tune_params"), dict) \
                 or not isinstance(data.get("cache"), dict):
             raise KernsearchError(f"{path}: not a KernelTuner cache file (needs tune_params and cache)")

@@ -96,6 +96,7 @@ def _signal_tree(root: int, sig: signal.Signals) -> list[int]:
 def test_three_workers_two_chips_one_study_per_chip_one_store(tmp_path: Path) -> None:
     import httpx
     import optuna
+    import prefect_api
     from optuna.trial import TrialState
 
     from kernsearch.studies._storage import GRACE_BEATS, make_storage
@@ -269,7 +270,7 @@ def test_three_workers_two_chips_one_study_per_chip_one_store(tmp_path: Path) ->
 
             assert _wait(rescued, 480, "the rescue run", [server, workers["mini-d"]])["type"] == "COMPLETED"
             assert ran_on_machine(rescue, "rescue") == "mini-d"
-            assert httpx.get(f"{api}/flow_runs/{doomed}", timeout=60).json()["state"]["type"] != "COMPLETED"
+            assert prefect_api.get(f"{api}/flow_runs/{doomed}", timeout=60).json()["state"]["type"] != "COMPLETED"
             after = study_trials()
             assert next(t for t in after if t.number == dead.number).state == TrialState.FAIL
             again = [t for t in after if t.number > dead.number and t.params == dead.params]

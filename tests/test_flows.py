@@ -500,6 +500,7 @@ def _wait(check, timeout: float, what: str, procs: list[subprocess.Popen]):  # n
 @pytest.mark.slow
 def test_real_server_serves_the_cron_deployment_and_runs_it_by_name(tmp_path: Path) -> None:
     import httpx
+    import prefect_api
 
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
@@ -532,7 +533,7 @@ def test_real_server_serves_the_cron_deployment_and_runs_it_by_name(tmp_path: Pa
         name = "kernsearch-nightly/nightly-m2-max"
 
         def deployment() -> dict | None:
-            r = httpx.get(f"{api}/deployments/name/{name}", timeout=5)
+            r = prefect_api.get(f"{api}/deployments/name/{name}", timeout=5)
             return r.json() if r.status_code == 200 else None
 
         dep = _wait(deployment, 180, "the served deployment", procs)
@@ -545,13 +546,13 @@ def test_real_server_serves_the_cron_deployment_and_runs_it_by_name(tmp_path: Pa
                                  timeout=120)
         assert trigger.returncode == 0, trigger.stdout + trigger.stderr
         run_id = re.search(r"UUID: ([0-9a-f-]{36})", trigger.stdout).group(1)
-        runs = httpx.post(f"{api}/flow_runs/filter", json={"deployments": {"id": {"any_": [dep["id"]]}}},
+        runs = prefect_api.post(f"{api}/flow_runs/filter", json={"deployments": {"id": {"any_": [dep["id"]]}}},
                           timeout=10).json()
         manual = [r for r in runs if not r["auto_scheduled"]]
         assert [r["id"] for r in manual] == [run_id]  # the run we triggered by name (cron runs are auto-scheduled)
 
         def finished() -> dict | None:
-            run = httpx.get(f"{api}/flow_runs/{run_id}", timeout=5).json()
+            run = prefect_api.get(f"{api}/flow_runs/{run_id}", timeout=5).json()
             return run if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
 
         run = _wait(finished, 300, "the triggered flow run", procs)
@@ -564,7 +565,7 @@ def test_real_server_serves_the_cron_deployment_and_runs_it_by_name(tmp_path: Pa
         assert once.returncode == 0, once.stdout[-2000:] + once.stderr[-2000:]
         assert "kernsearch nightly on M2 Max: 0 published, 1 rejected, 0 failed" in once.stdout
         assert "not faster than v1" in once.stdout and "modeled" in once.stdout
-        runs = httpx.post(f"{api}/flow_runs/filter", json={"flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}},
+        runs = prefect_api.post(f"{api}/flow_runs/filter", json={"flow_runs": {"state": {"type": {"any_": ["COMPLETED"]}}}},
                           timeout=10).json()
         assert len(runs) == 2  # the served run and this one, both recorded by the server
 
@@ -576,7 +577,7 @@ def test_real_server_serves_the_cron_deployment_and_runs_it_by_name(tmp_path: Pa
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         pools = {}
         for chip in ("m2-max", "m3-max"):
-            dep = httpx.get(f"{api}/deployments/name/kernsearch-nightly/nightly-{chip}", timeout=5).json()
+            dep = prefect_api.get(f"{api}/deployments/name/kernsearch-nightly/nightly-{chip}", timeout=5).json()
             pools[chip] = dep["work_pool_name"]
             assert dep["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
         assert pools == {"m2-max": "kernsearch-m2-max", "m3-max": "kernsearch-m3-max"}
@@ -593,7 +594,7 @@ def test_real_server_serves_the_cron_deployment_and_runs_it_by_name(tmp_path: Pa
         run_id = ids["m2-max"]
         run = _wait(finished, 300, "the M2 Max run on its pool's worker", [server, worker])
         assert run["state"]["type"] == "COMPLETED", run["state"]
-        m3 = httpx.get(f"{api}/flow_runs/{ids['m3-max']}", timeout=5).json()
+        m3 = prefect_api.get(f"{api}/flow_runs/{ids['m3-max']}", timeout=5).json()
         assert m3["state"]["type"] == "SCHEDULED"  # no M3 Max worker: the M2 Max worker left it alone
     finally:
         for p in reversed(procs):  # stop every process this test started (and their children)

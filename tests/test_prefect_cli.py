@@ -71,16 +71,16 @@ def _prefect(env: dict[str, str], *args: str) -> str:
 
 @pytest.mark.slow
 def test_prefect_ls_commands_and_scheduler(server: dict[str, str]) -> None:
-    import httpx
+    import prefect_api
 
     api = server["PREFECT_API_URL"]
     _prefect(server, "work-pool", "create", "kernsearch-m2-max", "--type", "process")
-    flow = httpx.post(f"{api}/flows/", json={"name": "kernsearch-nightly"}, timeout=10).json()
-    dep = httpx.post(f"{api}/deployments/", timeout=10, json={
+    flow = prefect_api.post(f"{api}/flows/", json={"name": "kernsearch-nightly"}, timeout=10).json()
+    dep = prefect_api.post(f"{api}/deployments/", timeout=10, json={
         "name": "nightly-m2-max", "flow_id": flow["id"], "work_pool_name": "kernsearch-m2-max",
         "schedules": [{"schedule": {"cron": "0 2 * * *", "timezone": "UTC"}, "active": True}]})
     assert dep.status_code in (200, 201), dep.text
-    art = httpx.post(f"{api}/artifacts/", timeout=10, json={
+    art = prefect_api.post(f"{api}/artifacts/", timeout=10, json={
         "key": "kernsearch-report-gemm", "type": "markdown", "data": "# report", "description": "study report"})
     assert art.status_code in (200, 201), art.text
 
@@ -92,7 +92,7 @@ def test_prefect_ls_commands_and_scheduler(server: dict[str, str]) -> None:
     for path, body in [("deployments/paginate", {"page": 1, "limit": 10}), ("work_pools/filter", {}),
                        ("artifacts/filter", {"limit": 10}), ("artifacts/latest/filter", {"limit": 10}),
                        ("flow_runs/paginate", {"page": 1, "limit": 10}), ("flows/paginate", {"page": 1})]:
-        r = httpx.post(f"{api}/{path}", json=body, timeout=10)
+        r = prefect_api.post(f"{api}/{path}", json=body, timeout=10)
         assert r.status_code == 200, f"{path}: {r.status_code} {r.text[:300]}"
 
     # the scheduler service creates the cron deployment's upcoming runs (it did not with SQLAlchemy 2.1)
@@ -100,7 +100,7 @@ def test_prefect_ls_commands_and_scheduler(server: dict[str, str]) -> None:
     runs: list = []
     while not runs and time.monotonic() < deadline:
         time.sleep(1)
-        runs = httpx.post(f"{api}/flow_runs/filter", timeout=10,
+        runs = prefect_api.post(f"{api}/flow_runs/filter", timeout=10,
                           json={"deployments": {"id": {"any_": [dep.json()["id"]]}}}).json()
     assert runs, "no scheduled run in 60 s: " + Path(server["_log"]).read_text()[-2000:]
     assert all(r["auto_scheduled"] and r["state"]["type"] == "SCHEDULED" for r in runs)

@@ -1,6 +1,7 @@
 """What issue 14 lists by name runs with the values Metal gives, in fast and check mode: MLX's preamble in one
 body with an empty header, the math library (gap 5), macros and literals (4), matrix arithmetic (2), votes,
-shuffle-and-fill and prefix products (7)."""
+shuffle-and-fill and prefix products (7), vector comparisons, integer-vector bit operations, .rgba,
+multi-dimensional threadgroup arrays, range-for and volatile threadgroup pointers (8)."""
 
 from __future__ import annotations
 
@@ -134,3 +135,77 @@ def test_votes_shuffle_and_fill_and_prefix_products(mode):
                         axis=1)
         assert out[g * 32:(g + 1) * 32].tolist() == want.tolist(), g
 
+
+@pytest.mark.parametrize("mode", MODES)
+def test_vector_relations_bit_operations_swizzles_and_threadgroup_forms(mode):
+    src = """
+  threadgroup float cube[2][4][8];
+  threadgroup int flags[64];
+  uint t = thread_index_in_threadgroup;
+  cube[t / 32][(t / 8) % 4][t % 8] = x[t];
+  volatile threadgroup int* vf = flags;
+  vf[t] = int(t) * 3;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  float4 v = float4(x[t], -x[t], cube[1 - t / 32][(t / 8) % 4][t % 8], 0.5f);
+  bool4 gt = v > 0.5f;
+  int4 k = int4(int(t), 0x0f0f, -8, 255);
+  int4 bits = (k & int4(6)) | (k << 2) ^ ~k;
+  float4 rgba = v.bgra;
+  float picked = select(v, float4(7.0f), v < float4(1.0f)).x;
+  float vals[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+  float acc = 0.0f;
+  for (float e : vals) acc += e * v.a;
+  device float* o = out + t * 8;
+  o[0] = float(any(gt)); o[1] = float(all(gt.xw)); o[2] = float(bits.x); o[3] = float((k >> 1).z % 3);
+  o[4] = rgba.r + 10.0f * rgba.a; o[5] = picked; o[6] = acc; o[7] = float(vf[(t + 1) % 64]);
+"""
+    x = np.arange(64, dtype=np.float32) / 16.0
+    (out,) = run(src, {"x": x}, {"out": (64, 8)}, mode)
+    t = np.arange(64)
+    other = x[(t + 32) % 64]  # cube[1 - t/32] holds the other half's value
+    v = np.stack([x, -x, other, np.full(64, 0.5)], axis=1)
+    k = np.stack([t, np.full(64, 0x0F0F), np.full(64, -8), np.full(64, 255)], axis=1)
+    bits = (k & 6) | ((k << 2) ^ ~k)
+    want = np.stack([(v > 0.5).any(axis=1), (v[:, 0] > 0.5) & (v[:, 3] > 0.5), bits[:, 0],
+                     np.fmod(-8 >> 1, 3) * np.ones(64), other + 10 * 0.5, np.where(x < 1, 7.0, x), 10 * 0.5 * np.ones(64),
+                     ((t + 1) % 64) * 3], axis=1).astype(np.float64)
+    assert out.tolist() == want.astype(np.float32).tolist()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_swizzles_read_as_vectors_and_assign_through_references(mode):
+    # Read swizzles are vector values (templates deduce them: length(v.xy), v.xy * s, dot(a.xyz, b.xyz));
+    # assigned swizzles write into the vector, of a thread variable or of a threadgroup element.
+    src = """
+  threadgroup float4 tile[4];
+  uint t = thread_index_in_threadgroup;
+  float4 v = float4(1.0f, 2.0f, 3.0f, 4.0f);
+  v.xy = v.yx;
+  v.zw += 10.0f;
+  v.rg *= float2(3.0f, 5.0f);
+  v.ba -= v.rg;
+  int4 k = int4(1, 2, 3, 4);
+  k.yz <<= 1;
+  k.xw ^= 3;
+  tile[t].xy = float2(float(t), 1.0f);
+  tile[t].zw = 2.0f;
+  tile[t].yz += float2(10.0f, 20.0f);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  device float* o = out + t * 8;
+  o[0] = length(v.xy - float2(6.0f, 1.0f));
+  o[1] = dot(v.xyz, float3(1.0f, 10.0f, 100.0f));
+  o[2] = (2.0f * v.ba).y + (-v.xy)[1];
+  o[3] = float(all(v.xw > 5.0f)) + 2.0f * float(any(v.xy == v.zw));
+  o[4] = cross(v.xyz, v.yzx).z;
+  o[5] = float(k.x + 10 * k.y + 100 * k.z + 1000 * k.w);
+  o[6] = dot(tile[(t + 1) % 4].xyz, float3(1.0f, 10.0f, 100.0f));
+  o[7] = sinh(tile[t].zw).x;
+"""
+    (out,) = run(src, {"x": np.zeros(1, np.float32)}, {"out": (4, 8)}, mode, grid=4, tg=4)
+    v = np.array([6.0, 5.0, 7.0, 9.0])  # (1,2,3,4) -> yx -> zw+10 -> rg*(3,5) -> ba-rg
+    t = np.arange(4)
+    row = [np.hypot(0.0, 4.0), v[:3] @ [1, 10, 100], 2 * v[3] - v[1], 1 + 0, np.cross(v[:3], v[[1, 2, 0]])[2],
+           2 + 40 + 600 + 7000]
+    want = np.stack([np.tile(row, (4, 1)).T[k] for k in range(6)]
+                    + [(t + 1) % 4 + 110 + 2200, np.full(4, np.sinh(22.0))], axis=1)
+    np.testing.assert_allclose(out, want, rtol=1e-6)

@@ -56,18 +56,18 @@ def test_metal_refusal_hint_leads_somewhere_that_works() -> None:
 
 
 def test_replay_study_key_names_a_chip_and_no_dash_dtype(tmp_path) -> None:
+    from kernsearch.studies._landscape import LandscapeWriter
     from kernsearch.studies._replay import Replay, replay_chip_name
 
     assert replay_chip_name("NVIDIA GeForce RTX 3090") == "RTX 3090"
     assert replay_chip_name("NVIDIA H100 80GB HBM3") == "H100"  # a device the registry knows: its name
-    from pathlib import Path
-
-    root = Path(os.environ.get("KERNSEARCH_LANDSCAPES", Path(__file__).resolve().parents[2] / "shared" / "landscapes"))
-    land = root / "pnpoly_RTX_3090.json.gz"
-    if not land.is_file():
-        import pytest
-
-        pytest.skip(f"{land} is not here (shared landscapes)")
+    # a KernelTuner cache file as the device recorded it (no dtype in it), written here: never skipped
+    land = tmp_path / "pnpoly_RTX_3090.json.gz"
+    writer = LandscapeWriter(land, {"block_size_x": [32, 64]}, device_name="NVIDIA GeForce RTX 3090",
+                             kernel_name="cn_pnpoly", problem_size=[20000000])
+    writer.add({"block_size_x": 32}, [1.0, 1.1])
+    writer.add({"block_size_x": 64}, [0.9, 0.95])
+    writer.save()
     key = Replay(str(land)).objective("pnpoly").study_key
     assert key["chip"] == "RTX 3090" and key["dtype"] == "unknown-dtype" and key["backend"] == "replay"
 

@@ -236,3 +236,27 @@ def test_progress_in_a_log_is_whole_lines(tmp_path) -> None:
     for line in progress:  # one line each, never cut at 80 columns: the best config whole, then the failures
         assert re.fullmatch(r"trial \d+/8 \(\d+ s.*\): best [0-9.e-]+ ms BM=\S+,PAD=\d+ · failed: .+", line), line
     assert any(len(line) > 80 for line in progress)
+
+
+@pytest.mark.slow
+def test_make_tune_ends_by_printing_the_path_of_its_study_report(tmp_path) -> None:
+    """Issue 17 must hold: `make tune` (the README's first command) writes the report of its study and prints its
+    path. The Makefile's own recipe runs, through a venv whose `kernsearch` is this one, on a smaller problem."""
+    from pathlib import Path
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    shim = venv / "bin" / "kernsearch"  # the recipe's arguments, then a small problem (the last value wins)
+    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m kernsearch "$@" --shape 64,64,64 '
+                    "--trials 6 --patience 0 --verify none\n")
+    shim.chmod(0o755)
+    (venv / ".installed").touch()  # not older than pyproject.toml: make does not set the venv up again
+    repo = Path(__file__).resolve().parents[1]
+    r = subprocess.run(["make", "-s", "tune", f"VENV={venv}"], cwd=repo, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "KERNSEARCH_HOME": str(tmp_path / "home")})
+    assert r.returncode == 0, r.stdout + r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("report: "), r.stderr
+    report = Path(last.removeprefix("report: "))
+    assert report.parent == tmp_path / "home" / "reports" and report.suffix == ".html"
+    assert "Convergence" in report.read_text() and "gemm/M2 Max/float16/64x64x64/model" in report.read_text()

@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from ci import IN_CI
 from pgserver import PostgresServer, pg_bin, wait_for
 
 from kernsearch.studies._storage import GRACE_BEATS
@@ -19,7 +20,7 @@ from kernsearch.studies._storage import GRACE_BEATS
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 
-pytestmark = pytest.mark.skipif(pg_bin() is None, reason="PostgreSQL is not installed (.ci/run installs it)")
+pytestmark = pytest.mark.skipif(pg_bin() is None and not IN_CI, reason="PostgreSQL is not installed (.ci/run installs it)")
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ci import IN_CI
 from pgserver import PostgresServer, pg_bin
 from test_flows import KERNSEARCH, TELEMETRY_OFF, _wait, alive, free_port, stop, write
 
@@ -92,7 +93,7 @@ def _signal_tree(root: int, sig: signal.Signals) -> list[int]:
 
 
 @pytest.mark.slow  # a Prefect server, three workers and three flow runs: minutes; CI runs it
-@pytest.mark.skipif(pg_bin() is None, reason="PostgreSQL is not installed (.ci/run installs it)")
+@pytest.mark.skipif(pg_bin() is None and not IN_CI, reason="PostgreSQL is not installed (.ci/run installs it)")
 def test_three_workers_two_chips_one_study_per_chip_one_store(tmp_path: Path) -> None:
     import httpx
     import optuna

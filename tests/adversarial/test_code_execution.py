@@ -112,6 +112,24 @@ def test_knob_names_must_be_identifiers(hostile_family) -> None:
         load_family(str(folder))
 
 
+@pytest.mark.parametrize(("old", "new"), [('name = "A"', 'name = "../A"'), ('name = "C"', 'name = "C/x"'),
+                                           ('dims = ["M", "N", "K"]', 'dims = ["M", "N", "../K"]')])
+def test_tensor_and_dimension_names_must_be_identifiers(hostile_family, old: str, new: str) -> None:
+    folder = hostile_family(toml=lambda t: t.replace(old, new, 1))
+    with pytest.raises(KernsearchError, match="not an identifier"):
+        load_family(str(folder))
+
+
+@pytest.mark.parametrize("study", ["../../x", "/etc/passwd", "..", "a/../../b", ".", "", "x/" * 200, "..\\..\\x"])
+def test_a_study_name_never_leaves_the_reports_folder(study: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernsearch.studies._report import default_report_path
+
+    monkeypatch.setenv("KERNSEARCH_HOME", str(tmp_path))
+    path = default_report_path(study)
+    assert path.parent == tmp_path / "reports" and path.name not in ("", ".", "..", ".html"), path
+
+
 def test_template_file_name_cannot_leave_the_folder(hostile_family) -> None:
     folder = hostile_family(toml=lambda t: t.replace('metal = "gemm.metal.j2"', 'metal = "../../etc/passwd"'))
     with pytest.raises(KernsearchError, match="plain file name"):

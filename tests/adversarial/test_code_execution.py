@@ -123,15 +123,16 @@ def test_current_directory_never_shadows_a_builtin(tmp_path: Path, hostile_famil
     (tmp_path / "gemm").mkdir()  # an empty ./gemm
     proc = ks("render", "gemm", "--chip", "M2 Max", cwd=tmp_path, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    marker_desc = "SHADOWED-FAMILY"
+    marker = "SHADOWED-FAMILY"  # a knob's help text: `space` prints it, so it shows which family was loaded
     shadow = tmp_path / "other"
     shadow.mkdir()
-    folder = hostile_family(name="gemm_shadow", toml=lambda t: set_key(t, "description", f'"{marker_desc}"'))
+    folder = hostile_family(name="gemm_shadow", toml=lambda t: t.replace('"rows of C per threadgroup"',
+                                                                         f'"{marker}"', 1))
     folder.rename(shadow / "gemm")
-    proc = ks("families", cwd=shadow, timeout=60)
+    given_as_path = ks("space", "./gemm", "--chip", "M2 Max", cwd=shadow, timeout=60)
+    assert given_as_path.returncode == 0 and marker in given_as_path.stdout, given_as_path.stderr  # control
     proc = ks("space", "gemm", "--chip", "M2 Max", cwd=shadow, timeout=60)
-    assert proc.returncode == 0 and marker_desc not in proc.stdout
-    assert load_family("gemm").path != (shadow / "gemm").resolve()
+    assert proc.returncode == 0 and marker not in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_unknown_bare_name_with_a_local_folder_says_to_use_a_path(tmp_path: Path, hostile_family) -> None:

@@ -71,3 +71,28 @@ def test_sampled_verification_catches_a_kernel_wrong_only_in_far_tiles(hostile_f
                              threadgroups=[(5, 20, 0), (10, 30, 0)], chip=chip)
     assert not check.ok and check.reason == "unwritten", check.summary()
     assert np.isfinite(check.max_abs_err)
+
+
+def _wrong_on_ragged_shapes(text: str) -> str:
+    """Correct whenever M and N are multiples of 16 (96³, 256³), wrong on every other shape."""
+    out = text
+    for lhs in ("C[r * N + c] = T(", "C[r * N + c + 1] = T("):
+        out = out.replace(lhs, lhs.replace("= T(", "= T((M % 16 != 0 || N % 16 != 0) ? 1.0f : 0.0f) + T("))
+    assert out != text, "the gemm template no longer writes C as this test expects"
+    return out
+
+
+@pytest.mark.slow
+def test_a_kernel_wrong_only_on_ragged_shapes_is_never_published(hostile_family, tmp_path: Path) -> None:
+    folder = hostile_family(metal=_wrong_on_ragged_shapes)
+    store = tmp_path / "store"
+    for shape, rc in (("96,96,96", 0), ("256,256,256", 0), ("92,92,92", 1)):  # the trap: right on tile multiples
+        proc = ks("verify", str(folder), "--shape", shape, "--dtype", "float32", "--chip", "M2 Max")
+        assert proc.returncode == rc, (shape, proc.stdout + proc.stderr)
+    proc = ks("tune", str(folder), "--backend", "model", "--chip", "M2 Max", "--shape", "256,256,256",
+              "--dtype", "float32", "--trials", "3", "--finalists", "2", "--storage", ":memory:", "--publish",
+              env={"KERNSEARCH_ARTIFACTS": str(store)}, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL" in proc.stdout, proc.stdout
+    st = ArtifactStore(store)
+    assert not any(st.versions(k) for k in st.keys()), proc.stdout

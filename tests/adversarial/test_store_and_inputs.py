@@ -49,6 +49,19 @@ def test_fifo_in_the_store_never_blocks_a_reader(store: Path, tmp_path: Path, vi
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("victim", ["v1/manifest.json", "CURRENT"])
+def test_fifo_in_the_store_never_blocks_tunes_warm_start(store: Path, victim: str) -> None:
+    """`tune` reads the store for warm-start configs before it searches: a FIFO there gives no warm start."""
+    path = store / KEY / victim
+    path.unlink()
+    os.mkfifo(path)
+    proc = ks("tune", "gemm", "--backend", "model", "--chip", "M2 Max", "--shape", "64,64,64", "--dtype", "float32",
+              "--trials", "2", "--verify", "none", "--storage", ":memory:",
+              env={"KERNSEARCH_ARTIFACTS": str(store)}, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("victim", ["v1/manifest.json", "CURRENT", "v1/source.metal"])
 def test_directory_where_a_file_belongs(store: Path, tmp_path: Path, victim: str) -> None:
     path = store / KEY / victim

@@ -256,8 +256,9 @@ def test_make_tune_ends_by_printing_the_path_of_its_study_report(tmp_path) -> No
     shim.chmod(0o755)
     (venv / ".installed").touch()  # not older than pyproject.toml: make does not set the venv up again
     repo = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under `make test`
     r = subprocess.run(["make", "-s", "tune", f"VENV={venv}"], cwd=repo, capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "KERNSEARCH_HOME": str(tmp_path / "home")})
+                       timeout=300, env={**env, "KERNSEARCH_HOME": str(tmp_path / "home")})
     assert r.returncode == 0, r.stdout + r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("report: "), r.stderr

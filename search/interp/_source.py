@@ -218,7 +218,7 @@ _TG_SCALAR = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*;")
 _TG_POINTER = re.compile(rf"\bthreadgroup\s+({_TYPE})\s*\*\s*(\w+)")
 _TG_ARRAY_MD = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*((?:\[[^\]\n]+\]\s*){{2,3}});")
 _VOLATILE_TG = re.compile(r"\bvolatile\s+threadgroup\b")
-_SWIZZLE = re.compile(r"\.([xyzw]{2,4}|[rgba]{2,4})\b")
+_SWIZZLE = re.compile(r"\.([xyzw]{2,4}|[rgba]{2,4})\b(\s*(?:<<|>>|[-+*/%&|^])?=(?!=))?")
 #: Half and bfloat literals (``1.0h``, ``2.5bf``): C++ has no such suffix.
 _HALF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)(h|H|bf|BF)\b")
 _STRING_OR_COMMENT = re.compile(r'"(?:[^"\\\n]|\\.)*"|//[^\n]*|/\*.*?\*/', re.S)
@@ -227,7 +227,9 @@ _STRING_OR_COMMENT = re.compile(r'"(?:[^"\\\n]|\\.)*"|//[^\n]*|/\*.*?\*/', re.S)
 def _swizzle(match: re.Match[str]) -> str:
     letters = "xyzw" if match.group(1)[0] in "xyzw" else "rgba"
     idx = ",".join(str(letters.index(c)) for c in match.group(1))
-    return f".template swz<{idx}>()"
+    if match.group(2):  # assigned to: a reference into the vector
+        return f".template swz<{idx}>(){match.group(2)}"
+    return f".template swv<{idx}>()"  # read: a vector value, which templates deduce
 
 
 def _literal(match: re.Match[str]) -> str:

@@ -71,7 +71,8 @@ typedef bfloat bfloat16_t;
 typedef bfloat bfloat16;
 
 // ------------------------------------------------------------------------------------------------
-// Vector types: vec<T, N>, .x .y .z .w, multi-letter swizzles (rewritten to .template swz<...>()),
+// Vector types: vec<T, N>, .x .y .z .w, multi-letter swizzles (rewritten to .template swv<...>() when read,
+// .template swz<...>() when assigned to),
 // MSL-style conversion constructors.
 // ------------------------------------------------------------------------------------------------
 template <class T, int N> struct vec;
@@ -103,8 +104,11 @@ struct alignas((N == 3 ? 4 : N) * sizeof(T)) vec : vec_storage<T, N> {
   }
   T& operator[](int i) { return v[i]; }
   const T& operator[](int i) const { return v[i]; }
+  // A swizzle that is assigned to (`v.xy = ...`, `v.xy += ...`) is a reference; every other swizzle is read as
+  // a vector value, so it deduces as one in templates (`length(v.xy)`, `v.xy * s`, `all(b.xw)`).
   template <int... I> swizzle_ref<T, N, I...> swz() { return swizzle_ref<T, N, I...>{this}; }
   template <int... I> vec<T, sizeof...(I)> swz() const { return vec<T, sizeof...(I)>(v[I]...); }
+  template <int... I> vec<T, sizeof...(I)> swv() const { return vec<T, sizeof...(I)>(v[I]...); }
 #define KS_VEC_OPASSIGN(op)                                                                          \
   template <class U> vec& operator op##=(const U& o) {                                              \
     if constexpr (is_vec<U>::value) { for (int i = 0; i < N; ++i) v[i] = T(v[i] op o.v[i]); }       \
@@ -124,6 +128,16 @@ template <class T, int N, int... I> struct swizzle_ref {
   vec<T, N>* p;
   operator vec<T, sizeof...(I)>() const { return vec<T, sizeof...(I)>(p->v[I]...); }
   swizzle_ref& operator=(const vec<T, sizeof...(I)>& o) { int k = 0; ((p->v[I] = o.v[k++]), ...); return *this; }
+  template <class U, class = std::enable_if_t<!is_vec<U>::value>> swizzle_ref& operator=(const U& s) {
+    return *this = vec<T, sizeof...(I)>(s);
+  }
+#define KS_SWZ_OPASSIGN(op)                                                                          \
+  template <class U> swizzle_ref& operator op##=(const U& o) {                                      \
+    vec<T, sizeof...(I)> cur(p->v[I]...); cur op##= o; return *this = cur;                          \
+  }
+  KS_SWZ_OPASSIGN(+) KS_SWZ_OPASSIGN(-) KS_SWZ_OPASSIGN(*) KS_SWZ_OPASSIGN(/) KS_SWZ_OPASSIGN(%)
+  KS_SWZ_OPASSIGN(&) KS_SWZ_OPASSIGN(|) KS_SWZ_OPASSIGN(^) KS_SWZ_OPASSIGN(<<) KS_SWZ_OPASSIGN(>>)
+#undef KS_SWZ_OPASSIGN
 };
 
 #define KS_VEC_BINOP(op)                                                                             \
@@ -383,6 +397,9 @@ template <class T> struct tgref {
   template <class U> tgref& operator*=(const U& v) { return *this = T(load() * v); }
   template <class U> tgref& operator/=(const U& v) { return *this = T(load() / v); }
   tgptr<T> operator&() const { return tgptr<T>{a, i}; }
+  // Swizzles of a threadgroup vector element (`tile[t].xy`): a read checks the element; tgswizzle writes.
+  template <int... I> auto swv() const { return load().template swv<I...>(); }
+  template <int... I> auto swz() const;
 };
 #define KS_TGREF_BINOP(op)                                                                           \
   template <class T, class U> auto operator op(const tgref<T>& r, const U& u) { return r.load() op u; } \
@@ -439,6 +456,20 @@ template <int I, class V> struct tgcomp {
   template <class U> tgcomp& operator/=(const U& x) { return *this = T(load() / x); }
 };
 template <int I, class V> inline tgcomp<I, V> comp(tgref<V> r) { return tgcomp<I, V>{r}; }
+// Components of a threadgroup vector element assigned through a swizzle (`tile[t].xy = ...`, `+=`): a plain
+// assignment records a write of the element without reading it; a compound one reads it first.
+template <class V, int... I> struct tgswizzle {
+  tgref<V> r;
+  using W = vec<typename V::value_type, int(sizeof...(I))>;
+  tgswizzle& operator=(const W& o) { V d; V* p = tg_access<V>(r.a, r.i, true, r.line, &d); int k = 0; ((p->v[I] = o.v[k++]), ...); return *this; }
+  template <class U, class = std::enable_if_t<!is_vec<U>::value>> tgswizzle& operator=(const U& s) { return *this = W(s); }
+#define KS_TGSWZ_OPASSIGN(op)                                                                        \
+  template <class U> tgswizzle& operator op##=(const U& o) { W cur = r.load().template swv<I...>(); cur op##= o; return *this = cur; }
+  KS_TGSWZ_OPASSIGN(+) KS_TGSWZ_OPASSIGN(-) KS_TGSWZ_OPASSIGN(*) KS_TGSWZ_OPASSIGN(/) KS_TGSWZ_OPASSIGN(%)
+  KS_TGSWZ_OPASSIGN(&) KS_TGSWZ_OPASSIGN(|) KS_TGSWZ_OPASSIGN(^) KS_TGSWZ_OPASSIGN(<<) KS_TGSWZ_OPASSIGN(>>)
+#undef KS_TGSWZ_OPASSIGN
+};
+template <class T> template <int... I> auto tgref<T>::swz() const { return tgswizzle<T, I...>{*this}; }
 template <int I, class V> inline auto comp(V& v) -> decltype(v.v[I]) { return v.v[I]; }
 
 // A multi-dimensional threadgroup array (`threadgroup T a[R][C];`): indexing narrows to rows; every element

@@ -151,6 +151,22 @@ def test_symlinked_key_folder_is_not_a_key(store: Path, tmp_path: Path) -> None:
         "v2" not in [p.name for p in outside.iterdir()]
 
 
+@pytest.mark.parametrize("linked", ["gemm", "gemm/M2-Max", "gemm/M2-Max/float32"])
+def test_a_link_anywhere_on_the_key_path_gets_nothing_written_through_it(tmp_path: Path, linked: str) -> None:
+    """A publish checks each folder of the key path before it creates the next one in it: not one empty
+    folder appears behind a link, whichever level of the path it is."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "store"
+    link = root / linked
+    link.parent.mkdir(parents=True)
+    link.symlink_to(outside)
+    with pytest.raises(ArtifactError, match="not a plain folder"):
+        ArtifactStore(root).publish(candidate(median=0.5))
+    assert list(outside.iterdir()) == []
+    assert ArtifactStore(root).keys() == []
+
+
 # -- numeric options: one place for the CLI and job files ----------------------------------------------------
 
 @pytest.mark.parametrize(("args", "flag"), [

@@ -131,6 +131,20 @@ class ArtifactStore:
         #: Families (by name) manifests are re-validated against besides the built-in ones (user folders).
         self.families: dict[str, Family] = dict(families or {})
 
+    def check_writable(self) -> None:
+        """Refuse, before any work, a store no publish could write: its root (or, while it does not exist
+        yet, the nearest folder above it) must be a writable folder, not a file, FIFO or device."""
+        path = self.root
+        try:
+            while not os.path.lexists(path) and path.parent != path:
+                path = path.parent
+        except ValueError:  # a NUL byte: no folder has that name
+            raise ArtifactError(f"cannot publish to {str(self.root)[:200]!r}: not a usable path") from None
+        if not path.is_dir():
+            raise ArtifactError(f"cannot publish to {self.root}: {path} is not a folder")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ArtifactError(f"cannot publish to {self.root}: {path} is not writable")
+
     # -- reading ------------------------------------------------------------------------------------
     def key_dir(self, key: ArtifactKey) -> Path:
         return self.root / key.path

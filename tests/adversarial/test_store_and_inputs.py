@@ -167,6 +167,18 @@ def test_a_link_anywhere_on_the_key_path_gets_nothing_written_through_it(tmp_pat
     assert ArtifactStore(root).keys() == []
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["file", "fifo"])
+def test_tune_publish_to_an_unusable_store_is_one_line_before_the_search(tmp_path: Path, kind: str) -> None:
+    """The store is known before the search: a store no publish could write is refused first (not after
+    minutes of search, below the banner and the progress lines)."""
+    root = tmp_path / "store"
+    root.write_text("not a folder\n") if kind == "file" else os.mkfifo(root)
+    proc = ks("tune", "gemm", "--backend", "model", "--chip", "M2 Max", "--shape", "64,64,64", "--trials", "2",
+              "--storage", ":memory:", "--publish", env={"KERNSEARCH_ARTIFACTS": str(root)}, timeout=120)
+    assert_one_line_error(proc, "cannot publish", str(root))
+
+
 # -- numeric options: one place for the CLI and job files ----------------------------------------------------
 
 @pytest.mark.parametrize(("args", "flag"), [

@@ -179,6 +179,17 @@ def test_tune_publish_to_an_unusable_store_is_one_line_before_the_search(tmp_pat
     assert_one_line_error(proc, "cannot publish", str(root))
 
 
+@pytest.mark.slow
+def test_tune_on_a_study_made_for_another_problem_is_one_line_before_the_search(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'studies.db'}"
+    first = ks("tune", "gemm", "--backend", "model", "--chip", "M2 Max", "--shape", "64,64,64", "--trials", "1",
+               "--verify", "none", "--storage", db, "--study", "x", timeout=120)
+    assert first.returncode == 0, first.stderr
+    proc = ks("tune", "gemm", "--backend", "model", "--chip", "M2 Max", "--shape", "32,32,32", "--trials", "1",
+              "--verify", "none", "--storage", db, "--study", "x", timeout=120)
+    assert_one_line_error(proc, "made for another space or problem")
+
+
 # -- numeric options: one place for the CLI and job files ----------------------------------------------------
 
 @pytest.mark.parametrize(("args", "flag"), [

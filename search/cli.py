@@ -685,6 +685,13 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
         from .studies._storage import check_storage
 
         check_storage(storage)  # a corrupted storage is one line, before the banner
+        from .studies._study import check_study
+
+        check_study(objective, storage, study)  # so is a study made for another problem
+    if publish:
+        from .artifacts._artifacts import ArtifactStore
+
+        ArtifactStore().check_writable()  # so is a store no publish could write (not after the search)
     if note:
         err.print(note, soft_wrap=True)
     err.print(f"tuning [bold]{key['family']}[/] {key['shape']} {key['dtype']} on {key['chip']} "

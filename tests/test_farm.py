@@ -94,6 +94,28 @@ def test_a_worker_killed_mid_trial_has_its_trial_failed_and_retried_and_the_stud
     assert len(ok) >= 20 and not [t for t in trials if t.state == TrialState.RUNNING]
 
 
+@pytest.mark.slow  # two `kernsearch tune` processes on a real server
+def test_two_tune_commands_add_to_one_postgresql_study(pg, tmp_path):
+    """What an operator runs on two machines: `kernsearch tune ... --storage postgresql://...` at once."""
+    import json
+
+    args = [sys.executable, "-m", "kernsearch", "tune", "gemm", "--shape", "64,64,64", "--trials", "12",
+            "--patience", "0", "--verify", "none", "--storage", pg.url, "--json"]
+    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, KERNSEARCH_HOME=str(tmp_path / f"home{i}"))) for i in range(2)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+        results.append(json.loads(out))
+    name = "gemm/M2 Max/float16/64x64x64/model"
+    assert [r["study_name"] for r in results] == [name, name]
+    evaluated = [t for t in _trials(pg, name) if t.user_attrs.get("status") in ("ok", "failed")]
+    configs = Counter(json.dumps(t.user_attrs["config"], sort_keys=True) for t in evaluated)
+    assert len(evaluated) >= 12 and max(configs.values()) == 1  # one study, its budget shared, no config twice
+    assert not (tmp_path / "home0" / "studies.db").exists()  # nothing went to the local default storage
+
+
 @pytest.mark.slow
 def test_an_unreachable_postgresql_url_is_one_line_without_the_password(tmp_path):
     url = "postgresql://farm:hunter2@127.0.0.1:9/studies"  # port 9 (discard): nothing listens

@@ -70,6 +70,19 @@ def _live(pid: int) -> bool:
         return False
 
 
+def _marked(marker: str) -> list[int]:
+    """Live processes whose environment holds ``marker``: everything this test started and all their
+    descendants, even those in sessions of their own or orphaned (re-parented to init) on the way."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in environ.read_bytes().split(b"\0") and _live(int(environ.parent.name)):
+                found.append(int(environ.parent.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def _wait_until(check: Any, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while not check():
@@ -187,6 +200,9 @@ def test_three_workers_two_chips_one_study_per_chip_one_store(tmp_path: Path) ->
             ran_on = {label: ran_on_machine(run_id, label) for label, run_id in ids.items()}
             assert machines[ran_on["m3-1"]] == "M3 Max"
             assert {machines[ran_on["m2-1"]], machines[ran_on["m2-2"]]} == {"M2 Max"}
+            # the two M2 Max runs ran on the two M2 Max machines (a worker with --limit 1 skips a run while busy):
+            # the study below was shared across workers, not resumed by one
+            assert {ran_on["m2-1"], ran_on["m2-2"]} == {"mini-a", "mini-b"}, ran_on
 
             # one study per chip, shared by the runs of that chip: no config evaluated twice
             storage = make_storage(pg.url)
@@ -287,3 +303,6 @@ def test_three_workers_two_chips_one_study_per_chip_one_store(tmp_path: Path) ->
                 f.close()
     assert all(p.poll() is not None for p in procs) and not any(alive(p.pid) for p in procs)
     assert not pg.running()
+    # and no process of theirs survived anywhere (a flow run's step process lives in a session of its own)
+    marker = f"KERNSEARCH_HOME={env['KERNSEARCH_HOME']}"
+    assert _wait_until(lambda: not _marked(marker), 60), f"still running: {_marked(marker)}"

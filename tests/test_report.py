@@ -161,3 +161,35 @@ def test_measured_study_shows_the_speedup_with_its_range(tmp_path: Path) -> None
                               "baseline_median_ms": 1.01, "beats_baseline": False})
     page = render_report(load_history(s.study_name, url))
     assert "within the measured noise: not a win, the MLX op runs" in page
+
+
+def test_failures_are_marked_by_reason_and_a_replay_is_not_called_measured_here(tmp_path: Path) -> None:
+    import optuna
+
+    from kernsearch.studies._history import load_history
+    from kernsearch.studies._report import convergence_figure, render_report
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    s = optuna.create_study(study_name="pnpoly/RTX 3090/unknown-dtype/20000000/replay", storage=url)
+    s.set_user_attr("evidence", "measured, replayed")
+    s.set_user_attr("knobs", {"BX": [32, 64, 128, 256, 512, 1024, 2048]})
+    reasons = ["compile", "timeout", "compile", None, None, None, "wrong result"]
+    for i, reason in enumerate(reasons):
+        t = s.ask({"BX": optuna.distributions.CategoricalDistribution([32, 64, 128, 256, 512, 1024, 2048])})
+        t.set_user_attr("config", {"BX": t.params["BX"]})
+        t.set_user_attr("status", "failed" if reason else "ok")
+        if reason:
+            t.set_user_attr("failure", {"reason": reason})
+            s.tell(t, state=optuna.trial.TrialState.FAIL)
+        else:
+            t.set_user_attr("record", {"evidence": "measured, replayed", "time_ms": 1.0 + i})
+            s.tell(t, 1.0 + i)
+    h = load_history(s.study_name, url)
+    fig = convergence_figure(h)
+    failed = {tr.name: list(tr.x) for tr in fig.data if tr.name.startswith("failed")}
+    assert failed == {"failed: compile (2)": [0, 2], "failed: timeout (1)": [1], "failed: wrong result (1)": [6]}
+    page = render_report(h).split("</script></head>", 1)[1]
+    figures = page.split("<div class='figure'")[1:]
+    assert len(figures) == 2  # convergence, the knob's effect (too few trials for importances)
+    assert all("MEASURED, REPLAYED (recorded on another GPU, not here)" in f for f in figures)  # on every figure
+    assert "MEASURED on a real GPU" not in page and "MODELED" not in page

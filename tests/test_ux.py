@@ -47,6 +47,10 @@ def test_verify_samples_big_problems_on_the_interpreter_and_says_so() -> None:
     assert "9 of 1024 threadgroups" in r.stdout and "sampled" in r.stdout
     small = _run("verify", "gemm", "--shape", "64,64,32", "--config", "BM=32,BN=32")
     assert small.returncode == 0 and "sampled" not in small.stdout  # 4 threadgroups: all of them run
+    # a problem too big for the interpreter's time limit: no verdict on the kernel, never "FAIL (timeout)"
+    slow = _run("verify", "gemm", "--shape", "1024,1024,256", "--config", "BM=32,BN=32", "--full", "--timeout", "0.5")
+    assert slow.returncode == 1 and "NO VERDICT (timeout)" in slow.stdout and "FAIL" not in slow.stdout, slow.stdout
+    assert "says nothing about the kernel" in slow.stdout and "--timeout" in slow.stdout
 
 
 def test_metal_refusal_hint_leads_somewhere_that_works() -> None:
@@ -252,8 +256,9 @@ def test_make_tune_ends_by_printing_the_path_of_its_study_report(tmp_path) -> No
     shim.chmod(0o755)
     (venv / ".installed").touch()  # not older than pyproject.toml: make does not set the venv up again
     repo = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under `make test`
     r = subprocess.run(["make", "-s", "tune", f"VENV={venv}"], cwd=repo, capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "KERNSEARCH_HOME": str(tmp_path / "home")})
+                       timeout=300, env={**env, "KERNSEARCH_HOME": str(tmp_path / "home")})
     assert r.returncode == 0, r.stdout + r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("report: "), r.stderr

@@ -131,6 +131,20 @@ class ArtifactStore:
         #: Families (by name) manifests are re-validated against besides the built-in ones (user folders).
         self.families: dict[str, Family] = dict(families or {})
 
+    def check_writable(self) -> None:
+        """Refuse, before any work, a store no publish could write: its root (or, while it does not exist
+        yet, the nearest folder above it) must be a writable folder, not a file, FIFO or device."""
+        path = self.root
+        try:
+            while not os.path.lexists(path) and path.parent != path:
+                path = path.parent
+        except ValueError:  # a NUL byte: no folder has that name
+            raise ArtifactError(f"cannot publish to {str(self.root)[:200]!r}: not a usable path") from None
+        if not path.is_dir():
+            raise ArtifactError(f"cannot publish to {self.root}: {path} is not a folder")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ArtifactError(f"cannot publish to {self.root}: {path} is not writable")
+
     # -- reading ------------------------------------------------------------------------------------
     def key_dir(self, key: ArtifactKey) -> Path:
         return self.root / key.path
@@ -300,9 +314,7 @@ class ArtifactStore:
     def _publish(self, candidate: Candidate, draft: dict[str, Any], min_gain: float,
                  margin: float) -> PublishOutcome:
         key = candidate.key
-        folder = self.key_dir(key)
-        folder.mkdir(parents=True, exist_ok=True)
-        self._check_real_folders(key)
+        folder = self._make_key_folder(key)
         with _locked(folder / LOCK, self.lock_timeout, key):
             if not candidate.correctness.passed:
                 return self._reject(key, draft, "failed verification: a variant that is not correct is "
@@ -332,13 +344,19 @@ class ArtifactStore:
                                                         "updated_at": utcnow().isoformat()}) + "\n")
             return PublishOutcome(True, version, reason, key.path, version)
 
-    def _check_real_folders(self, key: ArtifactKey) -> None:
-        """Refuse to write through a link inside the store (it could lead outside the store)."""
+    def _make_key_folder(self, key: ArtifactKey) -> Path:
+        """The key's folder, created one level at a time, each level checked before anything is created in
+        it: a link inside the store (it could lead outside) is refused before a single folder appears
+        behind it."""
+        self.root.mkdir(parents=True, exist_ok=True)  # the store itself: the user's choice
         path = self.root
         for part in key.path.split("/"):
             path = path / part
+            with contextlib.suppress(FileExistsError):
+                path.mkdir()
             if not _safeio.is_real_dir(path):
                 raise ArtifactError(f"{path}: not a plain folder (a link or a file): refusing to write there")
+        return path
 
     def invalidate(self, key: ArtifactKey, reason: str) -> None:
         """Mark the current version invalid (kept, not shipped; any correct candidate may replace it)."""

@@ -7,12 +7,17 @@ Templates come from family folders others write. They render in Jinja's
 - only the filters and tests in :data:`FILTERS` / :data:`TESTS`;
 - no attribute access except loop variables (``loop.index``...) and record fields;
 - ``*``, ``**``, ``+`` and ``%`` bounded like spec expressions (no ``'x' * 10**9``);
+- every string a template builds is bounded *before* it is built: ``~``, macro, block and ``{% set %}``
+  bodies, ``{{ }}`` output of lists, and the filters that grow text (``center``, ``indent``, ``replace``,
+  ``join``...) refuse a result over :data:`MAX_OUTPUT` characters; ``str.format`` is not reachable (a memory
+  bomb is an error, not an out-of-memory kill: a time bound alone cannot stop one allocation);
 - templates are loaded only from the family folder itself, through :mod:`_safeio` (no links, no special
   files, size-capped), and a render stops after :data:`RENDER_SECONDS` or :data:`MAX_OUTPUT` characters.
 """
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -21,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import BaseLoader, StrictUndefined, TemplateNotFound, nodes
+from jinja2.compiler import CodeGenerator, Frame
 from jinja2.filters import FILTERS as DEFAULT_FILTERS
 from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -63,17 +69,110 @@ class FolderLoader(BaseLoader):
         return text, str(path), lambda: False
 
 
+def text_size(value: Any, limit: int = MAX_OUTPUT) -> int:
+    """An upper bound of ``len(str(value))``, found without building the text; over ``limit`` it raises
+    :class:`TemplateLimit` (so ``[[big] * 10**4] * 10**4`` is refused before ``str()`` allocates it)."""
+    if isinstance(value, str):
+        if len(value) > limit:
+            raise TemplateLimit(f"template text larger than {limit} characters")
+        return len(value)
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += 4 * len(item) + 2  # repr() inside a container: quotes and escapes
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            total += 2 + 2 * len(item)
+            stack.extend(item)
+        elif isinstance(item, dict):
+            total += 2 + 4 * len(item)
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, int) and not isinstance(item, bool):
+            total += item.bit_length() // 3 + 2
+        else:
+            total += 64  # numbers, booleans, None, macros: short
+        if total > limit:
+            raise TemplateLimit(f"template text larger than {limit} characters")
+    return total
+
+
+def bounded_str(value: Any) -> str:
+    """``str(value)``, refused when it would exceed :data:`MAX_OUTPUT` characters."""
+    if isinstance(value, str):
+        return value
+    text_size(value)
+    return str(value)
+
+
+def _int_arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, key: str, default: Any) -> Any:
+    return args[index] if len(args) > index else kwargs.get(key, default)
+
+
+def _growth(name: str, value: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """How many characters filter ``name`` may add to ``value`` (0 for filters that never grow text)."""
+    if name == "center":
+        width = _int_arg(args, kwargs, 0, "width", 80)
+        return width if isinstance(width, int) else 0
+    if name == "indent":
+        width = _int_arg(args, kwargs, 0, "width", 4)
+        step = len(bounded_str(width)) if isinstance(width, str) else width if isinstance(width, int) else 0
+        return (bounded_str(value).count("\n") + 1) * max(0, step)
+    if name == "replace":
+        old = bounded_str(_int_arg(args, kwargs, 0, "old", ""))
+        new = bounded_str(_int_arg(args, kwargs, 1, "new", ""))
+        text = bounded_str(value)
+        hits = text.count(old) if old else len(text) + 1
+        count = _int_arg(args, kwargs, 2, "count", None)
+        if isinstance(count, int) and count >= 0:
+            hits = min(hits, count)
+        return hits * len(new)
+    if name == "join":
+        sep = bounded_str(_int_arg(args, kwargs, 0, "d", ""))
+        return len(sep) * len(value) if isinstance(value, (list, tuple, str, dict)) else 0
+    return 0
+
+
+def _bounded_filter(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with its input and the text it may add checked against :data:`MAX_OUTPUT` before it runs."""
+    skip = 1 if getattr(fn, "jinja_pass_arg", None) is not None else 0  # eval_ctx / context / environment
+
+    @functools.wraps(fn)  # keeps jinja_pass_arg
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > skip:
+            value, rest = args[skip], args[skip + 1:]
+            if text_size(value) + _growth(name, value, rest, kwargs) > MAX_OUTPUT:
+                raise TemplateLimit(f"{name}: template text larger than {MAX_OUTPUT} characters")
+        return fn(*args, **kwargs)
+
+    return bounded
+
+
+class _BoundedConcat(CodeGenerator):
+    """``a ~ b`` compiles to the environment's bounded join instead of Jinja's unbounded ``str_join``."""
+
+    def visit_Concat(self, node: nodes.Concat, frame: Frame) -> None:
+        self.write("environment.join_text((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
 class TemplateSandbox(ImmutableSandboxedEnvironment):
     """Jinja's immutable sandbox, with only whitelisted filters/tests, no globals and bounded operators."""
 
     intercepted_binops = frozenset({"*", "**", "+", "%", "//", "/", "-"})
+    code_generator_class = _BoundedConcat
+    #: Macro, block and ``{% set %}`` bodies are joined with this (the compiled code's ``concat``).
+    concat = staticmethod(lambda chunks: bounded_join(chunks))
 
     def __init__(self, folder: Path | None = None) -> None:
         super().__init__(loader=FolderLoader(folder) if folder is not None else None, undefined=StrictUndefined,
                          keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
-                         cache_size=50)
+                         cache_size=50, finalize=bounded_str)
         self.globals.clear()
-        self.filters = {name: DEFAULT_FILTERS[name] for name in FILTERS}
+        self.filters = {name: _bounded_filter(name, DEFAULT_FILTERS[name]) for name in FILTERS}
         self.tests = {name: DEFAULT_TESTS[name] for name in TESTS}
 
     def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
@@ -91,6 +190,15 @@ class TemplateSandbox(ImmutableSandboxedEnvironment):
             return _binary(kind, left, right)
         except ExprError as exc:
             raise self.security_error(str(exc)) from None
+
+    def wrap_str_format(self, value: Any) -> None:
+        """No ``'{:>9999999999}'.format(x)``: ``str.format`` is an unsafe attribute like any method."""
+        return None
+
+    @staticmethod
+    def join_text(parts: Iterable[Any]) -> str:
+        """``a ~ b ~ c``: each part as text, the whole bounded by :data:`MAX_OUTPUT`."""
+        return bounded_join(bounded_str(p) for p in parts)
 
     @staticmethod
     def security_error(message: str) -> Exception:

@@ -389,21 +389,39 @@ def open_study(objective: Objective, storage: str | None, study_name: str | None
     made = make_sampler(sampler, seed, objective.knobs)
     study = retry_collisions(lambda: optuna.create_study(study_name=name, storage=make_storage(storage),
                                                          direction="minimize", sampler=made, load_if_exists=True))
-    stored = study.user_attrs.get("knobs")
-    if stored is None:
+    if study.user_attrs.get("knobs") is None:
         for k, v in objective.study_key.items():
             study.set_user_attr(k, v)
         study.set_user_attr("knobs", objective.knobs)
         study.set_user_attr("evidence", objective.evidence)
     else:
-        differs = [f"{k} {study.user_attrs.get(k)!r} (asked: {v!r})" for k, v in objective.study_key.items()
-                   if study.user_attrs.get(k) != v]
-        if stored != objective.knobs:
-            differs.append("its knobs")
-        if differs:
-            raise KernsearchError(f"study {name!r} was made for another space or problem: {', '.join(differs)}; "
-                                  "choose another --study name")
+        _check_same_problem(study, objective, name)
     return study
+
+
+def check_study(objective: Objective, storage: str | None, study_name: str | None) -> None:
+    """What :func:`open_study` refuses, checked read-only before any work (the CLI: before its banner): an
+    existing study of that name made for another space or problem."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    name = study_name or study_name_for(objective.study_key)
+    try:
+        study = optuna.load_study(study_name=name, storage=make_storage(storage))
+    except KeyError:  # no such study yet: open_study creates it
+        return
+    if study.user_attrs.get("knobs") is not None:
+        _check_same_problem(study, objective, name)
+
+
+def _check_same_problem(study: optuna.Study, objective: Objective, name: str) -> None:
+    differs = [f"{k} {study.user_attrs.get(k)!r} (asked: {v!r})" for k, v in objective.study_key.items()
+               if study.user_attrs.get(k) != v]
+    if study.user_attrs.get("knobs") != objective.knobs:
+        differs.append("its knobs")
+    if differs:
+        raise KernsearchError(f"study {name!r} was made for another space or problem: {', '.join(differs)}; "
+                              "choose another --study name")
 
 
 class _Search:

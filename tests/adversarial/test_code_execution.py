@@ -112,6 +112,24 @@ def test_knob_names_must_be_identifiers(hostile_family) -> None:
         load_family(str(folder))
 
 
+@pytest.mark.parametrize(("old", "new"), [('name = "A"', 'name = "../A"'), ('name = "C"', 'name = "C/x"'),
+                                           ('dims = ["M", "N", "K"]', 'dims = ["M", "N", "../K"]')])
+def test_tensor_and_dimension_names_must_be_identifiers(hostile_family, old: str, new: str) -> None:
+    folder = hostile_family(toml=lambda t: t.replace(old, new, 1))
+    with pytest.raises(KernsearchError, match="not an identifier"):
+        load_family(str(folder))
+
+
+@pytest.mark.parametrize("study", ["../../x", "/etc/passwd", "..", "a/../../b", ".", "", "x/" * 200, "..\\..\\x"])
+def test_a_study_name_never_leaves_the_reports_folder(study: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernsearch.studies._report import default_report_path
+
+    monkeypatch.setenv("KERNSEARCH_HOME", str(tmp_path))
+    path = default_report_path(study)
+    assert path.parent == tmp_path / "reports" and path.name not in ("", ".", "..", ".html"), path
+
+
 def test_template_file_name_cannot_leave_the_folder(hostile_family) -> None:
     folder = hostile_family(toml=lambda t: t.replace('metal = "gemm.metal.j2"', 'metal = "../../etc/passwd"'))
     with pytest.raises(KernsearchError, match="plain file name"):
@@ -140,3 +158,44 @@ def test_unknown_bare_name_with_a_local_folder_says_to_use_a_path(tmp_path: Path
     proc = ks("render", "mine", "--chip", "M2 Max", cwd=folder.parent, timeout=60)
     assert_one_line_error(proc, "./mine")
     assert ks("render", "./mine", "--chip", "M2 Max", cwd=folder.parent, timeout=60).returncode == 0
+
+
+#: Templates that build a string far over the render bound (about 10**8 characters each, 25x the bound):
+#: each must be refused before it is built, not after (an out-of-memory kill is no error message).
+_A = "{% set a = 'x' * 10000 %}"
+TEMPLATE_MEMORY_BOMBS = {
+    "macro doubling": "{% macro m(x) %}{{ x }}{{ x }}{% endmacro %}" + _A + "{% set a = m(a) %}" * 13 + "{{ a|length }}",
+    "block set doubling": _A + "{% set a %}{{ a }}{{ a }}{% endset %}" * 13 + "{{ a|length }}",
+    "concat doubling": _A + "{% set a = a ~ a %}" * 13 + "{{ a|length }}",
+    "join": _A + "{{ (([a] * 10000)|join)|length }}",
+    "join separator": "{{ (([1] * 10000)|join('y' * 10000))|length }}",
+    "center": "{{ 'x'|center(100000000)|length }}",
+    "indent": "{{ ('x\\n' * 5000)|indent(20000)|length }}",
+    "replace": _A + "{{ a|replace('x', a)|length }}",
+    "str.format": "{{ '{:>100000000}'.format(1)|length }}",
+    "list as text": _A + "{{ ([a] * 10000)|upper|length }}",
+    "list as string": _A + "{{ ([a] * 10000)|string|length }}",
+}
+
+
+@pytest.mark.parametrize("bomb", sorted(TEMPLATE_MEMORY_BOMBS))
+def test_template_memory_bombs_are_refused_before_they_allocate(hostile_family, bomb: str) -> None:
+    import time
+
+    from kernsearch import render
+
+    payload = TEMPLATE_MEMORY_BOMBS[bomb]
+    fam = load_family(str(hostile_family(metal=lambda t: t.replace("{% block source %}",
+                                                                   "{% block source %}" + payload, 1))))
+    config = dict(fam.default)
+    start = time.monotonic()
+    with pytest.raises(KernsearchError, match="larger than|unsafe"):
+        render(fam, config, "float32")
+    assert time.monotonic() - start < 10
+
+
+@pytest.mark.slow
+def test_template_memory_bomb_is_one_line(hostile_family) -> None:
+    payload = TEMPLATE_MEMORY_BOMBS["macro doubling"]
+    folder = hostile_family(metal=lambda t: t.replace("{% block source %}", "{% block source %}" + payload, 1))
+    assert_one_line_error(ks("render", str(folder), "--chip", "M2 Max", timeout=60), "larger than")

@@ -151,6 +151,45 @@ def test_symlinked_key_folder_is_not_a_key(store: Path, tmp_path: Path) -> None:
         "v2" not in [p.name for p in outside.iterdir()]
 
 
+@pytest.mark.parametrize("linked", ["gemm", "gemm/M2-Max", "gemm/M2-Max/float32"])
+def test_a_link_anywhere_on_the_key_path_gets_nothing_written_through_it(tmp_path: Path, linked: str) -> None:
+    """A publish checks each folder of the key path before it creates the next one in it: not one empty
+    folder appears behind a link, whichever level of the path it is."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = tmp_path / "store"
+    link = root / linked
+    link.parent.mkdir(parents=True)
+    link.symlink_to(outside)
+    with pytest.raises(ArtifactError, match="not a plain folder"):
+        ArtifactStore(root).publish(candidate(median=0.5))
+    assert list(outside.iterdir()) == []
+    assert ArtifactStore(root).keys() == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["file", "fifo"])
+def test_tune_publish_to_an_unusable_store_is_one_line_before_the_search(tmp_path: Path, kind: str) -> None:
+    """The store is known before the search: a store no publish could write is refused first (not after
+    minutes of search, below the banner and the progress lines)."""
+    root = tmp_path / "store"
+    root.write_text("not a folder\n") if kind == "file" else os.mkfifo(root)
+    proc = ks("tune", "gemm", "--backend", "model", "--chip", "M2 Max", "--shape", "64,64,64", "--trials", "2",
+              "--storage", ":memory:", "--publish", env={"KERNSEARCH_ARTIFACTS": str(root)}, timeout=120)
+    assert_one_line_error(proc, "cannot publish", str(root))
+
+
+@pytest.mark.slow
+def test_tune_on_a_study_made_for_another_problem_is_one_line_before_the_search(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'studies.db'}"
+    first = ks("tune", "gemm", "--backend", "model", "--chip", "M2 Max", "--shape", "64,64,64", "--trials", "1",
+               "--verify", "none", "--storage", db, "--study", "x", timeout=120)
+    assert first.returncode == 0, first.stderr
+    proc = ks("tune", "gemm", "--backend", "model", "--chip", "M2 Max", "--shape", "32,32,32", "--trials", "1",
+              "--verify", "none", "--storage", db, "--study", "x", timeout=120)
+    assert_one_line_error(proc, "made for another space or problem")
+
+
 # -- numeric options: one place for the CLI and job files ----------------------------------------------------
 
 @pytest.mark.parametrize(("args", "flag"), [

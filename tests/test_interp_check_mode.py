@@ -153,3 +153,36 @@ def test_struct_member_and_read_races_are_still_races():
     r = run_kernel(k, (32, 1, 1), (32, 1, 1), [(32,)], ["float32"], [np.arange(32.0)], "float32", mode="check")
     lines = {d.code for d in r.diagnostics if d.kind in ("race", "uninitialized")}
     assert any("ps[(t + 1) % 32].a" in c for c in lines) and any("twice(buf" in c for c in lines), r.diagnostics
+
+
+CAST_SRC = """
+  threadgroup float shmem[64];
+  uint t = thread_index_in_threadgroup;
+  threadgroup float4* s4 = (threadgroup float4*) shmem;
+  s4[t] = float4(a[4 * t], a[4 * t + 1], a[4 * t + 2], a[4 * t + 3]);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  threadgroup float2* s2 = reinterpret_cast<threadgroup float2*>(shmem + 8);
+  float4 w = ((threadgroup float4*)&shmem[0])[(t + 1) % 16];
+  out[t] = shmem[(t * 4 + 5) % 64] + w.x + 100.0f * s2[t].y + float(s2 == s2);
+"""
+
+
+@pytest.mark.parametrize("mode", ["fast", "check"])
+def test_threadgroup_memory_viewed_through_a_pointer_cast(mode):
+    # llama.cpp's `threadgroup float4 * shmem_f4 = (threadgroup float4 *) shmem;`: the lint refused the cast
+    k = KernelSource("tgcast", "metal", ("a",), ("out",), "", CAST_SRC)
+    a = np.arange(64.0)
+    r = run_kernel(k, (16, 1, 1), (16, 1, 1), [(16,)], ["float32"], [a], "float32", mode=mode)
+    t = np.arange(16)
+    assert r.outputs[0].tolist() == (a[(4 * t + 5) % 64] + a[4 * ((t + 1) % 16)] + 100 * a[9 + 2 * t] + 1).tolist()
+    assert r.diagnostics == []
+
+
+def test_a_race_through_a_cast_view_is_a_race_on_the_declared_elements():
+    src = CAST_SRC.replace("threadgroup_barrier(mem_flags::mem_threadgroup);", "")
+    k = KernelSource("tgcastrace", "metal", ("a",), ("out",), "", src)
+    r = run_kernel(k, (16, 1, 1), (16, 1, 1), [(16,)], ["float32"], [np.arange(64.0)], "float32", mode="check")
+    assert any(d.kind in ("race", "uninitialized") and "shmem[" in d.message for d in r.diagnostics), r.diagnostics
+    r = run_kernel(KernelSource("tgcastoob", "metal", ("a",), ("out",), "", CAST_SRC.replace("s4[t] =", "s4[t + 1] =")),
+                   (16, 1, 1), (16, 1, 1), [(16,)], ["float32"], [np.arange(64.0)], "float32", mode="check")
+    assert any(d.kind == "threadgroup_bounds" for d in r.diagnostics), r.diagnostics

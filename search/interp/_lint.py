@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from ._source import _TG_ARRAY, _TG_ARRAY_MD, _TG_POINTER, _TG_SCALAR
+from ._source import _TG_ARRAY, _TG_ARRAY_MD, _TG_CAST, _TG_CAST_NAMED, _TG_POINTER, _TG_SCALAR
 
 #: simd / simdgroup / quad functions the shim implements (ks_shim.h, ks_simd.h).
 _GROUP_COMMON = ("all", "any", "ballot", "and", "or", "xor", "prefix_inclusive_product", "prefix_exclusive_product",
@@ -102,7 +102,7 @@ def lint(header: str, source: str) -> str | None:
             if (m.group(1), m.group(2)) != ("8", "8"):
                 return f"{where(m.start())}: simdgroup_matrix of {m.group(1)}x{m.group(2)} (only 8x8 is supported)"
         rest = code
-        for declared in (_TG_ARRAY_MD, _TG_ARRAY, _TG_SCALAR, _TG_POINTER, _TENSOR_SPACE):
+        for declared in (_TG_ARRAY_MD, _TG_ARRAY, _TG_SCALAR, _TG_POINTER, _TG_CAST, _TG_CAST_NAMED, _TENSOR_SPACE):
             rest = declared.sub("", rest)
         found = re.search(r"\bthreadgroup\b(?!_)", rest)
         if found:

@@ -218,6 +218,9 @@ _TG_SCALAR = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*;")
 _TG_POINTER = re.compile(rf"\bthreadgroup\s+({_TYPE})\s*\*\s*(\w+)")
 _TG_ARRAY_MD = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*((?:\[[^\]\n]+\]\s*){{2,3}});")
 _VOLATILE_TG = re.compile(r"\bvolatile\s+threadgroup\b")
+#: Casts to a threadgroup pointer: `(threadgroup float4*) shmem`, `reinterpret_cast<threadgroup half*>(p)`.
+_TG_CAST = re.compile(rf"\(\s*threadgroup\s+({_TYPE})\s*\*\s*\)")
+_TG_CAST_NAMED = re.compile(rf"\b(?:reinterpret_cast|static_cast)\s*<\s*threadgroup\s+({_TYPE})\s*\*\s*>")
 _SWIZZLE = re.compile(r"\.([xyzw]{2,4}|[rgba]{2,4})\b(\s*(?:<<|>>|[-+*/%&|^])?=(?!=))?")
 #: Half and bfloat literals (``1.0h``, ``2.5bf``): C++ has no such suffix.
 _HALF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)(h|H|bf|BF)\b")
@@ -287,12 +290,41 @@ def _brackets_end(code: str, pos: int) -> int | None:
     return pos
 
 
+def _operand_end(code: str, pos: int) -> int | None:
+    """End of the operand a C-style cast at ``pos`` applies to: ``(...)``, or ``[&]name[...]``."""
+    pos = len(code) - len(code[pos:].lstrip()) if code[pos:pos + 1].isspace() else pos
+    if code.startswith("(", pos):
+        depth = 0
+        for k in range(pos, len(code)):
+            depth += {"(": 1, ")": -1}.get(code[k], 0)
+            if depth == 0:
+                return k + 1
+        return None
+    name = re.compile(r"&?\s*[A-Za-z_]\w*").match(code, pos)
+    return None if name is None else _brackets_end(code, name.end())
+
+
+def _checked_casts(code: str) -> str:
+    """Check mode: casts to threadgroup pointers become ``ks::tg_cast<T>(...)``, a view of the same checked array."""
+    code = _TG_CAST_NAMED.sub(lambda m: f"ks::tg_cast<{m[1]}>", code)
+    out: list[str] = []
+    pos = 0
+    while (m := _TG_CAST.search(code, pos)) is not None:
+        end = _operand_end(code, m.end())
+        if end is None:
+            break
+        out.append(f"{code[pos:m.start()]}ks::tg_cast<{m[1]}>({_checked_casts(code[m.end():end]).strip()})")
+        pos = end
+    out.append(code[pos:])
+    return "".join(out)
+
+
 def _wrap_elements(code: str, names: set[str]) -> str:
     """Check mode: each threadgroup element ``name[i]...`` wrapped for the way it is used (``ks::rd`` read,
     ``ks::wr`` / ``ks::rw`` a member assigned; see ks_shim.h). Left as the checked reference: an element
-    assigned directly, one whose address is taken or that is incremented, one after ``>`` or ``*`` (an operand
-    of a binary operator, or a declaration of a same-named local array), one after a type name (a declaration),
-    one swizzled (the reference has swizzles)."""
+    assigned directly, one whose address is taken or that is incremented, one after ``>`` or ``*`` with no
+    member after it (an operand of a binary operator, or a declaration of a same-named local array), one after
+    a type name (a declaration), one swizzled (the reference has swizzles)."""
     find = re.compile(rf"\b(?:{'|'.join(map(re.escape, sorted(names)))})(?=\s*\[)")
     out: list[str] = []
     pos = 0
@@ -320,7 +352,8 @@ def _wrap_elements(code: str, names: set[str]) -> str:
             else:
                 break
         assigned = _ASSIGNED.match(code, chain_end)
-        keep = (unary_amp or before.endswith(("++", "--", ">", "*")) or first in ("swz", "swv")
+        keep = (unary_amp or before.endswith(("++", "--")) or (before.endswith((">", "*")) and first is None)
+                or first in ("swz", "swv")
                 or (word is not None and word[0] not in _EXPRESSION_WORDS) or (first is None and assigned is not None))
         if keep:
             wrapped = element
@@ -340,6 +373,7 @@ def translate(text: str, check: bool) -> str:
     text = _VOLATILE_TG.sub("threadgroup", text)  # volatile threadgroup pointers: every access is checked anyway
     if check:
         names = {m[2] for pat in (_TG_ARRAY, _TG_ARRAY_MD, _TG_POINTER) for m in pat.finditer(text)}
+        text = _code_only(text, _checked_casts)
         text = _TG_ARRAY_MD.sub(lambda m: f"ks::tgmd<{m[1]}, {_inner_extents(m[3])}> "
                                           f"{m[2]} = ks::tgmd<{m[1]}, {_inner_extents(m[3])}>"
                                           f"{{ks::tg_alloc_checked<{m[1]}>(({_element_count(m[3])}), "

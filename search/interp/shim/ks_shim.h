@@ -350,11 +350,8 @@ inline bool ordered_by_simd_barrier(int other, uint32_t other_sepoch) {
   return other >= 0 && other_sg == cur->sg && L->sepoch[cur->sg] != other_sepoch;
 }
 
-template <class T> inline T* tg_access(const TgAlloc* a, int64_t i, bool write, int line, T* dummy) {
-  if (i < 0 || i >= a->elems) {
-    report(D_TG_BOUNDS, S_ERROR, line, "threadgroup index %lld outside %s[0:%lld]", (long long)i, a->name, (long long)a->elems);
-    return dummy;
-  }
+// One element `i` of the declared array, read or written by the current thread.
+inline void tg_check(const TgAlloc* a, int64_t i, bool write, int line) {
   Shadow* s = shadow_for(a, i);
   int t = cur->tid;
   uint32_t e = L->epoch;
@@ -378,6 +375,17 @@ template <class T> inline T* tg_access(const TgAlloc* a, int64_t i, bool write, 
     else { s->reader = t; s->r_sepoch = se; }
     s->r_epoch = e;
   }
+}
+
+// Element `i` of type T through a pointer to the array (T may differ from the declared element type after a
+// cast, `(threadgroup float4*) shmem`: every declared element the access covers is checked).
+template <class T> inline T* tg_access(const TgAlloc* a, int64_t i, bool write, int line, T* dummy) {
+  const int64_t es = a->elem_size, first = i * int64_t(sizeof(T)) / es, last = ((i + 1) * int64_t(sizeof(T)) - 1) / es;
+  if (i < 0 || last >= a->elems) {
+    report(D_TG_BOUNDS, S_ERROR, line, "threadgroup index %lld outside %s[0:%lld]", (long long)i, a->name, (long long)a->elems);
+    return dummy;
+  }
+  for (int64_t k = first; k <= last; ++k) tg_check(a, k, write, line);
   return reinterpret_cast<T*>(L->arena + a->offset) + i;
 }
 
@@ -439,6 +447,8 @@ template <class T> struct tgptr {
   tgptr& operator+=(int64_t d) { off += d; return *this; }
   tgptr& operator-=(int64_t d) { off -= d; return *this; }
   tgptr& operator++() { ++off; return *this; }
+  bool operator==(const tgptr& o) const { return a == o.a && off == o.off; }
+  bool operator!=(const tgptr& o) const { return !(*this == o); }
   // Range-for over a threadgroup array (`for (float x : buf)`): every element read is checked.
   struct iterator {
     const TgAlloc* a;
@@ -512,6 +522,11 @@ template <class T> inline T* tg_atomic(const TgAlloc* a, int64_t i, bool write, 
   return reinterpret_cast<T*>(L->arena + a->offset) + i;
 }
 
+// `(threadgroup U*) p` / `reinterpret_cast<threadgroup U*>(p)` of a checked pointer: the same array viewed as U.
+template <class U, class T> inline tgptr<U> tg_cast(const tgptr<T>& p) {
+  return tgptr<U>{p.a, p.off * int64_t(sizeof(T)) / int64_t(sizeof(U))};
+}
+template <class U, class T> inline tgptr<U> tg_cast(const tgref<T>& r) { return tg_cast<U>(&r); }  // (U*)&x[i]
 template <class T> inline tgptr<T> tg_alloc_checked(int64_t elems, const char* name, int line) {
   void* p = tg_alloc(elems * int64_t(sizeof(T)), elems, int(sizeof(T)), name, line);
   (void)p;

@@ -49,6 +49,9 @@ def test_corpus_is_documented_and_large_enough():
             outside += 1
             assert case.reason, path.name
     assert outside <= len(FILES) * 0.05
+    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "msl-subset.md").read_text().split())
+    n, ok = len(FILES), len(FILES) - outside
+    assert f"holds {n} kernels" in doc and f"{ok} of {n} run as written ({100 * ok / n:.1f} %)" in doc
 
 
 @pytest.mark.slow

@@ -96,3 +96,60 @@ def test_range_for_over_a_threadgroup_array(mode):
     r = run_kernel(k, (16, 1, 1), (16, 1, 1), [(16,)], ["float32"], [np.arange(16.0)], "float32", mode=mode)
     assert r.outputs[0].tolist() == [120.0] * 16
     assert r.diagnostics == []
+
+
+HELPERS = """
+struct Pair { float a; int b; };
+template <typename T> inline T twice(T x) { return x + x; }
+struct Add { template <typename T> T operator()(T x, T y) const { return x + y; } };
+inline float scaled(threadgroup float* s, uint i) { return s[i] * 2.0f; }
+"""
+
+
+@pytest.mark.parametrize("mode", ["fast", "check"])
+def test_threadgroup_elements_in_templates_select_unary_increments_and_struct_members(mode):
+    # In check mode each of these failed to compile (a checked reference is not a float to a template, select,
+    # unary minus, ++ or <<=; `.a` / `.b` of a struct element were taken for vector components).
+    src = """
+  threadgroup float buf[32];
+  threadgroup int cnt[32];
+  threadgroup Pair ps[32];
+  uint t = thread_index_in_threadgroup;
+  buf[t] = a[t];
+  cnt[t] = int(t);
+  ps[t].a = a[t] * 3.0f;
+  ps[t].b = int(t);
+  ps[t].b += 100;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  cnt[t]++;
+  ++cnt[t];
+  cnt[t] <<= 1;
+  cnt[t] |= 1;
+  auto e = buf[t];
+  Add op;
+  float v = twice(buf[t]) + op(buf[t], 1.0f) + select(buf[t], -1.0f, t > 15) - buf[(t + 1) % 32] + -e;
+  out[t] = v + float(cnt[t]) + ps[31 - t].a + float(ps[t].b) + scaled(buf, t) + float(sizeof(buf[0]));
+"""
+    k = KernelSource("tgforms", "metal", ("a",), ("out",), HELPERS, src)
+    a = np.arange(32.0)
+    r = run_kernel(k, (32, 1, 1), (32, 1, 1), [(32,)], ["float32"], [a], "float32", mode=mode)
+    t = np.arange(32)
+    v = 2 * a + (a + 1) + np.where(t > 15, -1.0, a) - a[(t + 1) % 32] - a
+    want = v + (((t + 2) << 1) | 1) + 3 * a[31 - t] + (t + 100) + 2 * a + 4
+    assert r.outputs[0].tolist() == want.tolist()
+    assert r.diagnostics == []
+
+
+def test_struct_member_and_read_races_are_still_races():
+    src = """
+  threadgroup Pair ps[32];
+  threadgroup float buf[32];
+  uint t = thread_index_in_threadgroup;
+  ps[t].a = a[t];
+  buf[t] = a[t];
+  out[t] = ps[(t + 1) % 32].a + twice(buf[(t + 1) % 32]);
+"""
+    k = KernelSource("tgrace", "metal", ("a",), ("out",), HELPERS, src)
+    r = run_kernel(k, (32, 1, 1), (32, 1, 1), [(32,)], ["float32"], [np.arange(32.0)], "float32", mode="check")
+    lines = {d.code for d in r.diagnostics if d.kind in ("race", "uninitialized")}
+    assert any("ps[(t + 1) % 32].a" in c for c in lines) and any("twice(buf" in c for c in lines), r.diagnostics

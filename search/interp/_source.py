@@ -264,17 +264,82 @@ def _code_only(text: str, fn: Any) -> str:
     return "".join(out)
 
 
+_ASSIGNED = re.compile(r"\s*((?:<<|>>|[-+*/%&|^])?=(?!=)|\+\+|--)")
+_MEMBER = re.compile(r"\s*\.\s*(?:template\s+(sw[vz])<[\d,]*>\(\)|[A-Za-z_]\w*)")
+#: Words after which `name[i]` is an expression, not a declaration of `name`.
+_EXPRESSION_WORDS = frozenset({"return", "else", "do", "case", "sizeof", "co_return", "throw"})
+
+
+_OPEN = re.compile(r"\s*\[")
+
+
+def _brackets_end(code: str, pos: int) -> int | None:
+    """Index after the ``[...]`` groups that start at ``code[pos] == "["`` (None when unbalanced)."""
+    while (m := _OPEN.match(code, pos)) is not None:
+        depth = 0
+        for k in range(m.end() - 1, len(code)):
+            depth += {"[": 1, "]": -1}.get(code[k], 0)
+            if depth == 0:
+                break
+        else:
+            return None
+        pos = k + 1
+    return pos
+
+
+def _wrap_elements(code: str, names: set[str]) -> str:
+    """Check mode: each threadgroup element ``name[i]...`` wrapped for the way it is used (``ks::rd`` read,
+    ``ks::wr`` / ``ks::rw`` a member assigned; see ks_shim.h). Left as the checked reference: an element
+    assigned directly, one whose address is taken or that is incremented, one after ``>`` or ``*`` (an operand
+    of a binary operator, or a declaration of a same-named local array), one after a type name (a declaration),
+    one swizzled (the reference has swizzles)."""
+    find = re.compile(rf"\b(?:{'|'.join(map(re.escape, sorted(names)))})(?=\s*\[)")
+    out: list[str] = []
+    pos = 0
+    while (m := find.search(code, pos)) is not None:
+        end = _brackets_end(code, m.end())
+        if end is None:
+            break
+        element = m[0] + _wrap_elements(code[m.end():end], names)
+        before = code[:m.start()].rstrip()
+        word = re.search(r"\w+$", before)
+        operand = before[:-1].rstrip()
+        unary_amp = before.endswith("&") and not before.endswith("&&") and (
+            not re.search(r"[\w)\]]$", operand) or re.search(r"\breturn$", operand) is not None)
+        chain_end, first = end, None
+        while True:  # the member / component / index chain after the element
+            member = _MEMBER.match(code, chain_end)
+            if member is not None:
+                first = first or member[1] or "member"
+                chain_end = member.end()
+            elif first is not None and _OPEN.match(code, chain_end):
+                after = _brackets_end(code, chain_end)
+                if after is None:
+                    break
+                chain_end = after
+            else:
+                break
+        assigned = _ASSIGNED.match(code, chain_end)
+        keep = (unary_amp or before.endswith(("++", "--", ">", "*")) or first in ("swz", "swv")
+                or (word is not None and word[0] not in _EXPRESSION_WORDS) or (first is None and assigned is not None))
+        if keep:
+            wrapped = element
+        elif first is None or assigned is None:
+            wrapped = f"ks::rd({element})"
+        else:
+            wrapped = f"ks::{'wr' if assigned[1] == '=' else 'rw'}({element})"
+        out.append(code[pos:m.start()] + wrapped)
+        pos = end
+    out.append(code[pos:])
+    return "".join(out)
+
+
 def translate(text: str, check: bool) -> str:
     """MSL text -> C++ over the shim; keeps every line in place."""
     text = _code_only(text, lambda code: _HALF_LITERAL.sub(_literal, _SWIZZLE.sub(_swizzle, code)))
     text = _VOLATILE_TG.sub("threadgroup", text)  # volatile threadgroup pointers: every access is checked anyway
     if check:
-        names = [m[2] for m in _TG_ARRAY.finditer(text)]
-        if names:  # `.x` of a threadgroup vector element: a checked component reference
-            element = re.compile(rf"\b((?:{'|'.join(map(re.escape, names))})\s*\[(?:[^\[\]\n]|\[[^\[\]\n]*\])*\])"
-                                 r"\.([xyzwrgba])\b")
-            text = element.sub(lambda m: f"ks::comp<{'xyzw'.index(m[2]) if m[2] in 'xyzw' else 'rgba'.index(m[2])}>"
-                                         f"({m[1]})", text)
+        names = {m[2] for pat in (_TG_ARRAY, _TG_ARRAY_MD, _TG_POINTER) for m in pat.finditer(text)}
         text = _TG_ARRAY_MD.sub(lambda m: f"ks::tgmd<{m[1]}, {_inner_extents(m[3])}> "
                                           f"{m[2]} = ks::tgmd<{m[1]}, {_inner_extents(m[3])}>"
                                           f"{{ks::tg_alloc_checked<{m[1]}>(({_element_count(m[3])}), "
@@ -284,6 +349,8 @@ def translate(text: str, check: bool) -> str:
         text = _TG_SCALAR.sub(lambda m: f"ks::tgref<{m[1]}> {m[2]} = ks::tg_alloc_checked<{m[1]}>(1, \"{m[2]}\", "
                                         f"__LINE__)[0];", text)
         text = _TG_POINTER.sub(lambda m: f"ks::tgptr<{m[1]}> {m[2]}", text)
+        if names:
+            text = _code_only(text, lambda code: _wrap_elements(code, names))
     else:
         text = _TG_ARRAY_MD.sub(lambda m: f"{m[1]} (&{m[2]}){m[3].strip()} = "
                                           f"*reinterpret_cast<{m[1]} (*){m[3].strip()}>("

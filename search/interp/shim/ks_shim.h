@@ -396,6 +396,16 @@ template <class T> struct tgref {
   template <class U> tgref& operator-=(const U& v) { return *this = T(load() - v); }
   template <class U> tgref& operator*=(const U& v) { return *this = T(load() * v); }
   template <class U> tgref& operator/=(const U& v) { return *this = T(load() / v); }
+  template <class U> tgref& operator%=(const U& v) { return *this = T(load() % v); }
+  template <class U> tgref& operator&=(const U& v) { return *this = T(load() & v); }
+  template <class U> tgref& operator|=(const U& v) { return *this = T(load() | v); }
+  template <class U> tgref& operator^=(const U& v) { return *this = T(load() ^ v); }
+  template <class U> tgref& operator<<=(const U& v) { return *this = T(load() << v); }
+  template <class U> tgref& operator>>=(const U& v) { return *this = T(load() >> v); }
+  tgref& operator++() { return *this = T(load() + 1); }
+  tgref& operator--() { return *this = T(load() - 1); }
+  T operator++(int) { T old = load(); *this = T(old + 1); return old; }
+  T operator--(int) { T old = load(); *this = T(old - 1); return old; }
   tgptr<T> operator&() const { return tgptr<T>{a, i}; }
   // Swizzles of a threadgroup vector element (`tile[t].xy`): a read checks the element; tgswizzle writes.
   template <int... I> auto swv() const { return load().template swv<I...>(); }
@@ -441,21 +451,21 @@ template <class T> struct tgptr {
   iterator end() const { return iterator{a, a ? a->elems : off}; }
 };
 
-// One component of a threadgroup vector element (`v4[t].x`, rewritten to ks::comp<0>(v4[t])): reads check the
-// element, writes record a write of it without reading the other components.
-template <int I, class V> struct tgcomp {
-  tgref<V> r;
-  using T = typename V::value_type;
-  T load() const { return r.load().v[I]; }
-  operator T() const { return load(); }
-  tgcomp& operator=(const T& x) { V d; tg_access<V>(r.a, r.i, true, r.line, &d)->v[I] = x; return *this; }
-  tgcomp& operator=(const tgcomp& o) { return *this = o.load(); }
-  template <class U> tgcomp& operator+=(const U& x) { return *this = T(load() + x); }
-  template <class U> tgcomp& operator-=(const U& x) { return *this = T(load() - x); }
-  template <class U> tgcomp& operator*=(const U& x) { return *this = T(load() * x); }
-  template <class U> tgcomp& operator/=(const U& x) { return *this = T(load() / x); }
-};
-template <int I, class V> inline tgcomp<I, V> comp(tgref<V> r) { return tgcomp<I, V>{r}; }
+// A threadgroup element in check mode, as the kernel uses it (translate() wraps each `name[i]...` it finds):
+// rd(e) where it is read (a checked load, then a plain value, which templates, `select`, `dot`, unary
+// operators and `auto` take as in fast mode), wr(e) where a member or component of it is assigned (`s[t].a =`,
+// `v4[t].x =`: a write of the element, not a read of its other members), rw(e) for a compound assignment of a
+// member. An element assigned directly (`tile[t] = ...`, `+=`, `++`) stays a tgref. Anything that is not a
+// threadgroup element (a name the rewrite could not tell apart) passes through unchanged.
+template <class T> inline T rd(const tgref<T>& r) { return r.load(); }
+template <class T> inline T& wr(const tgref<T>& r) {
+  alignas(T) static unsigned char dummy[sizeof(T)];  // written instead of memory outside the array
+  return *tg_access<T>(r.a, r.i, true, r.line, reinterpret_cast<T*>(dummy));
+}
+template <class T> inline T& rw(const tgref<T>& r) { (void)r.load(); return wr(r); }
+template <class T, class = std::enable_if_t<!is_tgref<std::decay_t<T>>::value>> inline T&& rd(T&& x) { return static_cast<T&&>(x); }
+template <class T, class = std::enable_if_t<!is_tgref<std::decay_t<T>>::value>> inline T&& wr(T&& x) { return static_cast<T&&>(x); }
+template <class T, class = std::enable_if_t<!is_tgref<std::decay_t<T>>::value>> inline T&& rw(T&& x) { return static_cast<T&&>(x); }
 // Components of a threadgroup vector element assigned through a swizzle (`tile[t].xy = ...`, `+=`): a plain
 // assignment records a write of the element without reading it; a compound one reads it first.
 template <class V, int... I> struct tgswizzle {

@@ -296,7 +296,34 @@ def _binary(kind: type, left: Any, right: Any) -> Any:
     for value in (left, right):
         if not (_number(value) or isinstance(value, (str, list, tuple)) or _is_array(value)):
             raise ExprError(f"cannot apply an operator to a {type(value).__name__}")
+    if _is_array(left) or _is_array(right):
+        _bound_broadcast(left, right)
     return _bound(_BINARY[kind](left, right))
+
+
+def _shape_of(value: Any) -> tuple[int, ...]:
+    """The shape an operand of an array operation has (a nested list's, read from its first items)."""
+    if _is_array(value):
+        return tuple(int(d) for d in value.shape)
+    dims: list[int] = []
+    while isinstance(value, (list, tuple)) and len(dims) < 32:
+        dims.append(len(value))
+        value = value[0] if value else None
+    return tuple(dims)
+
+
+def _bound_broadcast(left: Any, right: Any) -> None:
+    """Refuse an array operation whose operands or result would exceed :data:`MAX_ARRAY_ELEMENTS`, from
+    their shapes alone (before NumPy converts a nested list or fills a broadcast result)."""
+    shapes = [_shape_of(left), _shape_of(right)]
+    for shape in shapes:
+        if math.prod(shape) > MAX_ARRAY_ELEMENTS:
+            raise ExprError(f"array with more than {MAX_ARRAY_ELEMENTS} elements")
+    width = max(len(s) for s in shapes)
+    padded = [(1,) * (width - len(s)) + s for s in shapes]
+    result = [max(a, b) if 1 in (a, b) else a for a, b in zip(*padded)]  # incompatible: the op reports it
+    if math.prod(result) > MAX_ARRAY_ELEMENTS:
+        raise ExprError(f"array with more than {MAX_ARRAY_ELEMENTS} elements")
 
 
 def _record_field(obj: Any, attr: str) -> Any:

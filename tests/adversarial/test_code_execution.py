@@ -92,6 +92,29 @@ def test_expression_cost_is_bounded(text: str) -> None:
     assert time.monotonic() - start < 5
 
 
+@pytest.mark.parametrize("text", ["A[:, :, None, None] * B", "A[:, :, None, None] + B[None, None]",
+                                  "A[:, :, None, None] * ([[True] * 130] * 130)", "[[True] * 130] * 130 - A[:, :, None, None]"])
+def test_array_expressions_are_bounded_before_they_allocate(text: str) -> None:
+    """130**4 elements (over MAX_ARRAY_ELEMENTS): refused from the operands' shapes, not after NumPy has
+    filled them (uint8 keeps the unbounded case at ~300 MB; float64 inputs at a tuned shape reach many GB)."""
+    import tracemalloc
+
+    import numpy as np
+
+    from kernsearch.family._expr import MAX_ARRAY_ELEMENTS
+
+    a = np.ones((130, 130), dtype=np.uint8)
+    assert 130**4 > MAX_ARRAY_ELEMENTS
+    tracemalloc.start()  # NumPy reports its buffers to tracemalloc
+    try:
+        with pytest.raises(ExprError, match="elements"):
+            Expr(text)({"A": a, "B": a})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, f"{peak >> 20} MiB allocated before the refusal"
+
+
 def test_expression_bomb_in_a_spec_is_one_line_at_load(hostile_family) -> None:
     folder = hostile_family(toml=lambda t: t.replace('threads = "32 * WM * WN"', 'threads = "32 * WM * WN + 10**(10**8)"'))
     assert_one_line_error(ks("space", str(folder), "--chip", "M2 Max", timeout=30))

@@ -128,7 +128,7 @@ def tune(p: dict[str, Any]) -> dict[str, Any]:
                         for n, c in final.checks.items() if not c.ok)
     if best is None:
         if refused:
-            raise StepError("no-winner", f"no finalist passed the interpreter ({refused})")
+            raise StepError("no-winner", f"no finalist passed its final check ({refused})")
         raise StepError("no-winner", f"no variant ran correctly in {result.evaluated} evaluated "
                                      f"(failures: {_counts(failures)})")
     checks: list[dict[str, Any]] = []
@@ -141,6 +141,10 @@ def tune(p: dict[str, Any]) -> dict[str, Any]:
     elif best.verified == "device":
         checks.append({"shape": list(problem.shape), "verifier": "device", "max_abs_err": best.max_abs_err or 0.0,
                        "max_rel_err": None})
+        verdict = final.checks.get(best.number)  # the final round's run at a ragged shape, on the device
+        for shape in (verdict.also or ()) if verdict is not None and verdict.ok else ():
+            checks.append({"shape": [int(d) for d in shape.split("x")], "verifier": "device",
+                           "max_abs_err": verdict.max_abs_err, "max_rel_err": None})
     else:
         raise StepError("unverified", f"the winner (trial {best.number}) was never verified")
     median, spread_ = best.time_ms, best.spread

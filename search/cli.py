@@ -558,7 +558,7 @@ def _top_table(rows: list[TrialSummary], evidence: str, winner: int | None, fina
             blocks.append(Text(f"{i}{' *' if t.number == winner else ''}  trial {t.number}  {label} {t.time_ms:.4g} ms"
                                f"  spread {f'{t.spread:.1%}' if t.spread else '-'}  {_fmt(t.gflops, '.0f')} GFLOP/s"
                                f"  max err {_fmt(err, '.2g')}  {t.evidence}  verified: "
-                               f"{_verified(t, checks.get(t.number))}"))
+                               f"{_verified(t, final)}"))
             blocks.append(Padding(Text(format_config(t.config).replace(",", ", ")), (0, 0, 0, 4)))
         return Group(*blocks)
     table = Table("#", "trial", "config", f"{label} ms", "spread", "GFLOP/s", "% peak", "max err",
@@ -571,7 +571,7 @@ def _top_table(rows: list[TrialSummary], evidence: str, winner: int | None, fina
         err = _max_err(t, checks.get(t.number))
         table.add_row(f"{i}{mark}", str(t.number), format_config(t.config).replace(",", ", "), f"{t.time_ms:.4g}",
                       f"{t.spread:.1%}" if t.spread else "-", _fmt(t.gflops, ".0f"), _fmt(t.peak_pct, ".1f"),
-                      _fmt(err, ".2g"), t.evidence, _verified(t, checks.get(t.number)))
+                      _fmt(err, ".2g"), t.evidence, _verified(t, final))
     return table
 
 
@@ -580,11 +580,10 @@ def _max_err(t: TrialSummary, check: FinalistCheck | None) -> float | None:
     return check.max_abs_err if check is not None and check.max_abs_err is not None else t.max_abs_err
 
 
-def _verified(t: TrialSummary, check: FinalistCheck | None) -> str:
-    """Where a row was proven correct: per trial, or in the final round on the interpreter."""
-    if check is not None:
-        return "interpreter" if check.ok else f"FAIL ({check.reason})"
-    return t.verified or "-"
+def _verified(t: TrialSummary, final: FinalRound | None) -> str:
+    """Where a row was proven correct: in the final round (interpreter, or device at a ragged shape), else
+    per trial."""
+    return (final.verdict(t.number) if final is not None else None) or t.verified or "-"
 
 
 def _final_lines(final: FinalRound | None, evidence: str) -> list[str]:
@@ -607,7 +606,8 @@ def _final_lines(final: FinalRound | None, evidence: str) -> list[str]:
             sampled = check.threadgroups_checked
             also = " and " + ", ".join(check.also) + (f" ({sampled} threadgroups sampled at the tuned shape)"
                                                       if sampled else "")
-        lines.append(f"trial {number} on the interpreter at {'x'.join(map(str, final.verify_shape or ()))}"
+        lines.append(f"trial {number} on the {final.verified_on or 'interpreter'} at "
+                     f"{'x'.join(map(str, final.verify_shape or ()))}"
                      f"{escape(also)}: {state}")
     if final.note:
         lines.append(final.note)

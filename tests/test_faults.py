@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kernsearch import StopReason, get_chip, load_family, make_problem, run_study
+from kernsearch import FinalRound, StopReason, get_chip, load_family, make_problem, run_study
 from kernsearch.studies._objective import KernelObjective
 
 FAMILY = """
@@ -80,6 +80,8 @@ using namespace metal;
     C[i] = T(2) * A[i];
 {% elif FAULT == "wrong" %}
     C[i] = T(3) * A[i];
+{% elif FAULT == "ragged" %}
+    C[i] = (A_shape[0] % {{ TG }} == 0) ? T(2) * A[i] : T(3) * A[i];
 {% elif FAULT == "nan" %}
     C[i] = (i == 5) ? T(sqrt(A[i] - 2.0f)) : T(2) * A[i];
 {% elif FAULT == "unwritten" %}
@@ -99,6 +101,18 @@ def planted(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("families") / "planted"
     folder.mkdir()
     (folder / "family.toml").write_text(textwrap.dedent(FAMILY))
+    (folder / "planted.metal.j2").write_text(textwrap.dedent(TEMPLATE).lstrip())
+    return folder
+
+
+@pytest.fixture(scope="module")
+def planted_ragged(tmp_path_factory) -> Path:
+    """The planted family with one more fault: wrong only where the size is not a multiple of TG."""
+    folder = tmp_path_factory.mktemp("families") / "planted"
+    folder.mkdir()
+    spec = textwrap.dedent(FAMILY).replace('"unwritten", "none"]', '"unwritten", "ragged", "none"]')
+    assert '"ragged"' in spec
+    (folder / "family.toml").write_text(spec)
     (folder / "planted.metal.j2").write_text(textwrap.dedent(TEMPLATE).lstrip())
     return folder
 
@@ -260,3 +274,32 @@ def test_pipelined_search_compiles_ahead_and_a_fault_fails_only_its_trial(plante
     assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
     timed = [t for t in trials if t.user_attrs.get("status") == "ok"]
     assert {t.user_attrs["config"]["FAULT"] for t in timed} == {"none"}
+
+
+@pytest.mark.slow
+def test_a_measured_winner_wrong_at_a_ragged_shape_is_refused_and_the_next_fastest_wins(planted_ragged, tmp_path):
+    """Trials verify on the device at the tuned shape only (64: a multiple of every TG): a variant wrong where
+    the size is not a multiple of its threadgroup passes them and is the fastest. The final round runs the
+    finalists on the device at a ragged shape too, fastest first: it refuses that one and crowns the next."""
+    chip = get_chip("M2 Max")
+    problem = make_problem(load_family(planted_ragged), "64", None, chip)
+    objective = KernelObjective(problem, chip, "test_faults:SimulatedGPU", timeout=30.0)
+    allowed = [{"FAULT": "ragged", "TG": 64}, {"FAULT": "none", "TG": 32}]
+    objective.valid_configs = lambda: allowed  # type: ignore[method-assign]
+    objective.violation = lambda c: None if c in allowed else "not_in_this_test"  # type: ignore[method-assign]
+    objective.default = lambda: None  # type: ignore[method-assign]
+    result = run_study(objective, trials=2, sampler="grid", finalists=2, seed=0,
+                       storage=f"sqlite:///{tmp_path / 'r.db'}")
+    assert not result.failures  # both pass the trials' check at 64
+    assert [t.config for t in result.top] == allowed  # the ragged-wrong one is the fastest (1 ms vs 2 ms)
+    fastest, correct = (t.number for t in result.top)
+    final = result.final
+    assert final.verified_on == "device" and final.verify_shape == (64,)
+    assert not final.checks[fastest].ok and final.checks[fastest].reason == "wrong"
+    assert final.checks[correct].ok and final.checks[correct].also == ("60",)
+    assert final.winner == correct and result.best.config == {"FAULT": "none", "TG": 32}
+    assert final.speedup == pytest.approx(1.5, rel=3e-3) and final.beats_baseline  # 3 ms op / 2 ms kernel
+    assert final.verdict(fastest) == "FAIL (wrong)" and final.verdict(correct) == "device"
+    stored = final.to_dict()
+    assert stored["verified_on"] == "device" and "baseline" not in stored
+    assert FinalRound.from_dict(stored) == final

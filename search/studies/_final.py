@@ -15,8 +15,9 @@ from typing import Any
 
 @dataclass(frozen=True)
 class FinalistCheck:
-    """A finalist run on the CPU interpreter: passed (its error, and for the winner the further shapes it
-    passed before it may be published) or refused (why)."""
+    """A finalist checked in the final round (on the CPU interpreter, or on the device at a ragged shape):
+    passed (its error, and for the winner the further shapes it passed before it may be published) or
+    refused (why)."""
 
     ok: bool
     max_abs_err: float | None = None
@@ -74,7 +75,9 @@ class FinalRound:
     Measured: ``finalists`` re-timed; ``speedup`` (baseline median / winner median) with its ``speedup_low`` -
     ``speedup_high`` range when the baseline op was timed; ``lead_exceeds_noise`` whether the winner's lead over
     the runner-up exceeds the noise, ``beats_baseline`` whether its lead over the baseline does.
-    Modeled: ``verified_on`` is ``"interpreter"``, ``checks`` per finalist at ``verify_shape``.
+    Modeled: ``verified_on`` is ``"interpreter"``, ``checks`` per finalist at ``verify_shape``. Measured:
+    ``verified_on`` is ``"device"``, ``verify_shape`` the tuned shape, and ``checks`` the finalists also run on the
+    device at a ragged shape (``also``), fastest first, up to the first that passes.
     """
 
     winner: int | None
@@ -92,13 +95,23 @@ class FinalRound:
     baseline_error: str | None = None
     note: str | None = None
 
+    def verdict(self, number: int) -> str | None:
+        """Where trial ``number`` was proven in this round (``interpreter``, ``device``), ``FAIL (reason)``, or
+        None when the round did not check it."""
+        check = self.checks.get(number)
+        if check is None:
+            return None
+        return (self.verified_on or "interpreter") if check.ok else f"FAIL ({check.reason})"
+
     def to_dict(self) -> dict[str, Any]:
         """The stored form (study attribute ``final``, ``tune --json``): trial numbers as string keys, figures
         that do not apply left out."""
         d: dict[str, Any] = {"winner": self.winner}
-        if self.verified_on is not None:  # as the interpreter's round was always stored (no baseline there)
+        if self.verified_on is not None:
             d.update(verified_on=self.verified_on, verify_shape=list(self.verify_shape or ()),
-                     checks={str(n): c.to_dict() for n, c in self.checks.items()}, baseline=None)
+                     checks={str(n): c.to_dict() for n, c in self.checks.items()})
+            if self.verified_on == "interpreter":  # as the interpreter's round was always stored (no baseline there)
+                d["baseline"] = None
         elif self.checks:
             d["checks"] = {str(n): c.to_dict() for n, c in self.checks.items()}
         if self.finalists:

@@ -4,6 +4,7 @@ baseline op, warm start from published artifacts, and publishing the winner."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .._errors import BackendError, KernsearchError, VariantFailure
@@ -312,7 +313,40 @@ class KernelObjective(Objective):
             out = worker.call(final_round, task, timeout=self.timeout * (len(top) + 1))
         except VariantFailure as exc:
             return FinalRound(top[0].number, note=f"final round failed ({exc.reason}): {exc.detail[:300]}")
-        return _judge(top, out)
+        return self._prove_on_a_ragged_shape(top, out)
+
+    def _prove_on_a_ragged_shape(self, top: list[TrialSummary], out: dict[str, Any]) -> FinalRound:
+        """The fastest re-timed finalist that is also correct on the device at a ragged shape wins.
+
+        Each variant was verified on the device at the tuned shape only, and a published kernel also runs at
+        shapes near it (the exported package's nearest-shape rule): one wrong at sizes that are not multiples
+        of its tiles is refused here, as the interpreter refuses a modeled one, and the next fastest is tried.
+        """
+        import numpy as np
+
+        samples: list[list[float]] = out["finalists"]
+        keep = list(range(len(top)))
+        checks: dict[int, FinalistCheck] = {}
+        for i in sorted(keep, key=lambda i: float(np.median(samples[i]))):
+            t = top[i]
+            ragged = self.ragged_shape(t.config)
+            if ragged is None:  # no smaller shape off the tiles where this config is valid: nothing more to run
+                break
+            try:
+                res = self.worker().call(verify_variant_at, self._task(t.config, self.backend, ragged))
+            except VariantFailure as exc:
+                checks[t.number] = FinalistCheck(False, reason=exc.reason, detail=exc.detail[:300])
+                keep.remove(i)
+                continue
+            checks[t.number] = FinalistCheck(True, max(t.max_abs_err or 0.0, float(res["max_abs_err"])),
+                                             tuple(self.problem.shape), ("x".join(map(str, ragged)),))
+            break
+        shape = tuple(self.problem.shape)
+        if not keep:
+            return FinalRound(None, verified_on="device", verify_shape=shape, checks=checks,
+                              note="no finalist is correct on the device at a ragged shape")
+        final = _judge([top[i] for i in keep], {**out, "finalists": [samples[i] for i in keep]})
+        return replace(final, verified_on="device", verify_shape=shape, checks=checks)
 
     def baseline_ms(self) -> float | None:
         """The family's baseline MLX op timed in the worker (measured back-ends only); None if it fails."""
@@ -338,9 +372,14 @@ class KernelObjective(Objective):
             raise KernsearchError("no correct winner to publish")
         final = result.final or FinalRound(best.number)
         check = final.checks.get(best.number)
+        if check is not None and not check.ok:
+            raise KernsearchError(f"the winner failed its final check ({check.reason}): refusing to publish it")
         if best.verified == "device" and best.max_abs_err is not None:
-            correctness = Correctness(verifier="device", passed=True, shapes_checked=[self.problem.shape_text],
-                                      max_abs_error=best.max_abs_err, checks_run=1)
+            further = list(check.also or ()) if check else []  # the ragged shape of the final round
+            err = max([best.max_abs_err] + ([check.max_abs_err] if check and check.max_abs_err is not None else []))
+            correctness = Correctness(verifier="device", passed=True,
+                                      shapes_checked=[self.problem.shape_text, *further], max_abs_error=err,
+                                      checks_run=1 + len(further))
         elif check and check.ok and check.max_abs_err is not None and self.problem.shape_text in (
                 list(check.also or ()) + ["x".join(map(str, check.shape))]):
             shapes = ["x".join(map(str, check.shape))] + list(check.also or ())

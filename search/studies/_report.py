@@ -142,13 +142,10 @@ def speedup_figure(h: StudyHistory) -> Any | None:
 
 def _table(h: StudyHistory) -> str:
     final = h.final
-    checks = final.checks if final is not None else {}
     winner = final.winner if final is not None else h.top[0].number if h.top else None
     rows = []
     for i, t in enumerate(h.top, 1):
-        check = checks.get(t.number)
-        verified = ("interpreter" if check.ok else f"FAIL ({check.reason})") if check is not None \
-            else (t.verified or "-")
+        verified = (final.verdict(t.number) if final is not None else None) or t.verified or "-"
         rows.append("<tr{}><td>{}</td><td>{}</td><td><code>{}</code></td><td>{:.4g}</td><td>{}</td><td>{}</td>"
                     "<td>{}</td><td>{}</td></tr>".format(
                         ' class="winner"' if t.number == winner else "", i, t.number, _config_text(t.config),

@@ -220,11 +220,12 @@ class KernelObjective(Objective):
             out["max_abs_err"] = max(out.get("max_abs_err", 0.0), res["max_abs_err"])
         return out
 
-    def ragged_shape(self, config: Config) -> tuple[int, ...] | None:
-        """A small shape whose sizes are not multiples of the tiles, on which ``config`` is still valid."""
+    def ragged_shape(self, config: Config, near: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
+        """A shape a little smaller than ``near`` (default: the small verification shape) whose sizes are not
+        multiples of the tiles, on which ``config`` is still valid."""
         from ..family._space import Space, make_problem
 
-        small = tuple(self.verify_shape)
+        small = tuple(near or self.verify_shape)
         for cut in (4, 8, 12, 20, 1, 2, 3):
             shape = tuple(max(1, d - cut) if d > cut else d for d in small)
             if shape == small:
@@ -319,8 +320,10 @@ class KernelObjective(Objective):
         """The fastest re-timed finalist that is also correct on the device at a ragged shape wins.
 
         Each variant was verified on the device at the tuned shape only, and a published kernel also runs at
-        shapes near it (the exported package's nearest-shape rule): one wrong at sizes that are not multiples
-        of its tiles is refused here, as the interpreter refuses a modeled one, and the next fastest is tried.
+        shapes near it (the exported package's nearest-shape rule): one wrong at sizes just below the tuned
+        ones, not multiples of its tiles, is refused here, as the interpreter refuses a modeled one, and the
+        next fastest is tried. (Near the tuned shape, not the interpreter's small one: the device runs it in
+        moments, and a config tuned for a big shape is often not valid at a small one.)
         """
         import numpy as np
 
@@ -329,7 +332,7 @@ class KernelObjective(Objective):
         checks: dict[int, FinalistCheck] = {}
         for i in sorted(keep, key=lambda i: float(np.median(samples[i]))):
             t = top[i]
-            ragged = self.ragged_shape(t.config)
+            ragged = self.ragged_shape(t.config, near=tuple(self.problem.shape))
             if ragged is None:  # no smaller shape off the tiles where this config is valid: nothing more to run
                 break
             try:

@@ -164,3 +164,30 @@ def test_judge_picks_the_fastest_finalist_and_reports_the_speedup():
                             "speedup", "speedup_low", "speedup_high", "beats_baseline"]
     assert stored["winner"] == 9 and set(stored["finalists"]) == {"5", "9"}
     assert set(stored["finalists"]["9"]) == {"median_ms", "spread"}
+
+
+def test_precompile_builds_each_input_in_its_own_dtype() -> None:
+    """The compile worker builds the kernel the timing process runs: MLX generates its signature from the input
+    dtypes. With every input in the problem's dtype, layernorm's float32 ``eps`` became float16 and the CUDA twin
+    failed NVRTC on the H100 ('more than one operator "+"'): every trial of `tune layernorm` failed to compile."""
+    import mlx.core as mx
+
+    from kernsearch import Space, geometry, get_chip, load_family, make_problem, render
+    from kernsearch.backends._mlx_cuda import CudaBackend
+    from kernsearch.evaluation._verify import kernel_inputs, make_inputs
+
+    seen: list[list] = []
+
+    class Recording(CudaBackend):
+        def _call(self, source, geometry, arrays, init_value):  # noqa: ANN001, ANN202 - records, launches nothing
+            seen.append([a.dtype for a in arrays])
+            return []
+
+    chip = get_chip("H100")
+    fam = load_family("layernorm")
+    problem = make_problem(fam, (8, 256), "float16", chip)
+    cfg = dict(fam.default)
+    geo = geometry(Space(problem, chip), cfg)
+    shapes = [tuple(x.shape) for x in kernel_inputs(problem, make_inputs(problem, 0), geo)]
+    Recording().precompile(render(fam, cfg, "float16", "cuda"), geo, shapes, "float16")
+    assert seen == [[mx.float16, mx.float16, mx.float16, mx.float32]]  # x, w, b in float16; eps in float32

@@ -184,11 +184,15 @@ class MLXBackend(BaseBackend):
 
     def precompile(self, source: KernelSource, geometry: Geometry, shapes: list[tuple[int, ...]], dtype: str) -> bool:
         """Compile ``source`` in this process ahead of its timing elsewhere: one threadgroup on zero
-        inputs of the real shapes (a few microseconds of GPU). True when the compiled kernel is kept
-        where another process finds it (MLX's on-disk cache, CUDA only); compile errors raise."""
+        inputs of the real shapes and dtypes (a few microseconds of GPU). True when the compiled kernel is
+        kept where another process finds it (MLX's on-disk cache, CUDA only); compile errors raise.
+
+        Each input in its own dtype (a float32 ``eps`` beside float16 rows, uint32 packed weights), as the
+        timing process passes them: MLX generates the kernel's signature from them."""
         mx = mx_core()
         try:
-            arrays = [mx.zeros(tuple(s), dtype=getattr(mx, dtype)) for s in shapes]
+            arrays = [mx.zeros(tuple(s), dtype=getattr(mx, geometry.input_dtype(i, dtype)))
+                      for i, s in enumerate(shapes)]
             one = replace(geometry, grid=geometry.threadgroup)
             mx.eval(self._call(source, one, arrays, None))
             mx.synchronize()

@@ -70,6 +70,8 @@ MAX_UNARY_RUN = 16
 MAX_INT_BITS = 256
 MAX_ITEMS = 10_000
 MAX_ARRAY_ELEMENTS = 1 << 28
+#: ``einsum`` loops over every combination of its indices (NumPy's default, no BLAS): at most this many steps.
+MAX_EINSUM_STEPS = 1 << 37
 #: Keyword arguments array functions may take (never ``out=``, which would write into an input).
 KEYWORDS = frozenset({"axis", "axes", "keepdims", "group_size", "bits", "transpose"})
 
@@ -312,18 +314,64 @@ def _shape_of(value: Any) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def _bound_broadcast(left: Any, right: Any) -> None:
+def _bound_size(elements: int) -> None:
+    if elements > MAX_ARRAY_ELEMENTS:
+        raise ExprError(f"array with more than {MAX_ARRAY_ELEMENTS} elements")
+
+
+def _broadcast_shape(shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The shape NumPy broadcasts ``shapes`` to (an incompatible pair is left for the operation to report)."""
+    width = max((len(s) for s in shapes), default=0)
+    padded = [(1,) * (width - len(s)) + s for s in shapes]
+    return tuple(next((d for d in dims if d != 1), 1) for dims in zip(*padded))
+
+
+def _bound_broadcast(*operands: Any) -> None:
     """Refuse an array operation whose operands or result would exceed :data:`MAX_ARRAY_ELEMENTS`, from
     their shapes alone (before NumPy converts a nested list or fills a broadcast result)."""
-    shapes = [_shape_of(left), _shape_of(right)]
+    shapes = [_shape_of(x) for x in operands]
     for shape in shapes:
-        if math.prod(shape) > MAX_ARRAY_ELEMENTS:
-            raise ExprError(f"array with more than {MAX_ARRAY_ELEMENTS} elements")
-    width = max(len(s) for s in shapes)
-    padded = [(1,) * (width - len(s)) + s for s in shapes]
-    result = [max(a, b) if 1 in (a, b) else a for a, b in zip(*padded)]  # incompatible: the op reports it
-    if math.prod(result) > MAX_ARRAY_ELEMENTS:
-        raise ExprError(f"array with more than {MAX_ARRAY_ELEMENTS} elements")
+        _bound_size(math.prod(shape))
+    _bound_size(math.prod(_broadcast_shape(shapes)))
+
+
+def _bound_call(name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+    """Refuse, from the arguments' shapes, an array function whose result (or loop) would be too big, before
+    it runs: the functions that can make more than they are given (outer products, broadcasts, expansion)."""
+    listed = [x for a in args if isinstance(a, (list, tuple)) for x in a if _is_array(x)]
+    _bound_size(sum(int(x.size) for x in listed))  # concatenate([A] * 10000)
+    shapes = [_shape_of(a) for a in args if _is_array(a) or isinstance(a, (list, tuple))]
+    if name == "einsum" and args and isinstance(args[0], str):
+        _bound_einsum(args[0], [_shape_of(a) for a in args[1:]])
+    elif name == "matmul" and len(shapes) == 2 and all(shapes):
+        a, b = shapes
+        batch = _broadcast_shape([a[:-2], b[:-2]])
+        _bound_size(math.prod(batch) * (a[-2] if len(a) > 1 else 1) * (b[-1] if len(b) > 1 else 1))
+    elif name in ("dequantize", "quantized_matmul") and shapes:
+        bits = kwargs.get("bits", 4)
+        per_word = 32 // bits if isinstance(bits, int) and bits in (2, 4, 8) else 32
+        w = shapes[0] if name == "dequantize" else shapes[1] if len(shapes) > 1 else ()
+        _bound_size(math.prod(w) * per_word)  # the weights unpacked
+        if name == "quantized_matmul" and shapes[0] and len(w) == 2:  # rows of x times the product's columns
+            _bound_size(math.prod(shapes[0][:-1]) * max(w[0], w[1] * per_word))
+    elif len(shapes) > 1:  # maximum, minimum, where...: elementwise over the broadcast shape
+        _bound_size(math.prod(_broadcast_shape(shapes)))
+
+
+def _bound_einsum(subscripts: str, shapes: list[tuple[int, ...]]) -> None:
+    """``einsum``'s result (its output indices) and its loop (all its indices), from the subscripts."""
+    inputs, _, output = subscripts.replace(" ", "").partition("->")
+    sizes: dict[str, int] = {}
+    for letters, shape in zip(inputs.split(","), shapes):
+        if "." in letters or len(letters) != len(shape):
+            return  # ellipses and mismatches: NumPy checks (and refuses) them
+        for letter, dim in zip(letters, shape):
+            sizes[letter] = max(sizes.get(letter, 1), dim)
+    if "->" not in subscripts:
+        output = "".join(c for c in sizes if inputs.count(c) == 1)
+    _bound_size(math.prod(sizes.get(c, 1) for c in output))
+    if math.prod(sizes.values()) > MAX_EINSUM_STEPS:
+        raise ExprError(f"einsum over more than {MAX_EINSUM_STEPS} index combinations (use matmul)")
 
 
 def _record_field(obj: Any, attr: str) -> Any:
@@ -404,6 +452,7 @@ def _evaluate(node: nodes.Node, ctx: dict[str, Any]) -> Any:
         kwargs = {kw.key: _evaluate(kw.value, ctx) for kw in node.kwargs}
         if name == "int" and args and isinstance(args[0], str) and len(args[0]) > 100:
             raise ExprError("int() of a long string")
+        _bound_call(name, args, kwargs)
         return _bound(fn(*args, **kwargs))
     if isinstance(node, nodes.Getattr):
         return _record_field(_evaluate(node.node, ctx), node.attr)

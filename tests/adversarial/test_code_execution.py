@@ -115,6 +115,56 @@ def test_array_expressions_are_bounded_before_they_allocate(text: str) -> None:
     assert peak < 64 << 20, f"{peak >> 20} MiB allocated before the refusal"
 
 
+@pytest.mark.parametrize("text", [
+    "maximum(A[:, :, None, None], B)",  # a broadcast inside a function, not an operator
+    "where(A[:, :, None, None] > 0, A, B)",
+    "matmul(reshape(A, (16900, 1)), reshape(B, (1, 16900)))",  # an outer product
+    "einsum('ij,kl->ijkl', A, B)",  # an outer product by subscripts
+    "einsum('ij,kl', A, B)",  # the same, output implicit
+    "einsum('ij,kl->', C, C)",  # a scalar result, but 2000**4 steps of NumPy's loop: a hang, not memory
+    "concatenate([C] * 100)",  # 100 copies of a 4-million-element array
+    "dequantize(W, S, S, bits=2)",  # 16 values per packed word: 8192x131072 float64 (8 GiB)
+    "quantized_matmul(X, V, S, S)",  # 100000 rows of x times 8192 rows of w
+])
+def test_array_functions_are_bounded_before_they_run(text: str) -> None:
+    """The functions of the language that can make more than they are given (outer products, broadcasts, copies,
+    einsum's loop) are refused from their arguments' shapes, before NumPy allocates or loops."""
+    import time
+    import tracemalloc
+
+    import numpy as np
+
+    from kernsearch.family._vocab import numpy_namespace
+
+    a, c = np.ones((130, 130), dtype=np.uint8), np.ones((2000, 2000), dtype=np.uint8)
+    views = {"W": np.broadcast_to(np.uint32(1), (8192, 8192)), "V": np.broadcast_to(np.uint32(1), (8192, 1)),
+             "X": np.broadcast_to(np.float32(1), (100000, 8)), "S": np.ones((1, 1))}  # big shapes, no memory
+    tracemalloc.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(ExprError, match="elements|einsum"):
+            Expr(text)({**numpy_namespace(), "A": a, "B": a, "C": c, **views})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, f"{peak >> 20} MiB allocated before the refusal"
+    assert time.monotonic() - start < 5
+
+
+def test_array_functions_within_the_bounds_still_compute() -> None:
+    import numpy as np
+
+    from kernsearch.family._vocab import numpy_namespace
+
+    a = np.arange(6.0).reshape(2, 3)
+    ns = {**numpy_namespace(), "A": a, "B": a.T}
+    np.testing.assert_array_equal(Expr("einsum('ij,jk->ik', A, B)")(ns), a @ a.T)
+    np.testing.assert_array_equal(Expr("einsum('ij,jk', A, B)")(ns), a @ a.T)
+    np.testing.assert_array_equal(Expr("matmul(A, B)")(ns), a @ a.T)
+    np.testing.assert_array_equal(Expr("maximum(A, 2.0)")(ns), np.maximum(a, 2.0))
+    np.testing.assert_array_equal(Expr("concatenate([A, A])")(ns), np.concatenate([a, a]))
+
+
 def test_expression_bomb_in_a_spec_is_one_line_at_load(hostile_family) -> None:
     folder = hostile_family(toml=lambda t: t.replace('threads = "32 * WM * WN"', 'threads = "32 * WM * WN + 10**(10**8)"'))
     assert_one_line_error(ks("space", str(folder), "--chip", "M2 Max", timeout=30))

@@ -93,17 +93,19 @@ def test_sample_matches_reference_on_ragged_shapes_in_every_dtype(gemv) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("quarter", range(4))
-def test_every_valid_config_matches_reference_fast_and_check(gemv, quarter: int) -> None:  # noqa: ANN001
-    """Every valid config (at M = 16, so every row block) once, fast mode, on a ragged shape where it is valid
-    (K = 33 allows VEC = 1 only), dtypes rotated; every eighth one also in check mode (races,
-    out-of-bounds, uninitialised reads, barrier divergence). In four quarters, so test workers share it."""
+def test_half_of_the_valid_configs_match_reference_fast_and_check(gemv, quarter: int) -> None:  # noqa: ANN001
+    """Every other valid config (at M = 16, so every row block; the same half each run) once, fast mode, on a
+    ragged shape where it is valid (K = 33 allows VEC = 1 only), dtypes rotated; every eighth of those also in
+    check mode (races, out-of-bounds, uninitialised reads, barrier divergence). In four quarters, so test workers
+    share it. Half, not all: the whole sweep (over 1000 configs, 17 min of one core) took CI to 40 of its 45
+    minutes; test_sample_matches_reference_on_ragged_shapes_in_every_dtype above runs every knob value."""
     everything = _valid(gemv, "16,64,96")
     plan = []
     for i, c in enumerate(everything):
         shapes = [s for s in ("16,37,96", "9,64,33", "16,130,256") if c in _valid(gemv, s)]
         plan.append((c, DTYPES[i % 3], shapes[i % len(shapes)]))
     assert len(plan) > 1000
-    plan = plan[quarter::4]
+    plan = plan[quarter::8]
     runs, failures = _run_all(gemv, plan, "fast")
     assert runs == len(plan) and not failures, failures[:5]
     runs, failures = _run_all(gemv, plan[::8], "check")

@@ -14,13 +14,18 @@ from kernsearch.evaluation._verify import sample_threadgroups, threadgroup_count
 from .conftest import ks
 
 
-def _wrong_from_row_128(text: str) -> str:
-    """Correct on a 96x96 problem, wrong wherever a row index reaches 128."""
+def _wrong_where(condition: str, text: str) -> str:
+    """The gemm template with 1 added to every C element it writes where ``condition`` holds."""
     out = text
     for lhs in ("C[r * N + c] = T(", "C[r * N + c + 1] = T("):
-        out = out.replace(lhs, lhs.replace("= T(", "= T(r >= 128 ? 1.0f : 0.0f) + T("))
+        out = out.replace(lhs, lhs.replace("= T(", f"= T(({condition}) ? 1.0f : 0.0f) + T("))
     assert out != text, "the gemm template no longer writes C as this test expects"
     return out
+
+
+def _wrong_from_row_128(text: str) -> str:
+    """Correct on a 96x96 problem, wrong wherever a row index reaches 128."""
+    return _wrong_where("r >= 128", text)
 
 
 @pytest.mark.slow
@@ -75,11 +80,7 @@ def test_sampled_verification_catches_a_kernel_wrong_only_in_far_tiles(hostile_f
 
 def _wrong_on_ragged_shapes(text: str) -> str:
     """Correct whenever M and N are multiples of 16 (96³, 256³), wrong on every other shape."""
-    out = text
-    for lhs in ("C[r * N + c] = T(", "C[r * N + c + 1] = T("):
-        out = out.replace(lhs, lhs.replace("= T(", "= T((M % 16 != 0 || N % 16 != 0) ? 1.0f : 0.0f) + T("))
-    assert out != text, "the gemm template no longer writes C as this test expects"
-    return out
+    return _wrong_where("M % 16 != 0 || N % 16 != 0", text)
 
 
 @pytest.mark.slow

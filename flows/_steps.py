@@ -156,7 +156,8 @@ def tune(p: dict[str, Any]) -> dict[str, Any]:
             "trial": best.number, "median_ms": median, "spread": spread_,
             "baseline_median_ms": final.baseline_median_ms, "checks": checks,
             "baseline_spread": final.baseline_spread, "speedup": final.speedup, "speedup_low": final.speedup_low,
-            "speedup_high": final.speedup_high,
+            "speedup_high": final.speedup_high, "modes": {m: f.to_dict() for m, f in final.modes.items()} or None,
+            "weight_sets": final.weight_sets,
             "best": _jsonable(asdict(best))}
 
 

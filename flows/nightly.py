@@ -157,7 +157,8 @@ def publish_task(unit: Unit, backend: str, tuned: dict[str, Any], verified: dict
     measurements = Measurements(median_ms=tuned["median_ms"], spread=tuned["spread"],
                                 samples_ms=list(tuned["best"].get("samples_ms") or []),  # none made up
                                 baseline_median_ms=tuned.get("baseline_median_ms"),
-                                **{k: tuned.get(k) for k in ("baseline_spread", "speedup_low", "speedup_high")})
+                                **{k: tuned.get(k) for k in ("baseline_spread", "speedup_low", "speedup_high", "modes",
+                                                             "weight_sets")})
     target = chip_target(chip.vendor)  # what the chip runs, modeled or measured
     candidate = Candidate.for_config(space, tuned["config"], target=target, correctness=correctness,
                                      evidence=tuned["evidence"], measurements=measurements, study=tuned["study"])

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from judged import consumer_modes
 
 from kernsearch import ArtifactStore, Candidate, Space, get_chip, load_family, make_problem
 from kernsearch.artifacts._artifacts import ArtifactKey
@@ -47,7 +48,9 @@ def candidate(median: float = 1.0, spread: float = 0.0, evidence: str = "modeled
     meas = None if evidence == "interpreted" else Measurements(
         median_ms=median, spread=spread, samples_ms=[median] * 5, baseline_median_ms=speedup * median,
         baseline_spread=spread, speedup_low=speedup * (1 - spread / 2) / (1 + spread / 2),
-        speedup_high=speedup * (1 + spread / 2) / (1 - spread / 2))
+        speedup_high=speedup * (1 + spread / 2) / (1 - spread / 2),
+        modes=consumer_modes(median, speedup, speedup * (1 - spread / 2) / (1 + spread / 2),
+                             speedup * (1 + spread / 2) / (1 - spread / 2)))
     return Candidate.for_config(space, space.parse_config(config or {}), target=target, correctness=corr,
                                 evidence=evidence, measurements=meas, study="test-study", toolchain=toolchain)
 

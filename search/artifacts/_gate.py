@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._manifest import EVIDENCE_RANK, Manifest, Measurements
-from ..exporting.runtime._runtime import DEFAULT_MARGIN, beats_op, speedup_text
+from ..exporting.runtime._runtime import CONSUMER_MODES, DEFAULT_MARGIN, beats_op, consumer_low, modes_text
 
 
 def loses_to_baseline(draft: dict[str, Any], op: str, margin: float = DEFAULT_MARGIN,
@@ -26,10 +26,14 @@ def loses_to_baseline(draft: dict[str, Any], op: str, margin: float = DEFAULT_MA
     what = f"{version} " if version else ""
     if not m.get("baseline_median_ms") or m.get("speedup_low") is None:
         return f"{what}has no measured speedup over {op} (the baseline was not timed in the same run)"
-    if beats_op(m["speedup_low"], margin):
+    modes = m.get("modes") or None
+    low = consumer_low(modes, CONSUMER_MODES)
+    if low is None:
+        return (f"{what}was not timed as consumers call it (no {' and '.join(CONSUMER_MODES)} figures through the "
+                f"package's call path): never dispatched")
+    if beats_op(low, margin):
         return ""
-    return (f"{what}{speedup_text(m.get('speedup'), m.get('speedup_low'), m.get('speedup_high'))} of {op} "
-            f"(measured; needs a lower bound above {1 + margin:.2f}x)")
+    return f"{what}{modes_text(modes)} of {op} (measured as consumers call it; needs a lower bound above {1 + margin:.2f}x)"
 
 
 def gate(draft: dict[str, Any], current: Manifest | None, invalid: str | None,
@@ -50,6 +54,9 @@ def gate(draft: dict[str, Any], current: Manifest | None, invalid: str | None,
         changed = _identity_changes(current, draft)
         if changed:
             return True, f"current {current.version} invalidated: {changed}"
+        if new is not None and new.modes and not (current.measurements and current.measurements.modes):
+            return True, (f"judged as consumers call it; replaces {current.version}, which was timed by separate "
+                          "launches only")
     if new_rank > old_rank:
         return True, f"{evidence} result replaces {current.evidence} {current.version}"
     old = current.measurements

@@ -168,8 +168,24 @@ class ProblemInfo(_Model):
     bytes: float = Field(ge=0)
 
 
+class ModeTiming(_Model):
+    """One consumer mode of the final round (docs/timing.md): the kernel and the op called through the exported
+    package's own planned calls, per call in ms (medians), and the speedup with its p10/p90 range."""
+
+    median_ms: float = Field(gt=0)
+    baseline_median_ms: float = Field(gt=0)
+    speedup: float = Field(gt=0)
+    low: float = Field(gt=0)
+    high: float = Field(gt=0)
+
+
 class Measurements(_Model):
-    """Timing of the variant (and of the baseline MLX op on the same inputs), in milliseconds."""
+    """Timing of the variant (and of the baseline MLX op on the same inputs), in milliseconds.
+
+    ``modes``: the consumer modes (``graph``, ``eager``) the final round timed through the package's call path,
+    with cold weights (``weight_sets`` rotating copies of the weights) where the family has weights; the gate and
+    the exported dispatcher act on the smallest ``low`` of the modes. Results without ``modes`` were timed by
+    separate launches (before consumer judging): recorded, never dispatched."""
 
     median_ms: float = Field(gt=0)
     #: Relative spread of the samples, (p90 - p10) / median: the noise the regression gate must beat.
@@ -183,6 +199,8 @@ class Measurements(_Model):
     speedup: float | None = Field(None, gt=0)
     speedup_low: float | None = Field(None, gt=0)
     speedup_high: float | None = Field(None, gt=0)
+    modes: dict[Literal["graph", "eager"], ModeTiming] | None = None
+    weight_sets: int | None = Field(None, ge=1)
 
     @model_validator(mode="before")
     @classmethod

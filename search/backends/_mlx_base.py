@@ -252,6 +252,62 @@ class MLXBackend(BaseBackend):
         mx_core().eval(call(copies[0]))
         return separate_launches(call, copies)
 
+    # -- as consumers call it (the final round: kernsearch.evaluation._consumer) ------------------------
+    def consumer_kernel(self, kernel: KernelSource, geometry: Geometry, family: Any, problem: Any,
+                        sets: list[dict[str, np.ndarray]]) -> Callable[[int], Any]:
+        """``call(i)``: the exported package's planned kernel call (``_runtime.kernel_call``, layout packing
+        inside it) on input set ``i``."""
+        from ..exporting.runtime._runtime import kernel_call
+
+        mx = mx_core()
+        self.check_available()
+        arrays = self._consumer_arrays(family, problem, sets)
+        params = [to_mx(np.array([p.number]), p.dtype) for p in family.params.values()]
+        call = kernel_call(self.kernel(kernel, geometry),
+                           [(k, getattr(mx, v) if isinstance(v, str) else v) for k, v in kernel.template],
+                           geometry.grid, geometry.threadgroup, geometry.output_shapes,
+                           [getattr(mx, d) for d in geometry.output_dtypes], params,
+                           [t.name in geometry.transposed_inputs for t in family.inputs], geometry.init_value)
+        return lambda i: call(*arrays[i % len(arrays)])
+
+    def consumer_op(self, family: Any, problem: Any, sets: list[dict[str, np.ndarray]]) -> Callable[[int], Any]:
+        """``call(i)``: the exported package's planned MLX op (``_runtime.op_call``: constants bound, the
+        function called directly) on input set ``i``."""
+        from ..exporting.runtime._runtime import mlx_vocabulary, op_call
+        from ..family._spec import ARRAY_FUNCTIONS
+        from ..family._tree import expr_tree
+
+        mx = mx_core()
+        self.check_available()
+        table = {"inputs": [{"name": t.name} for t in family.inputs], "baseline": expr_tree(family.baseline),
+                 "params": [{"name": n, "value": p.number} for n, p in family.params.items()],
+                 "compile_baseline": family.compile_baseline}
+        functions = {n: f for n, f in mlx_vocabulary(mx).items() if n in ARRAY_FUNCTIONS}
+        call = op_call(table, dict(problem.dims), functions, mx)
+        arrays = self._consumer_arrays(family, problem, sets)
+        return lambda i: call(*arrays[i % len(arrays)])
+
+    def _consumer_arrays(self, family: Any, problem: Any, sets: list[dict[str, np.ndarray]]) -> list[list[Any]]:
+        """Each set's logical inputs on the device, each in its own dtype; arrays shared between sets (the same
+        NumPy object: activations, where only weights rotate) are uploaded once."""
+        uploaded: dict[int, Any] = {}
+        out = []
+        for s in sets:
+            row = []
+            for t in family.inputs:
+                x = s[t.name]
+                if id(x) not in uploaded:
+                    uploaded[id(x)] = to_mx(x, t.resolved_dtype(problem.dtype))
+                row.append(uploaded[id(x)])
+            out.append(row)
+        return out
+
+    def evaluate(self, outputs: Any) -> None:
+        mx_core().eval(outputs)
+
+    def sync(self) -> None:
+        mx_core().synchronize()
+
     def time(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
              **options: Any) -> Timing:
         from ..evaluation._measure import measure

@@ -283,30 +283,50 @@ def prepare_variant(task: VariantTask) -> dict[str, Any]:
 
 
 def final_round(task: VariantTask) -> dict[str, Any]:
-    """Re-measure the finalists interleaved with the family's baseline op (a fresh worker runs this).
+    """Re-time the finalists interleaved with the family's baseline op as consumers call them (a fresh worker
+    runs this): through the exported package's own planned calls, in graph and eager use, with cold weights
+    (:mod:`kernsearch.evaluation._consumer`).
 
-    The back-end provides ``launcher(kernel, geometry, inputs, dtype) -> (launch, sync)`` and
-    ``baseline_launcher(family, problem, logical_inputs) -> (launch, sync)``.
+    The back-end provides ``consumer_kernel(kernel, geometry, family, problem, sets)`` and
+    ``consumer_op(family, problem, sets)`` (each a ``call(i)``), ``evaluate(outputs)`` and ``sync()``.
     """
-    from ._verify import kernel_inputs, make_inputs
+    from ._consumer import ConsumerPlan, consumer_samples, weight_sets
+    from ._verify import make_inputs
 
-    fam, problem, _, impl, _, _ = _setup(task)
-    logical = make_inputs(problem, task.seed + 2)
+    fam, problem, space, impl, _, _ = _setup(task)
+    sets = _weight_sets(task, fam, problem, space, impl, make_inputs, weight_sets)
     candidates = {}
     for i, cfg in enumerate(task.finalists):
         _, _, _, _, kernel, geo = _setup(task, cfg)
-        inputs = kernel_inputs(problem, logical, geo)
-        candidates[f"f{i}"] = impl.launcher(kernel, geo, inputs, problem.dtype)
-    out: dict[str, Any] = {}
+        candidates[f"f{i}"] = impl.consumer_kernel(kernel, geo, fam, problem, sets)  # type: ignore[attr-defined]
+    out: dict[str, Any] = {"weight_sets": len(sets)}
     try:
-        candidates["baseline"] = impl.baseline_launcher(fam, problem, logical)
+        candidates["baseline"] = impl.consumer_op(fam, problem, sets)  # type: ignore[attr-defined]
     except Exception as exc:  # noqa: BLE001 - no baseline is not fatal, and is said
         out["baseline_error"] = str(exc)
-    # each launcher rotates its own input copies; a back-end may bring its own clock (a simulated GPU)
-    samples = interleaved(candidates, clock=getattr(impl, "clock", time.perf_counter))
-    out["finalists"] = [samples[f"f{i}"] for i in range(len(task.finalists))]
-    out["baseline"] = samples.get("baseline")
+    samples = consumer_samples(candidates, impl.evaluate, impl.sync, ConsumerPlan(),  # type: ignore[attr-defined]
+                               clock=getattr(impl, "clock", time.perf_counter))
+    n = len(task.finalists)
+    out["modes"] = {mode: {"finalists": [by[f"f{i}"] for i in range(n)], "baseline": by.get("baseline")}
+                    for mode, by in samples.items()}
+    out["finalists"], out["baseline"] = out["modes"]["graph"]["finalists"], out["modes"]["graph"]["baseline"]
     return out
+
+
+def _weight_sets(task: VariantTask, fam: Any, problem: Any, space: Any, impl: Any, make_inputs: Any,
+                 weight_sets: Any) -> list[dict[str, Any]]:
+    """Input sets for the final round: one set of activations, and enough copies of the weight inputs that
+    they total more than twice the chip's last-level cache (the others share the first set's arrays)."""
+    first = make_inputs(problem, task.seed + 2)
+    weights = [t.name for t in fam.inputs if t.weight]
+    wbytes = sum(first[n].nbytes for n in weights)
+    cache = float(getattr(space.chip, "system_cache_mb", 0) or 0) * 2**20 or getattr(impl, "cache_bytes", 48e6)
+    n = weight_sets(wbytes, cache, getattr(impl, "memory_budget_bytes", 4e9))
+    sets = [first]
+    for k in range(1, n):
+        more = make_inputs(problem, task.seed + 2 + k)
+        sets.append({**first, **{name: more[name] for name in weights}})
+    return sets
 
 
 def time_baseline(task: VariantTask) -> float:

@@ -24,25 +24,22 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from jinja2 import nodes
-
 from .. import __version__
 from .._errors import KernsearchError
 from ..artifacts._artifacts import ArtifactStore
 from ..artifacts._manifest import ArtifactError
-from ..family._expr import _ENV, Expr
+from ..family._expr import Expr
 from ..family._render import render
 from ..family._spec import ARRAY_FUNCTIONS, DTYPES, Family, load_family
+from ..family._tree import TreeError
+from ..family._tree import expr_tree as _expr_tree
 from ..hardware._targets import TARGETS
-from .runtime._runtime import DEFAULT_MARGIN, FORMAT
+from .runtime._runtime import CONSUMER_MODES, DEFAULT_MARGIN, FORMAT
 
 DEFAULT_PACKAGE = "kernsearch_kernels"
 #: MLX has no CPU back-end on Linux without its ``cpu`` extra: consumers' CI must still get correct results.
 RUNTIME_REQUIRES = ("mlx[cpu]>=0.29; sys_platform == 'linux'", "mlx>=0.29; sys_platform == 'darwin'",
                     "numpy>=1.26")
-_BINOPS: dict[type[nodes.Node], str] = {nodes.Add: "+", nodes.Sub: "-", nodes.Mul: "*", nodes.Div: "/",
-                                        nodes.FloorDiv: "//", nodes.Mod: "%", nodes.Pow: "**"}
-_UNARY: dict[type[nodes.Node], str] = {nodes.Not: "not", nodes.Neg: "neg", nodes.Pos: "pos"}
 
 
 class ExportError(KernsearchError):
@@ -63,49 +60,11 @@ class ExportResult:
 # -- expressions as trees --------------------------------------------------------------------------------
 
 def expr_tree(expr: Expr | str) -> list[Any]:
-    """A spec expression as the JSON tree ``_runtime.evaluate`` reads (refuses what it cannot evaluate)."""
-    text = expr.text if isinstance(expr, Expr) else expr
-    body = _ENV.parse("{{ " + text + " }}").body
-    if len(body) != 1 or not isinstance(body[0], nodes.Output) or len(body[0].nodes) != 1:
-        raise ExportError(f"{text!r}: not a single expression")
+    """A spec expression as the JSON tree ``_runtime.evaluate`` reads (:func:`kernsearch.family._tree.expr_tree`)."""
     try:
-        return _tree(body[0].nodes[0])
-    except ExportError as exc:
-        raise ExportError(f"{text!r}: {exc}") from None
-
-
-def _tree(node: nodes.Node) -> list[Any]:
-    if isinstance(node, nodes.Const):
-        if not isinstance(node.value, (bool, int, float, str, type(None))):
-            raise ExportError(f"constant {node.value!r} cannot be exported")
-        return ["const", node.value]
-    if isinstance(node, nodes.Name):
-        return ["name", node.name]
-    if isinstance(node, (nodes.List, nodes.Tuple)):
-        return ["list", [_tree(n) for n in node.items]]
-    if isinstance(node, nodes.BinExpr) and type(node) in _BINOPS:
-        return ["bin", _BINOPS[type(node)], _tree(node.left), _tree(node.right)]
-    if isinstance(node, nodes.UnaryExpr) and type(node) in _UNARY:
-        return [_UNARY[type(node)], _tree(node.node)]
-    if isinstance(node, nodes.Concat):
-        return ["concat", [_tree(n) for n in node.nodes]]
-    if isinstance(node, nodes.And):
-        return ["and", _tree(node.left), _tree(node.right)]
-    if isinstance(node, nodes.Or):
-        return ["or", _tree(node.left), _tree(node.right)]
-    if isinstance(node, nodes.Compare):
-        return ["cmp", _tree(node.expr), [[op.op, _tree(op.expr)] for op in node.ops]]
-    if isinstance(node, nodes.CondExpr):
-        return ["if", _tree(node.test), _tree(node.expr1), None if node.expr2 is None else _tree(node.expr2)]
-    if isinstance(node, nodes.Call):
-        if not isinstance(node.node, nodes.Name) or node.dyn_args is not None or node.dyn_kwargs is not None:
-            raise ExportError("only calls of named functions with plain arguments can be exported")
-        return ["call", node.node.name, [_tree(a) for a in node.args], {k.key: _tree(k.value) for k in node.kwargs}]
-    if isinstance(node, nodes.Getattr):
-        return ["attr", _tree(node.node), node.attr]
-    if isinstance(node, nodes.Getitem) and not isinstance(node.arg, nodes.Slice):
-        return ["item", _tree(node.node), _tree(node.arg)]
-    raise ExportError(f"{type(node).__name__} expressions (filters, tests, slices...) cannot be exported")
+        return _expr_tree(expr)
+    except TreeError as exc:
+        raise ExportError(str(exc)) from None
 
 
 # -- the dispatch table ----------------------------------------------------------------------------------
@@ -117,7 +76,7 @@ def _family_table(fam: Family) -> dict[str, Any]:
         if shape[0] != "list" or any(a[0] not in ("name", "const") for a in shape[1]):
             raise ExportError(f"family {fam.name}: input {t.name} shape {t.shape.text!r} is not a list of "
                               "dimension names (the exported function reads the problem size off its inputs)")
-        inputs.append({"name": t.name, "axes": [a[1] for a in shape[1]], "dtype": t.dtype,
+        inputs.append({"name": t.name, "axes": [a[1] for a in shape[1]], "dtype": t.dtype, "weight": t.weight,
                        "transposed": expr_tree(t.transposed) if t.transposed is not None else None})
     launch = {name: expr_tree(e) for name in ("grid", "threadgroup", "shared_memory", "zero_outputs")
               if (e := getattr(fam.launch, name)) is not None}
@@ -136,6 +95,7 @@ def _family_table(fam: Family) -> dict[str, Any]:
         "compile_baseline": fam.compile_baseline,
         "params": [{"name": n, "value": p.number, "dtype": p.dtype} for n, p in fam.params.items()],
         "transfer": fam.transfer,
+        "modes": list(CONSUMER_MODES),
         "array_functions": list(ARRAY_FUNCTIONS),
         "default": {"config": dict(fam.default), "kernels": {}},
         "artifacts": [],
@@ -218,6 +178,8 @@ def _export(names: list[str], out: Path, store: ArtifactStore, package: str, ver
                 "speedup": m.measurements.speedup if m.measurements else None,
                 "speedup_low": m.measurements.speedup_low if m.measurements else None,
                 "speedup_high": m.measurements.speedup_high if m.measurements else None,
+                "modes": ({k: v.model_dump() for k, v in m.measurements.modes.items()}
+                          if m.measurements and m.measurements.modes else None),
                 "invalidated": invalidated, "timing_identity": m.toolchain.timing_identity(),
                 "kernel": _kernel_record(art.kernel), "sha256": m.source_sha256,
                 "header": f"{rel}/{m.kernel.header_file}", "source": f"{rel}/{m.kernel.source_file}"})
@@ -281,6 +243,10 @@ def _function(family, entry):
     def explain_call(*arrays, chip=None, modeled=False):
         return _dispatcher.explain(family, *arrays, chip=chip, modeled=modeled)
 
+    def bind(*weights, chip=None, modeled=False):
+        """This family with its weights fixed: ``f = FAMILY.bind(W, ...); f(X)``, planned once per X's shape."""
+        return _dispatcher.bind(family, *weights, chip=chip, modeled=modeled)
+
     names = [str(i.get("name", "")) for i in entry.get("inputs", [])]
     params = [n.lower() if _PARAM.fullmatch(n) and not _keyword.iskeyword(n.lower()) else "x%d" % i
               for i, n in enumerate(names)]
@@ -291,6 +257,8 @@ def _function(family, entry):
     call.__name__ = call.__qualname__ = family
     call.__doc__ = str(entry.get("description", ""))[:2000]
     call.explain = explain_call
+    if any(i.get("weight") for i in entry.get("inputs", [])):
+        call.bind = bind
     return call
 
 

@@ -150,9 +150,14 @@ class Distribution(_Model):
 
 
 class Input(Tensor):
-    """A kernel input: a tensor with a value distribution, possibly taken transposed by some variants."""
+    """A kernel input: a tensor with a value distribution, possibly taken transposed by some variants.
+
+    ``weight``: the consumer passes the same array across many calls (a model's weights): the final round times
+    calls on rotating sets of it larger than the last-level cache (cold, as in a model with many layers), and
+    the exported function offers ``.bind(weights...)``."""
 
     transposed: Expr | None = None
+    weight: bool = False
     distribution: Distribution = Distribution()
     _check_transposed = field_validator("transposed", mode="before")(lambda v: v if v is None else _expr(v))
 

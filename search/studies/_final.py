@@ -63,9 +63,34 @@ class FinalistTime:
             {"median_ms": self.median_ms, "spread": self.spread}
 
 
+@dataclass(frozen=True)
+class ModeFigures:
+    """The winner and the op in one consumer mode (``graph``, ``eager``): per-call medians (ms) and the speedup
+    with its range (op p10 / winner p90 .. op p90 / winner p10)."""
+
+    median_ms: float
+    baseline_median_ms: float
+    speedup: float
+    low: float
+    high: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"median_ms": self.median_ms, "baseline_median_ms": self.baseline_median_ms,
+                "speedup": self.speedup, "low": self.low, "high": self.high}
+
+    @classmethod
+    def from_dict(cls, data: object) -> ModeFigures | None:
+        if not isinstance(data, dict):
+            return None
+        values = [_number(data.get(k)) for k in ("median_ms", "baseline_median_ms", "speedup", "low", "high")]
+        if any(v is None or v <= 0 for v in values):
+            return None
+        return cls(*values)  # type: ignore[arg-type]
+
+
 #: Optional figures of a measured final round, in their stored order (absent when None).
 _FIGURES = ("lead_exceeds_noise", "baseline_median_ms", "baseline_spread", "speedup", "speedup_low", "speedup_high",
-            "beats_baseline", "baseline_error")
+            "beats_baseline", "baseline_error", "weight_sets")
 
 
 @dataclass(frozen=True)
@@ -94,6 +119,9 @@ class FinalRound:
     beats_baseline: bool | None = None
     baseline_error: str | None = None
     note: str | None = None
+    #: The consumer modes the round timed (winner against the op); ``speedup_low`` is the smallest of their lows.
+    modes: dict[str, ModeFigures] = field(default_factory=dict)
+    weight_sets: int | None = None
 
     def verdict(self, number: int) -> str | None:
         """Where trial ``number`` was proven in this round (``interpreter``, ``device``), ``FAIL (reason)``, or
@@ -121,6 +149,8 @@ class FinalRound:
                 d[name] = getattr(self, name)
         if self.note is not None:
             d["note"] = self.note
+        if self.modes:
+            d["modes"] = {m: f.to_dict() for m, f in self.modes.items()}
         return d
 
     @classmethod
@@ -147,7 +177,17 @@ class FinalRound:
                    baseline_spread=_number(data.get("baseline_spread")), speedup=_number(data.get("speedup")),
                    speedup_low=_number(data.get("speedup_low")), speedup_high=_number(data.get("speedup_high")),
                    beats_baseline=_flag(data.get("beats_baseline")), baseline_error=_text(data.get("baseline_error")),
-                   note=_text(data.get("note")))
+                   note=_text(data.get("note")), modes=_modes(data.get("modes")),
+                   weight_sets=_int(data.get("weight_sets")))
+
+
+def _modes(v: object) -> dict[str, ModeFigures]:
+    out = {}
+    for mode, raw in _mapping(v).items():
+        figures = ModeFigures.from_dict(raw)
+        if isinstance(mode, str) and figures is not None:
+            out[mode] = figures
+    return out
 
 
 def _mapping(v: object) -> dict[Any, Any]:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .._errors import BackendError, KernsearchError, VariantFailure
 from ..family._space import Config
 from ..hardware._targets import chip_target, interpretable
-from ._final import FinalistCheck, FinalistTime, FinalRound
+from ._final import FinalistCheck, FinalistTime, FinalRound, ModeFigures
 from ._study import Objective, Record, TrialSummary
 
 #: Threadgroups of the tuned shape a winner runs on the interpreter before publishing (corners, edges,
@@ -396,7 +396,9 @@ class KernelObjective(Objective):
                                     spread=timed.spread if timed and timed.spread is not None else best.spread,
                                     baseline_median_ms=final.baseline_median_ms,
                                     baseline_spread=final.baseline_spread, speedup_low=final.speedup_low,
-                                    speedup_high=final.speedup_high)
+                                    speedup_high=final.speedup_high,
+                                    modes={m: f.to_dict() for m, f in final.modes.items()} or None,
+                                    weight_sets=final.weight_sets)
         candidate = Candidate.for_config(self.space, best.config, target=self.target, correctness=correctness,
                                          evidence=result.evidence, measurements=measurements,
                                          study=result.study_name)
@@ -436,7 +438,8 @@ def model_prior(space: Space, configs: list[Config]) -> list[float] | None:
 
 
 def _judge(top: list[TrialSummary], out: dict[str, Any]) -> FinalRound:
-    """Pick the winner of the re-measured finalists and its speedup over the baseline."""
+    """Pick the winner of the re-measured finalists (graph mode, as consumers mostly call) and its speedup over
+    the baseline in every consumer mode; ``speedup_low`` is the smallest lower bound over the modes."""
     import numpy as np
 
     from ..evaluation._measure import lead_exceeds_noise, speedup, spread
@@ -452,7 +455,14 @@ def _judge(top: list[TrialSummary], out: dict[str, Any]) -> FinalRound:
     if not base:
         return FinalRound(top[first].number, finalists=times, lead_exceeds_noise=decisive, baseline_error=error)
     s = speedup(samples[first], base)
+    modes: dict[str, ModeFigures] = {}
+    for mode, by in (out.get("modes") or {}).items():
+        if by.get("baseline"):
+            ms = speedup(by["finalists"][first], by["baseline"])
+            modes[mode] = ModeFigures(float(np.median(by["finalists"][first])), float(np.median(by["baseline"])),
+                                      ms.median, ms.low, ms.high)
+    low = min([s.low] + [f.low for f in modes.values()])
     return FinalRound(top[first].number, finalists=times, lead_exceeds_noise=decisive,
                       baseline_median_ms=float(np.median(base)), baseline_spread=spread(base), speedup=s.median,
-                      speedup_low=s.low, speedup_high=s.high, beats_baseline=lead_exceeds_noise(samples[first], base),
-                      baseline_error=error)
+                      speedup_low=low, speedup_high=s.high, beats_baseline=lead_exceeds_noise(samples[first], base),
+                      baseline_error=error, modes=modes, weight_sets=out.get("weight_sets"))

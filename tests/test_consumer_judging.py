@@ -1,0 +1,159 @@
+"""A win is what the consumer gets (issue 26): the final round and the gate judge a kernel as the exported
+package calls it, not as a launch timed alone.
+
+A simulated GPU (the interpreter runs every variant for correctness; a clock advanced by made-up costs times
+them) where the timing of separate launches flatters a candidate: the search ranks it first, the final round
+times it through the package's call path, where it loses to the op, and nothing is published.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from test_faults import SimulatedGPU
+
+from kernsearch import ArtifactStore, load_family, make_problem, run_study
+from kernsearch.hardware._chips import chip_from_device_info
+from kernsearch.studies._objective import KernelObjective
+
+FAMILY = """
+name = "judged"
+description = "C = 2·A, a layout knob: the kernel may take A transposed"
+reference = "A * 2"
+baseline = "A * 2"
+
+[problem]
+dims = ["M", "N"]
+default_shape = [16, 32]
+dtypes = ["float32"]
+default_dtype = "float32"
+flops = "M * N"
+bytes = "2 * M * N * dtype_size"
+
+[[inputs]]
+name = "A"
+shape = "[M, N]"
+weight = true
+transposed = "LAYOUT == 't'"
+
+[[outputs]]
+name = "C"
+shape = "[M, N]"
+
+[templates]
+metal = "judged.metal.j2"
+
+[knobs.LAYOUT]
+kind = "layout"
+values = ["n", "t"]
+
+[knobs.TG]
+kind = "threadgroup_size"
+values = [32, 64]
+
+[launch]
+grid = "[M * N, 1, 1]"
+threadgroup = "[TG, 1, 1]"
+
+[default]
+LAYOUT = "n"
+TG = 32
+
+[tolerance.float32]
+rtol = 1e-6
+atol = 1e-6
+"""
+
+TEMPLATE = """
+{% block header %}{% endblock %}
+{% block source %}
+    uint i = thread_position_in_grid.x;
+{% if LAYOUT == 't' %}
+    uint N = A_shape[0], M = A_shape[1];  // A given as [N, M]
+    if (i < M * N) {
+        C[i] = 2 * A[(i % N) * M + i / N];
+{% else %}
+    uint M = A_shape[0], N = A_shape[1];
+    if (i < M * N) {
+        C[i] = 2 * A[i];
+{% endif %}
+    }
+{% endblock %}
+"""
+
+OP_MS = 2.0
+
+
+def _costs(alone: dict, consumer: dict):
+    """A simulated GPU whose separate launches cost ``alone[(LAYOUT?, TG)]`` and whose consumer calls cost
+    ``consumer[...]`` ms; the op costs OP_MS either way."""
+
+    class Sim(SimulatedGPU):
+        def _key(self, geometry):
+            return ("t" if geometry.transposed_inputs else "n", geometry.threadgroup[0])
+
+        def launcher(self, kernel, geometry, inputs, dtype, sets=None):
+            return self._launcher(alone[self._key(geometry)])
+
+        def baseline_launcher(self, family, problem, logical, sets=None):
+            return self._launcher(OP_MS)
+
+        def consumer_kernel(self, kernel, geometry, family, problem, sets):
+            return self._call(consumer[self._key(geometry)])
+
+        def consumer_op(self, family, problem, sets):
+            return self._call(OP_MS)
+
+    return Sim
+
+
+#: Alone: TG=64 at 1 ms, twice as fast as the op; called as consumers call it (graph or eager): 3 ms.
+AloneOnly = _costs({("n", 32): 2.5, ("n", 64): 1.0, ("t", 32): 2.5, ("t", 64): 2.5},
+                   {("n", 32): 2.5, ("n", 64): 3.0, ("t", 32): 2.5, ("t", 64): 2.5})
+#: LAYOUT=t on pre-transposed inputs: 1 ms; with its transposition inside the call, as the package pays it: 3 ms.
+PackedOutside = _costs({("n", 32): 2.5, ("n", 64): 2.5, ("t", 32): 1.0, ("t", 64): 1.0},
+                       {("n", 32): 2.5, ("n", 64): 2.5, ("t", 32): 3.0, ("t", 64): 3.0})
+
+
+@pytest.fixture
+def judged(tmp_path):
+    folder = tmp_path / "judged"
+    folder.mkdir()
+    (folder / "family.toml").write_text(textwrap.dedent(FAMILY))
+    (folder / "judged.metal.j2").write_text(TEMPLATE)
+    return folder
+
+
+def _tune_and_publish(folder, backend, tmp_path):
+    chip = chip_from_device_info({"architecture": "applegpu_g14c", "device_name": "Apple M2 Max"})  # "detected"
+    problem = make_problem(load_family(str(folder)), "16,32", None, chip)
+    objective = KernelObjective(problem, chip, backend, timeout=30.0)
+    result = run_study(objective, trials=4, sampler="grid", finalists=4, seed=0,
+                       storage=f"sqlite:///{tmp_path / 's.db'}")
+    store = ArtifactStore(tmp_path / "store")
+    outcome = objective.publish(result, store)
+    objective.close()
+    return result, store, outcome
+
+
+@pytest.mark.slow
+def test_a_kernel_faster_only_when_launched_alone_is_not_published(judged, tmp_path):
+    result, store, outcome = _tune_and_publish(judged, "test_consumer_judging:AloneOnly", tmp_path)
+    ranked_first = result.top[0]
+    assert ranked_first.config == {"LAYOUT": "n", "TG": 64} and ranked_first.time_ms == pytest.approx(1.0, rel=1e-2)
+    final = result.final
+    assert final.speedup is not None and final.speedup < 1.0  # in the package's call path it loses
+    assert set(final.modes) == {"graph", "eager"} and all(f.speedup < 1.0 for f in final.modes.values())
+    assert not outcome.published and "not dispatched" in outcome.reason
+    assert not list(store.current_artifacts("judged"))  # recorded in the journal, no version made
+
+
+@pytest.mark.slow
+def test_a_layout_faster_only_when_packed_outside_the_timed_call_is_not_published(judged, tmp_path):
+    result, store, outcome = _tune_and_publish(judged, "test_consumer_judging:PackedOutside", tmp_path)
+    assert result.top[0].config["LAYOUT"] == "t"  # the search's separate launches rank the packed layout first
+    final = result.final
+    assert result.best.config["LAYOUT"] == "n"  # the final round, packing paid, ranks it last
+    assert final.speedup_low < 1.0 and not outcome.published
+    assert not list(store.current_artifacts("judged"))  # recorded in the journal, no version made

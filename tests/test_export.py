@@ -216,7 +216,7 @@ def test_a_kernel_is_built_once_and_launched_with_the_runtime_geometry(exported)
     dispatcher.kernel_factory = factory
     rng = np.random.default_rng(0)
     fam, chip = load_family("gemm"), get_chip("M2 Max")
-    for seed in range(3):
+    for _seed in range(3):
         a, b = rng.uniform(-1, 1, (64, 64)).astype(np.float32), rng.uniform(-1, 1, (64, 64)).astype(np.float32)
         c = dispatcher.call("gemm", mx.array(a), mx.array(b), chip="M2 Max")  # a name: hashable, planned once
         np.testing.assert_allclose(np.array(c), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)

@@ -1,3 +1,4 @@
+# ruff: noqa  (a design probe kept exactly as it ran on the GPU, with its output beside it)
 """Probe (issue 28): a tensor-core 4-bit matvec in MLX's own layout, against mx.quantized_matmul and a streaming read.
 
 One command on the GPU machine (MLX CUDA in /tmp/site): ``PYTHONPATH=/tmp/site python3 benchmarks/probe/gpu_qmv_probe.py --out $OUT``.
@@ -71,7 +72,6 @@ class Probe:
         return wq, s, b
 
     def call(self, cfg, x, wq, s, b, nmat=1, extra=()):
-        mx = self.mx
         m, k = x.shape
         n = wq.shape[0]
         tw, ks, rt = cfg["TW"], cfg["KS"], cfg["RT"]
@@ -197,7 +197,7 @@ def main():
         final["op"] = lambda x, w, s, b: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=64, bits=4)
         fsets = sets
         tm = p.graph_times(final, fsets, rounds=15)
-        st = p.graph_times({"stream": lambda x, w, s, b, _f=flat: None}, fsets, rounds=1) if False else None
+        p.graph_times({"stream": lambda x, w, s, b, _f=flat: None}, fsets, rounds=1) if False else None
         # streaming read of the same bytes, rotating buffers, graph mode
         sflat = [(f,) for f in flat]
         stt = p.graph_times({"stream": p.stream_call}, sflat, rounds=15)["stream"]
@@ -220,10 +220,12 @@ def main():
         if (m, n, k) == (1, 4096, 4096):
             cfg = good[int(best[1:])]
             x, w, s, b = sets[0]
-            raw = lambda x, w, s, b: p.call(cfg, x, w, s, b)
+            def raw(x, w, s, b):
+                return p.call(cfg, x, w, s, b)
             comp = mx.compile(raw)
             mx.eval(comp(x, w, s, b))
-            opf = lambda x, w, s, b: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=64, bits=4)
+            def opf(x, w, s, b):
+                return mx.quantized_matmul(x, w, s, b, transpose=True, group_size=64, bits=4)
             for name, fn in (("op", opf), ("kernel_raw", raw), ("kernel_compiled", comp), ("op_again", opf)):
                 res["host_us"][name] = min(p.host_us(fn, (x, w, s, b)) for _ in range(3))
             log("host us:", res["host_us"])

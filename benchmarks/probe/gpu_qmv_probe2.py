@@ -1,3 +1,4 @@
+# ruff: noqa  (a design probe kept exactly as it ran on the GPU, with its output beside it)
 """Probe 2 (issue 28): v2 (persistent balanced tiles, X in shared memory, register ring) against v1 and the op.
 
 ``PYTHONPATH=/tmp/site python3 benchmarks/probe/gpu_qmv_probe2.py --out $OUT``; every call through mx.compile
@@ -10,14 +11,13 @@ import itertools
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from gpu_qmv_probe import L2, STREAM, Probe, log, pct  # noqa: E402
+from gpu_qmv_probe import L2, Probe, log, pct  # noqa: E402
 from qmv_body2 import body2  # noqa: E402
 
 SMEM = 100 * 1024
@@ -87,9 +87,11 @@ def main():
         key = (kind, json.dumps(cfg), nmat)
         if key not in compiled:
             if kind == "v2":
-                raw = (lambda x, w, s, b, *e: p.call2(cfg, x, w, s, b, e))
+                def raw(x, w, s, b, *e):
+                    return (p.call2(cfg, x, w, s, b, e))
             else:
-                raw = (lambda x, w, s, b, *e: p.call(cfg, x, w, s, b, 1 + len(e) // 3, e))
+                def raw(x, w, s, b, *e):
+                    return (p.call(cfg, x, w, s, b, 1 + len(e) // 3, e))
             compiled[key] = mx.compile(raw)
         return compiled[key]
 
@@ -156,7 +158,8 @@ def main():
             log("  eager: kernel", round(pct(e["k"], 50) * 1e3, 1), "op", round(pct(e["op"], 50) * 1e3, 1))
         if (m, n, k) == (1, 4096, 4096):
             x, w, s, b = sets[0]
-            opf = lambda x, w, s, b: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=64, bits=4)
+            def opf(x, w, s, b):
+                return mx.quantized_matmul(x, w, s, b, transpose=True, group_size=64, bits=4)
             cfg = json.loads(best[3:])
             raw = (lambda x, w, s, b: p.call2(cfg, x, w, s, b)) if best.startswith("v2") else \
                 (lambda x, w, s, b: p.call(cfg, x, w, s, b))

@@ -1,0 +1,151 @@
+"""A user's own family with two outputs (issue 25): tests/families/residual_rmsnorm, a fused residual add +
+RMSNorm (y = rms_norm(x + r, w, eps), h = x + r) with Metal and CUDA templates.
+
+Every output is checked: the spec gives one reference and one baseline value per output (a table by name or
+a list by position) or is a one-line error; verification compares every output on the interpreter and on a
+(simulated) device, so a variant whose second output is wrong fails and is never published."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernsearch import KernsearchError, Space, geometry, get_backend, get_chip, load_family, make_problem, render
+from kernsearch._errors import SpecError
+from kernsearch.evaluation._verify import compare, make_inputs, reference, verify_kernel
+
+FAMILY = Path(__file__).parent / "families" / "residual_rmsnorm"
+M2MAX = get_chip("M2 Max")
+#: The planted fault: after writing y, the kernel overwrites h with y (y itself stays right).
+WRONG_H = ('{{ store("y + base + i", "o") | indent(8) }}\n',
+           '{{ store("y + base + i", "o") | indent(8) }}\n        {{ store("h + base + i", "o") | indent(8) }}\n')
+
+
+def copy_family(tmp_path: Path, spec: tuple[str, str] | None = None, template: tuple[str, str] | None = None) -> Path:
+    """The fixture family copied under ``tmp_path``, with one text replacement in its spec and/or templates. A
+    replacement that is a top-level key (``reference = ...``) goes to the top of the spec (TOML puts keys after
+    a table header into that table)."""
+    folder = tmp_path / "residual_rmsnorm"
+    shutil.copytree(FAMILY, folder)
+    for name, change in (("family.toml", spec), ("residual_rmsnorm.metal.j2", template),
+                         ("residual_rmsnorm.cu.j2", template)):
+        if change is not None:
+            text = (folder / name).read_text()
+            assert change[0] in text, (name, change[0])
+            old, new = change
+            if re.match(r"(reference|baseline) = ", new):
+                text, new = new + text, ""
+            (folder / name).write_text(text.replace(old, new))
+    return folder
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kernsearch", *args], capture_output=True, text=True, timeout=600,
+                          cwd=cwd)
+
+
+def space(folder: Path = FAMILY, shape: str = "5,72", dtype: str = "float32") -> Space:
+    return Space(make_problem(load_family(folder), shape, dtype, M2MAX), M2MAX)
+
+
+# -- the spec: one value per output ------------------------------------------------------------------------
+
+def test_the_fixture_gives_a_reference_and_a_baseline_value_per_output_by_name() -> None:
+    fam = load_family(FAMILY)
+    assert [t.name for t in fam.outputs] == ["y", "h"] and set(fam.templates) == {"metal", "cuda"}
+    assert fam.reference.text == "[rms_norm(x + r, w, eps), x + r]"
+    assert fam.baseline_name == "mx.fast.rms_norm and MLX x + r"
+    sp = space()
+    logical = make_inputs(sp.problem, 0)
+    y, h = reference(sp.problem, logical)
+    np.testing.assert_array_equal(h, logical["x"] + logical["r"])
+    assert y.shape == h.shape == (5, 72)
+
+
+SINGLE = ('[reference]\ny = "rms_norm(x + r, w, eps)"\nh = "x + r"\n', 'reference = "rms_norm(x + r, w, eps)"\n')
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (SINGLE, "reference: 1 value(s) for 2 output(s) (y, h)"),
+    (('[reference]\ny = "rms_norm(x + r, w, eps)"\nh = "x + r"\n',
+      'reference = ["rms_norm(x + r, w, eps)", "x + r", "x"]\n'), "reference: 3 value(s) for 2 output(s)"),
+    (('[reference]\ny = "rms_norm(x + r, w, eps)"\nh = "x + r"\n',
+      'reference = "[rms_norm(x + r, w, eps), x + r, x]"\n'), "reference: 3 value(s) for 2 output(s)"),
+    (('[baseline]\ny = "rms_norm(x + r, w, eps)"\nh = "x + r"\n', 'baseline = "rms_norm(x + r, w, eps)"\n'),
+     "baseline: 1 value(s) for 2 output(s) (y, h)"),
+    (('h = "x + r"\n\n[baseline]', 'z = "x + r"\n\n[baseline]'),
+     "reference: one expression per output, by name: no value for output(s) h; z is not an output"),
+    (('[reference]\ny = "rms_norm(x + r, w, eps)"\n', '[reference]\ny = "[x, r]"\n'),
+     "reference: value 1: '[x, r]' is a list"),
+])
+def test_a_reference_or_baseline_with_the_wrong_number_of_values_is_a_spec_error(tmp_path: Path, change, message):
+    folder = copy_family(tmp_path, spec=change)
+    with pytest.raises(SpecError) as exc:
+        load_family(folder)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_the_positional_forms_load_like_the_table() -> None:
+    from kernsearch.family._spec import parse_family, per_output
+
+    assert per_output(["rms_norm(x + r, w, eps)", "x + r"], ["y", "h"]).text == load_family(FAMILY).reference.text
+    assert per_output("[rms_norm(x + r, w, eps), x + r]", ["y", "h"]).text == load_family(FAMILY).reference.text
+    assert per_output({"h": "x + r", "y": "rms_norm(x + r, w, eps)"}, ["y", "h"]).text == \
+        load_family(FAMILY).reference.text  # a table is ordered as [[outputs]], not as written
+    with pytest.raises(SpecError, match="expected an expression string, a list of them"):
+        parse_family({"reference": 3.5j}, "x.toml")
+
+
+def test_a_single_reference_for_two_outputs_is_one_line_and_exit_2_in_the_cli(tmp_path: Path) -> None:
+    folder = copy_family(tmp_path, spec=SINGLE)
+    done = run_cli("verify", str(folder), "--shape", "5,72", cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.strip().splitlines()) == 1 and "reference: 1 value(s) for 2 output(s)" in done.stderr
+
+
+def test_a_reference_value_of_the_wrong_shape_is_a_spec_error_not_a_failed_variant(tmp_path: Path) -> None:
+    folder = copy_family(tmp_path, spec=('h = "x + r"\n\n[baseline]', 'h = "sum(x + r, axis=1)"\n\n[baseline]'))
+    sp = space(folder)
+    with pytest.raises(SpecError, match=r"reference: the value for output h has shape \(5,\) at 5x72; the output "
+                                        r"is declared \[R, N\] = \(5, 72\)"):
+        reference(sp.problem, make_inputs(sp.problem, 0))
+
+
+def test_compare_fails_a_variant_that_returns_fewer_outputs_than_the_reference() -> None:
+    sp = space()
+    refs = reference(sp.problem, make_inputs(sp.problem, 0))
+    check = compare(sp.problem, refs[:1], refs)
+    assert not check.ok and check.reason == "shape" and "1 output(s), expected 2" in check.detail
+    assert compare(sp.problem, refs, refs).ok
+
+
+# -- verification: every output ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("shape", "dtype", "cfg"), [("5,72", "float32", "TG=64,ROWS=2,VEC=4"),
+                                                     ("9,130", "float16", "TG=32,ROWS=1,VEC=2"),
+                                                     ("3,40", "bfloat16", "TG=128,ROWS=4,VEC=1")])
+def test_the_fixture_verifies_on_the_interpreter(shape: str, dtype: str, cfg: str) -> None:
+    sp = space(shape=shape, dtype=dtype)
+    config = sp.validate(sp.parse_config(cfg))
+    check, diagnostics = verify_kernel(get_backend("cpu"), render(sp.family, config, dtype), geometry(sp, config),
+                                       sp.problem, mode="check", chip=M2MAX)
+    assert check.ok, check.summary()
+    assert not [d for d in diagnostics if d.severity == "error"]
+
+
+def test_a_wrong_second_output_fails_verify_and_names_it(tmp_path: Path) -> None:
+    folder = copy_family(tmp_path, template=WRONG_H)
+    sp = space(folder)
+    config = sp.validate(sp.parse_config("TG=64,ROWS=2"))
+    check, _ = verify_kernel(get_backend("cpu"), render(sp.family, config, "float32"), geometry(sp, config),
+                             sp.problem, chip=M2MAX)
+    assert not check.ok and check.reason == "wrong" and check.detail.startswith("h: ")
+    done = run_cli("verify", str(folder), "--shape", "5,72", "--dtype", "float32", "--config", "TG=64,ROWS=2",
+                   cwd=tmp_path)
+    assert done.returncode == 1 and "FAIL (wrong)" in done.stdout and "h: " in done.stdout, done.stdout + done.stderr

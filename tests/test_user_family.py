@@ -149,3 +149,111 @@ def test_a_wrong_second_output_fails_verify_and_names_it(tmp_path: Path) -> None
     done = run_cli("verify", str(folder), "--shape", "5,72", "--dtype", "float32", "--config", "TG=64,ROWS=2",
                    cwd=tmp_path)
     assert done.returncode == 1 and "FAIL (wrong)" in done.stdout and "h: " in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_the_cuda_twin_compiles_for_every_valid_h100_config(tmp_path: Path) -> None:
+    """No NVIDIA GPU here: nvcc compiles every valid H100 config (dtypes rotating) as MLX wraps it."""
+    from rowfamilies import H100, NVCC, nvcc_compiles
+
+    if NVCC is None:
+        pytest.skip("no nvcc")
+    fam = load_family(FAMILY)
+    dtypes = ("float16", "bfloat16", "float32")
+    configs = Space(make_problem(fam, "512,2048", "float16", H100), H100).enumerate().valid
+    assert len(configs) > 30
+    errors = nvcc_compiles(fam, [(c, dtypes[i % 3]) for i, c in enumerate(configs)], tmp_path)
+    assert not errors, errors
+
+
+# -- never published: on the interpreter (a modeled search) and on a device (simulated) ----------------------
+
+@pytest.mark.slow
+def test_a_modeled_search_never_publishes_a_variant_with_a_wrong_second_output(tmp_path: Path) -> None:
+    folder = copy_family(tmp_path, template=WRONG_H)
+    store = tmp_path / "store"
+    done = subprocess.run([sys.executable, "-m", "kernsearch", "tune", str(folder), "--shape", "6,96", "--dtype",
+                           "float32", "--trials", "12", "--publish", "--storage", ":memory:"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env={**__import__("os").environ, "KERNSEARCH_ARTIFACTS": str(store)})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "no correct variant found" in done.stdout and "FAIL (wrong)" in done.stdout
+    assert not list(store.rglob("manifest.json"))  # nothing published
+
+
+from kernsearch.backends import Evidence as _Evidence  # noqa: E402
+from kernsearch.backends._base import BaseBackend as _BaseBackend  # noqa: E402
+from kernsearch.backends._base import Timing as _Timing  # noqa: E402
+
+
+class SimulatedDevice(_BaseBackend):
+    """A measured back-end without a GPU: runs each kernel on the interpreter (the exact Metal source) and
+    "times" it on a virtual clock (1 ms + TG µs; the baseline op 3 ms), so the measured pipeline runs whole."""
+
+    name = "simulated"
+    evidence = _Evidence.MEASURED
+    target = "metal"
+
+    def __init__(self) -> None:
+        self.cpu = get_backend("cpu")
+        self.now_ms = 0.0
+
+    def clock(self) -> float:
+        return self.now_ms / 1e3
+
+    def run(self, kernel, geometry, inputs, dtype, init_value=float("nan"), **options):  # noqa: ANN001, ANN201
+        return self.cpu.run(kernel, geometry, inputs, dtype, init_value=init_value, timeout=30.0)
+
+    def _launcher(self, ms: float):  # noqa: ANN202
+        def launch(i: int) -> None:
+            self.now_ms += ms
+
+        def sync() -> None:
+            self.now_ms += 0.05
+
+        return launch, sync
+
+    def launcher(self, kernel, geometry, inputs, dtype, sets=None):  # noqa: ANN001, ANN201
+        return self._launcher(1.0 + geometry.threadgroup[0] / 1000)
+
+    def baseline_launcher(self, family, problem, logical, sets=None):  # noqa: ANN001, ANN201
+        return self._launcher(3.0)
+
+    def time(self, kernel, geometry, inputs, dtype, **options):  # noqa: ANN001, ANN201
+        from kernsearch.evaluation._measure import measure
+
+        return _Timing(measure(*self.launcher(kernel, geometry, inputs, dtype), clock=self.clock), self.evidence)
+
+
+@pytest.mark.slow
+def test_a_measured_search_compares_every_output_on_the_device(tmp_path: Path) -> None:
+    """On a (simulated) device, verification before timing compares h too: the correct family wins, the one
+    whose h is wrong fails every trial with 'wrong' naming h, has no winner, and its publish is refused."""
+    from kernsearch import ArtifactStore, run_study
+    from kernsearch.studies._objective import KernelObjective
+
+    allowed = [{"TG": 32, "ROWS": 1, "VEC": 4}, {"TG": 64, "ROWS": 2, "VEC": 2}]
+    results = {}
+    for label, folder in (("right", FAMILY), ("wrong", copy_family(tmp_path, template=WRONG_H))):
+        objective = KernelObjective(make_problem(load_family(folder), "6,96", "float32", M2MAX), M2MAX,
+                                    "test_user_family:SimulatedDevice", timeout=60.0, compile_workers=0)
+        objective.valid_configs = lambda: allowed  # type: ignore[method-assign]
+        objective.violation = lambda c: None if c in allowed else "not_in_this_test"  # type: ignore[method-assign]
+        objective.default = lambda: None  # type: ignore[method-assign]
+        result = run_study(objective, trials=2, sampler="grid", finalists=2, seed=0,
+                           storage=f"sqlite:///{tmp_path / (label + '.db')}")
+        results[label] = (objective, result)
+    objective, right = results["right"]
+    assert not right.failures and right.best is not None and right.best.verified == "device"
+    assert right.best.config == allowed[0] and right.final.beats_baseline  # 1.032 ms vs the op's 3 ms
+    objective, wrong = results["wrong"]
+    assert wrong.failures == {"wrong": 2} and wrong.best is None and wrong.final is None
+    import optuna
+
+    details = [t.user_attrs["failure"]["detail"] for t in optuna.load_study(
+        study_name=wrong.study_name, storage=f"sqlite:///{tmp_path / 'wrong.db'}").trials
+        if t.user_attrs.get("status") == "failed"]
+    assert len(details) == 2 and all(d.startswith("h: ") for d in details), details
+    with pytest.raises(KernsearchError, match="no correct winner"):
+        objective.publish(wrong, ArtifactStore(tmp_path / "store"))
+    assert not list((tmp_path / "store").rglob("manifest.json"))

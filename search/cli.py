@@ -599,8 +599,9 @@ def _final_lines(final: FinalRound | None, evidence: str) -> list[str]:
     if final.lead_exceeds_noise is False:
         lines.append("[yellow]the winner's lead over the runner-up is within the measured noise[/]")
     for number, check in final.checks.items():
+        detail = f": {escape(check.detail.splitlines()[0][:300])}" if check.detail else ""
         state = f"[green]pass[/] (max abs err {_fmt(check.max_abs_err, '.2g')})" if check.ok else \
-            f"[red]FAIL ({check.reason})[/]"
+            f"[red]FAIL ({check.reason})[/]{detail}"
         also = ""
         if check.also:
             sampled = check.threadgroups_checked

@@ -37,7 +37,7 @@ def copy_family(tmp_path: Path, spec: tuple[str, str] | None = None, template: t
                          ("residual_rmsnorm.cu.j2", template)):
         if change is not None:
             text = (folder / name).read_text()
-            assert change[0] in text, (name, change[0])
+            assert change[0] in text or name.endswith(".cu.j2"), (name, change[0])
             old, new = change
             if re.match(r"(reference|baseline) = ", new):
                 text, new = new + text, ""
@@ -257,3 +257,21 @@ def test_a_measured_search_compares_every_output_on_the_device(tmp_path: Path) -
     with pytest.raises(KernsearchError, match="no correct winner"):
         objective.publish(wrong, ArtifactStore(tmp_path / "store"))
     assert not list((tmp_path / "store").rglob("manifest.json"))
+
+
+# -- a template typo: the tune's checks name the template file and line ---------------------------------------
+
+def test_a_template_typo_fails_with_the_template_file_and_line_in_the_tunes_checks(tmp_path: Path) -> None:
+    from kernsearch._errors import VariantFailure
+    from kernsearch.evaluation._measure import VariantTask, verify_variant
+
+    folder = copy_family(tmp_path, template=("const float scale = rsqrt(", "const float scale = rsqrtt("))
+    line = 1 + next(i for i, t in enumerate((folder / "residual_rmsnorm.metal.j2").read_text().splitlines())
+                    if "rsqrtt(" in t)
+    task = VariantTask(family=str(folder), shape=(6, 96), dtype="float32", chip="M2 Max", backend="cpu",
+                       config={"TG": 64, "ROWS": 2, "VEC": 4}, options={"timeout": 30.0})
+    with pytest.raises(VariantFailure) as exc:
+        verify_variant(task)  # what a modeled search's interpreter check runs, in its worker
+    assert exc.value.reason == "compile"
+    assert exc.value.detail.startswith(f"residual_rmsnorm.metal.j2:{line}: use of undeclared identifier 'rsqrtt' "
+                                       "(kernel line "), exc.value.detail

@@ -392,9 +392,10 @@ def artifacts_rejudge(store: str | None = StoreOpt, margin: float = typer.Option
 
 
 @app.command()
-def export(families: list[str] | None = typer.Argument(None, help="families to export (default: every "
-                                                                     "family with artifacts)"),
-           out_dir: str = typer.Option("dist", "--out", help="folder for the wheel and its source tree"),
+def export(families: list[str] | None = typer.Argument(None, help="families to export: built-in names or family "
+                                                                     "folders (default: every built-in family)"),
+           out_dir: str = typer.Option("dist", "--out", help="folder for the wheel and its source tree (it keeps "
+                                       "the package's current export only)"),
            store: str | None = StoreOpt,
            package: str = typer.Option("kernsearch_kernels", "--name", help="Python package name"),
            version: str | None = typer.Option(None, "--version", help="package version (default: UTC date)")) -> None:

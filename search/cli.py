@@ -562,7 +562,7 @@ def _top_table(rows: list[TrialSummary], evidence: str, winner: int | None, fina
                                f"{_verified(t, final)}"))
             blocks.append(Padding(Text(format_config(t.config).replace(",", ", ")), (0, 0, 0, 4)))
         return Group(*blocks)
-    table = Table("#", "trial", "config", f"{label} ms", "spread", "GFLOP/s", "% peak", "max err",
+    table = Table("#", "trial", "config", f"{label} ms", "spread", "GFLOP/s", "% roofline", "max err",
                   "evidence", "verified", title=title, title_justify="left", box=None)
     for i, column in enumerate(table.columns):  # only the config wraps, and only between knobs
         column.no_wrap = i != 2
@@ -698,6 +698,10 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
         err.print(note, soft_wrap=True)
     err.print(f"tuning [bold]{key['family']}[/] {key['shape']} {key['dtype']} on {key['chip']} "
               f"({key['backend']} back-end, {objective.evidence})", soft_wrap=True)
+    flat = getattr(objective, "model_note", None)  # a family the performance model cannot rank: say so first
+    flat_note = flat() if callable(flat) else None
+    if flat_note:
+        _warn_line(flat_note)
     if publish and replay:
         raise KernsearchError("--publish needs a kernel family: replayed landscapes have no kernel to publish")
     result = _run_with_progress(objective, trials, time_budget, patience or None, sampler_name, seed, storage, study,
@@ -799,7 +803,7 @@ def _print_result(result: StudyResult) -> None:
     fails = ", ".join(f"{k} {v}" for k, v in result.failures.most_common()) or "none"
     out.print(f"study [bold]{result.study_name}[/] · {result.evaluated} configs evaluated · failed: {fails} · "
               f"{result.invalid} invalid proposals rejected before compiling · {result.elapsed_s:.1f} s · "
-              f"{result.stop_reason}", soft_wrap=True)
+              f"{escape(result.stop_reason)}", soft_wrap=True)
     winner = result.final.winner if result.final is not None else result.best.number if result.best else None
     if result.top:
         _wide().print(_top_table(result.top, result.evidence, winner, result.final))
@@ -877,6 +881,8 @@ def show(study: str = typer.Argument(..., help="study name (see `kernsearch stud
               f"{attrs.get('chip')} ({attrs.get('backend')} back-end, "
               f"{_evidence_label(evidence, attrs.get('backend'))})", soft_wrap=True)
     out.print(_trial_counts(status, reasons), soft_wrap=True)
+    if attrs.get("cannot_rank"):
+        out.print(f"[yellow]{escape(str(attrs['cannot_rank']))}[/]", soft_wrap=True)
     if rows:
         _wide().print(_top_table(rows, evidence, final.winner if final is not None else None, final))
     for line in _final_lines(final, evidence):

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from jinja2 import TemplateNotFound, TemplateSyntaxError
-from jinja2 import nodes
+from jinja2 import TemplateNotFound, TemplateSyntaxError, nodes
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .. import _safeio

@@ -27,6 +27,7 @@ def verify_variant_at(task: Any) -> dict[str, Any]:
 if TYPE_CHECKING:
     from ..family._space import Problem, Space
     from ..hardware._chips import Chip
+    from ._ranking import Ranking
     from ._study import StudyResult
 
 
@@ -77,6 +78,8 @@ class KernelObjective(Objective):
         self.verify_mode = verify_mode
         self.timeout = timeout
         self._valid: list[Config] | None = None
+        self._ranking: tuple[Ranking, Config] | None = None
+        self._ranked = False  # _ranking computed
         self._worker: Any = None
         # Pipelined measured search: compile workers render and compile the next proposals while the
         # timing worker measures (default: one per core but the timer's, on the measured back-ends).
@@ -139,7 +142,11 @@ class KernelObjective(Objective):
                 type(cfg[k]) is type(values[0]) and cfg[k] in values for k, values in self.knobs.items())
             if in_domain and self.space.is_valid(cfg) and cfg not in out:
                 out.append(cfg)
-        return out[:limit]
+        out = out[:limit]
+        ranked = self.model_ranking() if self.unrankable() else None
+        if ranked is not None and ranked[1] not in out:  # nothing else will be searched: the model's pick
+            out.append(ranked[1])
+        return out
 
     # -- one trial ----------------------------------------------------------------------------------
     def _task(self, config: Config, backend: str, shape: tuple[int, ...] | None = None, **extra: Any) -> Any:
@@ -158,8 +165,62 @@ class KernelObjective(Objective):
         return self._worker
 
     def prior(self, configs: list[Config]) -> list[float] | None:
-        """The chip's performance model's predicted times (no measurement): the ``auto`` strategy's start."""
+        """The chip's performance model's predicted times (no measurement): the ``auto`` strategy's start; None
+        where the model cannot rank the space (a flat prior would only make the start arbitrary)."""
+        ranked = self.model_ranking()
+        if ranked is not None and ranked[0].flat:
+            return None
         return model_prior(self.space, configs)
+
+    def model_ranking(self) -> tuple[Ranking, Config] | None:
+        """Whether the chip's performance model can rank this space, and its pick (the best-predicted valid
+        config, ties broken by headroom: ``_ranking``), over every valid config (a sample of a space too big
+        to enumerate); None where the model has nothing to say. Computed once."""
+        if not self._ranked:
+            from ._ranking import predict, ranking
+
+            self._ranked = True
+            sampled = self._valid is None and self.space.total > 20000
+            configs = self._sample(1000) if sampled else self.valid_configs()
+            predictions = predict(self.space, configs) if configs else None
+            if predictions is not None:  # ties left after headroom: the config nearest the family's default
+                default = self.family.default
+                pick = min(range(len(configs)), key=lambda i: (
+                    *predictions[i].key, sum(configs[i].get(k) != v for k, v in default.items())))
+                self._ranking = (ranking(predictions, sampled=sampled, roofline=not self.family.model),
+                                 configs[pick])
+        return self._ranking
+
+    def _sample(self, n: int) -> list[Config]:
+        """Up to ``n`` distinct random valid configs (a fixed seed: the verdict is the same every run)."""
+        import random
+
+        from ..family._space import format_config
+
+        rng, out, seen = random.Random(0), [], set()
+        for _ in range(4 * n):
+            cfg = self.random_config(rng, tries=50)
+            if cfg is not None and format_config(cfg) not in seen:
+                seen.add(format_config(cfg))
+                out.append(cfg)
+            if len(out) >= n:
+                break
+        return out
+
+    def model_note(self) -> str | None:
+        """What `tune` says before searching when the model cannot rank this space (None when it can)."""
+        ranked = self.model_ranking()
+        if ranked is None or not ranked[0].flat:
+            return None
+        if self.impl.predicts:
+            return (f"{ranked[0].text()}; the search evaluates the default config and the model's pick (the least "
+                    "on-core work under the bound) and stops")
+        return f"{ranked[0].text()}; the search measures without its guidance"
+
+    def unrankable(self) -> str | None:
+        """On the model back-end, a space the model cannot rank has nothing to search (``Objective``)."""
+        ranked = self.model_ranking() if self.impl.predicts else None
+        return ranked[0].text() if ranked is not None and ranked[0].flat else None
 
     def lookahead(self) -> int:
         return self.compile_workers + 1 if self.compile_workers else 1
@@ -249,10 +310,12 @@ class KernelObjective(Objective):
         if self.impl.predicts:
             check = self.interpret(config) if self.verify == "all" else None
             try:
-                ms = float(self.impl.predict_ms(self.space, config))
+                terms = self.impl.breakdown(self.space, config)
             except KernsearchError as exc:
                 raise VariantFailure("model", str(exc)) from None
-            rec = Record(ms, self.evidence, [ms], sha256=kernel.sha256)
+            ms = float(terms["time_ms"])
+            rec = Record(ms, self.evidence, [ms], sha256=kernel.sha256,
+                         tie_break=float(terms.get("core_ms", ms)))  # equal times: more headroom first
             if check is not None:
                 rec.verified = "interpreter"
                 rec.max_abs_err, rec.max_rel_err = check["max_abs_err"], check["max_rel_err"]
@@ -266,8 +329,7 @@ class KernelObjective(Objective):
                          kernel.sha256, max_abs_err=out["max_abs_err"], max_rel_err=out["max_rel_err"],
                          verified="device")
         rec.gflops = flops / (rec.time_ms * 1e-3) / 1e9 if rec.time_ms > 0 else None
-        peak = self.chip.peak_tflops(self.problem.dtype) * 1e3
-        rec.peak_pct = 100.0 * rec.gflops / peak if rec.gflops and peak else None
+        rec.peak_pct = roofline_pct(self.chip, self.problem, rec.time_ms)
         return rec
 
     # -- the end ------------------------------------------------------------------------------------
@@ -417,22 +479,25 @@ class KernelObjective(Objective):
             self._worker = None
 
 
+def roofline_pct(chip: Chip, problem: Problem, time_ms: float) -> float | None:
+    """How close ``time_ms`` is to the problem's roofline on ``chip``, in percent: its FLOPs at the compute peak
+    or its bytes at the DRAM bandwidth, whichever bounds it (a memory-bound kernel is judged by bandwidth, not by
+    a compute peak it could never reach)."""
+    peak_flops = chip.peak_tflops(problem.dtype) * 1e12
+    bandwidth = chip.memory_bandwidth_gbs * 1e9
+    if time_ms <= 0 or not peak_flops or not bandwidth:
+        return None
+    bound_s = max(problem.flops() / peak_flops, problem.bytes() / bandwidth)
+    return 100.0 * bound_s / (time_ms * 1e-3)
+
+
 def model_prior(space: Space, configs: list[Config]) -> list[float] | None:
     """Modeled times of ``configs`` on ``space``'s problem and chip (inf where the model cannot say), or
     None when the model has nothing for this family or chip. Never raises: a prior is optional."""
-    try:
-        from ..backends import get_backend
+    from ._ranking import predict
 
-        model = get_backend("model", chip=space.chip)
-        out = []
-        for c in configs:
-            try:
-                out.append(float(model.predict_ms(space, c)))
-            except KernsearchError:
-                out.append(float("inf"))
-        return out if any(v != float("inf") for v in out) else None
-    except Exception:  # noqa: BLE001 - no model for this family or chip: no prior
-        return None
+    predictions = predict(space, configs)
+    return None if predictions is None else [p.time_ms for p in predictions]
 
 
 def _judge(top: list[TrialSummary], out: dict[str, Any]) -> FinalRound:

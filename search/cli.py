@@ -122,14 +122,20 @@ def problem_and_space(family: str, shape: str | None, dtype: str | None,
 
 
 @app.command()
-def families() -> None:
-    """List kernel families with a one-line description."""
+def families(folders: list[str] | None = typer.Argument(
+        None, help="family folders of your own to list too (each is checked as `tune` would load it)")) -> None:
+    """List kernel families with a one-line description: the built-in ones, and the folders named."""
     from .family._spec import builtin_family_names, load_family
 
-    table = Table("family", "targets", "knobs", "description", box=None)
-    for name in builtin_family_names():
-        fam = load_family(name)
-        table.add_row(name, ", ".join(fam.templates), str(len(fam.knobs)), fam.description)
+    table = Table("family", "targets", "knobs", "outputs", "description", box=None)
+    loaded = [(name, load_family(name)) for name in builtin_family_names()]
+    for folder in folders or []:
+        given = folder if "/" in folder or folder.startswith(".") else f"./{folder}"  # a folder, never a built-in
+        loaded.append((given, load_family(given)))
+    table.columns[0].no_wrap = True
+    for name, fam in loaded:
+        table.add_row(escape(name), ", ".join(fam.templates), str(len(fam.knobs)),
+                      ", ".join(t.name for t in fam.outputs), escape(fam.description))
     out.print(table)
 
 

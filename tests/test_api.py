@@ -40,6 +40,7 @@ def test_the_documented_example_runs(tmp_path: Path) -> None:
     assert lines[2].startswith("True ") and lines[3].endswith(".whl")
 
 
+@pytest.mark.slow
 def test_the_documented_variant_run_example_runs(tmp_path: Path) -> None:
     """docs/api.md's `kernsearch.run` block, as written, in a fresh process."""
     doc = (REPO / "docs" / "api.md").read_text()

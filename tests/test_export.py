@@ -15,8 +15,17 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from kernsearch import (ArtifactStore, Candidate, KernsearchError, Space, export, geometry, get_chip, load_family,
-                        make_problem)
+from kernsearch import (
+    ArtifactStore,
+    Candidate,
+    KernsearchError,
+    Space,
+    export,
+    geometry,
+    get_chip,
+    load_family,
+    make_problem,
+)
 from kernsearch.artifacts._artifacts import ArtifactKey
 from kernsearch.artifacts._manifest import ArtifactError, Correctness, Measurements
 from kernsearch.exporting._export import ExportError, expr_tree

@@ -102,6 +102,7 @@ def test_the_positional_forms_load_like_the_table() -> None:
         parse_family({"reference": 3.5j}, "x.toml")
 
 
+@pytest.mark.slow
 def test_a_single_reference_for_two_outputs_is_one_line_and_exit_2_in_the_cli(tmp_path: Path) -> None:
     folder = copy_family(tmp_path, spec=SINGLE)
     done = run_cli("verify", str(folder), "--shape", "5,72", cwd=tmp_path)
@@ -146,6 +147,11 @@ def test_a_wrong_second_output_fails_verify_and_names_it(tmp_path: Path) -> None
     check, _ = verify_kernel(get_backend("cpu"), render(sp.family, config, "float32"), geometry(sp, config),
                              sp.problem, chip=M2MAX)
     assert not check.ok and check.reason == "wrong" and check.detail.startswith("h: ")
+
+
+@pytest.mark.slow
+def test_verify_fails_a_wrong_second_output_in_the_cli(tmp_path: Path) -> None:
+    folder = copy_family(tmp_path, template=WRONG_H)
     done = run_cli("verify", str(folder), "--shape", "5,72", "--dtype", "float32", "--config", "TG=64,ROWS=2",
                    cwd=tmp_path)
     assert done.returncode == 1 and "FAIL (wrong)" in done.stdout and "h: " in done.stdout, done.stdout + done.stderr
@@ -275,3 +281,32 @@ def test_a_template_typo_fails_with_the_template_file_and_line_in_the_tunes_chec
     assert exc.value.reason == "compile"
     assert exc.value.detail.startswith(f"residual_rmsnorm.metal.j2:{line}: use of undeclared identifier 'rsqrtt' "
                                        "(kernel line "), exc.value.detail
+
+
+# -- the minor points: listing a family of your own, a family without a CUDA twin ------------------------------
+
+@pytest.mark.slow
+def test_families_lists_the_folders_named_beside_the_builtins(tmp_path: Path) -> None:
+    shutil.copytree(FAMILY, tmp_path / "mine")
+    done = run_cli("families", "mine", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "./mine" in done.stdout and "y, h" in done.stdout and "rmsnorm" in done.stdout
+    missing = run_cli("families", "nothing-here", cwd=tmp_path)
+    assert missing.returncode == 2 and "no family.toml" in missing.stderr and len(missing.stderr.splitlines()) == 1
+
+
+def test_a_family_without_a_cuda_twin_is_valid_and_says_what_it_lacks_for_an_nvidia_chip(tmp_path: Path) -> None:
+    """A CUDA twin is optional: the family loads, verifies and tunes for Apple chips; named for an NVIDIA chip,
+    tune says in one line what is missing and what to do."""
+    from kernsearch.studies._objective import KernelObjective
+
+    folder = copy_family(tmp_path, spec=('cuda = "residual_rmsnorm.cu.j2"\n', ""))
+    fam = load_family(folder)
+    assert set(fam.templates) == {"metal"}
+    h100 = get_chip("H100")
+    with pytest.raises(KernsearchError) as exc:
+        KernelObjective(make_problem(fam, "64,512", "float16", h100), h100, "model")
+    assert str(exc.value) == ("family residual_rmsnorm has no cuda template (the model predicts the cuda kernel that "
+                              "H100 would run); it has metal only: add templates.cuda to its family.toml, or tune it "
+                              "for a chip that runs metal")
+    KernelObjective(make_problem(fam, "64,512", "float16", M2MAX), M2MAX, "model", verify="none")  # Apple: fine

@@ -60,9 +60,13 @@ class KernelObjective(Objective):
         self.evidence = self.impl.evidence.value
         # The model predicts the kernel the chip would run: Metal on Apple GPUs, CUDA on NVIDIA ones.
         self.target = self.impl.target or chip_target(chip.vendor)
-        if self.target not in self.family.templates:
-            raise BackendError(f"family {self.family.name} has no {self.target} template "
-                               f"(back-end {backend} needs one)")
+        if self.target not in self.family.templates:  # a twin is optional: the family runs where it has one
+            runs = " or ".join(sorted(self.family.templates))
+            why = (f"the model predicts the {self.target} kernel that {chip.name} would run" if cls.predicts
+                   else f"the {backend} back-end runs {self.target} kernels")
+            raise BackendError(f"family {self.family.name} has no {self.target} template ({why}); it has {runs} "
+                               f"only: add templates.{self.target} to its family.toml, or tune it for a chip that "
+                               f"runs {runs}")
         # The interpreter runs Metal only: a modeled CUDA kernel cannot be verified here (nor published).
         self.verify = verify if interpretable(self.target) or not cls.predicts else "none"
         self.verify_shape = verify_shape or tuple(min(d, 96) for d in problem.shape)

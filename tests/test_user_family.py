@@ -310,3 +310,33 @@ def test_a_family_without_a_cuda_twin_is_valid_and_says_what_it_lacks_for_an_nvi
                               "H100 would run); it has metal only: add templates.cuda to its family.toml, or tune it "
                               "for a chip that runs metal")
     KernelObjective(make_problem(fam, "64,512", "float16", M2MAX), M2MAX, "model", verify="none")  # Apple: fine
+
+
+@pytest.mark.slow
+def test_the_exported_function_returns_every_output_like_the_kernel_path(tmp_path: Path) -> None:
+    """The package's MLX-op path (no GPU here) returns a tuple of both outputs, as a kernel launch does; the
+    parameter eps is fixed at export (the function takes the tensors only)."""
+    import importlib.util
+    import inspect
+
+    import mlx.core as mx
+
+    from kernsearch import ArtifactStore, export
+
+    result = export([str(FAMILY)], tmp_path / "dist", ArtifactStore(tmp_path / "store"), package="ks_two",
+                    version="1.0")
+    pkg = result.source_dir / "ks_two"
+    spec = importlib.util.spec_from_file_location("ks_two", pkg / "__init__.py", submodule_search_locations=[str(pkg)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ks_two"] = module
+    try:
+        spec.loader.exec_module(module)
+        assert str(inspect.signature(module.residual_rmsnorm)) == "(x, r, w, /, *, modeled=False)"
+        sp = space(shape="3,64")
+        logical = make_inputs(sp.problem, 2)
+        out = module.residual_rmsnorm(*(mx.array(logical[n].astype(np.float32)) for n in ("x", "r", "w")))
+        assert isinstance(out, tuple) and len(out) == 2
+        for got, want in zip(out, reference(sp.problem, logical)):
+            np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-5)
+    finally:
+        sys.modules.pop("ks_two", None)

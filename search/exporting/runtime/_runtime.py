@@ -138,6 +138,11 @@ class ExpressionError(ValueError):
     """An exported expression could not be evaluated (a name is missing, an operator is unknown)."""
 
 
+def _outputs(value: Any) -> Any:
+    """The op's result as the kernel path returns it: one array, or a tuple with one array per output."""
+    return tuple(value) if isinstance(value, list) else value
+
+
 def evaluate(tree: Any, names: Dict[str, Any], functions: Dict[str, Callable[..., Any]] = FUNCTIONS) -> Any:
     """Evaluate an expression tree: ``["const", v]``, ``["name", n]``, ``["bin", op, a, b]``, ..."""
     kind = tree[0]
@@ -603,7 +608,7 @@ class Dispatcher:
             dims_, _ = _bind_dims(fam, [tuple(a.shape) for a in arrays])
             compiled = mx.compile(lambda *xs: evaluate(tree, {**(dims_ or {}), **params, **dict(zip(order, xs))},
                                                        functions))
-            return lambda *call_arrays: compiled(*_as_mx(mx, call_arrays))
+            return lambda *call_arrays: _outputs(compiled(*_as_mx(mx, call_arrays)))
         if (tree[0] == "call" and tree[1] in functions and not tree[3] and not params
                 and all(t[0] == "name" and t[1] in order for t in tree[2])):
             fn, picks = functions[tree[1]], [order.index(t[1]) for t in tree[2]]
@@ -616,7 +621,7 @@ class Dispatcher:
             names: Dict[str, Any] = dict(zip(order, _as_mx(mx, call_arrays)))
             names.update(dims or {})
             names.update(params)
-            return evaluate(tree, names, functions)
+            return _outputs(evaluate(tree, names, functions))
 
         return run
 

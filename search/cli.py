@@ -990,10 +990,12 @@ def predict(family: str = typer.Argument(..., help=FAMILY_HELP),
     if as_json:
         sys.stdout.write(json.dumps({"config": cfg, **b}) + "\n")
         return
-    peak = b.get("peak_tflops") or c.peak_tflops(problem.dtype)
+    from .studies._objective import roofline, roofline_pct
+
+    pct, limit = roofline_pct(c, problem, b["time_ms"]), roofline(c, problem)[1]
     out.print(f"[bold]{problem.family.name}[/] {problem.shape_text} {problem.dtype} on {c.name}: "
               f"[bold]{b['time_ms']:.4g} ms modeled[/] (a prediction, not a measurement), "
-              f"{b['predicted_tflops']:.3g} TFLOP/s = {100 * b['predicted_tflops'] / peak:.0f} % of peak, "
+              f"{b['predicted_tflops']:.3g} TFLOP/s, {_fmt(pct, '.0f')} % of the roofline ({limit}), "
               f"bound: {b['bound']}")
     for key, value in b.items():
         if key not in ("evidence", "chip", "time_ms", "bound"):

@@ -95,6 +95,8 @@ def test_configs_the_model_ties_are_ordered_by_headroom_not_by_trial() -> None:
     best = min(p.time_ms for p in predictions)
     tied = [(p, c) for p, c in zip(predictions, valid) if p.time_ms == best]
     assert len(tied) >= 10 and len({p.tie_break for p, _ in tied}) >= 5
+    doc = " ".join((Path(__file__).resolve().parents[1] / "docs" / "model.md").read_text().split())
+    assert f"has {len(tied)} configs at exactly the same predicted time" in doc  # docs/model.md says how many
     distinct = {f"{p.tie_break:.6g}": c for p, c in tied}  # as a trial's record stores it (6 digits)
     order = [distinct[k] for k in sorted(distinct, key=float, reverse=True)][:10]  # least headroom first
     objective.valid_configs = lambda: order  # type: ignore[method-assign]
@@ -124,3 +126,49 @@ def test_tune_show_and_the_report_say_the_model_cannot_rank_a_flat_family(flat_f
     assert MODELED_POLICY in html.replace("&#x27;", "'")
     show = run("show", "residual_rmsnorm/M2 Max/float16/64x512/model", "--storage", db)
     assert show.returncode == 0 and "cannot rank this space" in show.stdout, show.stderr
+
+
+def test_percent_of_peak_is_of_the_roofline_bandwidth_for_a_memory_bound_kernel() -> None:
+    from kernsearch.studies._objective import roofline, roofline_pct
+
+    fixture = make_problem(load_family(FIXTURE), "64,4096", "float16", M2MAX)
+    assert roofline(M2MAX, fixture)[1] == "DRAM bandwidth"
+    at_bandwidth_ms = fixture.bytes() / (M2MAX.memory_bandwidth_gbs * 1e9) * 1e3
+    assert roofline_pct(M2MAX, fixture, 2 * at_bandwidth_ms) == pytest.approx(50.0)  # not ~1 % of the FLOP peak
+    gemm = make_problem(load_family("gemm"), "4096,4096,4096", "float16", M2MAX)
+    at_peak_ms = gemm.flops() / (M2MAX.peak_tflops("float16") * 1e12) * 1e3
+    assert roofline(M2MAX, gemm)[1] == "compute peak" and roofline_pct(M2MAX, gemm, 4 * at_peak_ms) == pytest.approx(25)
+
+
+@pytest.mark.slow
+def test_the_worked_model_in_the_docs_is_the_fixtures_and_its_figures_hold() -> None:
+    """docs/model.md's worked [model] is the fixture's table, word for word, and the figures it quotes are what
+    the model gives (a change to either shows here)."""
+    import re
+
+    from kernsearch import Space
+    from kernsearch.backends import get_backend
+    from kernsearch.studies._ranking import predict
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "model.md").read_text()
+    spec = (FIXTURE / "family.toml").read_text()
+    table = spec[spec.index("\n[model]\n") + 1:spec.index("\n[default]\n")].rstrip("\n") + "\n"
+    assert re.search(r"## A worked `\[model\]`.*?```toml\n(.*?)```", doc, re.S).group(1) == table
+    doc = " ".join(doc.split())  # the prose, whatever its line breaks
+    fam = load_family(FIXTURE)
+    model = get_backend("model", chip=M2MAX)
+    sp = Space(make_problem(fam, "64,4096", "float16", M2MAX), M2MAX)
+    fast, slow = (model.breakdown(sp, sp.parse_config(c)) for c in ("TG=256,VEC=4", "TG=32,VEC=1"))
+    assert f"`TG=256,VEC=4` is predicted at {fast['time_ms']:.4g} ms, bound by DRAM" in doc and fast["bound"] == "dram"
+    assert f"`TG=32,VEC=1` at {slow['time_ms']:.4g} ms, bound by cache bandwidth" in doc
+    assert slow["bound"] == "cache bandwidth" and f"{slow['bandwidth_efficiency'] * 100:.0f} % of the bytes in flight" in doc
+
+    def spread(shape: str, chip: str) -> tuple[str, bool]:
+        c = get_chip(chip)
+        space = Space(make_problem(fam, shape, "float16", c), c)
+        r = ranking(predict(space, space.enumerate().valid))
+        return f"{r.tied} of {r.configs}", r.flat
+
+    assert spread("64,4096", "M2 Max") == ("9 of 45", False) and "9 of 45 valid configs are within 1 %" in doc
+    assert spread("512,2048", "M2 Max") == ("36 of 45", True) and "puts 36 of 45 configs" in doc
+    assert spread("512,2048", "H100") == ("9 of 45", False) and "it ranks it (9 of 45 within 1 %)" in doc

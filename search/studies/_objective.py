@@ -483,16 +483,21 @@ class KernelObjective(Objective):
             self._worker = None
 
 
-def roofline_pct(chip: Chip, problem: Problem, time_ms: float) -> float | None:
-    """How close ``time_ms`` is to the problem's roofline on ``chip``, in percent: its FLOPs at the compute peak
-    or its bytes at the DRAM bandwidth, whichever bounds it (a memory-bound kernel is judged by bandwidth, not by
-    a compute peak it could never reach)."""
+def roofline(chip: Chip, problem: Problem) -> tuple[float, str]:
+    """The problem's roofline time on ``chip`` in seconds, and what bounds it: its FLOPs at the compute peak
+    ("compute peak") or its bytes at the DRAM bandwidth ("DRAM bandwidth"), whichever takes longer."""
     peak_flops = chip.peak_tflops(problem.dtype) * 1e12
     bandwidth = chip.memory_bandwidth_gbs * 1e9
-    if time_ms <= 0 or not peak_flops or not bandwidth:
-        return None
-    bound_s = max(problem.flops() / peak_flops, problem.bytes() / bandwidth)
-    return 100.0 * bound_s / (time_ms * 1e-3)
+    compute = problem.flops() / peak_flops if peak_flops else 0.0
+    memory = problem.bytes() / bandwidth if bandwidth else 0.0
+    return (compute, "compute peak") if compute >= memory else (memory, "DRAM bandwidth")
+
+
+def roofline_pct(chip: Chip, problem: Problem, time_ms: float) -> float | None:
+    """How close ``time_ms`` is to the problem's roofline on ``chip``, in percent (a memory-bound kernel is judged
+    by the DRAM bandwidth, not by a compute peak it could never reach)."""
+    bound_s, _ = roofline(chip, problem)
+    return 100.0 * bound_s / (time_ms * 1e-3) if time_ms > 0 and bound_s > 0 else None
 
 
 def model_prior(space: Space, configs: list[Config]) -> list[float] | None:

@@ -514,3 +514,21 @@ def test_export_warns_when_a_family_ships_only_modeled_artifacts(tmp_path: Path)
     assert result.notes == [f"gemm: ships only modeled artifacts (1), none measured: {MODELED_POLICY}"]
     store.publish(candidate("M2 Pro", (64, 64, 64)))  # a measured one: no warning
     assert export(["gemm"], tmp_path / "dist", store, version="1.1").notes == []
+
+
+def test_one_wording_for_modeled_results_in_the_docs_and_the_verdict() -> None:
+    """What happens to a modeled result is said in one wording: the gate's reason, export's warning, the report,
+    tune's verdict and the docs (README, docs/artifacts.md, docs/api.md)."""
+    from kernsearch.artifacts._manifest import MODELED_POLICY
+    from kernsearch.studies._study import Stop, StopReason, StudyResult, TrialSummary
+    from kernsearch.studies._tune import verdict
+
+    repo = Path(__file__).resolve().parents[1]
+    for doc in ("README.md", "docs/artifacts.md", "docs/api.md"):
+        text = " ".join((repo / doc).read_text().replace("`", "").split())
+        assert MODELED_POLICY in text, doc
+    best = TrialSummary(0, {}, 1.0, "modeled")
+    result = StudyResult("s", "", "model", "modeled", {}, best, [best], 1, __import__("collections").Counter(), 0,
+                         1.0, Stop(StopReason.BUDGET))
+    key = {"chip": "M2 Max", "shape": "64x64x64", "dtype": "float16"}
+    assert verdict(result, key, "mx.matmul").text.endswith(MODELED_POLICY)

@@ -53,7 +53,7 @@ def test_a_family_without_a_model_cannot_be_ranked_and_says_so(flat_family: Path
     message = modeled.unrankable()
     assert message is not None and "cannot rank this space: 45 of 45 valid configs" in message
     assert modeled.prior(modeled.valid_configs()) is None  # a flat prior is no guidance
-    assert "the search evaluates the default config and the model's pick" in modeled.model_note()
+    assert "the search evaluates the default config and the model's 3 picks" in modeled.model_note()
     with_model = KernelObjective(make_problem(load_family(FIXTURE), "64,4096", "float16", M2MAX), M2MAX, "model",
                                  verify="none")
     assert with_model.unrankable() is None and with_model.model_note() is None
@@ -67,19 +67,23 @@ def test_a_modeled_search_of_a_flat_space_stops_with_that_reason(flat_family: Pa
     url = f"sqlite:///{tmp_path / 'flat.db'}"
     result = run_study(objective, trials=150, patience=60, seed=0, storage=url)
     assert result.stop.reason is StopReason.UNRANKABLE and "cannot rank this space" in result.stop_reason
-    # the default config, and the model's pick: equal roofline times, so the config nearest the default, itself
-    assert result.evaluated == 1 and result.best.config == {"TG": 256, "ROWS": 1, "VEC": 4}
+    # the default config and the model's 3 picks: equal roofline times, so the configs nearest the default (the
+    # default itself and two one knob away): what a whole search would have ranked first
+    assert result.evaluated == 3 and result.best.config == {"TG": 256, "ROWS": 1, "VEC": 4}
+    assert all(sum(t.config[k] != v for k, v in result.best.config.items()) <= 1 for t in result.top)
     import optuna
 
     stored = optuna.load_study(study_name=result.study_name, storage=url).user_attrs
     assert stored["cannot_rank"] == result.stop_reason
     again = run_study(KernelObjective(problem, M2MAX, "model", verify="none"), trials=150, seed=0, storage=url)
-    assert again.stop.reason is StopReason.UNRANKABLE and again.stop.before_run and again.evaluated == 1
+    assert again.stop.reason is StopReason.UNRANKABLE and again.stop.before_run and again.evaluated == 3
     fixture = KernelObjective(make_problem(load_family(FIXTURE), "512,2048", "float16", M2MAX), M2MAX, "model",
                               verify="none")  # with [model]: 36 of 45 configs at the DRAM floor
     assert "36 of 45 valid configs" in fixture.unrankable() and "[model] puts them at the same bound" in \
         fixture.unrankable()
-    assert fixture.model_ranking()[1] in fixture.warm_start()  # its pick: the most headroom under the floor
+    assert fixture.model_ranking()[1] == fixture.warm_start()  # its picks: the most headroom under the floor
+    verified = KernelObjective(problem, M2MAX, "model", verify="all")  # every trial a correctness check: go on
+    assert verified.unrankable() is None and "goes on only to verify configs" in verified.model_note()
 
 
 def test_configs_the_model_ties_are_ordered_by_headroom_not_by_trial() -> None:
@@ -116,7 +120,7 @@ def test_tune_show_and_the_report_say_the_model_cannot_rank_a_flat_family(flat_f
     tune = run("tune", str(flat_family), "--shape", "64,512", "--time-budget", "60s", "--storage", db, "--report")
     assert tune.returncode == 0, tune.stderr
     assert "cannot rank this space: 45 of 45 valid configs" in " ".join(tune.stderr.split())  # before the search
-    assert "1 configs evaluated" in tune.stdout and "no improvement" not in tune.stdout + tune.stderr
+    assert "3 configs evaluated" in tune.stdout and "no improvement" not in tune.stdout + tune.stderr
     assert "the family has no [model] table" in tune.stdout  # the stop reason, markup-safe
     report = Path(tune.stderr.strip().splitlines()[-1].removeprefix("report: "))
     html = report.read_text()

@@ -13,6 +13,9 @@ from ..hardware._targets import chip_target, interpretable
 from ._final import FinalistCheck, FinalistTime, FinalRound
 from ._study import Objective, Record, TrialSummary
 
+#: Configs of its own a search evaluates where the performance model cannot rank the space: the best-predicted
+#: ones, as many as the final round verifies by default.
+PICKS = 3
 #: Threadgroups of the tuned shape a winner runs on the interpreter before publishing (corners, edges,
 #: random interior ones): a big problem cannot run whole on the CPU, a sample of its tiles can.
 TUNED_SAMPLE = 12
@@ -82,7 +85,7 @@ class KernelObjective(Objective):
         self.verify_mode = verify_mode
         self.timeout = timeout
         self._valid: list[Config] | None = None
-        self._ranking: tuple[Ranking, Config] | None = None
+        self._ranking: tuple[Ranking, list[Config]] | None = None
         self._ranked = False  # _ranking computed
         self._worker: Any = None
         # Pipelined measured search: compile workers render and compile the next proposals while the
@@ -148,8 +151,9 @@ class KernelObjective(Objective):
                 out.append(cfg)
         out = out[:limit]
         ranked = self.model_ranking() if self.unrankable() else None
-        if ranked is not None and ranked[1] not in out:  # nothing else will be searched: the model's pick
-            out.append(ranked[1])
+        for pick in ranked[1] if ranked is not None else []:  # nothing else will be searched: the model's picks
+            if pick not in out:
+                out.append(pick)
         return out
 
     # -- one trial ----------------------------------------------------------------------------------
@@ -176,10 +180,10 @@ class KernelObjective(Objective):
             return None
         return model_prior(self.space, configs)
 
-    def model_ranking(self) -> tuple[Ranking, Config] | None:
-        """Whether the chip's performance model can rank this space, and its pick (the best-predicted valid
-        config, ties broken by headroom: ``_ranking``), over every valid config (a sample of a space too big
-        to enumerate); None where the model has nothing to say. Computed once."""
+    def model_ranking(self) -> tuple[Ranking, list[Config]] | None:
+        """Whether the chip's performance model can rank this space, and its picks (the best-predicted valid
+        configs, ties broken by headroom, then by closeness to the default: ``_ranking``), over every valid config
+        (a sample of a space too big to enumerate); None where the model has nothing to say. Computed once."""
         if not self._ranked:
             from ._ranking import predict, ranking
 
@@ -187,12 +191,12 @@ class KernelObjective(Objective):
             sampled = self._valid is None and self.space.total > 20000
             configs = self._sample(1000) if sampled else self.valid_configs()
             predictions = predict(self.space, configs) if configs else None
-            if predictions is not None:  # ties left after headroom: the config nearest the family's default
+            if predictions is not None:
                 default = self.family.default
-                pick = min(range(len(configs)), key=lambda i: (
+                order = sorted(range(len(configs)), key=lambda i: (
                     *predictions[i].key, sum(configs[i].get(k) != v for k, v in default.items())))
                 self._ranking = (ranking(predictions, sampled=sampled, roofline=not self.family.model),
-                                 configs[pick])
+                                 [configs[i] for i in order[:PICKS]])
         return self._ranking
 
     def _sample(self, n: int) -> list[Config]:
@@ -216,14 +220,18 @@ class KernelObjective(Objective):
         ranked = self.model_ranking()
         if ranked is None or not ranked[0].flat:
             return None
+        if self.unrankable():
+            return (f"{ranked[0].text()}; the search evaluates the default config and the model's {PICKS} picks "
+                    "(the least on-core work under the bound) and stops")
         if self.impl.predicts:
-            return (f"{ranked[0].text()}; the search evaluates the default config and the model's pick (the least "
-                    "on-core work under the bound) and stops")
+            return f"{ranked[0].text()}; the search goes on only to verify configs (--verify all)"
         return f"{ranked[0].text()}; the search measures without its guidance"
 
     def unrankable(self) -> str | None:
-        """On the model back-end, a space the model cannot rank has nothing to search (``Objective``)."""
-        ranked = self.model_ranking() if self.impl.predicts else None
+        """On the model back-end, a space the model cannot rank has nothing to search (``Objective``): its picks
+        are the finalists a whole search would end with. Not when every trial is verified (``verify="all"``):
+        then each one more is a correctness check, and the search goes on to find correct variants."""
+        ranked = self.model_ranking() if self.impl.predicts and self.verify != "all" else None
         return ranked[0].text() if ranked is not None and ranked[0].flat else None
 
     def lookahead(self) -> int:

@@ -486,8 +486,8 @@ class _Search:
         self.ahead: deque[tuple[optuna.Trial, Config, str]] = deque()
         self.strategy: Any = None
         self.unrankable = objective.unrankable()
-        if self.unrankable:  # the report says it too
-            study.set_user_attr("cannot_rank", self.unrankable)
+        if self.unrankable or study.user_attrs.get("cannot_rank"):  # the report says it too (or no longer)
+            study.set_user_attr("cannot_rank", self.unrankable or "")
 
     def run(self) -> Stop:
         """Propose and evaluate until a limit, a stop request or Ctrl-C; proposals not evaluated are closed."""

@@ -704,10 +704,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
         err.print(note, soft_wrap=True)
     err.print(f"tuning [bold]{key['family']}[/] {key['shape']} {key['dtype']} on {key['chip']} "
               f"({key['backend']} back-end, {objective.evidence})", soft_wrap=True)
-    flat = getattr(objective, "model_note", None)  # a family the performance model cannot rank: say so first
-    flat_note = flat() if callable(flat) else None
-    if flat_note:
-        _warn_line(flat_note)
+    _say_if_the_model_cannot_rank(objective)
     if publish and replay:
         raise KernsearchError("--publish needs a kernel family: replayed landscapes have no kernel to publish")
     result = _run_with_progress(objective, trials, time_budget, patience or None, sampler_name, seed, storage, study,
@@ -740,6 +737,14 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
         raise typer.Exit(130)
     if result.best is None or result.final is not None and result.final.winner is None:
         raise typer.Exit(1)  # the search ran, but no variant was correct: like a failed `verify`
+
+
+def _say_if_the_model_cannot_rank(objective: Any) -> None:
+    """A family the performance model predicts flat: one warning line before the search (``model_note``)."""
+    note = getattr(objective, "model_note", None)
+    text = note() if callable(note) else None
+    if text:
+        _warn_line(text)
 
 
 def _verdict(result: Any, key: dict[str, Any], op: str, margin: float) -> tuple[bool | None, str]:

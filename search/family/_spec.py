@@ -429,6 +429,16 @@ def _op_name(text: str) -> str:
     return f"MLX {text[:60]}" + ("..." if len(text) > 60 else "")
 
 
+def _value_counts(fam: Family) -> list[str]:
+    """The reference and the baseline give one value per output, or each is an error naming the outputs."""
+    outputs = [t.name for t in fam.outputs]
+    return [f"{field}: {count} value(s) for {len(outputs)} output(s) ({', '.join(outputs)}): give one expression per "
+            f"output, as a table by output name ([{field}] {' '.join(f'{n} = ...' for n in outputs[:3])}) or a list "
+            "in their order"
+            for field, expr in (("reference", fam.reference), ("baseline", fam.baseline))
+            if (count := value_count(expr)) != len(outputs)]
+
+
 def _check_names(fam: Family) -> None:
     """Every name an expression reads must exist where it is evaluated; every problem is reported at once."""
     errors: list[str] = []
@@ -487,13 +497,7 @@ def _check_names(fam: Family) -> None:
     arrays = {t.name for t in fam.inputs} | dims | params | set(ARRAY_FUNCTIONS)
     require("reference", fam.reference, arrays)
     require("baseline", fam.baseline, arrays)
-    outputs = [t.name for t in fam.outputs]
-    for field, expr in (("reference", fam.reference), ("baseline", fam.baseline)):
-        count = value_count(expr)
-        if count != len(outputs):
-            errors.append(f"{field}: {count} value(s) for {len(outputs)} output(s) ({', '.join(outputs)}): give one "
-                          f"expression per output, as a table by output name ([{field}] "
-                          f"{' '.join(f'{n} = ...' for n in outputs[:3])}) or a list in their order")
+    errors += _value_counts(fam)
     for dtype, tol in fam.tolerance.items():
         require(f"tolerance.{dtype}.rtol", tol.rtol, dims | params | set(BUILTINS))
         require(f"tolerance.{dtype}.atol", tol.atol, dims | params | set(BUILTINS))

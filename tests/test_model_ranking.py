@@ -154,7 +154,13 @@ def test_the_worked_model_in_the_docs_is_the_fixtures_and_its_figures_hold() -> 
     from kernsearch.backends import get_backend
     from kernsearch.studies._ranking import predict
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "model.md").read_text()
+    repo = Path(__file__).resolve().parents[1]
+    doc = (repo / "docs" / "model.md").read_text()
+    commands = re.search(r"What it predicts.*?```sh\n(.*?)```", doc, re.S).group(1).splitlines()
+    for line, time_ms in zip(commands, ("0.01026", "0.1205")):  # the doc's commands, as written, from the repo
+        done = subprocess.run([sys.executable, "-m", *line.split()], capture_output=True, text=True, cwd=repo,
+                              timeout=120)
+        assert done.returncode == 0 and f"{time_ms} ms modeled" in done.stdout, done.stdout + done.stderr
     spec = (FIXTURE / "family.toml").read_text()
     table = spec[spec.index("\n[model]\n") + 1:spec.index("\n[default]\n")].rstrip("\n") + "\n"
     assert re.search(r"## A worked `\[model\]`.*?```toml\n(.*?)```", doc, re.S).group(1) == table

@@ -30,7 +30,9 @@ _EXPORTS = {
     "FinalRound": ".studies._final", "FinalistCheck": ".studies._final", "FinalistTime": ".studies._final",
     # artifacts and the exported package
     "ArtifactStore": ".artifacts._artifacts", "Candidate": ".artifacts._artifacts", "export": ".exporting._export",
-    "KernsearchError": "._errors",
+    "KernsearchError": "._errors", "VariantFailure": "._errors",
+    # a variant on the interpreter: the test API of a family's author
+    "run": ".evaluation._variant", "VariantRun": ".evaluation._variant",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -122,14 +122,20 @@ def problem_and_space(family: str, shape: str | None, dtype: str | None,
 
 
 @app.command()
-def families() -> None:
-    """List kernel families with a one-line description."""
+def families(folders: list[str] | None = typer.Argument(
+        None, help="family folders of your own to list too (each is checked as `tune` would load it)")) -> None:
+    """List kernel families with a one-line description: the built-in ones, and the folders named."""
     from .family._spec import builtin_family_names, load_family
 
-    table = Table("family", "targets", "knobs", "description", box=None)
-    for name in builtin_family_names():
-        fam = load_family(name)
-        table.add_row(name, ", ".join(fam.templates), str(len(fam.knobs)), fam.description)
+    table = Table("family", "targets", "knobs", "outputs", "description", box=None)
+    loaded = [(name, load_family(name)) for name in builtin_family_names()]
+    for folder in folders or []:
+        given = folder if "/" in folder or folder.startswith(".") else f"./{folder}"  # a folder, never a built-in
+        loaded.append((given, load_family(given)))
+    table.columns[0].no_wrap = True
+    for name, fam in loaded:
+        table.add_row(escape(name), ", ".join(fam.templates), str(len(fam.knobs)),
+                      ", ".join(t.name for t in fam.outputs), escape(fam.description))
     out.print(table)
 
 
@@ -392,9 +398,10 @@ def artifacts_rejudge(store: str | None = StoreOpt, margin: float = typer.Option
 
 
 @app.command()
-def export(families: list[str] | None = typer.Argument(None, help="families to export (default: every "
-                                                                     "family with artifacts)"),
-           out_dir: str = typer.Option("dist", "--out", help="folder for the wheel and its source tree"),
+def export(families: list[str] | None = typer.Argument(None, help="families to export: built-in names or family "
+                                                                     "folders (default: every built-in family)"),
+           out_dir: str = typer.Option("dist", "--out", help="folder for the wheel and its source tree (it keeps "
+                                       "the package's current export only)"),
            store: str | None = StoreOpt,
            package: str = typer.Option("kernsearch_kernels", "--name", help="Python package name"),
            version: str | None = typer.Option(None, "--version", help="package version (default: UTC date)")) -> None:
@@ -561,7 +568,7 @@ def _top_table(rows: list[TrialSummary], evidence: str, winner: int | None, fina
                                f"{_verified(t, final)}"))
             blocks.append(Padding(Text(format_config(t.config).replace(",", ", ")), (0, 0, 0, 4)))
         return Group(*blocks)
-    table = Table("#", "trial", "config", f"{label} ms", "spread", "GFLOP/s", "% peak", "max err",
+    table = Table("#", "trial", "config", f"{label} ms", "spread", "GFLOP/s", "% roofline", "max err",
                   "evidence", "verified", title=title, title_justify="left", box=None)
     for i, column in enumerate(table.columns):  # only the config wraps, and only between knobs
         column.no_wrap = i != 2
@@ -599,8 +606,9 @@ def _final_lines(final: FinalRound | None, evidence: str) -> list[str]:
     if final.lead_exceeds_noise is False:
         lines.append("[yellow]the winner's lead over the runner-up is within the measured noise[/]")
     for number, check in final.checks.items():
+        detail = f": {escape(check.detail.splitlines()[0][:300])}" if check.detail else ""
         state = f"[green]pass[/] (max abs err {_fmt(check.max_abs_err, '.2g')})" if check.ok else \
-            f"[red]FAIL ({check.reason})[/]"
+            f"[red]FAIL ({check.reason})[/]{detail}"
         also = ""
         if check.also:
             sampled = check.threadgroups_checked
@@ -696,6 +704,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
         err.print(note, soft_wrap=True)
     err.print(f"tuning [bold]{key['family']}[/] {key['shape']} {key['dtype']} on {key['chip']} "
               f"({key['backend']} back-end, {objective.evidence})", soft_wrap=True)
+    _say_if_the_model_cannot_rank(objective)
     if publish and replay:
         raise KernsearchError("--publish needs a kernel family: replayed landscapes have no kernel to publish")
     result = _run_with_progress(objective, trials, time_budget, patience or None, sampler_name, seed, storage, study,
@@ -728,6 +737,14 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
         raise typer.Exit(130)
     if result.best is None or result.final is not None and result.final.winner is None:
         raise typer.Exit(1)  # the search ran, but no variant was correct: like a failed `verify`
+
+
+def _say_if_the_model_cannot_rank(objective: Any) -> None:
+    """A family the performance model predicts flat: one warning line before the search (``model_note``)."""
+    note = getattr(objective, "model_note", None)
+    text = note() if callable(note) else None
+    if text:
+        _warn_line(text)
 
 
 def _verdict(result: Any, key: dict[str, Any], op: str, margin: float) -> tuple[bool | None, str]:
@@ -797,7 +814,7 @@ def _print_result(result: StudyResult) -> None:
     fails = ", ".join(f"{k} {v}" for k, v in result.failures.most_common()) or "none"
     out.print(f"study [bold]{result.study_name}[/] · {result.evaluated} configs evaluated · failed: {fails} · "
               f"{result.invalid} invalid proposals rejected before compiling · {result.elapsed_s:.1f} s · "
-              f"{result.stop_reason}", soft_wrap=True)
+              f"{escape(result.stop_reason)}", soft_wrap=True)
     winner = result.final.winner if result.final is not None else result.best.number if result.best else None
     if result.top:
         _wide().print(_top_table(result.top, result.evidence, winner, result.final))
@@ -875,6 +892,8 @@ def show(study: str = typer.Argument(..., help="study name (see `kernsearch stud
               f"{attrs.get('chip')} ({attrs.get('backend')} back-end, "
               f"{_evidence_label(evidence, attrs.get('backend'))})", soft_wrap=True)
     out.print(_trial_counts(status, reasons), soft_wrap=True)
+    if attrs.get("cannot_rank"):
+        out.print(f"[yellow]{escape(str(attrs['cannot_rank']))}[/]", soft_wrap=True)
     if rows:
         _wide().print(_top_table(rows, evidence, final.winner if final is not None else None, final))
     for line in _final_lines(final, evidence):
@@ -976,10 +995,12 @@ def predict(family: str = typer.Argument(..., help=FAMILY_HELP),
     if as_json:
         sys.stdout.write(json.dumps({"config": cfg, **b}) + "\n")
         return
-    peak = b.get("peak_tflops") or c.peak_tflops(problem.dtype)
+    from .studies._objective import roofline, roofline_pct
+
+    pct, limit = roofline_pct(c, problem, b["time_ms"]), roofline(c, problem)[1]
     out.print(f"[bold]{problem.family.name}[/] {problem.shape_text} {problem.dtype} on {c.name}: "
               f"[bold]{b['time_ms']:.4g} ms modeled[/] (a prediction, not a measurement), "
-              f"{b['predicted_tflops']:.3g} TFLOP/s = {100 * b['predicted_tflops'] / peak:.0f} % of peak, "
+              f"{b['predicted_tflops']:.3g} TFLOP/s, {_fmt(pct, '.0f')} % of the roofline ({limit}), "
               f"bound: {b['bound']}")
     for key, value in b.items():
         if key not in ("evidence", "chip", "time_ms", "bound"):

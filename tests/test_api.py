@@ -38,3 +38,32 @@ def test_the_documented_example_runs(tmp_path: Path) -> None:
     lines = out.stdout.splitlines()
     assert "modeled" in lines[0] and "the baseline" in lines[1] or "not modeled" in lines[1]
     assert lines[2].startswith("True ") and lines[3].endswith(".whl")
+
+
+@pytest.mark.slow
+def test_the_documented_variant_run_example_runs(tmp_path: Path) -> None:
+    """docs/api.md's `kernsearch.run` block, as written, in a fresh process."""
+    doc = (REPO / "docs" / "api.md").read_text()
+    block = re.search(r"## Example: check a variant against your own NumPy.*?```python\n(.*?)```", doc, re.S).group(1)
+    out = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "(3, 256) interpreted True"
+
+
+def test_run_gives_every_output_and_refuses_bad_inputs() -> None:
+    import numpy as np
+
+    import kernsearch as ks
+
+    family = REPO / "tests" / "families" / "residual_rmsnorm"
+    x, r = np.full((2, 64), 0.5), np.full((2, 64), 0.25)
+    result = ks.run(family, "TG=32,VEC=2", dtype="float32", inputs={"x": x, "r": r}, mode="check")
+    assert result.shape == (2, 64) and set(result.outputs) == {"y", "h"} and not result.diagnostics
+    np.testing.assert_array_equal(result.outputs["h"], 0.75)  # h = x + r
+    np.testing.assert_allclose(result.outputs["y"], result.inputs["w"] * np.ones((2, 1)), rtol=1e-5)  # rms(h) = h
+    with pytest.raises(ks.KernsearchError, match="no input named q"):
+        ks.run(family, inputs={"q": x})
+    with pytest.raises(ks.KernsearchError, match=r"input r has shape \(2, 63\); at 2x64 the spec says"):
+        ks.run(family, "TG=32,VEC=1", dtype="float32", inputs={"x": x, "r": r[:, :63]})
+    with pytest.raises(ks.VariantFailure):
+        ks.run("gemm", "BM=64", shape="8,8,8", dtype="float32", timeout=0.001)

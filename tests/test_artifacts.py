@@ -176,7 +176,9 @@ def test_gate_is_a_pure_decision() -> None:
     from kernsearch.artifacts._candidate import draft_manifest
 
     draft = draft_manifest(store_free)
-    assert gate(draft, None, None) == (True, "first version for this key (modeled)")
+    from kernsearch.artifacts._manifest import MODELED_POLICY
+
+    assert gate(draft, None, None) == (True, f"first version for this key (modeled); {MODELED_POLICY}")
 
 
 # -- refusing bad artifacts ------------------------------------------------------------------------------

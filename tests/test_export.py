@@ -16,7 +16,17 @@ import numpy as np
 import pytest
 from judged import consumer_modes
 
-from kernsearch import ArtifactStore, Candidate, Space, export, geometry, get_chip, load_family, make_problem
+from kernsearch import (
+    ArtifactStore,
+    Candidate,
+    KernsearchError,
+    Space,
+    export,
+    geometry,
+    get_chip,
+    load_family,
+    make_problem,
+)
 from kernsearch.artifacts._artifacts import ArtifactKey
 from kernsearch.artifacts._manifest import ArtifactError, Correctness, Measurements
 from kernsearch.exporting._export import ExportError, expr_tree
@@ -297,8 +307,6 @@ def test_a_tampered_kernel_in_the_package_is_refused_and_the_chain_goes_on(expor
 
 def test_export_refuses_tampered_artifacts_and_skips_invalidated_ones(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path / "store")
-    with pytest.raises(ExportError, match="nothing to export"):
-        export(None, tmp_path / "dist", store)
     only_defaults = export(["gemm"], tmp_path / "dist", store, version="1.0")
     assert only_defaults.artifacts == [] and "measured to beat the MLX op" in only_defaults.notes[0]
     store.publish(candidate("M2 Max", (64, 64, 64)))
@@ -441,3 +449,95 @@ def test_exported_kernel_runs_on_this_gpu(tmp_path: Path) -> None:
     c = np.array(pkg._dispatcher.call("gemm", ma, mb, modeled=True).astype(mx.float32), dtype=np.float64)
     ref = a.astype(np.float16).astype(np.float64) @ b.astype(np.float16).astype(np.float64)
     np.testing.assert_allclose(c, ref, rtol=2e-3, atol=2e-3 * np.sqrt(260))
+
+
+# -- --out: built aside, moved into place, one current wheel (issues 24, 25) -----------------------------------
+
+def _tree(folder: Path) -> dict[str, bytes | None]:
+    """Every path under ``folder`` with its bytes (None for a folder)."""
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None) for p in sorted(folder.rglob("*"))}
+
+
+def test_a_failed_export_after_a_successful_one_changes_nothing_in_out(tmp_path: Path) -> None:
+    """The second export fails midway (gemm written, then a family that does not load): the first one's wheel
+    and source tree stay byte-identical, with the same version (the source tree used to be emptied and left
+    half-written) and with the default one (a new timestamped folder used to be left empty)."""
+    store = ArtifactStore(tmp_path / "store")
+    out = tmp_path / "dist"
+    for version in ("1.0", None):
+        first = export(["gemm"], out, store, version=version)
+        before = _tree(out)
+        assert first.wheel.name in before and first.source_dir.name in before
+        with pytest.raises(KernsearchError, match="no family.toml"):
+            export(["gemm", str(tmp_path / "no-such-family")], out, store, version=version)
+        assert _tree(out) == before
+    with pytest.raises(KernsearchError):  # into a folder that did not exist: it is not left behind either
+        export(["gemm", str(tmp_path / "no-such-family")], tmp_path / "new", store)
+    assert not (tmp_path / "new").exists()
+
+
+def test_repeated_exports_leave_one_current_wheel_and_versions_never_collide(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "store")
+    out = tmp_path / "dist"
+    (out / "notes.txt").parent.mkdir()
+    (out / "notes.txt").write_text("mine\n")  # not the package's: left alone
+    other = export(["gemm"], out, store, package="ks_other", version="3.0")
+    versions = []
+    for _ in range(3):  # the default version is the UTC second: these land in the same second or the next
+        result = export(["gemm"], out, store)
+        versions.append(result.version)
+        assert sorted(p.name for p in out.iterdir()) == sorted(
+            ["notes.txt", other.wheel.name, other.source_dir.name, result.wheel.name, result.source_dir.name])
+    # a second export in one second is VERSION.1, not the same name; versions only go up (pip upgrades)
+    assert len(set(versions)) == 3 and sorted(versions, key=lambda v: [int(p) for p in v.split(".")]) == versions
+    again = export(["gemm"], out, store, version="7.0")
+    assert again.wheel.exists() and not result.wheel.exists() and not result.source_dir.exists()
+    same = export(["gemm"], out, store, version="7.0")  # the same version again replaces it, once complete
+    assert same.wheel == again.wheel and same.wheel.exists() and (same.source_dir / "pyproject.toml").is_file()
+
+
+def test_plain_export_ships_every_builtin_family(tmp_path: Path) -> None:
+    """`kernsearch export` with no family named: every built-in family, the MLX op for those without artifacts."""
+    from kernsearch.family._spec import builtin_family_names
+
+    result = export(None, tmp_path / "dist", ArtifactStore(tmp_path / "store"), package="ks_all", version="1.0")
+    assert result.families == builtin_family_names() and result.artifacts == []
+    assert len(result.notes) == 1 and result.notes[0].startswith("gemm, gemv, layernorm, qmatvec, rmsnorm, softmax,")
+    try:
+        pkg = import_package(result.source_dir, "ks_all")
+        x, w = np.random.default_rng(0).uniform(-1, 1, (3, 64)), np.full(64, 1.5)
+        y = pkg.rmsnorm(mx.array(x.astype(np.float32)), mx.array(w.astype(np.float32)))  # `from ks_all import rmsnorm`
+        np.testing.assert_allclose(np.array(y), x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * w, rtol=1e-5)
+        assert pkg.rmsnorm.explain(mx.array(x.astype(np.float32)), mx.array(w.astype(np.float32))).level == "mlx op"
+    finally:
+        sys.modules.pop("ks_all", None)
+
+
+def test_export_warns_when_a_family_ships_only_modeled_artifacts(tmp_path: Path) -> None:
+    from kernsearch.artifacts._manifest import MODELED_POLICY
+
+    store = ArtifactStore(tmp_path / "store")
+    outcome = store.publish(candidate("M2 Max", (64, 64, 64), evidence="modeled"))
+    assert outcome.published and outcome.reason.endswith(MODELED_POLICY)  # tune --publish says it too
+    result = export(["gemm"], tmp_path / "dist", store, version="1.0")
+    assert result.notes == [f"gemm: ships only modeled artifacts (1), none measured: {MODELED_POLICY}"]
+    store.publish(candidate("M2 Pro", (64, 64, 64)))  # a measured one: no warning
+    assert export(["gemm"], tmp_path / "dist", store, version="1.1").notes == []
+
+
+def test_one_wording_for_modeled_results_in_the_docs_and_the_verdict() -> None:
+    """What happens to a modeled result is said in one wording: the gate's reason, export's warning, the report,
+    tune's verdict and the docs (README, docs/artifacts.md, docs/api.md)."""
+    from kernsearch.artifacts._manifest import MODELED_POLICY
+    from kernsearch.studies._study import Stop, StopReason, StudyResult, TrialSummary
+    from kernsearch.studies._tune import verdict
+
+    repo = Path(__file__).resolve().parents[1]
+    for doc in ("README.md", "docs/artifacts.md", "docs/api.md"):
+        text = " ".join((repo / doc).read_text().replace("`", "").split())
+        assert MODELED_POLICY in text, doc
+    best = TrialSummary(0, {}, 1.0, "modeled")
+    result = StudyResult("s", "", "model", "modeled", {}, best, [best], 1, __import__("collections").Counter(), 0,
+                         1.0, Stop(StopReason.BUDGET))
+    key = {"chip": "M2 Max", "shape": "64x64x64", "dtype": "float16"}
+    assert verdict(result, key, "mx.matmul").text.endswith(MODELED_POLICY)

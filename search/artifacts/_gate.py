@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._manifest import EVIDENCE_RANK, Manifest, Measurements
+from ._manifest import EVIDENCE_RANK, MODELED_POLICY, Manifest, Measurements
 from ..exporting.runtime._runtime import CONSUMER_MODES, DEFAULT_MARGIN, beats_op, consumer_low, modes_text
 
 
@@ -38,7 +38,16 @@ def loses_to_baseline(draft: dict[str, Any], op: str, margin: float = DEFAULT_MA
 
 def gate(draft: dict[str, Any], current: Manifest | None, invalid: str | None,
          min_gain: float = 0.0) -> tuple[bool, str]:
-    """Decide whether a (correct) candidate replaces the current version; returns (publish, reason)."""
+    """Decide whether a (correct) candidate replaces the current version; returns (publish, reason). A modeled
+    candidate that becomes current says what that means (:data:`MODELED_POLICY`)."""
+    publish, reason = _gate(draft, current, invalid, min_gain)
+    if publish and draft["evidence"] == "modeled":
+        reason += f"; {MODELED_POLICY}"
+    return publish, reason
+
+
+def _gate(draft: dict[str, Any], current: Manifest | None, invalid: str | None,
+          min_gain: float = 0.0) -> tuple[bool, str]:
     evidence: str = draft["evidence"]
     new: Measurements | None = draft.get("measurements")
     if current is None:

@@ -34,6 +34,10 @@ MIGRATES_FROM = (1,)
 EvidenceKind = Literal["measured", "interpreted", "modeled"]
 #: How much an evidence kind is worth to the regression gate: a lower kind never replaces a higher one.
 EVIDENCE_RANK = {"interpreted": 0, "modeled": 1, "measured": 2}
+#: What happens to a modeled result, in the one wording every place that says it uses (tune, the report, the
+#: gate's reason, export's warning, the docs): a prediction is kept, never taken for a measured win.
+MODELED_POLICY = ("a modeled result is stored and exported, but the exported package dispatches it only when its "
+                  "consumer opts in (KERNSEARCH_KERNELS=modeled); otherwise the MLX op runs")
 _SHA256 = r"^[0-9a-f]{64}$"
 
 

@@ -280,6 +280,7 @@ class MLXBackend(BaseBackend):
         mx = mx_core()
         self.check_available()
         table = {"inputs": [{"name": t.name} for t in family.inputs], "baseline": expr_tree(family.baseline),
+                 "outputs": [{"name": t.name} for t in family.outputs],
                  "params": [{"name": n, "value": p.number} for n, p in family.params.items()],
                  "compile_baseline": family.compile_baseline}
         functions = {n: f for n, f in mlx_vocabulary(mx).items() if n in ARRAY_FUNCTIONS}

@@ -242,8 +242,12 @@ def _check(impl: BaseBackend, kernel: KernelSource, geo: Geometry, problem: Prob
 
 def verify_variant(task: VariantTask) -> dict[str, Any]:
     """Run once with fresh random inputs (outputs pre-filled with NaN) and compare with the reference."""
-    _, problem, space, impl, kernel, geo = _setup(task)
+    fam, problem, space, impl, kernel, geo = _setup(task)
     options = {**task.options, **({"chip": space.chip} if impl.interprets else {})}
+    if impl.interprets and "lines" not in options:  # failures name the template file:line
+        from ..interp import template_lines
+
+        options["lines"] = template_lines(fam, task.config, task.dtype, kernel.target)
     sample = options.pop("sample_threadgroups", None)
     if sample:  # a big problem on the interpreter: a sample of its threadgroups, checked against the reference
         from ._verify import sample_threadgroups

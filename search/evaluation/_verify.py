@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import KernsearchError
+from .._errors import KernsearchError, SpecError
 from ..family._expr import BUILTINS
 from ..family._render import Geometry, KernelSource
 from ..family._space import Problem
@@ -95,10 +95,25 @@ def kernel_inputs(problem: Problem, logical: dict[str, np.ndarray], geometry: Ge
 
 
 def reference(problem: Problem, logical: dict[str, np.ndarray]) -> list[np.ndarray]:
-    ns = {**_numpy_namespace(), **problem.dims, **problem.family.param_values, **logical}
-    out = problem.family.reference(ns)
+    """The float64 reference: one array per output, each of its declared shape (else a one-line SpecError: a
+    reference that gives too few values would leave an output unchecked)."""
+    fam = problem.family
+    ns = {**_numpy_namespace(), **problem.dims, **fam.param_values, **logical}
+    out = fam.reference(ns)
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
-    return [np.asarray(o, dtype=np.float64) for o in outs]
+    names = [t.name for t in fam.outputs]
+    where = f"{fam.path / 'family.toml'}: reference"
+    if len(outs) != len(names):
+        raise SpecError(f"{where} gives {len(outs)} value(s) at {problem.shape_text} for {len(names)} output(s) "
+                        f"({', '.join(names)}): give one expression per output")
+    refs = [np.asarray(o, dtype=np.float64) for o in outs]
+    ctx = problem._ctx()
+    for t, ref in zip(fam.outputs, refs):
+        shape = tuple(int(s) for s in t.shape(ctx))
+        if ref.shape != shape:
+            raise SpecError(f"{where}: the value for output {t.name} has shape {ref.shape} at "
+                            f"{problem.shape_text}; the output is declared {t.shape.text} = {shape}")
+    return refs
 
 
 @dataclass
@@ -131,6 +146,8 @@ def compare(problem: Problem, outputs: list[np.ndarray], refs: list[np.ndarray],
     """Element-wise ``|out - ref| <= atol + rtol·|ref|`` for every output."""
     rtol, atol = tolerance(problem)
     worst_abs = worst_rel = 0.0
+    if len(outputs) != len(refs):  # every output is compared, or the variant fails
+        return Check(False, "shape", detail=f"{len(outputs)} output(s), expected {len(refs)}")
     for i, (name, out, ref) in enumerate(zip((t.name for t in problem.family.outputs), outputs, refs)):
         out = np.asarray(out, dtype=np.float64)
         if out.shape != ref.shape:
@@ -246,6 +263,8 @@ def verify_sampled(problem: Problem, geometry: Geometry, run: Any, logical: dict
     counts = threadgroup_counts(geometry)
     total_tgs = counts[0] * counts[1] * counts[2]
     worst_abs = worst_rel = 0.0
+    if not len(first) == len(second) == len(refs):
+        return Check(False, "shape", detail=f"{len(first)} output(s), expected {len(refs)}")
     sentinel = float(round_to_dtype(np.array([SENTINEL]), problem.dtype)[0])  # as the output dtype holds it
     for name, a, b, ref in zip((t.name for t in problem.family.outputs), first, second, refs):
         a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import json
 import keyword
+import os
 import re
 import shutil
+import sys
+import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
@@ -27,7 +30,7 @@ from typing import Any
 from .. import __version__
 from .._errors import KernsearchError
 from ..artifacts._artifacts import ArtifactStore
-from ..artifacts._manifest import ArtifactError
+from ..artifacts._manifest import MODELED_POLICY, ArtifactError
 from ..family._expr import Expr
 from ..family._render import render
 from ..family._spec import ARRAY_FUNCTIONS, DTYPES, Family, load_family
@@ -117,32 +120,123 @@ def _chips() -> list[dict[str, Any]]:
 
 def export(families: list[str] | None, out: str | Path, store: ArtifactStore | None = None,
            package: str = DEFAULT_PACKAGE, version: str | None = None) -> ExportResult:
-    """Build the package source tree and its wheel under ``out``; returns where they are."""
+    """Build the package source tree and its wheel under ``out``; returns where they are.
+
+    ``families``: built-in names or family folders; None ships every built-in family (the MLX op path for those
+    without artifacts) and every family of the store that is built in. Everything is built in a fresh folder
+    inside ``out`` and moved into place only when complete, so a failed export changes nothing there; a
+    successful one leaves ``out`` holding this package's one current wheel and its source tree (earlier
+    versions of the package are removed). Versions never collide: a default (UTC time) version already in
+    ``out`` gets a further ``.N``."""
     store = store or ArtifactStore()
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", package) or keyword.iskeyword(package):
         raise ExportError(f"package name {package!r} must be a lower-case Python identifier")
+    given = version
     version = version or datetime.now(UTC).strftime("%Y.%m.%d.%H%M%S")
     if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", version):
         raise ExportError(f"version {version!r} must be numbers separated by dots, e.g. 1.2.0")
     # PEP 440's normal form (what pip shows and the wheel's name holds): no leading zeros, 2026.05.03 -> 2026.5.3.
     version = ".".join(part.lstrip("0") or "0" for part in version.split("."))
-    names = list(dict.fromkeys(families or sorted({k.family for k in store.keys()})))
-    if not names:
-        raise ExportError(f"no artifacts in {store.root} and no family named: nothing to export "
-                          "(name a family to ship its default config and MLX fallback)")
-
+    notes: list[str] = []
+    names = list(dict.fromkeys(families)) if families else default_families(store, notes)
     if "\x00" in str(out):
         raise ExportError(f"cannot write the package under {str(out)[:200]!r}: a NUL byte in the name")
+    out = Path(out)
+    if given is None:
+        version = _free_version(out, package, version)
+    made_out = not out.exists()
     try:
-        return _export(names, Path(out), store, package, version)
+        out.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".kernsearch-export-", dir=out))
     except OSError as exc:
         raise ExportError(f"cannot write the package under {str(out)[:200]!r}: {exc.strerror or exc}") from None
+    try:
+        built = _export(names, staging, store, package, version)
+        result = _move_into_place(built, staging, out)
+        _remove_older(out, package, result)
+    except OSError as exc:
+        raise ExportError(f"cannot write the package under {str(out)[:200]!r}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if made_out and not any(out.iterdir()):  # a failed export into a folder it made leaves no folder
+            out.rmdir()
+    result.notes[:0] = notes
+    return result
+
+
+def default_families(store: ArtifactStore, notes: list[str]) -> list[str]:
+    """What a plain ``export`` ships: every built-in family, then the store's other families it can load (none:
+    a family folder is named by path; such artifacts are left out with a note)."""
+    from ..family._spec import builtin_family_names
+
+    builtin = builtin_family_names()
+    stored = sorted({k.family for k in store.keys()})
+    others = [name for name in stored if name not in builtin]
+    if others:
+        notes.append(f"artifacts of {', '.join(others)} left out: not a built-in family; name the family's folder "
+                     "to export it (kernsearch export ./FOLDER ...)")
+    return builtin
+
+
+def _free_version(out: Path, package: str, version: str) -> str:
+    """``version``, or the smallest ``version.N`` (else ``LATEST.N``) above every version of the package already
+    in ``out``: a default version never collides with one there (two exports in one second) and never goes
+    back (pip upgrades to it)."""
+    found = [_version_key(m.group(1)) for p in out.glob(f"{package}-*") if (m := re.fullmatch(
+        rf"{re.escape(package)}-([0-9]+(?:\.[0-9]+)*)(?:-py3-none-any\.whl)?", p.name))] if out.is_dir() else []
+    top = max(found, default=())
+    if _version_key(version) > top:
+        return version
+    base = version if _version_key(version) + (sys.maxsize,) > top else ".".join(map(str, top))
+    n = 1
+    while _version_key(f"{base}.{n}") <= top:
+        n += 1
+    return f"{base}.{n}"
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def _wheel_name(package: str, version: str) -> str:
+    return f"{package}-{version}-py3-none-any.whl"
+
+
+def _move_into_place(built: ExportResult, staging: Path, out: Path) -> ExportResult:
+    """The finished source tree and wheel moved from ``staging`` into ``out`` (same file system: renames); what
+    they replace (the same version exported again) goes into ``staging`` and is deleted with it."""
+    replaced = staging / "replaced"
+    replaced.mkdir()
+    moved = []
+    for path in (built.source_dir, built.wheel):
+        target = out / path.name
+        if target.exists() or target.is_symlink():
+            os.replace(target, replaced / path.name)
+        os.replace(path, target)
+        moved.append(target)
+    built.source_dir, built.wheel = moved
+    return built
+
+
+def _remove_older(out: Path, package: str, current: ExportResult) -> None:
+    """Earlier exports of ``package`` in ``out`` (its wheels and source trees, recognised by name and content):
+    ``--out`` holds one current wheel. Links and anything else are left alone."""
+    version = r"[0-9]+(?:\.[0-9]+)*"
+    for path in out.iterdir():
+        if path in (current.source_dir, current.wheel) or path.is_symlink():
+            continue
+        try:
+            if re.fullmatch(rf"{re.escape(package)}-{version}-py3-none-any\.whl", path.name) and path.is_file():
+                path.unlink()
+            elif re.fullmatch(rf"{re.escape(package)}-{version}", path.name) and path.is_dir() and \
+                    (path / "pyproject.toml").is_file() and (path / package / "dispatch.json").is_file():
+                shutil.rmtree(path)
+        except OSError:  # the new package is in place; an old one left behind is no failure of this export
+            continue
 
 
 def _export(names: list[str], out: Path, store: ArtifactStore, package: str, version: str) -> ExportResult:
     source_dir = out / f"{package}-{version}"
-    if source_dir.exists():
-        shutil.rmtree(source_dir)
     pkg = source_dir / package
     pkg.mkdir(parents=True)
     table: dict[str, Any] = {"format": FORMAT, "package": package, "version": version, "margin": DEFAULT_MARGIN,
@@ -150,6 +244,7 @@ def _export(names: list[str], out: Path, store: ArtifactStore, package: str, ver
                              "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
                              "chips": _chips(), "families": {}}
     result = ExportResult(package, version, source_dir, out / "unbuilt", [])
+    bare: list[str] = []  # families with nothing measured to dispatch: the MLX op everywhere
     for name in names:
         fam = load_family(name)
         entry = _family_table(fam)
@@ -162,7 +257,7 @@ def _export(names: list[str], out: Path, store: ArtifactStore, package: str, ver
                 entry["default"]["kernels"][f"{target}:{dtype}"] = {
                     "config": dict(fam.default), "kernel": _kernel_record(kernel), "sha256": kernel.sha256,
                     "header": f"{rel}/header.{suffix}", "source": f"{rel}/source.{suffix}"}
-        shipped = 0
+        shipped: list[str] = []
         # Current versions, verified on load (tampered ones stop the export); invalidated ones travel as
         # records the dispatcher never runs, so `explain` can say why (e.g. "0.26x of mx.matmul").
         for art, invalidated in store.current_artifacts(fam.name, with_invalidated=True):
@@ -185,12 +280,17 @@ def _export(names: list[str], out: Path, store: ArtifactStore, package: str, ver
                 "header": f"{rel}/{m.kernel.header_file}", "source": f"{rel}/{m.kernel.source_file}"})
             if invalidated is None:
                 result.artifacts.append(f"{art.key.path}/{art.version}")
-                shipped += 1
-        if not shipped:
-            result.notes.append(f"{fam.name}: no artifact in {store.root} is measured to beat the MLX op; every "
-                                "call runs the MLX op")
+                shipped.append(m.evidence)
+        if "modeled" in shipped and "measured" not in shipped:
+            result.notes.append(f"{fam.name}: ships only modeled artifacts ({shipped.count('modeled')}), none "
+                                f"measured: {MODELED_POLICY}")
+        elif "measured" not in shipped:
+            bare.append(fam.name)
         table["families"][fam.name] = entry
         result.families.append(fam.name)
+    if bare:
+        result.notes.append(f"{', '.join(bare)}: no artifact in {store.root} is measured to beat the MLX op; every "
+                            "call runs the MLX op")
 
     _write(pkg / "dispatch.json", json.dumps(table, indent=1) + "\n")
     runtime = resources.files("kernsearch.exporting.runtime").joinpath("_runtime.py").read_text(encoding="utf-8")
@@ -303,7 +403,7 @@ def build_wheel(source_dir: Path, package: str, version: str, out: Path) -> Path
     from flit_core.wheel import make_wheel_in
 
     built = Path(make_wheel_in(source_dir / "pyproject.toml", out).file)
-    expected = out / f"{package}-{version}-py3-none-any.whl"
+    expected = out / _wheel_name(package, version)
     if built != expected:  # pragma: no cover - the version is normalised before export writes anything
         raise ExportError(f"flit_core named the wheel {built.name}, expected {expected.name}")
     return built

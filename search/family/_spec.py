@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from jinja2 import TemplateNotFound, TemplateSyntaxError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from jinja2 import TemplateNotFound, TemplateSyntaxError, nodes
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .. import _safeio
 from .._errors import SpecError
@@ -52,6 +52,57 @@ def _expr(value: Any) -> Expr:
         raise ValueError(f"expected an expression string, got {type(value).__name__}")
     try:
         return Expr(str(value))
+    except ExprError as exc:
+        raise ValueError(str(exc)) from None
+
+
+class PerOutput(Expr):
+    """A ``reference`` or ``baseline`` given one expression per output (a TOML table by output name, or a
+    list by position): evaluated as the list literal of its items, in the order of ``[[outputs]]``."""
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: list[str]) -> None:
+        super().__init__("[" + ", ".join(items) + "]")
+        self.items = tuple(items)
+
+
+def value_count(expr: Expr) -> int:
+    """How many values ``expr`` gives, read from its text: a list literal gives one per item, anything else
+    one (a multi-output family therefore writes one expression per output)."""
+    return len(expr.node.items) if isinstance(expr.node, (nodes.List, nodes.Tuple)) else 1
+
+
+def per_output(value: Any, outputs: list[str] | None) -> Expr:
+    """``reference`` / ``baseline`` as one expression: a string as it is; a list of strings (by position) or
+    a table of strings by output name (ordered as ``outputs``) as the list literal of its items."""
+    if isinstance(value, (str, Expr, int, float)) and not isinstance(value, bool):
+        return _expr(value)
+    if isinstance(value, dict):
+        if outputs is not None:
+            missing = [n for n in outputs if n not in value]
+            unknown = [str(k)[:40] for k in value if k not in outputs]
+            if missing or unknown:
+                raise ValueError("one expression per output, by name: " + "; ".join(
+                    ([f"no value for output(s) {', '.join(missing)}"] if missing else [])
+                    + ([f"{', '.join(unknown)} is not an output (outputs: {', '.join(outputs)})"] if unknown
+                       else [])))
+            value = [value[n] for n in outputs]
+        else:
+            value = list(value.values())
+    if not isinstance(value, list) or not value:
+        raise ValueError("expected an expression string, a list of them (one per output) or a table by output name")
+    texts = []
+    for i, item in enumerate(value):
+        try:
+            single = _expr(item)
+        except ValueError as exc:
+            raise ValueError(f"value {i + 1}: {exc}") from None
+        if value_count(single) != 1:
+            raise ValueError(f"value {i + 1}: {single.text[:80]!r} is a list, not one output's value")
+        texts.append(single.text)
+    try:
+        return PerOutput(texts)
     except ExprError as exc:
         raise ValueError(str(exc)) from None
 
@@ -297,7 +348,12 @@ class Family(_Model):
     #: (only when it beat the op on its own chip by the margin). Off unless the family says so.
     transfer: bool = False
     path: Path
-    _check = field_validator("reference", "baseline", mode="before")(lambda v: _expr(v))
+
+    @field_validator("reference", "baseline", mode="before")
+    @classmethod
+    def _per_output(cls, value: Any, info: ValidationInfo) -> Expr:
+        outputs = info.data.get("outputs")
+        return per_output(value, [t.name for t in outputs] if outputs is not None else None)
 
     @field_validator("name")
     @classmethod
@@ -330,13 +386,10 @@ class Family(_Model):
     # -- views ------------------------------------------------------------------------------------
     @property
     def baseline_name(self) -> str:
-        """The baseline op as users know it (``mx.matmul``, ``mx.fast.rms_norm``), for verdicts and ``explain``."""
-        m = re.fullmatch(r"\s*([A-Za-z_][A-Za-z0-9_]{0,47})\s*\([^()]*\)\s*", self.baseline.text)
-        if m:
-            name = MLX_NAMES.get(m.group(1), f"mx.{m.group(1)}")
-        else:
-            text = " ".join(self.baseline.text.split())
-            name = f"MLX {text[:60]}" + ("..." if len(text) > 60 else "")
+        """The baseline op as users know it (``mx.matmul``, ``mx.fast.rms_norm``), for verdicts and ``explain``;
+        one per output, joined, when the baseline gives each output its own expression."""
+        items = self.baseline.items if isinstance(self.baseline, PerOutput) else (self.baseline.text,)
+        name = " and ".join(dict.fromkeys(_op_name(text) for text in items))
         return f"mx.compile({name})" if self.compile_baseline else name
 
     @property
@@ -371,6 +424,24 @@ class Family(_Model):
 
     def template_path(self, target: str) -> Path:
         return self.path / self.templates[target]  # type: ignore[index]
+
+
+def _op_name(text: str) -> str:
+    m = re.fullmatch(r"\s*([A-Za-z_][A-Za-z0-9_]{0,47})\s*\([^()]*\)\s*", text)
+    if m:
+        return MLX_NAMES.get(m.group(1), f"mx.{m.group(1)}")
+    text = " ".join(text.split())
+    return f"MLX {text[:60]}" + ("..." if len(text) > 60 else "")
+
+
+def _value_counts(fam: Family) -> list[str]:
+    """The reference and the baseline give one value per output, or each is an error naming the outputs."""
+    outputs = [t.name for t in fam.outputs]
+    return [f"{field}: {count} value(s) for {len(outputs)} output(s) ({', '.join(outputs)}): give one expression per "
+            f"output, as a table by output name ([{field}] {' '.join(f'{n} = ...' for n in outputs[:3])}) or a list "
+            "in their order"
+            for field, expr in (("reference", fam.reference), ("baseline", fam.baseline))
+            if (count := value_count(expr)) != len(outputs)]
 
 
 def _check_names(fam: Family) -> None:
@@ -431,6 +502,7 @@ def _check_names(fam: Family) -> None:
     arrays = {t.name for t in fam.inputs} | dims | params | set(ARRAY_FUNCTIONS)
     require("reference", fam.reference, arrays)
     require("baseline", fam.baseline, arrays)
+    errors += _value_counts(fam)
     for dtype, tol in fam.tolerance.items():
         require(f"tolerance.{dtype}.rtol", tol.rtol, dims | params | set(BUILTINS))
         require(f"tolerance.{dtype}.atol", tol.atol, dims | params | set(BUILTINS))

@@ -143,7 +143,16 @@ def compile_unit(cpp: str, mode: str) -> Compiled:
     return Compiled(target, time.perf_counter() - start, False)
 
 
+#: g++'s wording for an undeclared name called in a template (every kernel is one), as Metal's compiler says it.
+_UNDECLARED = re.compile(r"there are no arguments to [‘'](\w+)[’'] that depend on a template parameter.*")
+
+
 def first_error(stderr: str) -> str:
+    """The first compiler error (see :func:`_first_error`), in Metal's words where g++'s are obscure."""
+    return _UNDECLARED.sub(lambda m: f"use of undeclared identifier '{m.group(1)}'", _first_error(stderr))
+
+
+def _first_error(stderr: str) -> str:
     """The first compiler error, named by its line in the full kernel: an error inside the interpreter's shim
     (a template instantiated by the kernel) is named by the kernel line that required it."""
     kernel_line = None

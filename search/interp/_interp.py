@@ -116,12 +116,12 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
     text = mlx_source(sig, kernel.header, kernel.source)
     try:
         compiled = compile_unit(cpp_unit(sig, kernel.header, kernel.source, check=(mode == "check")), mode)
-    except VariantFailure as exc:  # name the template line of a compile error too, when known
-        m = re.match(r"line (\d+): ", exc.detail)
+    except VariantFailure as exc:  # a compile error names its template file:line first, when known
+        m = re.match(r"line (\d+): (.*)", exc.detail, re.S)
         tmpl = _template_line(int(m.group(1)), sig, kernel, lines) if m else None
-        if tmpl is None:
+        if m is None or tmpl is None:
             raise
-        raise VariantFailure(exc.reason, f"{exc.detail} ({tmpl})") from None
+        raise VariantFailure(exc.reason, f"{tmpl}: {m.group(2)} (kernel line {m.group(1)})") from None
 
     args: list[np.ndarray] = []
     out_index: list[int] = []

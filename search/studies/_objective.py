@@ -13,6 +13,9 @@ from ..hardware._targets import chip_target, interpretable
 from ._final import FinalistCheck, FinalistTime, FinalRound, ModeFigures
 from ._study import Objective, Record, TrialSummary
 
+#: Configs of its own a search evaluates where the performance model cannot rank the space: the best-predicted
+#: ones, as many as the final round verifies by default.
+PICKS = 3
 #: Threadgroups of the tuned shape a winner runs on the interpreter before publishing (corners, edges,
 #: random interior ones): a big problem cannot run whole on the CPU, a sample of its tiles can.
 TUNED_SAMPLE = 12
@@ -27,6 +30,7 @@ def verify_variant_at(task: Any) -> dict[str, Any]:
 if TYPE_CHECKING:
     from ..family._space import Problem, Space
     from ..hardware._chips import Chip
+    from ._ranking import Ranking
     from ._study import StudyResult
 
 
@@ -59,9 +63,13 @@ class KernelObjective(Objective):
         self.evidence = self.impl.evidence.value
         # The model predicts the kernel the chip would run: Metal on Apple GPUs, CUDA on NVIDIA ones.
         self.target = self.impl.target or chip_target(chip.vendor)
-        if self.target not in self.family.templates:
-            raise BackendError(f"family {self.family.name} has no {self.target} template "
-                               f"(back-end {backend} needs one)")
+        if self.target not in self.family.templates:  # a twin is optional: the family runs where it has one
+            runs = " or ".join(sorted(self.family.templates))
+            why = (f"the model predicts the {self.target} kernel that {chip.name} would run" if cls.predicts
+                   else f"the {backend} back-end runs {self.target} kernels")
+            raise BackendError(f"family {self.family.name} has no {self.target} template ({why}); it has {runs} "
+                               f"only: add templates.{self.target} to its family.toml, or tune it for a chip that "
+                               f"runs {runs}")
         # The interpreter runs Metal only: a modeled CUDA kernel cannot be verified here (nor published).
         self.verify = verify if interpretable(self.target) or not cls.predicts else "none"
         self.verify_shape = verify_shape or tuple(min(d, 96) for d in problem.shape)
@@ -77,6 +85,8 @@ class KernelObjective(Objective):
         self.verify_mode = verify_mode
         self.timeout = timeout
         self._valid: list[Config] | None = None
+        self._ranking: tuple[Ranking, list[Config]] | None = None
+        self._ranked = False  # _ranking computed
         self._worker: Any = None
         # Pipelined measured search: compile workers render and compile the next proposals while the
         # timing worker measures (default: one per core but the timer's, on the measured back-ends).
@@ -139,7 +149,12 @@ class KernelObjective(Objective):
                 type(cfg[k]) is type(values[0]) and cfg[k] in values for k, values in self.knobs.items())
             if in_domain and self.space.is_valid(cfg) and cfg not in out:
                 out.append(cfg)
-        return out[:limit]
+        out = out[:limit]
+        ranked = self.model_ranking() if self.unrankable() else None
+        for pick in ranked[1] if ranked is not None else []:  # nothing else will be searched: the model's picks
+            if pick not in out:
+                out.append(pick)
+        return out
 
     # -- one trial ----------------------------------------------------------------------------------
     def _task(self, config: Config, backend: str, shape: tuple[int, ...] | None = None, **extra: Any) -> Any:
@@ -158,8 +173,66 @@ class KernelObjective(Objective):
         return self._worker
 
     def prior(self, configs: list[Config]) -> list[float] | None:
-        """The chip's performance model's predicted times (no measurement): the ``auto`` strategy's start."""
+        """The chip's performance model's predicted times (no measurement): the ``auto`` strategy's start; None
+        where the model cannot rank the space (a flat prior would only make the start arbitrary)."""
+        ranked = self.model_ranking()
+        if ranked is not None and ranked[0].flat:
+            return None
         return model_prior(self.space, configs)
+
+    def model_ranking(self) -> tuple[Ranking, list[Config]] | None:
+        """Whether the chip's performance model can rank this space, and its picks (the best-predicted valid
+        configs, ties broken by headroom, then by closeness to the default: ``_ranking``), over every valid config
+        (a sample of a space too big to enumerate); None where the model has nothing to say. Computed once."""
+        if not self._ranked:
+            from ._ranking import predict, ranking
+
+            self._ranked = True
+            sampled = self._valid is None and self.space.total > 20000
+            configs = self._sample(1000) if sampled else self.valid_configs()
+            predictions = predict(self.space, configs) if configs else None
+            if predictions is not None:
+                default = self.family.default
+                order = sorted(range(len(configs)), key=lambda i: (
+                    *predictions[i].key, sum(configs[i].get(k) != v for k, v in default.items())))
+                self._ranking = (ranking(predictions, sampled=sampled, roofline=not self.family.model),
+                                 [configs[i] for i in order[:PICKS]])
+        return self._ranking
+
+    def _sample(self, n: int) -> list[Config]:
+        """Up to ``n`` distinct random valid configs (a fixed seed: the verdict is the same every run)."""
+        import random
+
+        from ..family._space import format_config
+
+        rng, out, seen = random.Random(0), [], set()
+        for _ in range(4 * n):
+            cfg = self.random_config(rng, tries=50)
+            if cfg is not None and format_config(cfg) not in seen:
+                seen.add(format_config(cfg))
+                out.append(cfg)
+            if len(out) >= n:
+                break
+        return out
+
+    def model_note(self) -> str | None:
+        """What `tune` says before searching when the model cannot rank this space (None when it can)."""
+        ranked = self.model_ranking()
+        if ranked is None or not ranked[0].flat:
+            return None
+        if self.unrankable():
+            return (f"{ranked[0].text()}; the search evaluates the default config and the model's {PICKS} picks "
+                    "(the least on-core work under the bound) and stops")
+        if self.impl.predicts:
+            return f"{ranked[0].text()}; the search goes on only to verify configs (--verify all)"
+        return f"{ranked[0].text()}; the search measures without its guidance"
+
+    def unrankable(self) -> str | None:
+        """On the model back-end, a space the model cannot rank has nothing to search (``Objective``): its picks
+        are the finalists a whole search would end with. Not when every trial is verified (``verify="all"``):
+        then each one more is a correctness check, and the search goes on to find correct variants."""
+        ranked = self.model_ranking() if self.impl.predicts and self.verify != "all" else None
+        return ranked[0].text() if ranked is not None and ranked[0].flat else None
 
     def lookahead(self) -> int:
         return self.compile_workers + 1 if self.compile_workers else 1
@@ -249,10 +322,12 @@ class KernelObjective(Objective):
         if self.impl.predicts:
             check = self.interpret(config) if self.verify == "all" else None
             try:
-                ms = float(self.impl.predict_ms(self.space, config))
+                terms = self.impl.breakdown(self.space, config)
             except KernsearchError as exc:
                 raise VariantFailure("model", str(exc)) from None
-            rec = Record(ms, self.evidence, [ms], sha256=kernel.sha256)
+            ms = float(terms["time_ms"])
+            rec = Record(ms, self.evidence, [ms], sha256=kernel.sha256,
+                         tie_break=float(terms.get("core_ms", ms)))  # equal times: more headroom first
             if check is not None:
                 rec.verified = "interpreter"
                 rec.max_abs_err, rec.max_rel_err = check["max_abs_err"], check["max_rel_err"]
@@ -266,8 +341,7 @@ class KernelObjective(Objective):
                          kernel.sha256, max_abs_err=out["max_abs_err"], max_rel_err=out["max_rel_err"],
                          verified="device")
         rec.gflops = flops / (rec.time_ms * 1e-3) / 1e9 if rec.time_ms > 0 else None
-        peak = self.chip.peak_tflops(self.problem.dtype) * 1e3
-        rec.peak_pct = 100.0 * rec.gflops / peak if rec.gflops and peak else None
+        rec.peak_pct = roofline_pct(self.chip, self.problem, rec.time_ms)
         return rec
 
     # -- the end ------------------------------------------------------------------------------------
@@ -419,22 +493,30 @@ class KernelObjective(Objective):
             self._worker = None
 
 
+def roofline(chip: Chip, problem: Problem) -> tuple[float, str]:
+    """The problem's roofline time on ``chip`` in seconds, and what bounds it: its FLOPs at the compute peak
+    ("compute peak") or its bytes at the DRAM bandwidth ("DRAM bandwidth"), whichever takes longer."""
+    peak_flops = chip.peak_tflops(problem.dtype) * 1e12
+    bandwidth = chip.memory_bandwidth_gbs * 1e9
+    compute = problem.flops() / peak_flops if peak_flops else 0.0
+    memory = problem.bytes() / bandwidth if bandwidth else 0.0
+    return (compute, "compute peak") if compute >= memory else (memory, "DRAM bandwidth")
+
+
+def roofline_pct(chip: Chip, problem: Problem, time_ms: float) -> float | None:
+    """How close ``time_ms`` is to the problem's roofline on ``chip``, in percent (a memory-bound kernel is judged
+    by the DRAM bandwidth, not by a compute peak it could never reach)."""
+    bound_s, _ = roofline(chip, problem)
+    return 100.0 * bound_s / (time_ms * 1e-3) if time_ms > 0 and bound_s > 0 else None
+
+
 def model_prior(space: Space, configs: list[Config]) -> list[float] | None:
     """Modeled times of ``configs`` on ``space``'s problem and chip (inf where the model cannot say), or
     None when the model has nothing for this family or chip. Never raises: a prior is optional."""
-    try:
-        from ..backends import get_backend
+    from ._ranking import predict
 
-        model = get_backend("model", chip=space.chip)
-        out = []
-        for c in configs:
-            try:
-                out.append(float(model.predict_ms(space, c)))
-            except KernsearchError:
-                out.append(float("inf"))
-        return out if any(v != float("inf") for v in out) else None
-    except Exception:  # noqa: BLE001 - no model for this family or chip: no prior
-        return None
+    predictions = predict(space, configs)
+    return None if predictions is None else [p.time_ms for p in predictions]
 
 
 def _judge(top: list[TrialSummary], out: dict[str, Any]) -> FinalRound:

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..artifacts._manifest import MODELED_POLICY
 from ._history import StudyHistory
 
 # Evidence kinds never mix: each has its own colour and words on every figure.
@@ -168,6 +169,8 @@ def _summary(h: StudyHistory) -> str:
              (f"<p>{len(h.trials)} configs evaluated ({ok} ok, {len(h.trials) - ok} failed: {fails}); "
              f"{h.invalid} proposals rejected by constraints before compiling; {h.known} repeats of known configs "
              "answered from the study</p>")]
+    if a.get("cannot_rank"):
+        lines.append(f"<p class='warn'>{html.escape(str(a['cannot_rank']))}</p>")
     winner = final.winner if final is not None else h.top[0].number if h.top else None
     best = next((t for t in h.top if t.number == winner), None)
     if best is None:
@@ -182,8 +185,8 @@ def _summary(h: StudyHistory) -> str:
                      f"baseline {final.baseline_median_ms or 0:.4g} ms)"
                      + ("" if beats else " — <b>within the measured noise: not a win, the MLX op runs</b>") + "</p>")
     elif h.evidence == "modeled":
-        lines.append("<p>Speedup over the baseline op: not available (modeled times; the baseline is not modeled, "
-                     "and nothing modeled is shipped).</p>")
+        lines.append("<p>Speedup over the baseline op: not available (modeled times; the baseline is not modeled): "
+                     f"{html.escape(MODELED_POLICY)}.</p>")
     elif h.evidence != "interpreted" and best is not None:
         lines.append("<p>Speedup over the baseline op: not measured in this study.</p>")
     if final is not None and final.note:

@@ -81,6 +81,8 @@ class Record:
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     verified: str | None = None  # "device", "interpreter" or None (not verified)
+    #: Orders equal times (smaller first): the modeled on-core time under the bound (``_ranking``); None: none.
+    tie_break: float | None = None
 
 
 class Objective(ABC):
@@ -143,6 +145,11 @@ class Objective(ABC):
     def warm_start(self) -> list[Config]:
         return []
 
+    def unrankable(self) -> str | None:
+        """Why evaluating more configs cannot rank this space (a performance model that predicts most of them
+        alike), or None. The search then evaluates its first configs (default, warm start) and stops."""
+        return None
+
     def baseline_ms(self) -> float | None:
         """The baseline op's time on this problem, when it can be measured here (for the progress display)."""
         return None
@@ -186,6 +193,7 @@ class StopReason(Enum):
     TIME_BUDGET = "time budget"
     PATIENCE = "patience"  # no new best in the last --patience evaluated configs
     EXHAUSTED = "exhausted"  # every valid config of the space evaluated
+    UNRANKABLE = "cannot rank"  # the objective's times cannot rank the space (a flat performance model)
     STOPPED = "stopped"  # a first Ctrl-C or a stop request: the trial in flight finished first
     INTERRUPTED = "interrupted"  # a second Ctrl-C: the trial in flight was abandoned
 
@@ -204,9 +212,12 @@ class Stop:
     patience: int | None = None  # PATIENCE: the patience that ran out
     before_run: bool = False  # BUDGET, PATIENCE: already so when this run started (it evaluated nothing)
     evaluated: int = 0  # BUDGET before_run: configs the study already held
+    note: str = ""  # UNRANKABLE: why (the objective's message)
 
     @property
     def text(self) -> str:
+        if self.reason is StopReason.UNRANKABLE:
+            return self.note or "the performance model cannot rank this space"
         if self.reason is StopReason.BUDGET:
             if not self.before_run:
                 return "trial budget reached"
@@ -474,6 +485,9 @@ class _Search:
         self.depth = max(1, objective.lookahead())
         self.ahead: deque[tuple[optuna.Trial, Config, str]] = deque()
         self.strategy: Any = None
+        self.unrankable = objective.unrankable()
+        if self.unrankable or study.user_attrs.get("cannot_rank"):  # the report says it too (or no longer)
+            study.set_user_attr("cannot_rank", self.unrankable or "")
 
     def run(self) -> Stop:
         """Propose and evaluate until a limit, a stop request or Ctrl-C; proposals not evaluated are closed."""
@@ -525,6 +539,8 @@ class _Search:
             return Stop(StopReason.PATIENCE, patience=self.patience, before_run=not self.new and not self.ahead)
         if self.stop_requested is not None and self.stop_requested():
             return Stop(StopReason.STOPPED)
+        if self.unrankable and not self.first and not self.ahead and self.known:
+            return Stop(StopReason.UNRANKABLE, before_run=not self.new, note=self.unrankable)
         return None
 
     def _full(self) -> Stop | None:
@@ -799,12 +815,18 @@ def _top(study: optuna.Study, n: int | None) -> list[TrialSummary]:
           if t.user_attrs.get("status") == STATUS_OK and t.value is not None]
     seen: set[str] = set()
     out = []
-    for t in sorted(ok, key=lambda t: (t.value, t.number)):
+    for t in sorted(ok, key=lambda t: (t.value, _tie_break(t), t.number)):
         key = format_config(t.user_attrs["config"])
         if key not in seen:
             seen.add(key)
             out.append(TrialSummary.from_trial(t))
     return out if n is None else out[:n]
+
+
+def _tie_break(t: optuna.trial.FrozenTrial) -> float:
+    """What orders trials of equal time (``Record.tie_break``; 0 when none was recorded)."""
+    value = t.user_attrs.get("record", {}).get("tie_break")
+    return float(value) if isinstance(value, (int, float)) else 0.0
 
 
 def _progress(known: dict[str, Seen], total: int | None, budget: float | None, elapsed: float,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._errors import KernsearchError
+from ..artifacts._manifest import MODELED_POLICY
 from ..exporting.runtime._runtime import DEFAULT_MARGIN, beats_op, speedup_text
 
 if TYPE_CHECKING:
@@ -50,8 +51,7 @@ def verdict(result: StudyResult, key: dict[str, str], op: str, margin: float = D
         return Verdict(False, f"no correct variant {where}; keep the MLX op")
     if result.evidence == "modeled":
         return Verdict(None, f"modeled result: {op} is not modeled, so nothing says this variant beats it; measure "
-                             f"it on {key['chip']} before it ships (a modeled artifact is dispatched only on the "
-                             "consumer's opt-in)")
+                             f"it on {key['chip']} to know; {MODELED_POLICY}")
     if final is None or final.speedup_low is None:
         return Verdict(None, f"{op} was not timed in this run: no verdict on the baseline {where}")
     text = speedup_text(final.speedup, final.speedup_low, final.speedup_high)

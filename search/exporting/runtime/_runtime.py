@@ -166,13 +166,16 @@ def op_call(fam: Dict[str, Any], dims: Optional[Dict[str, int]], functions: Dict
     tree = fam["baseline"]
     names: Dict[str, Any] = {**(dims or {}), **{p["name"]: p["value"] for p in fam.get("params", [])}}
     if fam.get("compile_baseline"):  # one mx.compile'd function of the inputs
-        return mx.compile(lambda *xs: evaluate(tree, {**names, **dict(zip(order, xs))}, functions))  # type: ignore[no-any-return]
+        compiled = mx.compile(lambda *xs: evaluate(tree, {**names, **dict(zip(order, xs))}, functions))
+        if len(fam.get("outputs", ())) > 1:
+            return lambda *xs: _outputs(compiled(*xs))
+        return compiled  # type: ignore[no-any-return]
     direct = _direct_call(tree, order, names, functions, mx)
     if direct is not None:
         return direct
 
     def run(*arrays: Any) -> Any:  # an expression of several operations: evaluated (its constants included)
-        return evaluate(tree, {**names, **dict(zip(order, arrays))}, functions)
+        return _outputs(evaluate(tree, {**names, **dict(zip(order, arrays))}, functions))
 
     return run
 
@@ -248,6 +251,11 @@ _COMPARE: Dict[str, Callable[[Any, Any], bool]] = {
 
 class ExpressionError(ValueError):
     """An exported expression could not be evaluated (a name is missing, an operator is unknown)."""
+
+
+def _outputs(value: Any) -> Any:
+    """The op's result as the kernel path returns it: one array, or a tuple with one array per output."""
+    return tuple(value) if isinstance(value, list) else value
 
 
 def evaluate(tree: Any, names: Dict[str, Any], functions: Dict[str, Callable[..., Any]] = FUNCTIONS) -> Any:

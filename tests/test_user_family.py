@@ -225,6 +225,18 @@ class SimulatedDevice(_BaseBackend):
     def baseline_launcher(self, family, problem, logical, sets=None):  # noqa: ANN001, ANN201
         return self._launcher(3.0)
 
+    def consumer_kernel(self, kernel, geometry, family, problem, sets):  # noqa: ANN001, ANN201
+        return self._launcher(1.0 + geometry.threadgroup[0] / 1000)[0]  # the final round: as consumers call it
+
+    def consumer_op(self, family, problem, sets):  # noqa: ANN001, ANN201
+        return self._launcher(3.0)[0]
+
+    def evaluate(self, outputs) -> None:  # noqa: ANN001
+        self.now_ms += 0.002
+
+    def sync(self) -> None:
+        self.now_ms += 0.05
+
     def time(self, kernel, geometry, inputs, dtype, **options):  # noqa: ANN001, ANN201
         from kernsearch.evaluation._measure import measure
 

@@ -22,6 +22,7 @@ import operator
 import os
 import re
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from itertools import chain as _chain
 from pathlib import Path
@@ -153,7 +154,7 @@ _DIRECT: Dict[str, Tuple[str, Tuple[str, ...], Dict[str, Any]]] = {
     "quantized_matmul": ("quantized_matmul", ("transpose", "group_size", "bits"), {}),
     "rms_norm": ("fast.rms_norm", ("eps",), {}),
     "layer_norm": ("fast.layer_norm", ("eps",), {}),
-    "softmax": ("softmax", ("axis",), {"precise": True}),
+    "softmax": ("softmax", ("axis",), {"precise": True, "axis": -1}),
 }
 
 
@@ -403,6 +404,12 @@ class Dispatcher:
         self.toolchain: Optional[Dict[str, Optional[str]]] = None
         #: Builds a kernel object from a source record; tests may replace it.
         self.kernel_factory: Callable[[Dict[str, Any], int], Any] = _mlx_kernel
+        #: Families whose inputs after the first are all weights: a plain call with weight arrays seen before is
+        #: planned by the first input alone (:meth:`_remember_weights`).
+        self._weighted = {name for name, fam in self.table["families"].items()
+                          if len(fam["inputs"]) > 1 and not fam["inputs"][0].get("weight")
+                          and all(spec.get("weight") for spec in fam["inputs"][1:])}
+        self._by_weights: Dict[Any, Tuple[List[Any], Dict[Any, Callable[..., Any]]]] = {}
 
     # -- the running chip --------------------------------------------------------------------------------
     def running_chip(self, chip: Any = None) -> Tuple[Dict[str, Any], str]:
@@ -633,6 +640,16 @@ class Dispatcher:
                     return op(*arrays)
                 except TypeError:  # not MLX arrays (the op takes only those): the planned path converts them
                     pass
+            if family in self._weighted:  # the same weights as a planned call: look at the activations only
+                entry = self._by_weights.get((family, id(arrays[-1])))
+                if entry is not None and _same(entry[0], arrays):
+                    x = arrays[0]
+                    try:
+                        plan = entry[1].get((x.shape, x.dtype))
+                    except AttributeError:
+                        plan = None
+                    if plan is not None:
+                        return plan(*arrays)
         try:
             # The key spelled out for the common arities: a comprehension would cost a frame (~0.4 us, a
             # tenth of a small op). Every form is (family, chip, modeled, flag, shape0, dtype0, shape1, ...).
@@ -657,7 +674,25 @@ class Dispatcher:
                 if len(self._plans) >= MAX_DECISIONS:
                     self._plans.clear()
                 self._plans[key] = plan
+        if key is not None and flag is None and chip is None and not modeled and family in self._weighted:
+            self._remember_weights(family, arrays, plan)  # new weights (the fast path above missed)
         return plan(*arrays)
+
+    def _remember_weights(self, family: str, arrays: Sequence[Any], plan: Callable[..., Any]) -> None:
+        """File ``plan`` under the identity of the call's weights (held weakly: a dead weight drops its entry),
+        so a later call with the same weight arrays is planned by its activations' shape and dtype alone."""
+        try:
+            key = (family, id(arrays[-1]))  # all the weights are checked (weakly held) on every hit
+            if len(self._by_weights) >= MAX_DECISIONS:
+                self._by_weights.clear()
+            forget = functools.partial(_forget, self._by_weights, key)
+            entry = self._by_weights.get(key)
+            if entry is None or not _same(entry[0], arrays):
+                entry = self._by_weights[key] = ([weakref.ref(w, forget) for w in arrays[1:]], {})
+            x = arrays[0]
+            entry[1][(x.shape, x.dtype)] = plan
+        except (TypeError, AttributeError):  # weights that take no weak reference (not MLX arrays): no entry
+            pass
 
     def _plan(self, family: str, arrays: Sequence[Any], chip: Any, modeled: bool,
               prepacked: Sequence[int] = ()) -> Callable[..., Any]:
@@ -768,7 +803,7 @@ class Dispatcher:
                 return lambda x: plan(x, *rest)
             return lambda *xs: plan(*merged(xs, ws))
 
-        def bound(*acts: Any) -> Any:
+        def planned(*acts: Any) -> Any:
             try:
                 key: Any = (_ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else _env_flag(),
                             *_chain.from_iterable(map(_SIGNATURE, acts)))
@@ -779,7 +814,21 @@ class Dispatcher:
                 if len(plans) >= MAX_DECISIONS:
                     plans.clear()
                 plan = plans[key] = make(acts)
+            if len(acts) == 1 and key[0] is None:
+                last[:] = [key[1], key[2], plan]
             return plan(*acts)
+
+        last: List[Any] = [None, None, None]  # the last single activation's (shape, dtype, plan): decode repeats it
+
+        def bound(*acts: Any) -> Any:
+            if len(acts) == 1 and (_ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else _env_flag()) is None:
+                x = acts[0]
+                try:
+                    if x.shape == last[0] and x.dtype == last[1]:
+                        return last[2](x)
+                except AttributeError:
+                    pass
+            return planned(*acts)
 
         bound.__name__ = f"{family}_bound"
         return bound
@@ -820,6 +869,18 @@ def _env_flag() -> Optional[str]:
         return None
     value: str = os.environ.decodevalue(raw)  # type: ignore[attr-defined,unused-ignore]
     return value
+
+
+def _same(refs: List[Any], arrays: Sequence[Any]) -> bool:
+    """True when each weak reference still points at the call's weight array of its position."""
+    for i, r in enumerate(refs, 1):
+        if r() is not arrays[i]:
+            return False
+    return True
+
+
+def _forget(table: Dict[Any, Any], key: Any, _ref: Any) -> None:
+    table.pop(key, None)
 
 
 def _native(mx: Any, fn: Callable[..., Any], native: bool) -> Callable[..., Any]:

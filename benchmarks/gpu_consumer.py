@@ -1,0 +1,310 @@
+"""Every family of the exported package as a consumer calls it (issue 26), against the MLX op it replaces.
+
+One command on the GPU machine (MLX CUDA in /tmp/site, kernsearch in /tmp/site3), from the repository root::
+
+    PYTHONPATH=/tmp/site:/tmp/site3 python3 benchmarks/gpu_consumer.py --out $OUT
+
+exports ``artifacts/`` (every family), installs the wheel into a fresh folder, imports it, and for each family at
+its tuned shapes (the store's artifacts for this chip) and shapes near them (and its default shape where nothing
+is tuned): checks the package's result against the op's, then times the package call and the op, interleaved
+round by round, in the two consumer modes: ``graph`` (8 calls, then one ``mx.eval``) and ``eager`` (an eval after
+every call), with cold weights for families with weight inputs (the weights rotate among copies that total more
+than twice the L2). Also: the copy bandwidth of this GPU (a streaming read), and each family's host cost per call
+(graph building only): the op, the package's plain call and, for weight families, its bound form.
+
+Writes ``$OUT/gpu_consumer_<chip>.json`` = ``{"rows": [{"family", "shape", "mode", "chose", "speedup", "low",
+"high"}, ...], "host_us": {family: {"package", "bound", "op"}}, ...}`` (low/high: p10/p90 over rounds) and prints a
+table; exits 1 when a row is slower than the op beyond the noise (its whole range below 1).
+
+``--cpu`` (no GPU: MLX's CPU back-end): exports and imports the same way and measures only the host cost per call
+on small shapes (``$OUT/host_cost_cpu.json``); the package runs the op there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import tempfile
+import time
+import timeit
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from gpu_package import PACKAGE, import_installed, install  # noqa: E402
+
+#: Default shapes where nothing is tuned (the families' own defaults are used otherwise).
+FAMILIES = ("qmatvec", "swiglu_qmatvec", "gemv", "gemm", "rmsnorm", "layernorm", "softmax", "swiglu")
+CPU_SHAPES = {"qmatvec": (1, 256, 256, 32, 4), "swiglu_qmatvec": (1, 256, 256, 32, 4), "gemv": (1, 256, 256),
+              "gemm": (32, 64, 64), "rmsnorm": (4, 256), "layernorm": (4, 256), "softmax": (4, 256),
+              "swiglu": (4, 256)}
+
+
+def log(*parts: Any) -> None:
+    print(*parts, flush=True)
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q))
+
+
+def export_all(store: Path, work: Path) -> Path:
+    from kernsearch import ArtifactStore, export
+
+    result = export(list(FAMILIES), work / "export", ArtifactStore(store), package=PACKAGE, version="0.0.1")
+    log(f"exported {Path(result.wheel).name}: {len(result.artifacts)} artifact(s) ({', '.join(result.artifacts)})")
+    return Path(result.wheel)
+
+
+def consumer_op(family: str, mx: Any, dims: dict[str, int]) -> Any:
+    """What a consumer writes without kernsearch (the family's baseline, by hand)."""
+    if family in ("qmatvec",):
+        gs, bits = dims["K"] // dims["NG"], 32 * dims["KW"] // dims["K"]
+        return lambda x, w, s, b: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=gs, bits=bits)
+    if family == "swiglu_qmatvec":
+        gs, bits = dims["K"] // dims["NG"], 32 * dims["KW"] // dims["K"]
+
+        def chain(x: Any, w: Any, s: Any, b: Any, wu: Any, su: Any, bu: Any) -> Any:
+            g = mx.quantized_matmul(x, w, s, b, transpose=True, group_size=gs, bits=bits)
+            return g * mx.sigmoid(g) * mx.quantized_matmul(x, wu, su, bu, transpose=True, group_size=gs, bits=bits)
+
+        return mx.compile(chain)
+    if family in ("gemm", "gemv"):
+        return mx.matmul
+    if family == "rmsnorm":
+        return lambda x, w: mx.fast.rms_norm(x, w, 1e-5)
+    if family == "layernorm":
+        return lambda x, w, b: mx.fast.layer_norm(x, w, b, 1e-5)
+    if family == "softmax":
+        return lambda x: mx.softmax(x, axis=-1, precise=True)
+    if family == "swiglu":
+        return mx.compile(lambda a, b: a * mx.sigmoid(a) * b)
+    raise KeyError(family)
+
+
+def problem_arrays(family: str, shape: tuple[int, ...], dtype: str, sets: int, seed: int = 0) -> tuple[Any, ...]:
+    """``sets`` input sets (MLX arrays): the activations shared, the weights drawn per set."""
+    import mlx.core as mx
+
+    from kernsearch.evaluation._verify import make_inputs
+    from kernsearch.family._space import make_problem
+    from kernsearch.family._spec import load_family
+
+    fam = load_family(family)
+    problem = make_problem(fam, shape, dtype)
+    first = make_inputs(problem, seed)
+    weights = [t.name for t in fam.inputs if t.weight]
+    out = []
+    for k in range(sets):
+        more = make_inputs(problem, seed + k) if k else first
+        row = []
+        for t in fam.inputs:
+            x = (more if t.name in weights else first)[t.name]
+            arr = mx.array(x) if t.resolved_dtype(dtype) in ("uint32", "int32") else mx.array(x.astype(np.float32))
+            row.append(arr.astype(getattr(mx, t.resolved_dtype(dtype))))
+        out.append(row)
+    mx.eval(out)
+    return tuple(out), dict(problem.dims), bool(weights), sum(first[n].nbytes for n in weights)
+
+
+def timed(fns: dict[str, Any], sets: Any, mode: str, rounds: int, calls: int = 8) -> dict[str, list[float]]:
+    import mlx.core as mx
+
+    out: dict[str, list[float]] = {n: [] for n in fns}
+    for f in fns.values():  # warm: plan, compile, load
+        mx.eval([f(*sets[i % len(sets)]) for i in range(2)])
+    turn = 0
+    for r in range(rounds):
+        for name in (list(fns) if r % 2 == 0 else list(reversed(list(fns)))):
+            f = fns[name]
+            mx.synchronize()
+            t0 = time.perf_counter()
+            if mode == "graph":
+                mx.eval([f(*sets[(turn + i) % len(sets)]) for i in range(calls)])
+            else:
+                for i in range(calls):
+                    mx.eval(f(*sets[(turn + i) % len(sets)]))
+            mx.synchronize()
+            out[name].append((time.perf_counter() - t0) * 1e3 / calls)
+        turn += calls
+    return out
+
+
+def host_us(fn: Any, args: Any, calls: int = 2000) -> float:
+    """Microseconds of host time per call building the graph (nothing evaluated), best of 5."""
+    import mlx.core as mx
+
+    fn(*args)
+    best = math.inf
+    for _ in range(5):
+        outs = []
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            outs.append(fn(*args))
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        del outs
+        mx.eval([])
+    return best
+
+
+def host_costs(pkg: Any, family: str, sets: Any, dims: dict[str, int], weighted: bool) -> dict[str, float]:
+    import mlx.core as mx
+
+    args = sets[0]
+    op = consumer_op(family, mx, dims)
+    fn = getattr(pkg, family)
+    cost = {"op": host_us(op, args), "package": host_us(fn, args)}
+    if weighted:
+        from kernsearch.family._spec import load_family
+
+        fam = load_family(family)
+        slots = [i for i, t in enumerate(fam.inputs) if t.weight]
+        bound = fn.bind(*[args[i] for i in slots])
+        free = [args[i] for i in range(len(args)) if i not in slots]
+        cost["bound"] = host_us(bound, free)
+    cost["op_again"] = host_us(op, args)
+    cost["op"] = min(cost["op"], cost.pop("op_again"))
+    return cost
+
+
+def copy_bandwidth() -> float:
+    """GB/s of a streaming read (uint4 loads, 4 in flight per thread) of 1 GiB, graph mode."""
+    import mlx.core as mx
+
+    src = """
+    const size_t n = A_shape[0] / 4;
+    const uint4* p = reinterpret_cast<const uint4*>(A);
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    uint4 a = make_uint4(0u, 0u, 0u, 0u);
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        const uint4 v0 = __ldg(p + i), v1 = __ldg(p + i + stride), v2 = __ldg(p + i + 2 * stride), v3 = __ldg(p + i + 3 * stride);
+        a.x ^= v0.x ^ v1.x ^ v2.x ^ v3.x; a.y ^= v0.y ^ v1.y ^ v2.y ^ v3.y;
+        a.z ^= v0.z ^ v1.z ^ v2.z ^ v3.z; a.w ^= v0.w ^ v1.w ^ v2.w ^ v3.w;
+    }
+    for (; i < n; i += stride) { const uint4 v = __ldg(p + i); a.x ^= v.x; a.y ^= v.y; a.z ^= v.z; a.w ^= v.w; }
+    if ((a.x ^ a.y ^ a.z ^ a.w) == 0x9E3779B9u) Y[0] = a.x;
+"""
+    kernel = mx.fast.cuda_kernel(name="ks_consumer_stream", input_names=["A"], output_names=["Y"], source=src)
+    sms = int(mx.device_info().get("multi_processor_count", 132) or 132)
+    n = 1 << 28  # uint32 words: 1 GiB
+    bufs = [(mx.zeros((n,), dtype=mx.uint32) + i,) for i in range(2)]
+    mx.eval(bufs)
+
+    def read(a: Any) -> Any:
+        return kernel(inputs=[a], template=[], grid=(sms * 4 * 512, 1, 1), threadgroup=(512, 1, 1),
+                      output_shapes=[(1,)], output_dtypes=[mx.uint32])[0]
+
+    ms = pct(timed({"r": read}, bufs, "graph", 5, calls=2)["r"], 50)
+    return 4 * n / (ms * 1e-3) / 1e9
+
+
+def shapes_for(family: str, store: Any, chip: str) -> list[tuple[tuple[int, ...], str]]:
+    """(shape, why) rows: each tuned shape on this chip, and its neighbours within 2x (first dimension halved and
+    doubled, where the family's shape stays valid); the default shape where nothing is tuned."""
+    from kernsearch.family._spec import load_family
+
+    tuned = sorted({tuple(a.manifest.problem.shape) for a in store.current_artifacts(family)
+                    if a.manifest.chip.name == chip and a.manifest.problem.dtype == "float16"})
+    rows = [(s, "tuned") for s in tuned]
+    for s in tuned:
+        for m in (max(1, s[0] // 2), s[0] * 2):
+            near = (m, *s[1:])
+            if near != s and (near, "near") not in rows and (near, "tuned") not in rows and (family not in (
+                    "qmatvec", "swiglu_qmatvec", "gemv") or m <= 16):
+                rows.append((near, "near"))
+    if not rows:
+        rows = [(tuple(load_family(family).problem.default_shape), "default")]
+    return rows
+
+
+def measure_family(pkg: Any, family: str, shape: tuple[int, ...], why: str, rounds: int, l2: float) -> list[dict]:
+    import mlx.core as mx
+
+    from kernsearch.evaluation._consumer import weight_sets
+
+    sets, dims, weighted, wbytes = problem_arrays(family, shape, "float16", 1)
+    n = weight_sets(wbytes, l2) if weighted else 1
+    if n > 1:
+        sets, dims, weighted, wbytes = problem_arrays(family, shape, "float16", n)
+    op = consumer_op(family, mx, dims)
+    fn = getattr(pkg, family)
+    decision = fn.explain(*sets[0])
+    got, want = fn(*sets[0]), op(*sets[0])
+    got = got if isinstance(got, (list, tuple)) else [got]
+    want = want if isinstance(want, (list, tuple)) else [want]
+    err = max(float(mx.max(mx.abs(g.astype(mx.float32) - w.astype(mx.float32))).item()) for g, w in zip(got, want))
+    scale = max(float(mx.max(mx.abs(w.astype(mx.float32))).item()) for w in want) or 1.0
+    rows = []
+    for mode in ("graph", "eager"):
+        t = timed({"package": fn, "op": op}, sets, mode, rounds)
+        pk, o = t["package"], t["op"]
+        rows.append({"family": family, "shape": "x".join(map(str, shape)), "why": why, "mode": mode,
+                     "chose": decision.artifact or ("default config" if decision.entry else "op"),
+                     "speedup": pct(o, 50) / pct(pk, 50), "low": pct(o, 10) / pct(pk, 90),
+                     "high": pct(o, 90) / pct(pk, 10), "package_ms": pct(pk, 50), "op_ms": pct(o, 50),
+                     "weight_sets": n, "max_rel_err": err / scale})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--store", type=Path, default=ROOT / "artifacts")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--cpu", action="store_true", help="no GPU: host cost per call on MLX's CPU back-end only")
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    import mlx.core as mx
+
+    from kernsearch import ArtifactStore
+    from kernsearch.hardware._chips import detect_chip
+
+    work = Path(tempfile.mkdtemp(prefix="gpu_consumer_"))
+    how = install(export_all(a.store, work), work / "site")
+    pkg = import_installed(work / "site")
+    families = [f for f in a.families.split(",") if f]
+    report: dict[str, Any] = {"installed": how, "mlx": mx.__version__, "python": platform.python_version()}
+    if a.cpu:
+        report["device"] = "cpu"
+        report["host_us"] = {}
+        for family in families:
+            sets, dims, weighted, _ = problem_arrays(family, CPU_SHAPES[family], "float32", 1)
+            report["host_us"][family] = host_costs(pkg, family, sets, dims, weighted)
+            log(f"{family}: host us per call {report['host_us'][family]}")
+        (a.out / "host_cost_cpu.json").write_text(json.dumps(report, indent=1))
+        return 0
+    chip = detect_chip()
+    info = dict(mx.device_info())
+    report.update(device=info.get("device_name"), chip=chip.name, rows=[], host_us={})
+    report["copy_GBps"] = copy_bandwidth()
+    log(f"device {report['device']} ({chip.name}); streaming read {report['copy_GBps']:.0f} GB/s")
+    store = ArtifactStore(a.store)
+    l2 = float(chip.system_cache_mb) * 2**20
+    for family in families:
+        for shape, why in shapes_for(family, store, chip.name):
+            for row in measure_family(pkg, family, shape, why, a.rounds, l2):
+                report["rows"].append(row)
+                flag = "SLOWER" if row["high"] < 1.0 else ""
+                log(f"{family:15s} {row['shape']:22s} {why:7s} {row['mode']:5s} {row['chose'][:48]:48s} "
+                    f"{row['speedup']:.2f}x ({row['low']:.2f}-{row['high']:.2f}) err {row['max_rel_err']:.1e} {flag}")
+        sets, dims, weighted, _ = problem_arrays(family, shapes_for(family, store, chip.name)[0][0], "float16", 1)
+        report["host_us"][family] = host_costs(pkg, family, sets, dims, weighted)
+        log(f"{family}: host us per call {report['host_us'][family]}")
+    (a.out / f"gpu_consumer_{chip.name.lower()}.json").write_text(json.dumps(report, indent=1))
+    slower = [r for r in report["rows"] if r["high"] < 1.0]
+    log(f"{len(report['rows'])} rows; slower than the op beyond the noise: {len(slower)}")
+    return 1 if slower else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,108 @@
+"""Dispatch costs nothing (issue 26): a planned call of the exported package is the MLX function itself with its
+constant arguments bound, not an expression walk; a call with weights seen before, and the bound form, look at the
+activations alone. Timings are benchmarks (benchmarks/gpu_consumer.py); these tests check which Python frames run.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from test_export import import_package
+
+from kernsearch import ArtifactStore, export
+from kernsearch.evaluation._verify import make_inputs
+from kernsearch.family._space import make_problem
+from kernsearch.family._spec import load_family
+
+
+@pytest.fixture(scope="module")
+def pkg(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("cost")
+    result = export(["qmatvec", "rmsnorm", "layernorm", "softmax", "gemm"], root / "dist",
+                    ArtifactStore(root / "store"), package="ks_cost", version="1.0")
+    return import_package(result.source_dir, "ks_cost")
+
+
+def arrays(family: str, shape: tuple[int, ...]) -> list[mx.array]:
+    fam = load_family(family)
+    logical = make_inputs(make_problem(fam, shape, "float32"), 0)
+    return [mx.array(logical[t.name]) for t in fam.inputs]
+
+
+def frames(fn, *args) -> list[str]:
+    """The Python functions entered while ``fn(*args)`` builds its graph (C functions are not frames)."""
+    seen: list[str] = []
+
+    def profile(frame, event, arg):  # noqa: ANN001, ANN202
+        if event == "call":
+            seen.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        fn(*args)
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_a_planned_op_is_the_mlx_function_with_its_constants_bound(pkg) -> None:
+    x = arrays("qmatvec", (1, 256, 256, 32, 4))
+    want = mx.quantized_matmul(*x, transpose=True, group_size=64, bits=4)
+    assert mx.array_equal(pkg.qmatvec(*x), want).item()  # planned here
+    assert frames(pkg.qmatvec, *x) == ["call", "_same"]  # no evaluate, no plan, no wrapper frame
+    d = pkg._dispatcher
+    plan = next(iter(d._by_weights.values()))[1][(x[0].shape, x[0].dtype)]
+    assert plan.func is mx.quantized_matmul and plan.keywords == {"transpose": True, "group_size": 64, "bits": 4}
+    r = arrays("rmsnorm", (4, 256))
+    assert mx.allclose(pkg.rmsnorm(*r), mx.fast.rms_norm(*r, 1e-5)).item()
+    assert frames(pkg.rmsnorm, *r) == ["call"]
+    assert d._op_only["rmsnorm"].func is mx.fast.rms_norm and d._op_only["rmsnorm"].keywords["eps"] == pytest.approx(1e-5)
+    s = arrays("softmax", (4, 256))
+    assert mx.allclose(pkg.softmax(*s), mx.softmax(*s, axis=-1, precise=True)).item()
+
+
+def test_the_bound_form_plans_once_and_checks_the_activation_alone(pkg, monkeypatch) -> None:
+    x, w, s, b = arrays("qmatvec", (1, 256, 256, 32, 4))
+    bound = pkg.qmatvec.bind(w, s, b)
+    want = mx.quantized_matmul(x, w, s, b, transpose=True, group_size=64, bits=4)
+    assert mx.array_equal(bound(x), want).item()
+    assert frames(bound, x) == ["bound", "<lambda>"]  # a check of x, then the op with the weights bound
+    x4 = mx.concatenate([x] * 4)
+    assert mx.array_equal(bound(x4), mx.quantized_matmul(x4, w, s, b, group_size=64, bits=4)).item()  # re-planned
+    monkeypatch.setenv("KERNSEARCH_KERNELS", "off")
+    assert "planned" in frames(bound, x)  # the switch is read on every call
+    with pytest.raises(TypeError, match="takes 3 weight"):
+        pkg.qmatvec.bind(w, s)
+    assert not hasattr(pkg.rmsnorm, "bind") or pytest.fail("rmsnorm has no weight inputs")
+
+
+def test_weights_seen_before_are_held_weakly(pkg) -> None:
+    d = pkg._dispatcher
+    d._by_weights.clear()
+    x, w, s, b = arrays("qmatvec", (1, 256, 256, 32, 4))
+    pkg.qmatvec(x, w, s, b)
+    assert len(d._by_weights) == 1
+    w2 = mx.array(np.array(w))  # equal values, another array: planned again under its own identity
+    pkg.qmatvec(x, w2, s, b)
+    assert frames(pkg.qmatvec, x, w2, s, b)[:2] == ["call", "_same"]
+    assert len(d._by_weights) == 1  # filed under the last weight's identity: the newest set replaced the first
+    pkg.qmatvec(x, w, s, b)
+    del w2
+    gc.collect()
+    assert len(d._by_weights) == 1 and d._by_weights[("qmatvec", id(b))][0][0]() is w
+    del w
+    gc.collect()
+    assert d._by_weights == {}  # the entry of dead weights is gone: their memory is not held
+
+
+def test_the_gate_table_and_the_package_read_the_same_rule(tmp_path: Path) -> None:
+    from kernsearch.exporting.runtime import _runtime
+
+    assert _runtime.consumer_low({"graph": {"low": 1.2}, "eager": {"low": 0.9}}) == 0.9
+    assert _runtime.modes_text({"graph": {"speedup": 1.5, "low": 1.4, "high": 1.6}}, ("graph",)) == \
+        "1.50x (range 1.40-1.60) graph"

@@ -29,7 +29,6 @@ import platform
 import sys
 import tempfile
 import time
-import timeit
 from pathlib import Path
 from typing import Any
 

@@ -182,39 +182,40 @@ def explain_layer(pkg: Any, lay: Layer, m: int) -> dict[str, str]:
 
 def qmatvec_rows(mx: Any, pkg: Any, shapes: list[tuple[int, int, int]], rounds: int, l2: float) -> list[dict]:
     read = stream_reader(mx)
-    rows = []
     rng = np.random.default_rng(7)
-    for m, n, k in shapes:
-        nbytes = n * k // 2 + 2 * n * (k // 64) * 2
-        sets_n = max(2, math.ceil(2 * l2 / nbytes) + 1)
-        ws = [quantized(mx, n, k, rng) for _ in range(sets_n)]
-        x = mx.array(rng.standard_normal((m, k)).astype(np.float16))
-        flats = [mx.zeros((nbytes // 4,), dtype=mx.uint32) + i for i in range(sets_n)]
-        mx.eval(flats)
-        turn = [0]
+    return [qmatvec_row(mx, pkg, read, shape, rounds, l2, rng) for shape in shapes]
 
-        def calls(f: Any) -> Any:
-            def step() -> list[Any]:
-                out = [f(i) for i in range(turn[0], turn[0] + 8)]
-                return out
-            return step
 
-        fns = {"package": calls(lambda i: pkg.qmatvec(x, *ws[i % sets_n])),
-               "op": calls(lambda i: mx.quantized_matmul(x, *ws[i % sets_n], transpose=True, group_size=64, bits=4)),
-               "stream": calls(lambda i: read(flats[i % sets_n]))}
-        t = token_times(mx, fns, rounds)
-        pk, op, st = (np.array(t[name]) / 8 for name in ("package", "op", "stream"))
-        row = {"M": m, "N": n, "K": k, "package_ms": pct(list(pk), 50), "op_ms": pct(list(op), 50),
-               "stream_ms": pct(list(st), 50), "speedup": pct(list(op), 50) / pct(list(pk), 50),
-               "low": pct(list(op), 10) / pct(list(pk), 90), "high": pct(list(op), 90) / pct(list(pk), 10),
-               "pct_of_stream": 100 * pct(list(st), 50) / pct(list(pk), 50),
-               "chose": str(pkg.qmatvec.explain(x, *ws[0]).artifact or "op")}
-        rows.append(row)
-        log(f"qmatvec {m}x{n}x{k}: package {row['package_ms'] * 1e3:.1f} us, op {row['op_ms'] * 1e3:.1f} us, read "
-            f"{row['stream_ms'] * 1e3:.1f} us: {row['speedup']:.2f}x ({row['low']:.2f}-{row['high']:.2f}), "
-            f"{row['pct_of_stream']:.0f} % of the read ({row['chose']})")
-        del ws, flats
-    return rows
+def qmatvec_row(mx: Any, pkg: Any, read: Any, shape: tuple[int, int, int], rounds: int, l2: float,
+                rng: np.random.Generator) -> dict:
+    """One qmatvec shape: the package, the op and the read of the same bytes, 8 calls per graph, cold weights."""
+    m, n, k = shape
+    nbytes = n * k // 2 + 2 * n * (k // 64) * 2
+    sets_n = max(2, math.ceil(2 * l2 / nbytes) + 1)
+    ws = [quantized(mx, n, k, rng) for _ in range(sets_n)]
+    x = mx.array(rng.standard_normal((m, k)).astype(np.float16))
+    flats = [mx.zeros((nbytes // 4,), dtype=mx.uint32) + i for i in range(sets_n)]
+    mx.eval(flats)
+
+    def package() -> list[Any]:
+        return [pkg.qmatvec(x, *ws[i % sets_n]) for i in range(8)]
+
+    def op() -> list[Any]:
+        return [mx.quantized_matmul(x, *ws[i % sets_n], transpose=True, group_size=64, bits=4) for i in range(8)]
+
+    def stream() -> list[Any]:
+        return [read(flats[i % sets_n]) for i in range(8)]
+
+    t = token_times(mx, {"package": package, "op": op, "stream": stream}, rounds)
+    pk, o, st = ([v / 8 for v in t[name]] for name in ("package", "op", "stream"))
+    row = {"M": m, "N": n, "K": k, "package_ms": pct(pk, 50), "op_ms": pct(o, 50), "stream_ms": pct(st, 50),
+           "speedup": pct(o, 50) / pct(pk, 50), "low": pct(o, 10) / pct(pk, 90), "high": pct(o, 90) / pct(pk, 10),
+           "pct_of_stream": 100 * pct(st, 50) / pct(pk, 50), "weight_sets": sets_n,
+           "chose": str(pkg.qmatvec.explain(x, *ws[0]).artifact or "op")}
+    log(f"qmatvec {m}x{n}x{k}: package {row['package_ms'] * 1e3:.1f} us, op {row['op_ms'] * 1e3:.1f} us, read "
+        f"{row['stream_ms'] * 1e3:.1f} us: {row['speedup']:.2f}x ({row['low']:.2f}-{row['high']:.2f}), "
+        f"{row['pct_of_stream']:.0f} % of the read ({row['chose']})")
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,12 +32,12 @@ def q(m: int, n: int, k: int, bits: int = 4, group: int = 64) -> str:
 
 
 #: (family, shape) per group: (a) the qmatvec shapes of issue 28's goals, (b) the rest of a Llama-7B-shaped
-#: decode layer (hidden 4096, FFN 11008: Q/K/V concatenated, O, gate+up fused, down) at M = 1 and 4.
+#: decode layer (hidden 4096, FFN 11008: Q/K/V concatenated, O, gate+up fused, down) at M = 1, (c) at M = 4.
 GROUPS = {
     "a": [("qmatvec", q(1, 4096, 4096)), ("qmatvec", q(1, 11008, 4096)), ("qmatvec", q(1, 14336, 4096)),
           ("qmatvec", q(4, 11008, 4096)), ("qmatvec", q(4, 14336, 4096)), ("qmatvec", q(16, 4096, 4096))],
-    "b": [("qmatvec", q(1, 12288, 4096)), ("qmatvec", q(1, 4096, 11008)), ("swiglu_qmatvec", q(1, 11008, 4096)),
-          ("qmatvec", q(4, 12288, 4096)), ("qmatvec", q(4, 4096, 4096)), ("qmatvec", q(4, 4096, 11008)),
+    "b": [("qmatvec", q(1, 12288, 4096)), ("qmatvec", q(1, 4096, 11008)), ("swiglu_qmatvec", q(1, 11008, 4096))],
+    "c": [("qmatvec", q(4, 12288, 4096)), ("qmatvec", q(4, 4096, 4096)), ("qmatvec", q(4, 4096, 11008)),
           ("swiglu_qmatvec", q(4, 11008, 4096))],
 }
 

@@ -28,6 +28,7 @@ from jinja2 import nodes
 
 from .. import __version__
 from .._errors import KernsearchError
+from .._safeio import UnsafeFile, write_atomic
 from ..artifacts._artifacts import ArtifactStore
 from ..artifacts._manifest import ArtifactError
 from ..family._expr import _ENV, Expr
@@ -332,23 +333,31 @@ def build_wheel(source_dir: Path, package: str, version: str, out: Path) -> Path
     Every value in that pyproject.toml is checked here (package name, version) or constant: no text from a
     manifest reaches the metadata. Static name, version and description: flit never imports the package.
     """
+    import tempfile
+
     from flit_core.wheel import make_wheel_in
 
-    built = Path(make_wheel_in(source_dir / "pyproject.toml", out).file)
     expected = out / f"{package}-{version}-py3-none-any.whl"
-    if built != expected:  # pragma: no cover - the version is normalised before export writes anything
-        raise ExportError(f"flit_core named the wheel {built.name}, expected {expected.name}")
-    return built
+    # Built in a private folder, then moved beside the tree by the one safe write (a link or special file
+    # planted at the wheel's name in ``out`` is refused, never written through).
+    with tempfile.TemporaryDirectory(prefix="ks-wheel-") as private:
+        built = Path(make_wheel_in(source_dir / "pyproject.toml", Path(private)).file)
+        if built.name != expected.name:  # pragma: no cover - the version is normalised before export writes
+            raise ExportError(f"flit_core named the wheel {built.name}, expected {expected.name}")
+        _write_bytes(expected, built.read_bytes())
+    return expected
 
 
 def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    _write_bytes(path, text.encode("utf-8"))
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    try:
+        write_atomic(path, data)
+    except UnsafeFile as exc:
+        raise ExportError(f"cannot write the package: {exc}") from None
 
 
 __all__ = ["ArtifactError", "ExportError", "ExportResult", "build_wheel", "export", "expr_tree"]

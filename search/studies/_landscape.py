@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import tempfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import KernsearchError
-from .._safeio import UnsafeFile, read_bytes
+from .._safeio import UnsafeFile, read_bytes, write_atomic
 
 #: The ``time`` a sweep writes for a config it had no time left to measure (not a failure of the config).
 NOT_MEASURED = "NotMeasured"
@@ -40,10 +38,6 @@ def config_string(values: Any) -> str:
 
 #: Largest landscape read, compressed and uncompressed (the largest shared one is 16.5 MB of JSON).
 LANDSCAPE_LIMIT = 256 << 20
-
-
-def _open(path: Path, mode: str) -> Any:
-    return gzip.open(path, mode + "t", encoding="utf-8") if path.suffix == ".gz" else open(path, mode, encoding="utf-8")
 
 
 def _read_json(path: Path) -> Any:
@@ -177,19 +171,13 @@ class LandscapeWriter:
 
     def save(self) -> Path:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = {**self.header, "cache": self.cache}
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-        os.close(fd)
+        data = json.dumps({**self.header, "cache": self.cache}).encode("utf-8")
+        if self.path.suffix == ".gz":
+            data = gzip.compress(data, mtime=0)
         try:
-            with _open(Path(tmp + (".gz" if self.path.suffix == ".gz" else "")), "w") as fh:
-                json.dump(data, fh)
-            if self.path.suffix == ".gz":
-                os.replace(tmp + ".gz", tmp)
-            os.replace(tmp, self.path)
-        finally:
-            for leftover in (tmp, tmp + ".gz"):
-                if os.path.exists(leftover):
-                    os.unlink(leftover)
+            write_atomic(self.path, data)
+        except UnsafeFile as exc:
+            raise KernsearchError(f"cannot write the landscape: {exc}") from None
         return self.path
 
 

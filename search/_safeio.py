@@ -83,8 +83,58 @@ def open_regular(path: str | Path, flags: int = _READ_FLAGS, mode: int = 0o644) 
 
 def read_bytes(path: str | Path, limit: int = SOURCE_LIMIT) -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes (links, special files, bigger files refused)."""
-    fd = open_regular(path)
+    return _read_fd(open_regular(path), path, limit)
+
+
+def _inside(root: str, path: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def read_inside(root: str | Path, parts: list[str], limit: int = SOURCE_LIMIT) -> bytes:
+    """The bytes of ``root/part/part/...``, a regular file whose real path (and that of every folder on the
+    way) stays inside ``root``'s real path: a linked folder leading elsewhere (``sub -> /etc``, or nested
+    ``a/b/c -> /etc``) is refused, as is a link at the file itself. The open walks the resolved folders one
+    at a time without following links, so a folder swapped for a link after the check is refused too."""
+    where = os.path.join(str(root), *parts)
+    if any(p in ("", ".", "..") or os.sep in p or "\x00" in p for p in parts) or not parts:
+        raise UnsafeFile(f"{where}: not a plain name inside {root}")
+    base = os.path.realpath(root)
+    for i in range(1, len(parts)):
+        if not _inside(base, os.path.realpath(os.path.join(base, *parts[:i]))):
+            raise UnsafeFile(f"{where}: leaves {root} through a linked folder (refused)")
+    parent = os.path.realpath(os.path.join(base, *parts[:-1])) if len(parts) > 1 else base
+    steps = [p for p in os.path.relpath(parent, base).split(os.sep) if p not in ("", ".")]
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
+        dfd = os.open(base, flags)
+    except OSError as exc:
+        raise UnsafeFile(f"{root}: cannot open the folder ({exc.strerror})") from None
+    try:
+        for step in steps:
+            try:
+                nfd = os.open(step, flags, dir_fd=dfd)
+            except OSError as exc:
+                raise UnsafeFile(f"{where}: cannot open a folder on the way ({exc.strerror})") from None
+            os.close(dfd)
+            dfd = nfd
+        try:
+            fd = os.open(parts[-1], _READ_FLAGS, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafeFile(f"{where}: is a symbolic link (refused)") from None
+            raise UnsafeFile(f"{where}: cannot open ({exc.strerror})") from None
+    finally:
+        os.close(dfd)
+    return _read_fd(fd, where, limit)
+
+
+def _read_fd(fd: int, path: str | Path, limit: int) -> bytes:
+    """Read at most ``limit`` bytes of an open regular file (closed here)."""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFile(f"{path}: is {_describe(st.st_mode)}, expected a regular file")
+        os.set_blocking(fd, True)
         chunks, total = [], 0
         while True:
             chunk = os.read(fd, min(1 << 20, limit + 1 - total))

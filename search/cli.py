@@ -243,6 +243,7 @@ def artifacts_list(store: str | None = StoreOpt,
     from .artifacts._manifest import ArtifactError
 
     st = ArtifactStore(store)
+    _check_store_folder(st)
     keys = [k for k in st.keys() if family is None or k.family == family]
     if not keys:
         out.print(f"no artifacts in {st.root}")
@@ -273,6 +274,18 @@ def artifacts_list(store: str | None = StoreOpt,
         out.print(f"[bold]{line}[/]" if i == 0 else line, soft_wrap=True, markup=i == 0)
 
 
+def _check_store_folder(st: ArtifactStore) -> None:
+    """A store path that exists must be a folder (a file, FIFO or device is a mistake, not an empty store)."""
+    from .artifacts._manifest import ArtifactError
+
+    try:
+        exists = st.root.exists() or st.root.is_symlink()
+    except (OSError, ValueError):
+        raise ArtifactError(f"--store {str(st.root)[:200]!r}: not a usable path") from None
+    if exists and not st.root.is_dir():
+        raise ArtifactError(f"--store {st.root}: not a folder (an artifact store is a folder)")
+
+
 def _readable_pointer(st: ArtifactStore, key: ArtifactKey) -> bool:
     from .artifacts._manifest import ArtifactError
 
@@ -293,6 +306,7 @@ def artifacts_show(key: str = KeyArg, store: str | None = StoreOpt,
     from .artifacts._candidate import ArtifactKey
 
     st = ArtifactStore(store)
+    _check_store_folder(st)
     k, version = ArtifactKey.parse(key)
     art = st.load(k, version)
     m = art.manifest
@@ -348,7 +362,10 @@ def artifacts_verify(store: str | None = StoreOpt,
     from .artifacts._manifest import ArtifactError
 
     st = ArtifactStore(store)
+    _check_store_folder(st)
     if repair:
+        for fix in st.repair_store():
+            out.print(f"repaired {escape(str(st.root))}: {escape(fix)}", soft_wrap=True)
         for k in st.keys():
             for fix in st.repair(k):
                 out.print(f"repaired {escape(str(k))}: {escape(fix)}", soft_wrap=True)
@@ -357,25 +374,38 @@ def artifacts_verify(store: str | None = StoreOpt,
     for r in results:
         out.print(f"{'ok ' if r.ok else '[red]BAD[/]'} {escape(str(r.where))}"
                   + ("" if r.ok else f": {escape(r.message)}"), soft_wrap=True)
+    for problem, fix in st.store_leftovers():
+        out.print(f"[yellow]leftover[/] {escape(str(st.root))}: {escape(problem)} (--repair: {escape(fix)})",
+                  soft_wrap=True)
     for k in st.keys():
         for problem, fix in st.crash_leftovers(k):
             out.print(f"[yellow]leftover[/] {escape(str(k))}: {escape(problem)} (--repair: {escape(fix)})",
                       soft_wrap=True)
     if bad:
         raise ArtifactError(f"{len(bad)} of {len(results)} check(s) failed in {st.root}")
-    out.print(f"{len(results)} version(s) verified in {st.root}" if results else f"no artifacts in {st.root}")
+    versions = sum(r.version for r in results)
+    out.print(f"{versions} version(s) verified in {st.root}" if versions else f"no artifacts in {st.root}")
 
 
 @artifacts_app.command("migrate")
-def artifacts_migrate(store: str | None = StoreOpt) -> None:
-    """Rewrite manifests of older schema versions in the current one (readers migrate them anyway)."""
+def artifacts_migrate(store: str | None = StoreOpt,
+                      family: list[str] = typer.Option([], "--family", help="a family folder versions may have "
+                                                        "been rendered from (repeatable; the built-in families "
+                                                        "are always tried)")) -> None:
+    """Bring a store under the current rules: index every version the store index lacks (after its full
+    check, against the family it was rendered from, kept in the store), rewrite older manifests, seal the index
+    with KERNSEARCH_STORE_KEY if set. Vouches for what the store holds now: run it on a store you trust."""
     from .artifacts._artifacts import ArtifactStore
+    from .family._spec import load_family
 
     st = ArtifactStore(store)
-    done = st.migrate()
+    _check_store_folder(st)
+    done = st.migrate([load_family(f if "/" in f else f"./{f}") for f in family])
     for item in done:
-        out.print(f"migrated {escape(item)}", soft_wrap=True)
-    out.print(f"{len(done)} manifest(s) migrated in {st.root}")
+        out.print(escape(item), soft_wrap=True)
+    refused = [d for d in done if ": not indexed: " in d]
+    out.print(f"{len(done) - len(refused)} change(s) made in {st.root}"
+              + (f"; {len(refused)} version(s) not indexed (still refused)" if refused else ""))
 
 
 @artifacts_app.command("rejudge")
@@ -385,6 +415,7 @@ def artifacts_rejudge(store: str | None = StoreOpt, margin: float = typer.Option
     from .artifacts._artifacts import ArtifactStore
 
     st = ArtifactStore(store)
+    _check_store_folder(st)
     done = st.rejudge(margin)
     for key, why in done:
         out.print(f"{escape(str(key))}: not dispatched: {escape(why)}", soft_wrap=True)
@@ -402,7 +433,9 @@ def export(families: list[str] | None = typer.Argument(None, help="families to e
     from .artifacts._artifacts import ArtifactStore
     from .exporting._export import export as build
 
-    result = build(families, out_dir, ArtifactStore(store), package=package, version=version)
+    st = ArtifactStore(store)
+    _check_store_folder(st)
+    result = build(families, out_dir, st, package=package, version=version)
     for note in result.notes:
         _warn_line(note)
     out.print(f"exported {', '.join(result.families)}: {len(result.artifacts)} artifact(s)"

@@ -176,8 +176,7 @@ def draft_manifest(c: Candidate) -> dict[str, Any]:
                              template=[tuple(t) for t in c.kernel.template],
                              header_file=f"header.{suffix}", source_file=f"source.{suffix}"),
         "source_sha256": sha,
-        "template": TemplateInfo(file=template_file.name,
-                                 sha256=hashlib.sha256(template_file.read_bytes()).hexdigest()),
+        "template": TemplateInfo(file=template_file.name, sha256=hashlib.sha256(_template_bytes(fam, c)).hexdigest()),
         "config": dict(c.config),
         "geometry": LaunchGeometry.of(c.geometry),
         "chip": ChipIdentity.of(c.chip),
@@ -190,3 +189,13 @@ def draft_manifest(c: Candidate) -> dict[str, Any]:
         "study": c.study,
         "created_at": c.created_at,
     }
+
+
+def _template_bytes(fam: Family, c: Candidate) -> bytes:
+    """The family's template file (a plain file inside its folder: a link is refused, never followed)."""
+    from .. import _safeio
+
+    try:
+        return _safeio.read_inside(fam.path, [fam.templates[c.kernel.target]])  # type: ignore[index]
+    except _safeio.UnsafeFile as exc:
+        raise ArtifactError(f"cannot read the family's template: {exc}") from None

@@ -35,7 +35,7 @@ from ..family._expr import _ENV, Expr
 from ..family._render import render
 from ..family._spec import ARRAY_FUNCTIONS, DTYPES, Family, load_family
 from ..hardware._targets import TARGETS
-from .runtime._runtime import DEFAULT_MARGIN, FORMAT
+from .runtime._runtime import DEFAULT_MARGIN, FORMAT, decision_fields
 
 DEFAULT_PACKAGE = "kernsearch_kernels"
 #: MLX has no CPU back-end on Linux without its ``cpu`` extra: consumers' CI must still get correct results.
@@ -148,6 +148,20 @@ def _kernel_record(kernel: Any) -> dict[str, Any]:
             "output_names": list(kernel.output_names), "template": [list(t) for t in kernel.template]}
 
 
+def _artifact_record(pkg: Path, art: Any, invalidated: str | None) -> dict[str, Any]:
+    """Ship one verified version: the exact manifest text and kernel files the store's checks read (never a
+    second read of the store), and a dispatch record whose decision fields are its manifest's and whose
+    ``content_sha256`` is the hash the store's index recorded at publish (the package checks both)."""
+    m = art.manifest
+    rel = f"artifacts/{art.key.path}/{art.version}"
+    for filename, text in ((m.kernel.header_file, art.kernel.header), (m.kernel.source_file, art.kernel.source),
+                           ("manifest.json", art.manifest_text)):
+        _write(pkg / rel / filename, text)
+    return {**decision_fields(json.loads(art.manifest_text)), "invalidated": invalidated,
+            "manifest": f"{rel}/manifest.json", "content_sha256": art.content_sha256,
+            "header": f"{rel}/{m.kernel.header_file}", "source": f"{rel}/{m.kernel.source_file}"}
+
+
 def _chips() -> list[dict[str, Any]]:
     from ..hardware._chips import registry
 
@@ -207,21 +221,7 @@ def _export(names: list[str], out: Path, store: ArtifactStore, package: str, ver
         # Current versions, verified on load (tampered ones stop the export); invalidated ones travel as
         # records the dispatcher never runs, so `explain` can say why (e.g. "0.26x of mx.matmul").
         for art, invalidated in store.current_artifacts(fam.name, with_invalidated=True):
-            m = art.manifest
-            rel = f"artifacts/{art.key.path}/{art.version}"
-            for filename in (m.kernel.header_file, m.kernel.source_file, "manifest.json"):
-                _write_bytes(pkg / rel / filename, (art.path / filename).read_bytes())
-            entry["artifacts"].append({
-                "key": art.key.path, "version": art.version, "chip": m.chip.name, "vendor": m.chip.vendor,
-                "lineage": list(m.chip.lineage), "dtype": m.problem.dtype, "shape": list(m.problem.shape),
-                "config": dict(m.config), "target": m.kernel.target, "evidence": m.evidence,
-                "median_ms": m.measurements.median_ms if m.measurements else None,
-                "speedup": m.measurements.speedup if m.measurements else None,
-                "speedup_low": m.measurements.speedup_low if m.measurements else None,
-                "speedup_high": m.measurements.speedup_high if m.measurements else None,
-                "invalidated": invalidated, "timing_identity": m.toolchain.timing_identity(),
-                "kernel": _kernel_record(art.kernel), "sha256": m.source_sha256,
-                "header": f"{rel}/{m.kernel.header_file}", "source": f"{rel}/{m.kernel.source_file}"})
+            entry["artifacts"].append(_artifact_record(pkg, art, invalidated))
             if invalidated is None:
                 result.artifacts.append(f"{art.key.path}/{art.version}")
                 shipped += 1

@@ -138,12 +138,13 @@ def read_snapshot(root: Path, sha: str) -> dict[str, bytes]:
 
 
 def load_snapshot(root: Path, sha: str) -> Family:
-    """The family of snapshot ``sha``, loaded from a private copy of its verified files."""
+    """The family of snapshot ``sha``, loaded from a private copy of its verified files (the store's copy is
+    checked on every call; the private copy and its family are made once per process)."""
     from ..family._spec import load_family
 
+    files = read_snapshot(root, sha)
     if sha in _LOADED and _LOADED[sha][0].is_dir():
         return _LOADED[sha][1]
-    files = read_snapshot(root, sha)
     private = Path(tempfile.mkdtemp(prefix="ks-family-"))
     try:
         for name, data in files.items():

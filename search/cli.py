@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ._console import err, out
-from ._errors import KernsearchError
+from ._errors import KernsearchError, not_empty
 from .studies._final import FinalistCheck, FinalRound
 
 
@@ -62,8 +62,10 @@ app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
 
 FAMILY_HELP = "family name (see `kernsearch families`) or path to a family folder"
 ShapeOpt = typer.Option(None, "--shape", help="problem shape, e.g. 4096,4096,4096 (default: the family's)")
-DtypeOpt = typer.Option(None, "--dtype", help="float32, float16 or bfloat16 (default: the family's)")
-ChipOpt = typer.Option(None, "--chip", help="chip name, e.g. 'M2 Max' or H100 (default: detected)")
+DtypeOpt = typer.Option(None, "--dtype", help="float32, float16 or bfloat16 (default: the family's)",
+                        callback=not_empty)
+ChipOpt = typer.Option(None, "--chip", help="chip name, e.g. 'M2 Max' or H100 (default: detected)",
+                       callback=not_empty)
 
 
 def _version(value: bool) -> None:
@@ -134,7 +136,8 @@ def families() -> None:
 
 
 @app.command()
-def chip(name: str | None = typer.Option(None, "--chip", help="show this chip instead of the detected one"),
+def chip(name: str | None = typer.Option(None, "--chip", help="show this chip instead of the detected one",
+                                         callback=not_empty),
          all_chips: bool = typer.Option(False, "--all", help="list every chip in the registry")) -> None:
     """Show the detected chip (or --chip NAME) and its figures."""
     from .hardware._chips import DIE_CLASSES, registry
@@ -228,7 +231,7 @@ def render(family: str = typer.Argument(..., help=FAMILY_HELP),
 artifacts_app = typer.Typer(no_args_is_help=True, help="Published kernel versions and their evidence.")
 app.add_typer(artifacts_app, name="artifacts")
 StoreOpt = typer.Option(None, "--store", envvar="KERNSEARCH_ARTIFACTS",
-                        help="artifact store folder (default: ./artifacts)")
+                        help="artifact store folder (default: ./artifacts)", callback=not_empty)
 KeyArg = typer.Argument(..., help="FAMILY/CHIP/DTYPE/SHAPE or FAMILY/CHIP/DTYPE/SHAPE/vN, as "
                                   "`kernsearch artifacts list` prints it")
 
@@ -540,7 +543,8 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
 
 # -- the search (issue 4) -----------------------------------------------------------------------------
 StorageOpt = typer.Option(None, "--storage", help="Optuna storage URL (default: SQLite under $KERNSEARCH_HOME "
-                          "or ~/.kernsearch; e.g. postgresql://... to share a study between machines)")
+                          "or ~/.kernsearch; e.g. postgresql://... to share a study between machines)",
+                          callback=not_empty)
 
 
 def _pick_backend(backend: str, chip_name: str | None, verify: str = "finalists") -> tuple[str, Chip, str | None]:
@@ -662,7 +666,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
              "family, else tpe), auto (valid configs only: the model's ranking, then a GP), tpe, random or grid"),
          storage: str | None = StorageOpt,
          study: str | None = typer.Option(None, "--study", help="study name (default: family/chip/dtype/"
-                                             "shape/backend)"),
+                                             "shape/backend)", callback=not_empty),
          seed: int = typer.Option(0, "--seed", help="sampler and input seed"),
          finalists: int = typer.Option(3, "--finalists", help="leaders re-measured (or verified) at the end"),
          verify_choice: VerifyChoice = typer.Option(
@@ -996,7 +1000,7 @@ def predict(family: str = typer.Argument(..., help=FAMILY_HELP),
             config: str | None = typer.Option(None, "--config", help="KNOB=VALUE,... (others: the default)"),
             shape: str | None = ShapeOpt, dtype: str | None = DtypeOpt,
             chip_name: str | None = typer.Option(None, "--chip", help="chip to predict for (default: the GPU "
-                                                    "here, else M2 Max, as every command)"),
+                                                    "here, else M2 Max, as every command)", callback=not_empty),
             as_json: bool = typer.Option(False, "--json", help="print the breakdown as JSON")) -> None:
     """Predict one variant's time with the performance model: modeled, never a measurement."""
     import json

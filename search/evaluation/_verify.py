@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import KernsearchError
-from ..family._expr import BUILTINS
+from .._errors import KernsearchError, SpecError
+from ..family._expr import BUILTINS, ExprError
 from ..family._render import Geometry, KernelSource
 from ..family._space import Problem
 from ..family._vocab import numpy_namespace
@@ -95,10 +95,30 @@ def kernel_inputs(problem: Problem, logical: dict[str, np.ndarray], geometry: Ge
 
 
 def reference(problem: Problem, logical: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The float64 reference outputs; a reference that gives other outputs than the family declares (their
+    number or shapes) is a spec error (one line, exit 2), not a failing kernel."""
     ns = {**_numpy_namespace(), **problem.dims, **problem.family.param_values, **logical}
     out = problem.family.reference(ns)
-    outs = list(out) if isinstance(out, (list, tuple)) else [out]
-    return [np.asarray(o, dtype=np.float64) for o in outs]
+    outs = [np.asarray(o, dtype=np.float64) for o in (list(out) if isinstance(out, (list, tuple)) else [out])]
+    _check_reference_shapes(problem, outs)
+    return outs
+
+
+def _check_reference_shapes(problem: Problem, outs: list[np.ndarray]) -> None:
+    fam = problem.family
+    where = f"{fam.path / 'family.toml'}: reference"
+    if len(outs) != len(fam.outputs):
+        raise SpecError(f"{where}: gives {len(outs)} array(s), the family declares {len(fam.outputs)} output(s) "
+                        f"({', '.join(t.name for t in fam.outputs)})")
+    ctx = {**BUILTINS, **problem.dims, **fam.param_values}
+    for t, ref in zip(fam.outputs, outs):
+        try:
+            declared = tuple(int(v) for v in t.shape(ctx))
+        except (ExprError, TypeError, ValueError):
+            continue  # a shape that depends on knobs: the kernel's launch checks it
+        if tuple(ref.shape) != declared:
+            raise SpecError(f"{where}: gives {t.name} of shape {tuple(ref.shape)}, the family declares "
+                            f"{declared} ({t.shape.text})")
 
 
 @dataclass

@@ -18,6 +18,7 @@ import json
 import keyword
 import re
 import shutil
+import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
@@ -38,6 +39,8 @@ from ..hardware._targets import TARGETS
 from .runtime._runtime import DEFAULT_MARGIN, FORMAT, decision_fields
 
 DEFAULT_PACKAGE = "kernsearch_kernels"
+#: Besides the standard library's modules, names an exported package may not take: it would shadow them.
+SHADOWED = frozenset({"kernsearch", "mlx", "numpy"})
 #: MLX has no CPU back-end on Linux without its ``cpu`` extra: consumers' CI must still get correct results.
 RUNTIME_REQUIRES = ("mlx[cpu]>=0.29; sys_platform == 'linux'", "mlx>=0.29; sys_platform == 'darwin'",
                     "numpy>=1.26")
@@ -176,6 +179,10 @@ def export(families: list[str] | None, out: str | Path, store: ArtifactStore | N
     store = store or ArtifactStore()
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", package) or keyword.iskeyword(package):
         raise ExportError(f"package name {package!r} must be a lower-case Python identifier")
+    if package in sys.stdlib_module_names or package in SHADOWED:
+        whose = "Python's standard library" if package in sys.stdlib_module_names else "kernsearch and its packages"
+        raise ExportError(f"package name {package!r} is a module of {whose}: installed, the package would shadow it "
+                          "(choose another --name)")
     version = version or datetime.now(UTC).strftime("%Y.%m.%d.%H%M%S")
     if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", version):
         raise ExportError(f"version {version!r} must be numbers separated by dots, e.g. 1.2.0")

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from jinja2 import TemplateNotFound, TemplateSyntaxError
+from jinja2 import TemplateNotFound, TemplateSyntaxError, nodes
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .. import _safeio
 from .._errors import SpecError
 from ..hardware._targets import TargetName
-from ._expr import BUILTINS, Expr, ExprError
+from ._expr import ARRAY_ATTRIBUTES, BUILTINS, Expr, ExprError
 from ._template import TEMPLATE_LIMIT, TemplateSandbox
 from ._vocab import ARRAY_FUNCTIONS, MLX_NAMES
 
@@ -426,6 +426,11 @@ def _check_names(fam: Family) -> None:
     arrays = {t.name for t in fam.inputs} | dims | params | set(ARRAY_FUNCTIONS)
     require("reference", fam.reference, arrays)
     require("baseline", fam.baseline, arrays)
+    for where, expr in (("reference", fam.reference), ("baseline", fam.baseline)):
+        odd = sorted({n.attr for n in expr.node.find_all(nodes.Getattr)} - ARRAY_ATTRIBUTES)
+        if odd:  # caught here, not when the expression first runs (after a search, or in an exported package)
+            errors.append(f"{where}: attribute(s) {', '.join(repr(a) for a in odd)} in {expr.text!r}: arrays offer "
+                          f"only {', '.join('.' + a for a in sorted(ARRAY_ATTRIBUTES))}")
     for dtype, tol in fam.tolerance.items():
         require(f"tolerance.{dtype}.rtol", tol.rtol, dims | params | set(BUILTINS))
         require(f"tolerance.{dtype}.atol", tol.atol, dims | params | set(BUILTINS))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -55,6 +56,23 @@ def _read_json(path: Path) -> Any:
         raise KernsearchError(f"{path}: not a KernelTuner cache file: {' '.join(str(exc).split())[:200]}") from None
 
 
+def _finite_time(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _check_times(path: Path, name: str, entry: dict[str, Any]) -> None:
+    """A measured entry's ``time`` (and ``times``) are positive finite milliseconds; a failure is a string.
+    A NaN or infinite time would otherwise win or lose every comparison (a search that ended "best nan ms")."""
+    time, times = entry.get("time"), entry.get("times")
+    if time is None or isinstance(time, str):  # a failure
+        return
+    if not _finite_time(time):
+        raise KernsearchError(f"{path}: cache entry {str(name)[:80]!r}: time {str(time)[:40]} is not a positive "
+                              "finite number of milliseconds (or a failure's name)")
+    if times is not None and (not isinstance(times, list) or not times or not all(map(_finite_time, times))):
+        raise KernsearchError(f"{path}: cache entry {str(name)[:80]!r}: times must be positive finite milliseconds")
+
+
 @dataclass
 class Landscape:
     """A recorded landscape: knobs, and per config either repeated times (ms) or a failure."""
@@ -87,6 +105,7 @@ class Landscape:
             lacking = [k for k in keys if k not in entry]
             if lacking:
                 raise KernsearchError(f"{path}: cache entry {name!r} lacks knob(s) {', '.join(lacking)}")
+            _check_times(path, name, entry)
         extra = {k: v for k, v in data.items() if k not in
                  ("tune_params_keys", "tune_params", "cache", "device_name", "kernel_name", "problem_size",
                   "objective")}

@@ -111,23 +111,23 @@ def _edit(change: Callable[[dict[str, Any]], None], template: bool = True) -> Ca
     return apply
 
 
-def _swap_source(template: bool = True) -> Callable[[Path, Path], None]:
+def _swap(which: str, edit: Callable[[str], str], template: bool = True) -> Callable[[Path, Path], None]:
+    """The kernel's ``header`` or ``source`` file edited (the manifest's source hash follows)."""
     def apply(root: Path, folder: Path) -> None:
         m = _manifest(folder)
         if template:
             m["template"]["sha256"] = FORGED_TEMPLATE
-        body = (folder / "source.metal").read_text()
-        _save(folder, m, source="/* swapped in */ if (thread_position_in_grid.x == 0) { return; }\n" + body)
+        _save(folder, m, **{which: edit((folder / f"{which}.metal").read_text())})
     return apply
+
+
+def _swap_source(template: bool = True) -> Callable[[Path, Path], None]:
+    return _swap("source", lambda body: "/* swapped in */ if (thread_position_in_grid.x == 0) { return; }\n" + body,
+                 template)
 
 
 def _swap_header(template: bool = True) -> Callable[[Path, Path], None]:
-    def apply(root: Path, folder: Path) -> None:
-        m = _manifest(folder)
-        if template:
-            m["template"]["sha256"] = FORGED_TEMPLATE
-        _save(folder, m, header="#define BK 1\n" + (folder / "header.metal").read_text())
-    return apply
+    return _swap("header", lambda text: "#define BK 1\n" + text, template)
 
 
 def _other_key(other: str, template: bool = True) -> Callable[[Path, Path], None]:

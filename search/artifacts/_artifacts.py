@@ -365,8 +365,8 @@ class ArtifactStore:
         if state is not None and _pointer_text(written) != _pointer_text(pointer) \
                 and not self._pointer_lags(key, state):
             return [VerifyResult(where, False, f"{self.key_dir(key) / POINTER} says {_pointer_text(written)}, the store "
-                                 f"index says {_pointer_text(pointer)} (edited? `verify --repair` rewrites it from "
-                                 "the index)")]
+                                 f"index says {_pointer_text(pointer)} (edited, or a writer was killed before CURRENT "
+                                 "followed; the index decides; `verify --repair` rewrites CURRENT from it)")]
         return []
 
     def _aborted_publishes(self, key: ArtifactKey, state: IndexState | None) -> list[str]:
@@ -523,12 +523,15 @@ class ArtifactStore:
         you trust.
         """
         done = []
-        resealed = self.index.reseal()
-        if resealed:
-            done.append(f"{INDEX}: {resealed} line(s) sealed with the store key")
-        for key in self.keys():
-            with _locked(self.key_dir(key) / LOCK, self.lock_timeout, key):
-                done.extend(self._migrate_key(key, families or []))
+        try:
+            resealed = self.index.reseal()
+            if resealed:
+                done.append(f"{INDEX}: {resealed} line(s) sealed with the store key")
+            for key in self.keys():
+                with _locked(self.key_dir(key) / LOCK, self.lock_timeout, key):
+                    done.extend(self._migrate_key(key, families or []))
+        except OSError as exc:  # a read-only store, a full disk
+            raise ArtifactError(f"cannot migrate {self.root}: {exc.strerror or exc}") from None
         return done
 
     def _migrate_key(self, key: ArtifactKey, families: list[Family]) -> list[str]:

@@ -167,7 +167,7 @@ class StoreIndex:
             st = os.lstat(self.path)
         except OSError as exc:
             raise ArtifactError(f"{self.path}: cannot read the store index ({exc.strerror})") from None
-        signature = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode, secret)
+        signature = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, secret)
         if self._cache is not None and self._cache[0] == signature:
             return self._cache[1]
         state = self._read(secret)
@@ -217,7 +217,10 @@ class StoreIndex:
     @contextlib.contextmanager
     def locked(self) -> Any:
         """The index's own lock (held briefly by every append; a publisher holds its key's lock first)."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ArtifactError(f"cannot lock the store index in {self.root}: {exc.strerror or exc}") from None
         try:
             with _lockfile.exclusive(self.root / INDEX_LOCK, self.lock_timeout):
                 yield

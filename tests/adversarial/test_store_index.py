@@ -111,7 +111,7 @@ def test_current_edited_to_bring_back_an_invalidated_version(store: Path, tmp_pa
     result = export(["gemm"], tmp_path / "dist", st, package="ks_uninv", version="1.0")
     assert result.artifacts == []  # shipped as an invalidated record, never dispatched
     code, stdout, _ = run_cli(["artifacts", "verify", "--store", str(store)], tmp_path)
-    assert code == 2 and f"BAD {KEY}/CURRENT" in stdout and "edited?" in stdout
+    assert code == 2 and f"BAD {KEY}/CURRENT" in stdout and "the index decides" in stdout
     code, stdout, stderr = run_cli(["artifacts", "verify", "--repair", "--store", str(store)], tmp_path)
     assert code == 0, stdout + stderr
     assert json.loads((store / KEY / "CURRENT").read_text())["invalidated"] == "found wrong on a ragged shape"

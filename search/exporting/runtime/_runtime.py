@@ -27,7 +27,8 @@ from itertools import chain as _chain
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-FORMAT = 2
+#: 3: each artifact record carries ``manifest`` and ``content_sha256``, checked before first use.
+FORMAT = 3
 #: ``off`` (or 0/no/false): every call uses the plain MLX op; ``modeled``: modeled artifacts may be used too.
 DISABLE_VAR = "KERNSEARCH_KERNELS"
 #: A kernel is dispatched only if the lower bound of its measured speedup over the MLX op (baseline p10 /

@@ -394,7 +394,7 @@ def artifacts_verify(store: str | None = StoreOpt,
 def artifacts_migrate(store: str | None = StoreOpt,
                       family: list[str] = typer.Option([], "--family", help="a family folder versions may have "
                                                         "been rendered from (repeatable; the built-in families "
-                                                        "are always tried)")) -> None:
+                                                        "are always tried)", callback=not_empty)) -> None:
     """Bring a store under the current rules: index every version the store index lacks (after its full
     check, against the family it was rendered from, kept in the store), rewrite older manifests, seal the index
     with KERNSEARCH_STORE_KEY if set. Vouches for what the store holds now: run it on a store you trust."""

@@ -548,7 +548,11 @@ class ArtifactStore:
                 continue
             events.append(event)
             done.append(f"{key}/{version}: indexed{note}")
-        written = self.pointer_file(key)
+        try:
+            written = self.pointer_file(key)
+        except ArtifactError as exc:
+            written = None
+            done.append(f"{key}: current version not recorded: {exc}")
         recorded = {e["version"] for e in events} | {v for (k, v) in (state.versions if state else {}) if k == key.path}
         if (state is None or state.current(key.path) is None) and written is not None and written.version in recorded:
             events.append({"op": "current", "key": key.path, "version": written.version,

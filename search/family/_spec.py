@@ -426,11 +426,7 @@ def _check_names(fam: Family) -> None:
     arrays = {t.name for t in fam.inputs} | dims | params | set(ARRAY_FUNCTIONS)
     require("reference", fam.reference, arrays)
     require("baseline", fam.baseline, arrays)
-    for where, expr in (("reference", fam.reference), ("baseline", fam.baseline)):
-        odd = sorted({n.attr for n in expr.node.find_all(nodes.Getattr)} - ARRAY_ATTRIBUTES)
-        if odd:  # caught here, not when the expression first runs (after a search, or in an exported package)
-            errors.append(f"{where}: attribute(s) {', '.join(repr(a) for a in odd)} in {expr.text!r}: arrays offer "
-                          f"only {', '.join('.' + a for a in sorted(ARRAY_ATTRIBUTES))}")
+    errors.extend(_array_attribute_errors(fam))
     for dtype, tol in fam.tolerance.items():
         require(f"tolerance.{dtype}.rtol", tol.rtol, dims | params | set(BUILTINS))
         require(f"tolerance.{dtype}.atol", tol.atol, dims | params | set(BUILTINS))
@@ -448,6 +444,18 @@ def _check_names(fam: Family) -> None:
             errors.append(f"default.{knob}: {value!r} is not in its domain {fam.knobs[knob].values}")
     if errors:
         raise ValueError(_CROSS + _CROSS.join(errors))
+
+
+def _array_attribute_errors(fam: Family) -> list[str]:
+    """Attributes the reference and baseline read that arrays do not offer (``A.T.T.T.ctypes``): caught at
+    load, not when the expression first runs (after a search, or in an exported package)."""
+    errors = []
+    for where, expr in (("reference", fam.reference), ("baseline", fam.baseline)):
+        odd = sorted({n.attr for n in expr.node.find_all(nodes.Getattr)} - ARRAY_ATTRIBUTES)
+        if odd:
+            errors.append(f"{where}: attribute(s) {', '.join(repr(a) for a in odd)} in {expr.text!r}: arrays offer "
+                          f"only {', '.join('.' + a for a in sorted(ARRAY_ATTRIBUTES))}")
+    return errors
 
 
 #: Separates the cross-field errors of one spec inside a single ValueError (split again by parse_family).

@@ -70,4 +70,3 @@ def geometry_ints(values: Any, where: str, n: int | None, low: int, high: int) -
             raise ValueError(f"{where}: {iv} is outside [{low}, {high}]")
         out.append(iv)
     return tuple(out)
-

@@ -6,11 +6,14 @@ from typing import Any
 
 import typer
 
+from kernsearch._errors import not_empty
+
 app = typer.Typer(no_args_is_help=True, help="Nightly search flows (Prefect): serve the schedule or run once now.")
 
 JobFileArg = typer.Argument(..., help="job file (.toml or .yaml): families, shapes, dtypes, chips, budgets")
 ChipOpt = typer.Option(None, "--chip", help="the chip whose jobs run here (default: detected; name one to run "
-                                            "modeled searches for it on a machine without that GPU)")
+                                            "modeled searches for it on a machine without that GPU)",
+                       callback=not_empty)
 
 
 @app.command()
@@ -27,7 +30,8 @@ def serve(job_file: str = JobFileArg, chip: str | None = ChipOpt,
 @app.command()
 def deploy(job_file: str = JobFileArg,
            chips: list[str] | None = typer.Option(None, "--chip", help="deploy for this chip only (repeatable; "
-                                                                          "default: every chip of the job file)"),
+                                                                          "default: every chip of the job file)",
+                                                  callback=not_empty),
            cron: str = typer.Option("0 2 * * *", "--cron", help="when the nightly run starts (cron syntax)"),
            timezone: str | None = typer.Option(None, "--timezone", help="IANA time zone of --cron (default: UTC)")
            ) -> None:

@@ -233,9 +233,9 @@ def main(argv: list[str]) -> int:
     except KernsearchError as exc:
         reply = {"ok": False, "user": True, "reason": "user", "detail": str(exc)}
     reply["seconds"] = time.monotonic() - started
-    tmp = Path(dst).with_suffix(".tmp")
-    tmp.write_text(json.dumps(reply, default=str), encoding="utf-8")
-    os.replace(tmp, dst)
+    from kernsearch._safeio import write_atomic
+
+    write_atomic(dst, json.dumps(reply, default=str))
     return 0
 
 

@@ -6,6 +6,8 @@ is a bug in kernsearch and keeps its traceback.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class KernsearchError(Exception):
     """Bad input: unknown family, invalid knob value, impossible shape, malformed spec or artifact."""
@@ -40,3 +42,13 @@ class VariantFailure(Exception):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+
+
+def not_empty(ctx: Any, param: Any, value: Any) -> Any:
+    """A Typer/Click option callback: a text option given as an empty (or blank) string is a mistake, not "use
+    the default" (``--chip ""`` used to mean the detected chip, ``--storage ""`` the default storage)."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    if any(isinstance(v, str) and not v.strip() for v in values):
+        flag = (getattr(param, "opts", None) or [f"--{getattr(param, 'name', 'option')}"])[0]
+        raise KernsearchError(f"{flag}: empty value (give one, or leave the option out for the default)")
+    return value

@@ -1,4 +1,5 @@
-"""Bounded, link-refusing reads and appends of files others wrote (family folders, stores, job files).
+"""Bounded, link-refusing reads and appends of files others wrote (family folders, stores, job files), and
+the one safe way kernsearch writes a file (:func:`write_atomic`).
 
 Every file kernsearch reads from a family folder, an artifact store or a job file goes through here:
 
@@ -7,11 +8,16 @@ Every file kernsearch reads from a family folder, an artifact store or a job fil
 - at most ``limit`` bytes are read (a bigger file is an error, never a memory blow-up);
 - text must be UTF-8, JSON must be shallow enough to parse without recursion trouble.
 
+Every file kernsearch writes (a report, a package file, a store pointer) is replaced through
+:func:`write_atomic`: a temporary file with an unpredictable name made with ``O_EXCL | O_NOFOLLOW`` in the
+target's folder, renamed over the target only if that is absent or a regular file.
+
 Every failure is an :class:`UnsafeFile` (a ``KernsearchError``) whose message is one line naming the file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -77,8 +83,58 @@ def open_regular(path: str | Path, flags: int = _READ_FLAGS, mode: int = 0o644) 
 
 def read_bytes(path: str | Path, limit: int = SOURCE_LIMIT) -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes (links, special files, bigger files refused)."""
-    fd = open_regular(path)
+    return _read_fd(open_regular(path), path, limit)
+
+
+def _inside(root: str, path: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def read_inside(root: str | Path, parts: list[str], limit: int = SOURCE_LIMIT) -> bytes:
+    """The bytes of ``root/part/part/...``, a regular file whose real path (and that of every folder on the
+    way) stays inside ``root``'s real path: a linked folder leading elsewhere (``sub -> /etc``, or nested
+    ``a/b/c -> /etc``) is refused, as is a link at the file itself. The open walks the resolved folders one
+    at a time without following links, so a folder swapped for a link after the check is refused too."""
+    where = os.path.join(str(root), *parts)
+    if any(p in ("", ".", "..") or os.sep in p or "\x00" in p for p in parts) or not parts:
+        raise UnsafeFile(f"{where}: not a plain name inside {root}")
+    base = os.path.realpath(root)
+    for i in range(1, len(parts)):
+        if not _inside(base, os.path.realpath(os.path.join(base, *parts[:i]))):
+            raise UnsafeFile(f"{where}: leaves {root} through a linked folder (refused)")
+    parent = os.path.realpath(os.path.join(base, *parts[:-1])) if len(parts) > 1 else base
+    steps = [p for p in os.path.relpath(parent, base).split(os.sep) if p not in ("", ".")]
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
+        dfd = os.open(base, flags)
+    except OSError as exc:
+        raise UnsafeFile(f"{root}: cannot open the folder ({exc.strerror})") from None
+    try:
+        for step in steps:
+            try:
+                nfd = os.open(step, flags, dir_fd=dfd)
+            except OSError as exc:
+                raise UnsafeFile(f"{where}: cannot open a folder on the way ({exc.strerror})") from None
+            os.close(dfd)
+            dfd = nfd
+        try:
+            fd = os.open(parts[-1], _READ_FLAGS, dir_fd=dfd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafeFile(f"{where}: is a symbolic link (refused)") from None
+            raise UnsafeFile(f"{where}: cannot open ({exc.strerror})") from None
+    finally:
+        os.close(dfd)
+    return _read_fd(fd, where, limit)
+
+
+def _read_fd(fd: int, path: str | Path, limit: int) -> bytes:
+    """Read at most ``limit`` bytes of an open regular file (closed here)."""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFile(f"{path}: is {_describe(st.st_mode)}, expected a regular file")
+        os.set_blocking(fd, True)
         chunks, total = [], 0
         while True:
             chunk = os.read(fd, min(1 << 20, limit + 1 - total))
@@ -188,3 +244,95 @@ def is_real_dir(path: str | Path) -> bool:
         return stat.S_ISDIR(os.lstat(path).st_mode)
     except OSError:
         return False
+
+
+# -- writing ---------------------------------------------------------------------------------------------
+
+_NEW_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _refuse_special(path: str | Path, mode: int) -> None:
+    """Only an absent or regular file may be replaced: a link, FIFO, device, socket or folder is refused."""
+    if stat.S_ISLNK(mode):
+        raise UnsafeFile(f"{path}: is a symbolic link (refused: only a new or regular file is replaced)")
+    if not stat.S_ISREG(mode):
+        raise UnsafeFile(f"{path}: is {_describe(mode)} (refused: only a new or regular file is replaced)")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.fsync(fd)
+
+
+def write_atomic(path: str | Path, data: str | bytes, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` safely: every file the CLI writes goes through here.
+
+    The data goes to a temporary file with an unpredictable name, made with ``O_EXCL | O_NOFOLLOW`` in the
+    target's own folder (opened once; every step is relative to it), flushed, then renamed over the target
+    only if the target is absent or a regular file. A link, FIFO, device, socket or folder at ``path`` is
+    refused (:class:`UnsafeFile`, one line) before anything is created, and nothing is ever written through
+    a link: a link planted at the temporary name cannot exist (the name is new), one planted at the target
+    is refused, never followed.
+    """
+    import secrets
+
+    blob = data.encode("utf-8") if isinstance(data, str) else data
+    target = Path(path)
+    if "\x00" in str(path):
+        raise UnsafeFile(f"{str(path)!r}: not a usable path (it holds a NUL byte)")
+    name = target.name
+    if not name or name in (".", ".."):
+        raise UnsafeFile(f"{path}: not a file name")
+    try:
+        dfd = os.open(target.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise UnsafeFile(f"{target.parent}: cannot open the folder ({exc.strerror})") from None
+    tmp = f".{name[:100]}.{secrets.token_hex(8)}.tmp"
+    try:
+        _check_target(dfd, name, path)
+        try:
+            fd = os.open(tmp, _NEW_FLAGS, mode, dir_fd=dfd)
+        except OSError as exc:
+            raise UnsafeFile(f"{path}: cannot create a file beside it ({exc.strerror})") from None
+        try:
+            try:
+                _write_all(fd, blob)
+            finally:
+                os.close(fd)
+            _check_target(dfd, name, path)  # again, just before the rename
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            if isinstance(exc, OSError):
+                raise UnsafeFile(f"{path}: cannot write ({exc.strerror or exc})") from None
+            raise
+        with contextlib.suppress(OSError):
+            os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def check_replaceable(path: str | Path) -> None:
+    """Refuse, before any work, a target :func:`write_atomic` would refuse (a link, FIFO, device, folder)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except ValueError:
+        raise UnsafeFile(f"{str(path)!r}: not a usable path (it holds a NUL byte)") from None
+    except OSError as exc:
+        raise UnsafeFile(f"{path}: cannot check the target ({exc.strerror})") from None
+    _refuse_special(path, st.st_mode)
+
+
+def _check_target(dfd: int, name: str, path: str | Path) -> None:
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UnsafeFile(f"{path}: cannot check the target ({exc.strerror})") from None
+    _refuse_special(path, st.st_mode)

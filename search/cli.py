@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ._console import err, out
-from ._errors import KernsearchError
+from ._errors import KernsearchError, not_empty
 from .studies._final import FinalistCheck, FinalRound
 
 
@@ -62,8 +62,10 @@ app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
 
 FAMILY_HELP = "family name (see `kernsearch families`) or path to a family folder"
 ShapeOpt = typer.Option(None, "--shape", help="problem shape, e.g. 4096,4096,4096 (default: the family's)")
-DtypeOpt = typer.Option(None, "--dtype", help="float32, float16 or bfloat16 (default: the family's)")
-ChipOpt = typer.Option(None, "--chip", help="chip name, e.g. 'M2 Max' or H100 (default: detected)")
+DtypeOpt = typer.Option(None, "--dtype", help="float32, float16 or bfloat16 (default: the family's)",
+                        callback=not_empty)
+ChipOpt = typer.Option(None, "--chip", help="chip name, e.g. 'M2 Max' or H100 (default: detected)",
+                       callback=not_empty)
 
 
 def _version(value: bool) -> None:
@@ -140,7 +142,8 @@ def families(folders: list[str] | None = typer.Argument(
 
 
 @app.command()
-def chip(name: str | None = typer.Option(None, "--chip", help="show this chip instead of the detected one"),
+def chip(name: str | None = typer.Option(None, "--chip", help="show this chip instead of the detected one",
+                                         callback=not_empty),
          all_chips: bool = typer.Option(False, "--all", help="list every chip in the registry")) -> None:
     """Show the detected chip (or --chip NAME) and its figures."""
     from .hardware._chips import DIE_CLASSES, registry
@@ -234,7 +237,7 @@ def render(family: str = typer.Argument(..., help=FAMILY_HELP),
 artifacts_app = typer.Typer(no_args_is_help=True, help="Published kernel versions and their evidence.")
 app.add_typer(artifacts_app, name="artifacts")
 StoreOpt = typer.Option(None, "--store", envvar="KERNSEARCH_ARTIFACTS",
-                        help="artifact store folder (default: ./artifacts)")
+                        help="artifact store folder (default: ./artifacts)", callback=not_empty)
 KeyArg = typer.Argument(..., help="FAMILY/CHIP/DTYPE/SHAPE or FAMILY/CHIP/DTYPE/SHAPE/vN, as "
                                   "`kernsearch artifacts list` prints it")
 
@@ -249,6 +252,7 @@ def artifacts_list(store: str | None = StoreOpt,
     from .artifacts._manifest import ArtifactError
 
     st = ArtifactStore(store)
+    _check_store_folder(st)
     keys = [k for k in st.keys() if family is None or k.family == family]
     if not keys:
         out.print(f"no artifacts in {st.root}")
@@ -279,6 +283,18 @@ def artifacts_list(store: str | None = StoreOpt,
         out.print(f"[bold]{line}[/]" if i == 0 else line, soft_wrap=True, markup=i == 0)
 
 
+def _check_store_folder(st: ArtifactStore) -> None:
+    """A store path that exists must be a folder (a file, FIFO or device is a mistake, not an empty store)."""
+    from .artifacts._manifest import ArtifactError
+
+    try:
+        exists = st.root.exists() or st.root.is_symlink()
+    except (OSError, ValueError):
+        raise ArtifactError(f"--store {str(st.root)[:200]!r}: not a usable path") from None
+    if exists and not st.root.is_dir():
+        raise ArtifactError(f"--store {st.root}: not a folder (an artifact store is a folder)")
+
+
 def _readable_pointer(st: ArtifactStore, key: ArtifactKey) -> bool:
     from .artifacts._manifest import ArtifactError
 
@@ -299,6 +315,7 @@ def artifacts_show(key: str = KeyArg, store: str | None = StoreOpt,
     from .artifacts._candidate import ArtifactKey
 
     st = ArtifactStore(store)
+    _check_store_folder(st)
     k, version = ArtifactKey.parse(key)
     art = st.load(k, version)
     m = art.manifest
@@ -354,7 +371,10 @@ def artifacts_verify(store: str | None = StoreOpt,
     from .artifacts._manifest import ArtifactError
 
     st = ArtifactStore(store)
+    _check_store_folder(st)
     if repair:
+        for fix in st.repair_store():
+            out.print(f"repaired {escape(str(st.root))}: {escape(fix)}", soft_wrap=True)
         for k in st.keys():
             for fix in st.repair(k):
                 out.print(f"repaired {escape(str(k))}: {escape(fix)}", soft_wrap=True)
@@ -363,25 +383,38 @@ def artifacts_verify(store: str | None = StoreOpt,
     for r in results:
         out.print(f"{'ok ' if r.ok else '[red]BAD[/]'} {escape(str(r.where))}"
                   + ("" if r.ok else f": {escape(r.message)}"), soft_wrap=True)
+    for problem, fix in st.store_leftovers():
+        out.print(f"[yellow]leftover[/] {escape(str(st.root))}: {escape(problem)} (--repair: {escape(fix)})",
+                  soft_wrap=True)
     for k in st.keys():
         for problem, fix in st.crash_leftovers(k):
             out.print(f"[yellow]leftover[/] {escape(str(k))}: {escape(problem)} (--repair: {escape(fix)})",
                       soft_wrap=True)
     if bad:
         raise ArtifactError(f"{len(bad)} of {len(results)} check(s) failed in {st.root}")
-    out.print(f"{len(results)} version(s) verified in {st.root}" if results else f"no artifacts in {st.root}")
+    versions = sum(r.version for r in results)
+    out.print(f"{versions} version(s) verified in {st.root}" if versions else f"no artifacts in {st.root}")
 
 
 @artifacts_app.command("migrate")
-def artifacts_migrate(store: str | None = StoreOpt) -> None:
-    """Rewrite manifests of older schema versions in the current one (readers migrate them anyway)."""
+def artifacts_migrate(store: str | None = StoreOpt,
+                      family: list[str] = typer.Option([], "--family", help="a family folder versions may have "
+                                                        "been rendered from (repeatable; the built-in families "
+                                                        "are always tried)", callback=not_empty)) -> None:
+    """Bring a store under the current rules: index every version the store index lacks (after its full
+    check, against the family it was rendered from, kept in the store), rewrite older manifests, seal the index
+    with KERNSEARCH_STORE_KEY if set. Vouches for what the store holds now: run it on a store you trust."""
     from .artifacts._artifacts import ArtifactStore
+    from .family._spec import load_family
 
     st = ArtifactStore(store)
-    done = st.migrate()
+    _check_store_folder(st)
+    done = st.migrate([load_family(f if "/" in f else f"./{f}") for f in family])
     for item in done:
-        out.print(f"migrated {escape(item)}", soft_wrap=True)
-    out.print(f"{len(done)} manifest(s) migrated in {st.root}")
+        out.print(escape(item), soft_wrap=True)
+    refused = [d for d in done if ": not indexed: " in d]
+    out.print(f"{len(done) - len(refused)} change(s) made in {st.root}"
+              + (f"; {len(refused)} version(s) not indexed (still refused)" if refused else ""))
 
 
 @artifacts_app.command("rejudge")
@@ -391,6 +424,7 @@ def artifacts_rejudge(store: str | None = StoreOpt, margin: float = typer.Option
     from .artifacts._artifacts import ArtifactStore
 
     st = ArtifactStore(store)
+    _check_store_folder(st)
     done = st.rejudge(margin)
     for key, why in done:
         out.print(f"{escape(str(key))}: not dispatched: {escape(why)}", soft_wrap=True)
@@ -409,7 +443,9 @@ def export(families: list[str] | None = typer.Argument(None, help="families to e
     from .artifacts._artifacts import ArtifactStore
     from .exporting._export import export as build
 
-    result = build(families, out_dir, ArtifactStore(store), package=package, version=version)
+    st = ArtifactStore(store)
+    _check_store_folder(st)
+    result = build(families, out_dir, st, package=package, version=version)
     for note in result.notes:
         _warn_line(note)
     out.print(f"exported {', '.join(result.families)}: {len(result.artifacts)} artifact(s)"
@@ -514,7 +550,8 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
 
 # -- the search (issue 4) -----------------------------------------------------------------------------
 StorageOpt = typer.Option(None, "--storage", help="Optuna storage URL (default: SQLite under $KERNSEARCH_HOME "
-                          "or ~/.kernsearch; e.g. postgresql://... to share a study between machines)")
+                          "or ~/.kernsearch; e.g. postgresql://... to share a study between machines)",
+                          callback=not_empty)
 
 
 def _pick_backend(backend: str, chip_name: str | None, verify: str = "finalists") -> tuple[str, Chip, str | None]:
@@ -637,7 +674,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
              "family, else tpe), auto (valid configs only: the model's ranking, then a GP), tpe, random or grid"),
          storage: str | None = StorageOpt,
          study: str | None = typer.Option(None, "--study", help="study name (default: family/chip/dtype/"
-                                             "shape/backend)"),
+                                             "shape/backend)", callback=not_empty),
          seed: int = typer.Option(0, "--seed", help="sampler and input seed"),
          finalists: int = typer.Option(3, "--finalists", help="leaders re-measured (or verified) at the end"),
          verify_choice: VerifyChoice = typer.Option(
@@ -982,7 +1019,7 @@ def predict(family: str = typer.Argument(..., help=FAMILY_HELP),
             config: str | None = typer.Option(None, "--config", help="KNOB=VALUE,... (others: the default)"),
             shape: str | None = ShapeOpt, dtype: str | None = DtypeOpt,
             chip_name: str | None = typer.Option(None, "--chip", help="chip to predict for (default: the GPU "
-                                                    "here, else M2 Max, as every command)"),
+                                                    "here, else M2 Max, as every command)", callback=not_empty),
             as_json: bool = typer.Option(False, "--json", help="print the breakdown as JSON")) -> None:
     """Predict one variant's time with the performance model: modeled, never a measurement."""
     import json

@@ -82,8 +82,7 @@ def test_modeled_artifacts_need_the_consumer_to_opt_in(tmp_path: Path, monkeypat
 
 
 def test_interpreted_artifacts_are_never_dispatched(tmp_path: Path) -> None:
-    d = package(tmp_path, candidate("M2 Max", (64, 64, 64), evidence="modeled"))
-    d.table["families"]["gemm"]["artifacts"][0]["evidence"] = "interpreted"
+    d = package(tmp_path, candidate("M2 Max", (64, 64, 64), evidence="interpreted"))
     decision = d.explain("gemm", *arrays(64, 64, 64), chip=M2MAX, modeled=True)
     assert decision.level == "mlx op" and "interpreted (correctness only): never dispatched" in str(decision)
 

@@ -37,6 +37,7 @@ must still match (its family renders the same source) by :mod:`kernsearch.artifa
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -52,6 +53,7 @@ from ._candidate import _VERSION, ArtifactKey, Candidate
 from ._candidate import draft_manifest as _draft_manifest
 from .._errors import KernsearchError
 from ._gate import gate, loses_to_baseline
+from ._index import INDEX, IndexState, StoreIndex, VersionRecord
 from ._manifest import (
     SCHEMA_VERSION,
     ArtifactError,
@@ -62,7 +64,7 @@ from ._manifest import (
     utcnow,
 )
 from ..family._render import Geometry, KernelSource, source_sha256
-from ..exporting.runtime._runtime import DEFAULT_MARGIN
+from ..exporting.runtime._runtime import DEFAULT_MARGIN, content_sha256
 
 if TYPE_CHECKING:
     from ..family._spec import Family
@@ -108,6 +110,10 @@ class Artifact:
     path: Path
     manifest: Manifest
     kernel: KernelSource
+    #: The manifest's exact text, as verified (an export ships these bytes, not a second read of the file).
+    manifest_text: str = ""
+    #: The content hash the store's index recorded at publish (``_runtime.content_sha256``).
+    content_sha256: str = ""
 
     @property
     def geometry(self) -> Geometry:
@@ -119,6 +125,8 @@ class VerifyResult:
     where: str
     ok: bool
     message: str
+    #: A version's check (False: the index, a journal, a pointer, a misplaced entry).
+    version: bool = False
 
 
 class ArtifactStore:
@@ -128,8 +136,9 @@ class ArtifactStore:
                  families: dict[str, Family] | None = None) -> None:
         self.root = Path(root) if root is not None else default_root()
         self.lock_timeout = lock_timeout
-        #: Families (by name) manifests are re-validated against besides the built-in ones (user folders).
+        #: Families (by name) ``migrate`` may index versions against besides the built-in ones (user folders).
         self.families: dict[str, Family] = dict(families or {})
+        self.index = StoreIndex(self.root, lock_timeout)
 
     def check_writable(self) -> None:
         """Refuse, before any work, a store no publish could write: its root (or, while it does not exist
@@ -144,6 +153,15 @@ class ArtifactStore:
             raise ArtifactError(f"cannot publish to {self.root}: {path} is not a folder")
         if not os.access(path, os.W_OK | os.X_OK):
             raise ArtifactError(f"cannot publish to {self.root}: {path} is not writable")
+        if path == self.root:
+            self._check_indexed()
+            self.index.check_appendable()
+
+    def _check_indexed(self) -> None:
+        """A store with versions but no index predates it: nothing is published into it before ``migrate``."""
+        if not self.index.exists() and any(self.versions(k) for k in self.keys()):
+            raise ArtifactError(f"{self.root} has versions but no store index ({INDEX}): it was made before "
+                                "kernsearch recorded content hashes; run `kernsearch artifacts migrate` first")
 
     # -- reading ------------------------------------------------------------------------------------
     def key_dir(self, key: ArtifactKey) -> Path:
@@ -185,7 +203,21 @@ class ArtifactStore:
             return []
         return sorted(p.name for p in folder.iterdir() if _VERSION.match(p.name) and not _safeio.is_real_dir(p))
 
+    def index_state(self) -> IndexState | None:
+        """The store's verified index (None if it has none); raises :class:`ArtifactError` if it is damaged."""
+        return self.index.state()
+
     def pointer(self, key: ArtifactKey) -> Pointer | None:
+        """The key's current version: as the store's index records it (``CURRENT`` mirrors it for people and
+        older readers, and ``verify`` reports a difference); the ``CURRENT`` file only in a store without one."""
+        state = self.index_state()
+        if state is None:
+            return self.pointer_file(key)
+        current = state.current(key.path)
+        return Pointer(current.version, current.invalidated, current.time) if current else None
+
+    def pointer_file(self, key: ArtifactKey) -> Pointer | None:
+        """What the key's ``CURRENT`` file says."""
         path = self.key_dir(key) / POINTER
         if not os.path.lexists(path):
             return None
@@ -227,10 +259,31 @@ class ArtifactStore:
             raise ArtifactError(f"{folder}: manifest describes {manifest.key}/{manifest.version}, not this "
                                 "folder (moved or tampered)")
         kernel = _read_kernel(folder, manifest)
+        record = self._record(key, version)
+        content = content_sha256(text, kernel.header, kernel.source)
+        if content != record.content:
+            raise ArtifactError(f"{folder}: manifest or kernel files changed since publish (content hash "
+                                f"{content[:12]}, the store index recorded {record.content[:12]}): tampered or "
+                                "corrupted")
         from ._recheck import recheck
+        from ._snapshot import load_snapshot
 
-        recheck(manifest, kernel, self.families.get(manifest.family))  # what the gate could have written
-        return Artifact(key, version, folder, manifest, kernel)
+        # What the gate could have written, against the family it was rendered from (kept in the store).
+        recheck(manifest, kernel, load_snapshot(self.root, record.family))
+        return Artifact(key, version, folder, manifest, kernel, text, content)
+
+    def _record(self, key: ArtifactKey, version: str) -> VersionRecord:
+        """What the store's index recorded for a version; refused if it recorded nothing."""
+        state = self.index_state()
+        if state is None:
+            raise ArtifactError(f"{key}/{version}: this store has no index ({self.root / INDEX}): it was made "
+                                "before kernsearch recorded content hashes; run `kernsearch artifacts migrate` "
+                                "to index it (after checking what it holds)")
+        record = state.versions.get((key.path, version))
+        if record is None:
+            raise ArtifactError(f"{key}/{version}: not in the store index: no publish recorded it (copied in or "
+                                "planted); `kernsearch artifacts migrate` indexes it if you trust it")
+        return record
 
     def current_artifacts(self, family: str | None = None, *,
                           with_invalidated: bool = False) -> Iterator[Any]:
@@ -265,8 +318,17 @@ class ArtifactStore:
         return entries
 
     def verify(self) -> list[VerifyResult]:
-        """Check every version and pointer of the store; one result per version (and per problem)."""
+        """Check the store's index and every version and pointer; one result per version (and per problem)."""
         results = []
+        state: IndexState | None = None
+        try:
+            state = self.index_state()
+            if state is not None:
+                results.append(VerifyResult(INDEX, True, f"{state.entries} entries, chain intact"
+                                            + (", sealed with the store key" if state.keyed else "")))
+        except ArtifactError as exc:
+            results.append(VerifyResult(INDEX, False, str(exc)))
+        on_disk = set()
         for key in self.keys():
             for name in self.misplaced(key):
                 results.append(VerifyResult(f"{key}/{name}", False,
@@ -276,23 +338,67 @@ class ArtifactStore:
             except ArtifactError as exc:
                 results.append(VerifyResult(f"{key}/{JOURNAL}", False, str(exc)))
             for version in self.versions(key):
+                on_disk.add((key.path, version))
                 try:
                     self.load(key, version)
-                    results.append(VerifyResult(f"{key}/{version}", True, "ok"))
+                    results.append(VerifyResult(f"{key}/{version}", True, "ok", True))
                 except ArtifactError as exc:
-                    results.append(VerifyResult(f"{key}/{version}", False, str(exc)))
-            try:
-                pointer = self.pointer(key)
-                if pointer is not None and pointer.version not in self.versions(key):
-                    results.append(VerifyResult(f"{key}/{POINTER}", False,
-                                                f"{self.key_dir(key) / POINTER}: points to missing {pointer.version}"))
-            except ArtifactError as exc:
-                results.append(VerifyResult(f"{key}/{POINTER}", False, str(exc)))
+                    results.append(VerifyResult(f"{key}/{version}", False, str(exc), True))
+            results.extend(self._verify_pointer(key, state))
+        if state is not None:
+            explained = {(k.path, v) for k in self.keys() for v in self._aborted_publishes(k, state)}
+            for (k, v) in sorted(set(state.versions) - on_disk - explained):
+                results.append(VerifyResult(f"{k}/{v}", False, f"{self.root / k / v}: recorded by the store index "
+                                            "but missing (deleted or moved)"))
         return results
 
+    def _verify_pointer(self, key: ArtifactKey, state: IndexState | None) -> list[VerifyResult]:
+        """The key's current version exists, and ``CURRENT`` says what the index says (or a crash explains it)."""
+        where = f"{key}/{POINTER}"
+        try:
+            pointer, written = self.pointer(key), self.pointer_file(key)
+        except ArtifactError as exc:
+            return [VerifyResult(where, False, str(exc))]
+        if pointer is not None and pointer.version not in self.versions(key) \
+                and pointer.version not in self._aborted_publishes(key, state):
+            return [VerifyResult(where, False, f"{self.key_dir(key) / POINTER}: points to missing {pointer.version}")]
+        if state is not None and _pointer_text(written) != _pointer_text(pointer) \
+                and not self._pointer_lags(key, state):
+            return [VerifyResult(where, False, f"{self.key_dir(key) / POINTER} says {_pointer_text(written)}, the store "
+                                 f"index says {_pointer_text(pointer)} (edited, or a writer was killed before CURRENT "
+                                 "followed; the index decides; `verify --repair` rewrites CURRENT from it)")]
+        return []
+
+    def _aborted_publishes(self, key: ArtifactKey, state: IndexState | None) -> list[str]:
+        """Versions the index records as the key's newest and current that never moved in place (a publisher
+        killed between recording and moving it): ``repair`` records them aborted."""
+        if state is None:
+            return []
+        current = state.current(key.path)
+        if current is None or os.path.lexists(self.key_dir(key) / current.version):
+            return []
+        newest = max((v for (k, v) in state.versions if k == key.path), key=lambda v: int(v[1:]), default=None)
+        return [current.version] if current.version == newest and current.invalidated is None else []
+
+    def _pointer_lags(self, key: ArtifactKey, state: IndexState) -> bool:
+        """``CURRENT`` still names the version before the index's current one (killed before the pointer moved)."""
+        current = state.current(key.path)
+        try:
+            written = self.pointer_file(key)
+        except ArtifactError:
+            return False
+        if current is None or current.invalidated is not None:
+            return False
+        return written is None or (int(written.version[1:]) < int(current.version[1:]))
+
     def stale_temporaries(self) -> list[Path]:
-        """Half-written versions left by killed publishers (invisible to readers; safe to delete)."""
-        return sorted(p for p in self.root.glob("*/*/*/*/.tmp-*") if p.is_dir()) if self.root.is_dir() else []
+        """Half-written versions and snapshots left by killed publishers (invisible to readers; safe to delete)."""
+        if not self.root.is_dir():
+            return []
+        from ._snapshot import SNAPSHOTS
+
+        found = [*self.root.glob("*/*/*/*/.tmp-*"), *self.root.glob(f"{SNAPSHOTS}/.tmp-*")]
+        return sorted(p for p in found if _safeio.is_real_dir(p))
 
     # -- writing ------------------------------------------------------------------------------------
     def publish(self, candidate: Candidate, *, min_gain: float = 0.0,
@@ -310,10 +416,14 @@ class ArtifactStore:
         except OSError as exc:  # read-only store, full disk...: nothing half-written is visible
             raise ArtifactError(f"cannot publish to {self.key_dir(candidate.key)}: "
                                 f"{exc.strerror or exc}") from None
+        except _safeio.UnsafeFile as exc:
+            raise ArtifactError(f"cannot publish to {self.key_dir(candidate.key)}: {exc}") from None
 
     def _publish(self, candidate: Candidate, draft: dict[str, Any], min_gain: float,
                  margin: float) -> PublishOutcome:
         key = candidate.key
+        self._check_indexed()
+        self.index.check_appendable()
         folder = self._make_key_folder(key)
         with _locked(folder / LOCK, self.lock_timeout, key):
             if not candidate.correctness.passed:
@@ -326,23 +436,52 @@ class ArtifactStore:
             ok, reason = gate(draft, current, invalid, min_gain)
             if not ok:
                 return self._reject(key, draft, reason, current.version if current else None)
-            version = f"v{_next_number(self.versions(key) + self.misplaced(key))}"
+            version = f"v{_next_number(self.versions(key) + self.misplaced(key) + self._recorded(key))}"
             manifest = Manifest(**draft, version=version, published_at=utcnow(),
                                 gate=GateRecord(reason=reason, replaced=current.version if current else None))
+            family = self._keep_family(candidate, manifest)
+            text = manifest.to_json()
+            content = content_sha256(text, candidate.kernel.header, candidate.kernel.source)
             # Crash-consistent order: the version is complete in a hidden folder, then the journal says it
-            # is published, then it moves into place, then the pointer moves. A crash between two steps
-            # leaves a state `artifacts verify` reports and `--repair` finishes (or rolls back).
-            tmp = self._write_version(folder, version, manifest, candidate.kernel)
+            # is published, then the index records its content hash and makes it current, then it moves into
+            # place, then CURRENT follows. A crash between two steps leaves a state `artifacts verify` reports
+            # and `--repair` finishes (or rolls back).
+            tmp = self._write_version(folder, version, text, manifest, candidate.kernel)
             try:
                 self._log(key, "published", version, reason, draft)
+                self.index.append([{"op": "version", "key": key.path, "version": version, "content": content,
+                                    "family": family},
+                                   {"op": "current", "key": key.path, "version": version}])
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
             os.rename(tmp, folder / version)  # atomic; fails rather than merge if the name exists
             _fsync_dir(folder)
-            _write_atomic(folder / POINTER, json.dumps({"version": version, "invalidated": None,
-                                                        "updated_at": utcnow().isoformat()}) + "\n")
+            self._write_pointer(key, Pointer(version))
             return PublishOutcome(True, version, reason, key.path, version)
+
+    def _recorded(self, key: ArtifactKey) -> list[str]:
+        """Versions of ``key`` the index ever recorded (their numbers are never reused)."""
+        state = self.index_state()
+        if state is None:
+            return []
+        return [v for (k, v) in [*state.versions, *state.aborted] if k == key.path]
+
+    def _keep_family(self, candidate: Candidate, manifest: Manifest) -> str:
+        """Keep the family the candidate was rendered from in the store and check the new version against
+        it exactly as every load will; returns the snapshot's hash (recorded in the index)."""
+        from ._recheck import recheck
+        from ._snapshot import family_files, load_snapshot, write_snapshot
+
+        files = family_files(candidate.family, candidate.kernel.target, candidate.config, candidate.dtype)
+        sha = write_snapshot(self.root, files)
+        recheck(manifest, candidate.kernel, load_snapshot(self.root, sha))
+        return sha
+
+    def _write_pointer(self, key: ArtifactKey, pointer: Pointer) -> None:
+        _write_atomic(self.key_dir(key) / POINTER, json.dumps({"version": pointer.version,
+                                                               "invalidated": pointer.invalidated,
+                                                               "updated_at": utcnow().isoformat()}) + "\n")
 
     def _make_key_folder(self, key: ArtifactKey) -> Path:
         """The key's folder, created one level at a time, each level checked before anything is created in
@@ -365,28 +504,111 @@ class ArtifactStore:
             pointer = self.pointer(key)
             if pointer is None:
                 raise ArtifactError(f"no current artifact for {key} to invalidate")
-            _write_atomic(folder / POINTER, json.dumps({"version": pointer.version, "invalidated": reason,
-                                                        "updated_at": utcnow().isoformat()}) + "\n")
+            if self.index_state() is None:
+                raise ArtifactError(f"{self.root} has no store index: run `kernsearch artifacts migrate` first")
+            self.index.append([{"op": "current", "key": key.path, "version": pointer.version,
+                                "invalidated": reason[:2000]}])
+            self._write_pointer(key, Pointer(pointer.version, reason[:2000]))
             self._log(key, "invalidated", pointer.version, reason, None)
 
-    def migrate(self) -> list[str]:
-        """Rewrite manifests of older schemas in the current one (readers migrate them in memory anyway);
-        returns ``key/version`` of each rewritten manifest."""
+    def migrate(self, families: list[Family] | None = None) -> list[str]:
+        """Bring the store under the current rules; returns one line per thing done (or refused).
+
+        Manifests of older schemas are rewritten in the current one, and every version the index does not
+        hold is indexed: checked in full against the family it was rendered from (the built-in family, or one
+        of ``families``, whose template is the one its manifest names), that family kept in the store, and its
+        content hash recorded; a key's current version is recorded as ``CURRENT`` names it. A version no family
+        here renders is not indexed (and stays refused). With ``KERNSEARCH_STORE_KEY`` set, an index written
+        without the key is sealed with it. Migrating vouches for what the store holds now: run it on a store
+        you trust.
+        """
         done = []
-        for key in self.keys():
-            with _locked(self.key_dir(key) / LOCK, self.lock_timeout, key):
-                for version in self.versions(key):
-                    path = self.key_dir(key) / version / "manifest.json"
-                    try:
-                        raw = _safeio.read_json(path, limit=_safeio.SOURCE_LIMIT)
-                    except _safeio.UnsafeFile as exc:
-                        raise ArtifactError(str(exc)) from None
-                    if not isinstance(raw, dict) or raw.get("schema_version") == SCHEMA_VERSION:
-                        continue
-                    manifest = self.load(key, version).manifest  # validated, migrated in memory
-                    _write_atomic(path, manifest.to_json())
-                    done.append(f"{key}/{version}")
+        try:
+            resealed = self.index.reseal()
+            if resealed:
+                done.append(f"{INDEX}: {resealed} line(s) sealed with the store key")
+            for key in self.keys():
+                with _locked(self.key_dir(key) / LOCK, self.lock_timeout, key):
+                    done.extend(self._migrate_key(key, families or []))
+        except OSError as exc:  # a read-only store, a full disk
+            raise ArtifactError(f"cannot migrate {self.root}: {exc.strerror or exc}") from None
         return done
+
+    def _migrate_key(self, key: ArtifactKey, families: list[Family]) -> list[str]:
+        state = self.index_state()
+        events: list[dict[str, Any]] = []
+        done = []
+        for version in self.versions(key):
+            if state is not None and (key.path, version) in state.versions:
+                continue
+            try:
+                event, note = self._index_version(key, version, families)
+            except KernsearchError as exc:
+                done.append(f"{key}/{version}: not indexed: {exc}")
+                continue
+            events.append(event)
+            done.append(f"{key}/{version}: indexed{note}")
+        try:
+            written = self.pointer_file(key)
+        except ArtifactError as exc:
+            written = None
+            done.append(f"{key}: current version not recorded: {exc}")
+        recorded = {e["version"] for e in events} | {v for (k, v) in (state.versions if state else {}) if k == key.path}
+        if (state is None or state.current(key.path) is None) and written is not None and written.version in recorded:
+            events.append({"op": "current", "key": key.path, "version": written.version,
+                           "invalidated": written.invalidated})
+            done.append(f"{key}: current {_pointer_text(written)} recorded")
+        if events:
+            self.index.append(events)
+        return done
+
+    def _index_version(self, key: ArtifactKey, version: str,
+                       families: list[Family]) -> tuple[dict[str, Any], str]:
+        """The index event of a version not yet indexed (schema migrated first), after its full check."""
+        from ._recheck import recheck
+        from ._snapshot import family_files, load_snapshot, write_snapshot
+
+        folder = self.key_dir(key) / version
+        try:
+            text = _safeio.read_text(folder / "manifest.json", _safeio.SOURCE_LIMIT)
+        except _safeio.UnsafeFile as exc:
+            raise ArtifactError(str(exc)) from None
+        manifest = parse_manifest(text, str(folder))
+        if manifest.key != key.path or manifest.version != version:
+            raise ArtifactError(f"manifest describes {manifest.key}/{manifest.version}, not this folder")
+        kernel = _read_kernel(folder, manifest)
+        fam = self._family_of(manifest, families)
+        files = family_files(fam, manifest.kernel.target, {**fam.default, **manifest.config}, manifest.problem.dtype)
+        sha = write_snapshot(self.root, files)
+        recheck(manifest, kernel, load_snapshot(self.root, sha))
+        note = ""
+        if json.loads(text).get("schema_version") != SCHEMA_VERSION:
+            text = manifest.to_json()
+            _write_atomic(folder / "manifest.json", text)
+            note = f" (manifest rewritten in schema {SCHEMA_VERSION})"
+        event = {"op": "version", "key": key.path, "version": version,
+                 "content": content_sha256(text, kernel.header, kernel.source), "family": sha}
+        return event, note
+
+    def _family_of(self, manifest: Manifest, families: list[Family]) -> Family:
+        """The family a version was rendered from: the first of ``families``, the store's own and the
+        built-in one named like it whose template for the version's target is the one the manifest names."""
+        from ..family._spec import builtin_family_names, load_family
+
+        named = [f for f in [*families, *self.families.values()] if f.name == manifest.family]
+        if manifest.family in builtin_family_names():
+            named.append(load_family(manifest.family))
+        for fam in named:
+            if manifest.kernel.target not in fam.templates:
+                continue
+            try:
+                data = _safeio.read_bytes(fam.template_path(manifest.kernel.target))
+            except _safeio.UnsafeFile:
+                continue
+            if hashlib.sha256(data).hexdigest() == manifest.template.sha256:
+                return fam
+        raise ArtifactError(f"rendered from a {manifest.template.file} (sha256 {manifest.template.sha256[:12]}) that "
+                            f"no family here has: give the family folder it was rendered from with --family")
 
     def rejudge(self, margin: float = DEFAULT_MARGIN) -> list[tuple[ArtifactKey, str]]:
         """Apply the "beats the baseline op" rule to every current measured version; losers are invalidated
@@ -423,13 +645,14 @@ class ArtifactStore:
         return current, (f"current {pointer.version} invalidated: {pointer.invalidated}"
                          if pointer.invalidated else None)
 
-    def _write_version(self, folder: Path, version: str, manifest: Manifest, kernel: KernelSource) -> Path:
+    def _write_version(self, folder: Path, version: str, text: str, manifest: Manifest,
+                       kernel: KernelSource) -> Path:
         """The complete version in a hidden temporary folder (invisible to readers), flushed to disk."""
         tmp = folder / f".tmp-{version}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
-        _write_file(tmp / manifest.kernel.header_file, kernel.header)
-        _write_file(tmp / manifest.kernel.source_file, kernel.source)
-        _write_file(tmp / "manifest.json", manifest.to_json())
+        _write_atomic(tmp / manifest.kernel.header_file, kernel.header)
+        _write_atomic(tmp / manifest.kernel.source_file, kernel.source)
+        _write_atomic(tmp / "manifest.json", text)
         _fsync_dir(tmp)
         return tmp
 
@@ -438,7 +661,8 @@ class ArtifactStore:
         found: list[tuple[str, str]] = []
         try:
             entries = self.journal(key)
-            pointer = self.pointer(key)
+            state = self.index_state()
+            pointer = self.pointer_file(key)
         except ArtifactError:
             return found  # reported by verify as unreadable; not something repair may guess about
         versions = self.versions(key)
@@ -448,20 +672,66 @@ class ArtifactStore:
             if v not in published:
                 found.append((f"{v} has no journal entry (its publisher was killed before writing it)",
                               f"journal: record {v} as published (recovered)"))
-        for v in sorted(published - aborted - set(versions), key=lambda v: int(v[1:])):
+        for v in self._aborted_publishes(key, state):
+            found.append((f"the store index records {v} as published but no such version exists (killed before "
+                          "the move)", f"index and journal: record {v} as aborted"))
+        recorded = {v for (k, v) in state.versions if k == key.path} if state is not None else set()
+        for v in sorted(published - aborted - set(versions) - recorded, key=lambda v: int(v[1:])):
             found.append((f"journal says {v} was published but no such version exists (killed before the move)",
                           f"journal: record {v} as aborted"))
-        latest = max((e["version"] for e in entries if e["outcome"] == "published" and e["version"] in versions),
-                     key=lambda v: int(v[1:]), default=None)
-        if latest is not None and (pointer is None or (int(latest[1:]) > int(pointer.version[1:])
-                                                       and not pointer.invalidated)):
-            found.append((f"{latest} was published but {POINTER} still points to "
-                          f"{pointer.version if pointer else 'nothing'} (killed before the pointer moved)",
-                          f"{POINTER}: point to {latest}"))
+        if state is not None:
+            if self._pointer_lags(key, state):
+                current = state.current(key.path)
+                assert current is not None
+                found.append((f"{current.version} was published but {POINTER} still points to "
+                              f"{pointer.version if pointer else 'nothing'} (killed before the pointer moved)",
+                              f"{POINTER}: point to {current.version}"))
+        else:
+            found.extend(self._unindexed_pointer_leftovers(key, entries, versions, pointer))
         for tmp in self.stale_temporaries():
             if tmp.parent == self.key_dir(key):
                 found.append((f"{tmp.name} is a half-written version", f"delete {tmp.name}"))
         return found
+
+    @staticmethod
+    def _unindexed_pointer_leftovers(key: ArtifactKey, entries: list[dict[str, Any]], versions: list[str],
+                                     pointer: Pointer | None) -> list[tuple[str, str]]:
+        """A store without an index: the newest published version is current unless CURRENT moved past it."""
+        latest = max((e["version"] for e in entries if e["outcome"] == "published" and e["version"] in versions),
+                     key=lambda v: int(v[1:]), default=None)
+        if latest is not None and (pointer is None or (int(latest[1:]) > int(pointer.version[1:])
+                                                       and not pointer.invalidated)):
+            return [(f"{latest} was published but {POINTER} still points to "
+                     f"{pointer.version if pointer else 'nothing'} (killed before the pointer moved)",
+                     f"{POINTER}: point to {latest}")]
+        return []
+
+    def store_leftovers(self) -> list[tuple[str, str]]:
+        """``(problem, fix)`` for what interrupted writers left outside any key: a torn index line, half-written
+        family snapshots."""
+        found = []
+        with contextlib.suppress(ArtifactError):
+            state = self.index_state()
+            if state is not None and state.torn:
+                found.append((f"{INDEX} ends with a torn line (an append was cut short)", "index: drop the torn line"))
+        from ._snapshot import SNAPSHOTS
+
+        for tmp in self.stale_temporaries():
+            if tmp.parent == self.root / SNAPSHOTS:
+                found.append((f"{SNAPSHOTS}/{tmp.name} is a half-written family snapshot",
+                              f"delete {SNAPSHOTS}/{tmp.name}"))
+        return found
+
+    def repair_store(self) -> list[str]:
+        """Fix what :meth:`store_leftovers` reports; returns what was done."""
+        done = []
+        for _problem, fix in self.store_leftovers():
+            if fix == "index: drop the torn line":
+                self.index.drop_torn_tail()
+            else:
+                shutil.rmtree(self.root / fix.removeprefix("delete "), ignore_errors=True)
+            done.append(fix)
+        return done
 
     def repair(self, key: ArtifactKey) -> list[str]:
         """Finish or roll back what interrupted publishers left for ``key``; returns what was done."""
@@ -474,16 +744,40 @@ class ArtifactStore:
                 elif fix.startswith("journal: record") and fix.endswith("(recovered)"):
                     v = fix.split()[2]
                     self._log(key, "published", v, "recovered by artifacts verify --repair", None)
+                elif fix.startswith("index and journal: record"):
+                    v = fix.split()[4]
+                    self.index.append([{"op": "abort", "key": key.path, "version": v}])
+                    self._log(key, "aborted", v, "publisher interrupted before the version moved in place", None)
+                    self._mirror_pointer(key)
                 elif fix.startswith("journal: record"):
                     v = fix.split()[2]
                     self._log(key, "aborted", v, "publisher interrupted before the version moved in place", None)
                 elif fix.startswith(f"{POINTER}: point to "):
                     v = fix.rsplit(" ", 1)[1]
                     self.load(key, v)  # only a verified version becomes current
-                    _write_atomic(folder / POINTER, json.dumps({"version": v, "invalidated": None,
-                                                                "updated_at": utcnow().isoformat()}) + "\n")
+                    if self.index_state() is None:
+                        self._write_pointer(key, Pointer(v))
+                    else:
+                        self._mirror_pointer(key)
                 done.append(fix)
+            if self.index_state() is not None:  # the index decides; CURRENT only mirrors it
+                try:
+                    written = _pointer_text(self.pointer_file(key))
+                except ArtifactError:
+                    written = "unreadable"
+                if written != _pointer_text(self.pointer(key)):
+                    self._mirror_pointer(key)
+                    done.append(f"{POINTER}: rewritten from the store index")
         return done
+
+    def _mirror_pointer(self, key: ArtifactKey) -> None:
+        """Write ``CURRENT`` as the index says (no current version: the file is removed)."""
+        pointer = self.pointer(key)
+        if pointer is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.key_dir(key) / POINTER)
+        else:
+            self._write_pointer(key, pointer)
 
     def _reject(self, key: ArtifactKey, draft: dict[str, Any], reason: str,
                 current: str | None = None) -> PublishOutcome:
@@ -529,6 +823,12 @@ def _read_kernel(folder: Path, manifest: Manifest) -> KernelSource:
                         output_names=tuple(info.output_names), header=header, source=source, template=template)
 
 
+def _pointer_text(pointer: Pointer | None) -> str:
+    if pointer is None:
+        return "no current version"
+    return pointer.version + (f" (invalidated: {pointer.invalidated[:80]})" if pointer.invalidated else "")
+
+
 def _journal_entry_ok(entry: Any) -> bool:
     """A journal line as :meth:`ArtifactStore._log` writes it (anything else is skipped, not trusted)."""
     return (isinstance(entry, dict) and entry.get("outcome") in ("published", "rejected", "invalidated", "aborted")
@@ -540,18 +840,12 @@ def _next_number(versions: list[str]) -> int:
     return max((int(v[1:]) for v in versions), default=0) + 1
 
 
-def _write_file(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
-    _write_file(tmp, text)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    """Every file of the store is written by the one safe write (:func:`kernsearch._safeio.write_atomic`)."""
+    try:
+        _safeio.write_atomic(path, text)
+    except _safeio.UnsafeFile as exc:
+        raise ArtifactError(f"cannot write to the store: {exc}") from None
 
 
 def _fsync_dir(path: Path) -> None:

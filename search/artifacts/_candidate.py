@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 _VERSION = re.compile(r"^v([1-9][0-9]*)$")
 _PART = re.compile(r"^(?!\.)[A-Za-z0-9._-]+$")
+_KEY_CHAR = re.compile(r"[A-Za-z0-9._ -]")
 
 
 def chip_slug(name: str) -> str:
@@ -77,11 +78,13 @@ class ArtifactKey:
             raise ArtifactError(f"bad artifact key {text!r}: expected FAMILY/CHIP/DTYPE/SHAPE[/vN], "
                                 "e.g. gemm/M2-Max/float16/4096x4096x4096")
         family, chip, dtype, shape = parts
-        try:
-            sizes = tuple(int(s) for s in shape.split("x"))
-        except ValueError:
-            raise ArtifactError(f"bad artifact key {text!r}: shape {shape!r} is not like 64x64x64") from None
-        return cls(family, chip_slug(chip), dtype, sizes), version
+        odd = next((ch for part in parts for ch in part if not _KEY_CHAR.match(ch)), None)
+        if odd is not None:  # never silently dropped: an invisible mark (U+200F) would name another key
+            raise ArtifactError(f"bad artifact key {text[:200]!r}: it holds {odd!r} (U+{ord(odd):04X}); keys use "
+                                "letters, digits, '.', '_', '-' (and spaces in a chip name)")
+        if not re.fullmatch(r"[0-9]{1,10}(x[0-9]{1,10})*", shape):
+            raise ArtifactError(f"bad artifact key {text!r}: shape {shape!r} is not like 64x64x64")
+        return cls(family, chip_slug(chip), dtype, tuple(int(s) for s in shape.split("x"))), version
 
 
 @dataclass(frozen=True)
@@ -176,8 +179,7 @@ def draft_manifest(c: Candidate) -> dict[str, Any]:
                              template=[tuple(t) for t in c.kernel.template],
                              header_file=f"header.{suffix}", source_file=f"source.{suffix}"),
         "source_sha256": sha,
-        "template": TemplateInfo(file=template_file.name,
-                                 sha256=hashlib.sha256(template_file.read_bytes()).hexdigest()),
+        "template": TemplateInfo(file=template_file.name, sha256=hashlib.sha256(_template_bytes(fam, c)).hexdigest()),
         "config": dict(c.config),
         "geometry": LaunchGeometry.of(c.geometry),
         "chip": ChipIdentity.of(c.chip),
@@ -190,3 +192,13 @@ def draft_manifest(c: Candidate) -> dict[str, Any]:
         "study": c.study,
         "created_at": c.created_at,
     }
+
+
+def _template_bytes(fam: Family, c: Candidate) -> bytes:
+    """The family's template file (a plain file inside its folder: a link is refused, never followed)."""
+    from .. import _safeio
+
+    try:
+        return _safeio.read_inside(fam.path, [fam.templates[c.kernel.target]])  # type: ignore[index]
+    except _safeio.UnsafeFile as exc:
+        raise ArtifactError(f"cannot read the family's template: {exc}") from None

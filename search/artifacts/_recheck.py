@@ -1,22 +1,20 @@
 """Re-validate a loaded manifest against its family: a store only holds what the gate could have written.
 
-A manifest's hash proves its kernel files were not changed since the manifest was written; it says
-nothing about the manifest itself, which anyone with write access to the store can edit. So every load
-re-runs the publishing rules on what the manifest claims:
+The store's index proves a version's manifest and files are the ones published (its content hash); the
+re-check proves that what was published is something publishing could write, on every load:
 
 - names: family, kernel, tensor and knob names are identifiers; the chip is one the registry knows (or a
   detected stand-in); text fields are short, printable and single-line;
 - evidence: ``measured`` only with a detected GPU of that chip's lineage (as publishing requires);
   timings finite, positive and no faster than the chip's peak rate allows;
-- against the family (built-in, or the folder the caller names): when the family's template is the one
-  the version was rendered from, the whole gate runs again (config complete and in its domains,
-  constraints, launch geometry, rendered source hash); when the template changed since, the config's
-  knobs and values must still exist and the geometry stay within launch bounds.
+- against the family the version was rendered from (kept in the store at publish: ``_snapshot``), the whole
+  gate runs again: config complete and in its domains, constraints, launch geometry, the rendered source
+  (never skipped: a family that changed since publishing does not matter, its recorded state is used), the
+  template's hash and the problem's figures.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 import warnings
@@ -40,16 +38,14 @@ _TEXT = re.compile(r"[^\x00-\x1f\x7f]{0,200}")
 MIN_MS = 1e-4
 
 
-def recheck(manifest: Manifest, kernel: KernelSource, family: Family | None = None) -> None:
-    """Raise :class:`ArtifactError` (one line) if ``manifest`` is not something publishing could write."""
+def recheck(manifest: Manifest, kernel: KernelSource, family: Family) -> None:
+    """Raise :class:`ArtifactError` (one line) if ``manifest`` is not something publishing could write with
+    ``family`` (the family it was rendered from)."""
     _names(manifest)
     chip = _chip(manifest)
     _timings(manifest, chip)
     _geometry_bounds(manifest)
-    if family is None:
-        family = _builtin(manifest.family)
-    if family is not None:
-        _against_family(manifest, kernel, family, chip)
+    _against_family(manifest, kernel, family, chip)
 
 
 def _fail(manifest: Manifest, why: str) -> ArtifactError:
@@ -151,14 +147,6 @@ def _geometry_bounds(m: Manifest) -> None:
         raise _fail(m, "a shape is out of bounds")
 
 
-def _builtin(name: str) -> Family | None:
-    from ..family._spec import builtin_family_names, load_family
-
-    if name not in builtin_family_names():
-        return None
-    return load_family(name)
-
-
 def _against_family(m: Manifest, kernel: KernelSource, fam: Family, chip: Any) -> None:
     from ._candidate import Candidate, draft_manifest
 
@@ -179,14 +167,9 @@ def _against_family(m: Manifest, kernel: KernelSource, fam: Family, chip: Any) -
         raise _fail(m, "kernel input/output dtypes differ from the family's")
     if list(m.problem.dims) != list(fam.dims) or list(m.problem.dims.values()) != list(m.problem.shape):
         raise _fail(m, "problem dimensions differ from the family's")
-    try:
-        current = hashlib.sha256(_template_bytes(fam, m.kernel.target)).hexdigest()
-    except OSError:
-        current = None
-    if current != m.template.sha256:
-        return  # rendered from an older template: the knobs above are what can still be checked
-    # Knobs added to the family since publishing take their defaults (the gate then proves the rendered
-    # source is still the published one, so a default that changes the kernel is caught).
+    # Knobs the family has beyond the manifest's (a version indexed by `artifacts migrate` against a newer
+    # family) take their defaults: the rendered source must still be the published one, so a default that
+    # changes the kernel is caught.
     config = {**fam.default, **m.config}
     from ._manifest import Toolchain
 
@@ -200,9 +183,6 @@ def _against_family(m: Manifest, kernel: KernelSource, fam: Family, chip: Any) -
         raise _fail(m, str(exc)) from None
     if draft["source_sha256"] != m.source_sha256 or draft["problem"] != m.problem:
         raise _fail(m, "source hash or problem figures differ from what the family gives")
-
-
-def _template_bytes(fam: Family, target: str) -> bytes:
-    from .._safeio import read_bytes
-
-    return read_bytes(fam.template_path(target))
+    if draft["template"] != m.template:
+        raise _fail(m, f"rendered from {m.template.file} sha256 {m.template.sha256[:12]}, but the family it was "
+                       f"published with has sha256 {draft['template'].sha256[:12]}")

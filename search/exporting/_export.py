@@ -29,6 +29,7 @@ from typing import Any
 
 from .. import __version__
 from .._errors import KernsearchError
+from .._safeio import UnsafeFile, write_atomic
 from ..artifacts._artifacts import ArtifactStore
 from ..artifacts._manifest import MODELED_POLICY, ArtifactError
 from ..family._expr import Expr
@@ -37,9 +38,11 @@ from ..family._spec import ARRAY_FUNCTIONS, DTYPES, Family, load_family
 from ..family._tree import TreeError
 from ..family._tree import expr_tree as _expr_tree
 from ..hardware._targets import TARGETS
-from .runtime._runtime import CONSUMER_MODES, DEFAULT_MARGIN, FORMAT
+from .runtime._runtime import CONSUMER_MODES, DEFAULT_MARGIN, FORMAT, decision_fields
 
 DEFAULT_PACKAGE = "kernsearch_kernels"
+#: Besides the standard library's modules, names an exported package may not take: it would shadow them.
+SHADOWED = frozenset({"kernsearch", "mlx", "numpy"})
 #: MLX has no CPU back-end on Linux without its ``cpu`` extra: consumers' CI must still get correct results.
 RUNTIME_REQUIRES = ("mlx[cpu]>=0.29; sys_platform == 'linux'", "mlx>=0.29; sys_platform == 'darwin'",
                     "numpy>=1.26")
@@ -110,6 +113,20 @@ def _kernel_record(kernel: Any) -> dict[str, Any]:
             "output_names": list(kernel.output_names), "template": [list(t) for t in kernel.template]}
 
 
+def _artifact_record(pkg: Path, art: Any, invalidated: str | None) -> dict[str, Any]:
+    """Ship one verified version: the exact manifest text and kernel files the store's checks read (never a
+    second read of the store), and a dispatch record whose decision fields are its manifest's and whose
+    ``content_sha256`` is the hash the store's index recorded at publish (the package checks both)."""
+    m = art.manifest
+    rel = f"artifacts/{art.key.path}/{art.version}"
+    for filename, text in ((m.kernel.header_file, art.kernel.header), (m.kernel.source_file, art.kernel.source),
+                           ("manifest.json", art.manifest_text)):
+        _write(pkg / rel / filename, text)
+    return {**decision_fields(json.loads(art.manifest_text)), "invalidated": invalidated,
+            "manifest": f"{rel}/manifest.json", "content_sha256": art.content_sha256,
+            "header": f"{rel}/{m.kernel.header_file}", "source": f"{rel}/{m.kernel.source_file}"}
+
+
 def _chips() -> list[dict[str, Any]]:
     from ..hardware._chips import registry
 
@@ -132,6 +149,10 @@ def export(families: list[str] | None, out: str | Path, store: ArtifactStore | N
     if not re.fullmatch(r"[a-z_][a-z0-9_]*", package) or keyword.iskeyword(package):
         raise ExportError(f"package name {package!r} must be a lower-case Python identifier")
     given = version
+    if package in sys.stdlib_module_names or package in SHADOWED:
+        whose = "Python's standard library" if package in sys.stdlib_module_names else "kernsearch and its packages"
+        raise ExportError(f"package name {package!r} is a module of {whose}: installed, the package would shadow it "
+                          "(choose another --name)")
     version = version or datetime.now(UTC).strftime("%Y.%m.%d.%H%M%S")
     if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", version):
         raise ExportError(f"version {version!r} must be numbers separated by dots, e.g. 1.2.0")
@@ -262,22 +283,7 @@ def _export(names: list[str], out: Path, store: ArtifactStore, package: str, ver
         # records the dispatcher never runs, so `explain` can say why (e.g. "0.26x of mx.matmul").
         for art, invalidated in store.current_artifacts(fam.name, with_invalidated=True):
             m = art.manifest
-            rel = f"artifacts/{art.key.path}/{art.version}"
-            for filename in (m.kernel.header_file, m.kernel.source_file, "manifest.json"):
-                _write_bytes(pkg / rel / filename, (art.path / filename).read_bytes())
-            entry["artifacts"].append({
-                "key": art.key.path, "version": art.version, "chip": m.chip.name, "vendor": m.chip.vendor,
-                "lineage": list(m.chip.lineage), "dtype": m.problem.dtype, "shape": list(m.problem.shape),
-                "config": dict(m.config), "target": m.kernel.target, "evidence": m.evidence,
-                "median_ms": m.measurements.median_ms if m.measurements else None,
-                "speedup": m.measurements.speedup if m.measurements else None,
-                "speedup_low": m.measurements.speedup_low if m.measurements else None,
-                "speedup_high": m.measurements.speedup_high if m.measurements else None,
-                "modes": ({k: v.model_dump() for k, v in m.measurements.modes.items()}
-                          if m.measurements and m.measurements.modes else None),
-                "invalidated": invalidated, "timing_identity": m.toolchain.timing_identity(),
-                "kernel": _kernel_record(art.kernel), "sha256": m.source_sha256,
-                "header": f"{rel}/{m.kernel.header_file}", "source": f"{rel}/{m.kernel.source_file}"})
+            entry["artifacts"].append(_artifact_record(pkg, art, invalidated))
             if invalidated is None:
                 result.artifacts.append(f"{art.key.path}/{art.version}")
                 shipped.append(m.evidence)
@@ -400,23 +406,31 @@ def build_wheel(source_dir: Path, package: str, version: str, out: Path) -> Path
     Every value in that pyproject.toml is checked here (package name, version) or constant: no text from a
     manifest reaches the metadata. Static name, version and description: flit never imports the package.
     """
+    import tempfile
+
     from flit_core.wheel import make_wheel_in
 
-    built = Path(make_wheel_in(source_dir / "pyproject.toml", out).file)
     expected = out / _wheel_name(package, version)
-    if built != expected:  # pragma: no cover - the version is normalised before export writes anything
-        raise ExportError(f"flit_core named the wheel {built.name}, expected {expected.name}")
-    return built
+    # Built in a private folder, then moved beside the tree by the one safe write (a link or special file
+    # planted at the wheel's name in ``out`` is refused, never written through).
+    with tempfile.TemporaryDirectory(prefix="ks-wheel-") as private:
+        built = Path(make_wheel_in(source_dir / "pyproject.toml", Path(private)).file)
+        if built.name != expected.name:  # pragma: no cover - the version is normalised before export writes
+            raise ExportError(f"flit_core named the wheel {built.name}, expected {expected.name}")
+        _write_bytes(expected, built.read_bytes())
+    return expected
 
 
 def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    _write_bytes(path, text.encode("utf-8"))
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    try:
+        write_atomic(path, data)
+    except UnsafeFile as exc:
+        raise ExportError(f"cannot write the package: {exc}") from None
 
 
 __all__ = ["ArtifactError", "ExportError", "ExportResult", "build_wheel", "export", "expr_tree"]

@@ -21,7 +21,7 @@ from .._options import MAX_GRID, MAX_SHARED_MEMORY, MAX_THREADGROUP, geometry_in
 from ._expr import BUILTINS, ExprError
 from ._space import Config, Space, format_config
 from ._spec import Family, template_env
-from ._template import TemplateLimit, bounded_join, render_deadline
+from ._template import TemplateLimit, TemplateSandbox, bounded_join, render_deadline
 
 
 def _one_line(exc: BaseException) -> str:
@@ -108,13 +108,18 @@ def render_blocks(tmpl: Template, ctx: dict[str, Any]) -> tuple[str, str]:
                 bounded_join(tmpl.blocks["source"](tmpl.new_context(ctx, locals=scope))))
 
 
-def render(family: Family, config: Config, dtype: str, target: str = "metal") -> KernelSource:
-    """Render one variant. Knob-only derived values are available to the template."""
+def render(family: Family, config: Config, dtype: str, target: str = "metal", *,
+           sandbox: TemplateSandbox | None = None) -> KernelSource:
+    """Render one variant. Knob-only derived values are available to the template.
+
+    ``sandbox``: a fresh environment of the family's folder to render in (its loader then lists every template
+    the render read: what a publish keeps in the store); default: a cached one."""
     if target not in family.templates:
         raise KernsearchError(f"family {family.name} has no {target} template")
     ctx = render_context(family, config, dtype)
-    tmpl = _template(family.path, family.templates[target])
     try:
+        tmpl = (sandbox.get_template(family.templates[target]) if sandbox is not None
+                else _template(family.path, family.templates[target]))
         header, source = render_blocks(tmpl, ctx)
     except (TemplateError, TemplateLimit, ExprError, TypeError, ValueError, ArithmeticError) as exc:
         raise KernsearchError(f"{family.template_path(target)}: cannot render {format_config(config)}: "

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from .. import _safeio
 from .._errors import SpecError
 from ..hardware._targets import TargetName
-from ._expr import BUILTINS, Expr, ExprError
+from ._expr import ARRAY_ATTRIBUTES, BUILTINS, Expr, ExprError
 from ._template import TEMPLATE_LIMIT, TemplateSandbox
 from ._vocab import ARRAY_FUNCTIONS, MLX_NAMES
 
@@ -503,6 +503,7 @@ def _check_names(fam: Family) -> None:
     require("reference", fam.reference, arrays)
     require("baseline", fam.baseline, arrays)
     errors += _value_counts(fam)
+    errors.extend(_array_attribute_errors(fam))
     for dtype, tol in fam.tolerance.items():
         require(f"tolerance.{dtype}.rtol", tol.rtol, dims | params | set(BUILTINS))
         require(f"tolerance.{dtype}.atol", tol.atol, dims | params | set(BUILTINS))
@@ -520,6 +521,18 @@ def _check_names(fam: Family) -> None:
             errors.append(f"default.{knob}: {value!r} is not in its domain {fam.knobs[knob].values}")
     if errors:
         raise ValueError(_CROSS + _CROSS.join(errors))
+
+
+def _array_attribute_errors(fam: Family) -> list[str]:
+    """Attributes the reference and baseline read that arrays do not offer (``A.T.T.T.ctypes``): caught at
+    load, not when the expression first runs (after a search, or in an exported package)."""
+    errors = []
+    for where, expr in (("reference", fam.reference), ("baseline", fam.baseline)):
+        odd = sorted({n.attr for n in expr.node.find_all(nodes.Getattr)} - ARRAY_ATTRIBUTES)
+        if odd:
+            errors.append(f"{where}: attribute(s) {', '.join(repr(a) for a in odd)} in {expr.text!r}: arrays offer "
+                          f"only {', '.join('.' + a for a in sorted(ARRAY_ATTRIBUTES))}")
+    return errors
 
 
 #: Separates the cross-field errors of one spec inside a single ValueError (split again by parse_family).

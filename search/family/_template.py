@@ -11,8 +11,10 @@ Templates come from family folders others write. They render in Jinja's
   bodies, ``{{ }}`` output of lists, and the filters that grow text (``center``, ``indent``, ``replace``,
   ``join``...) refuse a result over :data:`MAX_OUTPUT` characters; ``str.format`` is not reachable (a memory
   bomb is an error, not an out-of-memory kill: a time bound alone cannot stop one allocation);
-- templates are loaded only from the family folder itself, through :mod:`_safeio` (no links, no special
-  files, size-capped), and a render stops after :data:`RENDER_SECONDS` or :data:`MAX_OUTPUT` characters.
+- templates are loaded only from the family folder itself, through :mod:`_safeio` (no file links, no special
+  files, size-capped; the real path of the file and of every folder on the way must stay inside the family
+  folder, so a linked folder cannot lead outside), and a render stops after :data:`RENDER_SECONDS` or
+  :data:`MAX_OUTPUT` characters.
 """
 
 from __future__ import annotations
@@ -50,23 +52,29 @@ class TemplateLimit(Exception):
 
 
 class FolderLoader(BaseLoader):
-    """Templates from one folder only, read through :mod:`_safeio` (no ``..``, links or special files)."""
+    """Templates from one folder only, read through :mod:`_safeio`: plain names (no ``..``, hidden or absolute
+    names), regular files, and a real path inside the folder for the file and every folder on the way, so a
+    linked folder (``sub -> /etc``) cannot lead an include, import or extends outside the family.
+
+    ``loaded`` keeps the text of every template served (what a publish records with the version)."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
+        self.loaded: dict[str, str] = {}
 
     def get_source(self, environment: Any, template: str) -> tuple[str, str, Callable[[], bool]]:
         parts = template.split("/")
         if any(p in ("", ".", "..") or p.startswith(".") for p in parts) or len(parts) > 4:
-            raise TemplateNotFound(template)
-        path = self.folder.joinpath(*parts)
-        if not _safeio.is_regular(path):
-            raise TemplateNotFound(template)
+            raise TemplateNotFound(template, f"template {template[:100]!r}: not a plain name inside the family "
+                                   "folder (refused)")
         try:
-            text = _safeio.read_text(path, TEMPLATE_LIMIT)
-        except _safeio.UnsafeFile:
-            raise TemplateNotFound(template) from None
-        return text, str(path), lambda: False
+            text = _safeio.read_inside(self.folder, parts, TEMPLATE_LIMIT).decode("utf-8")
+        except _safeio.UnsafeFile as exc:
+            raise TemplateNotFound(template, f"template {template[:100]!r}: {exc}") from None
+        except UnicodeDecodeError:
+            raise TemplateNotFound(template, f"template {template[:100]!r}: not UTF-8 text") from None
+        self.loaded[template] = text
+        return text, str(self.folder.joinpath(*parts)), lambda: False
 
 
 def text_size(value: Any, limit: int = MAX_OUTPUT) -> int:

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import tempfile
+import math
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import KernsearchError
-from .._safeio import UnsafeFile, read_bytes
+from .._safeio import UnsafeFile, read_bytes, write_atomic
 
 #: The ``time`` a sweep writes for a config it had no time left to measure (not a failure of the config).
 NOT_MEASURED = "NotMeasured"
@@ -40,10 +39,6 @@ def config_string(values: Any) -> str:
 
 #: Largest landscape read, compressed and uncompressed (the largest shared one is 16.5 MB of JSON).
 LANDSCAPE_LIMIT = 256 << 20
-
-
-def _open(path: Path, mode: str) -> Any:
-    return gzip.open(path, mode + "t", encoding="utf-8") if path.suffix == ".gz" else open(path, mode, encoding="utf-8")
 
 
 def _read_json(path: Path) -> Any:
@@ -59,6 +54,23 @@ def _read_json(path: Path) -> Any:
         return json.loads(raw.decode("utf-8"))
     except (zlib.error, ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
         raise KernsearchError(f"{path}: not a KernelTuner cache file: {' '.join(str(exc).split())[:200]}") from None
+
+
+def _finite_time(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _check_times(path: Path, name: str, entry: dict[str, Any]) -> None:
+    """A measured entry's ``time`` (and ``times``) are positive finite milliseconds; a failure is a string.
+    A NaN or infinite time would otherwise win or lose every comparison (a search that ended "best nan ms")."""
+    time, times = entry.get("time"), entry.get("times")
+    if time is None or isinstance(time, str):  # a failure
+        return
+    if not _finite_time(time):
+        raise KernsearchError(f"{path}: cache entry {str(name)[:80]!r}: time {str(time)[:40]} is not a positive "
+                              "finite number of milliseconds (or a failure's name)")
+    if times is not None and (not isinstance(times, list) or not times or not all(map(_finite_time, times))):
+        raise KernsearchError(f"{path}: cache entry {str(name)[:80]!r}: times must be positive finite milliseconds")
 
 
 @dataclass
@@ -93,6 +105,7 @@ class Landscape:
             lacking = [k for k in keys if k not in entry]
             if lacking:
                 raise KernsearchError(f"{path}: cache entry {name!r} lacks knob(s) {', '.join(lacking)}")
+            _check_times(path, name, entry)
         extra = {k: v for k, v in data.items() if k not in
                  ("tune_params_keys", "tune_params", "cache", "device_name", "kernel_name", "problem_size",
                   "objective")}
@@ -177,19 +190,13 @@ class LandscapeWriter:
 
     def save(self) -> Path:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = {**self.header, "cache": self.cache}
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-        os.close(fd)
+        data = json.dumps({**self.header, "cache": self.cache}).encode("utf-8")
+        if self.path.suffix == ".gz":
+            data = gzip.compress(data, mtime=0)
         try:
-            with _open(Path(tmp + (".gz" if self.path.suffix == ".gz" else "")), "w") as fh:
-                json.dump(data, fh)
-            if self.path.suffix == ".gz":
-                os.replace(tmp + ".gz", tmp)
-            os.replace(tmp, self.path)
-        finally:
-            for leftover in (tmp, tmp + ".gz"):
-                if os.path.exists(leftover):
-                    os.unlink(leftover)
+            write_atomic(self.path, data)
+        except UnsafeFile as exc:
+            raise KernsearchError(f"cannot write the landscape: {exc}") from None
         return self.path
 
 

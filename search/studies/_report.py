@@ -8,6 +8,7 @@ Every text that comes from the storage (names, configs, reasons) is escaped: a s
 from __future__ import annotations
 
 import html
+import os
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -243,13 +244,17 @@ def write_report(study_name: str, storage: str | None = None, out: str | Path | 
     path = Path(out) if out is not None else default_report_path(study_name)
     if "\x00" in str(path):
         raise KernsearchError(f"cannot write the report to {str(path)[:200]!r}: a NUL byte in the name")
+    from .._safeio import UnsafeFile, check_replaceable, write_atomic
+
     try:
-        if path.is_dir():
+        if os.path.isdir(path) and not os.path.islink(path):
             raise KernsearchError(f"--out {path} is a folder: give a file name, e.g. {path / 'report.html'}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(render_report(h), encoding="utf-8")
-        tmp.replace(path)
+        check_replaceable(path)  # before the page is rendered
+        if not os.path.lexists(path.parent):
+            path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, render_report(h))
+    except UnsafeFile as exc:
+        raise KernsearchError(f"cannot write the report: {exc}") from None
     except OSError as exc:
         raise KernsearchError(f"cannot write the report to {str(path)[:200]!r}: {exc.strerror or exc}") from None
     return path

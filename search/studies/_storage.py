@@ -47,6 +47,36 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+#: The libpq connection parameters a ``postgresql://`` URL may carry. Others (``passfile``, ``sslkey``,
+#: ``sslcert``, ``sslrootcert``, ``sslcrl``, ``service``, ``servicefile``...) make libpq read a file the URL
+#: names: a job file could point them anywhere. They are refused; the ``PG*`` environment variables
+#: (``PGPASSFILE``, ``PGSSLROOTCERT``...) set them on the machine that runs.
+PG_PARAMETERS = frozenset({"sslmode", "connect_timeout", "application_name", "target_session_attrs", "keepalives",
+                           "keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout",
+                           "gssencmode", "channel_binding", "client_encoding", "require_auth", "sslnegotiation",
+                           "load_balance_hosts", "host", "hostaddr", "port", "dbname", "user"})
+
+
+def check_url(url: str) -> None:
+    """Refuse (one line) a storage URL no storage should be opened with: control characters (a newline made a
+    SQLite file named with a newline), and PostgreSQL parameters that make libpq read a file."""
+    from urllib.parse import parse_qsl
+
+    bad = next((ch for ch in url if ord(ch) < 0x20 or ord(ch) == 0x7F), None)
+    if bad is not None:
+        raise KernsearchError(f"study storage {redact(url)[:200]!r}: holds the control character {bad!r} (refused)")
+    if url.split(":", 1)[0].lower().startswith("postgres"):  # postgresql://, postgres://, postgresql+psycopg://
+        try:
+            query = parse_qsl(urlsplit(url).query, keep_blank_values=True, strict_parsing=False)
+        except ValueError as exc:
+            raise KernsearchError(f"study storage {redact(url)[:200]!r}: {exc}") from None
+        for name, _ in query:
+            if name not in PG_PARAMETERS:
+                raise KernsearchError(f"study storage {redact(url)[:200]!r}: the PostgreSQL parameter {name[:40]!r} "
+                                      "is not allowed in a URL (file-reading parameters such as passfile, sslkey, "
+                                      "sslrootcert are set with PG* environment variables)")
+
+
 def sqlalchemy_url(url: str) -> str:
     """``postgresql://`` means psycopg 3 (SQLAlchemy's default driver would be psycopg2, not installed)."""
     for prefix in ("postgresql://", "postgres://"):
@@ -73,6 +103,7 @@ def make_storage(url: str | None) -> Any:
     import optuna
 
     url = url or default_storage()
+    check_url(url)
     if url == ":memory:":
         return optuna.storages.InMemoryStorage()
     kwargs: dict[str, Any] = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
@@ -167,6 +198,7 @@ def check_storage(url: str | None) -> Any:
     import sqlite3
 
     url = url or default_storage()
+    check_url(url)
     if url.startswith("sqlite:"):
         path = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite:///") else None
         if path is None or not url.removeprefix("sqlite:///").strip() or url.removeprefix("sqlite:///") == ":memory:":

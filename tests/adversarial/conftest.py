@@ -110,3 +110,29 @@ def _test_artifacts():  # noqa: ANN202 - the store helpers of tests/test_artifac
 
 _ARTS = _test_artifacts()
 KEY, candidate, key = _ARTS.KEY, _ARTS.candidate, _ARTS.key
+
+
+def forge_index(root: Path) -> None:
+    """What an attacker who can write the store but has no store key does after editing a version: record the
+    edited files' content hashes in the index and chain every line again (plain SHA-256). Only the re-check
+    (and, for a keyed store, the key) stands between such a store and a reader."""
+    import json
+
+    from kernsearch.artifacts import _index
+    from kernsearch.exporting.runtime._runtime import content_sha256
+
+    path = root / _index.INDEX
+    head, lines = _index.GENESIS, []
+    for seq, raw in enumerate(path.read_text().splitlines()):
+        entry = json.loads(raw)
+        folder = root / entry["key"] / entry["version"]
+        if entry["op"] == "version" and (folder / "manifest.json").is_file():
+            manifest = json.loads((folder / "manifest.json").read_text())
+            entry["content"] = content_sha256((folder / "manifest.json").read_text(),
+                                              (folder / manifest["kernel"]["header_file"]).read_text(),
+                                              (folder / manifest["kernel"]["source_file"]).read_text())
+        body = {**{k: v for k, v in entry.items() if k != "hash"}, "seq": seq, "prev": head, "mac": "sha256",
+                "key_id": None}
+        body["hash"] = head = _index._seal(body, None)
+        lines.append(json.dumps(body, sort_keys=True) + "\n")
+    path.write_text("".join(lines))

@@ -17,7 +17,7 @@ from kernsearch import ArtifactStore, export
 from kernsearch.artifacts._manifest import ArtifactError
 from kernsearch.exporting._export import INIT_MODULE
 
-from .conftest import CANARY, KEY, assert_one_line_error, candidate, key, ks, set_key
+from .conftest import CANARY, KEY, assert_one_line_error, candidate, forge_index, key, ks, set_key
 
 
 @pytest.fixture
@@ -60,9 +60,12 @@ MANIFEST_ATTACKS: dict[str, Callable[[dict[str, Any]], None]] = {
 @pytest.mark.parametrize("attack", sorted(MANIFEST_ATTACKS))
 def test_a_manifest_is_revalidated_against_its_family(store: Path, attack: str) -> None:
     _edit(store, MANIFEST_ATTACKS[attack])
+    with pytest.raises(ArtifactError, match="changed since publish|source hash mismatch"):  # the index's content hash
+        ArtifactStore(store).load(key())
+    forge_index(store)  # an attacker without the store key records the edit: the re-check still refuses it
     with pytest.raises(ArtifactError):
         ArtifactStore(store).load(key())
-    assert not ArtifactStore(store).verify()[0].ok
+    assert not {r.where: r for r in ArtifactStore(store).verify()}[f"{KEY}/v1"].ok
 
 
 @pytest.mark.slow

@@ -43,8 +43,8 @@ def test_fifo_in_the_store_never_blocks_a_reader(store: Path, tmp_path: Path, vi
     path.unlink()
     os.mkfifo(path)
     with pytest.raises(ArtifactError, match="FIFO|special"):
-        s = ArtifactStore(store)
-        s.load(key()) if victim != "journal.jsonl" else s.journal(key())
+        s = ArtifactStore(store)  # CURRENT only mirrors the store index: read by verify, never by a load
+        {"journal.jsonl": s.journal, "CURRENT": s.pointer_file}.get(victim, s.load)(key())
     _run_readers(store, tmp_path)
 
 
@@ -68,7 +68,8 @@ def test_directory_where_a_file_belongs(store: Path, tmp_path: Path, victim: str
     path.unlink()
     path.mkdir()
     with pytest.raises(ArtifactError):
-        ArtifactStore(store).load(key())
+        s = ArtifactStore(store)
+        s.pointer_file(key()) if victim == "CURRENT" else s.load(key())
     _run_readers(store, tmp_path)
 
 
@@ -79,7 +80,8 @@ def test_version_as_a_file_and_non_utf8_pointer_and_journal(store: Path, tmp_pat
     assert not results[f"{KEY}/v7"].ok
     (store / KEY / "CURRENT").write_bytes(b"\xff\xfe{\"version\": \"v1\"}")
     with pytest.raises(ArtifactError, match="UTF-8"):
-        ArtifactStore(store).pointer(key())
+        ArtifactStore(store).pointer_file(key())
+    assert not {r.where: r for r in ArtifactStore(store).verify()}[f"{KEY}/CURRENT"].ok
     (store / KEY / "journal.jsonl").write_bytes(b"\xff\xff\n[1,2]\n\"str\"\n{\"outcome\": 5}\n")
     assert ArtifactStore(store).journal(key()) == []
     _run_readers(store, tmp_path)
@@ -305,18 +307,21 @@ class _Killed(BaseException):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("step", ["journal", "rename", "pointer"])
+@pytest.mark.parametrize("step", ["journal", "index", "rename", "pointer"])
 def test_a_publisher_killed_at_any_step_leaves_a_consistent_repairable_store(store: Path, step: str,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     import kernsearch.artifacts._artifacts as arts
 
     st = ArtifactStore(store)
+    killed = lambda *a, **k: (_ for _ in ()).throw(_Killed())  # noqa: E731
     if step == "journal":
-        monkeypatch.setattr(arts._safeio, "append_line", lambda *a, **k: (_ for _ in ()).throw(_Killed()))
-    elif step == "rename":
-        monkeypatch.setattr(arts.os, "rename", lambda *a, **k: (_ for _ in ()).throw(_Killed()))
+        monkeypatch.setattr(arts._safeio, "append_line", killed)
+    elif step == "index":  # the journal says published; the index never recorded it
+        monkeypatch.setattr(arts.StoreIndex, "append", killed)
+    elif step == "rename":  # the index recorded v2 as current; it never moved in place
+        monkeypatch.setattr(arts.os, "rename", killed)
     else:
-        monkeypatch.setattr(arts, "_write_atomic", lambda *a, **k: (_ for _ in ()).throw(_Killed()))
+        monkeypatch.setattr(arts.ArtifactStore, "_write_pointer", killed)
     with pytest.raises(_Killed):
         st.publish(candidate(median=0.5, config={"BM": 64}))
     monkeypatch.undo()

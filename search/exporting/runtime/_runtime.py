@@ -9,7 +9,9 @@ MLX op on that chip as consumers call it, through this file's own planned calls,
 LEVELS below); otherwise the MLX op runs, called directly with its constant arguments bound. Spec expressions arrive
 pre-parsed as small JSON trees and are evaluated by :func:`evaluate` (a closed set of operators and
 functions; never Python's ``eval``).
-Every kernel file's hash is checked before it is used; each kernel is built once per process.
+Every kernel file's hash is checked before it is used; each kernel is built once per process. Before an
+artifact is first used, its shipped manifest and files must hash to the content hash the store recorded at
+publish and its dispatch record must say what its manifest says (:func:`artifact_mismatch`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from itertools import chain as _chain
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-FORMAT = 2
+#: 3: each artifact record carries ``manifest`` and ``content_sha256``, checked before first use.
+FORMAT = 3
 #: ``off`` (or 0/no/false): every call uses the plain MLX op; ``modeled``: modeled artifacts may be used too.
 DISABLE_VAR = "KERNSEARCH_KERNELS"
 #: A kernel is dispatched only if the lower bound of its measured speedup over the MLX op (baseline p10 /
@@ -399,6 +402,8 @@ class Dispatcher:
         self._sources: Dict[Tuple[str, str, str], Optional[Dict[str, Any]]] = {}
         self._kernels: Dict[Any, Any] = {}
         self._refused: Dict[Tuple[str, str, str], str] = {}
+        #: id(artifact record) -> (the record, '' or why its integrity check failed): :meth:`_integrity`.
+        self._verdicts: Dict[int, Tuple[Dict[str, Any], str]] = {}
         self.margin = float(self.table.get("margin", DEFAULT_MARGIN))
         #: This process's timing identity (``timing_identity(...)``); None: detected on first use.
         self.toolchain: Optional[Dict[str, Optional[str]]] = None
@@ -546,6 +551,9 @@ class Dispatcher:
     def _unusable(self, a: Dict[str, Any], fam: Dict[str, Any], dims: Optional[Dict[str, int]],
                   shape: Tuple[int, ...], chip: Dict[str, Any], dtype: str, op: str, modeled: bool) -> str:
         """'' if artifact ``a`` may run this call, else why not (the rules of docs/artifacts.md)."""
+        tampered = self._integrity(a)
+        if tampered:
+            return f"refused: {tampered}"
         evidence = a.get("evidence")
         if a.get("invalidated"):
             return f"invalidated: {a['invalidated']}"
@@ -588,6 +596,18 @@ class Dispatcher:
         changes = [f"{k} {recorded.get(k)} -> {here.get(k)}" for k in ("mlx", "os", "macos", "cuda_driver", "nvrtc")
                    if recorded.get(k) is not None and here.get(k) is not None and recorded.get(k) != here.get(k)]
         return ", ".join(changes)
+
+    def _integrity(self, a: Dict[str, Any]) -> str:
+        """'' if artifact ``a`` is what the store recorded at publish (:func:`artifact_mismatch`), checked on its
+        first use in this process; else why not (with a ``RuntimeWarning``): a forged record is never used."""
+        seen = self._verdicts.get(id(a))
+        if seen is None or seen[0] is not a:
+            why = artifact_mismatch(self.root, a)
+            if why:
+                warnings.warn(f"artifact {str(a.get('key'))[:200]}/{str(a.get('version'))[:20]}: {why}; not used",
+                              RuntimeWarning, stacklevel=5)
+            seen = self._verdicts[id(a)] = (a, why)
+        return seen[1]
 
     def _refusal(self, entry: Dict[str, Any]) -> str:
         """'' if the entry's kernel files are intact, else why it is refused."""
@@ -930,6 +950,55 @@ def _read_inside(root: Path, rel: str, limit: int = 4 << 20) -> str:
         raise ValueError(f"{rel} is larger than {limit} bytes")
     return data.decode("utf-8")
 
+
+
+# -- integrity: what the store recorded at publish ---------------------------------------------------------
+
+def content_sha256(manifest: str, header: str, source: str) -> str:
+    """The content hash the store's index records when a version is published: the manifest's exact text (every
+    field a decision rests on: config, geometry, chip, evidence, measurements, correctness, template hash) and
+    both kernel files. ``kernsearch.artifacts`` computes it with this same function."""
+    blob = json.dumps({"format": 1, "manifest": manifest, "header": header, "source": source}, sort_keys=True)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def decision_fields(m: Dict[str, Any]) -> Dict[str, Any]:
+    """The fields of an artifact's dispatch record that come from its manifest (a parsed ``manifest.json``):
+    export writes them from the manifest, and the dispatcher checks them against it before first use."""
+    meas = m.get("measurements") or {}
+    tc, kernel, problem, chip = m["toolchain"], m["kernel"], m["problem"], m["chip"]
+    return {
+        "key": m["key"], "version": m["version"], "chip": chip["name"], "vendor": chip["vendor"],
+        "lineage": list(chip["lineage"]), "dtype": problem["dtype"], "shape": list(problem["shape"]),
+        "config": dict(m["config"]), "target": kernel["target"], "evidence": m["evidence"],
+        "median_ms": meas.get("median_ms"), "speedup": meas.get("speedup"), "speedup_low": meas.get("speedup_low"),
+        "speedup_high": meas.get("speedup_high"), "modes": meas.get("modes"),
+        "timing_identity": timing_identity(tc.get("mlx_version"), tc.get("os"), tc.get("macos_version"),
+                                           tc.get("cuda_driver"), tc.get("nvrtc_version")),
+        "kernel": {"name": kernel["name"], "target": kernel["target"], "input_names": list(kernel["input_names"]),
+                   "output_names": list(kernel["output_names"]), "template": [list(t) for t in kernel["template"]]},
+        "sha256": m["source_sha256"],
+    }
+
+
+def artifact_mismatch(root: Path, entry: Dict[str, Any]) -> str:
+    """'' if an artifact's shipped manifest and kernel files hash to the content hash the store recorded at
+    publish (``content_sha256`` of its record) and every decision field of the record is its manifest's; else
+    why not. Not a signature (the package holds no secret): it catches every change to the shipped files or
+    to ``dispatch.json`` that does not also forge the recorded hash."""
+    try:
+        text = _read_inside(root, str(entry["manifest"]))
+        header, source = _read_inside(root, str(entry["header"])), _read_inside(root, str(entry["source"]))
+    except (KeyError, OSError, UnicodeDecodeError, ValueError) as exc:
+        return f"cannot read its manifest or kernel files ({exc})"
+    if content_sha256(text, header, source) != entry.get("content_sha256"):
+        return "its manifest or kernel files are not what the store recorded at publish (content hash mismatch)"
+    try:
+        fields = decision_fields(json.loads(text))
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        return f"its manifest is unreadable ({type(exc).__name__})"
+    wrong = sorted(k for k, v in fields.items() if entry.get(k) != v)
+    return f"its dispatch record differs from its manifest in {', '.join(wrong)}" if wrong else ""
 
 
 def source_sha256(header: str, source: str, template: Any, input_names: Any, output_names: Any) -> str:

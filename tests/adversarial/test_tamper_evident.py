@@ -26,6 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from judged import consumer_modes
 
 from kernsearch import ArtifactStore, Candidate, Space, get_chip, load_family, make_problem
 from kernsearch.artifacts._manifest import Correctness, LaunchGeometry, Measurements
@@ -56,7 +57,8 @@ def _candidate(fam: Any, shape: tuple[int, ...], dtype: str, evidence: str, conf
                        checks_run=2)
     meas = None if evidence == "interpreted" else Measurements(
         median_ms=1.0, spread=0.02, samples_ms=[1.0] * 5, baseline_median_ms=speedup, baseline_spread=0.02,
-        speedup_low=speedup * 0.98, speedup_high=speedup * 1.02)
+        speedup_low=speedup * 0.98, speedup_high=speedup * 1.02,
+        modes=consumer_modes(1.0, speedup, speedup * 0.98, speedup * 1.02))
     return Candidate.for_config(space, space.parse_config(config or {}), target="metal", correctness=corr,
                                 evidence=evidence, measurements=meas, study="tamper")
 

@@ -187,12 +187,24 @@ class Jobs:
                 problem = make_problem(fam, shape, dtype, chip)
                 extra = options.verify_shapes
                 verify = ([make_problem(fam, s, problem.dtype, chip).shape for s in extra] if extra is not None
-                          else [tuple(min(d, 64) + 4 for d in problem.shape)])
+                          else [_default_verify_shape(fam, problem)])
                 units.append(Unit(job=job.name or f"{fam.name}#{index + 1}", family=family,
                                   family_name=fam.name, shape=problem.shape,
                                   dtype=problem.dtype, chip=chip.name, options=options,
                                   verify_shapes=tuple(tuple(s) for s in verify)))
         return units
+
+
+def _default_verify_shape(fam: Any, problem: Any) -> tuple[int, ...]:
+    """The winner's extra check when the job names none: a small ragged problem, the family's own where it
+    declares one (its sizes depend on each other: a quantized matrix's words and groups follow K)."""
+    from kernsearch import make_problem
+
+    if fam.problem.ragged_shape is not None:
+        ragged = make_problem(fam, problem.verify_shape(), problem.dtype).ragged_shape()
+        if ragged is not None:
+            return ragged
+    return tuple(min(d, 64) + 4 for d in problem.shape)
 
 
 def load_jobs(path: str | Path) -> Jobs:

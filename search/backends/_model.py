@@ -55,6 +55,7 @@ OPTIONAL = {
     "barriers": 0.0,  # threadgroup barriers per threadgroup
     "copy_instructions": 0.0,  # lane instructions per threadgroup spent copying tiles (issue slots)
     "threadgroup_bytes": 0.0,  # bytes through threadgroup memory per threadgroup (bank-conflict passes included)
+    "stream_bytes": 0.0,  # bytes per threadgroup streamed from DRAM once (no reuse): at DRAM, not cache, bandwidth
 }
 KNOWN = frozenset(REQUIRED) | frozenset(OPTIONAL)
 #: Entries the occupancy is computed from (so they cannot read `concurrent`).
@@ -289,6 +290,10 @@ def _predict(ev: _Evaluator, ctx: dict[str, Any]) -> dict[str, Any]:
     barriers = num(ctx, "barriers", 0.0)
     copies = num(ctx, "copy_instructions", 0.0)
     tg_traffic = num(ctx, "threadgroup_bytes", 0.0)
+    # Streamed bytes (read once, e.g. quantized weights) come at DRAM bandwidth, not the cache's: in cache-byte
+    # terms they weigh the cache/DRAM bandwidth ratio, under the same bytes-in-flight efficiency.
+    stream = num(ctx, "stream_bytes", 0.0)
+    traffic = cache_bytes + stream * core.cache_bandwidth_factor
 
     # Compute: the peak of the inner product in use, cut by operand fetches per FMA.
     tensor_peak = chip.tensor_tflops(p.dtype)
@@ -313,7 +318,7 @@ def _predict(ev: _Evaluator, ctx: dict[str, Any]) -> dict[str, Any]:
         mlp = min(1.0, k * threads * load_bytes * in_flight / needed_in_flight)
         tc = k * work / hide
         tt = k * tg_traffic / (core_tg_bw * hide)  # threadgroup memory: inside the core, like compute
-        tm = k * cache_bytes / (core_bw * mlp)
+        tm = k * traffic / (core_bw * mlp)
         inside = max(tc, tt)
         overlap = 1.0 - 1.0 / (k * buffers)
         stall = barriers * core.barrier_ns * 1e-9 / k
@@ -336,7 +341,7 @@ def _predict(ev: _Evaluator, ctx: dict[str, Any]) -> dict[str, Any]:
     # system cache is read from DRAM once.
     unique = ev.problem_bytes
     dram = num(ctx, "dram_bytes", None)
-    dram = unique if dram is None else min(max(dram, unique), tgs * cache_bytes)
+    dram = unique if dram is None else min(max(dram, unique), tgs * (cache_bytes + stream))
     if unique <= chip.system_cache_mb * 2**20 / 2:
         dram = unique
     dram_time = dram / (chip.memory_bandwidth_gbs * 1e9)
@@ -347,7 +352,8 @@ def _predict(ev: _Evaluator, ctx: dict[str, Any]) -> dict[str, Any]:
     if dram_time > core_time:
         bound = "dram"
     else:
-        bound = max((compute_time, "compute"), (tg_time, "threadgroup memory"), (memory_time, "cache bandwidth"))[1]
+        traffic_kind = "dram" if stream * core.cache_bandwidth_factor >= cache_bytes else "cache bandwidth"
+        bound = max((compute_time, "compute"), (tg_time, "threadgroup memory"), (memory_time, traffic_kind))[1]
     return {
         "model": "occupancy roofline", "time_ms": total * 1e3, "bound": bound,
         "compute_ms": compute_time * 1e3, "threadgroup_ms": tg_time * 1e3, "memory_ms": memory_time * 1e3,
@@ -362,4 +368,5 @@ def _predict(ev: _Evaluator, ctx: dict[str, Any]) -> dict[str, Any]:
         "bandwidth_efficiency": main["mlp"], "overlap": main["overlap"],
         "flops": tgs * flops, "cache_bytes": tgs * cache_bytes, "dram_bytes": dram,
         "predicted_tflops": ev.problem_flops / total / 1e12,
+        **({"stream_bytes": tgs * stream} if "stream_bytes" in ev.family.model else {}),
     }

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import ConfigError, KernsearchError
+from .._errors import ConfigError, KernsearchError, SpecError
 from ..hardware._chips import Chip
 from ._expr import BUILTINS, ExprError
 from ._spec import DTYPES, Family, KnobValue
@@ -50,6 +50,33 @@ class Problem:
 
     def _ctx(self) -> dict[str, Any]:
         return {**BUILTINS, **self.dims, "dtype": self.dtype, "dtype_size": DTYPES[self.dtype]}
+
+    def verify_shape(self) -> tuple[int, ...]:
+        """The small problem the interpreter verifies this one on (``problem.verify_shape``, else each size cut
+        to 96)."""
+        declared = self._declared("verify_shape")
+        return declared if declared is not None else tuple(min(d, 96) for d in self.shape)
+
+    def ragged_shape(self) -> tuple[int, ...] | None:
+        """The family's ragged problem near this one (``problem.ragged_shape``); None where it declares none.
+        A declared shape is never larger than this problem in any size."""
+        return self._declared("ragged_shape")
+
+    def _declared(self, field: str) -> tuple[int, ...] | None:
+        expr = getattr(self.family.problem, field)
+        if expr is None:
+            return None
+        where = f"{self.family.path}/family.toml: problem.{field}"
+        try:
+            value = expr(self._ctx())
+        except ExprError as exc:
+            raise SpecError(f"{where}: {exc}") from None
+        if not isinstance(value, (list, tuple)) or len(value) != len(self.shape) \
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise SpecError(f"{where}: expected {len(self.shape)} integer sizes, got {str(value)[:80]}")
+        if any(v > d for v, d in zip(value, self.shape)):  # never more work than the problem it stands for
+            raise SpecError(f"{where}: {str(value)[:80]} is larger than the problem {self.shape_text}")
+        return make_problem(self.family, tuple(value), self.dtype).shape
 
 
 def make_problem(family: Family, shape: str | tuple[int, ...] | None = None, dtype: str | None = None,

@@ -285,7 +285,16 @@ class ProblemSpec(_Model):
     default_dtype: Literal["float32", "float16", "bfloat16"]
     flops: Expr
     bytes: Expr
+    #: The small problem the interpreter verifies a tuned one on, as a list of sizes computed from the tuned
+    #: problem's (default: every size cut to 96). For a family whose sizes depend on each other (a quantized
+    #: matrix's words and groups follow K), where cutting each size alone makes no valid problem.
+    verify_shape: Expr | None = None
+    #: A problem near a given one whose sizes are off the tiles, computed from the given one's (default: every
+    #: size cut by the same few units, the first cut that gives a valid problem).
+    ragged_shape: Expr | None = None
     _check = field_validator("flops", "bytes", mode="before")(lambda v: _expr(v))
+    _check_shapes = field_validator("verify_shape", "ragged_shape", mode="before")(
+        lambda v: v if v is None else _expr(v))
 
     @model_validator(mode="after")
     def _consistent(self) -> ProblemSpec:
@@ -485,6 +494,10 @@ def _check_names(fam: Family) -> None:
         model_base = model_base | {name}
     require("problem.flops", fam.problem.flops, dims | set(CONTEXT_NAMES))
     require("problem.bytes", fam.problem.bytes, dims | set(CONTEXT_NAMES))
+    for field in ("verify_shape", "ragged_shape"):
+        expr = getattr(fam.problem, field)
+        if expr is not None:
+            require(f"problem.{field}", expr, dims | set(CONTEXT_NAMES) - {"chip"})
     for kind, tensors in (("inputs", fam.inputs), ("outputs", fam.outputs)):
         for i, t in enumerate(tensors):
             require(f"{kind}[{i}].shape", t.shape, dims | set(CONTEXT_NAMES))

@@ -72,7 +72,7 @@ class KernelObjective(Objective):
                                f"runs {runs}")
         # The interpreter runs Metal only: a modeled CUDA kernel cannot be verified here (nor published).
         self.verify = verify if interpretable(self.target) or not cls.predicts else "none"
-        self.verify_shape = verify_shape or tuple(min(d, 96) for d in problem.shape)
+        self.verify_shape = verify_shape or problem.verify_shape()
         if cls.predicts and self.verify != "none":  # say it now, not after the whole search
             from ..interp._compile import compiler
 
@@ -294,13 +294,18 @@ class KernelObjective(Objective):
         return out
 
     def ragged_shape(self, config: Config, near: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
-        """A shape a little smaller than ``near`` (default: the small verification shape) whose sizes are not
-        multiples of the tiles, on which ``config`` is still valid."""
+        """A shape near ``near`` (default: the small verification shape) whose sizes are not multiples of the
+        tiles, on which ``config`` is still valid: the family's ``problem.ragged_shape`` if it declares one,
+        else (or if that one is not valid) every size a little smaller."""
         from ..family._space import Space, make_problem
 
         small = tuple(near or self.verify_shape)
-        for cut in (4, 8, 12, 20, 1, 2, 3):
-            shape = tuple(max(1, d - cut) if d > cut else d for d in small)
+        try:
+            declared = make_problem(self.family, small, self.problem.dtype).ragged_shape()
+        except KernsearchError:
+            declared = None
+        cuts = [tuple(max(1, d - cut) if d > cut else d for d in small) for cut in (4, 8, 12, 20, 1, 2, 3)]
+        for shape in ([declared] if declared is not None else []) + cuts:
             if shape == small:
                 continue
             try:

@@ -48,6 +48,7 @@ class SamplerChoice(str, Enum):
     auto = "auto"
 
 if TYPE_CHECKING:
+    from ._progress import Display
     from .artifacts._artifacts import ArtifactStore
     from .artifacts._candidate import ArtifactKey
     from .family._space import Problem, Space
@@ -606,8 +607,8 @@ def _final_lines(final: FinalRound | None, evidence: str) -> list[str]:
             sampled = check.threadgroups_checked
             also = " and " + ", ".join(check.also) + (f" ({sampled} threadgroups sampled at the tuned shape)"
                                                       if sampled else "")
-        lines.append(f"trial {number} on the {final.verified_on or 'interpreter'} at "
-                     f"{'x'.join(map(str, final.verify_shape or ()))}"
+        shape = check.shape or final.verify_shape or ()  # each finalist at the smallest shape valid for it
+        lines.append(f"trial {number} on the {final.verified_on or 'interpreter'} at {'x'.join(map(str, shape))}"
                      f"{escape(also)}: {state}")
     if final.note:
         lines.append(final.note)
@@ -671,6 +672,9 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
         note: str | None = f"replaying {landscape}: recorded times measured on {objective.study_key['chip']}, not here"
     else:
         name, c, note = _pick_backend(backend, chip_name, verify)
+        if note:  # at once: what follows (loading the family, the storage) takes a second or two
+            err.print(note, soft_wrap=True)
+            note = None
         from .family._space import make_problem
         from .family._spec import load_family
         from .studies._objective import KernelObjective
@@ -698,10 +702,16 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
               f"({key['backend']} back-end, {objective.evidence})", soft_wrap=True)
     if publish and replay:
         raise KernsearchError("--publish needs a kernel family: replayed landscapes have no kernel to publish")
-    result = _run_with_progress(objective, trials, time_budget, patience or None, sampler_name, seed, storage, study,
-                                finalists, as_json)
-    outcome = objective.publish(result, margin=margin) if publish and result.best is not None and \
-        not result.stop.reason.by_request else None
+    from ._progress import Display
+    from ._steps import step
+
+    with Display(err, quiet=as_json) as display:
+        result = _run_with_progress(display, objective, trials, time_budget, patience or None, sampler_name, seed,
+                                    storage, study, finalists)
+        outcome = None
+        if publish and result.best is not None and not result.stop.reason.by_request:
+            with step("publishing the winner through the regression gate"):
+                outcome = objective.publish(result, margin=margin)
     beats, verdict = _verdict(result, key, getattr(getattr(objective, "family", None), "baseline_name", "the MLX op"),
                               margin)
     if as_json:
@@ -722,7 +732,8 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
     if report:
         from .studies._report import write_report
 
-        path = write_report(result.study_name, storage)
+        with Display(err), step("writing the study's HTML report"):
+            path = write_report(result.study_name, storage)
         err.print(f"report: {path}", soft_wrap=True, markup=False)
     if result.stop.reason.by_request:
         raise typer.Exit(130)
@@ -743,49 +754,35 @@ def asdict_or_none(obj: Any) -> dict[str, Any] | None:
     return None if obj is None else asdict(obj)
 
 
-def _run_with_progress(objective: Objective, trials: int | None, time_budget: str | None, patience: int | None,
-                       sampler: str, seed: int | None, storage: str | None, study: str | None, finalists: int,
-                       quiet: bool) -> StudyResult:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
+def _run_with_progress(display: Display, objective: Objective, trials: int | None, time_budget: str | None,
+                       patience: int | None, sampler: str, seed: int | None, storage: str | None, study: str | None,
+                       finalists: int) -> StudyResult:
+    """The search as a step of ``display``: a bar on a terminal; through a pipe, a whole line for every new best
+    and at least every few seconds (never cut at 80 columns). Trial numbers are the study's, as in the tables."""
+    from ._progress import LINE_EVERY, seconds
+    from ._steps import step
     from .family._space import format_config
     from .studies._study import run_study
 
-    if not err.is_terminal and not quiet:  # a log, not a screen: whole lines, never cut at 80 columns
-        import time
-
-        state: dict[str, float | None] = {"best": None, "shown": 0.0}
-
-        def log(p: ProgressInfo) -> None:
-            now = time.monotonic()
+    state: dict[str, float | None] = {"best": None}
+    of = trials if trials is not None else "-"
+    with step("searching (configs evaluated)", total=trials) as search:
+        def show(p: ProgressInfo) -> None:
+            search.estimate(p.remaining_s)
+            search.advance(p.done)
+            best = (f"best trial {p.best.number}: {p.best.time_ms:.4g} ms {format_config(p.best.config)}" if p.best
+                    else "no correct variant yet")
+            fails = ", ".join(f"{k} {v}" for k, v in p.failures.most_common()) or "none"
+            versus = f" ({p.speedup:.2f}x the baseline)" if p.speedup else ""
+            display.status(search, f"{best}{versus} · failed: {fails}")
             better = p.best is not None and (state["best"] is None or p.best.time_ms < state["best"])
-            if not better and now - (state["shown"] or 0.0) < 10 and p.done != trials:
-                return
-            state["shown"] = now
             if p.best is not None:
                 state["best"] = p.best.time_ms
-            best = (f"best {p.best.time_ms:.4g} ms {format_config(p.best.config)}" if p.best
-                    else "no correct variant yet")
-            fails = ", ".join(f"{k} {v}" for k, v in p.failures.most_common()) or "none"
-            left = f", ~{p.remaining_s:.0f} s left" if p.remaining_s is not None else ""
-            versus = f" ({p.speedup:.2f}x the baseline)" if p.speedup else ""
-            err.print(f"trial {p.done}/{trials if trials is not None else '-'} ({p.elapsed_s:.0f} s{left}): "
-                      f"{best}{versus} · failed: {fails}", soft_wrap=True, markup=False)
-
-        return run_study(objective, trials=trials, time_budget=time_budget, patience=patience, sampler=sampler,
-                         seed=seed, storage=storage, study_name=study, finalists=finalists, progress=log)
-    columns = [TextColumn("trial {task.completed:.0f}/{task.fields[of]}"), BarColumn(bar_width=20),
-               TimeElapsedColumn(), TextColumn("left {task.fields[left]}"), TextColumn("{task.fields[status]}")]
-    with Progress(*columns, console=err, transient=False, disable=quiet) as bar:
-        task = bar.add_task("tune", total=trials, of=trials if trials is not None else "-", left="?", status="")
-
-        def show(p: ProgressInfo) -> None:
-            best = (f"best {p.best.time_ms:.4g} ms {format_config(p.best.config)}" if p.best
-                    else "no correct variant yet")
-            fails = ", ".join(f"{k} {v}" for k, v in p.failures.most_common()) or "none"
-            left = f"{p.remaining_s:.0f}s" if p.remaining_s is not None else "?"
-            versus = f" ({p.speedup:.2f}x the baseline)" if p.speedup else ""
-            bar.update(task, completed=p.done, left=left, status=f"{best}{versus} · failed: {fails}")
+            if display.live or not (better or display.quiet_for() >= LINE_EVERY or p.done == trials):
+                return
+            left = f", ~{seconds(p.remaining_s)} left" if p.remaining_s is not None else ""
+            display.line(f"{p.done}/{of} configs evaluated ({seconds(p.elapsed_s)}{left}): {best}{versus} · "
+                         f"failed: {fails}")
 
         return run_study(objective, trials=trials, time_budget=time_budget, patience=patience, sampler=sampler,
                          seed=seed, storage=storage, study_name=study, finalists=finalists, progress=show)

@@ -182,18 +182,22 @@ class Space:
 
     # -- the whole space ----------------------------------------------------------------------------
     def enumerate(self) -> SpaceSummary:
+        """Every valid config, and the rejected ones counted by constraint (a step: big spaces take seconds)."""
+        from .._steps import step
+
         fam = self.family
         names = list(fam.knobs)
         sizes = [len(fam.knobs[n].values) for n in names]
         remaining = [math.prod(sizes[i + 1:]) for i in range(len(names))]
         summary = SpaceSummary(total=self.total, valid=[])
 
-        def walk(depth: int, ctx: dict[str, Any]) -> None:
+        def walk(depth: int, ctx: dict[str, Any], start: int) -> None:
+            """``start``: how many configs of the product come before this subtree's first one."""
             if depth == len(names):
                 summary.valid.append({n: ctx[n] for n in names})
                 return
             derived, checks = self._plan[depth]
-            for value in fam.knobs[names[depth]].values:
+            for n, value in enumerate(fam.knobs[names[depth]].values):
                 c = {**ctx, names[depth]: value}
                 for d in derived:
                     c[d] = self._eval(fam.derived[d], c, f"derived.{d}")
@@ -201,10 +205,13 @@ class Space:
                                if not self._eval(fam.constraints[i].expr, c, fam.constraints[i].name)), None)
                 if failed is not None:
                     summary.rejected[fam.constraints[failed].name] += remaining[depth]
-                    continue
-                walk(depth + 1, c)
+                else:
+                    walk(depth + 1, c, start + n * remaining[depth])
+                if depth < 3:  # this value's whole subtree is walked (or pruned): say how far the walk is
+                    progress.advance(start + (n + 1) * remaining[depth])
 
-        walk(0, dict(self.base))
+        with step(f"enumerating the {self.total:,} configs of {fam.name}", total=self.total) as progress:
+            walk(0, dict(self.base), 0)
         return summary
 
     def iter_all(self) -> Iterator[Config]:

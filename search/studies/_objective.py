@@ -36,7 +36,8 @@ class KernelObjective(Objective):
     Measured back-ends (metal, cuda) run every variant in an isolated worker: build, verify against the
     reference the first time it is seen, then time it. The model back-end predicts times in-process
     (labeled modeled) and verifies on the CPU interpreter: every trial (``verify="all"``) or only the
-    finalists (the default), on a small problem of the same family (``verify_shape``).
+    finalists (the default), on a small problem of the same family: ``verify_shape`` if given, else the smallest
+    shape where that config is valid (:func:`kernsearch.family._shapes.smallest_shape`).
     """
 
     def __init__(self, problem: Problem, chip: Chip, backend: str, *, seed: int = 0, timeout: float = 120.0,
@@ -64,7 +65,8 @@ class KernelObjective(Objective):
                                f"(back-end {backend} needs one)")
         # The interpreter runs Metal only: a modeled CUDA kernel cannot be verified here (nor published).
         self.verify = verify if interpretable(self.target) or not cls.predicts else "none"
-        self.verify_shape = verify_shape or tuple(min(d, 96) for d in problem.shape)
+        self._verify_shape = tuple(verify_shape) if verify_shape else None
+        self._small: dict[str, tuple[int, ...]] = {}  # config key -> its verification shape
         if cls.predicts and self.verify != "none":  # say it now, not after the whole search
             from ..interp._compile import compiler
 
@@ -184,11 +186,25 @@ class KernelObjective(Objective):
         if future is not None:
             future.result()  # raises the variant's VariantFailure
 
+    def verify_shape(self, config: Config) -> tuple[int, ...]:
+        """Where the interpreter proves ``config``: the given ``verify_shape``, else the smallest shape at which
+        the family's constraints hold for it (a config tuned for a big shape is often invalid at a small one)."""
+        if self._verify_shape is not None:
+            return self._verify_shape
+        from ..family._shapes import smallest_shape
+        from ..family._space import format_config
+
+        key = format_config(config)
+        if key not in self._small:
+            self._small[key] = smallest_shape(self.family, self.problem.dtype, self.chip, config,
+                                              tuple(self.problem.shape))
+        return self._small[key]
+
     def interpret(self, config: Config) -> dict[str, Any]:
         """Verify ``config`` on the CPU interpreter (small problem); raises VariantFailure."""
         from ..evaluation._measure import verify_variant
 
-        task = self._task(config, "cpu", self.verify_shape,
+        task = self._task(config, "cpu", self.verify_shape(config),
                           options={"mode": self.verify_mode, "timeout": max(1.0, self.timeout - 5)})
         result: dict[str, Any] = self.worker().call(verify_variant, task)
         return result
@@ -203,40 +219,35 @@ class KernelObjective(Objective):
             raise VariantFailure("unverifiable", str(exc)) from None
 
     def _verify_for_publishing(self, config: Config) -> dict[str, Any]:
+        from .._steps import step
+
         shape = tuple(self.problem.shape)
         out: dict[str, Any] = {"shapes": []}
-        if shape != tuple(self.verify_shape):
+        if shape != self.verify_shape(config):
             task = self._task(config, "cpu", shape, options={"mode": "fast", "timeout": max(1.0, self.timeout - 5),
                                                              "sample_threadgroups": TUNED_SAMPLE})
-            res = self.worker().call(verify_variant_at, task, timeout=max(self.timeout, 60.0) * 4)
+            with step(f"verifying the winner on the interpreter at the tuned shape {self.problem.shape_text} "
+                      f"({TUNED_SAMPLE} threadgroups)"):
+                res = self.worker().call(verify_variant_at, task, timeout=max(self.timeout, 60.0) * 4)
             out["shapes"].append("x".join(map(str, shape)))
             out["threadgroups_checked"] = res.get("threadgroups_checked")
             out["max_abs_err"] = res["max_abs_err"]
         ragged = self.ragged_shape(config)
         if ragged is not None:
             task = self._task(config, "cpu", ragged, options={"mode": "fast", "timeout": max(1.0, self.timeout - 5)})
-            res = self.worker().call(verify_variant_at, task)
+            with step(f"verifying the winner on the interpreter at a ragged shape {'x'.join(map(str, ragged))}"):
+                res = self.worker().call(verify_variant_at, task)
             out["shapes"].append("x".join(map(str, ragged)))
             out["max_abs_err"] = max(out.get("max_abs_err", 0.0), res["max_abs_err"])
         return out
 
     def ragged_shape(self, config: Config, near: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
-        """A shape a little smaller than ``near`` (default: the small verification shape) whose sizes are not
+        """A shape a little smaller than ``near`` (default: the config's verification shape) whose sizes are not
         multiples of the tiles, on which ``config`` is still valid."""
-        from ..family._space import Space, make_problem
+        from ..family._shapes import ragged_shape
 
-        small = tuple(near or self.verify_shape)
-        for cut in (4, 8, 12, 20, 1, 2, 3):
-            shape = tuple(max(1, d - cut) if d > cut else d for d in small)
-            if shape == small:
-                continue
-            try:
-                space = Space(make_problem(self.family, shape, self.problem.dtype, self.chip), self.chip)
-            except KernsearchError:
-                continue
-            if space.is_valid(config):
-                return shape
-        return None
+        return ragged_shape(self.family, self.problem.dtype, self.chip, config,
+                            tuple(near or self.verify_shape(config)))
 
     def evaluate(self, config: Config) -> Record:
         from ..family._render import render
@@ -279,13 +290,17 @@ class KernelObjective(Objective):
 
     def _verify_finalists(self, top: list[TrialSummary]) -> FinalRound:
         """Modeled leaders are only predictions: the winner is the best-predicted one the interpreter passes."""
+        from .._steps import step
+
         checks: dict[int, FinalistCheck] = {}
         winner = None
         for t in top:
             if self.verify == "none":
                 break
+            shape = self.verify_shape(t.config)
             try:
-                c = self.interpret(t.config)
+                with step(f"verifying trial {t.number} on the interpreter at {'x'.join(map(str, shape))}"):
+                    c = self.interpret(t.config)
                 checks[t.number] = FinalistCheck(True, c["max_abs_err"], tuple(c["shape"]))
                 if winner is None:  # the one to publish: also at the tuned shape and a ragged one
                     extra = self.verify_for_publishing(t.config)
@@ -294,24 +309,29 @@ class KernelObjective(Objective):
                                                      extra.get("threadgroups_checked"))
                     winner = t.number
             except VariantFailure as exc:
-                checks[t.number] = FinalistCheck(False, reason=exc.reason, detail=exc.detail[:300])
+                checks[t.number] = FinalistCheck(False, shape=shape if t.number not in checks else (),
+                                                 reason=exc.reason, detail=exc.detail[:300])
         note = "times are predictions of the performance model (modeled), not measurements"
         if self.verify == "none":
             winner = top[0].number
             note += "; the winner is NOT verified" + ("" if interpretable(self.target) else
                                                       " (the CPU interpreter runs Metal only, this is a CUDA kernel)")
-        return FinalRound(winner, verified_on="interpreter", verify_shape=tuple(self.verify_shape), checks=checks,
+        shown = next((t.config for t in top if t.number == winner), top[0].config if top else None)
+        return FinalRound(winner, verified_on="interpreter",
+                          verify_shape=self.verify_shape(shown) if shown is not None else None, checks=checks,
                           note=note)
 
     def _remeasure_finalists(self, top: list[TrialSummary]) -> FinalRound:
         """Fresh worker; finalists and the baseline MLX op interleaved; a lead must exceed the noise."""
+        from .._steps import step
         from ..evaluation._measure import final_round
 
         worker = self.worker()
         worker.restart()
         task = self._task(top[0].config, self.backend, finalists=[t.config for t in top])
         try:
-            out = worker.call(final_round, task, timeout=self.timeout * (len(top) + 1))
+            with step(f"re-timing {len(top)} finalist(s) against the baseline op"):
+                out = worker.call(final_round, task, timeout=self.timeout * (len(top) + 1))
         except VariantFailure as exc:
             return FinalRound(top[0].number, note=f"final round failed ({exc.reason}): {exc.detail[:300]}")
         return self._prove_on_a_ragged_shape(top, out)
@@ -327,6 +347,8 @@ class KernelObjective(Objective):
         """
         import numpy as np
 
+        from .._steps import step
+
         samples: list[list[float]] = out["finalists"]
         keep = list(range(len(top)))
         checks: dict[int, FinalistCheck] = {}
@@ -336,7 +358,8 @@ class KernelObjective(Objective):
             if ragged is None:  # no smaller shape off the tiles where this config is valid: nothing more to run
                 break
             try:
-                res = self.worker().call(verify_variant_at, self._task(t.config, self.backend, ragged))
+                with step(f"verifying trial {t.number} on the device at a ragged shape {'x'.join(map(str, ragged))}"):
+                    res = self.worker().call(verify_variant_at, self._task(t.config, self.backend, ragged))
             except VariantFailure as exc:
                 checks[t.number] = FinalistCheck(False, reason=exc.reason, detail=exc.detail[:300])
                 keep.remove(i)
@@ -355,10 +378,12 @@ class KernelObjective(Objective):
         """The family's baseline MLX op timed in the worker (measured back-ends only); None if it fails."""
         if self.impl.predicts:
             return None
+        from .._steps import step
         from ..evaluation._measure import time_baseline
 
         try:
-            return float(self.worker().call(time_baseline, self._task(dict(self.family.default), self.backend)))
+            with step(f"timing the baseline op ({self.family.baseline_name})"):
+                return float(self.worker().call(time_baseline, self._task(dict(self.family.default), self.backend)))
         except (VariantFailure, KernsearchError):
             return None
 
@@ -421,15 +446,20 @@ def model_prior(space: Space, configs: list[Config]) -> list[float] | None:
     """Modeled times of ``configs`` on ``space``'s problem and chip (inf where the model cannot say), or
     None when the model has nothing for this family or chip. Never raises: a prior is optional."""
     try:
+        from .._steps import step
         from ..backends import get_backend
 
         model = get_backend("model", chip=space.chip)
         out = []
-        for c in configs:
-            try:
-                out.append(float(model.predict_ms(space, c)))
-            except KernsearchError:
-                out.append(float("inf"))
+        with step(f"ranking {len(configs):,} valid configs with the {space.chip.name} model",
+                  total=len(configs)) as progress:
+            for i, c in enumerate(configs):
+                try:
+                    out.append(float(model.predict_ms(space, c)))
+                except KernsearchError:
+                    out.append(float("inf"))
+                if i % 256 == 0:
+                    progress.advance(i + 1)
         return out if any(v != float("inf") for v in out) else None
     except Exception:  # noqa: BLE001 - no model for this family or chip: no prior
         return None

@@ -57,6 +57,20 @@ if TYPE_CHECKING:
     from .studies._study import Objective, StudyResult, TrialSummary
     from .studies._study import Progress as ProgressInfo
 
+def _flags_take_no_value() -> None:
+    """Typer's help prints a type beside every option, flags included (``--publish <bool>``), as if a flag took a
+    value, which it does not (``--publish true`` is refused): a flag's row shows none."""
+    from typer.core import TyperOption
+
+    typed = TyperOption.display_type_rich
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_bool_flag else typed(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_take_no_value()
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Find, prove and ship the fastest variant of a GPU kernel for the chip it runs on.")
@@ -695,6 +709,9 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
     if publish:
         from .artifacts._artifacts import ArtifactStore
 
+        why = getattr(objective, "unpublishable", lambda: None)()
+        if why:  # nothing this search finds could be published: say so now, not after the search
+            raise KernsearchError(f"--publish: {why}")
         ArtifactStore().check_writable()  # so is a store no publish could write (not after the search)
     if note:
         err.print(note, soft_wrap=True)
@@ -992,6 +1009,17 @@ def _error_line(message: str) -> None:
     err.print(f"[red]error:[/] {escape(' '.join(str(message).split()))}", soft_wrap=True)
 
 
+def _flag_value_hint(args: list[str] | None, message: str) -> str:
+    """``--publish true``: the value is left over as an extra argument; say that flags take none."""
+    words = list(sys.argv[1:] if args is None else args)
+    if "unexpected extra argument" not in message:
+        return ""
+    for flag, value in zip(words, words[1:]):
+        if flag.startswith("--") and "=" not in flag and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return f": {flag} is a flag and takes no value (give {flag} alone, or leave it out)"
+    return ""
+
+
 def main(args: list[str] | None = None) -> None:
     """Console-script entry point: usage and user errors → one line on stderr, exit 2."""
     import importlib
@@ -1008,7 +1036,7 @@ def main(args: list[str] | None = None) -> None:
         sys.exit(0)
     except click.exceptions.UsageError as exc:
         command = f"{exc.ctx.command_path}: " if exc.ctx is not None else ""
-        _error_line(f"{command}{exc.format_message()} (see --help)")
+        _error_line(f"{command}{exc.format_message()}{_flag_value_hint(args, exc.format_message())} (see --help)")
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
         _error_line("interrupted")

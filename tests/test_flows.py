@@ -214,6 +214,12 @@ def test_cli_bad_job_file_exit_2_one_line_and_no_prefect_import(tmp_path: Path) 
     proc = subprocess.run(KERNSEARCH + ["flows", "deploy", str(good)], capture_output=True, text=True, timeout=120,
                           env=no_server)
     assert proc.returncode == 2 and "deployments live on a Prefect server" in proc.stderr, proc.stderr
+    # issue 24: serving a schedule on the temporary server schedules nothing: refused, with the way to a server
+    proc = subprocess.run(KERNSEARCH + ["flows", "serve", str(good), "--chip", "M2 Max"], capture_output=True,
+                          text=True, timeout=120, env=no_server)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "a schedule runs on a Prefect server that stays up" in proc.stderr and "PREFECT_API_URL" in proc.stderr
+    assert "Starting temporary server" not in proc.stdout + proc.stderr
     # the CLI (and the job-file module) load without Prefect: it is imported only by the flow commands
     code = ("import sys, kernsearch.cli, kernsearch.flows._jobs, kernsearch.flows._cli; "
             "print(sorted(m for m in sys.modules if m == 'prefect' or m.startswith('prefect.')))")

@@ -387,6 +387,16 @@ class KernelObjective(Objective):
         except (VariantFailure, KernsearchError):
             return None
 
+    def unpublishable(self) -> str | None:
+        """Why no winner of this search could be published, known before it starts (None: one can be)."""
+        if self.verify != "none" or not self.impl.predicts:
+            return None
+        if not interpretable(self.target):
+            language = {"cuda": "CUDA", "metal": "Metal"}.get(self.target, self.target)
+            return (f"a modeled {language} kernel for {self.chip.name} cannot be verified here (the CPU interpreter "
+                    f"runs Metal only), so nothing could be published; tune on the {self.chip.name} itself to publish")
+        return "--verify none verifies nothing, so nothing could be published"
+
     def publish(self, result: StudyResult, store: Any = None, margin: float | None = None) -> Any:
         """Offer the study's winner to the artifact store (its regression gate decides); returns the
         store's PublishOutcome. Only a winner proven correct (on the device, or on the interpreter for a
@@ -414,8 +424,8 @@ class KernelObjective(Objective):
             correctness = Correctness(verifier="interpreter", passed=True, shapes_checked=sorted(set(shapes)),
                                       max_abs_error=check.max_abs_err, checks_run=len(shapes))
         else:
-            raise KernsearchError("the winner was not verified at its tuned shape (--verify none?): refusing to "
-                                  "publish it")
+            why = self.unpublishable() or "no check of it passed there"
+            raise KernsearchError(f"the winner was not verified at its tuned shape ({why}): refusing to publish it")
         timed = final.finalists.get(best.number)
         measurements = Measurements(median_ms=timed.median_ms if timed else best.time_ms,
                                     spread=timed.spread if timed and timed.spread is not None else best.spread,

@@ -64,11 +64,18 @@ class Display:
             return self
         if self.live:
             from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+            from rich.table import Column
 
-            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
-                                      TextColumn("{task.fields[count]}"), TimeElapsedColumn(),
-                                      TextColumn("{task.fields[left]}"), TextColumn("{task.fields[status]}"),
-                                      console=self.console, transient=False)
+            def fixed() -> Column:  # figures are never cut; the texts give way (ellipsis) on a narrow terminal
+                return Column(no_wrap=True)
+
+            self._progress = Progress(
+                SpinnerColumn(), TextColumn("{task.description}", table_column=Column(ratio=2, no_wrap=True,
+                                                                                     overflow="ellipsis")),
+                BarColumn(bar_width=16), TextColumn("{task.fields[count]}", table_column=fixed()),
+                TimeElapsedColumn(table_column=fixed()), TextColumn("{task.fields[left]}", table_column=fixed()),
+                TextColumn("{task.fields[status]}", table_column=Column(ratio=3, no_wrap=True, overflow="ellipsis")),
+                console=self.console, transient=False, expand=True)
             self._stack.enter_context(self._progress)
         else:
             self._ticker = threading.Thread(target=self._tick, name="kernsearch-progress", daemon=True)

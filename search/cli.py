@@ -426,6 +426,44 @@ def export(families: list[str] | None = typer.Argument(None, help="families to e
               soft_wrap=True)
 
 
+@app.command("explain")
+def explain_cmd(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None = ShapeOpt,
+                dtype: str | None = DtypeOpt,
+                chip_name: str | None = typer.Option(None, "--chip", help="the chip the call runs on (default: this "
+                                                         "machine's, as the exported package detects it)"),
+                store: str | None = StoreOpt,
+                modeled: bool = typer.Option(False, "--modeled", help="also use modeled artifacts (the consumer's "
+                                             "opt-in: KERNSEARCH_KERNELS=modeled)")) -> None:
+    """Which kernel the exported package would run for one call (an artifact, the family default or the MLX op),
+    and why: the package's own `explain`, on the store's current artifacts."""
+    import tempfile
+    from pathlib import Path
+
+    from ._steps import step
+    from .artifacts._artifacts import ArtifactStore
+    from .exporting._export import export as build
+    from .exporting.runtime._runtime import Dispatcher
+    from .family._space import make_problem
+    from .family._spec import load_family
+
+    fam = load_family(family)
+    chip = resolve_chip(chip_name) if chip_name else None
+    problem = make_problem(fam, shape, dtype, chip)
+    ctx = problem._ctx()
+    shapes = [tuple(int(d) for d in t.shape(ctx)) for t in fam.inputs]  # the call's arrays, as a consumer passes them
+    with tempfile.TemporaryDirectory(prefix="kernsearch-explain-") as tmp:
+        from ._progress import Display
+
+        with Display(err), step(f"exporting {fam.name} from the store to ask its dispatcher"):
+            built = build([family], Path(tmp), ArtifactStore(store))
+        dispatcher = Dispatcher(built.source_dir / built.package)
+        decision = dispatcher.decide(fam.name, shapes, problem.dtype, chip.name if chip else None, modeled)
+    out.print(str(decision), soft_wrap=True, markup=False)
+    if chip is None and decision.chip == "cpu":
+        out.print("(no GPU here: the package runs the MLX op on this machine; --chip NAME explains a call on "
+                  "another chip)", soft_wrap=True, markup=False)
+
+
 # -- nightly flows (issue 6): the sub-app imports Prefect only inside its commands --------------------
 from .flows._cli import app as _flows_app  # noqa: E402
 
@@ -931,7 +969,7 @@ def dashboard(storage: str | None = StorageOpt,
               host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
               port: int = typer.Option(8080, "--port", min=1, max=65535, help="port to listen on")) -> None:
     """Browse the stored studies in optuna-dashboard (history, importances, trials' attributes); Ctrl-C stops."""
-    from .studies._storage import default_storage, make_storage
+    from .studies._storage import default_storage, make_storage, redact
 
     try:
         from optuna_dashboard import run_server  # type: ignore[import-not-found,import-untyped,unused-ignore]
@@ -948,7 +986,7 @@ def dashboard(storage: str | None = StorageOpt,
     store = make_storage(storage)
     _check_listen(host, port)  # before the banner: a bad address is one line, not the server's start-up and then it
     signal.signal(signal.SIGTERM, stop)
-    err.print(f"optuna-dashboard on {storage or default_storage()}: open http://{host}:{port}/ (Ctrl-C stops)",
+    err.print(f"optuna-dashboard on {redact(storage or default_storage())}: open http://{host}:{port}/ (Ctrl-C stops)",
               soft_wrap=True, markup=False)
     try:
         run_server(store, host=host, port=port)
@@ -1005,8 +1043,11 @@ _STORAGE_ERRORS = ("StorageInternalError", "DatabaseError", "OperationalError", 
 
 
 def _error_line(message: str) -> None:
-    """One line on stderr, whatever the message holds (newlines of user text are flattened)."""
-    err.print(f"[red]error:[/] {escape(' '.join(str(message).split()))}", soft_wrap=True)
+    """One line on stderr, whatever the message holds (newlines of user text are flattened; the password of a
+    URL in it, e.g. a storage a driver names, is masked)."""
+    from .studies._storage import mask_passwords
+
+    err.print(f"[red]error:[/] {escape(mask_passwords(' '.join(str(message).split())))}", soft_wrap=True)
 
 
 def _flag_value_hint(args: list[str] | None, message: str) -> str:

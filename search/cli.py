@@ -203,7 +203,10 @@ def space(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None
     for name, knob in fam.knobs.items():
         table.add_row(name, knob.kind, ", ".join(map(str, knob.values)), knob.help)
     out.print(table)
-    summary = sp.enumerate()
+    from ._progress import Display
+
+    with Display(err):  # a big space takes seconds (gemm: 2.5 million configs)
+        summary = sp.enumerate()
     rejected = summary.total - len(summary.valid)
     out.print(f"configs: {summary.total} total, [bold]{len(summary.valid)} valid[/], {rejected} rejected")
     if summary.rejected:
@@ -414,10 +417,13 @@ def export(families: list[str] | None = typer.Argument(None, help="families to e
            package: str = typer.Option("kernsearch_kernels", "--name", help="Python package name"),
            version: str | None = typer.Option(None, "--version", help="package version (default: UTC date)")) -> None:
     """Build an installable package (a wheel) of the current artifacts, dispatching by chip and shape."""
+    from ._progress import Display
+    from ._steps import step
     from .artifacts._artifacts import ArtifactStore
     from .exporting._export import export as build
 
-    result = build(families, out_dir, ArtifactStore(store), package=package, version=version)
+    with Display(err), step("exporting the package (rendering every family's kernels, building the wheel)"):
+        result = build(families, out_dir, ArtifactStore(store), package=package, version=version)
     for note in result.notes:
         _warn_line(note)
     out.print(f"exported {', '.join(result.families)}: {len(result.artifacts)} artifact(s)"
@@ -536,8 +542,12 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
         how += f", {sampled}"
     out.print(f"[bold]{fam.name}[/] {problem.shape_text} {problem.dtype} for {c.name} · "
               f"{format_config(cfg)} · {how}", soft_wrap=True)
+    from ._progress import Display
+    from ._steps import step
+
     try:
-        result, diagnostics = verify_kernel(be, kernel, geo, problem, seed, **options)
+        with Display(err), step(f"running {problem.shape_text} on the {be.name} back-end"):
+            result, diagnostics = verify_kernel(be, kernel, geo, problem, seed, **options)
     except VariantFailure as exc:
         if exc.reason == "timeout" and be.interprets:  # slow interpretation is no verdict on the kernel
             out.print(f"[yellow]NO VERDICT (timeout)[/]: the interpreter did not finish in {timeout:g} s at "
@@ -958,9 +968,12 @@ def report_cmd(study: str = typer.Argument(..., help="study name (see `kernsearc
                                                       "reports/<study>.html under $KERNSEARCH_HOME or ~/.kernsearch)")
                ) -> None:
     """Write one study as a self-contained HTML page with plots (opens offline) and print its path."""
+    from ._progress import Display
+    from ._steps import step
     from .studies._report import write_report
 
-    path = write_report(study, storage, out_file)
+    with Display(err), step(f"writing the report of {study}"):
+        path = write_report(study, storage, out_file)
     out.print(str(path), soft_wrap=True, markup=False)
 
 

@@ -578,14 +578,16 @@ def test_real_server_serves_the_cron_deployment_and_runs_it_by_name(tmp_path: Pa
         # work pools: a deployment per chip in pool kernsearch-<chip>; only the M2 Max pool has a worker
         stop(serve)
         assert serve.returncode is not None
-        deployed = subprocess.run(KERNSEARCH + ["flows", "deploy", str(tmp_path / "jobs.toml")], env=env,
-                                  capture_output=True, text=True, timeout=180, cwd=tmp_path)
+        deployed = subprocess.run(KERNSEARCH + ["flows", "deploy", str(tmp_path / "jobs.toml"), "--cron", "0 2 * * *",
+                                                "--timezone", "Europe/Paris"],  # as docs/flows.md writes it
+                                  env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         pools = {}
         for chip in ("m2-max", "m3-max"):
             dep = prefect_api.get(f"{api}/deployments/name/kernsearch-nightly/nightly-{chip}", timeout=5).json()
             pools[chip] = dep["work_pool_name"]
             assert dep["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
+            assert dep["schedules"][0]["schedule"]["timezone"] == "Europe/Paris"
         assert pools == {"m2-max": "kernsearch-m2-max", "m3-max": "kernsearch-m3-max"}
         worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "kernsearch-m2-max", "--limit", "1"],
                                   env=env, stdout=logs["worker"], stderr=subprocess.STDOUT, start_new_session=True,

@@ -244,8 +244,8 @@ def test_artifacts_docs_publish_list_show_verify_export_and_call(tmp_path: Path)
     called = _run([sys.executable, "call.py"], cwd=work, env={**env, "PYTHONPATH": str(package)})
     assert called.returncode == 0, called.stderr[-3000:]
     decisions = [line for line in called.stdout.splitlines() if not line.startswith("  ")]
-    assert decisions[0].startswith("gemm 512x256x384 float16 on ") and decisions[1].startswith(
-        "gemm 512x256x384 float16 on M2 Pro: "), called.stdout
+    assert decisions[0].startswith("gemm 512x384x256 float16 on ") and decisions[1].startswith(
+        "gemm 512x384x256 float16 on M2 Pro: "), called.stdout
 
 
 @pytest.mark.slow

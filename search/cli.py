@@ -417,13 +417,10 @@ def export(families: list[str] | None = typer.Argument(None, help="families to e
            package: str = typer.Option("kernsearch_kernels", "--name", help="Python package name"),
            version: str | None = typer.Option(None, "--version", help="package version (default: UTC date)")) -> None:
     """Build an installable package (a wheel) of the current artifacts, dispatching by chip and shape."""
-    from ._progress import Display
-    from ._steps import step
     from .artifacts._artifacts import ArtifactStore
     from .exporting._export import export as build
 
-    with Display(err), step("exporting the package (rendering every family's kernels, building the wheel)"):
-        result = build(families, out_dir, ArtifactStore(store), package=package, version=version)
+    result = build(families, out_dir, ArtifactStore(store), package=package, version=version)
     for note in result.notes:
         _warn_line(note)
     out.print(f"exported {', '.join(result.families)}: {len(result.artifacts)} artifact(s)"
@@ -445,7 +442,6 @@ def explain_cmd(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str 
     import tempfile
     from pathlib import Path
 
-    from ._steps import step
     from .artifacts._artifacts import ArtifactStore
     from .exporting._export import export as build
     from .exporting.runtime._runtime import Dispatcher
@@ -458,10 +454,7 @@ def explain_cmd(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str 
     ctx = problem._ctx()
     shapes = [tuple(int(d) for d in t.shape(ctx)) for t in fam.inputs]  # the call's arrays, as a consumer passes them
     with tempfile.TemporaryDirectory(prefix="kernsearch-explain-") as tmp:
-        from ._progress import Display
-
-        with Display(err), step(f"exporting {fam.name} from the store to ask its dispatcher"):
-            built = build([family], Path(tmp), ArtifactStore(store))
+        built = build([family], Path(tmp), ArtifactStore(store))  # a bad store: one line (no progress line first)
         dispatcher = Dispatcher(built.source_dir / built.package)
         decision = dispatcher.decide(fam.name, shapes, problem.dtype, chip.name if chip else None, modeled)
     out.print(str(decision), soft_wrap=True, markup=False)

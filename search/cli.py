@@ -727,9 +727,6 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
         note: str | None = f"replaying {landscape}: recorded times measured on {objective.study_key['chip']}, not here"
     else:
         name, c, note = _pick_backend(backend, chip_name, verify)
-        if note:  # at once: what follows (loading the family, the storage) takes a second or two
-            err.print(note, soft_wrap=True)
-            note = None
         from .family._space import make_problem
         from .family._spec import load_family
         from .studies._objective import KernelObjective

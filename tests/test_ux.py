@@ -295,3 +295,30 @@ def test_make_tune_through_a_pipe_prints_a_line_every_few_seconds_and_a_verified
     report = Path(text[-1].removeprefix("report: "))
     assert report.parent == tmp_path / "home" / "reports" and report.suffix == ".html"
     assert "Convergence" in report.read_text() and "gemm/M2 Max/float16/4096x4096x4096/model" in report.read_text()
+
+
+def _main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``kernsearch ARGS`` through the console script's entry point, in this process."""
+    from kernsearch.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(list(args))
+    captured = capsys.readouterr()
+    return int(exited.value.code or 0), captured.out, captured.err
+
+
+@pytest.mark.slow
+def test_publish_is_refused_before_a_search_that_could_not_publish_and_flags_take_no_value(capsys) -> None:
+    """Issue 24: `tune --chip H100 --publish` searched, then hinted '--verify none?' (never given); `-h` showed
+    `--publish <bool>` and `--publish true` was refused without a word on why."""
+    code, _, err = _main(capsys, "tune", "gemm", "--chip", "H100", "--publish", "--trials", "2")
+    assert code == 2 and err.count("\n") == 1 and "--verify none" not in err, err
+    assert "CUDA kernel for H100 cannot be verified here" in err and "tune on the H100 itself" in err
+    code, _, err = _main(capsys, "tune", "gemm", "--verify", "none", "--publish", "--trials", "2")
+    assert code == 2 and err.count("\n") == 1 and "--verify none verifies nothing" in err, err
+    code, _, err = _main(capsys, "tune", "gemm", "--publish", "true")
+    assert code == 2 and err.count("\n") == 1 and "--publish is a flag and takes no value" in err, err
+    code, _, err = _main(capsys, "tune", "nosuch")  # bad input: one line, no note before it
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: unknown family"), err
+    code, out, _ = _main(capsys, "tune", "-h")
+    assert code == 0 and "--publish" in out and "<bool>" not in out and "<int>" in out  # valued options keep theirs

@@ -62,7 +62,8 @@ class JobOptions(_Model):
     #: Which trials of a modeled search the interpreter verifies: the finalists (default), every trial (a compile
     #: each: slower, but a wrong variant never counts as a trial's time), or none (then nothing is published).
     verify: Literal["finalists", "all", "none"] = "finalists"
-    #: Extra shapes the winner is verified on before publishing ("68,68,68"); default: one small ragged shape.
+    #: Extra shapes the winner is verified on before publishing ("68,68,68"); default: one small ragged shape
+    #: derived from the winner's config (where the family's constraints hold for it: kernsearch.family._shapes).
     verify_shapes: list[str] | None = None
     #: Relative speed-up the gate requires on top of the measured noise (0.02 = 2 %).
     min_gain: Gain = 0.0
@@ -186,25 +187,13 @@ class Jobs:
             for shape in job.shapes or [None]:
                 problem = make_problem(fam, shape, dtype, chip)
                 extra = options.verify_shapes
-                verify = ([make_problem(fam, s, problem.dtype, chip).shape for s in extra] if extra is not None
-                          else [_default_verify_shape(fam, problem)])
+                # none given: the verify step derives one from the winner (a fixed one is invalid for many configs)
+                verify = [make_problem(fam, s, problem.dtype, chip).shape for s in extra] if extra is not None else []
                 units.append(Unit(job=job.name or f"{fam.name}#{index + 1}", family=family,
                                   family_name=fam.name, shape=problem.shape,
                                   dtype=problem.dtype, chip=chip.name, options=options,
                                   verify_shapes=tuple(tuple(s) for s in verify)))
         return units
-
-
-def _default_verify_shape(fam: Any, problem: Any) -> tuple[int, ...]:
-    """The winner's extra check when the job names none: a small ragged problem, the family's own where it
-    declares one (its sizes depend on each other: a quantized matrix's words and groups follow K)."""
-    from kernsearch import make_problem
-
-    if fam.problem.ragged_shape is not None:
-        ragged = make_problem(fam, problem.verify_shape(), problem.dtype).ragged_shape()
-        if ragged is not None:
-            return ragged
-    return tuple(min(d, 64) + 4 for d in problem.shape)
 
 
 def load_jobs(path: str | Path) -> Jobs:

@@ -59,7 +59,7 @@ def serve(job_file: str | Path, *, chip: str | None = None, cron: str = DEFAULT_
         raise KernsearchError(f"{job_file}: no job is for {machine} (jobs are for: {', '.join(jobs.chips())}); "
                               "pass --chip to serve another chip's jobs")
 
-    check_api()
+    check_api(required="a schedule runs on a Prefect server that stays up (a temporary one schedules nothing)")
     from prefect.schedules import Cron
     from prefect.types.entrypoint import EntrypointType
 
@@ -72,15 +72,18 @@ def serve(job_file: str | Path, *, chip: str | None = None, cron: str = DEFAULT_
                   entrypoint_type=EntrypointType.MODULE_PATH)
 
 
-def check_api(required: bool = False) -> None:
-    """With ``PREFECT_API_URL`` set, the server must answer: else one line, not a retry storm and a traceback."""
+def check_api(required: str | None = None) -> None:
+    """With ``PREFECT_API_URL`` set, the server must answer: else one line, not a retry storm and a traceback.
+    ``required``: why this command needs a server of its own (without one, Prefect would start a temporary
+    server that lives as long as the command, and schedules nothing on it)."""
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL
 
     url = PREFECT_API_URL.value()
     if not url and required:
-        raise KernsearchError("deployments live on a Prefect server: start one (prefect server start) and set "
-                              "PREFECT_API_URL, e.g. http://server.lan:4200/api")
+        raise KernsearchError(f"{required}: start one (prefect server start) and set PREFECT_API_URL, e.g. "
+                              "http://server.lan:4200/api (docs/flows.md); `kernsearch flows run` runs once "
+                              "without one")
     if not url:  # no server configured: Prefect starts a temporary local one, slower than its 20 s default
         os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # on a busy machine
         return
@@ -115,7 +118,7 @@ def deploy(job_file: str | Path, *, chips: list[str] | None = None, cron: str = 
         if not jobs.units(chip):
             raise KernsearchError(f"{job_file}: no job is for {chip} (jobs are for: {', '.join(jobs.chips())})")
 
-    check_api(required=True)
+    check_api(required="deployments live on a Prefect server")
     from prefect.schedules import Cron
     from prefect.types.entrypoint import EntrypointType
 

@@ -162,7 +162,8 @@ def tune(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def verify(p: dict[str, Any]) -> dict[str, Any]:
-    """Verify the winner on the unit's extra shapes (a shape its config is not valid for is skipped)."""
+    """Verify the winner on the unit's extra shapes (a shape its config is not valid for is skipped); none given:
+    a ragged shape near the smallest one where the winner's config is valid."""
     from kernsearch import Space, get_chip, load_family, make_problem
     from kernsearch._errors import VariantFailure
     from kernsearch.backends import backend_class
@@ -173,7 +174,14 @@ def verify(p: dict[str, Any]) -> dict[str, Any]:
     backend = p["verifier_backend"]
     interprets = backend_class(backend).interprets
     checks, skipped = [], []
-    for shape in p["shapes"]:
+    shapes = p["shapes"]
+    if not shapes and p.get("tuned_shape"):
+        from kernsearch.family._shapes import ragged_shape, smallest_shape
+
+        tuned = tuple(p["tuned_shape"])
+        small = smallest_shape(fam, p["dtype"], chip, p["config"], tuned)
+        shapes = [ragged_shape(fam, p["dtype"], chip, p["config"], small) or small]
+    for shape in shapes:
         problem = make_problem(fam, tuple(shape), p["dtype"], chip)
         bad = Space(problem, chip).violations(p["config"])
         if bad:

@@ -126,7 +126,8 @@ def verify_task(unit: Unit, backend: str, config: dict[str, Any], gpu_limit: str
     from kernsearch.backends import backend_class
 
     payload = {"family": unit.family, "dtype": unit.dtype, "chip": unit.chip, "config": config,
-               "shapes": [list(s) for s in unit.verify_shapes], "seed": unit.options.seed,
+               "shapes": [list(s) for s in unit.verify_shapes], "tuned_shape": list(unit.shape),
+               "seed": unit.options.seed,
                "verifier_backend": backend_class(backend).verifier(), "timeout": unit.options.timeout}
     with concurrency(gpu_limit, occupy=1, strict=True):
         return run_step("verify", payload, timeout=VERIFY_SECONDS_PER_SHAPE * max(1, len(unit.verify_shapes)))

@@ -48,6 +48,7 @@ class SamplerChoice(str, Enum):
     auto = "auto"
 
 if TYPE_CHECKING:
+    from ._progress import Display
     from .artifacts._artifacts import ArtifactStore
     from .artifacts._candidate import ArtifactKey
     from .family._space import Problem, Space
@@ -56,6 +57,20 @@ if TYPE_CHECKING:
     from .studies._study import Objective, StudyResult, TrialSummary
     from .studies._study import Progress as ProgressInfo
 
+def _flags_take_no_value() -> None:
+    """Typer's help prints a type beside every option, flags included (``--publish <bool>``), as if a flag took a
+    value, which it does not (``--publish true`` is refused): a flag's row shows none."""
+    from typer.core import TyperOption
+
+    typed = TyperOption.display_type_rich
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_bool_flag else typed(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_take_no_value()
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Find, prove and ship the fastest variant of a GPU kernel for the chip it runs on.")
@@ -197,7 +212,10 @@ def space(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None
     for name, knob in fam.knobs.items():
         table.add_row(name, knob.kind, ", ".join(map(str, knob.values)), knob.help)
     out.print(table)
-    summary = sp.enumerate()
+    from ._progress import Display
+
+    with Display(err):  # a big space takes seconds (gemm: 2.5 million configs)
+        summary = sp.enumerate()
     rejected = summary.total - len(summary.valid)
     out.print(f"configs: {summary.total} total, [bold]{len(summary.valid)} valid[/], {rejected} rejected")
     if summary.rejected:
@@ -454,6 +472,40 @@ def export(families: list[str] | None = typer.Argument(None, help="families to e
               soft_wrap=True)
 
 
+@app.command("explain")
+def explain_cmd(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None = ShapeOpt,
+                dtype: str | None = DtypeOpt,
+                chip_name: str | None = typer.Option(None, "--chip", help="the chip the call runs on (default: this "
+                                                         "machine's, as the exported package detects it)"),
+                store: str | None = StoreOpt,
+                modeled: bool = typer.Option(False, "--modeled", help="also use modeled artifacts (the consumer's "
+                                             "opt-in: KERNSEARCH_KERNELS=modeled)")) -> None:
+    """Which kernel the exported package would run for one call (an artifact, the family default or the MLX op),
+    and why: the package's own `explain`, on the store's current artifacts."""
+    import tempfile
+    from pathlib import Path
+
+    from .artifacts._artifacts import ArtifactStore
+    from .exporting._export import export as build
+    from .exporting.runtime._runtime import Dispatcher
+    from .family._space import make_problem
+    from .family._spec import load_family
+
+    fam = load_family(family)
+    chip = resolve_chip(chip_name) if chip_name else None
+    problem = make_problem(fam, shape, dtype, chip)
+    ctx = problem._ctx()
+    shapes = [tuple(int(d) for d in t.shape(ctx)) for t in fam.inputs]  # the call's arrays, as a consumer passes them
+    with tempfile.TemporaryDirectory(prefix="kernsearch-explain-") as tmp:
+        built = build([family], Path(tmp), ArtifactStore(store))  # a bad store: one line (no progress line first)
+        dispatcher = Dispatcher(built.source_dir / built.package)
+        decision = dispatcher.decide(fam.name, shapes, problem.dtype, chip.name if chip else None, modeled)
+    out.print(str(decision), soft_wrap=True, markup=False)
+    if chip is None and decision.chip == "cpu":
+        out.print("(no GPU here: the package runs the MLX op on this machine; --chip NAME explains a call on "
+                  "another chip)", soft_wrap=True, markup=False)
+
+
 # -- nightly flows (issue 6): the sub-app imports Prefect only inside its commands --------------------
 from .flows._cli import app as _flows_app  # noqa: E402
 
@@ -526,8 +578,12 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
         how += f", {sampled}"
     out.print(f"[bold]{fam.name}[/] {problem.shape_text} {problem.dtype} for {c.name} · "
               f"{format_config(cfg)} · {how}", soft_wrap=True)
+    from ._progress import Display
+    from ._steps import step
+
     try:
-        result, diagnostics = verify_kernel(be, kernel, geo, problem, seed, **options)
+        with Display(err), step(f"running {problem.shape_text} on the {be.name} back-end"):
+            result, diagnostics = verify_kernel(be, kernel, geo, problem, seed, **options)
     except VariantFailure as exc:
         if exc.reason == "timeout" and be.interprets:  # slow interpretation is no verdict on the kernel
             out.print(f"[yellow]NO VERDICT (timeout)[/]: the interpreter did not finish in {timeout:g} s at "
@@ -651,8 +707,8 @@ def _final_lines(final: FinalRound | None, evidence: str) -> list[str]:
             sampled = check.threadgroups_checked
             also = " and " + ", ".join(check.also) + (f" ({sampled} threadgroups sampled at the tuned shape)"
                                                       if sampled else "")
-        lines.append(f"trial {number} on the {final.verified_on or 'interpreter'} at "
-                     f"{'x'.join(map(str, final.verify_shape or ()))}"
+        shape = check.shape or final.verify_shape or ()  # each finalist at the smallest shape valid for it
+        lines.append(f"trial {number} on the {final.verified_on or 'interpreter'} at {'x'.join(map(str, shape))}"
                      f"{escape(also)}: {state}")
     if final.note:
         lines.append(final.note)
@@ -736,6 +792,9 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
     if publish:
         from .artifacts._artifacts import ArtifactStore
 
+        why = getattr(objective, "unpublishable", lambda: None)()
+        if why:  # nothing this search finds could be published: say so now, not after the search
+            raise KernsearchError(f"--publish: {why}")
         ArtifactStore().check_writable()  # so is a store no publish could write (not after the search)
     if note:
         err.print(note, soft_wrap=True)
@@ -744,10 +803,16 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
     _say_if_the_model_cannot_rank(objective)
     if publish and replay:
         raise KernsearchError("--publish needs a kernel family: replayed landscapes have no kernel to publish")
-    result = _run_with_progress(objective, trials, time_budget, patience or None, sampler_name, seed, storage, study,
-                                finalists, as_json)
-    outcome = objective.publish(result, margin=margin) if publish and result.best is not None and \
-        not result.stop.reason.by_request else None
+    from ._progress import Display
+    from ._steps import step
+
+    with Display(err, quiet=as_json) as display:
+        result = _run_with_progress(display, objective, trials, time_budget, patience or None, sampler_name, seed,
+                                    storage, study, finalists)
+        outcome = None
+        if publish and result.best is not None and not result.stop.reason.by_request:
+            with step("publishing the winner through the regression gate"):
+                outcome = objective.publish(result, margin=margin)
     beats, verdict = _verdict(result, key, getattr(getattr(objective, "family", None), "baseline_name", "the MLX op"),
                               margin)
     if as_json:
@@ -768,7 +833,8 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
     if report:
         from .studies._report import write_report
 
-        path = write_report(result.study_name, storage)
+        with Display(err), step("writing the study's HTML report"):
+            path = write_report(result.study_name, storage)
         err.print(f"report: {path}", soft_wrap=True, markup=False)
     if result.stop.reason.by_request:
         raise typer.Exit(130)
@@ -797,49 +863,35 @@ def asdict_or_none(obj: Any) -> dict[str, Any] | None:
     return None if obj is None else asdict(obj)
 
 
-def _run_with_progress(objective: Objective, trials: int | None, time_budget: str | None, patience: int | None,
-                       sampler: str, seed: int | None, storage: str | None, study: str | None, finalists: int,
-                       quiet: bool) -> StudyResult:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
+def _run_with_progress(display: Display, objective: Objective, trials: int | None, time_budget: str | None,
+                       patience: int | None, sampler: str, seed: int | None, storage: str | None, study: str | None,
+                       finalists: int) -> StudyResult:
+    """The search as a step of ``display``: a bar on a terminal; through a pipe, a whole line for every new best
+    and at least every few seconds (never cut at 80 columns). Trial numbers are the study's, as in the tables."""
+    from ._progress import LINE_EVERY, seconds
+    from ._steps import step
     from .family._space import format_config
     from .studies._study import run_study
 
-    if not err.is_terminal and not quiet:  # a log, not a screen: whole lines, never cut at 80 columns
-        import time
-
-        state: dict[str, float | None] = {"best": None, "shown": 0.0}
-
-        def log(p: ProgressInfo) -> None:
-            now = time.monotonic()
+    state: dict[str, float | None] = {"best": None}
+    of = trials if trials is not None else "-"
+    with step("searching (configs evaluated)", total=trials) as search:
+        def show(p: ProgressInfo) -> None:
+            search.estimate(p.remaining_s)
+            search.advance(p.done)
+            best = (f"best trial {p.best.number}: {p.best.time_ms:.4g} ms {format_config(p.best.config)}" if p.best
+                    else "no correct variant yet")
+            fails = ", ".join(f"{k} {v}" for k, v in p.failures.most_common()) or "none"
+            versus = f" ({p.speedup:.2f}x the baseline)" if p.speedup else ""
+            display.status(search, f"{best}{versus} · failed: {fails}")
             better = p.best is not None and (state["best"] is None or p.best.time_ms < state["best"])
-            if not better and now - (state["shown"] or 0.0) < 10 and p.done != trials:
-                return
-            state["shown"] = now
             if p.best is not None:
                 state["best"] = p.best.time_ms
-            best = (f"best {p.best.time_ms:.4g} ms {format_config(p.best.config)}" if p.best
-                    else "no correct variant yet")
-            fails = ", ".join(f"{k} {v}" for k, v in p.failures.most_common()) or "none"
-            left = f", ~{p.remaining_s:.0f} s left" if p.remaining_s is not None else ""
-            versus = f" ({p.speedup:.2f}x the baseline)" if p.speedup else ""
-            err.print(f"trial {p.done}/{trials if trials is not None else '-'} ({p.elapsed_s:.0f} s{left}): "
-                      f"{best}{versus} · failed: {fails}", soft_wrap=True, markup=False)
-
-        return run_study(objective, trials=trials, time_budget=time_budget, patience=patience, sampler=sampler,
-                         seed=seed, storage=storage, study_name=study, finalists=finalists, progress=log)
-    columns = [TextColumn("trial {task.completed:.0f}/{task.fields[of]}"), BarColumn(bar_width=20),
-               TimeElapsedColumn(), TextColumn("left {task.fields[left]}"), TextColumn("{task.fields[status]}")]
-    with Progress(*columns, console=err, transient=False, disable=quiet) as bar:
-        task = bar.add_task("tune", total=trials, of=trials if trials is not None else "-", left="?", status="")
-
-        def show(p: ProgressInfo) -> None:
-            best = (f"best {p.best.time_ms:.4g} ms {format_config(p.best.config)}" if p.best
-                    else "no correct variant yet")
-            fails = ", ".join(f"{k} {v}" for k, v in p.failures.most_common()) or "none"
-            left = f"{p.remaining_s:.0f}s" if p.remaining_s is not None else "?"
-            versus = f" ({p.speedup:.2f}x the baseline)" if p.speedup else ""
-            bar.update(task, completed=p.done, left=left, status=f"{best}{versus} · failed: {fails}")
+            if display.live or not (better or display.quiet_for() >= LINE_EVERY or p.done == trials):
+                return
+            left = f", ~{seconds(p.remaining_s)} left" if p.remaining_s is not None else ""
+            display.line(f"{p.done}/{of} configs evaluated ({seconds(p.elapsed_s)}{left}): {best}{versus} · "
+                         f"failed: {fails}")
 
         return run_study(objective, trials=trials, time_budget=time_budget, patience=patience, sampler=sampler,
                          seed=seed, storage=storage, study_name=study, finalists=finalists, progress=show)
@@ -962,9 +1014,12 @@ def report_cmd(study: str = typer.Argument(..., help="study name (see `kernsearc
                                                       "reports/<study>.html under $KERNSEARCH_HOME or ~/.kernsearch)")
                ) -> None:
     """Write one study as a self-contained HTML page with plots (opens offline) and print its path."""
+    from ._progress import Display
+    from ._steps import step
     from .studies._report import write_report
 
-    path = write_report(study, storage, out_file)
+    with Display(err), step(f"writing the report of {study}"):
+        path = write_report(study, storage, out_file)
     out.print(str(path), soft_wrap=True, markup=False)
 
 
@@ -973,7 +1028,7 @@ def dashboard(storage: str | None = StorageOpt,
               host: str = typer.Option("127.0.0.1", "--host", help="address to listen on"),
               port: int = typer.Option(8080, "--port", min=1, max=65535, help="port to listen on")) -> None:
     """Browse the stored studies in optuna-dashboard (history, importances, trials' attributes); Ctrl-C stops."""
-    from .studies._storage import default_storage, make_storage
+    from .studies._storage import default_storage, make_storage, redact
 
     try:
         from optuna_dashboard import run_server  # type: ignore[import-not-found,import-untyped,unused-ignore]
@@ -990,7 +1045,7 @@ def dashboard(storage: str | None = StorageOpt,
     store = make_storage(storage)
     _check_listen(host, port)  # before the banner: a bad address is one line, not the server's start-up and then it
     signal.signal(signal.SIGTERM, stop)
-    err.print(f"optuna-dashboard on {storage or default_storage()}: open http://{host}:{port}/ (Ctrl-C stops)",
+    err.print(f"optuna-dashboard on {redact(storage or default_storage())}: open http://{host}:{port}/ (Ctrl-C stops)",
               soft_wrap=True, markup=False)
     try:
         run_server(store, host=host, port=port)
@@ -1049,8 +1104,22 @@ _STORAGE_ERRORS = ("StorageInternalError", "DatabaseError", "OperationalError", 
 
 
 def _error_line(message: str) -> None:
-    """One line on stderr, whatever the message holds (newlines of user text are flattened)."""
-    err.print(f"[red]error:[/] {escape(' '.join(str(message).split()))}", soft_wrap=True)
+    """One line on stderr, whatever the message holds (newlines of user text are flattened; the password of a
+    URL in it, e.g. a storage a driver names, is masked)."""
+    from .studies._storage import mask_passwords
+
+    err.print(f"[red]error:[/] {escape(mask_passwords(' '.join(str(message).split())))}", soft_wrap=True)
+
+
+def _flag_value_hint(args: list[str] | None, message: str) -> str:
+    """``--publish true``: the value is left over as an extra argument; say that flags take none."""
+    words = list(sys.argv[1:] if args is None else args)
+    if "unexpected extra argument" not in message:
+        return ""
+    for flag, value in zip(words, words[1:]):
+        if flag.startswith("--") and "=" not in flag and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return f": {flag} is a flag and takes no value (give {flag} alone, or leave it out)"
+    return ""
 
 
 def main(args: list[str] | None = None) -> None:
@@ -1069,7 +1138,7 @@ def main(args: list[str] | None = None) -> None:
         sys.exit(0)
     except click.exceptions.UsageError as exc:
         command = f"{exc.ctx.command_path}: " if exc.ctx is not None else ""
-        _error_line(f"{command}{exc.format_message()} (see --help)")
+        _error_line(f"{command}{exc.format_message()}{_flag_value_hint(args, exc.format_message())} (see --help)")
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
         _error_line("interrupted")

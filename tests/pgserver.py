@@ -37,13 +37,16 @@ def _free_port() -> int:
 class PostgresServer:
     """``with PostgresServer(tmp) as pg: pg.url`` — a fresh cluster, one database, stopped and removed on exit."""
 
-    def __init__(self, root: Path | None = None, database: str = "kernsearch") -> None:
+    def __init__(self, root: Path | None = None, database: str | None = "kernsearch",
+                 superuser: str = "kernsearch") -> None:
+        """``database`` None: none is created; ``superuser``: the cluster's (its password is ``farm-secret``)."""
         # Its own temp folder by default: pytest deletes old basetemp folders of other sessions, and a
         # server whose data folder vanished could no longer be stopped by pg_ctl.
         self.root = Path(root) if root is not None else Path(tempfile.mkdtemp(prefix="kernsearch-pg-"))
         self._owned = root is None
         self.pid: int | None = None
         self.database = database
+        self.superuser = superuser
         self.port = _free_port()
         self.bin = pg_bin()
         if self.bin is None:
@@ -53,7 +56,7 @@ class PostgresServer:
 
     @property
     def url(self) -> str:
-        return f"postgresql://kernsearch:farm-secret@127.0.0.1:{self.port}/{self.database}"
+        return f"postgresql://{self.superuser}:farm-secret@127.0.0.1:{self.port}/{self.database}"
 
     def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         cmd = [str(self.bin / args[0]), *args[1:]]
@@ -73,7 +76,7 @@ class PostgresServer:
         pwfile = self.root / "pw"
         pwfile.write_text("farm-secret\n")
         os.chmod(pwfile, 0o644)
-        self._run("initdb", "-D", str(self.data), "-U", "kernsearch", "--auth=scram-sha-256", f"--pwfile={pwfile}",
+        self._run("initdb", "-D", str(self.data), "-U", self.superuser, "--auth=scram-sha-256", f"--pwfile={pwfile}",
                   "-E", "UTF8", "--no-sync")
         pwfile.unlink()
         log = self.data / "server.log"
@@ -82,8 +85,9 @@ class PostgresServer:
         self.pid = int((self.data / "postmaster.pid").read_text().split()[0])
         try:
             env = dict(os.environ, PGPASSWORD="farm-secret")
-            subprocess.run([str(self.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "kernsearch",
-                            self.database], check=True, env=env, capture_output=True, timeout=60)
+            if self.database is not None:
+                subprocess.run([str(self.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U",
+                                self.superuser, self.database], check=True, env=env, capture_output=True, timeout=60)
         except BaseException:
             self.stop()
             raise

@@ -101,3 +101,20 @@ def test_per_core_figures_are_data_in_the_registry() -> None:
     assert set(tables) == {"apple", "nvidia"} and all(set(t) == fields for t in tables.values())
     assert core_figures("nvidia").threadgroup_memory == tables["nvidia"]["threadgroup_memory"] == 233472
     assert core_figures("cpu") == core_figures("apple")  # the CPU pseudo-chip borrows Apple's
+
+
+@pytest.mark.parametrize(("arch", "device", "expected"), [
+    ("applegpu_g14s", "Apple M2 Max", "M2 Max"),  # one die letter reported for two tiers: the name decides
+    ("applegpu_g14s", "Apple M2 Pro", "M2 Pro"),
+    ("applegpu_g15s", "Apple M3 Max", "M3 Max"),
+    ("applegpu_g14s", "", "M2 Pro"),  # no name: the die letter
+    ("applegpu_g15s", "Apple M2 Max", "M3 Pro"),  # a name of another generation is not this chip's
+])
+def test_the_device_name_decides_where_the_architecture_matches_several_chips(arch: str, device: str,
+                                                                               expected: str) -> None:
+    """Issue 24: an M2 Max was reported as an M2 Pro, in kernsearch and in the exported package's dispatcher."""
+    from kernsearch.exporting._export import _chips
+    from kernsearch.exporting.runtime._runtime import identify
+
+    assert chip_from_device_info({"architecture": arch, "device_name": device}).name == expected
+    assert identify({"architecture": arch, "device_name": device}, _chips())["name"] == expected

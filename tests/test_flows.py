@@ -151,7 +151,7 @@ jobs:
     (unit,) = load_jobs(path).units("H100")
     assert unit.options.trials == 3 and unit.options.time_budget == "90s"  # the job's own value wins
     assert unit.shape == (4096, 4096, 4096)  # no shapes: the family's default
-    assert unit.verify_shapes == ((68, 68, 68),)  # default extra check: a small ragged shape
+    assert unit.verify_shapes == ()  # default extra check: derived from the winner by the verify step
     assert unit.step_timeout() == pytest.approx(90 * 1.5 + 600)
 
 
@@ -214,6 +214,12 @@ def test_cli_bad_job_file_exit_2_one_line_and_no_prefect_import(tmp_path: Path) 
     proc = subprocess.run(KERNSEARCH + ["flows", "deploy", str(good)], capture_output=True, text=True, timeout=120,
                           env=no_server)
     assert proc.returncode == 2 and "deployments live on a Prefect server" in proc.stderr, proc.stderr
+    # issue 24: serving a schedule on the temporary server schedules nothing: refused, with the way to a server
+    proc = subprocess.run(KERNSEARCH + ["flows", "serve", str(good), "--chip", "M2 Max"], capture_output=True,
+                          text=True, timeout=120, env=no_server)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "a schedule runs on a Prefect server that stays up" in proc.stderr and "PREFECT_API_URL" in proc.stderr
+    assert "Starting temporary server" not in proc.stdout + proc.stderr
     # the CLI (and the job-file module) load without Prefect: it is imported only by the flow commands
     code = ("import sys, kernsearch.cli, kernsearch.flows._jobs, kernsearch.flows._cli; "
             "print(sorted(m for m in sys.modules if m == 'prefect' or m.startswith('prefect.')))")
@@ -572,14 +578,16 @@ def test_real_server_serves_the_cron_deployment_and_runs_it_by_name(tmp_path: Pa
         # work pools: a deployment per chip in pool kernsearch-<chip>; only the M2 Max pool has a worker
         stop(serve)
         assert serve.returncode is not None
-        deployed = subprocess.run(KERNSEARCH + ["flows", "deploy", str(tmp_path / "jobs.toml")], env=env,
-                                  capture_output=True, text=True, timeout=180, cwd=tmp_path)
+        deployed = subprocess.run(KERNSEARCH + ["flows", "deploy", str(tmp_path / "jobs.toml"), "--cron", "0 2 * * *",
+                                                "--timezone", "Europe/Paris"],  # as docs/flows.md writes it
+                                  env=env, capture_output=True, text=True, timeout=180, cwd=tmp_path)
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         pools = {}
         for chip in ("m2-max", "m3-max"):
             dep = prefect_api.get(f"{api}/deployments/name/kernsearch-nightly/nightly-{chip}", timeout=5).json()
             pools[chip] = dep["work_pool_name"]
             assert dep["schedules"][0]["schedule"]["cron"] == "0 2 * * *"
+            assert dep["schedules"][0]["schedule"]["timezone"] == "Europe/Paris"
         assert pools == {"m2-max": "kernsearch-m2-max", "m3-max": "kernsearch-m3-max"}
         worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "kernsearch-m2-max", "--limit", "1"],
                                   env=env, stdout=logs["worker"], stderr=subprocess.STDOUT, start_new_session=True,

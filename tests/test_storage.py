@@ -47,3 +47,15 @@ def test_other_errors_are_not_retried(no_sleep: list[float]) -> None:
     with pytest.raises(ValueError, match="bad url"):
         retry_collisions(call)
     assert len(calls) == 1 and no_sleep == []
+
+
+def test_every_url_in_a_line_has_its_password_masked() -> None:
+    """Issue 24: a storage URL printed by any command (an error line names it, a driver's message may too) shows
+    `***` for its password (docs/farm.md promises it); tests/test_docs.py checks the commands on a real PostgreSQL."""
+    from kernsearch.studies._storage import mask_passwords
+
+    line = ("cannot open study storage 'postgresql://kernsearch:s3cret@db.farm:5432/k' (connection to "
+            "postgresql+psycopg://kernsearch:s3cret@db.farm/k refused); sqlite:///a:b@c and http://host/x@y stay")
+    masked = mask_passwords(line)
+    assert "s3cret" not in masked and masked.count("kernsearch:***@db.farm") == 2
+    assert "sqlite:///a:b@c" in masked and "http://host/x@y" in masked

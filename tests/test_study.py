@@ -234,3 +234,41 @@ def test_a_modeled_search_for_an_nvidia_chip_ranks_its_cuda_kernel_unverified():
     apple = KernelObjective(make_problem(fam, "64,64,64", "float16", m2), m2, "model")
     assert (nvidia.target, nvidia.verify) == ("cuda", "none")  # the interpreter runs Metal only
     assert (apple.target, apple.verify) == ("metal", "finalists")
+
+
+class Judged(Toy):
+    """A Toy whose final round verifies the leaders (as the interpreter does), counting each round, with a model
+    ranking (a prior) the default sampler needs the whole valid set for."""
+
+    def __init__(self) -> None:
+        super().__init__(fail_x0=False)
+        self.rounds = 0
+        self.ranked = 0
+
+    def prior(self, configs):
+        self.ranked += 1
+        return [1.0 + (c["x"] - 7) ** 2 + (c["y"] - 3) ** 2 for c in configs]
+
+    def finalize(self, top):
+        from kernsearch.studies._final import FinalistCheck, FinalRound
+
+        self.rounds += 1
+        return FinalRound(top[0].number, verified_on="interpreter", verify_shape=(1,),
+                          checks={t.number: FinalistCheck(True, 0.0, (1,)) for t in top})
+
+
+@pytest.mark.slow
+def test_a_finished_study_run_again_redoes_no_final_round_and_no_ranking(tmp_path):
+    """Issue 24: running a finished study again cost 51 s re-verifying its finalists (and ranking the space)."""
+    first = Judged()
+    done = run_study(first, trials=12, seed=0, storage=storage(tmp_path))
+    assert first.rounds == 1 and first.ranked == 1 and done.final is not None
+    again = Judged()
+    result = run_study(again, trials=12, seed=0, storage=storage(tmp_path))
+    assert result.stop.before_run and sum(again.calls.values()) == 0
+    assert again.rounds == 0 and again.ranked == 0  # the stored round stands: same leaders, nothing new
+    assert result.final is not None and result.final.winner == done.final.winner
+    assert result.final.checks == done.final.checks and "nothing new was evaluated" in (result.final.note or "")
+    more = Judged()  # a bigger budget evaluates new configs: the leaders are judged again
+    run_study(more, trials=16, seed=0, storage=storage(tmp_path))
+    assert more.rounds == 1 and sum(more.calls.values()) == 4

@@ -80,7 +80,7 @@ def test_replay_study_key_names_a_chip_and_no_dash_dtype(tmp_path) -> None:
 def test_tune_without_a_compiler_refuses_before_searching(tmp_path) -> None:
     r = _run("tune", "gemm", "--shape", "64,64,64", "--trials", "3", PATH=str(tmp_path), KERNSEARCH_HOME=str(tmp_path))
     assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith("error: ") and "g++" in r.stderr
-    assert "trial 1/" not in r.stderr and "--verify none" in r.stderr  # refused before any trial, with a way on
+    assert "configs evaluated" not in r.stderr and "--verify none" in r.stderr  # refused before any trial, with a way on
     assert r.stderr.count("\n") <= 3  # the modeled note, the error; no traceback
 
 
@@ -114,7 +114,10 @@ def test_dashboard_serves_the_studies_with_compact_attributes(tmp_path) -> None:
         assert study["study_name"] == "gemm/M2 Max/float16/64x64x64/model"
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{study['study_id']}?after=0",
                                     timeout=10) as r:
-            trials = json.load(r)["trials"]
+            detail = json.load(r)
+        trials = detail["trials"]
+        # issue 24: the objective has a name and a unit (the dashboard's axes said "Objective 0")
+        assert detail.get("objective_names") == ["predicted kernel time (ms)"], detail.keys()
         attrs = [{a["key"]: a["value"] for a in t["user_attrs"]} for t in trials]
         ok = [a for a in attrs if a.get("status") == "ok"]
         assert ok and all("BM" in a["config"] for a in ok)
@@ -235,33 +238,87 @@ def test_progress_in_a_log_is_whole_lines(tmp_path) -> None:
     r = _run("tune", "gemm", "--shape", "64,64,64", "--trials", "8", "--verify", "none", "--patience", "0",
              KERNSEARCH_HOME=str(tmp_path), COLUMNS="80")  # stderr is a pipe: a log, not a terminal
     assert r.returncode == 0, r.stderr[-2000:]
-    progress = [line for line in r.stderr.splitlines() if line.startswith("trial ")]
+    progress = [line for line in r.stderr.splitlines() if re.match(r"\d+/8 configs evaluated", line)]
     assert progress, r.stderr
     for line in progress:  # one line each, never cut at 80 columns: the best config whole, then the failures
-        assert re.fullmatch(r"trial \d+/8 \(\d+ s.*\): best [0-9.e-]+ ms BM=\S+,PAD=\d+ · failed: .+", line), line
+        assert re.fullmatch(r"\d+/8 configs evaluated \(\d+ s.*\): best trial \d+: [0-9.e-]+ ms BM=\S+,PAD=\d+ · "
+                            r"failed: .+", line), line
     assert any(len(line) > 80 for line in progress)
+    # issue 24: one numbering everywhere: the best trial of the last progress line is the table's and the winner's
+    best = re.search(r"best trial (\d+): [0-9.e-]+ ms (\S+)", progress[-1])
+    assert best is not None and f"winner: trial {best.group(1)} {best.group(2)} " in r.stdout, (progress[-1], r.stdout)
 
 
 @pytest.mark.slow
-def test_make_tune_ends_by_printing_the_path_of_its_study_report(tmp_path) -> None:
-    """Issue 17 must hold: `make tune` (the README's first command) writes the report of its study and prints its
-    path. The Makefile's own recipe runs, through a venv whose `kernsearch` is this one, on a smaller problem."""
+def test_make_tune_through_a_pipe_prints_a_line_every_few_seconds_and_a_verified_winner(tmp_path) -> None:
+    """Issue 24 must hold: through a pipe (a CI log), `make tune` prints a line at least every 5 s of its run (it was
+    silent for 19 s before its first trial and 29 s before its summary) and ends with a verified winner; issue 17's:
+    it writes its study's report and prints the path last. The Makefile's own recipe runs the main job whole
+    (gemm at its default shape: this is also gemm's default-shape case of tests/test_tune_families.py), through a
+    venv whose `kernsearch` is this one."""
+    import time
     from pathlib import Path
 
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
-    shim = venv / "bin" / "kernsearch"  # the recipe's arguments, then a small problem (the last value wins)
-    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m kernsearch "$@" --shape 64,64,64 '
-                    "--trials 6 --patience 0 --verify none\n")
+    shim = venv / "bin" / "kernsearch"
+    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m kernsearch "$@"\n')
     shim.chmod(0o755)
     (venv / ".installed").touch()  # not older than pyproject.toml: make does not set the venv up again
     repo = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under `make test`
-    r = subprocess.run(["make", "-s", "tune", f"VENV={venv}"], cwd=repo, capture_output=True, text=True,
-                       timeout=300, env={**env, "KERNSEARCH_HOME": str(tmp_path / "home")})
-    assert r.returncode == 0, r.stdout + r.stderr
-    last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("report: "), r.stderr
-    report = Path(last.removeprefix("report: "))
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "COLUMNS")}
+    started = time.monotonic()
+    proc = subprocess.Popen(["make", "-s", "tune", f"VENV={venv}"], cwd=repo, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            env={**env, "KERNSEARCH_HOME": str(tmp_path / "home")})
+    lines: list[tuple[float, str]] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:  # each line as it arrives, with when
+        lines.append((time.monotonic() - started, line.rstrip("\n")))
+    assert proc.wait(timeout=60) == 0, "\n".join(text for _, text in lines)[-3000:]
+    ended = time.monotonic() - started
+    moments = [0.0] + [t for t, _ in lines] + [ended]
+    gaps = [(b - a, lines[i - 1][1] if i else "(start)") for i, (a, b) in enumerate(zip(moments, moments[1:]))]
+    worst = max(gaps)
+    assert worst[0] <= 5.0, f"{worst[0]:.1f} s without a line after {worst[1]!r}\n" + "\n".join(
+        f"{t:6.1f} {text[:150]}" for t, text in lines)
+    text = [t for _, t in lines]
+    assert any(t.startswith("verifying the winner on the interpreter at the tuned shape 4096x4096x4096") for t in
+               text)  # a long step names itself while it runs
+    assert any(re.match(r"\d+/150 configs evaluated \(\d+ s(, ~[\d a-z]+ left)?\): best trial \d+: ", t)
+               for t in text), text
+    winner = next(t for t in text if t.startswith("winner: trial "))
+    number = winner.split()[2]
+    check = next(t for t in text if t.startswith(f"trial {number} on the interpreter at "))
+    assert " and 4096x4096x4096, " in check and ": pass (max abs err " in check, check  # tuned shape + a ragged one
+    assert text[-1].startswith("report: "), text[-5:]
+    report = Path(text[-1].removeprefix("report: "))
     assert report.parent == tmp_path / "home" / "reports" and report.suffix == ".html"
-    assert "Convergence" in report.read_text() and "gemm/M2 Max/float16/64x64x64/model" in report.read_text()
+    assert "Convergence" in report.read_text() and "gemm/M2 Max/float16/4096x4096x4096/model" in report.read_text()
+
+
+def _main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``kernsearch ARGS`` through the console script's entry point, in this process."""
+    from kernsearch.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(list(args))
+    captured = capsys.readouterr()
+    return int(exited.value.code or 0), captured.out, captured.err
+
+
+@pytest.mark.slow
+def test_publish_is_refused_before_a_search_that_could_not_publish_and_flags_take_no_value(capsys) -> None:
+    """Issue 24: `tune --chip H100 --publish` searched, then hinted '--verify none?' (never given); `-h` showed
+    `--publish <bool>` and `--publish true` was refused without a word on why."""
+    code, _, err = _main(capsys, "tune", "gemm", "--chip", "H100", "--publish", "--trials", "2")
+    assert code == 2 and err.count("\n") == 1 and "--verify none" not in err, err
+    assert "CUDA kernel for H100 cannot be verified here" in err and "tune on the H100 itself" in err
+    code, _, err = _main(capsys, "tune", "gemm", "--verify", "none", "--publish", "--trials", "2")
+    assert code == 2 and err.count("\n") == 1 and "--verify none verifies nothing" in err, err
+    code, _, err = _main(capsys, "tune", "gemm", "--publish", "true")
+    assert code == 2 and err.count("\n") == 1 and "--publish is a flag and takes no value" in err, err
+    code, _, err = _main(capsys, "tune", "nosuch")  # bad input: one line, no note before it
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: unknown family"), err
+    code, out, _ = _main(capsys, "tune", "-h")
+    assert code == 0 and "--publish" in out and "<bool>" not in out and "<int>" in out  # valued options keep theirs

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -209,29 +210,54 @@ class Space:
 
     # -- the whole space ----------------------------------------------------------------------------
     def enumerate(self) -> SpaceSummary:
+        """Every valid config, and the rejected ones counted by constraint (a step: big spaces take seconds)."""
+        from .._steps import step
+
         fam = self.family
         names = list(fam.knobs)
         sizes = [len(fam.knobs[n].values) for n in names]
         remaining = [math.prod(sizes[i + 1:]) for i in range(len(names))]
         summary = SpaceSummary(total=self.total, valid=[])
+        # An expression's value depends only on the knobs and derived values it reads (the rest is fixed for this
+        # problem): each is evaluated once per combination of those, not once per node of the walk.
+        varying = set(names) | set(fam.derived)
+        memo: dict[tuple[int, Any], Any] = {}
+        reads: dict[int, Any] = {}  # id(expr) -> the values of what it reads that vary, from a context
+        for expr in [*fam.derived.values(), *(con.expr for con in fam.constraints)]:
+            read = sorted(n for n in expr.names if n in varying)
+            reads[id(expr)] = operator.itemgetter(*read) if read else (lambda c: ())
 
-        def walk(depth: int, ctx: dict[str, Any]) -> None:
+        def value_of(expr: Any, c: dict[str, Any], where: str) -> Any:
+            key = (id(expr), reads[id(expr)](c))
+            try:
+                return memo[key]
+            except KeyError:
+                memo[key] = value = self._eval(expr, c, where)
+                return value
+            except TypeError:  # an unhashable derived value (a list): evaluated every time
+                return self._eval(expr, c, where)
+
+        def walk(depth: int, ctx: dict[str, Any], start: int) -> None:
+            """``start``: how many configs of the product come before this subtree's first one."""
             if depth == len(names):
                 summary.valid.append({n: ctx[n] for n in names})
                 return
             derived, checks = self._plan[depth]
-            for value in fam.knobs[names[depth]].values:
+            for n, value in enumerate(fam.knobs[names[depth]].values):
                 c = {**ctx, names[depth]: value}
                 for d in derived:
-                    c[d] = self._eval(fam.derived[d], c, f"derived.{d}")
+                    c[d] = value_of(fam.derived[d], c, f"derived.{d}")
                 failed = next((i for i in checks
-                               if not self._eval(fam.constraints[i].expr, c, fam.constraints[i].name)), None)
+                               if not value_of(fam.constraints[i].expr, c, fam.constraints[i].name)), None)
                 if failed is not None:
                     summary.rejected[fam.constraints[failed].name] += remaining[depth]
-                    continue
-                walk(depth + 1, c)
+                else:
+                    walk(depth + 1, c, start + n * remaining[depth])
+                if depth < 3:  # this value's whole subtree is walked (or pruned): say how far the walk is
+                    progress.advance(start + (n + 1) * remaining[depth])
 
-        walk(0, dict(self.base))
+        with step(f"enumerating the {self.total:,} configs of {fam.name}", total=self.total) as progress:
+            walk(0, dict(self.base), 0)
         return summary
 
     def iter_all(self) -> Iterator[Config]:

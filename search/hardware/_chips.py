@@ -133,6 +133,11 @@ def chip_from_device_info(info: dict[str, Any]) -> Chip:
     apple = re.fullmatch(r"applegpu_g(\d+)([a-z])", arch)
     if apple:
         generation, die = int(apple.group(1)), apple.group(2)
+        # The device name decides where it names a chip of this generation: one die letter is reported for
+        # more than one tier (an M2 Max can say applegpu_g14s, the Pro's letter).
+        for chip in sorted(chips.values(), key=lambda c: -len(c.name)):
+            if chip.vendor == "apple" and chip.generation == generation and _names(device, chip.name):
+                return chip.model_copy(update={"detected": dict(info)})
         for chip in chips.values():
             if chip.generation == generation and chip.die == die:
                 return chip.model_copy(update={"detected": dict(info)})
@@ -143,6 +148,11 @@ def chip_from_device_info(info: dict[str, Any]) -> Chip:
                 return chip.model_copy(update={"detected": dict(info)})
         return _unknown(info, "nvidia", architecture=arch)
     return chips["cpu"].model_copy(update={"detected": dict(info)})
+
+
+def _names(device: str, name: str) -> bool:
+    """``Apple M2 Max`` names ``M2 Max`` (whole words), not ``M2``... and not ``M2 Max`` in ``M2 Maxi``."""
+    return re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", device, re.IGNORECASE) is not None
 
 
 def _unknown(info: dict[str, Any], vendor: str, **identity: Any) -> Chip:

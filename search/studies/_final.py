@@ -29,7 +29,8 @@ class FinalistCheck:
 
     def to_dict(self) -> dict[str, Any]:
         if not self.ok:
-            return {"ok": False, "reason": self.reason, "detail": self.detail}
+            return {"ok": False, "reason": self.reason, "detail": self.detail,
+                    **({"shape": list(self.shape)} if self.shape else {})}
         d: dict[str, Any] = {"ok": True, "max_abs_err": self.max_abs_err, "shape": list(self.shape)}
         if self.also is not None:
             d.update(also=list(self.also), threadgroups_checked=self.threadgroups_checked)
@@ -41,7 +42,8 @@ class FinalistCheck:
         if not isinstance(data, dict) or not isinstance(data.get("ok"), bool):
             return None
         if not data["ok"]:
-            return cls(False, reason=_text(data.get("reason")) or "?", detail=_text(data.get("detail")) or "")
+            return cls(False, shape=_ints(data.get("shape")), reason=_text(data.get("reason")) or "?",
+                       detail=_text(data.get("detail")) or "")
         err = _number(data.get("max_abs_err"))
         if err is None:
             return None

@@ -40,7 +40,8 @@ class KernelObjective(Objective):
     Measured back-ends (metal, cuda) run every variant in an isolated worker: build, verify against the
     reference the first time it is seen, then time it. The model back-end predicts times in-process
     (labeled modeled) and verifies on the CPU interpreter: every trial (``verify="all"``) or only the
-    finalists (the default), on a small problem of the same family (``verify_shape``).
+    finalists (the default), on a small problem of the same family: ``verify_shape`` if given, else the smallest
+    shape where that config is valid (:func:`kernsearch.family._shapes.smallest_shape`).
     """
 
     def __init__(self, problem: Problem, chip: Chip, backend: str, *, seed: int = 0, timeout: float = 120.0,
@@ -72,7 +73,8 @@ class KernelObjective(Objective):
                                f"runs {runs}")
         # The interpreter runs Metal only: a modeled CUDA kernel cannot be verified here (nor published).
         self.verify = verify if interpretable(self.target) or not cls.predicts else "none"
-        self.verify_shape = verify_shape or problem.verify_shape()
+        self._verify_shape = tuple(verify_shape) if verify_shape else None
+        self._small: dict[str, tuple[int, ...]] = {}  # config key -> its verification shape
         if cls.predicts and self.verify != "none":  # say it now, not after the whole search
             from ..interp._compile import compiler
 
@@ -257,11 +259,41 @@ class KernelObjective(Objective):
         if future is not None:
             future.result()  # raises the variant's VariantFailure
 
+    def verify_shape(self, config: Config) -> tuple[int, ...]:
+        """Where the interpreter proves ``config``: the given ``verify_shape``; else the family's declared
+        ``problem.verify_shape`` where the config is valid; else the smallest shape at which the family's
+        constraints hold for it (a config tuned for a big shape is often invalid at a small one)."""
+        if self._verify_shape is not None:
+            return self._verify_shape
+        from ..family._shapes import smallest_shape
+        from ..family._space import format_config
+
+        key = format_config(config)
+        if key not in self._small:
+            declared = self._declared_shape(config, lambda: self.problem.verify_shape())
+            self._small[key] = declared or smallest_shape(self.family, self.problem.dtype, self.chip, config,
+                                                          tuple(self.problem.shape))
+        return self._small[key]
+
+    def _declared_shape(self, config: Config, declared: Any) -> tuple[int, ...] | None:
+        """A shape the family's spec declares (``problem.verify_shape`` / ``ragged_shape``) when ``config`` is
+        valid there; None where it declares none or the config is not valid at it."""
+        from ..family._space import Space, make_problem
+
+        try:
+            shape = declared()
+            if shape is None:
+                return None
+            space = Space(make_problem(self.family, shape, self.problem.dtype, self.chip), self.chip)
+        except KernsearchError:
+            return None
+        return tuple(shape) if space.is_valid(config) else None
+
     def interpret(self, config: Config) -> dict[str, Any]:
         """Verify ``config`` on the CPU interpreter (small problem); raises VariantFailure."""
         from ..evaluation._measure import verify_variant
 
-        task = self._task(config, "cpu", self.verify_shape,
+        task = self._task(config, "cpu", self.verify_shape(config),
                           options={"mode": self.verify_mode, "timeout": max(1.0, self.timeout - 5)})
         result: dict[str, Any] = self.worker().call(verify_variant, task)
         return result
@@ -276,45 +308,41 @@ class KernelObjective(Objective):
             raise VariantFailure("unverifiable", str(exc)) from None
 
     def _verify_for_publishing(self, config: Config) -> dict[str, Any]:
+        from .._steps import step
+
         shape = tuple(self.problem.shape)
         out: dict[str, Any] = {"shapes": []}
-        if shape != tuple(self.verify_shape):
+        if shape != self.verify_shape(config):
             task = self._task(config, "cpu", shape, options={"mode": "fast", "timeout": max(1.0, self.timeout - 5),
                                                              "sample_threadgroups": TUNED_SAMPLE})
-            res = self.worker().call(verify_variant_at, task, timeout=max(self.timeout, 60.0) * 4)
+            with step(f"verifying the winner on the interpreter at the tuned shape {self.problem.shape_text} "
+                      f"({TUNED_SAMPLE} threadgroups)"):
+                res = self.worker().call(verify_variant_at, task, timeout=max(self.timeout, 60.0) * 4)
             out["shapes"].append("x".join(map(str, shape)))
             out["threadgroups_checked"] = res.get("threadgroups_checked")
             out["max_abs_err"] = res["max_abs_err"]
         ragged = self.ragged_shape(config)
         if ragged is not None:
             task = self._task(config, "cpu", ragged, options={"mode": "fast", "timeout": max(1.0, self.timeout - 5)})
-            res = self.worker().call(verify_variant_at, task)
+            with step(f"verifying the winner on the interpreter at a ragged shape {'x'.join(map(str, ragged))}"):
+                res = self.worker().call(verify_variant_at, task)
             out["shapes"].append("x".join(map(str, ragged)))
             out["max_abs_err"] = max(out.get("max_abs_err", 0.0), res["max_abs_err"])
         return out
 
     def ragged_shape(self, config: Config, near: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
-        """A shape near ``near`` (default: the small verification shape) whose sizes are not multiples of the
-        tiles, on which ``config`` is still valid: the family's ``problem.ragged_shape`` if it declares one,
-        else (or if that one is not valid) every size a little smaller."""
-        from ..family._space import Space, make_problem
+        """A shape a little smaller than ``near`` (default: the config's verification shape) whose sizes are not
+        multiples of the tiles, on which ``config`` is still valid: the family's ``problem.ragged_shape`` of
+        ``near`` where it declares one and the config is valid there, else one searched (tied dims move as one)."""
+        from ..family._shapes import ragged_shape
+        from ..family._space import make_problem
 
-        small = tuple(near or self.verify_shape)
-        try:
-            declared = make_problem(self.family, small, self.problem.dtype).ragged_shape()
-        except KernsearchError:
-            declared = None
-        cuts = [tuple(max(1, d - cut) if d > cut else d for d in small) for cut in (4, 8, 12, 20, 1, 2, 3)]
-        for shape in ([declared] if declared is not None else []) + cuts:
-            if shape == small:
-                continue
-            try:
-                space = Space(make_problem(self.family, shape, self.problem.dtype, self.chip), self.chip)
-            except KernsearchError:
-                continue
-            if space.is_valid(config):
-                return shape
-        return None
+        base = tuple(near or self.verify_shape(config))
+        declared = self._declared_shape(
+            config, lambda: make_problem(self.family, base, self.problem.dtype).ragged_shape())
+        if declared is not None and declared != base:
+            return declared
+        return ragged_shape(self.family, self.problem.dtype, self.chip, config, base)
 
     def evaluate(self, config: Config) -> Record:
         from ..family._render import render
@@ -358,13 +386,17 @@ class KernelObjective(Objective):
 
     def _verify_finalists(self, top: list[TrialSummary]) -> FinalRound:
         """Modeled leaders are only predictions: the winner is the best-predicted one the interpreter passes."""
+        from .._steps import step
+
         checks: dict[int, FinalistCheck] = {}
         winner = None
         for t in top:
             if self.verify == "none":
                 break
+            shape = self.verify_shape(t.config)
             try:
-                c = self.interpret(t.config)
+                with step(f"verifying trial {t.number} on the interpreter at {'x'.join(map(str, shape))}"):
+                    c = self.interpret(t.config)
                 checks[t.number] = FinalistCheck(True, c["max_abs_err"], tuple(c["shape"]))
                 if winner is None:  # the one to publish: also at the tuned shape and a ragged one
                     extra = self.verify_for_publishing(t.config)
@@ -373,24 +405,29 @@ class KernelObjective(Objective):
                                                      extra.get("threadgroups_checked"))
                     winner = t.number
             except VariantFailure as exc:
-                checks[t.number] = FinalistCheck(False, reason=exc.reason, detail=exc.detail[:300])
+                checks[t.number] = FinalistCheck(False, shape=shape if t.number not in checks else (),
+                                                 reason=exc.reason, detail=exc.detail[:300])
         note = "times are predictions of the performance model (modeled), not measurements"
         if self.verify == "none":
             winner = top[0].number
             note += "; the winner is NOT verified" + ("" if interpretable(self.target) else
                                                       " (the CPU interpreter runs Metal only, this is a CUDA kernel)")
-        return FinalRound(winner, verified_on="interpreter", verify_shape=tuple(self.verify_shape), checks=checks,
+        shown = next((t.config for t in top if t.number == winner), top[0].config if top else None)
+        return FinalRound(winner, verified_on="interpreter",
+                          verify_shape=self.verify_shape(shown) if shown is not None else None, checks=checks,
                           note=note)
 
     def _remeasure_finalists(self, top: list[TrialSummary]) -> FinalRound:
         """Fresh worker; finalists and the baseline MLX op interleaved; a lead must exceed the noise."""
+        from .._steps import step
         from ..evaluation._measure import final_round
 
         worker = self.worker()
         worker.restart()
         task = self._task(top[0].config, self.backend, finalists=[t.config for t in top])
         try:
-            out = worker.call(final_round, task, timeout=self.timeout * (len(top) + 1))
+            with step(f"re-timing {len(top)} finalist(s) against the baseline op"):
+                out = worker.call(final_round, task, timeout=self.timeout * (len(top) + 1))
         except VariantFailure as exc:
             return FinalRound(top[0].number, note=f"final round failed ({exc.reason}): {exc.detail[:300]}")
         return self._prove_on_a_ragged_shape(top, out)
@@ -406,6 +443,8 @@ class KernelObjective(Objective):
         """
         import numpy as np
 
+        from .._steps import step
+
         samples: list[list[float]] = out["finalists"]
         keep = list(range(len(top)))
         checks: dict[int, FinalistCheck] = {}
@@ -415,7 +454,8 @@ class KernelObjective(Objective):
             if ragged is None:  # no smaller shape off the tiles where this config is valid: nothing more to run
                 break
             try:
-                res = self.worker().call(verify_variant_at, self._task(t.config, self.backend, ragged))
+                with step(f"verifying trial {t.number} on the device at a ragged shape {'x'.join(map(str, ragged))}"):
+                    res = self.worker().call(verify_variant_at, self._task(t.config, self.backend, ragged))
             except VariantFailure as exc:
                 checks[t.number] = FinalistCheck(False, reason=exc.reason, detail=exc.detail[:300])
                 keep.remove(i)
@@ -434,12 +474,24 @@ class KernelObjective(Objective):
         """The family's baseline MLX op timed in the worker (measured back-ends only); None if it fails."""
         if self.impl.predicts:
             return None
+        from .._steps import step
         from ..evaluation._measure import time_baseline
 
         try:
-            return float(self.worker().call(time_baseline, self._task(dict(self.family.default), self.backend)))
+            with step(f"timing the baseline op ({self.family.baseline_name})"):
+                return float(self.worker().call(time_baseline, self._task(dict(self.family.default), self.backend)))
         except (VariantFailure, KernsearchError):
             return None
+
+    def unpublishable(self) -> str | None:
+        """Why no winner of this search could be published, known before it starts (None: one can be)."""
+        if self.verify != "none" or not self.impl.predicts:
+            return None
+        if not interpretable(self.target):
+            language = {"cuda": "CUDA", "metal": "Metal"}.get(self.target, self.target)
+            return (f"a modeled {language} kernel for {self.chip.name} cannot be verified here (the CPU interpreter "
+                    f"runs Metal only), so nothing could be published; tune on the {self.chip.name} itself to publish")
+        return "--verify none verifies nothing, so nothing could be published"
 
     def publish(self, result: StudyResult, store: Any = None, margin: float | None = None) -> Any:
         """Offer the study's winner to the artifact store (its regression gate decides); returns the
@@ -468,8 +520,8 @@ class KernelObjective(Objective):
             correctness = Correctness(verifier="interpreter", passed=True, shapes_checked=sorted(set(shapes)),
                                       max_abs_error=check.max_abs_err, checks_run=len(shapes))
         else:
-            raise KernsearchError("the winner was not verified at its tuned shape (--verify none?): refusing to "
-                                  "publish it")
+            why = self.unpublishable() or "no check of it passed there"
+            raise KernsearchError(f"the winner was not verified at its tuned shape ({why}): refusing to publish it")
         timed = final.finalists.get(best.number)
         measurements = Measurements(median_ms=timed.median_ms if timed else best.time_ms,
                                     spread=timed.spread if timed and timed.spread is not None else best.spread,
@@ -518,9 +570,11 @@ def roofline_pct(chip: Chip, problem: Problem, time_ms: float) -> float | None:
 def model_prior(space: Space, configs: list[Config]) -> list[float] | None:
     """Modeled times of ``configs`` on ``space``'s problem and chip (inf where the model cannot say), or
     None when the model has nothing for this family or chip. Never raises: a prior is optional."""
+    from .._steps import step
     from ._ranking import predict
 
-    predictions = predict(space, configs)
+    with step(f"ranking {len(configs):,} valid configs with the {space.chip.name} model"):
+        predictions = predict(space, configs)
     return None if predictions is None else [p.time_ms for p in predictions]
 
 

@@ -58,6 +58,12 @@ def _config_text(config: dict[str, Any]) -> str:
     return html.escape(",".join(f"{k}={v}" for k, v in config.items()))
 
 
+def _config_cell(config: dict[str, Any]) -> str:
+    """``K=V,K=V`` breakable only between knobs (``<wbr>``): a long config wraps in its table cell instead of
+    pushing the table's last columns (evidence, verified) off the page."""
+    return ",<wbr>".join(html.escape(f"{k}={v}") for k, v in config.items())
+
+
 def convergence_figure(h: StudyHistory) -> Any:
     import plotly.graph_objects as go
 
@@ -148,9 +154,9 @@ def _table(h: StudyHistory) -> str:
     rows = []
     for i, t in enumerate(h.top, 1):
         verified = (final.verdict(t.number) if final is not None else None) or t.verified or "-"
-        rows.append("<tr{}><td>{}</td><td>{}</td><td><code>{}</code></td><td>{:.4g}</td><td>{}</td><td>{}</td>"
-                    "<td>{}</td><td>{}</td></tr>".format(
-                        ' class="winner"' if t.number == winner else "", i, t.number, _config_text(t.config),
+        rows.append("<tr{}><td>{}</td><td>{}</td><td class='config'><code>{}</code></td><td>{:.4g}</td><td>{}</td>"
+                    "<td>{}</td><td>{}</td><td>{}</td></tr>".format(
+                        ' class="winner"' if t.number == winner else "", i, t.number, _config_cell(t.config),
                         t.time_ms, f"{t.spread:.1%}" if t.spread else "-",
                         "-" if t.gflops is None else f"{t.gflops:.0f}", html.escape(t.evidence or h.evidence),
                         html.escape(str(verified))))
@@ -198,7 +204,8 @@ def _summary(h: StudyHistory) -> str:
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 h1{font-size:1.4em}h2{font-size:1.15em;margin-top:2em}.badge{color:#fff;display:inline-block;padding:.2em .6em;
 border-radius:4px;font-weight:bold}.warn{color:#a00;font-weight:bold}table{border-collapse:collapse;font-size:.9em}
-td,th{border-bottom:1px solid #ddd;padding:.3em .6em;text-align:left}tr.winner{background:#eef7ee}
+td,th{border-bottom:1px solid #ddd;padding:.3em .6em;text-align:left;white-space:nowrap}tr.winner{background:#eef7ee}
+td.config{white-space:normal}
 .figure{margin:1em 0}.note{color:#666}code{font-size:.95em}"""
 
 

@@ -5,6 +5,7 @@ name of a problem's study."""
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -75,6 +76,14 @@ def check_url(url: str) -> None:
                 raise KernsearchError(f"study storage {redact(url)[:200]!r}: the PostgreSQL parameter {name[:40]!r} "
                                       "is not allowed in a URL (file-reading parameters such as passfile, sslkey, "
                                       "sslrootcert are set with PG* environment variables)")
+
+
+_PASSWORD_IN_URL = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s/:@]*:)[^\s/@]+@")
+
+
+def mask_passwords(text: str) -> str:
+    """Any text (an error line, a banner) with the password of every URL in it replaced by ``***``."""
+    return _PASSWORD_IN_URL.sub(r"\1***@", text)
 
 
 def sqlalchemy_url(url: str) -> str:

@@ -43,7 +43,7 @@ from abc import ABC, abstractmethod
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -407,7 +407,16 @@ def open_study(objective: Objective, storage: str | None, study_name: str | None
         study.set_user_attr("evidence", objective.evidence)
     else:
         _check_same_problem(study, objective, name)
+    if study.metric_names is None:  # optuna-dashboard labels its axes with it ("Objective 0" without)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([metric_name(objective.evidence)])
     return study
+
+
+def metric_name(evidence: str) -> str:
+    """What a study minimises, with its unit: a predicted time is said to be one."""
+    return "predicted kernel time (ms)" if evidence == "modeled" else "kernel time (ms)"
 
 
 def check_study(objective: Objective, storage: str | None, study_name: str | None) -> None:
@@ -449,11 +458,11 @@ class _Search:
         self.objective, self.trials, self.time_budget, self.patience = objective, trials, time_budget, patience
         self.seed, self.storage, self.progress, self.stop_requested = seed, storage, progress, stop
         self.prior = None
-        if sampler in ("default", "auto"):
+        if sampler in ("default", "auto") and not _finished(objective, storage, study_name, trials, patience):
             valid = objective.valid_configs()
             self.prior = objective.prior(valid) if valid else None
-            if sampler == "default":
-                sampler = "auto" if self.prior is not None else "tpe"
+        if sampler == "default":
+            sampler = "auto" if self.prior is not None else "tpe"
         self.sampler = sampler
         self.study = study = open_study(objective, storage, study_name, sampler, seed)
         self.dists = distributions(objective.knobs)
@@ -479,6 +488,7 @@ class _Search:
         self.baseline = objective.baseline_ms() if progress is not None else None
         self.invalid = self.skips = self.new = 0
         self.eval_seconds = 0.0
+        self.loop_started = time.monotonic()
         self.trial: optuna.Trial | None = None  # asked and not told yet: closed if the loop ends abruptly
         # Pipelined evaluation: proposals are handed to the objective (compiled ahead in other processes)
         # up to ``depth`` before the oldest is timed; what is still ahead when the search stops is closed.
@@ -494,6 +504,7 @@ class _Search:
         from optuna.trial import TrialState
 
         study = self.study
+        self.loop_started = time.monotonic()
         try:
             while True:
                 if self.shared:
@@ -562,8 +573,10 @@ class _Search:
         self.trial = None
         self.new += 1
         if self.progress is not None:
-            self.progress(_progress(self.known, self.trials, self.time_budget, time.monotonic() - self.started,
-                                    self.failures, self.invalid, last, self.new, self.baseline))
+            now = time.monotonic()
+            self.progress(_progress(self.known, self.trials, self.time_budget, now - self.started,
+                                    self.failures, self.invalid, last, self.new, self.baseline,
+                                    pace=(now - self.loop_started) / self.new, patience=self.patience))
 
     def _fixed(self) -> Config | None:
         """The config to ask for instead of the sampler's proposal, if any (see the module docstring)."""
@@ -645,17 +658,49 @@ class _Search:
         top = _top(study, finalists)
         final: FinalRound | None = None
         if top and stop.reason is not StopReason.INTERRUPTED:
-            try:
-                final = objective.finalize(top)
-            except KeyboardInterrupt:
-                final = FinalRound(None, note="final round interrupted")
-            study.set_user_attr("final", final.to_dict())
+            final = _earlier_final(study, top) if not self.new else None
+            if final is None:
+                try:
+                    final = objective.finalize(top)
+                except KeyboardInterrupt:
+                    final = FinalRound(None, note="final round interrupted")
+                study.set_user_attr("final", final.to_dict())
         winner = final.winner if final is not None else top[0].number if top else None
         best = next((t for t in _top(study, None) if t.number == winner), None) if winner is not None else None
         overhead = (elapsed - self.eval_seconds) / self.new if self.new else 0.0
         return StudyResult(study.study_name, redact(self.storage or default_storage()), objective.backend,
                            objective.evidence, objective.study_key, best, top, len(self.known), self.failures,
                            self.invalid, elapsed, stop, final, overhead)
+
+
+def _finished(objective: Objective, storage: str | None, study_name: str | None, trials: int | None,
+              patience: int | None) -> bool:
+    """The stored study already holds its budget or ran out of patience: this run proposes nothing (so it
+    needs no ranking of the space)."""
+    import optuna
+
+    if trials is None and not patience:
+        return False
+    try:
+        study = optuna.load_study(study_name=study_name or study_name_for(objective.study_key),
+                                  storage=make_storage(storage))
+    except KeyError:
+        return False
+    known = _known(study)
+    return (trials is not None and len(known) >= trials) or bool(patience and _stale_for(known) >= patience)
+
+
+def _earlier_final(study: optuna.Study, top: list[TrialSummary]) -> FinalRound | None:
+    """The final round stored by the run that evaluated these leaders, when this run evaluated nothing new and
+    that round judged exactly them (and decided): running it again would redo the same work."""
+    stored = FinalRound.from_dict(study.user_attrs.get("final"))
+    if stored is None or stored.winner is None:
+        return None
+    judged = set(stored.checks) | set(stored.finalists)
+    if judged != {t.number for t in top}:
+        return None
+    note = "final round of the run that evaluated these trials (nothing new was evaluated since)"
+    return replace(stored, note=f"{stored.note}; {note}" if stored.note else note)
 
 
 def _evaluate(study: optuna.Study, objective: Objective, trial: optuna.Trial, config: Config, key: str,
@@ -830,10 +875,16 @@ def _tie_break(t: optuna.trial.FrozenTrial) -> float:
 
 
 def _progress(known: dict[str, Seen], total: int | None, budget: float | None, elapsed: float,
-              failures: Counter[str], invalid: int, last: str, new: int, baseline: float | None) -> Progress:
+              failures: Counter[str], invalid: int, last: str, new: int, baseline: float | None,
+              pace: float | None = None, patience: int | None = None) -> Progress:
+    """``pace``: seconds per new config in this run's loop (the set-up before it is not a trial's cost); the
+    estimate counts the trials that can still run: to the budget, or to the patience if no new best comes."""
     remaining = None
-    if total is not None and new:
-        remaining = elapsed / new * max(0, total - len(known))
+    left = [total - len(known)] if total is not None else []
+    if patience:
+        left.append(patience - _stale_for(known))
+    if left and new:
+        remaining = (pace if pace is not None else elapsed / new) * max(0, min(left))
     if budget is not None:
         remaining = min(remaining if remaining is not None else budget, max(0.0, budget - elapsed))
     lead = _leaders(known, 1)

@@ -160,6 +160,8 @@ COMMANDS = {
                    _opt("--name", TEXT), _opt("--version", TEXT),
                    st.sampled_from(["dist", "", "\x00", "a" * 5000, "/proc/version", "/proc/nosuch/dist",
                                     POOL["fifo"], POOL["link"]]).map(lambda o: ["--out", o])),
+    "explain": _cmd(["explain"], FAMILY.map(lambda f: [f]), _opt("--shape", TEXT), _opt("--dtype", TEXT),
+                    _opt("--chip", TEXT), STORE.map(lambda s: ["--store", s])),
     "artifacts migrate": _cmd(["artifacts", "migrate"], STORE.map(lambda s: ["--store", s])),
     "artifacts rejudge": _cmd(["artifacts", "rejudge"], STORE.map(lambda s: ["--store", s]),
                               _opt("--margin", NUMBER)),
@@ -229,8 +231,9 @@ def _check(args: list[str], code: int, stderr: str, bound: int = BOUND_S) -> Non
         assert len(lines) == 1, f"{args}: {len(lines)} stderr lines:\n{stderr[-3000:]}"
 
 
-#: Commands whose honest work takes seconds per example (space enumerates ~10^5 configs, verify compiles).
-SLOW = {"space", "verify"}
+#: Commands whose honest work takes seconds per example (space enumerates ~10^5 configs, verify compiles, explain
+#: exports the family).
+SLOW = {"space", "verify", "explain"}
 
 
 @pytest.mark.parametrize("command", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c
@@ -249,7 +252,7 @@ def test_hostile_arguments(command: str, tmp_path_factory: pytest.TempPathFactor
                                    "--trials", "3", "--shape", "64,64,64", "--study", STUDY], work)
         assert code == 0, stderr
 
-    @settings(max_examples=6 if command == "verify" else 12, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=6 if command in ("verify", "explain") else 12, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     @given(COMMANDS[command])
     def run(args: list[str]) -> None:

@@ -332,6 +332,11 @@ def identify(info: Dict[str, Any], registry: List[Dict[str, Any]]) -> Dict[str, 
     apple = re.fullmatch(r"applegpu_g(\d+)([a-z])", arch)
     if apple:
         gen, die = int(apple.group(1)), apple.group(2)
+        # the device name decides where it names a chip of this generation (one die letter, several tiers)
+        for chip in sorted(registry, key=lambda c: -len(str(c.get("name", "")))):
+            if chip.get("vendor") == "apple" and chip.get("generation") == gen and re.search(
+                    rf"(?<!\w){re.escape(str(chip.get('name', '')))}(?!\w)", device, re.IGNORECASE):
+                return dict(chip)
         for chip in registry:
             if chip.get("generation") == gen and chip.get("die") == die:
                 return dict(chip)

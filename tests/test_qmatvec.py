@@ -255,8 +255,14 @@ def test_a_nightly_job_checks_its_winner_on_the_familys_ragged_problem(tmp_path:
     jobs.write_text('[[jobs]]\nfamily = "swiglu_qmatvec"\nshapes = ["3,11008,4096,1024,32"]\nchips = ["M2 Max"]\n'
                     '[[jobs]]\nfamily = "gemm"\nshapes = ["4096,4096,4096"]\nchips = ["M2 Max"]\n')
     fused, gemm = load_jobs(jobs).units("M2 Max")
-    assert fused.verify_shapes == ((3, 91, 256, 64, 2),)  # 8 bits, groups of 128: one group and 5 rows less
-    assert gemm.verify_shapes == ((68, 68, 68),)  # a family that declares none: every size cut alike
+    assert fused.verify_shapes == () and gemm.verify_shapes == ()  # derived from each winner's config
+    from kernsearch.family._shapes import ragged_shape, smallest_shape
+
+    fam = load_family("swiglu_qmatvec")
+    cfg = Space(make_problem(fam, (3, 11008, 4096, 1024, 32), "float16", M2), M2).enumerate().valid[0]
+    small = smallest_shape(fam, "float16", M2, cfg, (3, 11008, 4096, 1024, 32))
+    assert small == (3, 96, 384, 96, 3)  # the family's declared small problem: the quantization kept
+    assert ragged_shape(fam, "float16", M2, cfg, small) == (3, 91, 256, 64, 2)  # one group and 5 rows less
 
 
 def test_a_declared_shape_that_is_not_sizes_is_a_spec_error(tmp_path: Path) -> None:

@@ -108,6 +108,9 @@ def smallest_shape(family: Family, dtype: str, chip: Chip, config: Config, start
     is valid, the problem's derived quantities are those at ``start`` and the launch spans at least two
     threadgroups along every grid axis that has two at ``start``; ``start`` itself when nothing smaller is."""
     shapes = _Shapes(family, dtype, chip, config)
+    declared = _declared(shapes, family, dtype, tuple(start), "verify_shape")
+    if declared is not None:  # the family says which small problem keeps it what it is (qmatvec's quantization)
+        return declared
     spans = shapes.spans(tuple(start))
     if spans is None:
         return tuple(start)
@@ -135,6 +138,9 @@ def ragged_shape(family: Family, dtype: str, chip: Chip, config: Config, near: S
     valid and the problem's derived quantities are those at ``near``: every dim above the cut cut by it if that
     is valid, else as many dims as can be (tied dims stay)."""
     shapes = _Shapes(family, dtype, chip, config)
+    declared = _declared(shapes, family, dtype, tuple(near), "ragged_shape")
+    if declared is not None and declared != tuple(near):
+        return declared
     same = shapes.quantities_at(tuple(near))
     dims = list(range(len(near)))
     for n in range(len(dims), 0, -1):
@@ -144,3 +150,17 @@ def ragged_shape(family: Family, dtype: str, chip: Chip, config: Config, near: S
                 if shape != tuple(near) and shapes.space(shape) is not None and shapes.quantities_at(shape) == same:
                     return shape
     return None
+
+
+def _declared(shapes: _Shapes, family: Family, dtype: str, shape: Shape, field: str) -> Shape | None:
+    """The family's ``problem.verify_shape`` / ``problem.ragged_shape`` of ``shape`` where it declares one and the
+    config is valid there; None otherwise."""
+    from ._space import make_problem
+
+    try:
+        problem = make_problem(family, shape, dtype)
+        found = problem.verify_shape() if field == "verify_shape" and family.problem.verify_shape is not None \
+            else problem.ragged_shape() if field == "ragged_shape" else None
+    except KernsearchError:
+        return None
+    return tuple(found) if found is not None and shapes.space(tuple(found)) is not None else None

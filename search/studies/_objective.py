@@ -260,9 +260,9 @@ class KernelObjective(Objective):
             future.result()  # raises the variant's VariantFailure
 
     def verify_shape(self, config: Config) -> tuple[int, ...]:
-        """Where the interpreter proves ``config``: the given ``verify_shape``; else the family's declared
-        ``problem.verify_shape`` where the config is valid; else the smallest shape at which the family's
-        constraints hold for it (a config tuned for a big shape is often invalid at a small one)."""
+        """Where the interpreter proves ``config``: the given ``verify_shape``, else the smallest shape at which
+        the family's constraints hold for it (the family's declared ``problem.verify_shape`` first; a config tuned
+        for a big shape is often invalid at a small one)."""
         if self._verify_shape is not None:
             return self._verify_shape
         from ..family._shapes import smallest_shape
@@ -270,24 +270,9 @@ class KernelObjective(Objective):
 
         key = format_config(config)
         if key not in self._small:
-            declared = self._declared_shape(config, lambda: self.problem.verify_shape())
-            self._small[key] = declared or smallest_shape(self.family, self.problem.dtype, self.chip, config,
-                                                          tuple(self.problem.shape))
+            self._small[key] = smallest_shape(self.family, self.problem.dtype, self.chip, config,
+                                              tuple(self.problem.shape))
         return self._small[key]
-
-    def _declared_shape(self, config: Config, declared: Any) -> tuple[int, ...] | None:
-        """A shape the family's spec declares (``problem.verify_shape`` / ``ragged_shape``) when ``config`` is
-        valid there; None where it declares none or the config is not valid at it."""
-        from ..family._space import Space, make_problem
-
-        try:
-            shape = declared()
-            if shape is None:
-                return None
-            space = Space(make_problem(self.family, shape, self.problem.dtype, self.chip), self.chip)
-        except KernsearchError:
-            return None
-        return tuple(shape) if space.is_valid(config) else None
 
     def interpret(self, config: Config) -> dict[str, Any]:
         """Verify ``config`` on the CPU interpreter (small problem); raises VariantFailure."""
@@ -332,17 +317,12 @@ class KernelObjective(Objective):
 
     def ragged_shape(self, config: Config, near: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
         """A shape a little smaller than ``near`` (default: the config's verification shape) whose sizes are not
-        multiples of the tiles, on which ``config`` is still valid: the family's ``problem.ragged_shape`` of
-        ``near`` where it declares one and the config is valid there, else one searched (tied dims move as one)."""
+        multiples of the tiles, on which ``config`` is still valid (the family's declared ``problem.ragged_shape``
+        first)."""
         from ..family._shapes import ragged_shape
-        from ..family._space import make_problem
 
-        base = tuple(near or self.verify_shape(config))
-        declared = self._declared_shape(
-            config, lambda: make_problem(self.family, base, self.problem.dtype).ragged_shape())
-        if declared is not None and declared != base:
-            return declared
-        return ragged_shape(self.family, self.problem.dtype, self.chip, config, base)
+        return ragged_shape(self.family, self.problem.dtype, self.chip, config,
+                            tuple(near or self.verify_shape(config)))
 
     def evaluate(self, config: Config) -> Record:
         from ..family._render import render

@@ -62,7 +62,9 @@ def _flags_take_no_value() -> None:
     value, which it does not (``--publish true`` is refused): a flag's row shows none."""
     from typer.core import TyperOption
 
-    typed = TyperOption.display_type_rich
+    typed = getattr(TyperOption, "display_type_rich", None)
+    if typed is None:  # a Typer without it (older than 0.16) prints no type for flags anyway
+        return
 
     def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
         return None if self.is_bool_flag else typed(self, ctx)

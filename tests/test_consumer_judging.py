@@ -1,9 +1,9 @@
-"""A win is what the consumer gets (issue 26): the final round and the gate judge a kernel as the exported
-package calls it, not as a launch timed alone.
+"""A win is what the consumer gets (issue 26): the search, the final round and the gate time a kernel as the
+exported package calls it, not as a launch timed alone.
 
 A simulated GPU (the interpreter runs every variant for correctness; a clock advanced by made-up costs times
-them) where the timing of separate launches flatters a candidate: the search ranks it first, the final round
-times it through the package's call path, where it loses to the op, and nothing is published.
+them) where the timing of separate launches flatters a candidate: timed as consumers call it, it loses to the op,
+and nothing is published (before issue 26 the search ranked it first and the gate published it).
 """
 
 from __future__ import annotations
@@ -140,8 +140,7 @@ def _tune_and_publish(folder, backend, tmp_path):
 @pytest.mark.slow
 def test_a_kernel_faster_only_when_launched_alone_is_not_published(judged, tmp_path):
     result, store, outcome = _tune_and_publish(judged, "test_consumer_judging:AloneOnly", tmp_path)
-    ranked_first = result.top[0]
-    assert ranked_first.config == {"LAYOUT": "n", "TG": 64} and ranked_first.time_ms == pytest.approx(1.0, rel=1e-2)
+    assert all(t.time_ms >= 2.5 for t in result.top)  # the search times as consumers call too: no 1 ms anywhere
     final = result.final
     assert final.speedup is not None and final.speedup < 1.0  # in the package's call path it loses
     assert set(final.modes) == {"graph", "eager"} and all(f.speedup < 1.0 for f in final.modes.values())
@@ -152,8 +151,8 @@ def test_a_kernel_faster_only_when_launched_alone_is_not_published(judged, tmp_p
 @pytest.mark.slow
 def test_a_layout_faster_only_when_packed_outside_the_timed_call_is_not_published(judged, tmp_path):
     result, store, outcome = _tune_and_publish(judged, "test_consumer_judging:PackedOutside", tmp_path)
-    assert result.top[0].config["LAYOUT"] == "t"  # the search's separate launches rank the packed layout first
+    assert result.top[0].config["LAYOUT"] == "n"  # packing paid in every timing: the packed layout ranks last
     final = result.final
-    assert result.best.config["LAYOUT"] == "n"  # the final round, packing paid, ranks it last
+    assert result.best.config["LAYOUT"] == "n" and all(t.time_ms >= 2.5 for t in result.top)
     assert final.speedup_low < 1.0 and not outcome.published
     assert not list(store.current_artifacts("judged"))  # recorded in the journal, no version made

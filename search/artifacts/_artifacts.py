@@ -429,7 +429,8 @@ class ArtifactStore:
             if not candidate.correctness.passed:
                 return self._reject(key, draft, "failed verification: a variant that is not correct is "
                                     "never published")
-            loses = loses_to_baseline(draft, candidate.family.baseline_name, margin)
+            loses = loses_to_baseline(draft, candidate.family.baseline_name, margin,
+                                      modes=candidate.family.consumer_modes)
             if loses:
                 return self._reject(key, draft, f"recorded, not dispatched: {loses}")
             current, invalid = self._current_for_gate(key)
@@ -622,10 +623,11 @@ class ArtifactStore:
                 continue
             m = self.load(key, pointer.version).manifest
             try:
-                op = load_family(key.family).baseline_name
+                fam = load_family(key.family)
+                op, modes = fam.baseline_name, tuple(fam.consumer_modes)
             except KernsearchError:
-                op = "the MLX op"
-            why = loses_to_baseline(m.model_dump(), op, margin, version=pointer.version)
+                op, modes = "the MLX op", ("graph", "eager")
+            why = loses_to_baseline(m.model_dump(), op, margin, version=pointer.version, modes=modes)
             if why:
                 self.invalidate(key, f"re-judged: {why}")
                 done.append((key, why))

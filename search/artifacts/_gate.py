@@ -10,6 +10,7 @@ draft manifest and the current one: the store (:mod:`kernsearch.artifacts._artif
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ._manifest import EVIDENCE_RANK, MODELED_POLICY, Manifest, Measurements
@@ -17,7 +18,7 @@ from ..exporting.runtime._runtime import CONSUMER_MODES, DEFAULT_MARGIN, beats_o
 
 
 def loses_to_baseline(draft: dict[str, Any], op: str, margin: float = DEFAULT_MARGIN,
-                      version: str | None = None) -> str:
+                      version: str | None = None, modes: Sequence[str] = CONSUMER_MODES) -> str:
     """Why a measured result may not be dispatched ('' when it beats the op by more than the margin)."""
     if draft["evidence"] != "measured":
         return ""  # modeled / interpreted results are never dispatched by default anyway (docs/artifacts.md)
@@ -26,14 +27,15 @@ def loses_to_baseline(draft: dict[str, Any], op: str, margin: float = DEFAULT_MA
     what = f"{version} " if version else ""
     if not m.get("baseline_median_ms") or m.get("speedup_low") is None:
         return f"{what}has no measured speedup over {op} (the baseline was not timed in the same run)"
-    modes = m.get("modes") or None
-    low = consumer_low(modes, CONSUMER_MODES)
+    figures = m.get("modes") or None
+    low = consumer_low(figures, tuple(modes))
     if low is None:
-        return (f"{what}was not timed as consumers call it (no {' and '.join(CONSUMER_MODES)} figures through the "
+        return (f"{what}was not timed as consumers call it (no {' and '.join(modes)} figures through the "
                 f"package's call path): never dispatched")
     if beats_op(low, margin):
         return ""
-    return f"{what}{modes_text(modes)} of {op} (measured as consumers call it; needs a lower bound above {1 + margin:.2f}x)"
+    return (f"{what}{modes_text(figures, tuple(modes))} of {op} (measured as consumers call it; needs a lower bound "
+            f"above {1 + margin:.2f}x)")
 
 
 def gate(draft: dict[str, Any], current: Manifest | None, invalid: str | None,

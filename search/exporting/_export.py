@@ -38,7 +38,7 @@ from ..family._spec import ARRAY_FUNCTIONS, DTYPES, Family, load_family
 from ..family._tree import TreeError
 from ..family._tree import expr_tree as _expr_tree
 from ..hardware._targets import TARGETS
-from .runtime._runtime import CONSUMER_MODES, DEFAULT_MARGIN, FORMAT, decision_fields
+from .runtime._runtime import DEFAULT_MARGIN, FORMAT, decision_fields
 
 DEFAULT_PACKAGE = "kernsearch_kernels"
 #: Besides the standard library's modules, names an exported package may not take: it would shadow them.
@@ -101,7 +101,7 @@ def _family_table(fam: Family) -> dict[str, Any]:
         "compile_baseline": fam.compile_baseline,
         "params": [{"name": n, "value": p.number, "dtype": p.dtype} for n, p in fam.params.items()],
         "transfer": fam.transfer,
-        "modes": list(CONSUMER_MODES),
+        "modes": list(fam.consumer_modes),
         "array_functions": list(ARRAY_FUNCTIONS),
         "default": {"config": dict(fam.default), "kernels": {}},
         "artifacts": [],

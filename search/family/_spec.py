@@ -200,6 +200,10 @@ class Distribution(_Model):
         return (d_low if self.low is None else self.low, d_high if self.high is None else self.high)
 
 
+ConsumerMode = Literal["graph", "eager"]
+CONSUMER_MODE_NAMES: tuple[ConsumerMode, ...] = ("graph", "eager")
+
+
 class Input(Tensor):
     """A kernel input: a tensor with a value distribution, possibly taken transposed by some variants.
 
@@ -356,6 +360,10 @@ class Family(_Model):
     #: Whether the exported package may run a kernel tuned on one chip on another of the same generation
     #: (only when it beat the op on its own chip by the margin). Off unless the family says so.
     transfer: bool = False
+    #: The consumer modes a measured kernel must beat the op in to be dispatched (docs/timing.md): both by
+    #: default; a family whose consumers call it inside a model's graph (decode layers) may say ``["graph"]``.
+    #: Every mode is still timed and recorded.
+    consumer_modes: list[ConsumerMode] = Field(default_factory=lambda: list(CONSUMER_MODE_NAMES), min_length=1)
     path: Path
 
     @field_validator("reference", "baseline", mode="before")

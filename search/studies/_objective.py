@@ -447,7 +447,8 @@ class KernelObjective(Objective):
         if not keep:
             return FinalRound(None, verified_on="device", verify_shape=shape, checks=checks,
                               note="no finalist is correct on the device at a ragged shape")
-        final = _judge([top[i] for i in keep], {**out, "finalists": [samples[i] for i in keep]})
+        final = _judge([top[i] for i in keep], {**out, "finalists": [samples[i] for i in keep]},
+                       tuple(self.family.consumer_modes))
         return replace(final, verified_on="device", verify_shape=shape, checks=checks)
 
     def baseline_ms(self) -> float | None:
@@ -558,9 +559,10 @@ def model_prior(space: Space, configs: list[Config]) -> list[float] | None:
     return None if predictions is None else [p.time_ms for p in predictions]
 
 
-def _judge(top: list[TrialSummary], out: dict[str, Any]) -> FinalRound:
+def _judge(top: list[TrialSummary], out: dict[str, Any], judged: tuple[str, ...] = ("graph", "eager")) -> FinalRound:
     """Pick the winner of the re-measured finalists (graph mode, as consumers mostly call) and its speedup over
-    the baseline in every consumer mode; ``speedup_low`` is the smallest lower bound over the modes."""
+    the baseline in every consumer mode; ``speedup_low`` is the smallest lower bound over the modes the family
+    is judged in (every mode is recorded)."""
     import numpy as np
 
     from ..evaluation._measure import lead_exceeds_noise, speedup, spread
@@ -582,7 +584,7 @@ def _judge(top: list[TrialSummary], out: dict[str, Any]) -> FinalRound:
             ms = speedup(by["finalists"][first], by["baseline"])
             modes[mode] = ModeFigures(float(np.median(by["finalists"][first])), float(np.median(by["baseline"])),
                                       ms.median, ms.low, ms.high)
-    low = min([s.low] + [f.low for f in modes.values()])
+    low = min([s.low] + [f.low for m, f in modes.items() if m in judged])
     return FinalRound(top[first].number, finalists=times, lead_exceeds_noise=decisive,
                       baseline_median_ms=float(np.median(base)), baseline_spread=spread(base), speedup=s.median,
                       speedup_low=low, speedup_high=s.high, beats_baseline=lead_exceeds_noise(samples[first], base),

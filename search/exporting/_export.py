@@ -319,7 +319,6 @@ then the plain MLX op) and the nearest tuned shape valid for the call; ``FAMILY.
 text in it is ever executed.
 """
 
-import functools as _functools
 import inspect as _inspect
 import keyword as _keyword
 import re as _re
@@ -342,9 +341,9 @@ def explain(family, *arrays, chip=None, modeled=False):
 
 
 def _function(family, entry):
-    # A C-level partial of the dispatcher: a planned call costs one Python frame (Dispatcher.call) on top of
-    # the op or kernel, which matters against MLX ops of a few microseconds.
-    call = _functools.partial(_dispatcher.call, family)
+    # The dispatcher's closure for the family: a planned call costs one Python frame on top of the op or
+    # kernel, which matters against MLX ops of a few microseconds.
+    call = _dispatcher.function(family)
 
     def explain_call(*arrays, chip=None, modeled=False):
         return _dispatcher.explain(family, *arrays, chip=chip, modeled=modeled)

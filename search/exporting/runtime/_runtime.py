@@ -419,7 +419,7 @@ class Dispatcher:
         self._weighted = {name for name, fam in self.table["families"].items()
                           if len(fam["inputs"]) > 1 and not fam["inputs"][0].get("weight")
                           and all(spec.get("weight") for spec in fam["inputs"][1:])}
-        self._by_weights: Dict[Any, Tuple[List[Any], Dict[Any, Callable[..., Any]]]] = {}
+        self._by_weights: Dict[Any, Tuple[List[Any], Dict[Any, Callable[..., Any]], List[Any]]] = {}
 
     # -- the running chip --------------------------------------------------------------------------------
     def running_chip(self, chip: Any = None) -> Tuple[Dict[str, Any], str]:
@@ -703,6 +703,42 @@ class Dispatcher:
             self._remember_weights(family, arrays, plan)  # new weights (the fast path above missed)
         return plan(*arrays)
 
+    def function(self, family: str) -> Callable[..., Any]:
+        """``family`` as the package exports it: :meth:`call`, with its fast paths in one closure (no bound method,
+        no attribute look-ups): where no kernel of the family can run here, the op; with weights seen before, the
+        plan of the last activation shape (a check of the activation alone); else :meth:`call`."""
+        self._family(family)
+        call, op_only, by_weights, env, env_key = self.call, self._op_only, self._by_weights, _ENV_DATA, _ENV_KEY
+        weighted = family in self._weighted
+
+        def run(*arrays: Any, modeled: bool = False) -> Any:
+            if not modeled and (env.get(env_key) if env is not None else _env_flag()) is None:
+                op = op_only.get(family)
+                if op is not None:
+                    try:
+                        return op(*arrays)
+                    except TypeError:  # not MLX arrays: the planned path converts them
+                        return call(family, *arrays)
+                if weighted:
+                    entry = by_weights.get((family, id(arrays[-1])))
+                    if entry is not None:
+                        i = 1
+                        for ref in entry[0]:
+                            if ref() is not arrays[i]:
+                                break
+                            i += 1
+                        else:
+                            x, last = arrays[0], entry[2]
+                            try:
+                                if x.shape == last[0] and x.dtype == last[1]:
+                                    return last[2](*arrays)
+                            except AttributeError:
+                                pass
+            return call(family, *arrays, modeled=modeled)
+
+        run.__name__ = family
+        return run
+
     def _remember_weights(self, family: str, arrays: Sequence[Any], plan: Callable[..., Any]) -> None:
         """File ``plan`` under the identity of the call's weights (held weakly: a dead weight drops its entry),
         so a later call with the same weight arrays is planned by its activations' shape and dtype alone."""
@@ -713,9 +749,10 @@ class Dispatcher:
             forget = functools.partial(_forget, self._by_weights, key)
             entry = self._by_weights.get(key)
             if entry is None or not _same(entry[0], arrays):
-                entry = self._by_weights[key] = ([weakref.ref(w, forget) for w in arrays[1:]], {})
+                entry = self._by_weights[key] = ([weakref.ref(w, forget) for w in arrays[1:]], {}, [None, None, None])
             x = arrays[0]
             entry[1][(x.shape, x.dtype)] = plan
+            entry[2][:] = [x.shape, x.dtype, plan]
         except (TypeError, AttributeError):  # weights that take no weak reference (not MLX arrays): no entry
             pass
 
@@ -844,9 +881,10 @@ class Dispatcher:
             return plan(*acts)
 
         last: List[Any] = [None, None, None]  # the last single activation's (shape, dtype, plan): decode repeats it
+        env, env_key = _ENV_DATA, _ENV_KEY
 
         def bound(*acts: Any) -> Any:
-            if len(acts) == 1 and (_ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else _env_flag()) is None:
+            if len(acts) == 1 and (env.get(env_key) if env is not None else _env_flag()) is None:
                 x = acts[0]
                 try:
                     if x.shape == last[0] and x.dtype == last[1]:

@@ -25,6 +25,7 @@ def verify_variant_at(task: Any) -> dict[str, Any]:
     return verify_variant(task)
 
 if TYPE_CHECKING:
+    from ..evaluation._measure import TimingPlan
     from ..family._space import Problem, Space
     from ..hardware._chips import Chip
     from ._study import StudyResult
@@ -42,7 +43,8 @@ class KernelObjective(Objective):
     def __init__(self, problem: Problem, chip: Chip, backend: str, *, seed: int = 0, timeout: float = 120.0,
                  verify: str = "finalists", verify_shape: tuple[int, ...] | None = None,
                  verify_mode: str = "fast", backend_options: dict[str, Any] | None = None,
-                 compile_workers: int | None = None) -> None:
+                 compile_workers: int | None = None, racing: bool = True,
+                 search_plan: TimingPlan | None = None) -> None:
         from ..backends import backend_class
         from ..family._space import Space
 
@@ -79,12 +81,19 @@ class KernelObjective(Objective):
         self._valid: list[Config] | None = None
         self._worker: Any = None
         # Pipelined measured search: compile workers render and compile the next proposals while the
-        # timing worker measures (default: one per core but the timer's, on the measured back-ends).
+        # timing worker measures (default: one per core but the timer's and the search loop's).
         if compile_workers is None:
             import os
 
-            compile_workers = max(1, (os.cpu_count() or 2) - 1) if cls.compiles_ahead else 0
+            compile_workers = max(1, (os.cpu_count() or 3) - 2) if cls.compiles_ahead else 0
         self.compile_workers = compile_workers if not cls.predicts else 0
+        # A trial's timing budget: racing (a config stops once it cannot beat the incumbent) and the search
+        # plan (fewer, shorter samples); the final round re-times the finalists under the full plan.
+        # ``racing=False, search_plan=TimingPlan()``: every config timed to the full plan, as before racing.
+        from ..evaluation._measure import SEARCH_PLAN
+
+        self.racing = racing and not cls.predicts
+        self.search_plan = SEARCH_PLAN if search_plan is None else search_plan
         self._pool: Any = None
         self._prepared: dict[str, Any] = {}  # config key -> future of prepare_variant
 
@@ -238,7 +247,14 @@ class KernelObjective(Objective):
                 return shape
         return None
 
+    @property
+    def races(self) -> bool:
+        return self.racing
+
     def evaluate(self, config: Config) -> Record:
+        return self.evaluate_against(config, None)
+
+    def evaluate_against(self, config: Config, race: Any) -> Record:
         from ..family._render import render
 
         try:
@@ -260,11 +276,12 @@ class KernelObjective(Objective):
             from ..evaluation._measure import measure_variant
 
             self._wait_prepared(config)
-            out = self.worker().call(measure_variant, self._task(config, self.backend))
+            task = self._task(config, self.backend, plan=self.search_plan, race=race if self.racing else None)
+            out = self.worker().call(measure_variant, task)
             samples = out["samples_ms"]
             rec = Record(out["median_ms"], self.evidence, samples, out["spread"], out["compile_seconds"],
                          kernel.sha256, max_abs_err=out["max_abs_err"], max_rel_err=out["max_rel_err"],
-                         verified="device")
+                         verified="device", not_winning=True if out.get("not_winning") else None)
         rec.gflops = flops / (rec.time_ms * 1e-3) / 1e9 if rec.time_ms > 0 else None
         peak = self.chip.peak_tflops(self.problem.dtype) * 1e3
         rec.peak_pct = 100.0 * rec.gflops / peak if rec.gflops and peak else None

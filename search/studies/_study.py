@@ -55,8 +55,25 @@ from ._storage import Heartbeat, default_storage, make_storage, redact, retry_co
 if TYPE_CHECKING:
     import optuna
 
-STATUS_OK, STATUS_FAILED, STATUS_INVALID, STATUS_KNOWN = "ok", "failed", "invalid", "known"
-STATUS_CANCELLED = "cancelled"  # proposed and compiled ahead, but the search stopped before timing it
+    from ..evaluation._race import Race
+
+class TrialStatus(str, Enum):
+    """A trial's outcome, stored as its ``status`` user attribute."""
+
+    OK = "ok"  # evaluated: its time is a result (a finalist if among the fastest)
+    FAILED = "failed"  # evaluated: it failed (compile, crash, hang, wrong...), with the reason
+    NOT_WINNING = "not_winning"  # timed until it could no longer beat the incumbent (racing): a measured time,
+    # slower, told to the strategy; never a finalist, never published
+    INVALID = "invalid"  # a constraint rejected it before compiling
+    KNOWN = "known"  # the study had evaluated it already: its value told again
+    CANCELLED = "cancelled"  # proposed and compiled ahead, but the search stopped before timing it
+
+
+STATUS_OK, STATUS_FAILED, STATUS_INVALID, STATUS_KNOWN = (TrialStatus.OK.value, TrialStatus.FAILED.value,
+                                                          TrialStatus.INVALID.value, TrialStatus.KNOWN.value)
+STATUS_CANCELLED, STATUS_NOT_WINNING = TrialStatus.CANCELLED.value, TrialStatus.NOT_WINNING.value
+#: The statuses of configs a study has evaluated (what ``--trials`` counts).
+EVALUATED = (STATUS_OK, STATUS_FAILED, STATUS_NOT_WINNING)
 SAMPLERS = ("default", "tpe", "random", "grid", "auto")
 #: ``default``: ``auto`` when the objective has a prior (the chip's performance model ranks the family's
 #: configs), else ``tpe``. Measured on the held-out H100 GEMM landscape (benchmarks/search_landscapes.txt):
@@ -81,6 +98,7 @@ class Record:
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     verified: str | None = None  # "device", "interpreter" or None (not verified)
+    not_winning: bool | None = None  # True: its timing stopped early, it could not beat the incumbent (racing)
 
 
 class Objective(ABC):
@@ -123,6 +141,17 @@ class Objective(ABC):
     @abstractmethod
     def evaluate(self, config: Config) -> Record:
         """Measure one config; raise :class:`VariantFailure` when it fails."""
+
+    @property
+    def races(self) -> bool:
+        """Whether :meth:`evaluate_against` stops a timing that can no longer win (the loop then works out
+        the incumbent's bound for it)."""
+        return False
+
+    def evaluate_against(self, config: Config, race: Race | None) -> Record:
+        """:meth:`evaluate`, racing the incumbent: a config that cannot beat it may stop early and come back
+        with ``not_winning`` and its partial samples (see ``kernsearch.evaluation._race``)."""
+        return self.evaluate(config)
 
     def default(self) -> Config | None:
         return None
@@ -648,7 +677,7 @@ def _evaluate(study: optuna.Study, objective: Objective, trial: optuna.Trial, co
     from optuna.trial import TrialState
 
     try:
-        record = objective.evaluate(config)
+        record = objective.evaluate_against(config, _race(known) if objective.races else None)
     except VariantFailure as exc:
         trial.set_user_attr("status", STATUS_FAILED)
         trial.set_user_attr("failure", {"reason": exc.reason, "detail": exc.detail[:500]})
@@ -656,11 +685,24 @@ def _evaluate(study: optuna.Study, objective: Objective, trial: optuna.Trial, co
         failures[exc.reason] += 1
         known[key] = Seen(None, trial.number, config, exc.reason)
         return f"trial {trial.number} failed ({exc.reason})"
-    trial.set_user_attr("status", STATUS_OK)
+    status = STATUS_NOT_WINNING if record.not_winning else STATUS_OK
+    trial.set_user_attr("status", status)
     trial.set_user_attr("record", compact_record(record))
-    study.tell(trial, record.time_ms)
-    known[key] = Seen(record.time_ms, trial.number, config)
-    return f"trial {trial.number}: {record.time_ms:.4g} ms"
+    study.tell(trial, record.time_ms)  # not winning: its partial median, a measured (slower) time
+    known[key] = Seen(record.time_ms, trial.number, config, status if record.not_winning else "",
+                      tuple(record.samples_ms))
+    return f"trial {trial.number}: {record.time_ms:.4g} ms" + (" (not winning: stopped early)"
+                                                               if record.not_winning else "")
+
+
+def _race(known: dict[str, Seen]) -> Race | None:
+    """The race against the incumbent: the fastest config timed to the end (not one stopped early)."""
+    from ..evaluation._race import Race
+
+    timed = [s for s in known.values() if s.value is not None and s.reason != STATUS_NOT_WINNING and s.samples]
+    if not timed:
+        return None
+    return Race.against(min(timed, key=lambda s: (s.value, s.number)).samples)
 
 
 def compact_record(record: Record) -> dict[str, Any]:
@@ -703,19 +745,31 @@ class Seen:
     value: float | None
     number: int
     config: Config
-    reason: str = ""
+    reason: str = ""  # why it failed; STATUS_NOT_WINNING for a config stopped early (its value is measured)
+    samples: tuple[float, ...] = ()  # its timing's samples (the incumbent's bound for racing)
 
 
 def _known(study: optuna.Study) -> dict[str, Seen]:
     out: dict[str, Seen] = {}
     for t in study.get_trials(deepcopy=False):
         status = t.user_attrs.get("status")
-        if status == STATUS_OK and t.value is not None:
-            out.setdefault(format_config(t.user_attrs["config"]), Seen(t.value, t.number, t.user_attrs["config"]))
+        if status in (STATUS_OK, STATUS_NOT_WINNING) and t.value is not None:
+            out.setdefault(format_config(t.user_attrs["config"]),
+                           Seen(t.value, t.number, t.user_attrs["config"], "" if status == STATUS_OK else status,
+                                _samples(t)))
         elif status == STATUS_FAILED:
             out.setdefault(format_config(t.user_attrs["config"]),
                            Seen(None, t.number, t.user_attrs["config"], _reason(t)))
     return out
+
+
+def _samples(t: optuna.trial.FrozenTrial) -> tuple[float, ...]:
+    """A stored trial's timing samples (empty when the record has none, or they are not numbers)."""
+    record = t.user_attrs.get("record")
+    samples = record.get("samples_ms") if isinstance(record, dict) else None
+    if not isinstance(samples, list) or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in samples):
+        return ()
+    return tuple(float(x) for x in samples)
 
 
 def _reason(t: optuna.trial.FrozenTrial) -> str:
@@ -734,8 +788,8 @@ def _claimed_elsewhere(study: optuna.Study, trial: optuna.Trial, objective: Obje
                 format_config({k: t.params[k] for k in objective.knobs}) != key:
             continue
         status = t.user_attrs.get("status")
-        if status == STATUS_OK and t.value is not None:
-            return Seen(t.value, t.number, dict(t.params))
+        if status in (STATUS_OK, STATUS_NOT_WINNING) and t.value is not None:
+            return Seen(t.value, t.number, dict(t.params), "" if status == STATUS_OK else status, _samples(t))
         if status == STATUS_FAILED:
             return Seen(None, t.number, dict(t.params), _reason(t))
         if t.state == TrialState.RUNNING and status not in (STATUS_INVALID, STATUS_CANCELLED):

@@ -171,7 +171,8 @@ class KernelObjective(Objective):
         return model_prior(self.space, configs)
 
     def lookahead(self) -> int:
-        return self.compile_workers + 1 if self.compile_workers else 1
+        """The config being timed, one per compile worker, and one waiting for the first free worker."""
+        return self.compile_workers + 2 if self.compile_workers else 1
 
     def prefetch(self, config: Config) -> None:
         if not self.compile_workers:

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     import optuna
 
     from ..evaluation._race import Race
+    from ._inflight import InFlight
 
 class TrialStatus(str, Enum):
     """A trial's outcome, stored as its ``status`` user attribute."""
@@ -455,8 +456,8 @@ def _check_same_problem(study: optuna.Study, objective: Objective, name: str) ->
 
 class _Search:
     """The loop's state and its steps: :meth:`_propose` asks the sampler for a new trial and records what is
-    not evaluated (invalid, known); :meth:`_evaluate_oldest` evaluates a queued proposal and records it;
-    :meth:`run` alternates them until a :class:`Stop`."""
+    not evaluated (invalid, known); :meth:`_start_oldest` starts evaluating the oldest queued proposal and
+    :meth:`_record_oldest` records it; :meth:`run` alternates them until a :class:`Stop`."""
 
     def __init__(self, objective: Objective, *, trials: int | None, time_budget: float | None,
                  patience: int | None, sampler: str, seed: int | None, storage: str | None, study_name: str | None,
@@ -499,13 +500,18 @@ class _Search:
         self.eval_seconds = 0.0
         self.trial: optuna.Trial | None = None  # asked and not told yet: closed if the loop ends abruptly
         # Pipelined evaluation: proposals are handed to the objective (compiled ahead in other processes)
-        # up to ``depth`` before the oldest is timed; what is still ahead when the search stops is closed.
+        # up to ``depth`` held at once, the oldest being evaluated; what is still ahead when the search stops
+        # is closed.
         self.depth = max(1, objective.lookahead())
         self.ahead: deque[tuple[optuna.Trial, Config, str]] = deque()
+        self.inflight: InFlight[Record] | None = None  # the evaluation of ahead[0], once started
         self.strategy: Any = None
 
     def run(self) -> Stop:
-        """Propose and evaluate until a limit, a stop request or Ctrl-C; proposals not evaluated are closed."""
+        """Propose and evaluate until a limit, a stop request or Ctrl-C; proposals not evaluated are closed.
+
+        One evaluation is in flight at a time (the oldest proposal); for a pipelined objective it runs in a
+        background thread while this loop asks for the next proposals, up to ``depth`` held at once."""
         from optuna.trial import TrialState
 
         study = self.study
@@ -516,28 +522,36 @@ class _Search:
                     # A process that died mid-trial: its trial is failed here, and its config asked for again.
                     self.first[:0] = [c for c in self.beat.fail_stale()
                                       if format_config(c) not in self.known and c not in self.first]
+                if self.inflight is not None and self.inflight.done:
+                    self._record_oldest()
                 stop = self._limit_reached()
                 if stop is not None:
+                    if self.inflight is not None:  # the evaluation in flight finishes and counts
+                        self._record_oldest()
                     return stop
-                full = self._full()
-                if full is not None or len(self.ahead) >= self.depth:
-                    if not self.ahead:
-                        assert full is not None  # depth >= 1: only a full study ends with nothing queued
-                        if not self.new and full.reason is StopReason.BUDGET:
-                            return Stop(StopReason.BUDGET, before_run=True, evaluated=len(self.known))
-                        return full
-                    self._evaluate_oldest()
+                if self.inflight is None and self.ahead:
+                    self._start_oldest()
                     continue
-                self._propose()
+                full = self._full()
+                if full is None and len(self.ahead) < self.depth:
+                    self._propose()
+                    continue
+                if self.inflight is not None:
+                    self._record_oldest()
+                    continue
+                assert full is not None  # depth >= 1: only a full study ends with nothing queued
+                if not self.new and full.reason is StopReason.BUDGET:
+                    return Stop(StopReason.BUDGET, before_run=True, evaluated=len(self.known))
+                return full
         except KeyboardInterrupt:
-            if self.trial is not None:  # the trial in flight is not a result: record why, and keep the rest
-                self.trial.set_user_attr("status", "interrupted")
-                study.tell(self.trial, state=TrialState.FAIL)
+            for trial in self._open_trials():  # in flight: not a result; record why, and keep the rest
+                trial.set_user_attr("status", "interrupted")
+                study.tell(trial, state=TrialState.FAIL)
             return Stop(StopReason.INTERRUPTED)
         except BaseException:  # a bug of kernsearch itself: close the trial in flight, keep the traceback
-            if self.trial is not None:
-                self.trial.set_user_attr("status", "error")
-                study.tell(self.trial, state=TrialState.FAIL)
+            for trial in self._open_trials():
+                trial.set_user_attr("status", "error")
+                study.tell(trial, state=TrialState.FAIL)
             raise
         finally:
             for pending, _, _ in self.ahead:  # proposed, never timed: not a result, and its config stays free
@@ -545,6 +559,16 @@ class _Search:
                 study.tell(pending, state=TrialState.PRUNED)
                 self.beat.finish(pending)
             self.beat.stop()
+
+    def _open_trials(self) -> list[optuna.Trial]:
+        """Trials asked and not told when the loop ends abruptly: the one being proposed or recorded, and the one
+        whose evaluation is in flight (taken off the queue, so it is not closed as cancelled too)."""
+        out = [self.trial] if self.trial is not None else []
+        if self.inflight is not None and self.ahead:
+            out.append(self.ahead.popleft()[0])
+            self.inflight = None
+        self.trial = None
+        return out
 
     def _limit_reached(self) -> Stop | None:
         """The time budget, the patience or a stop request (checked before every step)."""
@@ -565,13 +589,24 @@ class _Search:
             return Stop(StopReason.BUDGET)
         return None
 
-    def _evaluate_oldest(self) -> None:
-        """Evaluate the oldest queued proposal and record it on its trial (see :func:`_evaluate`)."""
+    def _start_oldest(self) -> None:
+        """Start evaluating the oldest queued proposal, racing the incumbent as the study knows it now."""
+        from ._inflight import InFlight
+
+        _, config, _ = self.ahead[0]
+        race = _race(self.known) if self.objective.races else None
+        objective = self.objective
+        self.inflight = InFlight(lambda: objective.evaluate_against(config, race), threaded=self.depth > 1)
+
+    def _record_oldest(self) -> None:
+        """Wait for the evaluation in flight and record it on its trial (see :func:`_record`)."""
+        assert self.inflight is not None
+        self.inflight.wait()
+        inflight, self.inflight = self.inflight, None
         self.trial, config, key = self.ahead.popleft()
-        t0 = time.monotonic()
-        last = _evaluate(self.study, self.objective, self.trial, config, key, self.known, self.failures)
+        last = _record(self.study, self.trial, config, key, inflight, self.known, self.failures)
         self.beat.finish(self.trial)
-        self.eval_seconds += time.monotonic() - t0
+        self.eval_seconds += inflight.seconds
         self.trial = None
         self.new += 1
         if self.progress is not None:
@@ -671,13 +706,14 @@ class _Search:
                            self.invalid, elapsed, stop, final, overhead)
 
 
-def _evaluate(study: optuna.Study, objective: Objective, trial: optuna.Trial, config: Config, key: str,
-              known: dict[str, Seen], failures: Counter[str]) -> str:
-    """Evaluate one proposal and record it on its trial; a failure is a value, never an exception."""
+def _record(study: optuna.Study, trial: optuna.Trial, config: Config, key: str, outcome: InFlight[Record],
+            known: dict[str, Seen], failures: Counter[str]) -> str:
+    """Record one evaluated proposal on its trial; a failure is a value, never an exception (anything else the
+    evaluation raised is a bug, and raised here)."""
     from optuna.trial import TrialState
 
     try:
-        record = objective.evaluate_against(config, _race(known) if objective.races else None)
+        record = outcome.result()
     except VariantFailure as exc:
         trial.set_user_attr("status", STATUS_FAILED)
         trial.set_user_attr("failure", {"reason": exc.reason, "detail": exc.detail[:500]})

@@ -4,7 +4,6 @@ compiles and kernel runs take real time (``benchmarks/simulated_gpu.py``), read 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -72,28 +71,3 @@ def test_compiles_run_ahead_in_parallel_while_one_process_times_one_config_at_a_
     # so the gap between two timings is the recording of a trial, not a proposal
     gaps = [b["start"] - a["end"] for a, b in zip(times, times[1:])][3:]
     assert sum(gaps) / len(gaps) < PROPOSE_S / 2, gaps
-
-
-@pytest.mark.slow
-def test_without_compile_workers_the_timing_process_compiles_each_config_itself(tmp_path, monkeypatch):
-    """Today's serial loop, for contrast: every compile happens in the timing process, between timings."""
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    from kernsearch import get_chip, load_family, make_problem, run_study
-    from kernsearch.evaluation._measure import TimingPlan
-    from kernsearch.studies._objective import KernelObjective
-
-    events = tmp_path / "events.jsonl"
-    chip = get_chip("H100")
-    problem = make_problem(load_family("swiglu"), "64,256", "float16", chip)
-    options = {"compile_s": 0.2, "kernel_ms": 1.0, "noise": 0.0, "events": str(events),
-               "cache_dir": str(tmp_path / "cache"), "family": "swiglu", "shape": "64,256", "dtype": "float16"}
-    plan = TimingPlan(warmup=1, min_batch_ms=20.0, min_samples=3, max_samples=3)
-    objective = KernelObjective(problem, chip, "simulated_gpu:SimulatedGPU", compile_workers=0, racing=False,
-                                search_plan=plan, backend_options=options)
-    assert objective.lookahead() == 1
-    result = run_study(objective, trials=4, sampler="random", seed=0, storage=":memory:", finalists=1)
-    assert result.evaluated == 4
-    log = _events(events)
-    timer = {e["pid"] for e in log if e["kind"] == "time"}
-    assert len(timer) == 1 and {e["pid"] for e in log if e["kind"] == "compile"} == timer
-    assert sys.modules.get("simulated_gpu") is not None

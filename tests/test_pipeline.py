@@ -66,8 +66,8 @@ def test_compiles_run_ahead_in_parallel_while_one_process_times_one_config_at_a_
     done = {e["key"]: e["end"] for e in compiles}
     times = [e for e in timings if e["kind"] == "time"]
     waits = [max(0.0, done[b["key"]] - a["end"]) for a, b in zip(times, times[1:])][3:]
-    assert sum(waits) < 0.1 * sum(t["end"] - t["start"] for t in times), waits
+    assert sum(waits) < 0.2 * sum(t["end"] - t["start"] for t in times), waits
     # nor for the search loop: proposals (0.15 s each here) are made while the GPU times the config before,
     # so the gap between two timings is the recording of a trial, not a proposal
     gaps = [b["start"] - a["end"] for a, b in zip(times, times[1:])][3:]
-    assert sum(gaps) / len(gaps) < PROPOSE_S / 2, gaps
+    assert sum(gaps) / len(gaps) < 0.6 * PROPOSE_S, gaps  # a synchronous loop: >= PROPOSE_S each

@@ -494,6 +494,7 @@ class _Search:
         for c in retry + [objective.default()] + objective.warm_start():
             if c is not None and format_config(c) not in self.known and c not in self.first:
                 self.first.append(c)
+        self.first += self._transferred({format_config(c) for c in self.first} | set(self.known))
         self.failures: Counter[str] = Counter(s.reason for s in self.known.values() if s.value is None)
         self.baseline = objective.baseline_ms() if progress is not None else None
         self.invalid = self.skips = self.new = 0
@@ -506,6 +507,24 @@ class _Search:
         self.ahead: deque[tuple[optuna.Trial, Config, str]] = deque()
         self.inflight: InFlight[Record] | None = None  # the evaluation of ahead[0], once started
         self.strategy: Any = None
+
+    def _transferred(self, exclude: set[str]) -> list[Config]:
+        """Transfer (``_transfer``): the best configs of this family's other studies in the same storage (another
+        shape, chip or dtype), mapped into this space; nothing for a study in memory or a storage that fails."""
+        if (self.storage or default_storage()) == ":memory:" or "family" not in self.objective.study_key:
+            return []
+        from ._transfer import completed_with, nearest_valid, ranked_studies, transfer_configs
+
+        objective = self.objective
+        try:
+            ranked = ranked_studies(make_storage(self.storage), objective.study_key, objective.evidence)
+        except Exception:  # noqa: BLE001 - no transfer is never fatal
+            return []
+        if not ranked:
+            return []
+        complete = nearest_valid(objective.knobs, objective.valid_configs()) if self.size is not None else \
+            completed_with(objective.knobs, objective.default(), objective.violation)
+        return transfer_configs(ranked, complete, exclude=exclude)
 
     def run(self) -> Stop:
         """Propose and evaluate until a limit, a stop request or Ctrl-C; proposals not evaluated are closed.

@@ -18,12 +18,16 @@ many evaluated trials without a new best), ``finalists``, ``progress`` (a callba
 The loop (:class:`_Search`): ask the sampler for a config → reject it before compiling if a constraint
 forbids it (the constraint is recorded) → skip it if the study already evaluated it (its recorded value
 is told again, nothing is measured twice; two processes on one study claim configs through the shared
-storage) → otherwise evaluate it (render → build → verify → time in an isolated worker) and record every
-figure as trial attributes; a :class:`VariantFailure` marks the trial failed with its reason. When the
+storage) → otherwise evaluate it (render → build → verify → time in an isolated worker, racing the incumbent:
+a config that cannot beat it stops early and is recorded ``not_winning``, a measured slower time that is
+never a finalist) and record every figure as trial attributes; a :class:`VariantFailure` marks the trial
+failed with its reason. One evaluation is in flight at a time; a pipelined objective's runs in a background
+thread while the loop asks for the next proposals (compiled ahead in other processes). When the
 sampler keeps proposing configs that are invalid or known, an unevaluated neighbour of a leader (or a
 random unevaluated config) is asked for instead, so the budget is always spent on new configs; after ten
 trials every third one is such a local step. Trial 0 is the family's default config, then configs of
-published artifacts (warm start). ``--trials N`` is the number of evaluated configs the *study* should
+published artifacts (warm start), then the best configs of the family's other studies in the same storage
+(transfer, ``_transfer``). ``--trials N`` is the number of evaluated configs the *study* should
 hold, so re-running a command resumes the study and two processes on one study share one budget.
 
 The kernel-specific evaluation (:class:`KernelObjective`) lives in ``_objective``; where studies are

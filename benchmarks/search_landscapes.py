@@ -234,8 +234,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.results:
             args.results.write_text(json.dumps(results, indent=0, sort_keys=True))
 
-    jobs = [Job(str(p), s, pct, seed) for p in tuning + held for pct in budgets for s in strategies
-            for seed in range(args.seeds)]
+    jobs = [Job(str(p), s, pct, seed) for pct in budgets for p in tuning + held for s in strategies
+            for seed in range(args.seeds)]  # the smallest budget first: its table is ready first
     if args.transfer:
         pool = tuning + held
         for p in pool:

@@ -521,7 +521,7 @@ class _Search:
 
         objective = self.objective
         try:
-            ranked = ranked_studies(make_storage(self.storage), objective.study_key, objective.evidence)
+            ranked = ranked_studies(make_storage(self.storage), objective.study_key, objective.evidence, STATUS_OK)
         except Exception:  # noqa: BLE001 - no transfer is never fatal
             return []
         if not ranked:

@@ -76,13 +76,12 @@ def ranked_landscape(land: Landscape, top: int = 20) -> list[Config]:
     return [land.config_of(e) for e in ok[:top]]
 
 
-def ranked_studies(storage: Any, key: dict[str, str], evidence: str, top: int = 20) -> list[list[Config]]:
+def ranked_studies(storage: Any, key: dict[str, str], evidence: str, ok: str, top: int = 20) -> list[list[Config]]:
     """The best configs of every other study of ``key``'s family in ``storage`` (another shape, chip or dtype)
     with the same kind of evidence (measured from measured, modeled from modeled), fastest first per study. A
-    study that cannot be read gives nothing; its configs are only ever mapped onto this space's own values."""
+    study that cannot be read gives nothing; its configs are only ever mapped onto this space's own values.
+    ``ok``: the status of a trial timed to the end (the study loop's ``STATUS_OK``)."""
     import optuna
-
-    from ._study import STATUS_OK
 
     out: list[list[Config]] = []
     try:
@@ -98,7 +97,7 @@ def ranked_studies(storage: Any, key: dict[str, str], evidence: str, top: int = 
             trials = optuna.load_study(study_name=s.study_name, storage=storage).get_trials(deepcopy=False)
         except Exception:  # noqa: BLE001
             continue
-        out.append(_best_configs(trials, STATUS_OK, top))
+        out.append(_best_configs(trials, ok, top))
     return [r for r in out if r]
 
 

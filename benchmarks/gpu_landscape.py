@@ -20,6 +20,9 @@ A config that fails is recorded as failed (``time`` names the kind: ``CompileFai
 absent, as in KernelTuner. Each landscape is written with :class:`LandscapeWriter` (atomically, every 20
 configs and at the end: a run killed from outside leaves the last save) as
 ``OUTDIR/FAMILY_CHIP_float16_SHAPE.json``, with the device, the toolchain (MLX, driver, nvcc) and the method.
+On one GPU the pairs run one after another, each with an equal share of the time left (a pair that finishes
+early leaves its time to the rest). A second run with the same ``--out`` resumes: what an earlier run measured
+or saw fail is kept, its ``NotMeasured`` configs are swept.
 
 With several GPUs (``--gpus``, default: every GPU ``nvidia-smi -L`` lists), pairs go to GPUs by size (largest
 first, each to the least loaded GPU); each GPU runs its pairs one after another in its own process
@@ -103,10 +106,12 @@ def sweep(family: str, shape: str, args: argparse.Namespace, deadline: float) ->
                              method="benchmarks/gpu_landscape.py (docstring): verified on the device, "
                                     "LANDSCAPE_PLAN, no racing",
                              date=datetime.now(UTC).isoformat(timespec="seconds"))
+    kept = resume(writer, path)
+    todo = [c for c in configs if config_string(c[k] for k in space.knobs) not in writer.cache]
     objective = KernelObjective(problem, chip, backend, seed=args.seed, compile_workers=args.workers, racing=False,
                                 search_plan=landscape_plan(), backend_options=options)
     objective.default = lambda: None  # type: ignore[method-assign]
-    objective.warm_start = lambda: list(configs)  # type: ignore[method-assign]  # swept in this order
+    objective.warm_start = lambda: list(todo)  # type: ignore[method-assign]  # swept in this order
     evaluate = objective.evaluate_against
 
     def recording(config: dict, race: Any) -> Any:
@@ -124,9 +129,9 @@ def sweep(family: str, shape: str, args: argparse.Namespace, deadline: float) ->
 
     objective.evaluate_against = recording  # type: ignore[method-assign]
     started = time.monotonic()
-    result = run_study(objective, trials=len(configs), time_budget=max(1.0, deadline - time.monotonic()),
-                       sampler="random", seed=args.seed, storage=":memory:", finalists=0)
-    verdicts = len(writer.cache)
+    result = run_study(objective, trials=len(todo), time_budget=max(1.0, deadline - time.monotonic()),
+                       sampler="random", seed=args.seed, storage=":memory:", finalists=0) if todo else None
+    verdicts = len(writer.cache) - kept
     for config in configs:
         if config_string(config[k] for k in space.knobs) not in writer.cache:
             writer.add(config, failure=NOT_MEASURED, failure_detail="the sweep's time limit came first")
@@ -138,12 +143,33 @@ def sweep(family: str, shape: str, args: argparse.Namespace, deadline: float) ->
             kinds[e["time"]] = kinds.get(e["time"], 0) + 1
     measured = [e for e in entries if not isinstance(e["time"], str)]
     best = min(measured, key=lambda e: e["time"]) if measured else None
-    summary = {"file": path.name, "valid": len(valid), "swept": len(configs), "measured": len(measured),
+    summary = {"file": path.name, "valid": len(valid), "swept": len(configs), "kept_from_before": kept,
+               "measured": len(measured),
                "failed_or_left": kinds, "seconds": round(time.monotonic() - started, 1),
                "configs_per_min": round(verdicts / max(1e-9, time.monotonic() - started) * 60, 1),
-               "best_ms": best["time"] if best else None, "stop": result.stop_reason}
+               "best_ms": best["time"] if best else None, "stop": result.stop_reason if result else "nothing left"}
     print(json.dumps(summary), flush=True)
     return summary
+
+
+def resume(writer: Any, path: Path) -> int:
+    """Keep what an earlier run of the same sweep wrote to ``path`` (same knobs and device): every config
+    measured or failed there is not swept again; NotMeasured ones are. Returns how many were kept."""
+    from kernsearch.studies._landscape import Landscape
+
+    if not path.is_file():
+        return 0
+    try:
+        old = Landscape.load(path)  # bounded, checked read: the file is data, never trusted
+    except Exception as exc:  # noqa: BLE001 - unreadable: swept afresh (and overwritten)
+        print(f"  {path.name}: not resumed ({exc})", flush=True)
+        return 0
+    if old.knobs != writer.knobs or old.device_name != writer.header["device_name"]:
+        print(f"  {path.name}: another space or device: swept afresh (overwritten)", flush=True)
+        return 0
+    for key, entry in old.entries.items():  # NotMeasured entries were dropped on reading
+        writer.cache[key] = entry
+    return len(old.entries)
 
 
 def gpu_count(dry_run: bool) -> int:
@@ -195,8 +221,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     pairs = [parse_pair(p) for p in args.pairs]
     gpus = min(args.gpus or gpu_count(args.dry_run), len(pairs))
     args.workers = args.workers or max(1, (os.cpu_count() or 3) // max(1, gpus) - 2)
-    if args.child or gpus <= 1:
-        return [sweep(fam, shape, args, deadline) for fam, shape in pairs]
+    if args.child or gpus <= 1:  # one GPU: the pairs one after another, each with its share of the time left
+        out = []
+        for i, (fam, shape) in enumerate(pairs):
+            share = (deadline - time.monotonic()) / (len(pairs) - i)
+            out.append(sweep(fam, shape, args, time.monotonic() + share))
+        return out
     procs = []
     for i, group in enumerate(assign(pairs, gpus, args.dry_run)):
         cmd = [sys.executable, __file__, "--child", "--out", args.out, "--time-limit", str(args.time_limit - 5),

@@ -45,7 +45,7 @@ def test_gpu_landscape_dry_run_writes_partial_landscapes_when_cut_off(tmp_path, 
     from kernsearch.studies._landscape import Landscape
 
     summaries = _script("gpu_landscape").main(["--dry-run", "--out", str(tmp_path), "--pairs", "swiglu:128,512",
-                                               "rmsnorm:64,256", "--limit", "400", "--time-limit", "6",
+                                               "rmsnorm:64,256", "--limit", "400", "--time-limit", "10",
                                                "--workers", "2", "--compile-s", "0.2"])
     assert [s["file"] for s in summaries] == ["swiglu_H100_float16_128x512.json", "rmsnorm_H100_float16_64x256.json"]
     swiglu = json.loads((tmp_path / summaries[0]["file"]).read_text())
@@ -56,3 +56,10 @@ def test_gpu_landscape_dry_run_writes_partial_landscapes_when_cut_off(tmp_path, 
     # cut off by the time limit: what was left is NotMeasured (dropped on reading), never a failure
     assert summaries[0]["failed_or_left"].get("NotMeasured", 0) + len(measured) == summaries[0]["swept"]
     assert land.meta["not_measured"] == summaries[0]["failed_or_left"]["NotMeasured"] > 0
+    # a second run resumes: what the first measured is kept, only its NotMeasured configs are swept
+    again = _script("gpu_landscape").main(["--dry-run", "--out", str(tmp_path), "--pairs", "swiglu:128,512",
+                                           "--limit", "400", "--time-limit", "4", "--workers", "2",
+                                           "--compile-s", "0.2"])
+    assert again[0]["kept_from_before"] == len(land.entries) and again[0]["measured"] >= len(measured)
+    kept = Landscape.load(tmp_path / summaries[0]["file"])
+    assert all(kept.entries[k]["times"] == e["times"] for k, e in land.entries.items())

@@ -182,15 +182,15 @@ def gpu_count(dry_run: bool) -> int:
     return max(1, sum(1 for line in out.splitlines() if line.startswith("GPU ")))
 
 
-def assign(pairs: list[tuple[str, str]], gpus: int, dry_run: bool) -> list[list[tuple[str, str]]]:
-    """Pairs to GPUs, largest valid space first, each to the least loaded GPU."""
+def assign(pairs: list[tuple[str, str]], gpus: int) -> list[list[tuple[str, str]]]:
+    """Pairs to GPUs, largest valid space first, each to the least loaded GPU (by valid configs)."""
     from kernsearch import Space, get_chip, load_family, make_problem
 
     chip = get_chip("H100")
     size = {}
     for fam, shape in pairs:
         try:
-            size[(fam, shape)] = Space(make_problem(load_family(fam), shape, DTYPE, chip), chip).enumerate().total
+            size[(fam, shape)] = len(Space(make_problem(load_family(fam), shape, DTYPE, chip), chip).enumerate().valid)
         except Exception:  # noqa: BLE001 - a bad pair is refused by its sweep with its own message
             size[(fam, shape)] = 0
     load = [0] * gpus
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             out.append(sweep(fam, shape, args, time.monotonic() + share))
         return out
     procs = []
-    for i, group in enumerate(assign(pairs, gpus, args.dry_run)):
+    for i, group in enumerate(assign(pairs, gpus)):
         cmd = [sys.executable, __file__, "--child", "--out", args.out, "--time-limit", str(args.time_limit - 5),
                "--workers", str(args.workers), "--seed", str(args.seed), "--limit", str(args.limit),
                "--pairs", *[f"{f}:{s}" for f, s in group]]

@@ -77,6 +77,19 @@ def _median_times(land: Any) -> dict[str, float]:
     return out
 
 
+_LOADED: dict[str, Any] = {}
+
+
+def _landscape(path: str) -> Any:
+    """A landscape read once per process (the largest takes seconds to read: every run would pay it)."""
+    from kernsearch.studies._landscape import Landscape
+
+    if path not in _LOADED:
+        _LOADED.clear()
+        _LOADED[path] = Landscape.load(path)
+    return _LOADED[path]
+
+
 def one_run(job: Job) -> tuple[str, float, float]:
     """(key, picked score, picked score by the recorded mean) of one seeded search."""
     from kernsearch import run_study
@@ -84,7 +97,7 @@ def one_run(job: Job) -> tuple[str, float, float]:
     from kernsearch.studies._replay import Replay
     from kernsearch.studies._transfer import nearest_valid, ranked_landscape, transfer_configs
 
-    backend = Replay(job.path, seed=job.seed)
+    backend = Replay(seed=job.seed, landscape=_landscape(job.path))
     land = backend.landscape
     _, optimum = land.optimum()
     objective = backend.objective()

@@ -108,6 +108,11 @@ def test_a_replayed_search_records_not_winning_configs_as_measured_slower_never_
     assert result.best is not None and result.best.config == {"X": 0}
     assert all(status[t.number] == STATUS_OK for t in result.top)  # finalists: configs timed to the end
     assert set(result.final.finalists) <= {t.number for t in trials if status[t.number] == STATUS_OK}
+    from kernsearch.studies._history import load_history
+
+    points = {p.number: p for p in load_history(result.study_name, url, importances=False).trials}
+    assert all(points[t.number].reason == STATUS_NOT_WINNING and points[t.number].time_ms == t.value
+               for t in stopped)  # the report and `show` draw them as measured, slower
     known = _known(optuna.load_study(study_name=result.study_name, storage=url))
     assert len(known) == 16 and all(known[f"X={t.user_attrs['config']['X']}"].value == t.value for t in stopped)
     replay = Replay(tmp_path / "race.json", seed=1)

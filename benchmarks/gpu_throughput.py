@@ -23,8 +23,9 @@ whether the pipeline's winner is the serial one's or within the measured noise o
 Written to ``--out`` (``benchmarks/data``) as ``gpu_throughput_<chip>.json`` (``gpu_throughput_dry-run.json``
 for a dry run): ``serial_configs_per_min``, ``configs_per_min`` (the pipeline's), ``ratio``, both winners
 with their final-round times, the head-to-head, and per arm the configs evaluated, stopped early (not
-winning), failed, and the timing worker's mean first-launch time (NVRTC in the serial arm, a cubin load in
-the pipeline). A configs-per-minute figure counts configs with a verdict (timed, stopped early, or failed)
+winning), failed, the timing worker's mean first-launch time (NVRTC in the serial arm, a cubin load in
+the pipeline) and how long it waited for the compile workers (racing makes timing so short that compiles can
+become the bottleneck: then more cores, not a faster GPU, raise the figure). A configs-per-minute figure counts configs with a verdict (timed, stopped early, or failed)
 over the search's wall time, before the final round.
 
 ``--dry-run`` runs everything here on ``benchmarks/simulated_gpu.py``: compiles of ``--compile-s`` (2.5 s, NVRTC's
@@ -127,6 +128,7 @@ def run_arm(arm: Arm, problem: Any, chip: Any, configs: list[dict], args: argpar
            "search_seconds": round(result.elapsed_s, 1), "with_final_round_seconds": round(total, 1),
            "configs_per_min": round(per_min, 2),
            "loop_ms_per_trial_gpu_idle": round(result.overhead_s_per_trial * 1e3, 1),
+           "timer_waited_for_compilers_s": round(objective.compile_wait_s, 1),
            "timer_first_launch_s_mean": round(sum(first_launch) / len(first_launch), 3) if first_launch else None,
            "winner": format_config(best.config) if best else None, "winner_config": best.config if best else None,
            "winner_search_ms": best.time_ms if best else None,

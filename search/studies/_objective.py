@@ -4,6 +4,7 @@ baseline op, warm start from published artifacts, and publishing the winner."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +97,7 @@ class KernelObjective(Objective):
         self.search_plan = SEARCH_PLAN if search_plan is None else search_plan
         self._pool: Any = None
         self._prepared: dict[str, Any] = {}  # config key -> future of prepare_variant
+        self.compile_wait_s = 0.0  # how long the timing process waited for compile workers (see _wait_prepared)
 
     # -- the space --------------------------------------------------------------------------------
     @property
@@ -192,7 +194,11 @@ class KernelObjective(Objective):
 
         future = self._prepared.pop(format_config(config), None)
         if future is not None:
-            future.result()  # raises the variant's VariantFailure
+            start = time.monotonic()
+            try:
+                future.result()  # raises the variant's VariantFailure
+            finally:
+                self.compile_wait_s += time.monotonic() - start  # the GPU idle, waiting for a compiler
 
     def interpret(self, config: Config) -> dict[str, Any]:
         """Verify ``config`` on the CPU interpreter (small problem); raises VariantFailure."""

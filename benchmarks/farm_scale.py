@@ -48,13 +48,13 @@ def worker(url: str, study: str, budget: int, eval_s: float, sampler: str, liar:
 
     _study.CONSTANT_LIAR = liar
     objective = Replay(landscape, seed=seed).objective()
-    evaluate = objective.evaluate
+    evaluate = objective.evaluate_against
 
-    def slow(config: dict[str, Any]) -> Any:
+    def slow(config: dict[str, Any], race: Any) -> Any:
         time.sleep(eval_s)  # stands in for compile + verify + measure on the machine's GPU
-        return evaluate(config)
+        return evaluate(config, race)
 
-    objective.evaluate = slow  # type: ignore[method-assign]
+    objective.evaluate_against = slow  # type: ignore[method-assign]
     result = _study.run_study(objective, trials=budget, sampler=sampler, seed=seed, storage=url,
                               study_name=study, finalists=1)
     print(json.dumps({"evaluated": result.evaluated, "overhead_s": result.overhead_s_per_trial}))

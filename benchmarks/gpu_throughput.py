@@ -1,23 +1,36 @@
-"""Measured tuning throughput: configs evaluated per minute, serial loop vs pipelined compile, same problem.
+"""Measured tuning throughput: today's serial loop against compile-ahead + racing, same shape, seed and configs.
 
-One command on the GPU machine (MLX with its CUDA back-end, Optuna; from the repository root)::
+On the GPU machine (MLX with its CUDA back-end; from the repository root)::
 
-    python benchmarks/gpu_throughput.py --out OUTDIR            # ~5 minutes on the H100
+    python benchmarks/gpu_throughput.py                  # ~5 minutes on an H100 (at most ~7)
+    python benchmarks/gpu_throughput.py --dry-run        # here, on a simulated GPU: checks the script, ~3 min
 
-runs two time-boxed searches of GEMM float16 2048x2048x2048 with one strategy (``--sampler``, TPE), each from an
-empty compile cache (its own ``MLX_PTX_CACHE_DIR``) and its own in-memory study, seed 0:
+Both arms evaluate the same configs in the same order: ``--configs`` (48) valid configs of GEMM float16
+2048x2048x2048 drawn with ``--seed`` (0), each arm from an empty compile cache (its own ``MLX_PTX_CACHE_DIR``)
+and its own study:
 
-* ``serial``     ``compile_workers=0``: one worker renders, compiles (NVRTC, at the first launch),
-  verifies and times each proposal in turn, while the GPU waits for the compiler;
-* ``pipelined``  ``compile_workers=cores-1``: that many compile workers render and compile the next
-  proposals (NVRTC output lands in MLX's on-disk cache) while the timing worker verifies and times.
+* ``serial``    today's loop: no compile workers (the timing worker compiles each variant at its first
+  launch, NVRTC), no racing, every config timed to the full plan (``TimingPlan()``: batches of 20 ms,
+  samples until a 2 % spread or 5 s);
+* ``pipeline``  compile workers (cores - 2) build the next proposals while one timing process verifies and
+  times, the loop proposing meanwhile; racing on (a config stops once it cannot beat the incumbent) and the
+  search plan (``SEARCH_PLAN``), as ``kernsearch tune`` does now.
 
-Both keep inputs and the float64 reference across trials (that part of the change helps both arms; the
-issue's "old" figure, 28 configs in 2 minutes, also rebuilt them per trial). Printed per arm: configs
-evaluated, per minute, failures, the timing worker's mean first-launch time, and the winner after the
-final round (re-measured interleaved with ``mx.matmul``) — the winner quality check. ``--dry-run``
-runs the same code on this machine with a simulated GPU (compile = a sleep, cached on disk like MLX's;
-verification on the CPU interpreter at 64^3): it tests the script, not the GPU.
+Each arm ends with its final round, unchanged (finalists re-timed fully, interleaved with ``mx.matmul``). When
+the two winners differ, they are then re-timed head to head in one process (``final_round``), which says
+whether the pipeline's winner is the serial one's or within the measured noise of it.
+
+Written to ``--out`` (``benchmarks/data``) as ``gpu_throughput_<chip>.json`` (``gpu_throughput_dry-run.json``
+for a dry run): ``serial_configs_per_min``, ``configs_per_min`` (the pipeline's), ``ratio``, both winners
+with their final-round times, the head-to-head, and per arm the configs evaluated, stopped early (not
+winning), failed, the timing worker's mean first-launch time (NVRTC in the serial arm, a cubin load in
+the pipeline) and how long it waited for the compile workers (racing makes timing so short that compiles can
+become the bottleneck: then more cores, not a faster GPU, raise the figure). A configs-per-minute figure counts configs with a verdict (timed, stopped early, or failed)
+over the search's wall time, before the final round.
+
+``--dry-run`` runs everything here on ``benchmarks/simulated_gpu.py``: compiles of ``--compile-s`` (2.5 s, NVRTC's
+median on the H100) and kernels that take real time, verification by construction; ``--workers`` defaults to
+14 (the H100 machine's 16 cores less two) so the schedule is the GPU machine's. Nothing it prints is measured.
 """
 
 from __future__ import annotations
@@ -25,10 +38,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import random
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,151 +50,168 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-SIM_COMPILE_S = 1.0
+FAMILY = "gemm"
+DTYPE = "float16"
 
 
-class SimulatedCuda:
-    """--dry-run's GPU: verification on the CPU interpreter, a compile that costs SIM_COMPILE_S unless a
-    compile worker left it in the on-disk cache (as MLX's CUDA back-end does), times from a virtual clock."""
-
-    name = "simulated-cuda"
-    target = "metal"  # the interpreter runs the Metal twin
-
-    def __init__(self, **_: Any) -> None:
-        from kernsearch import get_backend
-        from kernsearch.backends import Evidence
-
-        self.evidence = Evidence.MEASURED
-        self.cpu = get_backend("cpu")
-        self.now_ms = 0.0
-        self.compile_seconds: dict[str, float] = {}
-
-    def check_available(self) -> None:
-        pass
-
-    def _compile(self, kernel: Any) -> float:
-        marker = Path(os.environ["MLX_PTX_CACHE_DIR"]) / f"{kernel.sha256}.ptx"
-        start = time.perf_counter()
-        if not marker.exists():
-            time.sleep(SIM_COMPILE_S)
-            marker.write_text("x")
-        self.compile_seconds.setdefault(kernel.sha256, time.perf_counter() - start)
-        return self.compile_seconds[kernel.sha256]
-
-    def precompile(self, kernel: Any, geometry: Any, shapes: Any, dtype: str) -> bool:
-        self._compile(kernel)
-        return True
-
-    def clock(self) -> float:
-        return self.now_ms / 1e3
-
-    def run(self, kernel: Any, geometry: Any, inputs: Any, dtype: str, init_value: float = float("nan"),
-            **options: Any) -> Any:
-        self._compile(kernel)
-        return self.cpu.run(kernel, geometry, inputs, dtype, init_value=init_value, timeout=30.0)
-
-    def _launcher(self, ms: float) -> Any:
-        def launch(i: int) -> None:
-            self.now_ms += ms
-
-        def sync() -> None:
-            self.now_ms += 0.01
-
-        return launch, sync
-
-    def launcher(self, kernel: Any, geometry: Any, inputs: Any, dtype: str, sets: Any = None) -> Any:
-        return self._launcher(0.1 + (int(kernel.sha256[:4], 16) % 100) / 100.0)
-
-    def baseline_launcher(self, family: Any, problem: Any, logical: Any, sets: Any = None) -> Any:
-        return self._launcher(0.5)
-
-    def time(self, kernel: Any, geometry: Any, inputs: Any, dtype: str, **options: Any) -> Any:
-        from kernsearch.backends._base import Timing
-        from kernsearch.evaluation._measure import measure
-
-        launch, sync = self.launcher(kernel, geometry, inputs, dtype)
-        return Timing(measure(launch, sync, clock=self.clock), self.evidence, self.compile_seconds[kernel.sha256])
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    compile_workers: int
+    racing: bool
+    full_plan: bool  # every config timed to TimingPlan() (today's loop); else SEARCH_PLAN
 
 
-def run_arm(label: str, workers: int, seconds: float, args: argparse.Namespace, chip: Any) -> dict:
-    from kernsearch import load_family, make_problem, run_study
+def pick_configs(problem: Any, chip: Any, n: int, seed: int) -> list[dict]:
+    """``n`` distinct valid configs drawn uniformly with ``seed`` (rejection sampling over the knobs: GEMM's space
+    is too big to enumerate in a moment); the same list, in the same order, for both arms."""
+    from kernsearch import Space
     from kernsearch.family._space import format_config
+
+    space, rng = Space(problem, chip), random.Random(seed)
+    out: dict[str, dict] = {}
+    for _ in range(200000):
+        if len(out) >= n:
+            break
+        config = {k: rng.choice(v) for k, v in space.knobs.items()}
+        if space.is_valid(config):
+            out.setdefault(format_config(config), config)
+    return list(out.values())
+
+
+def make_objective(arm: Arm, problem: Any, chip: Any, configs: list[dict], args: argparse.Namespace,
+                   cache: str) -> Any:
+    from kernsearch.evaluation._measure import TimingPlan
     from kernsearch.studies._objective import KernelObjective
 
-    cache = tempfile.mkdtemp(prefix=f"ptx-{label}-")
-    os.environ["MLX_PTX_CACHE_DIR"] = cache  # read by each worker process when it starts (spawn)
-    fam = load_family("gemm")
-    problem = make_problem(fam, args.shape, "float16", chip)
-    backend = "gpu_throughput:SimulatedCuda" if args.dry_run else "cuda"
-    started = time.monotonic()
-    objective = KernelObjective(problem, chip, backend, seed=0, compile_workers=workers)
-    storage = f"sqlite:///{cache}/study.db"
-    result = run_study(objective, trials=None, time_budget=seconds, seed=0, storage=storage, finalists=3,
-                       sampler=args.sampler)
-    total = time.monotonic() - started
+    options: dict[str, Any] = {}
+    backend = "cuda"
+    if args.dry_run:
+        backend = "simulated_gpu:SimulatedGPU"
+        options = {"compile_s": args.compile_s, "cache_dir": cache, "family": FAMILY, "shape": args.shape,
+                   "dtype": DTYPE, "seed": args.seed, "noise": args.noise}
+    objective = KernelObjective(problem, chip, backend, seed=args.seed, compile_workers=arm.compile_workers,
+                                racing=arm.racing, search_plan=TimingPlan() if arm.full_plan else None,
+                                backend_options=options)
+    objective.default = lambda: None  # type: ignore[method-assign]  # the list decides what is evaluated
+    objective.warm_start = lambda: list(configs)  # type: ignore[method-assign]  # asked for first, in order
+    return objective
+
+
+def run_arm(arm: Arm, problem: Any, chip: Any, configs: list[dict], args: argparse.Namespace) -> dict[str, Any]:
     import optuna
 
-    # the timing worker's first-launch time per trial: ~NVRTC time when it compiled, ~0 when the compile
-    # workers' cache was found (the diagnostic of whether the pipeline took the compile off the timer)
+    from kernsearch import run_study
+    from kernsearch.family._space import format_config
+
+    cache = tempfile.mkdtemp(prefix=f"ptx-{arm.name}-")
+    os.environ["MLX_PTX_CACHE_DIR"] = cache  # read by each worker process when it starts (spawn)
+    storage = f"sqlite:///{cache}/study.db"
+    started = time.monotonic()
+    objective = make_objective(arm, problem, chip, configs, args, cache)
+    budget = args.serial_seconds if arm.name == "serial" else None
+    result = run_study(objective, trials=len(configs), time_budget=budget, seed=args.seed, storage=storage,
+                       sampler="random", finalists=3)
+    total = time.monotonic() - started
     trials = optuna.load_study(study_name=result.study_name, storage=storage).trials
+    status = [t.user_attrs.get("status") for t in trials]
     first_launch = [t.user_attrs.get("record", {}).get("compile_seconds") for t in trials
-                    if t.user_attrs.get("status") == "ok"]
+                    if t.user_attrs.get("status") in ("ok", "not_winning")]
     first_launch = [x for x in first_launch if x is not None]
-    # elapsed_s ends before the final round: configs per minute of search
     per_min = result.evaluated / result.elapsed_s * 60 if result.elapsed_s else 0.0
     best, final = result.best, result.final
-    row = {"arm": label, "compile_workers": workers, "evaluated": result.evaluated,
+    timed = final.finalists.get(best.number) if best and final else None
+    row = {"arm": arm.name, "compile_workers": arm.compile_workers, "racing": arm.racing,
+           "plan": "TimingPlan() (full)" if arm.full_plan else "SEARCH_PLAN", "evaluated": result.evaluated,
+           "timed_to_the_end": status.count("ok"), "not_winning": status.count("not_winning"),
+           "failures": dict(result.failures), "stop_reason": result.stop_reason,
            "search_seconds": round(result.elapsed_s, 1), "with_final_round_seconds": round(total, 1),
-           "configs_per_minute": round(per_min, 2), "failures": dict(result.failures),
-           "stop_reason": result.stop_reason, "overhead_ms_per_trial": round(result.overhead_s_per_trial * 1e3, 1),
-           "winner": format_config(best.config) if best else None,
-           "winner_median_ms": final.finalists[best.number].median_ms
-           if best and final and best.number in final.finalists else None,
-           "winner_search_ms": best.time_ms if best else None,
-           "speedup_vs_baseline": final.speedup if final else None,
-           "baseline_median_ms": final.baseline_median_ms if final else None,
+           "configs_per_min": round(per_min, 2),
+           "loop_ms_per_trial_gpu_idle": round(result.overhead_s_per_trial * 1e3, 1),
+           "timer_waited_for_compilers_s": round(objective.compile_wait_s, 1),
            "timer_first_launch_s_mean": round(sum(first_launch) / len(first_launch), 3) if first_launch else None,
-           "optuna": optuna.__version__}
-    print(f"{label:>10}: {result.evaluated} configs in {result.elapsed_s:.0f} s = {per_min:.1f}/min "
-          f"(failures {dict(result.failures)}); winner {row['winner']} "
-          f"{row['winner_median_ms'] or float('nan'):.4f} ms, vs baseline {row['speedup_vs_baseline']}; timing "
-          f"worker's mean first launch (compile or cache load) {row['timer_first_launch_s_mean']} s", flush=True)
+           "winner": format_config(best.config) if best else None, "winner_config": best.config if best else None,
+           "winner_search_ms": best.time_ms if best else None,
+           "winner_final_ms": timed.median_ms if timed else None,
+           "winner_final_spread": timed.spread if timed else None,
+           "speedup_vs_baseline": final.speedup if final else None,
+           "baseline_median_ms": final.baseline_median_ms if final else None}
+    print(f"{arm.name:>9}: {result.evaluated} configs in {result.elapsed_s:.0f} s = {per_min:.1f}/min "
+          f"({row['not_winning']} stopped early, failures {dict(result.failures)}); winner {row['winner']} "
+          f"{row['winner_final_ms'] or float('nan'):.4f} ms (final round); timing worker's mean first launch "
+          f"{row['timer_first_launch_s_mean']} s", flush=True)
     return row
 
 
-def main() -> None:
+def head_to_head(rows: list[dict], problem: Any, chip: Any, args: argparse.Namespace) -> dict[str, Any] | None:
+    """The two winners re-timed interleaved in one fresh process (with the baseline op), when they differ."""
+    import numpy as np
+
+    from kernsearch.evaluation._measure import final_round, spread
+    from kernsearch.evaluation._worker import Worker
+
+    a, b = rows[0]["winner_config"], rows[1]["winner_config"]
+    if a is None or b is None:
+        return None
+    if a == b:
+        return {"same_config": True, "within_noise": True}
+    objective = make_objective(Arm("h2h", 0, False, True), problem, chip, [], args, tempfile.mkdtemp())
+    task = objective._task(a, objective.backend, finalists=[a, b])
+    objective.close()
+    with Worker(timeout=600) as worker:
+        out = worker.call(final_round, task)
+    sa, sb = out["finalists"]
+    ma, mb = float(np.median(sa)), float(np.median(sb))
+    gap = mb / ma - 1
+    noise = max(spread(sa), spread(sb))
+    return {"same_config": False, "serial_winner_ms": ma, "pipeline_winner_ms": mb, "serial_spread": spread(sa),
+            "pipeline_spread": spread(sb), "pipeline_over_serial": gap, "within_noise": gap <= noise}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", help="folder for throughput.json")
-    ap.add_argument("--seconds", type=float, default=None, help="search seconds per arm (default 110; dry run 20)")
-    ap.add_argument("--shape", default=None, help="M,N,K (default 2048,2048,2048; dry run 64,64,64)")
-    ap.add_argument("--workers", type=int, default=None, help="compile workers of the pipelined arm (cores-1)")
-    ap.add_argument("--sampler", default="tpe", help="strategy of both arms (default tpe: no start-up enumeration, "
-                    "so the figure is about the pipeline; 'default' adds the auto strategy's few seconds of set-up)")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "data"), help="folder of the JSON")
+    ap.add_argument("--shape", default=None, help="M,N,K (default 2048,2048,2048; dry run 128,128,128)")
+    ap.add_argument("--configs", type=int, default=48, help="configs both arms evaluate (default 48)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=None, help="compile workers of the pipeline (cores - 2; "
+                    "dry run 14)")
+    ap.add_argument("--serial-seconds", type=float, default=280.0, help="cap on the serial arm's search (s)")
     ap.add_argument("--dry-run", action="store_true", help="simulated GPU on this machine (tests the script)")
-    args = ap.parse_args()
-    args.seconds = args.seconds or (20.0 if args.dry_run else 110.0)
-    args.shape = args.shape or ("64,64,64" if args.dry_run else "2048,2048,2048")
-    workers = args.workers or max(1, (os.cpu_count() or 2) - 1)
-    if args.dry_run:
-        from kernsearch import get_chip
+    ap.add_argument("--compile-s", type=float, default=2.5, help="dry run: simulated compile seconds")
+    ap.add_argument("--noise", type=float, default=0.02, help="dry run: relative noise of a simulated batch")
+    args = ap.parse_args(argv)
+    args.shape = args.shape or ("128,128,128" if args.dry_run else "2048,2048,2048")
+    workers = args.workers or (14 if args.dry_run else max(1, (os.cpu_count() or 3) - 2))
+    from toolchain import device, toolchain
 
-        chip, info = get_chip("H100"), {"device": "simulated (dry run)"}
-    else:
-        from gpu_gemm import device_chip
+    from kernsearch import load_family, make_problem
 
-        chip, info = device_chip()
-    header = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "device": str(info),
-              "chip": chip.name, "shape": args.shape, "dtype": "float16", "cpu_count": os.cpu_count(),
-              "python": platform.python_version(), "seconds_per_arm": args.seconds, "dry_run": args.dry_run,
-              "sampler": args.sampler}
+    chip, info = device(args.dry_run)
+    problem = make_problem(load_family(FAMILY), args.shape, DTYPE, chip)
+    configs = pick_configs(problem, chip, args.configs, args.seed)
+    header = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "device": info, "chip": chip.name,
+              "family": FAMILY, "shape": args.shape, "dtype": DTYPE, "seed": args.seed, "configs": len(configs),
+              "cpu_count": os.cpu_count(), "toolchain": toolchain(args.dry_run), "dry_run": args.dry_run,
+              "evidence": "dry run: simulated GPU, nothing measured" if args.dry_run else "measured"}
     print(json.dumps(header), flush=True)
-    rows = [run_arm("serial", 0, args.seconds, args, chip), run_arm("pipelined", workers, args.seconds, args, chip)]
-    ratio = rows[1]["configs_per_minute"] / rows[0]["configs_per_minute"] if rows[0]["configs_per_minute"] else None
-    print(f"pipelined / serial configs per minute: {ratio:.2f}x" if ratio else "no serial figure", flush=True)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "throughput.json").write_text(json.dumps({"header": header, "arms": rows, "ratio": ratio},
-                                                                  indent=1))
+    rows = [run_arm(Arm("serial", 0, False, True), problem, chip, configs, args),
+            run_arm(Arm("pipeline", workers, True, False), problem, chip, configs, args)]
+    serial, pipe = rows[0]["configs_per_min"], rows[1]["configs_per_min"]
+    ratio = pipe / serial if serial else None
+    h2h = head_to_head(rows, problem, chip, args)
+    report = {**header, "serial_configs_per_min": serial, "configs_per_min": pipe, "ratio": ratio,
+              "serial_winner": rows[0]["winner"], "serial_winner_ms": rows[0]["winner_final_ms"],
+              "winner": rows[1]["winner"], "winner_ms": rows[1]["winner_final_ms"], "head_to_head": h2h,
+              "arms": rows, "goal": "configs_per_min >= 4 x serial_configs_per_min, same winner or within noise",
+              "met": bool(ratio and ratio >= 4 and h2h and h2h["within_noise"])}
+    print(f"pipeline / serial configs per minute: {ratio:.2f}x; winners: "
+          + ("the same config" if h2h and h2h["same_config"] else f"head to head {json.dumps(h2h)}"), flush=True)
+    name = "gpu_throughput_dry-run.json" if args.dry_run else f"gpu_throughput_{chip.name.replace(' ', '_')}.json"
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / name).write_text(json.dumps(report, indent=1, default=str) + "\n")
+    print(f"wrote {Path(args.out) / name}", flush=True)
+    return report
 
 
 if __name__ == "__main__":

@@ -1,72 +1,130 @@
 """How good is the search? Replay recorded landscapes (KernelTuner cache files) and compare strategies.
 
     .venv/bin/python benchmarks/search_landscapes.py --tuning ../shared/landscapes \\
-        --held-out benchmarks/data NEW_FOLDER ... [--strategies auto,tpe,random] [--budgets 1,5] [--seeds 20]
+        --held-out benchmarks/data [--strategies default,plain-tpe,random] [--budgets 1,5] [--seeds 20] \\
+        [--jobs 2] [--results results.json] [--transfer]
 
 Every ``*.json`` / ``*.json.gz`` KernelTuner cache file in the given folders (or the files themselves) is
-replayed: each strategy searches with a budget of 1 % and 5 % of the file's configs for ``--seeds`` seeds
-(``run_study`` on a replayed landscape: noisy timings drawn from the recorded repetitions). Two scores per run,
-both ``optimum time / recorded time`` (1.0 = the optimum):
+replayed: each strategy searches with a budget of 1 % and 5 % of the file's configs, **at least 5 trials**
+(``MIN_TRIALS``), for ``--seeds`` seeds (``run_study`` on a replayed landscape: noisy timings drawn from the
+recorded repetitions, racing on as in a real search). Scores are ``optimum / recorded`` (1.0 = the optimum) of
+the config the search *picked* after its final round (what it would ship), both taken as the **median of the
+recorded repetitions** (what the search and its final round rank by: several H100 files hold first-launch
+outliers that inflate the mean KernelTuner records as ``time``; the summary also gives the score by that mean);
+``hit`` is the share of seeds whose pick is within 3 % of the optimum (score >= 1/1.03).
 
-* ``visited`` — the best config among those the search evaluated (what the strategy found);
-* ``picked``  — the config the search picked on its noisy timings after the final round (what it ships).
+Strategies: ``default`` (what ``kernsearch tune`` uses: ``run_study``'s default sampler), ``plain-tpe``
+(Optuna's TPE alone: no local steps), ``tpe`` (kernsearch's TPE, with one-knob local steps), ``random``, ``auto``.
 
-Printed per file and budget: the median and 10th percentile over seeds of each, per strategy, and the
-difference to random search; then per budget the mean over files of the medians and of the p10s.
-Files tuned on (``--tuning``) and held-out files (``--held-out``) are reported in separate sections:
-only the held-out section says how the strategy generalises. Last, the framework overhead per trial
-(sampler + storage + loop, replay evaluation excluded) in memory and with SQLite.
+Printed per file and budget: median, p10 and hit rate per strategy; then per budget and strategy the mean over
+files of the per-file medians and of the p10s, the smallest p10, and the files where fewer than 90 % of seeds
+hit. Files tuned on (``--tuning``) and held-out files (``--held-out``) are reported in separate sections.
+
+``--transfer``: for each file, the other files of the same kernsearch family (another shape or chip) are the
+source of a warm start: their best configs (``TRANSFER_LIMIT``), mapped into this space, are evaluated first
+(``Objective.warm_start``), then the default strategy goes on; reported against the default without it, and
+both again without the performance model's prior (``default-noprior``: the case of a family the model does
+not know, where transfer is all a new study has).
+
+``--results FILE`` keeps every run's score (JSON, one entry per file/strategy/budget/seed); a second invocation
+with the same file skips the runs it already holds, so a long table can be built in several sittings.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
-import statistics
 import sys
-import tempfile
-import time
-from dataclasses import dataclass, field
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernsearch import run_study  # noqa: E402
-from kernsearch.studies._replay import Replay  # noqa: E402
-
-NO_PRIOR = False  # --no-prior: strategies get no performance-model prediction, even for kernsearch's own files
-
-
-@dataclass
-class Runs:
-    visited: list[float] = field(default_factory=list)
-    picked: list[float] = field(default_factory=list)
-    overhead_s: list[float] = field(default_factory=list)
+MIN_TRIALS = 5
+TRANSFER_ARMS = ("default", "default+transfer", "default-noprior", "default-noprior+transfer")
+HIT = 1 / 1.03  # a pick within 3 % of the optimum
 
 
-def one_run(path: Path, strategy: str, budget: int, seed: int, storage: str = ":memory:") -> tuple[float, float, float]:
-    backend = Replay(path, seed=seed)
+@dataclass(frozen=True)
+class Job:
+    path: str
+    strategy: str
+    pct: float
+    seed: int
+    transfer: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        return f"{Path(self.path).name}|{self.strategy}|{self.pct:g}|{self.seed}"
+
+
+def budget_for(size: int, pct: float) -> int:
+    """Trials for a budget of ``pct`` % of a space of ``size`` configs: at least MIN_TRIALS, at most the space."""
+    return min(size, max(MIN_TRIALS, math.ceil(size * pct / 100)))
+
+
+def _median_times(land: Any) -> dict[str, float]:
+    """Per config key, the median of its recorded repetitions (working configs only)."""
+    out = {}
+    for key, entry in land.entries.items():
+        if not land.failed(entry):
+            out[key] = float(np.median(entry.get("times") or [entry["time"]]))
+    return out
+
+
+_LOADED: dict[str, Any] = {}
+
+
+def _landscape(path: str) -> Any:
+    """A landscape read once per process (the largest takes seconds to read: every run would pay it)."""
+    from kernsearch.studies._landscape import Landscape
+
+    if path not in _LOADED:
+        _LOADED.clear()
+        _LOADED[path] = Landscape.load(path)
+    return _LOADED[path]
+
+
+def one_run(job: Job) -> tuple[str, float, float]:
+    """(key, picked score, picked score by the recorded mean) of one seeded search."""
+    from kernsearch import run_study
+    from kernsearch.studies import _study
+    from kernsearch.studies._replay import Replay
+    from kernsearch.studies._transfer import nearest_valid, ranked_landscape, transfer_configs
+
+    backend = Replay(seed=job.seed, landscape=_landscape(job.path))
     land = backend.landscape
     _, optimum = land.optimum()
     objective = backend.objective()
-    if NO_PRIOR:
+    if job.transfer:
+        from kernsearch.studies._landscape import Landscape
+
+        sources = [ranked_landscape(Landscape.load(p)) for p in job.transfer]
+        warm = transfer_configs(sources, nearest_valid(land.knobs, objective.valid_configs()))
+        objective.warm_start = lambda: warm  # type: ignore[method-assign]
+    strategy = job.strategy.removesuffix("+transfer")
+    if strategy.endswith("-noprior"):  # a family the performance model does not know
+        strategy = strategy.removesuffix("-noprior")
         objective.prior = lambda configs: None  # type: ignore[method-assign]
-    seen: list[dict] = []
-    evaluate = objective.evaluate
-
-    def recording(config: dict) -> object:  # every config the search evaluated: the 'visited' score
-        seen.append(config)
-        return evaluate(config)
-
-    objective.evaluate = recording  # type: ignore[method-assign]
-    result = run_study(objective, trials=budget, sampler=strategy, seed=seed, storage=storage,
-                       study_name=f"bench-{strategy}-{seed}")
-    times = [land.entry(c).get("time") for c in seen]
-    best_visited = min((float(t) for t in times if isinstance(t, (int, float))), default=math.inf)
-    picked = float(land.entry(result.best.config)["time"]) if result.best else math.inf
-    return optimum / best_visited, optimum / picked, result.overhead_s_per_trial
+    local = _study.LOCAL_EVERY
+    if strategy == "plain-tpe":
+        _study.LOCAL_EVERY = 0
+    try:
+        result = run_study(objective, trials=budget_for(len(land), job.pct),
+                           sampler="tpe" if strategy == "plain-tpe" else strategy, seed=job.seed, storage=":memory:",
+                           study_name=f"bench-{job.strategy}-{job.seed}")
+    finally:
+        _study.LOCAL_EVERY = local
+    medians = _median_times(land)
+    if result.best is None:
+        return job.key, 0.0, 0.0
+    key = land.key(result.best.config)
+    return job.key, min(medians.values()) / medians[key], optimum / float(land.entries[key]["time"])
 
 
 def files_in(targets: list[Path]) -> list[Path]:
@@ -83,94 +141,134 @@ def files_in(targets: list[Path]) -> list[Path]:
 
 
 def _is_landscape(path: Path) -> bool:
+    from kernsearch.studies._landscape import Landscape
+
     try:
-        return len(Replay(path).landscape) > 0
-    except Exception:  # noqa: BLE001 - not a KernelTuner cache file: skipped (said below)
-        print(f"  (skipped {path}: not a KernelTuner cache file)", file=sys.stderr)
+        land = Landscape.load(path)
+        return any(not land.failed(e) for e in land.entries.values())
+    except Exception:  # noqa: BLE001 - not a KernelTuner cache file (another benchmark's output): skipped
         return False
 
 
+def family_of(path: Path) -> str | None:
+    """The kernsearch family a landscape was recorded of (``kernel_name`` "kernsearch FAMILY ..."), else None."""
+    from kernsearch.studies._landscape import Landscape
+
+    name = Landscape.load(path).kernel_name
+    return name.split()[1] if name.startswith("kernsearch ") and len(name.split()) > 1 else None
+
+
+def sources_for(path: Path, pool: list[Path]) -> tuple[str, ...]:
+    """Other recorded landscapes of the same family (another shape or chip): transfer's sources."""
+    fam = family_of(path)
+    return tuple(str(p) for p in pool if p != path and fam is not None and family_of(p) == fam)
+
+
+def run_all(jobs: list[Job], results: dict[str, list[float]], workers: int, save: Any) -> None:
+    todo = [j for j in jobs if j.key not in results]
+    if not todo:
+        return
+    if workers <= 1:
+        for j in todo:
+            key, picked, by_mean = one_run(j)
+            results[key] = [picked, by_mean]
+            save()
+        return
+    with ProcessPoolExecutor(workers) as pool:
+        for key, picked, by_mean in pool.map(one_run, todo, chunksize=1):
+            results[key] = [picked, by_mean]
+            save()
+
+
 def section(title: str, files: list[Path], strategies: list[str], budgets: list[float], seeds: int,
-            overheads: dict[str, list[float]]) -> None:
+            results: dict[str, list[float]]) -> None:
+    from kernsearch.studies._landscape import Landscape
+
     if not files:
         return
     print(f"\n== {title} ==")
-    head = f"{'landscape':<40}{'configs':>8}{'budget':>11}  " + "".join(
-        f"{s + ' vis med/p10':>20}{s + ' pick med/p10':>21}" for s in strategies)
+    head = f"{'landscape':<42}{'configs':>8}{'budget':>12}  " + "".join(f"{s + ' med/p10/hit':>30}" for s in strategies)
     print(head)
     print("-" * len(head))
-    means: dict[tuple[float, str], list[tuple[float, float, float, float]]] = {}
+    rows: dict[tuple[float, str], list[tuple[float, float, float, float, float]]] = {}
+    misses: dict[tuple[float, str], list[str]] = {}
     for path in files:
-        size = len(Replay(path).landscape)
+        size = len(Landscape.load(path))
         for pct in budgets:
-            budget = max(1, math.ceil(size * pct / 100))
-            row = f"{path.name.split('.json')[0][:39]:<40}{size:>8}{f'{pct:g}% ({budget})':>11}  "
-            stats = {}
+            line = f"{path.name.split('.json')[0][:41]:<42}{size:>8}{f'{pct:g}% ({budget_for(size, pct)})':>12}  "
             for strategy in strategies:
-                runs = Runs()
-                for seed in range(seeds):
-                    v, p, o = one_run(path, strategy, budget, seed)
-                    runs.visited.append(v)
-                    runs.picked.append(p)
-                    overheads.setdefault(strategy, []).append(o)
-                s = (statistics.median(runs.visited), float(np.percentile(runs.visited, 10)),
-                     statistics.median(runs.picked), float(np.percentile(runs.picked, 10)))
-                stats[strategy] = s
-                means.setdefault((pct, strategy), []).append(s)
-                row += f"{s[0]:>12.3f}/{s[1]:<7.3f}{s[2]:>13.3f}/{s[3]:<7.3f}"
-            if "random" in stats:
-                row += "  vs random (pick med): " + ", ".join(
-                    f"{k} {stats[k][2] - stats['random'][2]:+.3f}" for k in strategies if k != "random")
-            print(row, flush=True)
-    print(f"mean over {len(files)} file(s) of per-file median / p10:")
-    for (pct, strategy), rows in sorted(means.items()):
-        m = np.mean(np.array(rows), axis=0)
-        print(f"  {pct:g}%  {strategy:<7} visited {m[0]:.3f} / {m[1]:.3f}   picked {m[2]:.3f} / {m[3]:.3f}")
+                runs = [results[Job(str(path), strategy, pct, s).key] for s in range(seeds)]
+                picked, by_mean = [r[0] for r in runs], [r[1] for r in runs]
+                med, p10 = float(np.median(picked)), float(np.percentile(picked, 10))
+                hit = float(np.mean([p >= HIT for p in picked]))
+                rows.setdefault((pct, strategy), []).append((med, p10, hit, float(np.median(by_mean)),
+                                                             float(np.percentile(by_mean, 10))))
+                if hit < 0.9:
+                    misses.setdefault((pct, strategy), []).append(f"{path.name.split('.json')[0]} {hit:.0%}")
+                line += f"{med:>16.3f}/{p10:.3f}/{hit:>4.0%}"
+            print(line, flush=True)
+    print(f"mean over {len(files)} file(s) of per-file median / p10 (smallest p10; files below 90 % hits):")
+    for (pct, strategy), r in sorted(rows.items()):
+        a = np.array(r)
+        print(f"  {pct:g}%  {strategy:<18} median {a[:, 0].mean():.3f}  p10 {a[:, 1].mean():.3f}  "
+              f"(min p10 {a[:, 1].min():.3f}; by the recorded mean: {a[:, 3].mean():.3f} / {a[:, 4].mean():.3f}; "
+              f"hit>=90% in {int((a[:, 2] >= 0.9).sum())}/{len(a)} files"
+              + (f"; below: {', '.join(misses[(pct, strategy)])}" if (pct, strategy) in misses else "") + ")")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tuning", type=Path, nargs="*", default=[], help="folders/files the strategy was tuned on")
     ap.add_argument("--held-out", type=Path, nargs="*", default=[], help="folders/files it was NOT tuned on")
-    ap.add_argument("--strategies", default="auto,tpe,random", help="samplers (run_study's --sampler names)")
+    ap.add_argument("--strategies", default="default,plain-tpe,random")
     ap.add_argument("--budgets", default="1,5", help="percent of each file's configs, comma-separated")
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--only", default="", help="comma-separated substrings of file names to keep")
-    ap.add_argument("--no-prior", action="store_true",
-                    help="withhold the performance model's predictions (auto's start) from every file")
-    ap.add_argument("--no-sqlite", action="store_true", help="skip the SQLite overhead measurement")
-    args = ap.parse_args()
+    ap.add_argument("--jobs", type=int, default=1, help="processes")
+    ap.add_argument("--results", type=Path, help="JSON file of every run's score (resumed when it exists)")
+    ap.add_argument("--transfer", action="store_true", help="also: the default strategy warm-started from the "
+                    "other landscapes of the same family")
+    args = ap.parse_args(argv)
     if not args.tuning and not args.held_out:
         ap.error("give --tuning and/or --held-out folders of KernelTuner cache files")
     keep = [s for s in args.only.split(",") if s]
-    global NO_PRIOR
-    NO_PRIOR = args.no_prior
 
     def pick(paths: list[Path]) -> list[Path]:
         return [p for p in files_in(paths) if not keep or any(k in p.name for k in keep)]
 
     strategies = [s for s in args.strategies.split(",") if s]
     budgets = [float(b) for b in args.budgets.split(",")]
-    print(("NO PRIOR: the performance model's predictions are withheld\n" if args.no_prior else "")
-          + f"score = optimum / recorded time (1.00 = optimum); {args.seeds} seeds; median/p10 over seeds; "
-          "vis = best config visited, pick = config picked on noisy timings after the final round")
-    overheads: dict[str, list[float]] = {}
-    section("TUNING files (the strategy was tuned on these: not evidence of generalisation)", pick(args.tuning),
-            strategies, budgets, args.seeds, overheads)
-    section("HELD-OUT files (not tuned on)", pick(args.held_out), strategies, budgets, args.seeds, overheads)
-    print("\nframework overhead per trial (sampler + storage + loop; replay evaluation excluded):")
-    for strategy, values in overheads.items():
-        print(f"  {strategy:<7} in memory: median {statistics.median(values) * 1e3:.1f} ms/trial over all runs above")
-    files = pick(args.held_out) or pick(args.tuning)
-    # the largest file: on a small one 200 trials exhaust the space and time the loop's no-op ends instead
-    first = [max(files, key=lambda p: len(Replay(p).landscape))] if files else []
-    if first and not args.no_sqlite:
-        with tempfile.TemporaryDirectory() as tmp:
-            for strategy in strategies:
-                t0 = time.perf_counter()
-                _, _, overhead = one_run(first[0], strategy, 200, 0, storage=f"sqlite:///{tmp}/bench.db")
-                print(f"  {strategy:<7} SQLite ({first[0].name.split('.json')[0]}, up to 200 trials): "
-                      f"{overhead * 1e3:.1f} ms/trial (run {time.perf_counter() - t0:.1f} s)")
+    tuning, held = pick(args.tuning), pick(args.held_out)
+    results: dict[str, list[float]] = {}
+    if args.results and args.results.is_file():
+        results = json.loads(args.results.read_text())
+
+    def save() -> None:
+        if args.results:
+            args.results.write_text(json.dumps(results, indent=0, sort_keys=True))
+
+    jobs = [Job(str(p), s, pct, seed) for pct in budgets for p in tuning + held for s in strategies
+            for seed in range(args.seeds)]  # the smallest budget first: its table is ready first
+    if args.transfer:
+        pool = tuning + held
+        for p in pool:
+            src = sources_for(p, pool)
+            if src:
+                for name in TRANSFER_ARMS:
+                    jobs += [Job(str(p), name, pct, seed, src if name.endswith("+transfer") else ())
+                             for pct in budgets for seed in range(args.seeds)]
+    run_all(list(dict.fromkeys(jobs)), results, args.jobs, save)
+    print(f"score = optimum / recorded median time of the config picked after the final round (1.000 = optimum); "
+          f"{args.seeds} seeds; budget = max({MIN_TRIALS}, ceil(pct x configs)) trials; racing on; "
+          f"hit = share of seeds within 3 % of the optimum")
+    section("TUNING files (the strategy was tuned on these: not evidence of generalisation)", tuning, strategies,
+            budgets, args.seeds, results)
+    section("HELD-OUT files (not tuned on)", held, strategies, budgets, args.seeds, results)
+    if args.transfer:
+        pool = tuning + held
+        with_src = [p for p in pool if sources_for(p, pool)]
+        section("TRANSFER: warm start from the other landscapes of the same family (another shape or chip)",
+                with_src, list(TRANSFER_ARMS), budgets, args.seeds, results)
 
 
 if __name__ == "__main__":

@@ -205,7 +205,7 @@ def _evaluated(family: str, chip: str, problem: Any, backend: str, storage: str 
 
     from kernsearch.family._space import format_config
     from kernsearch.studies._storage import make_storage, study_name_for
-    from kernsearch.studies._study import STATUS_FAILED, STATUS_OK
+    from kernsearch.studies._study import EVALUATED
 
     name = study_name_for({"family": family, "chip": chip, "dtype": problem.dtype, "shape": problem.shape_text,
                            "backend": backend})
@@ -215,7 +215,7 @@ def _evaluated(family: str, chip: str, problem: Any, backend: str, storage: str 
     except KeyError:  # no such study yet
         return 0
     return len({format_config(t.user_attrs["config"]) for t in study.get_trials(deepcopy=False)
-                if t.user_attrs.get("status") in (STATUS_OK, STATUS_FAILED) and "config" in t.user_attrs})
+                if t.user_attrs.get("status") in EVALUATED and "config" in t.user_attrs})
 
 
 STEPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"tune": tune, "verify": verify}

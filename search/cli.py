@@ -924,6 +924,7 @@ def studies(storage: str | None = StorageOpt) -> None:
     import optuna
 
     from .studies._storage import check_storage
+    from .studies._study import EVALUATED
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     summaries = optuna.get_all_study_summaries(check_storage(storage))
@@ -937,7 +938,7 @@ def studies(storage: str | None = StorageOpt) -> None:
         best = s.best_trial.value if s.best_trial is not None else None
         started = s.datetime_start.strftime("%Y-%m-%d %H:%M") if s.datetime_start else "-"
         trials = optuna.load_study(study_name=s.study_name, storage=store).get_trials(deepcopy=False)
-        evaluated = sum(t.user_attrs.get("status") in ("ok", "failed") for t in trials)  # as `tune` counts
+        evaluated = sum(t.user_attrs.get("status") in EVALUATED for t in trials)  # as `tune` counts
         table.add_row(s.study_name, str(evaluated), _fmt(best, ".4g"),
                       _evidence_label(str(s.user_attrs.get("evidence", "?")), s.user_attrs.get("backend")),
                       started)

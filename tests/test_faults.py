@@ -285,7 +285,7 @@ def test_pipelined_search_compiles_ahead_and_a_fault_fails_only_its_trial(plante
     problem = make_problem(load_family(planted), "64", None, chip)
     objective = KernelObjective(problem, chip, "test_faults:SimulatedGPU", timeout=8.0, compile_workers=2)
     objective.default = lambda: None  # type: ignore[method-assign]
-    assert objective.lookahead() == 3
+    assert objective.lookahead() == 4  # the one timed, two compiling, one waiting for a free worker
     url = f"sqlite:///{tmp_path / 'p.db'}"
     result = run_study(objective, trials=14, sampler="grid", finalists=2, seed=0, storage=url)
     assert result.evaluated == 14 and result.stop_reason == "every valid config evaluated"

@@ -20,7 +20,7 @@ from kernsearch import KernsearchError, StopReason, get_backend, run_study
 from kernsearch._errors import BackendError, VariantFailure
 from kernsearch.studies._landscape import Landscape, LandscapeWriter
 from kernsearch.studies._replay import Replay
-from kernsearch.studies._study import open_study
+from kernsearch.studies._study import EVALUATED, open_study
 
 REPO = Path(__file__).resolve().parents[1]
 LANDSCAPES = Path(os.environ.get("KERNSEARCH_LANDSCAPES", REPO.parent / "shared" / "landscapes"))
@@ -145,15 +145,15 @@ def test_resume_after_interruption_continues_the_same_study(small, tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}"
     first_obj = Replay(small, seed=1).objective()
     calls = {"n": 0}
-    real = first_obj.evaluate
+    real = first_obj.evaluate_against
 
-    def evaluate(config):
+    def evaluate(config, race):
         calls["n"] += 1
         if calls["n"] == 12:
             raise KeyboardInterrupt  # Ctrl-C in the middle of trial 12
-        return real(config)
+        return real(config, race)
 
-    first_obj.evaluate = evaluate
+    first_obj.evaluate_against = evaluate
     first = run_study(first_obj, trials=40, seed=1, storage=url)
     assert first.stop.reason is StopReason.INTERRUPTED and first.stop_reason.startswith("interrupted")
     assert first.evaluated == 11
@@ -162,7 +162,7 @@ def test_resume_after_interruption_continues_the_same_study(small, tmp_path):
     import optuna
 
     study = optuna.load_study(study_name=first.study_name, storage=url)
-    done = [str(t.user_attrs["config"]) for t in study.trials if t.user_attrs.get("status") in ("ok", "failed")]
+    done = [str(t.user_attrs["config"]) for t in study.trials if t.user_attrs.get("status") in EVALUATED]
     assert len(done) == 40 and len(set(done)) == 40  # nothing lost, nothing measured twice
     assert Counter(t.user_attrs.get("status") for t in study.trials)["interrupted"] == 1
 
@@ -188,7 +188,7 @@ def test_two_processes_share_one_study_without_duplicates(small, tmp_path):
     import optuna
 
     study = optuna.load_study(study_name="shared", storage=url)
-    done = [t for t in study.trials if t.user_attrs.get("status") in ("ok", "failed")]
+    done = [t for t in study.trials if t.user_attrs.get("status") in EVALUATED]
     keys = [str(sorted(t.user_attrs["config"].items())) for t in done]
     assert len(keys) == len(set(keys)), "a config was measured by both processes"
     assert 70 <= len(done) <= 71  # one shared budget (a last trial may be in flight in each process)

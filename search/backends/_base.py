@@ -62,6 +62,7 @@ class Timing:
     samples_ms: list[float]
     evidence: Evidence
     compile_seconds: float = 0.0
+    not_winning: bool = False  # stopped early: it could no longer beat the incumbent (racing, docs/timing.md)
 
     @property
     def median_ms(self) -> float:
@@ -121,6 +122,8 @@ class BaseBackend(ABC):
 
     def time(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
              **options: Any) -> Timing:
+        """Time a variant. Options a measuring back-end takes: ``plan`` (a ``TimingPlan``) and ``race`` (a
+        ``Race``: stop as soon as it is lost, returning ``not_winning`` with the samples so far)."""
         raise NotImplementedError(f"back-end {self.name} does not time kernels")
 
     # Optional capabilities: a back-end that has one overrides it; the others say plainly they lack it.

@@ -316,7 +316,7 @@ class MLXBackend(BaseBackend):
 
     def time(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
              **options: Any) -> Timing:
-        from ..evaluation._measure import measure
+        from ..evaluation._measure import measure_raced
         from ..family._spec import DTYPES
 
         launch, sync = self.launcher(kernel, geometry, inputs, dtype)
@@ -324,8 +324,9 @@ class MLXBackend(BaseBackend):
         out_bytes = sum(int(np.prod(s)) for s in geometry.output_shapes) * DTYPES[dtype]
         plan = replace(plan, max_batch=max(1, min(plan.max_batch, int(_MAX_BATCH_OUTPUT_BYTES // max(out_bytes, 1)))))
         try:
-            samples = measure(launch, sync, plan=plan)
+            sampled = measure_raced(launch, sync, options.get("race"), plan=plan)
         except (RuntimeError, ValueError) as exc:
             raise self.classify(exc) from None
         # The compile time of this kernel in this process (its first launch, e.g. during verification).
-        return Timing(samples, self.evidence, self.compile_seconds.get(kernel.sha256, 0.0))
+        return Timing(sampled.samples, self.evidence, self.compile_seconds.get(kernel.sha256, 0.0),
+                      sampled.not_winning)

@@ -9,7 +9,8 @@ input set ``i``, without waiting) and ``sync()`` (wait until all enqueued work i
    launch overhead and the sync's own cost then stay small next to the kernel;
 3. take samples (batch time / batch size) until the median is known to ``target_spread`` or the
    sample or time limit is reached; rotate among input sets so a working set that fits in the last-
-   level cache is not measured hot when it would not be in real use;
+   level cache is not measured hot when it would not be in real use; during a search, stop early a
+   config that can no longer beat the incumbent (:mod:`._race`), and sample under :data:`SEARCH_PLAN`;
 4. for the final ranking, :func:`interleaved` measures finalists and the baseline round-robin in one
    process, so drifting clocks and temperature hit every candidate alike, and :func:`lead_exceeds_noise`
    decides whether a lead is real.
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from ..family._render import Geometry, KernelSource
     from ..family._space import Problem, Space
     from ..family._spec import Family
+    from ._race import Race
 
 Launch = Callable[[int], object]
 Sync = Callable[[], None]
@@ -45,6 +47,21 @@ class TimingPlan:
     max_samples: int = 100
     target_spread: float = 0.02  # relative (p90 - p10) / median at which sampling may stop
     max_seconds: float = 5.0
+
+
+#: The per-config budget during a search (the final round re-times the finalists under the full plan,
+#: interleaved): batches of 5 ms, 6 to 30 samples, until a 3 % spread or 1 s. With racing, most configs
+#: stop after 4 samples; the few that can still win are timed to this plan.
+SEARCH_PLAN = TimingPlan(warmup=3, min_batch_ms=5.0, min_samples=6, max_samples=30, target_spread=0.03,
+                         max_seconds=1.0)
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """The samples of one timing (ms per launch) and whether it stopped because it could not win."""
+
+    samples: list[float]
+    not_winning: bool = False
 
 
 def input_sets_needed(working_set_bytes: float, cache_bytes: float, memory_budget_bytes: float = 2e9) -> int:
@@ -89,6 +106,12 @@ def _calibrate(launch: Launch, sync: Sync, input_sets: int, plan: TimingPlan, cl
 def measure(launch: Launch, sync: Sync, *, input_sets: int = 1, plan: TimingPlan = TimingPlan(),
             clock: Callable[[], float] = time.perf_counter) -> list[float]:
     """Per-launch times in ms (one sample per batch), following the method above."""
+    return measure_raced(launch, sync, None, input_sets=input_sets, plan=plan, clock=clock).samples
+
+
+def measure_raced(launch: Launch, sync: Sync, race: Race | None, *, input_sets: int = 1,
+                  plan: TimingPlan = TimingPlan(), clock: Callable[[], float] = time.perf_counter) -> Sampled:
+    """:func:`measure`, stopped as soon as ``race`` is lost (``not_winning``: the samples so far)."""
     batch = _calibrate(launch, sync, input_sets, plan, clock)
     samples: list[float] = []
     deadline = clock() + plan.max_seconds
@@ -96,9 +119,11 @@ def measure(launch: Launch, sync: Sync, *, input_sets: int = 1, plan: TimingPlan
     while len(samples) < plan.max_samples:
         samples.append(_batch_ms(launch, sync, batch, k, input_sets, clock) / batch)
         k += batch
+        if race is not None and race.lost(samples):
+            return Sampled(samples, not_winning=True)
         if len(samples) >= plan.min_samples and (spread(samples) <= plan.target_spread or clock() > deadline):
             break
-    return samples
+    return Sampled(samples)
 
 
 def interleaved(candidates: dict[str, tuple[Launch, Sync]], *, rounds: int = 15, input_sets: int = 1,
@@ -156,6 +181,8 @@ class VariantTask:
     backend_options: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)  # passed to backend.run (e.g. interpreter mode, timeout)
     finalists: list[dict[str, Any]] = field(default_factory=list)
+    plan: TimingPlan | None = None  # the timing plan of a search trial (None: the back-end's, the full one)
+    race: Race | None = None  # the incumbent this trial's timing races against (None: timed to the end)
 
 
 _Setup = tuple["Family", "Problem", "Space", "BaseBackend"]
@@ -276,15 +303,23 @@ def measure_variant(task: VariantTask) -> dict[str, Any]:
         if key not in _DATA:
             _DATA[key] = _weight_sets(task, fam, problem, space, impl, make_inputs, weight_sets)
         call = impl.consumer_kernel(kernel, geo, fam, problem, _DATA[key])
+        clock = getattr(impl, "clock", time.perf_counter)
+        rounds = task.race.after if task.race is not None else 10
         samples = consumer_samples({"k": call}, impl.evaluate, impl.sync,  # type: ignore[attr-defined]
-                                   ConsumerPlan(rounds=10, modes=("graph",)),
-                                   clock=getattr(impl, "clock", time.perf_counter))["graph"]["k"]
+                                   ConsumerPlan(rounds=rounds, modes=("graph",)), clock=clock)["graph"]["k"]
+        lost = task.race is not None and task.race.lost(samples)  # racing: the same rule on graph samples
+        if task.race is not None and not lost:
+            samples += consumer_samples({"k": call}, impl.evaluate, impl.sync,  # type: ignore[attr-defined]
+                                        ConsumerPlan(rounds=10 - rounds, modes=("graph",), warmup=0),
+                                        clock=clock)["graph"]["k"]
         return {**check, "samples_ms": samples, "median_ms": float(np.median(samples)), "spread": spread(samples),
-                "compile_seconds": getattr(impl, "compile_seconds", {}).get(kernel.sha256, 0.0)}
+                "compile_seconds": getattr(impl, "compile_seconds", {}).get(kernel.sha256, 0.0),
+                "not_winning": True if lost else None}
     inputs = _timing_inputs(problem, task.seed + 1, geo)
-    timing = impl.time(kernel, geo, inputs, problem.dtype, **task.options)
+    extra = {k: v for k, v in (("plan", task.plan), ("race", task.race)) if v is not None}
+    timing = impl.time(kernel, geo, inputs, problem.dtype, **task.options, **extra)
     return {**check, "samples_ms": list(timing.samples_ms), "median_ms": timing.median_ms,
-            "spread": timing.spread, "compile_seconds": timing.compile_seconds}
+            "spread": timing.spread, "compile_seconds": timing.compile_seconds, "not_winning": timing.not_winning}
 
 
 def prepare_variant(task: VariantTask) -> dict[str, Any]:

@@ -70,28 +70,30 @@ class Worker:
             self._drop()
             self._start()
             self.starts += 1
-        assert self._conn is not None
+        # Local references: a pool closing (another thread) may kill this child and drop them meanwhile.
+        proc, conn = self._proc, self._conn
+        assert conn is not None
         limit = self.timeout if timeout is None else timeout
         try:
-            self._conn.send((fn, args, kwargs))
+            conn.send((fn, args, kwargs))
         except (BrokenPipeError, OSError):
             self._kill()
             raise VariantFailure("crash", "worker process died before the task started") from None
         deadline = time.monotonic() + limit
         while True:
             try:
-                ready = self._conn.poll(min(0.5, max(0.0, deadline - time.monotonic())))
-            except (EOFError, OSError):
+                ready = conn.poll(min(0.5, max(0.0, deadline - time.monotonic())))
+            except (EOFError, OSError, ValueError):
                 ready = True
             if ready:
                 try:
-                    reply = self._conn.recv()
-                except (EOFError, OSError):
-                    code = self._reap()
+                    reply = conn.recv()
+                except (EOFError, OSError, ValueError):
+                    code = self._reap(proc)
                     raise VariantFailure("crash", f"worker process died ({_describe_exit(code)})") from None
                 break
-            if not self._proc.is_alive():
-                code = self._reap()
+            if not proc.is_alive():
+                code = self._reap(proc)
                 raise VariantFailure("crash", f"worker process died ({_describe_exit(code)})")
             if time.monotonic() >= deadline:
                 self._kill()
@@ -103,23 +105,27 @@ class Worker:
             raise KernsearchError(reply[2])
         raise VariantFailure(reply[1], reply[2])
 
-    def _reap(self) -> int | None:
-        self._proc.join(timeout=5)
-        code: int | None = self._proc.exitcode
-        self._drop()
+    def _reap(self, proc: Any) -> int | None:
+        proc.join(timeout=5)
+        code: int | None = proc.exitcode
+        if self._proc is proc:
+            self._drop()
         return code
 
     def _kill(self) -> None:
-        if self._proc is not None and self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join(timeout=5)
+        proc = self._proc
+        if proc is not None and proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
         self._drop()
 
     def _drop(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = None
-        self._proc = None
+        conn, self._conn, self._proc = self._conn, None, None
+        if conn is not None:
+            try:
+                conn.close()
+            except OSError:  # closed meanwhile by the thread that was waiting on it
+                pass
 
     def restart(self) -> None:
         """Start afresh on the next call (e.g. a clean process for final re-measurements)."""

@@ -9,12 +9,13 @@ from typing import Any
 
 from .._errors import KernsearchError
 from ._final import FinalRound
-from ._study import STATUS_FAILED, STATUS_OK, TrialSummary, _top
+from ._study import STATUS_FAILED, STATUS_NOT_WINNING, STATUS_OK, TrialSummary, _top
 
 
 @dataclass(frozen=True)
 class TrialPoint:
-    """One evaluated config: a time (ok) or the reason it failed. Invalid and known proposals are not here."""
+    """One evaluated config: a time (ok; or not winning: the partial time of a config stopped early, ``reason``
+    says so) or the reason it failed. Invalid and known proposals are not here."""
 
     number: int
     config: dict[str, Any]
@@ -76,6 +77,8 @@ def load_history(study_name: str, storage: str | None = None, importances: bool 
         if status == STATUS_OK and t.value is not None:
             points.append(TrialPoint(t.number, config, float(t.value)))
             ok.append(t)
+        elif status == STATUS_NOT_WINNING and t.value is not None:
+            points.append(TrialPoint(t.number, config, float(t.value), STATUS_NOT_WINNING))
         elif status == STATUS_FAILED:
             failure = t.user_attrs.get("failure")
             reason = str(failure.get("reason", "?")) if isinstance(failure, dict) else "?"

@@ -4,6 +4,7 @@ baseline op, warm start from published artifacts, and publishing the winner."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ def verify_variant_at(task: Any) -> dict[str, Any]:
     return verify_variant(task)
 
 if TYPE_CHECKING:
+    from ..evaluation._measure import TimingPlan
     from ..family._space import Problem, Space
     from ..hardware._chips import Chip
     from ._ranking import Ranking
@@ -47,7 +49,8 @@ class KernelObjective(Objective):
     def __init__(self, problem: Problem, chip: Chip, backend: str, *, seed: int = 0, timeout: float = 120.0,
                  verify: str = "finalists", verify_shape: tuple[int, ...] | None = None,
                  verify_mode: str = "fast", backend_options: dict[str, Any] | None = None,
-                 compile_workers: int | None = None) -> None:
+                 compile_workers: int | None = None, racing: bool = True,
+                 search_plan: TimingPlan | None = None) -> None:
         from ..backends import backend_class
         from ..family._space import Space
 
@@ -91,14 +94,22 @@ class KernelObjective(Objective):
         self._ranked = False  # _ranking computed
         self._worker: Any = None
         # Pipelined measured search: compile workers render and compile the next proposals while the
-        # timing worker measures (default: one per core but the timer's, on the measured back-ends).
+        # timing worker measures (default: one per core but the timer's and the search loop's).
         if compile_workers is None:
             import os
 
-            compile_workers = max(1, (os.cpu_count() or 2) - 1) if cls.compiles_ahead else 0
+            compile_workers = max(1, (os.cpu_count() or 3) - 2) if cls.compiles_ahead else 0
         self.compile_workers = compile_workers if not cls.predicts else 0
+        # A trial's timing budget: racing (a config stops once it cannot beat the incumbent) and the search
+        # plan (fewer, shorter samples); the final round re-times the finalists under the full plan.
+        # ``racing=False, search_plan=TimingPlan()``: every config timed to the full plan, as before racing.
+        from ..evaluation._measure import SEARCH_PLAN
+
+        self.racing = racing and not cls.predicts
+        self.search_plan = SEARCH_PLAN if search_plan is None else search_plan
         self._pool: Any = None
         self._prepared: dict[str, Any] = {}  # config key -> future of prepare_variant
+        self.compile_wait_s = 0.0  # how long the timing process waited for compile workers (see _wait_prepared)
 
     # -- the space --------------------------------------------------------------------------------
     @property
@@ -237,7 +248,8 @@ class KernelObjective(Objective):
         return ranked[0].text() if ranked is not None and ranked[0].flat else None
 
     def lookahead(self) -> int:
-        return self.compile_workers + 1 if self.compile_workers else 1
+        """The config being timed, one per compile worker, and one waiting for the first free worker."""
+        return self.compile_workers + 2 if self.compile_workers else 1
 
     def prefetch(self, config: Config) -> None:
         if not self.compile_workers:
@@ -257,7 +269,11 @@ class KernelObjective(Objective):
 
         future = self._prepared.pop(format_config(config), None)
         if future is not None:
-            future.result()  # raises the variant's VariantFailure
+            start = time.monotonic()
+            try:
+                future.result()  # raises the variant's VariantFailure
+            finally:
+                self.compile_wait_s += time.monotonic() - start  # the GPU idle, waiting for a compiler
 
     def verify_shape(self, config: Config) -> tuple[int, ...]:
         """Where the interpreter proves ``config``: the given ``verify_shape``, else the smallest shape at which
@@ -324,7 +340,14 @@ class KernelObjective(Objective):
         return ragged_shape(self.family, self.problem.dtype, self.chip, config,
                             tuple(near or self.verify_shape(config)))
 
+    @property
+    def races(self) -> bool:
+        return self.racing
+
     def evaluate(self, config: Config) -> Record:
+        return self.evaluate_against(config, None)
+
+    def evaluate_against(self, config: Config, race: Any) -> Record:
         from ..family._render import render
 
         try:
@@ -348,11 +371,12 @@ class KernelObjective(Objective):
             from ..evaluation._measure import measure_variant
 
             self._wait_prepared(config)
-            out = self.worker().call(measure_variant, self._task(config, self.backend))
+            task = self._task(config, self.backend, plan=self.search_plan, race=race if self.racing else None)
+            out = self.worker().call(measure_variant, task)
             samples = out["samples_ms"]
             rec = Record(out["median_ms"], self.evidence, samples, out["spread"], out["compile_seconds"],
                          kernel.sha256, max_abs_err=out["max_abs_err"], max_rel_err=out["max_rel_err"],
-                         verified="device")
+                         verified="device", not_winning=True if out.get("not_winning") else None)
         rec.gflops = flops / (rec.time_ms * 1e-3) / 1e9 if rec.time_ms > 0 else None
         rec.peak_pct = roofline_pct(self.chip, self.problem, rec.time_ms)
         return rec

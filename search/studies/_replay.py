@@ -8,6 +8,10 @@ a config recorded as failed fails with the recorded reason, and any other config
 a few draws from its recorded repeated ``times``, so the search sees the same noise a real GPU showed.
 The figures were measured on the GPU named in the file (``device_name``), not here; results say so.
 Used to test and benchmark search strategies without a GPU.
+
+Racing (``racing``, on by default, as on a GPU): the draws come one by one, and a config whose first
+``RACE_AFTER`` draws lose against the incumbent's (``kernsearch.evaluation._race``) stops there and is
+told to the search as not winning: a measured, slower time, never a finalist.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from .._errors import BackendError, VariantFailure
 from ..backends import Evidence
 from ..backends._select import REPLAY
 from ..evaluation._measure import spread
+from ..evaluation._race import Race
 from ._landscape import Landscape
 
 
@@ -33,16 +38,21 @@ class Replay:
     evidence = Evidence.MEASURED  # recorded measurements of the file's GPU, replayed
 
     def __init__(self, path: str | Path | None = None, seed: int | None = 0, draws: int = 5,
-                 landscape: Landscape | None = None) -> None:
+                 landscape: Landscape | None = None, racing: bool = True) -> None:
         if landscape is None and path is None:
             raise BackendError("replay needs a landscape file (KernelTuner cache format)")
         self.landscape = landscape if landscape is not None else Landscape.load(path)  # type: ignore[arg-type]
         self.rng = random.Random(seed)
         self.draws = draws
+        self.racing = racing
         self.calls = 0
 
     def sample(self, config: dict[str, Any]) -> list[float]:
         """Noisy timing of ``config``: ``draws`` values drawn (with replacement) from its recorded times."""
+        return self.sample_against(config, None)[0]
+
+    def sample_against(self, config: dict[str, Any], race: Race | None) -> tuple[list[float], bool]:
+        """:meth:`sample` one draw at a time, stopped as soon as ``race`` is lost: (draws, not winning)."""
         self.calls += 1
         entry = self.landscape.entry(config)
         if entry is None:
@@ -50,7 +60,12 @@ class Replay:
         if self.landscape.failed(entry):
             raise VariantFailure("failed", f"recorded as {entry.get('time')}")
         times = self.landscape.samples(config) or []
-        return [self.rng.choice(times) for _ in range(self.draws)]
+        out: list[float] = []
+        for _ in range(self.draws):
+            out.append(self.rng.choice(times))
+            if race is not None and race.lost(out):
+                return out, True
+        return out, False
 
     def objective(self, name: str | None = None) -> Any:
         """This landscape as a study objective (see ``_study.run_study``)."""
@@ -85,9 +100,17 @@ class Replay:
             def valid_configs(self) -> list[dict[str, Any]]:
                 return self._valid
 
+            @property
+            def races(self) -> bool:
+                return backend.racing
+
             def evaluate(self, config: dict[str, Any]) -> Record:
-                samples = backend.sample(config)
-                return Record(float(np.median(samples)), self.evidence, samples, spread(samples), verified="recorded")
+                return self.evaluate_against(config, None)
+
+            def evaluate_against(self, config: dict[str, Any], race: Race | None) -> Record:
+                samples, lost = backend.sample_against(config, race if backend.racing else None)
+                return Record(float(np.median(samples)), self.evidence, samples, spread(samples), verified="recorded",
+                              not_winning=True if lost else None)
 
             def prior(self, configs: list[dict[str, Any]]) -> list[float] | None:
                 return _family_prior(land, configs)

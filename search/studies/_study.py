@@ -18,12 +18,16 @@ many evaluated trials without a new best), ``finalists``, ``progress`` (a callba
 The loop (:class:`_Search`): ask the sampler for a config → reject it before compiling if a constraint
 forbids it (the constraint is recorded) → skip it if the study already evaluated it (its recorded value
 is told again, nothing is measured twice; two processes on one study claim configs through the shared
-storage) → otherwise evaluate it (render → build → verify → time in an isolated worker) and record every
-figure as trial attributes; a :class:`VariantFailure` marks the trial failed with its reason. When the
+storage) → otherwise evaluate it (render → build → verify → time in an isolated worker, racing the incumbent:
+a config that cannot beat it stops early and is recorded ``not_winning``, a measured slower time that is
+never a finalist) and record every figure as trial attributes; a :class:`VariantFailure` marks the trial
+failed with its reason. One evaluation is in flight at a time; a pipelined objective's runs in a background
+thread while the loop asks for the next proposals (compiled ahead in other processes). When the
 sampler keeps proposing configs that are invalid or known, an unevaluated neighbour of a leader (or a
 random unevaluated config) is asked for instead, so the budget is always spent on new configs; after ten
 trials every third one is such a local step. Trial 0 is the family's default config, then configs of
-published artifacts (warm start). ``--trials N`` is the number of evaluated configs the *study* should
+published artifacts (warm start), then the best configs of the family's other studies in the same storage
+(transfer, ``_transfer``). ``--trials N`` is the number of evaluated configs the *study* should
 hold, so re-running a command resumes the study and two processes on one study share one budget.
 
 The kernel-specific evaluation (:class:`KernelObjective`) lives in ``_objective``; where studies are
@@ -55,8 +59,26 @@ from ._storage import Heartbeat, default_storage, make_storage, redact, retry_co
 if TYPE_CHECKING:
     import optuna
 
-STATUS_OK, STATUS_FAILED, STATUS_INVALID, STATUS_KNOWN = "ok", "failed", "invalid", "known"
-STATUS_CANCELLED = "cancelled"  # proposed and compiled ahead, but the search stopped before timing it
+    from ..evaluation._race import Race
+    from ._inflight import InFlight
+
+class TrialStatus(str, Enum):
+    """A trial's outcome, stored as its ``status`` user attribute."""
+
+    OK = "ok"  # evaluated: its time is a result (a finalist if among the fastest)
+    FAILED = "failed"  # evaluated: it failed (compile, crash, hang, wrong...), with the reason
+    NOT_WINNING = "not_winning"  # timed until it could no longer beat the incumbent (racing): a measured time,
+    # slower, told to the strategy; never a finalist, never published
+    INVALID = "invalid"  # a constraint rejected it before compiling
+    KNOWN = "known"  # the study had evaluated it already: its value told again
+    CANCELLED = "cancelled"  # proposed and compiled ahead, but the search stopped before timing it
+
+
+STATUS_OK, STATUS_FAILED, STATUS_INVALID, STATUS_KNOWN = (TrialStatus.OK.value, TrialStatus.FAILED.value,
+                                                          TrialStatus.INVALID.value, TrialStatus.KNOWN.value)
+STATUS_CANCELLED, STATUS_NOT_WINNING = TrialStatus.CANCELLED.value, TrialStatus.NOT_WINNING.value
+#: The statuses of configs a study has evaluated (what ``--trials`` counts).
+EVALUATED = (STATUS_OK, STATUS_FAILED, STATUS_NOT_WINNING)
 SAMPLERS = ("default", "tpe", "random", "grid", "auto")
 #: ``default``: ``auto`` when the objective has a prior (the chip's performance model ranks the family's
 #: configs), else ``tpe``. Measured on the held-out H100 GEMM landscape (benchmarks/search_landscapes.txt):
@@ -83,6 +105,7 @@ class Record:
     verified: str | None = None  # "device", "interpreter" or None (not verified)
     #: Orders equal times (smaller first): the modeled on-core time under the bound (``_ranking``); None: none.
     tie_break: float | None = None
+    not_winning: bool | None = None  # True: its timing stopped early, it could not beat the incumbent (racing)
 
 
 class Objective(ABC):
@@ -125,6 +148,17 @@ class Objective(ABC):
     @abstractmethod
     def evaluate(self, config: Config) -> Record:
         """Measure one config; raise :class:`VariantFailure` when it fails."""
+
+    @property
+    def races(self) -> bool:
+        """Whether :meth:`evaluate_against` stops a timing that can no longer win (the loop then works out
+        the incumbent's bound for it)."""
+        return False
+
+    def evaluate_against(self, config: Config, race: Race | None) -> Record:
+        """:meth:`evaluate`, racing the incumbent: a config that cannot beat it may stop early and come back
+        with ``not_winning`` and its partial samples (see ``kernsearch.evaluation._race``)."""
+        return self.evaluate(config)
 
     def default(self) -> Config | None:
         return None
@@ -446,8 +480,8 @@ def _check_same_problem(study: optuna.Study, objective: Objective, name: str) ->
 
 class _Search:
     """The loop's state and its steps: :meth:`_propose` asks the sampler for a new trial and records what is
-    not evaluated (invalid, known); :meth:`_evaluate_oldest` evaluates a queued proposal and records it;
-    :meth:`run` alternates them until a :class:`Stop`."""
+    not evaluated (invalid, known); :meth:`_start_oldest` starts evaluating the oldest queued proposal and
+    :meth:`_record_oldest` records it; :meth:`run` alternates them until a :class:`Stop`."""
 
     def __init__(self, objective: Objective, *, trials: int | None, time_budget: float | None,
                  patience: int | None, sampler: str, seed: int | None, storage: str | None, study_name: str | None,
@@ -484,6 +518,7 @@ class _Search:
         for c in retry + [objective.default()] + objective.warm_start():
             if c is not None and format_config(c) not in self.known and c not in self.first:
                 self.first.append(c)
+        self.first += self._transferred({format_config(c) for c in self.first} | set(self.known))
         self.failures: Counter[str] = Counter(s.reason for s in self.known.values() if s.value is None)
         self.baseline = objective.baseline_ms() if progress is not None else None
         self.invalid = self.skips = self.new = 0
@@ -491,16 +526,39 @@ class _Search:
         self.loop_started = time.monotonic()
         self.trial: optuna.Trial | None = None  # asked and not told yet: closed if the loop ends abruptly
         # Pipelined evaluation: proposals are handed to the objective (compiled ahead in other processes)
-        # up to ``depth`` before the oldest is timed; what is still ahead when the search stops is closed.
+        # up to ``depth`` held at once, the oldest being evaluated; what is still ahead when the search stops
+        # is closed.
         self.depth = max(1, objective.lookahead())
         self.ahead: deque[tuple[optuna.Trial, Config, str]] = deque()
+        self.inflight: InFlight[Record] | None = None  # the evaluation of ahead[0], once started
         self.strategy: Any = None
         self.unrankable = objective.unrankable()
         if self.unrankable or study.user_attrs.get("cannot_rank"):  # the report says it too (or no longer)
             study.set_user_attr("cannot_rank", self.unrankable or "")
 
+    def _transferred(self, exclude: set[str]) -> list[Config]:
+        """Transfer (``_transfer``): the best configs of this family's other studies in the same storage (another
+        shape, chip or dtype), mapped into this space; nothing for a study in memory or a storage that fails."""
+        if (self.storage or default_storage()) == ":memory:" or "family" not in self.objective.study_key:
+            return []
+        from ._transfer import completed_with, nearest_valid, ranked_studies, transfer_configs
+
+        objective = self.objective
+        try:
+            ranked = ranked_studies(make_storage(self.storage), objective.study_key, objective.evidence, STATUS_OK)
+        except Exception:  # noqa: BLE001 - no transfer is never fatal
+            return []
+        if not ranked:
+            return []
+        complete = nearest_valid(objective.knobs, objective.valid_configs()) if self.size is not None else \
+            completed_with(objective.knobs, objective.default(), objective.violation)
+        return transfer_configs(ranked, complete, exclude=exclude)
+
     def run(self) -> Stop:
-        """Propose and evaluate until a limit, a stop request or Ctrl-C; proposals not evaluated are closed."""
+        """Propose and evaluate until a limit, a stop request or Ctrl-C; proposals not evaluated are closed.
+
+        One evaluation is in flight at a time (the oldest proposal); for a pipelined objective it runs in a
+        background thread while this loop asks for the next proposals, up to ``depth`` held at once."""
         from optuna.trial import TrialState
 
         study = self.study
@@ -512,28 +570,36 @@ class _Search:
                     # A process that died mid-trial: its trial is failed here, and its config asked for again.
                     self.first[:0] = [c for c in self.beat.fail_stale()
                                       if format_config(c) not in self.known and c not in self.first]
+                if self.inflight is not None and self.inflight.done:
+                    self._record_oldest()
                 stop = self._limit_reached()
                 if stop is not None:
+                    if self.inflight is not None:  # the evaluation in flight finishes and counts
+                        self._record_oldest()
                     return stop
-                full = self._full()
-                if full is not None or len(self.ahead) >= self.depth:
-                    if not self.ahead:
-                        assert full is not None  # depth >= 1: only a full study ends with nothing queued
-                        if not self.new and full.reason is StopReason.BUDGET:
-                            return Stop(StopReason.BUDGET, before_run=True, evaluated=len(self.known))
-                        return full
-                    self._evaluate_oldest()
+                if self.inflight is None and self.ahead:
+                    self._start_oldest()
                     continue
-                self._propose()
+                full = self._full()
+                if full is None and len(self.ahead) < self.depth:
+                    self._propose()
+                    continue
+                if self.inflight is not None:
+                    self._record_oldest()
+                    continue
+                assert full is not None  # depth >= 1: only a full study ends with nothing queued
+                if not self.new and full.reason is StopReason.BUDGET:
+                    return Stop(StopReason.BUDGET, before_run=True, evaluated=len(self.known))
+                return full
         except KeyboardInterrupt:
-            if self.trial is not None:  # the trial in flight is not a result: record why, and keep the rest
-                self.trial.set_user_attr("status", "interrupted")
-                study.tell(self.trial, state=TrialState.FAIL)
+            for trial in self._open_trials():  # in flight: not a result; record why, and keep the rest
+                trial.set_user_attr("status", "interrupted")
+                study.tell(trial, state=TrialState.FAIL)
             return Stop(StopReason.INTERRUPTED)
         except BaseException:  # a bug of kernsearch itself: close the trial in flight, keep the traceback
-            if self.trial is not None:
-                self.trial.set_user_attr("status", "error")
-                study.tell(self.trial, state=TrialState.FAIL)
+            for trial in self._open_trials():
+                trial.set_user_attr("status", "error")
+                study.tell(trial, state=TrialState.FAIL)
             raise
         finally:
             for pending, _, _ in self.ahead:  # proposed, never timed: not a result, and its config stays free
@@ -541,6 +607,16 @@ class _Search:
                 study.tell(pending, state=TrialState.PRUNED)
                 self.beat.finish(pending)
             self.beat.stop()
+
+    def _open_trials(self) -> list[optuna.Trial]:
+        """Trials asked and not told when the loop ends abruptly: the one being proposed or recorded, and the one
+        whose evaluation is in flight (taken off the queue, so it is not closed as cancelled too)."""
+        out = [self.trial] if self.trial is not None else []
+        if self.inflight is not None and self.ahead:
+            out.append(self.ahead.popleft()[0])
+            self.inflight = None
+        self.trial = None
+        return out
 
     def _limit_reached(self) -> Stop | None:
         """The time budget, the patience or a stop request (checked before every step)."""
@@ -563,13 +639,24 @@ class _Search:
             return Stop(StopReason.BUDGET)
         return None
 
-    def _evaluate_oldest(self) -> None:
-        """Evaluate the oldest queued proposal and record it on its trial (see :func:`_evaluate`)."""
+    def _start_oldest(self) -> None:
+        """Start evaluating the oldest queued proposal, racing the incumbent as the study knows it now."""
+        from ._inflight import InFlight
+
+        _, config, _ = self.ahead[0]
+        race = _race(self.known) if self.objective.races else None
+        objective = self.objective
+        self.inflight = InFlight(lambda: objective.evaluate_against(config, race), threaded=self.depth > 1)
+
+    def _record_oldest(self) -> None:
+        """Wait for the evaluation in flight and record it on its trial (see :func:`_record`)."""
+        assert self.inflight is not None
+        self.inflight.wait()
+        inflight, self.inflight = self.inflight, None
         self.trial, config, key = self.ahead.popleft()
-        t0 = time.monotonic()
-        last = _evaluate(self.study, self.objective, self.trial, config, key, self.known, self.failures)
+        last = _record(self.study, self.trial, config, key, inflight, self.known, self.failures)
         self.beat.finish(self.trial)
-        self.eval_seconds += time.monotonic() - t0
+        self.eval_seconds += inflight.seconds
         self.trial = None
         self.new += 1
         if self.progress is not None:
@@ -703,13 +790,14 @@ def _earlier_final(study: optuna.Study, top: list[TrialSummary]) -> FinalRound |
     return replace(stored, note=f"{stored.note}; {note}" if stored.note else note)
 
 
-def _evaluate(study: optuna.Study, objective: Objective, trial: optuna.Trial, config: Config, key: str,
-              known: dict[str, Seen], failures: Counter[str]) -> str:
-    """Evaluate one proposal and record it on its trial; a failure is a value, never an exception."""
+def _record(study: optuna.Study, trial: optuna.Trial, config: Config, key: str, outcome: InFlight[Record],
+            known: dict[str, Seen], failures: Counter[str]) -> str:
+    """Record one evaluated proposal on its trial; a failure is a value, never an exception (anything else the
+    evaluation raised is a bug, and raised here)."""
     from optuna.trial import TrialState
 
     try:
-        record = objective.evaluate(config)
+        record = outcome.result()
     except VariantFailure as exc:
         trial.set_user_attr("status", STATUS_FAILED)
         trial.set_user_attr("failure", {"reason": exc.reason, "detail": exc.detail[:500]})
@@ -717,11 +805,24 @@ def _evaluate(study: optuna.Study, objective: Objective, trial: optuna.Trial, co
         failures[exc.reason] += 1
         known[key] = Seen(None, trial.number, config, exc.reason)
         return f"trial {trial.number} failed ({exc.reason})"
-    trial.set_user_attr("status", STATUS_OK)
+    status = STATUS_NOT_WINNING if record.not_winning else STATUS_OK
+    trial.set_user_attr("status", status)
     trial.set_user_attr("record", compact_record(record))
-    study.tell(trial, record.time_ms)
-    known[key] = Seen(record.time_ms, trial.number, config)
-    return f"trial {trial.number}: {record.time_ms:.4g} ms"
+    study.tell(trial, record.time_ms)  # not winning: its partial median, a measured (slower) time
+    known[key] = Seen(record.time_ms, trial.number, config, status if record.not_winning else "",
+                      tuple(record.samples_ms))
+    return f"trial {trial.number}: {record.time_ms:.4g} ms" + (" (not winning: stopped early)"
+                                                               if record.not_winning else "")
+
+
+def _race(known: dict[str, Seen]) -> Race | None:
+    """The race against the incumbent: the fastest config timed to the end (not one stopped early)."""
+    from ..evaluation._race import Race
+
+    timed = [s for s in known.values() if s.value is not None and s.reason != STATUS_NOT_WINNING and s.samples]
+    if not timed:
+        return None
+    return Race.against(min(timed, key=lambda s: (s.value, s.number)).samples)
 
 
 def compact_record(record: Record) -> dict[str, Any]:
@@ -764,19 +865,31 @@ class Seen:
     value: float | None
     number: int
     config: Config
-    reason: str = ""
+    reason: str = ""  # why it failed; STATUS_NOT_WINNING for a config stopped early (its value is measured)
+    samples: tuple[float, ...] = ()  # its timing's samples (the incumbent's bound for racing)
 
 
 def _known(study: optuna.Study) -> dict[str, Seen]:
     out: dict[str, Seen] = {}
     for t in study.get_trials(deepcopy=False):
         status = t.user_attrs.get("status")
-        if status == STATUS_OK and t.value is not None:
-            out.setdefault(format_config(t.user_attrs["config"]), Seen(t.value, t.number, t.user_attrs["config"]))
+        if status in (STATUS_OK, STATUS_NOT_WINNING) and t.value is not None:
+            out.setdefault(format_config(t.user_attrs["config"]),
+                           Seen(t.value, t.number, t.user_attrs["config"], "" if status == STATUS_OK else status,
+                                _samples(t)))
         elif status == STATUS_FAILED:
             out.setdefault(format_config(t.user_attrs["config"]),
                            Seen(None, t.number, t.user_attrs["config"], _reason(t)))
     return out
+
+
+def _samples(t: optuna.trial.FrozenTrial) -> tuple[float, ...]:
+    """A stored trial's timing samples (empty when the record has none, or they are not numbers)."""
+    record = t.user_attrs.get("record")
+    samples = record.get("samples_ms") if isinstance(record, dict) else None
+    if not isinstance(samples, list) or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in samples):
+        return ()
+    return tuple(float(x) for x in samples)
 
 
 def _reason(t: optuna.trial.FrozenTrial) -> str:
@@ -795,8 +908,8 @@ def _claimed_elsewhere(study: optuna.Study, trial: optuna.Trial, objective: Obje
                 format_config({k: t.params[k] for k in objective.knobs}) != key:
             continue
         status = t.user_attrs.get("status")
-        if status == STATUS_OK and t.value is not None:
-            return Seen(t.value, t.number, dict(t.params))
+        if status in (STATUS_OK, STATUS_NOT_WINNING) and t.value is not None:
+            return Seen(t.value, t.number, dict(t.params), "" if status == STATUS_OK else status, _samples(t))
         if status == STATUS_FAILED:
             return Seen(None, t.number, dict(t.params), _reason(t))
         if t.state == TrialState.RUNNING and status not in (STATUS_INVALID, STATUS_CANCELLED):

@@ -255,7 +255,8 @@ class SimulatedGPU(_BaseBackend):
 def test_measured_pipeline_verifies_times_and_judges_against_the_baseline(planted, tmp_path):
     chip = get_chip("M2 Max")
     problem = make_problem(load_family(planted), "64", None, chip)
-    objective = KernelObjective(problem, chip, "test_faults:SimulatedGPU", timeout=30.0)
+    # every config timed to the end (racing would stop the 2 ms one against the 1 ms incumbent: tests/test_racing.py)
+    objective = KernelObjective(problem, chip, "test_faults:SimulatedGPU", timeout=30.0, racing=False)
     allowed = [{"FAULT": f, "TG": tg} for f in ("none", "wrong") for tg in (32, 64)]
     objective.valid_configs = lambda: allowed  # type: ignore[method-assign]
     objective.violation = lambda c: None if c in allowed else "not_in_this_test"  # type: ignore[method-assign]
@@ -306,7 +307,7 @@ def test_a_measured_winner_wrong_at_a_ragged_shape_is_refused_and_the_next_faste
     finalists on the device at a ragged shape too, fastest first: it refuses that one and crowns the next."""
     chip = get_chip("M2 Max")
     problem = make_problem(load_family(planted_ragged), "64", None, chip)
-    objective = KernelObjective(problem, chip, "test_faults:SimulatedGPU", timeout=30.0)
+    objective = KernelObjective(problem, chip, "test_faults:SimulatedGPU", timeout=30.0, racing=False)
     allowed = [{"FAULT": "ragged", "TG": 64}, {"FAULT": "none", "TG": 32}]
     objective.valid_configs = lambda: allowed  # type: ignore[method-assign]
     objective.violation = lambda c: None if c in allowed else "not_in_this_test"  # type: ignore[method-assign]

@@ -78,7 +78,9 @@ def test_the_bound_form_plans_once_and_checks_the_activation_alone(pkg, monkeypa
     assert "planned" in frames(bound, x)  # the switch is read on every call
     with pytest.raises(TypeError, match="takes 3 weight"):
         pkg.qmatvec.bind(w, s)
-    assert not hasattr(pkg.rmsnorm, "bind") or pytest.fail("rmsnorm has no weight inputs")
+    assert not hasattr(pkg.softmax, "bind")  # no weight inputs: nothing to bind
+    r = arrays("rmsnorm", (4, 256))
+    assert mx.allclose(pkg.rmsnorm.bind(r[1])(r[0]), mx.fast.rms_norm(*r, 1e-5)).item()  # a norm's weight binds too
 
 
 def test_weights_seen_before_are_held_weakly(pkg) -> None:

@@ -882,6 +882,18 @@ class Dispatcher:
 
         last: List[Any] = [None, None, None]  # the last single activation's (shape, dtype, plan): decode repeats it
         env, env_key = _ENV_DATA, _ENV_KEY
+        if chip is None and not modeled and free == [0]:
+            op = self._op_everywhere(family, held)
+            if op is not None:  # no kernel of the family can run here: the op with the weights, whatever x is
+                rest = tuple(held)
+
+                def bound_op(*acts: Any) -> Any:
+                    if len(acts) == 1 and (env.get(env_key) if env is not None else _env_flag()) is None:
+                        return op(*acts, *rest)
+                    return planned(*acts)  # an opt-in (KERNSEARCH_KERNELS) or other arities: planned
+
+                bound_op.__name__ = f"{family}_bound"
+                return bound_op
 
         def bound(*acts: Any) -> Any:
             if len(acts) == 1 and (env.get(env_key) if env is not None else _env_flag()) is None:

@@ -16,6 +16,7 @@ GEMM tuned on a shared PostgreSQL study evaluates three configs.
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import shutil
@@ -103,6 +104,7 @@ class NotACommand:
 FLOWS_SERVER = "tests/test_flows.py::test_real_server_serves_the_cron_deployment_and_runs_it_by_name"
 FARM = "tests/test_farm_prefect.py::test_three_workers_two_chips_one_study_per_chip_one_store"
 PG = "test_farm_and_prefect_commands_on_a_real_postgresql"
+MODEL_DOC = "tests/test_model_ranking.py::test_the_worked_model_in_the_docs_is_the_fixtures_and_its_figures_hold"
 COVERAGE: dict[str, Here | Elsewhere | NotACommand] = {
     # README.md
     "README.md: make tune": Elsewhere("tests/test_ux.py::test_make_tune_through_a_pipe_prints_a_line_every_few_"
@@ -111,18 +113,29 @@ COVERAGE: dict[str, Here | Elsewhere | NotACommand] = {
     # docs/api.md
     "docs/api.md: python: import tempfile": Elsewhere("tests/test_api.py::test_the_documented_example_runs",
                                                       ('"docs" / "api.md"', '"example.py"')),
+    "docs/api.md: python: import numpy as np": Elsewhere(
+        "tests/test_api.py::test_the_documented_variant_run_example_runs",
+        ('"docs" / "api.md"', "## Example: check a variant against your own NumPy", '[sys.executable, "-c", block]',
+         '"(3, 256) interpreted True"')),
     # docs/artifacts.md
-    "docs/artifacts.md: block: artifacts/gemm/M2-Max/float16/4096x4096x4096/": NotACommand(
+    "docs/artifacts.md: block: artifacts/index.jsonl": NotACommand(
         "the store's folder layout", "test_artifacts_docs_publish_list_show_verify_export_and_call"),
     "docs/artifacts.md: python: import tempfile": Here("test_artifacts_docs_publish_list_show_verify_export_and_call"),
     "docs/artifacts.md: kernsearch artifacts list [--family F] [--all]": Here(
         "test_artifacts_docs_publish_list_show_verify_export_and_call"),
     "docs/artifacts.md: kernsearch artifacts show gemm/M2-Max/float16/4096x4096x4096[/v2] [--source] [--json]": Here(
         "test_artifacts_docs_publish_list_show_verify_export_and_call"),
-    "docs/artifacts.md: kernsearch artifacts verify": Here("test_artifacts_docs_publish_list_show_verify_export_and_call"),
+    "docs/artifacts.md: kernsearch artifacts verify [--repair]": Elsewhere(
+        "tests/adversarial/test_store_index.py::test_current_edited_to_bring_back_an_invalidated_version",
+        ('["artifacts", "verify", "--store"', '["artifacts", "verify", "--repair", "--store"')),
+    "docs/artifacts.md: kernsearch artifacts migrate [--family FOLDER]": Elsewhere(
+        "tests/adversarial/test_store_index.py::test_migrate_indexes_a_version_only_against_the_family_it_was_"
+        "rendered_from", ('["artifacts", "migrate", "--store"', '"--family", str(older)]')),
     "docs/artifacts.md: kernsearch export [FAMILY...] --out DIR [--name kernsearch_kernels] [--version 1.0.0]": Here(
         "test_artifacts_docs_publish_list_show_verify_export_and_call"),
     "docs/artifacts.md: python: import mlx.core as mx": Here(
+        "test_artifacts_docs_publish_list_show_verify_export_and_call"),
+    "docs/artifacts.md: python: from kernsearch_kernels import qmatvec": Here(
         "test_artifacts_docs_publish_list_show_verify_export_and_call"),
     "docs/artifacts.md: block: gemm 4096x4096x4096 float16 on H100: mlx op -> plain MLX op": NotACommand(
         "`kernsearch explain gemm --chip H100`'s output", "test_explain_prints_what_the_docs_show"),
@@ -157,6 +170,15 @@ COVERAGE: dict[str, Here | Elsewhere | NotACommand] = {
     # docs/model.md, docs/msl-subset.md
     "docs/model.md: python: from kernsearch import Space, get_backend, get_chip, load_family, make_problem": Here(
         "test_model_docs_example_runs"),
+    # the worked [model] is the fixture family's table word for word; the predict commands below evaluate it
+    "docs/model.md: toml: [model]": Elsewhere(
+        MODEL_DOC, (r'"## A worked `\[model\]`.*?```toml\n(.*?)```"', "== table", r'spec.index("\n[model]\n")')),
+    "docs/model.md: kernsearch predict tests/families/residual_rmsnorm --shape 64,4096 --config TG=256,VEC=4":
+        Elsewhere(MODEL_DOC, (r'r"What it predicts.*?```sh\n(.*?)```"', '[sys.executable, "-m", *line.split()]',
+                              '"0.01026"')),
+    "docs/model.md: kernsearch predict tests/families/residual_rmsnorm --shape 64,4096 --config TG=32,VEC=1":
+        Elsewhere(MODEL_DOC, (r'r"What it predicts.*?```sh\n(.*?)```"', '[sys.executable, "-m", *line.split()]',
+                              '"0.1205"')),
     "docs/msl-subset.md: block: $ kernsearch verify /tmp/gemm_bug --config MMA=scalar --shape 32,32,16 --dtype "
     "float32 --check": Here("test_msl_subset_transcript_is_what_verify_prints"),
 }
@@ -171,7 +193,11 @@ def _test_source(ref: str) -> str:
 
 
 def test_every_command_and_script_of_the_docs_is_run_by_a_test() -> None:
-    found = [key for block in blocks() for key in block.keys()]
+    keyed = [(block, key) for block in blocks() for key in block.keys()]
+    found = [key for _, key in keyed]
+    whole = [key for block, key in keyed if key.startswith(f"{block.file}: {block.lang or 'block'}: ")]
+    alike = sorted({key for key in whole if whole.count(key) > 1})
+    assert not alike, f"scripts or listings that start alike (one entry would cover them all): {alike}"
     missing = [key for key in found if key not in COVERAGE]
     assert not missing, f"no test runs these (add each to COVERAGE in tests/test_docs.py): {missing}"
     stale = sorted(set(COVERAGE) - set(found))
@@ -207,27 +233,49 @@ def test_make_test_is_the_suite_on_two_workers(tmp_path: Path) -> None:
     assert r.stdout.strip() == f"{tmp_path}/bin/python -m pytest -q -n 2 --durations=30", r.stdout
 
 
+def _store_is_the_listing(store: Path, key: Path) -> None:
+    """docs/artifacts.md's store layout, line by line, against a store one publish made: its key
+    (…/4096x4096x4096) is ``key``, its second version is left out (one publish makes one)."""
+    for line in _block("docs/artifacts.md", "artifacts/index.jsonl").splitlines():
+        name, *description = re.split(r"\s{2,}", line.strip())
+        if line.startswith("artifacts/"):  # a path from the store's root
+            path = name.removeprefix("artifacts/")
+            path = path.replace("gemm/M2-Max/float16/4096x4096x4096", str(key.relative_to(store)))
+            if "<sha256>" in path:  # the family kept with the version, named by its files' hash
+                (kept,) = (store / ".families").iterdir()
+                assert re.fullmatch("[0-9a-f]{64}", kept.name) and {"family.toml", "gemm.metal.j2"} <= {
+                    p.name for p in kept.iterdir()}, sorted(os.listdir(kept))
+            else:
+                assert (store / path).exists(), f"the listing shows {path}, the store has {sorted(os.listdir(store))}"
+        elif re.match(r"    \S", line):  # in the key's folder
+            names = name.split()
+            if names[0] == "v2/":
+                continue
+            where = key / "v1" if names[0] == "v1/" else key
+            for shown in names[1:] if names[0] == "v1/" else names[:1]:
+                assert (where / shown).exists(), f"the listing shows {shown}, {where} has {sorted(os.listdir(where))}"
+            if names[0] == "CURRENT":  # its fields, as the listing shows them
+                fields = re.search(r"\{.*\}", description[0]).group(0).replace('"..."', '""')
+                assert sorted(json.loads(fields)) == sorted(json.loads((key / "CURRENT").read_text())), line
+        else:
+            assert line.startswith(" " * 20) and not description, line  # a description carried to the next line
+
+
 @pytest.mark.slow
 def test_artifacts_docs_publish_list_show_verify_export_and_call(tmp_path: Path) -> None:
     """docs/artifacts.md: the Python API publishes a version (into the layout its listing shows), the command-line
-    synopsis runs on that store (each option given), and the exported package's example runs on the export."""
+    synopsis runs on that store (each option given; verify --repair and migrate: COVERAGE), and the exported
+    package's examples run on the export (on this machine, MLX's CPU: the package runs the MLX op)."""
     env = {**os.environ, "TMPDIR": str(tmp_path)}  # the example's tempfile.mkdtemp() lands here
     (tmp_path / "publish.py").write_text(_block("docs/artifacts.md", "import tempfile"))
     r = _run([sys.executable, "publish.py"], cwd=tmp_path, env=env)
     assert r.returncode == 0 and r.stdout.split() == ["True", "v1", "modeled"], r.stdout + r.stderr[-3000:]
     (store,) = tmp_path.glob("*/artifacts")
     work = store.parent  # `./artifacts`, as the commands take it by default
-    key = store / "gemm" / "M2-Max" / "float16" / "256x256x256"
-    for line in _block("docs/artifacts.md", "artifacts/gemm/M2-Max/float16/4096x4096x4096/").splitlines()[1:]:
-        names = re.split(r"\s{2,}", line.strip())[0].split()
-        if names[0] == "v2/":
-            continue  # the second version of the listing: one publish makes one
-        where = key / "v1" if names[0] == "v1/" else key
-        for name in names[1:] if names[0] == "v1/" else names[:1]:
-            assert (where / name).exists(), f"the listing shows {name}, the store has {sorted(os.listdir(where))}"
+    _store_is_the_listing(store, store / "gemm" / "M2-Max" / "float16" / "256x256x256")
     synopsis = {c.split()[2] if c.split()[1] == "artifacts" else c.split()[1]: c for c in
                 commands(_block("docs/artifacts.md", "kernsearch artifacts list [--family F] [--all]"))}
-    assert sorted(synopsis) == ["export", "list", "show", "verify"]
+    assert sorted(synopsis) == ["export", "list", "migrate", "show", "verify"]
     listed = _run(KERNSEARCH + ["artifacts", "list", "--family", "gemm", "--all"], cwd=work)
     assert listed.returncode == 0 and "gemm/M2-Max/float16/256x256x256" in listed.stdout, listed.stdout
     for extra in (["--source"], ["--json"]):
@@ -236,8 +284,8 @@ def test_artifacts_docs_publish_list_show_verify_export_and_call(tmp_path: Path)
                                           '"evidence": "modeled"' in shown.stdout), shown.stdout[-2000:]
     verified = _run(KERNSEARCH + ["artifacts", "verify"], cwd=work)
     assert verified.returncode == 0 and "1 version(s) verified" in verified.stdout, verified.stdout
-    exported = _run(KERNSEARCH + ["export", "gemm", "--out", "dist", "--name", "kernsearch_kernels", "--version",
-                                 "1.0.0"], cwd=work)
+    exported = _run(KERNSEARCH + ["export", "gemm", "qmatvec", "--out", "dist", "--name", "kernsearch_kernels",
+                                 "--version", "1.0.0"], cwd=work)
     assert exported.returncode == 0, exported.stderr
     (package,) = {p.parent.parent for p in (work / "dist").rglob("kernsearch_kernels/__init__.py")}
     (work / "call.py").write_text(_block("docs/artifacts.md", "import mlx.core as mx"))
@@ -246,6 +294,12 @@ def test_artifacts_docs_publish_list_show_verify_export_and_call(tmp_path: Path)
     decisions = [line for line in called.stdout.splitlines() if not line.startswith("  ")]
     assert decisions[0].startswith("gemm 512x384x256 float16 on ") and decisions[1].startswith(
         "gemm 512x384x256 float16 on M2 Pro: "), called.stdout
+    (work / "bind.py").write_text(_block("docs/artifacts.md", "from kernsearch_kernels import qmatvec"))
+    bound = _run([sys.executable, "bind.py"], cwd=work, env={**env, "PYTHONPATH": str(package)})
+    assert bound.returncode == 0, bound.stderr[-3000:]
+    shape, decision = bound.stdout.splitlines()[:2]
+    assert shape == "(1, 4096) mlx.core.float16" and decision.startswith(
+        "qmatvec 1x4096x4096x512x64 float16 on ") and decision.endswith("-> plain MLX op"), bound.stdout
 
 
 @pytest.mark.slow

@@ -654,53 +654,30 @@ class Dispatcher:
 
         The decision and everything the launch needs (grid, templates, output shapes, the built kernel) are
         planned once per (family, shapes, dtypes, chip, opt-ins) and reused: a call that was planned before
-        costs a dictionary look-up on top of the op or kernel it runs, so the package adds no measurable
-        time even to a microsecond-sized MLX op.
+        costs a dictionary look-up on top of the op or kernel it runs (the exported functions, :meth:`function`,
+        skip even that where they can).
         """
         flag = _ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else _env_flag()  # raw: no decoding here
-        if flag is None and chip is None and not modeled:
+        plain = flag is None and chip is None and not modeled
+        if plain:
             op = self._op_only.get(family)
             if op is not None:  # no kernel of this family can run here: the op, without building a key
                 try:
                     return op(*arrays)
                 except TypeError:  # not MLX arrays (the op takes only those): the planned path converts them
                     pass
-            if family in self._weighted:  # the same weights as a planned call: look at the activations only
-                entry = self._by_weights.get((family, id(arrays[-1])))
-                if entry is not None and _same(entry[0], arrays):
-                    x = arrays[0]
-                    try:
-                        plan = entry[1].get((x.shape, x.dtype))
-                    except AttributeError:
-                        plan = None
-                    if plan is not None:
-                        return plan(*arrays)
-        try:
-            # The key spelled out for the common arities: a comprehension would cost a frame (~0.4 us, a
-            # tenth of a small op). Every form is (family, chip, modeled, flag, shape0, dtype0, shape1, ...).
-            if len(arrays) == 2:
-                a, b = arrays
-                key: Any = (family, chip, modeled, flag, a.shape, a.dtype, b.shape, b.dtype)
-            elif len(arrays) == 1:
-                key = (family, chip, modeled, flag, arrays[0].shape, arrays[0].dtype)
-            elif len(arrays) == 3:
-                a, b, c = arrays
-                key = (family, chip, modeled, flag, a.shape, a.dtype, b.shape, b.dtype, c.shape, c.dtype)
-            else:
-                key = (family, chip, modeled, flag, *_chain.from_iterable(map(_SIGNATURE, arrays)))
-            plan = self._plans.get(key)
-        except (AttributeError, TypeError):  # not arrays, or an unhashable chip record: plan every call
-            key, plan = None, None
+        key = _call_key(family, chip, modeled, flag, arrays)
+        plan = self._plans.get(key) if key is not None else None
         if plan is None:
             plan = self._plan(family, arrays, chip, modeled)
-            if flag is None and chip is None and not modeled and family not in self._op_only:
+            if plain and family not in self._op_only:
                 self._op_only[family] = self._op_everywhere(family, arrays)
             if key is not None:
                 if len(self._plans) >= MAX_DECISIONS:
                     self._plans.clear()
                 self._plans[key] = plan
-        if key is not None and flag is None and chip is None and not modeled and family in self._weighted:
-            self._remember_weights(family, arrays, plan)  # new weights (the fast path above missed)
+        if key is not None and plain and family in self._weighted:
+            self._remember_weights(family, arrays, plan)  # new weights (the fast path of function() missed)
         return plan(*arrays)
 
     def function(self, family: str) -> Callable[..., Any]:
@@ -823,87 +800,27 @@ class Dispatcher:
         """``family`` with its weight inputs fixed (``qmatvec.bind(W, S, Bq)(X)``): a call passes the other
         inputs only and is planned once per their shapes; a kernel whose layout differs from the weights' gets
         them packed (transposed) here, once, instead of on every call."""
-        import mlx.core as mx
+        binding = _Binding(self, family, weights, chip, modeled)
+        env, env_key, last, planned = _ENV_DATA, _ENV_KEY, binding.last, binding.planned
+        single = binding.free == [0]
+        op = self._op_everywhere(family, binding.held) if chip is None and not modeled and single else None
+        if op is not None:  # no kernel of the family can run here: the op with the weights, whatever x is
+            rest = tuple(binding.held)
 
-        fam = self._family(family)
-        slots = [i for i, spec in enumerate(fam["inputs"]) if spec.get("weight")]
-        if not slots:
-            raise ValueError(f"{family} has no weight inputs to bind")
-        if len(weights) != len(slots):
-            raise TypeError(f"{family}.bind takes {len(slots)} weight(s) "
-                            f"({', '.join(fam['inputs'][i]['name'] for i in slots)}), {len(weights)} given")
-        held = [w if isinstance(w, mx.array) else mx.array(w) for w in weights]
-        free = [i for i in range(len(fam["inputs"])) if i not in slots]
-        plans: Dict[Any, Callable[..., Any]] = {}
-
-        def merged(acts: Sequence[Any], ws: Sequence[Any]) -> List[Any]:
-            out: List[Any] = [None] * len(fam["inputs"])
-            for i, a in zip(free, acts):
-                out[i] = a
-            for i, w in zip(slots, ws):
-                out[i] = w
-            return out
-
-        def make(acts: Sequence[Any]) -> Callable[..., Any]:
-            arrays = merged(_as_mx(mx, acts), held)
-            decision = self.explain(family, *arrays, chip=chip, modeled=modeled)
-            packed, ws = [], list(held)
-            if decision.entry is not None:
-                record, _ = self.running_chip(chip)
-                names = _context(fam, decision.entry["config"], dict(zip(fam["dims"], decision.shape)), record,
-                                 decision.dtype)
-                flips = self._transposes(fam, names)
-                for j, i in enumerate(slots):
-                    if flips[i]:
-                        ws[j] = mx.contiguous(mx.transpose(held[j]))
-                        packed.append(i)
-                mx.eval(ws)
-                arrays = merged(_as_mx(mx, acts), ws)
-            plan = self._plan(family, arrays, chip, modeled, prepacked=packed)
-            if len(free) == 1 and free[0] == 0:
-                rest = tuple(ws)
-                return lambda x: plan(x, *rest)
-            return lambda *xs: plan(*merged(xs, ws))
-
-        def planned(*acts: Any) -> Any:
-            try:
-                key: Any = (_ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else _env_flag(),
-                            *_chain.from_iterable(map(_SIGNATURE, acts)))
-            except AttributeError:  # not MLX arrays: planned every call
-                return make(acts)(*acts)
-            plan = plans.get(key)
-            if plan is None:
-                if len(plans) >= MAX_DECISIONS:
-                    plans.clear()
-                plan = plans[key] = make(acts)
-            if len(acts) == 1 and key[0] is None:
-                last[:] = [key[1], key[2], plan]
-            return plan(*acts)
-
-        last: List[Any] = [None, None, None]  # the last single activation's (shape, dtype, plan): decode repeats it
-        env, env_key = _ENV_DATA, _ENV_KEY
-        if chip is None and not modeled and free == [0]:
-            op = self._op_everywhere(family, held)
-            if op is not None:  # no kernel of the family can run here: the op with the weights, whatever x is
-                rest = tuple(held)
-
-                def bound_op(*acts: Any) -> Any:
-                    if len(acts) == 1 and (env.get(env_key) if env is not None else _env_flag()) is None:
-                        return op(*acts, *rest)
-                    return planned(*acts)  # an opt-in (KERNSEARCH_KERNELS) or other arities: planned
-
-                bound_op.__name__ = f"{family}_bound"
-                return bound_op
-
-        def bound(*acts: Any) -> Any:
-            if len(acts) == 1 and (env.get(env_key) if env is not None else _env_flag()) is None:
-                x = acts[0]
-                try:
-                    if x.shape == last[0] and x.dtype == last[1]:
-                        return last[2](x)
-                except AttributeError:
-                    pass
-            return planned(*acts)
+            def bound(*acts: Any) -> Any:
+                if len(acts) == 1 and (env.get(env_key) if env is not None else _env_flag()) is None:
+                    return op(*acts, *rest)
+                return planned(*acts)  # an opt-in (KERNSEARCH_KERNELS) or other arities: planned
+        else:
+            def bound(*acts: Any) -> Any:
+                if len(acts) == 1 and (env.get(env_key) if env is not None else _env_flag()) is None:
+                    x = acts[0]
+                    try:
+                        if x.shape == last[0] and x.dtype == last[1]:  # decode repeats the last activation shape
+                            return last[2](x)
+                    except AttributeError:
+                        pass
+                return planned(*acts)
 
         bound.__name__ = f"{family}_bound"
         return bound
@@ -921,6 +838,75 @@ class Dispatcher:
         except KeyError:
             raise ValueError(f"unknown family {family!r} (this package has: "
                              f"{', '.join(self.table['families'])})") from None
+
+
+class _Binding:
+    """One family with its weights fixed (:meth:`Dispatcher.bind`): a plan per activation signature, the weights
+    packed once where the chosen kernel takes another layout, and the last single activation's plan."""
+
+    def __init__(self, d: Dispatcher, family: str, weights: Sequence[Any], chip: Any, modeled: bool) -> None:
+        import mlx.core as mx
+
+        self.d, self.family, self.chip, self.modeled, self.mx = d, family, chip, modeled, mx
+        self.fam = d._family(family)
+        self.slots = [i for i, spec in enumerate(self.fam["inputs"]) if spec.get("weight")]
+        if not self.slots:
+            raise ValueError(f"{family} has no weight inputs to bind")
+        if len(weights) != len(self.slots):
+            names = ", ".join(self.fam["inputs"][i]["name"] for i in self.slots)
+            raise TypeError(f"{family}.bind takes {len(self.slots)} weight(s) ({names}), {len(weights)} given")
+        self.held = [w if isinstance(w, mx.array) else mx.array(w) for w in weights]
+        self.free = [i for i in range(len(self.fam["inputs"])) if i not in self.slots]
+        self.plans: Dict[Any, Callable[..., Any]] = {}
+        self.last: List[Any] = [None, None, None]
+
+    def merged(self, acts: Sequence[Any], ws: Sequence[Any]) -> List[Any]:
+        out: List[Any] = [None] * len(self.fam["inputs"])
+        for i, a in zip(self.free, acts):
+            out[i] = a
+        for i, w in zip(self.slots, ws):
+            out[i] = w
+        return out
+
+    def packed(self, decision: Decision) -> Tuple[List[Any], List[int]]:
+        """The weights as the chosen kernel takes them (transposed copies, made once) and which were packed."""
+        ws, packed = list(self.held), []
+        if decision.entry is not None:
+            record, _ = self.d.running_chip(self.chip)
+            names = _context(self.fam, decision.entry["config"], dict(zip(self.fam["dims"], decision.shape)), record,
+                             decision.dtype)
+            flips = self.d._transposes(self.fam, names)
+            for j, i in enumerate(self.slots):
+                if flips[i]:
+                    ws[j] = self.mx.contiguous(self.mx.transpose(self.held[j]))
+                    packed.append(i)
+            self.mx.eval(ws)
+        return ws, packed
+
+    def make(self, acts: Sequence[Any]) -> Callable[..., Any]:
+        acts = _as_mx(self.mx, acts)
+        decision = self.d.explain(self.family, *self.merged(acts, self.held), chip=self.chip, modeled=self.modeled)
+        ws, packed = self.packed(decision)
+        plan = self.d._plan(self.family, self.merged(acts, ws), self.chip, self.modeled, prepacked=packed)
+        if self.free == [0]:
+            rest = tuple(ws)
+            return lambda x: plan(x, *rest)
+        return lambda *xs: plan(*self.merged(xs, ws))
+
+    def planned(self, *acts: Any) -> Any:
+        try:
+            key: Any = (_ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else _env_flag(),
+                        *_chain.from_iterable(map(_SIGNATURE, acts)))
+        except AttributeError:  # not MLX arrays: planned every call
+            return self.make(acts)(*acts)
+        plan = self.plans.get(key)
+        if plan is None:
+            if len(self.plans) >= MAX_DECISIONS:
+                self.plans.clear()
+            plan = self.plans[key] = self.make(acts)
+        if len(acts) == 1 and key[0] is None:
+            self.last[:] = [key[1], key[2], plan]
+        return plan(*acts)
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
@@ -944,6 +930,24 @@ def _env_flag() -> Optional[str]:
         return None
     value: str = os.environ.decodevalue(raw)  # type: ignore[attr-defined,unused-ignore]
     return value
+
+
+def _call_key(family: str, chip: Any, modeled: bool, flag: Any, arrays: Sequence[Any]) -> Any:
+    """What a plan is filed under: (family, chip, modeled, flag, shape0, dtype0, shape1, ...); None where the call
+    cannot be keyed (not arrays, or an unhashable chip record): planned every call. Spelled out for the common
+    arities: a comprehension would cost a frame (~0.4 us, a tenth of a small op)."""
+    try:
+        if len(arrays) == 2:
+            a, b = arrays
+            key: Any = (family, chip, modeled, flag, a.shape, a.dtype, b.shape, b.dtype)
+        elif len(arrays) == 1:
+            key = (family, chip, modeled, flag, arrays[0].shape, arrays[0].dtype)
+        else:
+            key = (family, chip, modeled, flag, *_chain.from_iterable(map(_SIGNATURE, arrays)))
+        hash(key)
+        return key
+    except (AttributeError, TypeError):
+        return None
 
 
 def _same(refs: List[Any], arrays: Sequence[Any]) -> bool:

@@ -1,5 +1,6 @@
 """Targets as data (issue 12): one table says which vendor runs a target, its source suffix, its MLX
-constructor and whether the interpreter runs it; every other copy agrees with it."""
+constructor and whether the interpreter runs it. It is one of the shared rules (``kernsearch._rules``): the exported
+dispatcher reads the same rows (tests/test_rules.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import pytest
 
 from kernsearch import KernsearchError
 from kernsearch.backends import BACKENDS, backend_class
-from kernsearch.exporting.runtime import _runtime
 from kernsearch.hardware._chips import registry
 from kernsearch.hardware._targets import TARGETS, TargetName, chip_target, get_target, interpretable, target_of
 
@@ -31,10 +31,3 @@ def test_the_validated_type_and_the_registry_name_the_table_s_targets() -> None:
     measured = {backend_class(n).target for n in BACKENDS if backend_class(n).measures_device}
     assert measured == set(TARGETS)
     assert {backend_class(n).target for n in BACKENDS} - {None} <= set(TARGETS)
-
-
-def test_the_exported_runtime_s_copy_agrees_with_the_table() -> None:
-    """The exported runtime imports nothing of kernsearch: its copy of the columns it needs must match."""
-    assert _runtime.VENDOR_TARGETS == {t.vendor: t.name for t in TARGETS.values()}
-    assert _runtime.MLX_KERNELS == {t.name: t.mlx_kernel for t in TARGETS.values()}
-    assert _runtime.SHARED_MEMORY_AT_BUILD == {t.name for t in TARGETS.values() if t.shared_memory_at_build}

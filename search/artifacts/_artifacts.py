@@ -63,8 +63,8 @@ from ._manifest import (
     parse_manifest,
     utcnow,
 )
-from ..family._render import Geometry, KernelSource, source_sha256
-from ..exporting.runtime._runtime import DEFAULT_MARGIN, content_sha256
+from .._rules import DEFAULT_MARGIN, content_sha256, source_sha256
+from ..family._render import Geometry, KernelSource
 
 if TYPE_CHECKING:
     from ..family._spec import Family

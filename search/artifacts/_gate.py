@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._manifest import EVIDENCE_RANK, MODELED_POLICY, Manifest, Measurements
-from ..exporting.runtime._runtime import CONSUMER_MODES, DEFAULT_MARGIN, beats_op, consumer_low, modes_text
+from .._rules import DEFAULT_MARGIN, beats_op, consumer_low, modes_text
+from .._vocabulary import CONSUMER_MODES
 
 
 def loses_to_baseline(draft: dict[str, Any], op: str, margin: float = DEFAULT_MARGIN,

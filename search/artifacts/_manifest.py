@@ -134,7 +134,7 @@ class Toolchain(_Model):
     def timing_identity(self) -> dict[str, str | None]:
         """What can move a measured time when it changes: MLX minor version, macOS major version (the Metal
         compiler ships with the OS), CUDA driver and NVRTC version. The exported runtime compares the same."""
-        from ..exporting.runtime._runtime import timing_identity
+        from .._rules import timing_identity
 
         return timing_identity(self.mlx_version, self.os, self.macos_version, self.cuda_driver, self.nvrtc_version)
 
@@ -156,7 +156,7 @@ class Toolchain(_Model):
                                        timeout=5).stdout.strip() or None
             except (OSError, subprocess.SubprocessError):
                 build = None
-        from ..exporting.runtime._runtime import cuda_driver_version, nvrtc_version
+        from .._rules import cuda_driver_version, nvrtc_version
 
         return cls(kernsearch_version=__version__, mlx_version=mlx_version, python_version=platform.python_version(),
                    os=platform.system(), os_release=platform.release(), macos_version=macos, macos_build=build,

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..exporting.runtime._runtime import CONSUMER_MODES
+from .._vocabulary import CONSUMER_MODES
 
 Call = Callable[[int], Any]
 

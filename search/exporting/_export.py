@@ -2,7 +2,8 @@
 
 The package needs only ``mlx`` and ``numpy`` at run time. It holds the current artifact versions (source,
 manifest) of the families exported, each family's default-config kernels, a dispatch table
-(``dispatch.json``) and the run-time dispatcher (``exporting/runtime/_runtime.py``, copied verbatim), and
+(``dispatch.json``) and the run-time dispatcher (``exporting/runtime/_runtime.py`` with the shared rules it
+applies, ``_rules.py`` and ``_vocabulary.py``: all three copied verbatim), and
 exposes one function per family (``gemm(a, b)``) plus ``explain(...)``. Geometry and constraints for
 shapes nobody tuned are computed at run time: the family's expressions are parsed here with Jinja's
 parser and shipped as small JSON trees that the dispatcher evaluates without ``eval`` and without Jinja.
@@ -29,7 +30,9 @@ from typing import Any
 
 from .. import __version__
 from .._errors import KernsearchError
+from .._rules import DEFAULT_MARGIN, TARGETS
 from .._safeio import UnsafeFile, write_atomic
+from .._vocabulary import Evidence
 from ..artifacts._artifacts import ArtifactStore
 from ..artifacts._manifest import MODELED_POLICY, ArtifactError
 from ..family._expr import Expr
@@ -37,8 +40,7 @@ from ..family._render import render
 from ..family._spec import ARRAY_FUNCTIONS, DTYPES, Family, load_family
 from ..family._tree import TreeError
 from ..family._tree import expr_tree as _expr_tree
-from ..hardware._targets import TARGETS
-from .runtime._runtime import DEFAULT_MARGIN, FORMAT, decision_fields
+from .runtime._runtime import FORMAT, decision_fields
 
 DEFAULT_PACKAGE = "kernsearch_kernels"
 #: Besides the standard library's modules, names an exported package may not take: it would shadow them.
@@ -79,7 +81,7 @@ def _family_table(fam: Family) -> dict[str, Any]:
     inputs = []
     for t in fam.inputs:
         shape = expr_tree(t.shape)
-        if shape[0] != "list" or any(a[0] not in ("name", "const") for a in shape[1]):
+        if shape[0] not in ("list", "tuple") or any(a[0] not in ("name", "const") for a in shape[1]):
             raise ExportError(f"family {fam.name}: input {t.name} shape {t.shape.text!r} is not a list of "
                               "dimension names (the exported function reads the problem size off its inputs)")
         inputs.append({"name": t.name, "axes": [a[1] for a in shape[1]], "dtype": t.dtype, "weight": t.weight,
@@ -287,10 +289,10 @@ def _export(names: list[str], out: Path, store: ArtifactStore, package: str, ver
             if invalidated is None:
                 result.artifacts.append(f"{art.key.path}/{art.version}")
                 shipped.append(m.evidence)
-        if "modeled" in shipped and "measured" not in shipped:
-            result.notes.append(f"{fam.name}: ships only modeled artifacts ({shipped.count('modeled')}), none "
-                                f"measured: {MODELED_POLICY}")
-        elif "measured" not in shipped:
+        if Evidence.MODELED in shipped and Evidence.MEASURED not in shipped:
+            result.notes.append(f"{fam.name}: ships only modeled artifacts ({shipped.count(Evidence.MODELED)}), "
+                                f"none measured: {MODELED_POLICY}")
+        elif Evidence.MEASURED not in shipped:
             bare.append(fam.name)
         table["families"][fam.name] = entry
         result.families.append(fam.name)
@@ -299,8 +301,8 @@ def _export(names: list[str], out: Path, store: ArtifactStore, package: str, ver
                             "call runs the MLX op")
 
     _write(pkg / "dispatch.json", json.dumps(table, indent=1) + "\n")
-    runtime = resources.files("kernsearch.exporting.runtime").joinpath("_runtime.py").read_text(encoding="utf-8")
-    _write(pkg / "_runtime.py", runtime)
+    for name, data in shipped_modules().items():
+        _write_bytes(pkg / name, data)
     _write(pkg / "__init__.py", _init_module(table, package))
     _write(source_dir / "pyproject.toml", _pyproject(package, version))
     result.wheel = build_wheel(source_dir, package, version, out)
@@ -374,6 +376,16 @@ for _family, _entry in _dispatcher.table.get("families", {}).items():
         globals()[_public] = _function(_family, _entry)
         __all__.append(_public)
 '''
+
+
+#: The modules of the package's dispatcher, by file name: where kernsearch keeps each (copied byte for byte).
+SHIPPED = {"_runtime.py": "kernsearch.exporting.runtime", "_rules.py": "kernsearch", "_vocabulary.py": "kernsearch"}
+
+
+def shipped_modules() -> dict[str, bytes]:
+    """The dispatcher's modules as an exported package holds them: kernsearch's own files, byte for byte (the rules
+    and the vocabulary are the very modules kernsearch imports)."""
+    return {name: resources.files(package).joinpath(name).read_bytes() for name, package in SHIPPED.items()}
 
 
 def _init_module(table: dict[str, Any], package: str) -> str:

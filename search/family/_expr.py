@@ -2,7 +2,8 @@
 
 Spec files are written by others and may be hostile. Their expressions (constraints, launch geometry,
 shapes, references) are parsed with Jinja's expression grammar but never compiled or run by Jinja or
-Python: :func:`_evaluate` walks the syntax tree and knows only
+Python: each is turned into the small JSON tree of the shared rules (``kernsearch._rules``, the evaluator the
+exported package runs too), refusing every construct outside the language, and evaluated there. It knows only
 
 - constants, names from the evaluation context, lists and tuples;
 - arithmetic (``+ - * / // % **``), comparisons, ``and or not``, ``a if c else b``, ``~`` (concatenate);
@@ -13,15 +14,16 @@ Python: :func:`_evaluate` walks the syntax tree and knows only
 
 Everything else (filters, tests, Jinja's globals such as ``range``/``cycler``/``lipsum``, private or
 unlisted attributes, method calls) is an :class:`ExprError`. Parsing is bounded (length, nesting,
-tokens), and so is evaluation: integers stay below :data:`MAX_INT_BITS` bits, strings and lists below
-:data:`MAX_ITEMS` items, and ``**`` is refused before it would exceed either, so no expression can hang
-or exhaust memory (``10**(10**8)`` is an error, not a constant folded at load).
+tokens), and so is evaluation (:class:`Bounds`, the guard kernsearch evaluates with): integers stay below
+:data:`MAX_INT_BITS` bits, strings and lists below :data:`MAX_ITEMS` items, arrays below
+:data:`MAX_ARRAY_ELEMENTS` elements (checked from the operands' shapes before NumPy allocates), and ``**`` is
+refused before it would exceed them, so no expression can hang or exhaust memory (``10**(10**8)`` is an error, not
+a constant folded at load).
 """
 
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -29,74 +31,61 @@ from typing import Any
 from jinja2 import TemplateSyntaxError, nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from .._rules import (
+    ARRAY_ATTRIBUTES,
+    BINARY,
+    COMPARE,
+    FUNCTIONS,
+    KEYWORDS,
+    MAX_INT_BITS,
+    ExpressionError,
+    Guard,
+    ceil_div,
+    evaluate,
+    is_array,
+    is_pow2,
+    round_up,
+)
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+__all__ = ["ARRAY_ATTRIBUTES", "BUILTINS", "FUNCTIONS", "KEYWORDS", "MAX_INT_BITS", "Bounds", "Expr", "ExprError",
+           "binary", "ceil_div", "is_pow2", "round_up"]
 
-
-def round_up(a: int, b: int) -> int:
-    return ceil_div(a, b) * b
-
-
-def is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
-#: Functions every spec expression may call (all total on numbers, none touches the system).
-FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "ceil_div": ceil_div,
-    "round_up": round_up,
-    "is_pow2": is_pow2,
-    "min": min,
-    "max": max,
-    "abs": abs,
-    "int": int,
-    "float": float,
-    "len": len,
-    "sqrt": math.sqrt,
-    "log2": math.log2,
-}
 #: Older name of :data:`FUNCTIONS` (evaluation contexts spread it in).
 BUILTINS = FUNCTIONS
-#: Attributes an expression may read from an array (NumPy or MLX): data, never methods.
-ARRAY_ATTRIBUTES = frozenset({"T", "shape", "ndim", "dtype", "size"})
 #: Bounds on one expression: source length, bracket nesting, tokens, tree depth.
 MAX_LENGTH = 4000
 MAX_NESTING = 32
 MAX_TOKENS = 1500
 MAX_DEPTH = 64
 MAX_UNARY_RUN = 16
-#: Bounds on values: integer size in bits, items in a string, list or tuple, and array elements.
-MAX_INT_BITS = 256
+#: Bounds on values: items in a string, list or tuple, and array elements (integers: ``MAX_INT_BITS`` bits).
 MAX_ITEMS = 10_000
 MAX_ARRAY_ELEMENTS = 1 << 28
 #: ``einsum`` loops over every combination of its indices (NumPy's default, no BLAS): at most this many steps.
 MAX_EINSUM_STEPS = 1 << 37
-#: Keyword arguments array functions may take (never ``out=``, which would write into an input).
-KEYWORDS = frozenset({"axis", "axes", "keepdims", "group_size", "bits", "transpose"})
-
 #: Jinja's parser only (for its grammar); nothing is compiled or rendered with it.
 _ENV = ImmutableSandboxedEnvironment()
 
 
-class ExprError(ValueError):
-    """An expression failed to parse or to evaluate; the message says why."""
+#: An expression failed to parse or to evaluate; the message says why (the shared rules' error).
+ExprError = ExpressionError
 
 
 class Expr:
-    """A parsed spec expression that knows which names it reads."""
+    """A parsed spec expression: its text, the names it reads, Jinja's syntax tree (for introspection) and the
+    shared rules' expression tree it is evaluated as."""
 
-    __slots__ = ("text", "names", "node")
+    __slots__ = ("text", "names", "node", "tree")
 
     def __init__(self, text: str) -> None:
         if not isinstance(text, str) or not text.strip():
             raise ExprError("empty expression")
         self.text = text
-        self.node, self.names = _parse(text)
+        self.node, self.tree, self.names = _parse(text)
 
     def __call__(self, context: dict[str, Any]) -> Any:
         try:
-            return _evaluate(self.node, context)
+            return evaluate(self.tree, context, _CONTEXT_ONLY, BOUNDS)
         except ExprError as exc:
             raise ExprError(f"{self.text!r}: {exc}") from None
         except RecursionError:
@@ -108,14 +97,16 @@ class Expr:
         return f"Expr({self.text!r})"
 
 
+#: Functions come from the evaluation context (kernsearch builds it: :data:`BUILTINS`, array functions).
+_CONTEXT_ONLY: dict[str, Callable[..., Any]] = {}
+
+
 def _short(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text if len(text) <= 200 else text[:197] + "..."
 
 
 # -- parsing ---------------------------------------------------------------------------------------------
-
-
 
 def _precheck(text: str) -> None:
     """Refuse input whose parse alone would be expensive or recurse deeply (before Jinja's parser runs)."""
@@ -144,7 +135,7 @@ def _precheck(text: str) -> None:
 
 
 @lru_cache(maxsize=4096)
-def _parse(text: str) -> tuple[nodes.Expr, frozenset[str]]:
+def _parse(text: str) -> tuple[nodes.Expr, list[Any], frozenset[str]]:
     try:
         _precheck(text)
         body = _ENV.parse("{{ " + text + " }}").body
@@ -160,96 +151,118 @@ def _parse(text: str) -> tuple[nodes.Expr, frozenset[str]]:
     node = body[0].nodes[0]
     names: set[str] = set()
     try:
-        _check(node, 0, names)
+        tree = _tree(node, 0, names)
     except ExprError as exc:
         raise ExprError(f"{_clip(text)}: {exc}") from None
-    return node, frozenset(names)
+    return node, tree, frozenset(names)
 
 
 def _clip(text: str) -> str:
     return repr(text if len(text) <= 120 else text[:117] + "...")
 
 
-_BINARY: dict[type, Callable[[Any, Any], Any]] = {
-    nodes.Add: operator.add, nodes.Sub: operator.sub, nodes.Mul: operator.mul, nodes.Div: operator.truediv,
-    nodes.FloorDiv: operator.floordiv, nodes.Mod: operator.mod, nodes.Pow: operator.pow,
-}
-_UNARY: dict[type, Callable[[Any], Any]] = {nodes.Neg: operator.neg, nodes.Pos: operator.pos,
-                                            nodes.Not: operator.not_}
-_COMPARE: dict[str, Callable[[Any, Any], Any]] = {
-    "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "lteq": operator.le, "gt": operator.gt,
-    "gteq": operator.ge, "in": lambda a, b: a in b, "notin": lambda a, b: a not in b,
-}
-_CONST_TYPES = (bool, int, float, str, type(None))
+# -- Jinja's syntax tree as the rules' expression tree -----------------------------------------------------
 
-
-def _check(node: nodes.Node, depth: int, names: set[str]) -> None:
-    """Refuse every construct outside the language; collect the names read."""
+def _tree(node: nodes.Node, depth: int, names: set[str]) -> list[Any]:
+    """The expression tree of ``node`` (:data:`kernsearch._rules.NODES`); every construct outside the language is
+    refused; the names it reads are collected into ``names``."""
     if depth > MAX_DEPTH:
         raise ExprError(f"expression nested deeper than {MAX_DEPTH}")
-    d = depth + 1
-    if isinstance(node, nodes.Const):
-        if not isinstance(node.value, _CONST_TYPES):
-            raise ExprError(f"constant {node.value!r} is not a number, string or boolean")
-        if isinstance(node.value, int):
-            _bound_int(node.value)
-    elif isinstance(node, nodes.Name):
-        if node.ctx != "load":
-            raise ExprError(f"cannot assign {node.name!r}")
-        names.add(node.name)
-    elif isinstance(node, (nodes.List, nodes.Tuple)):
-        for item in node.items:
-            _check(item, d, names)
-    elif type(node) in _BINARY:
-        _check(node.left, d, names)  # type: ignore[attr-defined]
-        _check(node.right, d, names)  # type: ignore[attr-defined]
-    elif type(node) in _UNARY:
-        _check(node.node, d, names)  # type: ignore[attr-defined]
-    elif isinstance(node, (nodes.And, nodes.Or)):
-        _check(node.left, d, names)
-        _check(node.right, d, names)
-    elif isinstance(node, nodes.Concat):
-        for item in node.nodes:
-            _check(item, d, names)
-    elif isinstance(node, nodes.Compare):
-        _check(node.expr, d, names)
-        for op in node.ops:
-            if op.op not in _COMPARE:
-                raise ExprError(f"unknown comparison {op.op!r}")
-            _check(op.expr, d, names)
-    elif isinstance(node, nodes.CondExpr):
-        _check(node.test, d, names)
-        _check(node.expr1, d, names)
-        if node.expr2 is not None:
-            _check(node.expr2, d, names)
-    elif isinstance(node, nodes.Call):
-        if not isinstance(node.node, nodes.Name):
-            raise ExprError("only named functions can be called (no methods)")
-        if node.dyn_args is not None or node.dyn_kwargs is not None:
-            raise ExprError("*args and **kwargs are not part of the expression language")
-        names.add(node.node.name)
-        for arg in node.args:
-            _check(arg, d, names)
-        for kw in node.kwargs:
-            _check(kw.value, d, names)
-    elif isinstance(node, nodes.Getattr):
-        if node.attr.startswith("_"):
-            raise ExprError(f"attribute {node.attr!r} is not accessible")
-        _check(node.node, d, names)
-    elif isinstance(node, nodes.Getitem):
-        _check(node.node, d, names)
-        _check(node.arg, d, names)
-    elif isinstance(node, nodes.Slice):
-        for part in (node.start, node.stop, node.step):
-            if part is not None:
-                _check(part, d, names)
-    else:
+    convert = _CONVERT.get(type(node))
+    if convert is None:
         named: dict[type[nodes.Node], str] = {nodes.Filter: "filters (|)", nodes.Test: "tests (is)"}
-        kind = named.get(type(node), type(node).__name__)
-        raise ExprError(f"{kind} are not part of the expression language")
+        raise ExprError(f"{named.get(type(node), type(node).__name__)} are not part of the expression language")
+    return convert(node, depth + 1, names)
 
 
-# -- evaluation ------------------------------------------------------------------------------------------
+def _const(node: Any, d: int, names: set[str]) -> list[Any]:
+    if not isinstance(node.value, (bool, int, float, str, type(None))):
+        raise ExprError(f"constant {node.value!r} is not a number, string or boolean")
+    if isinstance(node.value, int):
+        _bound_int(node.value)
+    return ["const", node.value]
+
+
+def _name(node: Any, d: int, names: set[str]) -> list[Any]:
+    if node.ctx != "load":
+        raise ExprError(f"cannot assign {node.name!r}")
+    names.add(node.name)
+    return ["name", node.name]
+
+
+def _items(kind: str) -> Callable[[Any, int, set[str]], list[Any]]:
+    return lambda node, d, names: [kind, [_tree(item, d, names) for item in node.items]]
+
+
+def _binary_node(symbol: str) -> Callable[[Any, int, set[str]], list[Any]]:
+    return lambda node, d, names: ["bin", symbol, _tree(node.left, d, names), _tree(node.right, d, names)]
+
+
+def _unary_node(kind: str) -> Callable[[Any, int, set[str]], list[Any]]:
+    return lambda node, d, names: [kind, _tree(node.node, d, names)]
+
+
+def _logic_node(kind: str) -> Callable[[Any, int, set[str]], list[Any]]:
+    return lambda node, d, names: [kind, _tree(node.left, d, names), _tree(node.right, d, names)]
+
+
+def _concat(node: Any, d: int, names: set[str]) -> list[Any]:
+    return ["concat", [_tree(item, d, names) for item in node.nodes]]
+
+
+def _compare(node: Any, d: int, names: set[str]) -> list[Any]:
+    ops = []
+    for op in node.ops:
+        if op.op not in COMPARE:
+            raise ExprError(f"unknown comparison {op.op!r}")
+        ops.append([op.op, _tree(op.expr, d, names)])
+    return ["cmp", _tree(node.expr, d, names), ops]
+
+
+def _cond(node: Any, d: int, names: set[str]) -> list[Any]:
+    otherwise = _tree(node.expr2, d, names) if node.expr2 is not None else None
+    return ["if", _tree(node.test, d, names), _tree(node.expr1, d, names), otherwise]
+
+
+def _call(node: Any, d: int, names: set[str]) -> list[Any]:
+    if not isinstance(node.node, nodes.Name):
+        raise ExprError("only named functions can be called (no methods)")
+    if node.dyn_args is not None or node.dyn_kwargs is not None:
+        raise ExprError("*args and **kwargs are not part of the expression language")
+    names.add(node.node.name)
+    return ["call", node.node.name, [_tree(a, d, names) for a in node.args],
+            {kw.key: _tree(kw.value, d, names) for kw in node.kwargs}]
+
+
+def _getattr(node: Any, d: int, names: set[str]) -> list[Any]:
+    if node.attr.startswith("_"):
+        raise ExprError(f"attribute {node.attr!r} is not accessible")
+    return ["attr", _tree(node.node, d, names), node.attr]
+
+
+def _getitem(node: Any, d: int, names: set[str]) -> list[Any]:
+    return ["item", _tree(node.node, d, names), _tree(node.arg, d, names)]
+
+
+def _slice(node: Any, d: int, names: set[str]) -> list[Any]:
+    return ["slice", *(None if p is None else _tree(p, d, names) for p in (node.start, node.stop, node.step))]
+
+
+_SYMBOLS: dict[type[nodes.Node], str] = {
+    nodes.Add: "+", nodes.Sub: "-", nodes.Mul: "*", nodes.Div: "/", nodes.FloorDiv: "//", nodes.Mod: "%",
+    nodes.Pow: "**"}
+#: The language: one converter per Jinja node type; anything else is refused.
+_CONVERT: dict[type[nodes.Node], Callable[[Any, int, set[str]], list[Any]]] = {
+    nodes.Const: _const, nodes.Name: _name, nodes.List: _items("list"), nodes.Tuple: _items("tuple"),
+    **{kind: _binary_node(symbol) for kind, symbol in _SYMBOLS.items()},
+    nodes.Neg: _unary_node("neg"), nodes.Pos: _unary_node("pos"), nodes.Not: _unary_node("not"),
+    nodes.And: _logic_node("and"), nodes.Or: _logic_node("or"), nodes.Concat: _concat, nodes.Compare: _compare,
+    nodes.CondExpr: _cond, nodes.Call: _call, nodes.Getattr: _getattr, nodes.Getitem: _getitem,
+    nodes.Slice: _slice,
+}
+
+
+# -- bounds ----------------------------------------------------------------------------------------------
 
 def _bound_int(value: int) -> None:
     if value.bit_length() > MAX_INT_BITS:
@@ -271,41 +284,41 @@ def _bound(value: Any) -> Any:
     return value
 
 
-def _is_array(value: Any) -> bool:
-    """A NumPy/MLX array or scalar (data with a shape and dtype), not a function."""
-    kind = type(value)
-    return hasattr(kind, "shape") and hasattr(kind, "dtype") and not callable(value)
+class Bounds(Guard):
+    """What kernsearch evaluates a spec's expressions with: sizes checked before the operations that could exhaust
+    memory (from the operands' shapes, before NumPy allocates) and every result bounded."""
+
+    def binary(self, op: str, left: Any, right: Any) -> None:
+        if op == "*":
+            for seq, count in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(count, int) and len(seq) * count > MAX_ITEMS:
+                    raise ExprError(f"value with more than {MAX_ITEMS} items")
+        if is_array(left) or is_array(right):
+            _bound_broadcast(left, right)
+
+    def call(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+        if name == "int" and args and isinstance(args[0], str) and len(args[0]) > 100:
+            raise ExprError("int() of a long string")
+        _bound_call(name, args, kwargs)
+
+    def value(self, value: Any) -> Any:
+        return _bound(value)
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) or isinstance(value, bool)
+BOUNDS = Bounds()
 
 
-def _binary(kind: type, left: Any, right: Any) -> Any:
-    # Size checks happen *before* the operation for the operators that can blow up.
-    if kind is nodes.Pow:
-        if isinstance(left, int) and isinstance(right, int):
-            if right > 0 and abs(left) > 1 and right * left.bit_length() > MAX_INT_BITS:
-                raise ExprError(f"{left}**{right} is larger than 2**{MAX_INT_BITS}")
-            if right < 0 and abs(right) > MAX_INT_BITS * 4:
-                raise ExprError(f"exponent {right} is out of range")
-    elif kind is nodes.Mul:
-        for seq, count in ((left, right), (right, left)):
-            if isinstance(seq, (str, list, tuple)) and isinstance(count, int) and len(seq) * count > MAX_ITEMS:
-                raise ExprError(f"value with more than {MAX_ITEMS} items")
-    elif kind is nodes.Mod and isinstance(left, str):
-        raise ExprError("string formatting with % is not part of the expression language")
-    for value in (left, right):
-        if not (_number(value) or isinstance(value, (str, list, tuple)) or _is_array(value)):
-            raise ExprError(f"cannot apply an operator to a {type(value).__name__}")
-    if _is_array(left) or _is_array(right):
-        _bound_broadcast(left, right)
-    return _bound(_BINARY[kind](left, right))
+def binary(op: str, left: Any, right: Any) -> Any:
+    """``left op right`` (``op`` one of ``+ - * / // % **``) as the language evaluates it, bounded: the template
+    sandbox's arithmetic is the expressions' own."""
+    if op not in BINARY:
+        raise ExprError(f"unknown operator {op!r}")
+    return evaluate(["bin", op, ["const", left], ["const", right]], {}, _CONTEXT_ONLY, BOUNDS)
 
 
 def _shape_of(value: Any) -> tuple[int, ...]:
     """The shape an operand of an array operation has (a nested list's, read from its first items)."""
-    if _is_array(value):
+    if is_array(value):
         return tuple(int(d) for d in value.shape)
     dims: list[int] = []
     while isinstance(value, (list, tuple)) and len(dims) < 32:
@@ -338,9 +351,9 @@ def _bound_broadcast(*operands: Any) -> None:
 def _bound_call(name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
     """Refuse, from the arguments' shapes, an array function whose result (or loop) would be too big, before
     it runs: the functions that can make more than they are given (outer products, broadcasts, expansion)."""
-    listed = [x for a in args if isinstance(a, (list, tuple)) for x in a if _is_array(x)]
+    listed = [x for a in args if isinstance(a, (list, tuple)) for x in a if is_array(x)]
     _bound_size(sum(int(x.size) for x in listed))  # concatenate([A] * 10000)
-    shapes = [_shape_of(a) for a in args if _is_array(a) or isinstance(a, (list, tuple))]
+    shapes = [_shape_of(a) for a in args if is_array(a) or isinstance(a, (list, tuple))]
     if name == "einsum" and args and isinstance(args[0], str):
         _bound_einsum(args[0], [_shape_of(a) for a in args[1:]])
     elif name == "matmul" and len(shapes) == 2 and all(shapes):
@@ -372,97 +385,3 @@ def _bound_einsum(subscripts: str, shapes: list[tuple[int, ...]]) -> None:
     _bound_size(math.prod(sizes.get(c, 1) for c in output))
     if math.prod(sizes.values()) > MAX_EINSUM_STEPS:
         raise ExprError(f"einsum over more than {MAX_EINSUM_STEPS} index combinations (use matmul)")
-
-
-def _record_field(obj: Any, attr: str) -> Any:
-    """``chip.simd_width``: a data field of a record (pydantic model or mapping), never a method."""
-    if _is_array(obj):
-        if attr not in ARRAY_ATTRIBUTES:
-            raise ExprError(f"array attribute {attr!r} is not allowed (only {', '.join(sorted(ARRAY_ATTRIBUTES))})")
-        value = getattr(obj, attr)
-        return tuple(value) if attr == "shape" else value
-    if isinstance(obj, dict):
-        if attr not in obj:
-            raise ExprError(f"no field {attr!r}")
-        value = obj[attr]
-    else:
-        fields = getattr(type(obj), "model_fields", None)
-        if not isinstance(fields, dict) or attr not in fields:
-            raise ExprError(f"{type(obj).__name__} has no field {attr!r}")
-        value = getattr(obj, attr)
-    if not isinstance(value, (*_CONST_TYPES, tuple, list, dict)):
-        raise ExprError(f"field {attr!r} is not plain data")
-    return value
-
-
-def _evaluate(node: nodes.Node, ctx: dict[str, Any]) -> Any:
-    if isinstance(node, nodes.Const):
-        return node.value
-    if isinstance(node, nodes.Name):
-        if node.name not in ctx:
-            raise ExprError(f"unknown name {node.name!r}")
-        value = ctx[node.name]
-        if callable(value):
-            raise ExprError(f"{node.name!r} is a function; call it")
-        return value
-    if isinstance(node, nodes.List):
-        return [_evaluate(n, ctx) for n in node.items]
-    if isinstance(node, nodes.Tuple):
-        return tuple(_evaluate(n, ctx) for n in node.items)
-    kind = type(node)
-    if kind in _BINARY:
-        return _binary(kind, _evaluate(node.left, ctx), _evaluate(node.right, ctx))  # type: ignore[attr-defined]
-    if kind in _UNARY:
-        value = _evaluate(node.node, ctx)  # type: ignore[attr-defined]
-        if not (_number(value) or _is_array(value)) and kind is not nodes.Not:
-            raise ExprError(f"cannot negate a {type(value).__name__}")
-        return _UNARY[kind](value)
-    if isinstance(node, nodes.And):
-        return _evaluate(node.left, ctx) and _evaluate(node.right, ctx)
-    if isinstance(node, nodes.Or):
-        return _evaluate(node.left, ctx) or _evaluate(node.right, ctx)
-    if isinstance(node, nodes.Concat):
-        parts = [_evaluate(n, ctx) for n in node.nodes]
-        if not all(isinstance(p, (str, int, float, bool)) for p in parts):
-            raise ExprError("~ joins numbers and strings only")
-        return _bound("".join(str(p) for p in parts))
-    if isinstance(node, nodes.Compare):
-        left = _evaluate(node.expr, ctx)
-        result: Any = True
-        for op in node.ops:
-            right = _evaluate(op.expr, ctx)
-            result = _COMPARE[op.op](left, right)
-            if not _is_array(result) and not result:
-                return False
-            left = right
-        return result
-    if isinstance(node, nodes.CondExpr):
-        if _evaluate(node.test, ctx):
-            return _evaluate(node.expr1, ctx)
-        return _evaluate(node.expr2, ctx) if node.expr2 is not None else None
-    if isinstance(node, nodes.Call):
-        name = node.node.name  # type: ignore[attr-defined]
-        fn = ctx.get(name)  # the context is built by kernsearch: its callables are the language's functions
-        if fn is None or not callable(fn):
-            raise ExprError(f"unknown function {name!r}")
-        bad = sorted({kw.key for kw in node.kwargs} - KEYWORDS)
-        if bad:
-            raise ExprError(f"keyword argument(s) {', '.join(bad)} not allowed (only {', '.join(sorted(KEYWORDS))})")
-        args = [_evaluate(a, ctx) for a in node.args]
-        kwargs = {kw.key: _evaluate(kw.value, ctx) for kw in node.kwargs}
-        if name == "int" and args and isinstance(args[0], str) and len(args[0]) > 100:
-            raise ExprError("int() of a long string")
-        _bound_call(name, args, kwargs)
-        return _bound(fn(*args, **kwargs))
-    if isinstance(node, nodes.Getattr):
-        return _record_field(_evaluate(node.node, ctx), node.attr)
-    if isinstance(node, nodes.Getitem):
-        obj = _evaluate(node.node, ctx)
-        key = _evaluate(node.arg, ctx)
-        if not (isinstance(obj, (list, tuple, str, dict)) or _is_array(obj)):
-            raise ExprError(f"cannot index a {type(obj).__name__}")
-        return _bound(obj[key])
-    if isinstance(node, nodes.Slice):
-        return slice(*(None if p is None else _evaluate(p, ctx) for p in (node.start, node.stop, node.step)))
-    raise ExprError(f"{type(node).__name__} is not part of the expression language")
-

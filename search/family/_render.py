@@ -7,8 +7,6 @@ computed separately by :func:`geometry`.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +16,7 @@ from jinja2 import Template, TemplateError
 
 from .._errors import KernsearchError
 from .._options import MAX_GRID, MAX_SHARED_MEMORY, MAX_THREADGROUP, geometry_ints
+from .._rules import source_sha256
 from ._expr import BUILTINS, ExprError
 from ._space import Config, Space, format_config
 from ._spec import Family, template_env
@@ -46,12 +45,6 @@ class KernelSource:
     def sha256(self) -> str:
         """Hash of everything the back-end compiles (the source hash artifacts and exports check)."""
         return source_sha256(self.header, self.source, self.template, self.input_names, self.output_names)
-
-
-def source_sha256(header: str, source: str, template: Any = (), input_names: Any = (),
-                  output_names: Any = ()) -> str:
-    blob = json.dumps([header, source, [list(t) for t in template], list(input_names), list(output_names)])
-    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.tests import TESTS as DEFAULT_TESTS
 
 from .. import _safeio
-from ._expr import ExprError, _binary
+from ._expr import ExprError, binary
 
 FILTERS = ("indent", "trim", "upper", "lower", "join", "int", "abs", "length", "replace", "first", "last",
            "min", "max", "default", "string", "center")
@@ -192,10 +192,8 @@ class TemplateSandbox(ImmutableSandboxedEnvironment):
         return isinstance(fields, dict) and attr in fields
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        kind = {"*": nodes.Mul, "**": nodes.Pow, "+": nodes.Add, "%": nodes.Mod, "//": nodes.FloorDiv,
-                "/": nodes.Div, "-": nodes.Sub}[operator]
         try:
-            return _binary(kind, left, right)
+            return binary(operator, left, right)
         except ExprError as exc:
             raise self.security_error(str(exc)) from None
 

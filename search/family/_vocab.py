@@ -3,7 +3,9 @@
 A spec names its reference and its MLX baseline op as expressions over this closed vocabulary
 (``rms_norm(x, w, eps)``, ``silu(a) * b``, ``matmul(A, B)``). The meaning of each name lives here, in
 kernsearch: the NumPy one (float64, the ground truth of verification) and the MLX one (the op a kernel must
-beat — ``mx.fast.rms_norm``, ``mx.softmax(precise=True)``...). Nothing in a spec is ever run as code.
+beat — ``mx.fast.rms_norm``, ``mx.softmax(precise=True)``...). Nothing in a spec is ever run as code. The names
+and their MLX meaning are shared rules (``_rules.ARRAY_FUNCTIONS``, ``_rules.mlx_namespace``: the exported package
+calls the same ops); their NumPy meaning is here.
 """
 
 from __future__ import annotations
@@ -13,14 +15,10 @@ from typing import Any
 
 import numpy as np
 
-#: Plain array functions (same name in NumPy and MLX).
-PLAIN = ("matmul", "einsum", "transpose", "exp", "log", "sqrt", "tanh", "maximum", "minimum", "sum", "max",
-         "min", "mean", "where", "abs", "square", "reshape", "concatenate")
-#: Fused or composite ops, defined below for both libraries.
-FUSED = ("softmax", "rms_norm", "layer_norm", "silu", "sigmoid", "gelu", "split", "dequantize",
-         "quantized_matmul", "rsqrt")
-#: Every name a reference or baseline expression may call.
-ARRAY_FUNCTIONS = PLAIN + FUSED
+from .._rules import ARRAY_FUNCTIONS, FUSED, PLAIN, mlx_namespace
+
+__all__ = ["ARRAY_FUNCTIONS", "FUSED", "MLX_NAMES", "PLAIN", "mlx_namespace", "numpy_namespace", "unpack"]
+
 #: How users know the MLX op behind a vocabulary name (verdicts, ``explain``).
 MLX_NAMES = {"rms_norm": "mx.fast.rms_norm", "layer_norm": "mx.fast.layer_norm", "softmax": "mx.softmax",
              "silu": "nn.silu", "sigmoid": "mx.sigmoid", "gelu": "nn.gelu", "dequantize": "mx.dequantize",
@@ -89,26 +87,4 @@ def numpy_namespace() -> dict[str, Callable[..., Any]]:
               silu=lambda x: x * _np_sigmoid(x), gelu=_np_gelu,
               split=lambda x, parts, axis=-1: np.split(x, parts, axis=axis),
               dequantize=_np_dequantize, quantized_matmul=_np_quantized_matmul, rsqrt=lambda x: 1.0 / np.sqrt(x))
-    return ns
-
-
-# -- MLX (the baseline op) --------------------------------------------------------------------------------
-
-def mlx_namespace(mx: Any) -> dict[str, Callable[..., Any]]:
-    """The vocabulary as MLX ops (``mx`` is ``mlx.core``, imported by the caller)."""
-    ns: dict[str, Callable[..., Any]] = {name: getattr(mx, name) for name in PLAIN if hasattr(mx, name)}
-    ns.update(
-        softmax=lambda x, axis=-1: mx.softmax(x, axis=axis, precise=True),
-        rms_norm=lambda x, w, eps: mx.fast.rms_norm(x, w, float(eps)),
-        layer_norm=lambda x, w, b, eps: mx.fast.layer_norm(x, w, b, float(eps)),
-        sigmoid=mx.sigmoid,
-        silu=lambda x: x * mx.sigmoid(x),  # what mlx.nn.silu computes
-        gelu=lambda x: x * (1 + mx.erf(x / 2 ** 0.5)) / 2,  # mlx.nn.gelu
-        split=lambda x, parts, axis=-1: mx.split(x, parts, axis=axis),
-        dequantize=lambda w, scales, biases, group_size=64, bits=4: mx.dequantize(
-            w, scales, biases, group_size=group_size, bits=bits),
-        quantized_matmul=lambda x, w, scales, biases, transpose=True, group_size=64, bits=4: mx.quantized_matmul(
-            x, w, scales, biases, transpose=transpose, group_size=group_size, bits=bits),
-        rsqrt=mx.rsqrt,
-    )
     return ns

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .._errors import ChipError
+from .._rules import identify, lineage
 
 DIE_CLASSES = {"g": "base", "s": "Pro", "c": "Max", "d": "Ultra"}
 
@@ -78,12 +79,9 @@ class Chip(BaseModel):
 
     @property
     def lineage(self) -> tuple[str | None, str | None]:
-        """(generation key, generation+die key) used by the export fallback chain."""
-        if self.vendor == "apple" and self.generation is not None:
-            return f"apple-g{self.generation}", f"apple-g{self.generation}{self.die or ''}"
-        if self.architecture:
-            return self.architecture, self.architecture
-        return None, None
+        """(generation key, generation+die key) used by the export fallback chain (``_rules.lineage``)."""
+        return lineage({"vendor": self.vendor, "generation": self.generation, "die": self.die,
+                        "architecture": self.architecture})
 
 
 def _normalise(name: str) -> str:
@@ -126,47 +124,16 @@ def get_chip(name: str) -> Chip:
 
 
 def chip_from_device_info(info: dict[str, Any]) -> Chip:
-    """Identify the chip MLX reports; unknown chips get conservative limits and a warning."""
-    arch = str(info.get("architecture", ""))
-    device = str(info.get("device_name", ""))
+    """Identify the chip MLX reports (``_rules.identify``, as the exported package does); an unknown chip gets
+    conservative limits and a warning."""
     chips = registry()
-    apple = re.fullmatch(r"applegpu_g(\d+)([a-z])", arch)
-    if apple:
-        generation, die = int(apple.group(1)), apple.group(2)
-        # The device name decides where it names a chip of this generation: one die letter is reported for
-        # more than one tier (an M2 Max can say applegpu_g14s, the Pro's letter).
-        for chip in sorted(chips.values(), key=lambda c: -len(c.name)):
-            if chip.vendor == "apple" and chip.generation == generation and _names(device, chip.name):
-                return chip.model_copy(update={"detected": dict(info)})
-        for chip in chips.values():
-            if chip.generation == generation and chip.die == die:
-                return chip.model_copy(update={"detected": dict(info)})
-        return _unknown(info, "apple", generation=generation, die=die)
-    if arch.startswith("sm_"):
-        for chip in chips.values():
-            if chip.architecture == arch and chip.device_match and chip.device_match in device:
-                return chip.model_copy(update={"detected": dict(info)})
-        return _unknown(info, "nvidia", architecture=arch)
-    return chips["cpu"].model_copy(update={"detected": dict(info)})
-
-
-def _names(device: str, name: str) -> bool:
-    """``Apple M2 Max`` names ``M2 Max`` (whole words), not ``M2``... and not ``M2 Max`` in ``M2 Maxi``."""
-    return re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", device, re.IGNORECASE) is not None
-
-
-def _unknown(info: dict[str, Any], vendor: str, **identity: Any) -> Chip:
-    """Conservative stand-in: the smallest known chip of the vendor (same generation if known)."""
-    same_vendor = [c for c in registry().values() if c.vendor == vendor]
-    same_gen = [c for c in same_vendor if identity.get("generation") in (None, c.generation)]
-    smallest = min(same_gen or same_vendor, key=lambda c: c.gpu_cores)
-    name = str(info.get("device_name") or info.get("architecture") or "unknown GPU")
-    warnings.warn(f"unknown chip {name!r} ({info.get('architecture')}): using conservative limits "
-                  f"of {smallest.name}; pass --chip NAME to choose one", stacklevel=2)
-    limits: dict[str, Any] = {"name": name, "known": False, "detected": dict(info), **identity}
-    if vendor == "nvidia":
-        limits["threadgroup_memory_bytes"] = 49152  # no opt-in assumed
-    return smallest.model_copy(update=limits)
+    record = identify(info, [c.model_dump(exclude={"detected"}) for c in chips.values()])
+    if record.get("known", True):
+        return chips[record["name"]].model_copy(update={"detected": dict(info)})
+    based_on = record.pop("stand_in_for")
+    warnings.warn(f"unknown chip {record['name']!r} ({info.get('architecture')}): using conservative limits "
+                  f"of {based_on}; pass --chip NAME to choose one", stacklevel=2)
+    return Chip(**{**record, "detected": dict(info)})
 
 
 def detect_chip() -> Chip:

@@ -538,7 +538,7 @@ class KernelObjective(Objective):
         candidate = Candidate.for_config(self.space, best.config, target=self.target, correctness=correctness,
                                          evidence=result.evidence, measurements=measurements,
                                          study=result.study_name)
-        from ..exporting.runtime._runtime import DEFAULT_MARGIN
+        from .._rules import DEFAULT_MARGIN
 
         return (store or ArtifactStore()).publish(candidate, margin=DEFAULT_MARGIN if margin is None else margin)
 

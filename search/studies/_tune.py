@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._errors import KernsearchError
+from .._rules import DEFAULT_MARGIN, beats_op, speedup_text
 from ..artifacts._manifest import MODELED_POLICY
-from ..exporting.runtime._runtime import DEFAULT_MARGIN, beats_op, speedup_text
 
 if TYPE_CHECKING:
     from ..artifacts._artifacts import ArtifactStore, PublishOutcome

@@ -7,8 +7,12 @@ op — and, within a chip level, an artifact judged at the call's shape whose co
 family's constraints, evaluated here). A level is taken only with measured evidence that the kernel beats the
 MLX op on that chip as consumers call it, through this file's own planned calls, in graph and eager use (see
 LEVELS below); otherwise the MLX op runs, called directly with its constant arguments bound. Spec expressions arrive
-pre-parsed as small JSON trees and are evaluated by :func:`evaluate` (a closed set of operators and
+pre-parsed as small JSON trees and are evaluated by ``_rules.evaluate`` (a closed set of operators and
 functions; never Python's ``eval``).
+
+The rules this file applies (targets, beating the op, the timing identity, chip identification, hashes, the
+expression evaluator, the baseline vocabulary) are kernsearch's own: ``_rules.py`` and ``_vocabulary.py`` ship
+beside this file, byte for byte the modules kernsearch itself imports, so nothing here restates them.
 Every kernel file's hash is checked before it is used; each kernel is built once per process. Before an
 artifact is first used, its shipped manifest and files must hash to the content hash the store recorded at
 publish and its dispatch record must say what its manifest says (:func:`artifact_mismatch`).
@@ -17,7 +21,6 @@ publish and its dispatch record must say what its manifest says (:func:`artifact
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import math
 import operator
@@ -30,99 +33,69 @@ from itertools import chain as _chain
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
+try:  # an exported package: the shared modules sit beside this file
+    from ._rules import (  # type: ignore[import-not-found,unused-ignore]
+        DEFAULT_MARGIN,
+        FUNCTIONS,
+        MLX_KERNELS,
+        SHARED_MEMORY_AT_BUILD,
+        VENDOR_TARGETS,
+        ExpressionError,
+        beats_op,
+        consumer_low,
+        content_sha256,
+        cuda_driver_version,
+        evaluate,
+        identify,
+        identity_changes,
+        lineage,
+        mlx_namespace,
+        modes_text,
+        names_in,
+        nvrtc_version,
+        source_sha256,
+        speedup_text,
+        timing_identity,
+    )
+    from ._vocabulary import CONSUMER_MODES, Evidence  # type: ignore[import-not-found,unused-ignore]
+except ImportError:  # kernsearch itself: the same modules, at the bottom of its package
+    from ..._rules import (
+        DEFAULT_MARGIN,
+        FUNCTIONS,
+        MLX_KERNELS,
+        SHARED_MEMORY_AT_BUILD,
+        VENDOR_TARGETS,
+        ExpressionError,
+        beats_op,
+        consumer_low,
+        content_sha256,
+        cuda_driver_version,
+        evaluate,
+        identify,
+        identity_changes,
+        lineage,
+        mlx_namespace,
+        modes_text,
+        names_in,
+        nvrtc_version,
+        source_sha256,
+        speedup_text,
+        timing_identity,
+    )
+    from ..._vocabulary import CONSUMER_MODES, Evidence
+
 #: 3: each artifact record carries ``manifest`` and ``content_sha256``, checked before first use.
 FORMAT = 3
 #: ``off`` (or 0/no/false): every call uses the plain MLX op; ``modeled``: modeled artifacts may be used too.
 DISABLE_VAR = "KERNSEARCH_KERNELS"
-#: A kernel is dispatched only if the lower bound of its measured speedup over the MLX op (baseline p10 /
-#: kernel p90, same inputs, interleaved, one run) exceeds 1 + margin.
-DEFAULT_MARGIN = 0.03
-#: The columns of kernsearch's targets table (``search/hardware/_targets.py``) this file needs, copied because it
-#: imports nothing of kernsearch (``tests/test_targets.py`` checks they agree): the target a vendor's GPUs
-#: run, the ``mx.fast`` constructor of each target, the targets whose kernel object fixes its shared memory.
-VENDOR_TARGETS = {"apple": "metal", "nvidia": "cuda"}
-MLX_KERNELS = {"metal": "metal_kernel", "cuda": "cuda_kernel"}
-SHARED_MEMORY_AT_BUILD = frozenset({"cuda"})
-
-
-def beats_op(speedup_low: Optional[float], margin: float = DEFAULT_MARGIN) -> bool:
-    """The rule of the gate and of dispatch: the measured speedup's lower bound exceeds 1 + margin."""
-    return speedup_low is not None and math.isfinite(speedup_low) and speedup_low > 1.0 + margin
-
-
-def speedup_text(speedup: Optional[float], low: Optional[float], high: Optional[float]) -> str:
-    """``0.26x (range 0.25-0.27)`` or ``no measured speedup``."""
-    if speedup is None:
-        return "no measured speedup"
-    rng = f" (range {low:.2f}-{high:.2f})" if low is not None and high is not None else ""
-    return f"{speedup:.2f}x{rng}"
-
-
-def timing_identity(mlx_version: Optional[str], os_name: Optional[str], macos_version: Optional[str],
-                    cuda_driver: Optional[str], nvrtc: Optional[str]) -> Dict[str, Optional[str]]:
-    """What can move a measured kernel time when it changes (a measured result is void across a change)."""
-    def major_minor(v: Optional[str], parts: int) -> Optional[str]:
-        return ".".join(v.split(".")[:parts]) if v else None
-
-    return {"mlx": major_minor(mlx_version, 2), "os": os_name or None, "macos": major_minor(macos_version, 1),
-            "cuda_driver": cuda_driver or None, "nvrtc": nvrtc or None}
-
-
-def cuda_driver_version() -> Optional[str]:
-    """The NVIDIA kernel driver version (Linux), or None."""
-    try:
-        with open("/proc/driver/nvidia/version", "rb") as f:
-            text = f.read(4096).decode("utf-8", "replace")
-    except OSError:
-        return None
-    m = re.search(r"Kernel Module\s+(?:for\s+\S+\s+)?([0-9]+(?:\.[0-9]+)+)", text)
-    return m.group(1) if m else None
-
-
-def nvrtc_version() -> Optional[str]:
-    """NVRTC's version (the compiler of ``mx.fast.cuda_kernel``), or None where there is no NVRTC."""
-    import ctypes
-    import ctypes.util
-
-    names = [n for n in (ctypes.util.find_library("nvrtc"),) if n] + [f"libnvrtc.so.{v}" for v in (13, 12, 11)]
-    for name in names:
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        major, minor = ctypes.c_int(), ctypes.c_int()
-        if lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) == 0:
-            return f"{major.value}.{minor.value}"
-    return None
-
-
-#: How consumers call a family (docs/timing.md): ``graph``: several calls, then one evaluation; ``eager``: an
-#: evaluation after every call. A measured artifact is dispatched only where the lower bound of its speedup
-#: over the MLX op, timed through this file's own planned calls, beats the op in each mode its family judges.
-CONSUMER_MODES = ("graph", "eager")
-
-
-def consumer_low(figures: Optional[Dict[str, Any]], modes: Sequence[str] = CONSUMER_MODES) -> Optional[float]:
-    """The smallest lower bound of a measured speedup over ``modes`` (``{"graph": {"low": ...}, ...}``); None
-    where a mode was not timed (a result judged otherwise, e.g. by separate launches)."""
-    lows: List[float] = []
-    for m in modes:
-        f = (figures or {}).get(m)
-        low = f.get("low") if isinstance(f, dict) else None
-        if not isinstance(low, (int, float)) or isinstance(low, bool):
-            return None
-        lows.append(float(low))
-    return min(lows) if lows else None
-
-
-def modes_text(figures: Optional[Dict[str, Any]], modes: Sequence[str] = CONSUMER_MODES) -> str:
-    """``1.45x (range 1.30-1.60) graph, 1.20x (range 1.10-1.30) eager``."""
-    parts = []
-    for m in modes:
-        f = (figures or {}).get(m)
-        if isinstance(f, dict):
-            parts.append(f"{speedup_text(f.get('speedup'), f.get('low'), f.get('high'))} {m}")
-    return ", ".join(parts) or "no consumer timing"
+#: Names kernsearch and its tests read off this module (defined in ``_rules``).
+__all__ = ["CONSUMER_MODES", "DEFAULT_MARGIN", "FUNCTIONS", "MLX_KERNELS", "SHARED_MEMORY_AT_BUILD", "VENDOR_TARGETS",
+           "Decision", "Dispatcher", "ExpressionError", "artifact_mismatch", "beats_op", "consumer_low",
+           "content_sha256", "cuda_driver_version", "decision_fields", "evaluate", "identify", "kernel_call",
+           "lineage", "mlx_vocabulary", "modes_text", "nvrtc_version", "op_call", "source_sha256", "speedup_text",
+           "timing_identity", "violation"]
+#: The MLX meaning of the names a baseline may call (``_rules.mlx_namespace``).
+mlx_vocabulary = mlx_namespace
 
 
 def kernel_call(kernel: Any, template: Sequence[Any], grid: Tuple[int, ...], threadgroup: Tuple[int, ...],
@@ -224,138 +197,9 @@ LEVELS = ("exact chip", "same generation and die", "same generation", "family de
 # timed it changed.
 
 
-# -- expressions -----------------------------------------------------------------------------------------
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-FUNCTIONS: Dict[str, Callable[..., Any]] = {
-    "ceil_div": _ceil_div, "round_up": lambda a, b: _ceil_div(a, b) * b,
-    "is_pow2": lambda n: n > 0 and n & (n - 1) == 0, "min": min, "max": max, "abs": abs, "int": int,
-    "float": float, "len": len, "sqrt": math.sqrt, "log2": math.log2,
-}
-_BINARY: Dict[str, Callable[[Any, Any], Any]] = {
-    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a / b,
-    "//": lambda a, b: a // b, "%": lambda a, b: a % b, "**": lambda a, b: _power(a, b),
-}
-
-
-def _power(a: Any, b: Any) -> Any:
-    """``a ** b`` refused where the result would be enormous (an integer of more than 256 bits)."""
-    if isinstance(a, int) and isinstance(b, int) and b > 0 and abs(a) > 1 and b * a.bit_length() > 256:
-        raise ExpressionError(f"{a}**{b} is too large")
-    return a ** b
-_COMPARE: Dict[str, Callable[[Any, Any], bool]] = {
-    "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b, "lteq": lambda a, b: a <= b,
-    "gt": lambda a, b: a > b, "gteq": lambda a, b: a >= b, "in": lambda a, b: a in b,
-    "notin": lambda a, b: a not in b,
-}
-
-
-class ExpressionError(ValueError):
-    """An exported expression could not be evaluated (a name is missing, an operator is unknown)."""
-
-
 def _outputs(value: Any) -> Any:
     """The op's result as the kernel path returns it: one array, or a tuple with one array per output."""
     return tuple(value) if isinstance(value, list) else value
-
-
-def evaluate(tree: Any, names: Dict[str, Any], functions: Dict[str, Callable[..., Any]] = FUNCTIONS) -> Any:
-    """Evaluate an expression tree: ``["const", v]``, ``["name", n]``, ``["bin", op, a, b]``, ..."""
-    kind = tree[0]
-    if kind == "const":
-        return tree[1]
-    if kind == "name":
-        if tree[1] not in names:
-            raise ExpressionError(f"unknown name {tree[1]!r}")
-        return names[tree[1]]
-    if kind == "list":
-        return [evaluate(t, names, functions) for t in tree[1]]
-    if kind == "bin":
-        return _BINARY[tree[1]](evaluate(tree[2], names, functions), evaluate(tree[3], names, functions))
-    if kind == "concat":
-        return "".join(str(evaluate(t, names, functions)) for t in tree[1])
-    if kind == "not":
-        return not evaluate(tree[1], names, functions)
-    if kind == "neg":
-        return -evaluate(tree[1], names, functions)
-    if kind == "pos":
-        return +evaluate(tree[1], names, functions)
-    if kind == "and":
-        return evaluate(tree[1], names, functions) and evaluate(tree[2], names, functions)
-    if kind == "or":
-        return evaluate(tree[1], names, functions) or evaluate(tree[2], names, functions)
-    if kind == "cmp":
-        left = evaluate(tree[1], names, functions)
-        for op, operand in tree[2]:
-            right = evaluate(operand, names, functions)
-            if not _COMPARE[op](left, right):
-                return False
-            left = right
-        return True
-    if kind == "if":
-        if evaluate(tree[1], names, functions):
-            return evaluate(tree[2], names, functions)
-        return evaluate(tree[3], names, functions) if tree[3] is not None else None
-    if kind == "call":
-        if tree[1] not in functions:
-            raise ExpressionError(f"unknown function {tree[1]!r}")
-        args = [evaluate(t, names, functions) for t in tree[2]]
-        kwargs = {k: evaluate(t, names, functions) for k, t in tree[3].items()}
-        return functions[tree[1]](*args, **kwargs)
-    if kind == "attr":  # only records (dicts) have attributes here, e.g. chip.simd_width
-        obj = evaluate(tree[1], names, functions)
-        if not isinstance(obj, dict) or tree[2] not in obj:
-            raise ExpressionError(f"no attribute {tree[2]!r}")
-        return obj[tree[2]]
-    if kind == "item":
-        return evaluate(tree[1], names, functions)[evaluate(tree[2], names, functions)]
-    raise ExpressionError(f"unknown expression node {kind!r}")
-
-
-# -- chips -----------------------------------------------------------------------------------------------
-
-def lineage(chip: Dict[str, Any]) -> Tuple[Optional[str], Optional[str]]:
-    """(generation key, generation+die key), as kernsearch's ``Chip.lineage``."""
-    if chip.get("vendor") == "apple" and chip.get("generation") is not None:
-        return f"apple-g{chip['generation']}", f"apple-g{chip['generation']}{chip.get('die') or ''}"
-    if chip.get("architecture"):
-        return chip["architecture"], chip["architecture"]
-    return None, None
-
-
-def identify(info: Dict[str, Any], registry: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """The chip record for ``mx.device_info()`` output (an unknown GPU gets a same-vendor stand-in)."""
-    arch, device = str(info.get("architecture", "")), str(info.get("device_name", ""))
-    apple = re.fullmatch(r"applegpu_g(\d+)([a-z])", arch)
-    if apple:
-        gen, die = int(apple.group(1)), apple.group(2)
-        # the device name decides where it names a chip of this generation (one die letter, several tiers)
-        for chip in sorted(registry, key=lambda c: -len(str(c.get("name", "")))):
-            if chip.get("vendor") == "apple" and chip.get("generation") == gen and re.search(
-                    rf"(?<!\w){re.escape(str(chip.get('name', '')))}(?!\w)", device, re.IGNORECASE):
-                return dict(chip)
-        for chip in registry:
-            if chip.get("generation") == gen and chip.get("die") == die:
-                return dict(chip)
-        return _stand_in(registry, "apple", device or arch, generation=gen, die=die)
-    if arch.startswith("sm_"):
-        for chip in registry:
-            if chip.get("architecture") == arch and chip.get("device_match") and chip["device_match"] in device:
-                return dict(chip)
-        return _stand_in(registry, "nvidia", device or arch, architecture=arch)
-    cpu = next((c for c in registry if c.get("vendor") == "cpu"), {"name": "cpu", "vendor": "cpu"})
-    return dict(cpu)
-
-
-def _stand_in(registry: List[Dict[str, Any]], vendor: str, name: str, **identity: Any) -> Dict[str, Any]:
-    same = [c for c in registry if c.get("vendor") == vendor] or [{"vendor": vendor}]
-    gen = [c for c in same if identity.get("generation") in (None, c.get("generation"))]
-    smallest = min(gen or same, key=lambda c: c.get("gpu_cores", 0))
-    return {**smallest, "name": name, "known": False, "die": None, "generation": None, "architecture": None,
-            **identity}
 
 
 # -- decisions -------------------------------------------------------------------------------------------
@@ -438,7 +282,7 @@ class Dispatcher:
             info = self._device_info
             if info is None:
                 info = _device_info()
-            record = identify(info, registry) if _gpu_available() else dict(identify({}, registry))
+            record = identify(info if _gpu_available() else {}, registry)
         target = VENDOR_TARGETS.get(record.get("vendor", ""), "")
         return record, target
 
@@ -448,7 +292,7 @@ class Dispatcher:
         """``modeled``: also use modeled (never measured) artifacts, as ``KERNSEARCH_KERNELS=modeled`` does."""
         fam = self._family(family)
         record, target = self.running_chip(chip)
-        modeled = modeled or os.environ.get(DISABLE_VAR, "").lower() == "modeled"
+        modeled = modeled or os.environ.get(DISABLE_VAR, "").lower() == Evidence.MODELED
         if os.environ.get(DISABLE_VAR, "").lower() in ("0", "off", "no", "false"):
             dims, _ = _bind_dims(fam, shapes)
             decision = Decision(family, LEVELS[4], record["name"], tuple((dims or {}).values()), dtype)
@@ -562,11 +406,11 @@ class Dispatcher:
         evidence = a.get("evidence")
         if a.get("invalidated"):
             return f"invalidated: {a['invalidated']}"
-        if evidence == "interpreted":
+        if evidence == Evidence.INTERPRETED:
             return "interpreted (correctness only): never dispatched"
-        if evidence == "modeled" and not modeled:
+        if evidence == Evidence.MODELED and not modeled:
             return (f"modeled, not measured: never shown to beat {op} (opt in with {DISABLE_VAR}=modeled)")
-        if evidence == "measured":
+        if evidence == Evidence.MEASURED:
             low = consumer_low(a.get("modes"), fam.get("modes") or CONSUMER_MODES)
             if low is None:
                 old = speedup_text(a.get("speedup"), a.get("speedup_low"), a.get("speedup_high"))
@@ -577,7 +421,7 @@ class Dispatcher:
             changed = self._toolchain_change(a.get("timing_identity") or {})
             if changed:
                 return f"measured with another toolchain ({changed}): its timing no longer holds"
-        elif evidence != "modeled":
+        elif evidence != Evidence.MODELED:
             return f"unknown evidence kind {evidence!r}"
         if shape and tuple(a["shape"]) != tuple(shape):
             return (f"judged at {'x'.join(map(str, a['shape']))}, not at {'x'.join(map(str, shape))} (a kernel runs "
@@ -590,7 +434,7 @@ class Dispatcher:
 
     @staticmethod
     def _evidence_text(a: Dict[str, Any], op: str, fam: Optional[Dict[str, Any]] = None) -> str:
-        if a.get("evidence") == "measured":
+        if a.get("evidence") == Evidence.MEASURED:
             modes = (fam or {}).get("modes") or CONSUMER_MODES
             return f"{modes_text(a.get('modes'), modes)} of {op} (measured as consumers call it)"
         return f"{a.get('evidence')} (opted in; not measured)"
@@ -598,9 +442,7 @@ class Dispatcher:
     def _toolchain_change(self, recorded: Dict[str, Any]) -> str:
         """What differs between the toolchain an artifact was timed with and this process's ('' if nothing)."""
         here = self.toolchain if self.toolchain is not None else _running_toolchain()
-        changes = [f"{k} {recorded.get(k)} -> {here.get(k)}" for k in ("mlx", "os", "macos", "cuda_driver", "nvrtc")
-                   if recorded.get(k) is not None and here.get(k) is not None and recorded.get(k) != here.get(k)]
-        return ", ".join(changes)
+        return ", ".join(identity_changes(recorded, here))
 
     def _integrity(self, a: Dict[str, Any]) -> str:
         """'' if artifact ``a`` is what the store recorded at publish (:func:`artifact_mismatch`), checked on its
@@ -792,7 +634,7 @@ class Dispatcher:
         if target and any(not self._unusable(a, fam, None, (), record, a["dtype"], op, False)
                           for a in fam["artifacts"] if a["target"] == target):
             return None
-        if _names_in(fam["baseline"]) & set(fam["dims"]):
+        if names_in(fam["baseline"]) & set(fam["dims"]):
             return None
         return op_call(fam, None, self._functions(fam, mx), mx)
 
@@ -967,17 +809,6 @@ def _native(mx: Any, fn: Callable[..., Any], native: bool) -> Callable[..., Any]
     return fn if native else (lambda *xs: fn(*_as_mx(mx, xs)))
 
 
-def _names_in(tree: Any) -> Set[str]:
-    """The names an expression tree reads."""
-    if isinstance(tree, list) and tree:
-        if tree[0] == "name" and len(tree) > 1 and isinstance(tree[1], str):
-            return {tree[1]}
-        return set().union(*(_names_in(t) for t in tree[1:])) if len(tree) > 1 else set()
-    if isinstance(tree, dict):
-        return set().union(*(_names_in(t) for t in tree.values())) if tree else set()
-    return set()
-
-
 def _as_mx(mx: Any, arrays: Sequence[Any]) -> Sequence[Any]:
     """The call's arrays as MLX arrays (a consumer may pass NumPy arrays or lists)."""
     if all(isinstance(a, mx.array) for a in arrays):
@@ -1012,14 +843,6 @@ def _read_inside(root: Path, rel: str, limit: int = 4 << 20) -> str:
 
 
 # -- integrity: what the store recorded at publish ---------------------------------------------------------
-
-def content_sha256(manifest: str, header: str, source: str) -> str:
-    """The content hash the store's index records when a version is published: the manifest's exact text (every
-    field a decision rests on: config, geometry, chip, evidence, measurements, correctness, template hash) and
-    both kernel files. ``kernsearch.artifacts`` computes it with this same function."""
-    blob = json.dumps({"format": 1, "manifest": manifest, "header": header, "source": source}, sort_keys=True)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
-
 
 def decision_fields(m: Dict[str, Any]) -> Dict[str, Any]:
     """The fields of an artifact's dispatch record that come from its manifest (a parsed ``manifest.json``):
@@ -1058,12 +881,6 @@ def artifact_mismatch(root: Path, entry: Dict[str, Any]) -> str:
         return f"its manifest is unreadable ({type(exc).__name__})"
     wrong = sorted(k for k, v in fields.items() if entry.get(k) != v)
     return f"its dispatch record differs from its manifest in {', '.join(wrong)}" if wrong else ""
-
-
-def source_sha256(header: str, source: str, template: Any, input_names: Any, output_names: Any) -> str:
-    """The kernel hash kernsearch computes (``kernsearch.family._render.source_sha256``): same JSON, same order."""
-    blob = json.dumps([header, source, [list(t) for t in template], list(input_names), list(output_names)])
-    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def _bind_dims(fam: Dict[str, Any], shapes: Sequence[Sequence[int]]) -> Tuple[Optional[Dict[str, int]], str]:
@@ -1120,27 +937,6 @@ def _out_dtype(spec: Dict[str, Any], dtype: str) -> Any:
     import mlx.core as mx
 
     return getattr(mx, dtype if spec.get("dtype", "T") == "T" else spec["dtype"])
-
-
-def mlx_vocabulary(mx: Any) -> Dict[str, Callable[..., Any]]:
-    """The MLX meaning of the names a baseline may call (kernsearch's ``_vocab``, restated: this file
-    imports nothing but MLX)."""
-    plain = ("matmul", "einsum", "transpose", "exp", "log", "sqrt", "tanh", "maximum", "minimum", "sum", "max",
-             "min", "mean", "where", "abs", "square", "reshape", "concatenate")
-    ns: Dict[str, Callable[..., Any]] = {name: getattr(mx, name) for name in plain if hasattr(mx, name)}
-    ns.update(
-        softmax=lambda x, axis=-1: mx.softmax(x, axis=axis, precise=True),
-        rms_norm=lambda x, w, eps: mx.fast.rms_norm(x, w, float(eps)),
-        layer_norm=lambda x, w, b, eps: mx.fast.layer_norm(x, w, b, float(eps)),
-        sigmoid=mx.sigmoid, silu=lambda x: x * mx.sigmoid(x), gelu=lambda x: x * (1 + mx.erf(x / 2 ** 0.5)) / 2,
-        split=lambda x, parts, axis=-1: mx.split(x, parts, axis=axis),
-        dequantize=lambda w, scales, biases, group_size=64, bits=4: mx.dequantize(
-            w, scales, biases, group_size=group_size, bits=bits),
-        quantized_matmul=lambda x, w, scales, biases, transpose=True, group_size=64, bits=4: mx.quantized_matmul(
-            x, w, scales, biases, transpose=transpose, group_size=group_size, bits=bits),
-        rsqrt=mx.rsqrt,
-    )
-    return ns
 
 
 _TOOLCHAIN: Dict[str, Optional[str]] = {}

@@ -1,0 +1,518 @@
+"""The rules kernsearch and its exported packages share: one file, imported by the core and shipped verbatim.
+
+What is decided here is decided once, for the search, the store's gate and the exported dispatcher alike
+(``export`` copies this file byte for byte into every package, beside ``_vocabulary.py``; ``tests/test_rules.py``
+compares the bytes):
+
+- the targets table (what each kind of kernel source is, which GPUs run it, how MLX builds it);
+- whether a measured result beats the MLX op (:func:`beats_op`, the margin, the consumer modes' lower bound);
+- the timing identity (what, when it changes, voids a measured time);
+- a chip's lineage and its identification from ``mx.device_info()``;
+- the hashes a kernel and a published version are known by;
+- the array vocabulary of a baseline (the MLX meaning of each name);
+- the expression-tree evaluator: spec expressions as small JSON trees, evaluated by a closed set of operators
+  and functions (never Python's ``eval``). kernsearch parses a spec's expressions into these trees and evaluates
+  them here, bounded by its :class:`Guard` (``family/_expr.py``: hostile specs); the exported package evaluates
+  the trees of its dispatch table here too.
+
+Standard library only, Python >= 3.9: the exported package runs on its consumer's Python with MLX alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import operator
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+from ._vocabulary import CONSUMER_MODES, Target
+
+# -- targets ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """One kind of kernel source: its row of the targets table."""
+
+    name: str
+    #: The GPU vendor whose chips run it (a chip of another vendor cannot).
+    vendor: str
+    #: File suffix of its sources (``gemm.cu.j2`` renders ``source.cu`` in an exported package).
+    suffix: str
+    #: ``mx.fast.<this>`` builds a kernel from a rendered source.
+    mlx_kernel: str
+    #: The CPU interpreter (``kernsearch.interp``) runs it: modeled winners can be verified without a GPU.
+    interpreter: bool
+    #: The kernel object fixes its dynamic shared memory when made (``cuda_kernel(shared_memory=...)``).
+    shared_memory_at_build: bool = False
+
+
+#: One row per target. Adding a target (say, Metal with tensor operations) adds a row here, a member of
+#: ``_vocabulary.Target`` and a back-end whose ``target`` names it; nothing else compares target or vendor names.
+TARGETS: Dict[str, TargetInfo] = {t.name: t for t in (
+    TargetInfo(Target.METAL.value, vendor="apple", suffix="metal", mlx_kernel="metal_kernel", interpreter=True),
+    TargetInfo(Target.CUDA.value, vendor="nvidia", suffix="cu", mlx_kernel="cuda_kernel", interpreter=False,
+               shared_memory_at_build=True),
+)}
+#: Where a chip runs nothing of ours (the ``cpu`` pseudo-chip), commands render for this target.
+DEFAULT_TARGET = Target.METAL.value
+#: The target a vendor's GPUs run.
+VENDOR_TARGETS: Dict[str, str] = {t.vendor: t.name for t in TARGETS.values()}
+#: The ``mx.fast`` constructor of each target.
+MLX_KERNELS: Dict[str, str] = {t.name: t.mlx_kernel for t in TARGETS.values()}
+#: The targets whose kernel object fixes its shared memory when made.
+SHARED_MEMORY_AT_BUILD = frozenset(t.name for t in TARGETS.values() if t.shared_memory_at_build)
+
+
+def target_of(vendor: str) -> Optional[str]:
+    """The target a vendor's GPUs run, None for a vendor with no GPU target (the ``cpu`` pseudo-chip)."""
+    return VENDOR_TARGETS.get(vendor)
+
+
+# -- beating the op --------------------------------------------------------------------------------------
+
+#: A kernel is dispatched only if the lower bound of its measured speedup over the MLX op (baseline p10 /
+#: kernel p90, same inputs, interleaved, one run) exceeds 1 + margin.
+DEFAULT_MARGIN = 0.03
+
+
+def beats_op(speedup_low: Optional[float], margin: float = DEFAULT_MARGIN) -> bool:
+    """The rule of the gate and of dispatch: the measured speedup's lower bound exceeds 1 + margin."""
+    return speedup_low is not None and math.isfinite(speedup_low) and speedup_low > 1.0 + margin
+
+
+def speedup_text(speedup: Optional[float], low: Optional[float], high: Optional[float]) -> str:
+    """``0.26x (range 0.25-0.27)`` or ``no measured speedup``."""
+    if speedup is None:
+        return "no measured speedup"
+    rng = f" (range {low:.2f}-{high:.2f})" if low is not None and high is not None else ""
+    return f"{speedup:.2f}x{rng}"
+
+
+def consumer_low(figures: Optional[Dict[str, Any]], modes: Sequence[str] = CONSUMER_MODES) -> Optional[float]:
+    """The smallest lower bound of a measured speedup over ``modes`` (``{"graph": {"low": ...}, ...}``); None
+    where a mode was not timed (a result judged otherwise, e.g. by separate launches)."""
+    lows: List[float] = []
+    for m in modes:
+        f = (figures or {}).get(m)
+        low = f.get("low") if isinstance(f, dict) else None
+        if not isinstance(low, (int, float)) or isinstance(low, bool):
+            return None
+        lows.append(float(low))
+    return min(lows) if lows else None
+
+
+def modes_text(figures: Optional[Dict[str, Any]], modes: Sequence[str] = CONSUMER_MODES) -> str:
+    """``1.45x (range 1.30-1.60) graph, 1.20x (range 1.10-1.30) eager``."""
+    parts = []
+    for m in modes:
+        f = (figures or {}).get(m)
+        if isinstance(f, dict):
+            parts.append(f"{speedup_text(f.get('speedup'), f.get('low'), f.get('high'))} {m}")
+    return ", ".join(parts) or "no consumer timing"
+
+
+# -- the timing identity ---------------------------------------------------------------------------------
+
+#: What :func:`timing_identity` compares, in order.
+IDENTITY_FIELDS = ("mlx", "os", "macos", "cuda_driver", "nvrtc")
+
+
+def timing_identity(mlx_version: Optional[str], os_name: Optional[str], macos_version: Optional[str],
+                    cuda_driver: Optional[str], nvrtc: Optional[str]) -> Dict[str, Optional[str]]:
+    """What can move a measured kernel time when it changes (a measured result is void across a change): MLX minor
+    version, OS, macOS major version (the Metal compiler ships with the OS), CUDA driver and NVRTC version."""
+    def major_minor(v: Optional[str], parts: int) -> Optional[str]:
+        return ".".join(v.split(".")[:parts]) if v else None
+
+    return {"mlx": major_minor(mlx_version, 2), "os": os_name or None, "macos": major_minor(macos_version, 1),
+            "cuda_driver": cuda_driver or None, "nvrtc": nvrtc or None}
+
+
+def identity_changes(old: Dict[str, Any], new: Dict[str, Any], known_only: bool = True,
+                     arrow: str = "->") -> List[str]:
+    """``["mlx 0.29 -> 0.30", ...]``: the fields of two timing identities that differ (``known_only``: only
+    where both know the field; the gate counts a field that became known or unknown as a change too)."""
+    return [f"{k} {old.get(k)} {arrow} {new.get(k)}" for k in IDENTITY_FIELDS if old.get(k) != new.get(k)
+            and (not known_only or (old.get(k) is not None and new.get(k) is not None))]
+
+
+def cuda_driver_version() -> Optional[str]:
+    """The NVIDIA kernel driver version (Linux), or None."""
+    try:
+        with open("/proc/driver/nvidia/version", "rb") as f:
+            text = f.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return None
+    m = re.search(r"Kernel Module\s+(?:for\s+\S+\s+)?([0-9]+(?:\.[0-9]+)+)", text)
+    return m.group(1) if m else None
+
+
+def nvrtc_version() -> Optional[str]:
+    """NVRTC's version (the compiler of ``mx.fast.cuda_kernel``), or None where there is no NVRTC."""
+    import ctypes
+    import ctypes.util
+
+    names = [n for n in (ctypes.util.find_library("nvrtc"),) if n] + [f"libnvrtc.so.{v}" for v in (13, 12, 11)]
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        if lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) == 0:
+            return f"{major.value}.{minor.value}"
+    return None
+
+
+# -- chips -----------------------------------------------------------------------------------------------
+
+#: Threadgroup (shared) memory assumed for an unknown NVIDIA GPU: what every kernel may use without an opt-in.
+UNKNOWN_NVIDIA_SHARED_MEMORY = 49152
+
+
+def lineage(chip: Dict[str, Any]) -> Tuple[Optional[str], Optional[str]]:
+    """(generation key, generation+die key) of a chip record: what the export fallback chain matches on."""
+    if chip.get("vendor") == "apple" and chip.get("generation") is not None:
+        return f"apple-g{chip['generation']}", f"apple-g{chip['generation']}{chip.get('die') or ''}"
+    if chip.get("architecture"):
+        return chip["architecture"], chip["architecture"]
+    return None, None
+
+
+def identify(info: Dict[str, Any], registry: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The chip record for ``mx.device_info()`` output; for a GPU the registry does not know, a conservative
+    stand-in: the smallest known chip of its vendor (of its generation if known), named as the device, ``known``
+    False, ``stand_in_for`` the name of the chip it copies. No GPU: the registry's ``cpu`` record.
+
+    On Metal the ``architecture`` string (``applegpu_g14c``: generation 14, die ``c``) with the ``device_name`` for
+    the tier (one die letter is reported for more than one tier); on CUDA the ``architecture`` (``sm_90``) and a
+    registry chip's ``device_match`` in the ``device_name``."""
+    arch, device = str(info.get("architecture", "")), str(info.get("device_name", ""))
+    apple = re.fullmatch(r"applegpu_g(\d+)([a-z])", arch)
+    if apple:
+        gen, die = int(apple.group(1)), apple.group(2)
+        for chip in sorted(registry, key=lambda c: -len(str(c.get("name", "")))):
+            if chip.get("vendor") == "apple" and chip.get("generation") == gen and re.search(
+                    rf"(?<!\w){re.escape(str(chip.get('name', '')))}(?!\w)", device, re.IGNORECASE):
+                return dict(chip)
+        for chip in registry:
+            if chip.get("generation") == gen and chip.get("die") == die:
+                return dict(chip)
+        return _stand_in(registry, "apple", device or arch, generation=gen, die=die)
+    if arch.startswith("sm_"):
+        for chip in registry:
+            if chip.get("architecture") == arch and chip.get("device_match") and chip["device_match"] in device:
+                return dict(chip)
+        return _stand_in(registry, "nvidia", device or arch, architecture=arch)
+    cpu = next((c for c in registry if c.get("vendor") == "cpu"), {"name": "cpu", "vendor": "cpu"})
+    return dict(cpu)
+
+
+def _stand_in(registry: List[Dict[str, Any]], vendor: str, name: str, **identity: Any) -> Dict[str, Any]:
+    same = [c for c in registry if c.get("vendor") == vendor] or [{"vendor": vendor}]
+    gen = [c for c in same if identity.get("generation") in (None, c.get("generation"))]
+    smallest = min(gen or same, key=lambda c: c.get("gpu_cores", 0))
+    record = {**smallest, "name": name, "known": False, "die": None, "generation": None, "architecture": None,
+              "stand_in_for": smallest.get("name"), **identity}
+    if vendor == "nvidia":
+        record["threadgroup_memory_bytes"] = UNKNOWN_NVIDIA_SHARED_MEMORY
+    return record
+
+
+# -- hashes ----------------------------------------------------------------------------------------------
+
+def source_sha256(header: str, source: str, template: Any = (), input_names: Any = (),
+                  output_names: Any = ()) -> str:
+    """The hash of everything a back-end compiles (a kernel's name carries its first 12 digits; artifacts and
+    exported packages check it before a kernel is used)."""
+    blob = json.dumps([header, source, [list(t) for t in template], list(input_names), list(output_names)])
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def content_sha256(manifest: str, header: str, source: str) -> str:
+    """The content hash the store's index records when a version is published: the manifest's exact text (every
+    field a decision rests on: config, geometry, chip, evidence, measurements, correctness, template hash) and
+    both kernel files. The exported dispatcher checks the same before an artifact's first use."""
+    blob = json.dumps({"format": 1, "manifest": manifest, "header": header, "source": source}, sort_keys=True)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+# -- the array vocabulary of a baseline ------------------------------------------------------------------
+
+#: Plain array functions (same name in NumPy and MLX).
+PLAIN = ("matmul", "einsum", "transpose", "exp", "log", "sqrt", "tanh", "maximum", "minimum", "sum", "max",
+         "min", "mean", "where", "abs", "square", "reshape", "concatenate")
+#: Fused or composite ops, defined for both libraries (NumPy's in ``family/_vocab.py``).
+FUSED = ("softmax", "rms_norm", "layer_norm", "silu", "sigmoid", "gelu", "split", "dequantize",
+         "quantized_matmul", "rsqrt")
+#: Every name a reference or baseline expression may call.
+ARRAY_FUNCTIONS = PLAIN + FUSED
+
+
+def mlx_namespace(mx: Any) -> Dict[str, Callable[..., Any]]:
+    """The vocabulary as MLX ops (``mx`` is ``mlx.core``, imported by the caller): the op a kernel must beat."""
+    ns: Dict[str, Callable[..., Any]] = {name: getattr(mx, name) for name in PLAIN if hasattr(mx, name)}
+    ns.update(
+        softmax=lambda x, axis=-1: mx.softmax(x, axis=axis, precise=True),
+        rms_norm=lambda x, w, eps: mx.fast.rms_norm(x, w, float(eps)),
+        layer_norm=lambda x, w, b, eps: mx.fast.layer_norm(x, w, b, float(eps)),
+        sigmoid=mx.sigmoid,
+        silu=lambda x: x * mx.sigmoid(x),  # what mlx.nn.silu computes
+        gelu=lambda x: x * (1 + mx.erf(x / 2 ** 0.5)) / 2,  # mlx.nn.gelu
+        split=lambda x, parts, axis=-1: mx.split(x, parts, axis=axis),
+        dequantize=lambda w, scales, biases, group_size=64, bits=4: mx.dequantize(
+            w, scales, biases, group_size=group_size, bits=bits),
+        quantized_matmul=lambda x, w, scales, biases, transpose=True, group_size=64, bits=4: mx.quantized_matmul(
+            x, w, scales, biases, transpose=transpose, group_size=group_size, bits=bits),
+        rsqrt=mx.rsqrt,
+    )
+    return ns
+
+
+# -- expressions -----------------------------------------------------------------------------------------
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def round_up(a: int, b: int) -> int:
+    return ceil_div(a, b) * b
+
+
+def is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+#: Functions every spec expression may call (all total on numbers, none touches the system).
+FUNCTIONS: Dict[str, Callable[..., Any]] = {
+    "ceil_div": ceil_div, "round_up": round_up, "is_pow2": is_pow2, "min": min, "max": max, "abs": abs,
+    "int": int, "float": float, "len": len, "sqrt": math.sqrt, "log2": math.log2,
+}
+#: Keyword arguments a function may take (never ``out=``, which would write into an input).
+KEYWORDS = frozenset({"axis", "axes", "keepdims", "group_size", "bits", "transpose"})
+#: Attributes an expression may read from an array (NumPy or MLX): data, never methods.
+ARRAY_ATTRIBUTES = frozenset({"T", "shape", "ndim", "dtype", "size"})
+#: ``a ** b`` of integers is refused where the result would have more bits than this.
+MAX_INT_BITS = 256
+_CONSTANTS = (bool, int, float, str, type(None))
+
+BINARY: Dict[str, Callable[[Any, Any], Any]] = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "//": operator.floordiv,
+    "%": operator.mod, "**": operator.pow,
+}
+COMPARE: Dict[str, Callable[[Any, Any], Any]] = {
+    "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "lteq": operator.le, "gt": operator.gt,
+    "gteq": operator.ge, "in": lambda a, b: a in b, "notin": lambda a, b: a not in b,
+}
+UNARY: Dict[str, Callable[[Any], Any]] = {"not": operator.not_, "neg": operator.neg, "pos": operator.pos}
+
+
+class ExpressionError(ValueError):
+    """An expression could not be evaluated (a name is missing, an operator does not apply...)."""
+
+
+class Guard:
+    """Bounds on an evaluation, asked before and after the operations that could exhaust memory. This one bounds
+    nothing: the exported package evaluates the trees of its own dispatch table. kernsearch's spec loader passes
+    its own (``family/_expr.py``): a hostile spec's expression must never hang or exhaust memory."""
+
+    def binary(self, op: str, left: Any, right: Any) -> None:
+        """Before ``left op right`` (operands of a known kind, ``**`` of integers already bounded)."""
+
+    def call(self, name: str, args: List[Any], kwargs: Dict[str, Any]) -> None:
+        """Before calling the function ``name``."""
+
+    def value(self, value: Any) -> Any:
+        """A result (of an operator, a call, a subscript, ``~``), returned, or refused by raising."""
+        return value
+
+
+NO_GUARD = Guard()
+
+
+def is_array(value: Any) -> bool:
+    """A NumPy/MLX array or scalar (data with a shape and dtype), not a function."""
+    kind = type(value)
+    return hasattr(kind, "shape") and hasattr(kind, "dtype") and not callable(value)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float))
+
+
+def evaluate(tree: Any, names: Dict[str, Any], functions: Optional[Dict[str, Callable[..., Any]]] = None,
+             guard: Guard = NO_GUARD) -> Any:
+    """Evaluate an expression tree: ``["const", v]``, ``["name", n]``, ``["bin", op, a, b]``, ... (:data:`NODES`).
+
+    A call looks its function up in ``functions`` (default :data:`FUNCTIONS`), then among ``names``; a name that
+    is a function must be called. ``guard`` bounds the evaluation (:class:`Guard`)."""
+    return _Evaluation(names, FUNCTIONS if functions is None else functions, guard).of(tree)
+
+
+class _Evaluation:
+    """One evaluation's names, functions and guard; :meth:`of` evaluates a node by its kind (:data:`NODES`)."""
+
+    __slots__ = ("names", "functions", "guard")
+
+    def __init__(self, names: Dict[str, Any], functions: Dict[str, Callable[..., Any]], guard: Guard) -> None:
+        self.names, self.functions, self.guard = names, functions, guard
+
+    def of(self, tree: Any) -> Any:
+        try:
+            node = NODES[tree[0]]
+        except (KeyError, TypeError, IndexError):
+            raise ExpressionError(f"unknown expression node {str(tree)[:40]!r}") from None
+        return node(self, tree)
+
+
+def _const(e: _Evaluation, t: Any) -> Any:
+    return t[1]
+
+
+def _name(e: _Evaluation, t: Any) -> Any:
+    if t[1] not in e.names:
+        raise ExpressionError(f"unknown name {t[1]!r}")
+    value = e.names[t[1]]
+    if callable(value):
+        raise ExpressionError(f"{t[1]!r} is a function; call it")
+    return value
+
+
+def _list(e: _Evaluation, t: Any) -> Any:
+    return [e.of(item) for item in t[1]]
+
+
+def _tuple(e: _Evaluation, t: Any) -> Any:
+    return tuple(e.of(item) for item in t[1])
+
+
+def _binary(e: _Evaluation, t: Any) -> Any:
+    op, left, right = t[1], e.of(t[2]), e.of(t[3])
+    if op == "**" and isinstance(left, int) and isinstance(right, int):
+        if right > 0 and abs(left) > 1 and right * left.bit_length() > MAX_INT_BITS:
+            raise ExpressionError(f"{left}**{right} is larger than 2**{MAX_INT_BITS}")
+        if right < 0 and abs(right) > MAX_INT_BITS * 4:
+            raise ExpressionError(f"exponent {right} is out of range")
+    elif op == "%" and isinstance(left, str):
+        raise ExpressionError("string formatting with % is not part of the expression language")
+    for value in (left, right):
+        if not (_number(value) or isinstance(value, (str, list, tuple)) or is_array(value)):
+            raise ExpressionError(f"cannot apply an operator to a {type(value).__name__}")
+    e.guard.binary(op, left, right)
+    return e.guard.value(BINARY[op](left, right))
+
+
+def _unary(e: _Evaluation, t: Any) -> Any:
+    value = e.of(t[1])
+    if t[0] != "not" and not (_number(value) or is_array(value)):
+        raise ExpressionError(f"cannot negate a {type(value).__name__}")
+    return UNARY[t[0]](value)
+
+
+def _and(e: _Evaluation, t: Any) -> Any:
+    return e.of(t[1]) and e.of(t[2])
+
+
+def _or(e: _Evaluation, t: Any) -> Any:
+    return e.of(t[1]) or e.of(t[2])
+
+
+def _concat(e: _Evaluation, t: Any) -> Any:
+    parts = [e.of(item) for item in t[1]]
+    if not all(isinstance(p, (str, int, float, bool)) for p in parts):
+        raise ExpressionError("~ joins numbers and strings only")
+    return e.guard.value("".join(str(p) for p in parts))
+
+
+def _compare(e: _Evaluation, t: Any) -> Any:
+    """A chain ``a < b <= c``: false at the first comparison that fails (an array result is elementwise and
+    does not stop the chain)."""
+    left = e.of(t[1])
+    result: Any = True
+    for op, operand in t[2]:
+        right = e.of(operand)
+        result = COMPARE[op](left, right)
+        if not is_array(result) and not result:
+            return False
+        left = right
+    return result
+
+
+def _if(e: _Evaluation, t: Any) -> Any:
+    if e.of(t[1]):
+        return e.of(t[2])
+    return e.of(t[3]) if t[3] is not None else None
+
+
+def _call(e: _Evaluation, t: Any) -> Any:
+    name = t[1]
+    fn = e.functions.get(name)
+    if fn is None:
+        fn = e.names.get(name)
+        if fn is None or not callable(fn):
+            raise ExpressionError(f"unknown function {name!r}")
+    bad = sorted(set(t[3]) - KEYWORDS)
+    if bad:
+        raise ExpressionError(f"keyword argument(s) {', '.join(bad)} not allowed (only {', '.join(sorted(KEYWORDS))})")
+    args = [e.of(a) for a in t[2]]
+    kwargs = {k: e.of(v) for k, v in t[3].items()}
+    e.guard.call(name, args, kwargs)
+    return e.guard.value(fn(*args, **kwargs))
+
+
+def _attribute(e: _Evaluation, t: Any) -> Any:
+    """``chip.simd_width``: a field of a record (a mapping or a pydantic model), never a method; of an array, only
+    its data (:data:`ARRAY_ATTRIBUTES`)."""
+    obj, attr = e.of(t[1]), t[2]
+    if is_array(obj):
+        if attr not in ARRAY_ATTRIBUTES:
+            allowed = ", ".join(sorted(ARRAY_ATTRIBUTES))
+            raise ExpressionError(f"array attribute {attr!r} is not allowed (only {allowed})")
+        value = getattr(obj, attr)
+        return tuple(value) if attr == "shape" else value
+    if isinstance(obj, dict):
+        if attr not in obj:
+            raise ExpressionError(f"no field {attr!r}")
+        value = obj[attr]
+    else:
+        fields = getattr(type(obj), "model_fields", None)
+        if not isinstance(fields, dict) or attr not in fields:
+            raise ExpressionError(f"{type(obj).__name__} has no field {attr!r}")
+        value = getattr(obj, attr)
+    if not isinstance(value, (*_CONSTANTS, tuple, list, dict)):
+        raise ExpressionError(f"field {attr!r} is not plain data")
+    return value
+
+
+def _item(e: _Evaluation, t: Any) -> Any:
+    obj, key = e.of(t[1]), e.of(t[2])
+    if not (isinstance(obj, (list, tuple, str, dict)) or is_array(obj)):
+        raise ExpressionError(f"cannot index a {type(obj).__name__}")
+    return e.guard.value(obj[key])
+
+
+def _slice(e: _Evaluation, t: Any) -> Any:
+    return slice(*(None if part is None else e.of(part) for part in t[1:4]))
+
+
+#: The evaluator, one function per node kind of the tree.
+NODES: Dict[str, Callable[[_Evaluation, Any], Any]] = {
+    "const": _const, "name": _name, "list": _list, "tuple": _tuple, "bin": _binary, "not": _unary, "neg": _unary,
+    "pos": _unary, "and": _and, "or": _or, "concat": _concat, "cmp": _compare, "if": _if, "call": _call,
+    "attr": _attribute, "item": _item, "slice": _slice,
+}
+
+
+def names_in(tree: Any) -> Set[str]:
+    """The names an expression tree reads (function names of calls excluded)."""
+    if isinstance(tree, list) and tree:
+        if tree[0] == "name" and len(tree) > 1 and isinstance(tree[1], str):
+            return {tree[1]}
+        return set().union(*(names_in(t) for t in tree[1:])) if len(tree) > 1 else set()
+    if isinstance(tree, dict):
+        return set().union(*(names_in(t) for t in tree.values())) if tree else set()
+    return set()

@@ -1,0 +1,80 @@
+"""The words of kernsearch: every evidence kind, trial status, verifier, target, dtype and consumer mode.
+
+The ground floor. Every other module (and the exported package's dispatcher, which ships this file verbatim
+beside ``_rules.py``) names these values through the enums here, never as string literals
+(``tests/test_vocabulary.py`` greps for them): a word spelled in one place cannot drift. Each enum is a
+``str`` enum, so a member equals its stored text (``Evidence.MEASURED == "measured"``) and JSON holds the text.
+
+Standard library only, Python >= 3.9 (the exported package's floor).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Dict, Literal, Tuple
+
+
+class Evidence(str, Enum):
+    """What a figure is. Never mixed up: only a real GPU's timing is ``measured``."""
+
+    MEASURED = "measured"  # timed on a real GPU
+    INTERPRETED = "interpreted"  # Metal run on the CPU interpreter: correctness only, never a timing
+    MODELED = "modeled"  # a prediction of the per-chip performance model
+
+
+#: How much an evidence kind is worth to the regression gate: a lower kind never replaces a higher one.
+EVIDENCE_RANK: Dict[str, int] = {Evidence.INTERPRETED: 0, Evidence.MODELED: 1, Evidence.MEASURED: 2}
+
+
+class TrialStatus(str, Enum):
+    """A trial's outcome, stored as its ``status`` user attribute."""
+
+    OK = "ok"  # evaluated: its time is a result (a finalist if among the fastest)
+    FAILED = "failed"  # evaluated: it failed (compile, crash, hang, wrong...), with the reason
+    NOT_WINNING = "not_winning"  # timed until it could no longer beat the incumbent (racing): a measured time,
+    # slower, told to the strategy; never a finalist, never published
+    INVALID = "invalid"  # a constraint rejected it before compiling
+    KNOWN = "known"  # the study had evaluated it already: its value told again
+    CANCELLED = "cancelled"  # proposed and compiled ahead, but the search stopped before timing it
+    INTERRUPTED = "interrupted"  # in flight when a second Ctrl-C stopped the search
+    ERROR = "error"  # in flight when kernsearch itself failed (a bug: its traceback is kept)
+    RUNNING = "running"  # no status yet: asked for, not told (another process's, or a dead one's)
+
+
+#: The statuses of configs a study has evaluated (what ``--trials`` counts).
+EVALUATED: Tuple[TrialStatus, ...] = (TrialStatus.OK, TrialStatus.FAILED, TrialStatus.NOT_WINNING)
+
+
+class Verifier(str, Enum):
+    """Where a variant was proven correct against the float64 reference."""
+
+    DEVICE = "device"  # on the GPU that timed it
+    INTERPRETER = "interpreter"  # the exact Metal source on the CPU interpreter
+    RECORDED = "recorded"  # a replayed landscape: recorded on the file's GPU, never run here
+
+
+class Target(str, Enum):
+    """A kind of kernel source (its row of the targets table: ``_rules.TARGETS``)."""
+
+    METAL = "metal"
+    CUDA = "cuda"
+
+
+#: Target names as a type for validated models (family specs, manifests).
+TargetName = Literal["metal", "cuda"]
+
+#: The problem dtypes a kernel is rendered for (the element type ``T``).
+Dtype = Literal["float32", "float16", "bfloat16"]
+DTYPES: Tuple[str, ...] = ("float32", "float16", "bfloat16")
+
+
+class ConsumerMode(str, Enum):
+    """How consumers call a family (docs/timing.md): ``graph``: several calls, then one evaluation; ``eager``: an
+    evaluation after every call."""
+
+    GRAPH = "graph"
+    EAGER = "eager"
+
+
+#: Every consumer mode, in the order the final round times them.
+CONSUMER_MODES: Tuple[str, ...] = (ConsumerMode.GRAPH.value, ConsumerMode.EAGER.value)

@@ -1,0 +1,55 @@
+"""The shared rules (issue 30): kernsearch and its exported packages apply one file of rules, not two copies.
+
+``kernsearch._rules`` (targets, beating the op, the timing identity, chip identification, hashes, the expression
+evaluator, the baseline vocabulary) and ``kernsearch._vocabulary`` are imported by the core and shipped byte for
+byte into every exported package, whose dispatcher imports them from beside itself.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import kernsearch._rules as rules
+import kernsearch._vocabulary as vocabulary
+from kernsearch.exporting.runtime import _runtime
+
+
+def test_the_core_applies_the_shipped_rules_themselves() -> None:
+    """Every floor of kernsearch reads the rules from the module that ships, never a restatement of them."""
+    from kernsearch.artifacts import _gate
+    from kernsearch.family import _expr, _render, _vocab
+    from kernsearch.hardware import _chips, _targets
+    from kernsearch.studies import _tune
+
+    assert _runtime.evaluate is rules.evaluate and _expr.evaluate is rules.evaluate
+    assert _runtime.beats_op is rules.beats_op is _gate.beats_op is _tune.beats_op
+    assert _runtime.source_sha256 is rules.source_sha256 is _render.source_sha256
+    assert _runtime.identify is rules.identify is _chips.identify
+    assert _runtime.lineage is rules.lineage is _chips.lineage
+    assert _targets.TARGETS is rules.TARGETS and _runtime.MLX_KERNELS is rules.MLX_KERNELS
+    assert _runtime.mlx_vocabulary is rules.mlx_namespace is _vocab.mlx_namespace
+    assert _runtime.Evidence is vocabulary.Evidence
+
+
+def test_an_exported_package_holds_the_core_s_rules_byte_for_byte_and_imports_its_own(tmp_path: Path) -> None:
+    from kernsearch import ArtifactStore, export
+
+    result = export(["softmax"], tmp_path / "dist", ArtifactStore(tmp_path / "store"), package="ks_rules_pkg")
+    pkg = result.source_dir / result.package
+    with zipfile.ZipFile(result.wheel) as wheel:
+        for name, module in (("_rules.py", rules), ("_vocabulary.py", vocabulary), ("_runtime.py", _runtime)):
+            core = Path(module.__file__).read_bytes()
+            assert (pkg / name).read_bytes() == core, name
+            assert wheel.read(f"{result.package}/{name}") == core, name
+    # The package's dispatcher uses the rules beside it, with kernsearch not importable at all.
+    probe = ("import sys; sys.modules['kernsearch'] = None; import mlx.core as mx; "
+             "import ks_rules_pkg as p, ks_rules_pkg._runtime as r; "
+             "assert r.evaluate.__module__ == 'ks_rules_pkg._rules', r.evaluate.__module__; "
+             "assert r.Evidence.__module__ == 'ks_rules_pkg._vocabulary', r.Evidence.__module__; "
+             "print(round(float(p.softmax(mx.ones((2, 8))).sum()), 3))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=result.source_dir, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "2.0", done.stderr[-2000:]

@@ -147,8 +147,9 @@ def head_to_head(rows: list[dict], problem: Any, chip: Any, args: argparse.Names
     """The two winners re-timed interleaved in one fresh process (with the baseline op), when they differ."""
     import numpy as np
 
-    from kernsearch.evaluation._measure import final_round, spread
+    from kernsearch.evaluation._measure import spread
     from kernsearch.evaluation._worker import Worker
+    from kernsearch.variants._tasks import final_round
 
     a, b = rows[0]["winner_config"], rows[1]["winner_config"]
     if a is None or b is None:
@@ -160,7 +161,7 @@ def head_to_head(rows: list[dict], problem: Any, chip: Any, args: argparse.Names
     objective.close()
     with Worker(timeout=600) as worker:
         out = worker.call(final_round, task)
-    sa, sb = out["finalists"]
+    sa, sb = out.finalists
     ma, mb = float(np.median(sa)), float(np.median(sb))
     gap = mb / ma - 1
     noise = max(spread(sa), spread(sb))

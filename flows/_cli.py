@@ -49,10 +49,11 @@ def deploy(job_file: str = JobFileArg,
 def run(job_file: str = JobFileArg, chip: str | None = ChipOpt) -> None:
     """Run the nightly flow once, now, without a schedule; exit 1 if a job or the export failed."""
     from ._serve import run_once
+    from .nightly import FAILED
 
     report = run_once(job_file, chip=chip)
     print_report(report)
-    if report["failed"] or report["export"]["status"] == "failed":
+    if report[FAILED] or report["export"]["status"] == FAILED:
         raise typer.Exit(1)
 
 
@@ -60,6 +61,10 @@ def print_report(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     from kernsearch._console import out
+    from kernsearch._vocabulary import Evidence
+
+    from .nightly import FAILED, PUBLISHED, REJECTED
+
 
     table = Table("job", "problem", "old ms", "new ms", "speedup", "outcome", "evidence", box=None)
     for r in report["jobs"]:
@@ -67,8 +72,8 @@ def print_report(report: dict[str, Any]) -> None:
                       _ms(r["old_ms"]) + (f" ({r['old_version']})" if r["old_version"] else ""), _ms(r["new_ms"]),
                       f"{r['speedup']:.3f}x" if r["speedup"] else "-",
                       r["outcome"] + (f" {r['version']}" if r["version"] else ""), r["evidence"] or "-")
-    out.print(f"[bold]kernsearch nightly on {report['chip']}[/]: {report['published']} published, "
-              f"{report['rejected']} rejected, {report['failed']} failed")
+    out.print(f"[bold]kernsearch nightly on {report['chip']}[/]: {report[PUBLISHED]} published, "
+              f"{report[REJECTED]} rejected, {report[FAILED]} failed")
     out.print(table)
     for r in report["jobs"]:  # reasons are long: one line each, below the table
         out.print(f"  {r['job']} ({r['dtype']} {r['shape']}): {r['outcome']}: {r['reason']}", soft_wrap=True)
@@ -77,7 +82,7 @@ def print_report(report: dict[str, Any]) -> None:
     export = report["export"]
     out.print(f"export: {export['status']}" + (f" ({export.get('reason')})" if export.get("reason") else "")
               + (f": {export['wheel']}" if export.get("wheel") else ""), soft_wrap=True)
-    if any(r["evidence"] == "modeled" for r in report["jobs"]):
+    if any(r["evidence"] == Evidence.MODELED for r in report["jobs"]):
         out.print("[dim]modeled times are predictions of the performance model, not measurements[/]")
 
 

@@ -32,8 +32,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kernsearch import KernsearchError, _safeio
 from kernsearch._options import Count, Gain, Seed, Timeout
+from kernsearch._vocabulary import Target
 
-BACKENDS = ("auto", "metal", "cuda", "model")
+#: What a job may tune on: ``auto``, a measuring back-end (named after the target it runs) or the model.
+BACKENDS = ("auto", Target.METAL.value, Target.CUDA.value, "model")
 
 
 class JobFileError(KernsearchError):
@@ -47,7 +49,7 @@ class _Model(BaseModel):
 class JobOptions(_Model):
     """Budget and search options; ``[defaults]`` holds the same fields."""
 
-    backend: Literal["auto", "metal", "cuda", "model"] = "auto"
+    backend: Literal[BACKENDS] = "auto"  # type: ignore[valid-type]
     trials: Count | None = 100
     #: New configs to evaluate each night on top of what the study holds (still capped by ``trials``);
     #: without it a study that holds ``trials`` configs only re-checks its winner.

@@ -19,11 +19,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kernsearch import KernsearchError
+from kernsearch._records import Proof, Winner
+from kernsearch._vocabulary import Evidence
 
 
 class StepError(Exception):
@@ -72,8 +74,8 @@ def run_step(step: str, payload: dict[str, Any], timeout: float) -> dict[str, An
             log.close()
         if dst.is_file():
             result = json.loads(dst.read_text(encoding="utf-8"))
-            if result.get("ok"):
-                return result["value"]
+            if "value" in result:
+                return dict(result["value"])
             if result.get("user"):
                 raise KernsearchError(result["detail"])
             raise StepError(result.get("reason", "error"), result.get("detail", ""))
@@ -105,9 +107,58 @@ def _describe(code: int) -> str:
 
 # -- the steps ----------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Tuned:
+    """What the tune step hands the flow: the unit's study, how its search went, and its winner (proven where the
+    search could prove it; ``Candidate.from_winner`` publishes it)."""
+
+    study: str
+    evidence: Evidence
+    evaluated: int
+    failures: dict[str, int]
+    stop_reason: str
+    winner: Winner
+
+    def to_json(self) -> dict[str, Any]:
+        return {"study": self.study, "evidence": self.evidence.value, "evaluated": self.evaluated,
+                "failures": dict(self.failures), "stop_reason": self.stop_reason, "winner": self.winner.to_json()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Tuned:
+        return cls(str(data["study"]), Evidence(data["evidence"]), int(data["evaluated"]),
+                   {str(k): int(v) for k, v in dict(data["failures"]).items()}, str(data["stop_reason"]),
+                   Winner.from_json(data["winner"]))
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An extra shape the winner was not verified at: its config is not valid there."""
+
+    shape: tuple[int, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class Verified:
+    """What the verify step hands the flow: the winner's proof at the unit's extra shapes (None: none ran) and the
+    shapes skipped."""
+
+    proof: Proof | None
+    skipped: tuple[Skipped, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"proof": self.proof.to_json() if self.proof is not None else None,
+                "skipped": [{"shape": list(s.shape), "why": s.why} for s in self.skipped]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Verified:
+        proof = Proof.from_json(data["proof"]) if data.get("proof") is not None else None
+        return cls(proof, tuple(Skipped(tuple(int(d) for d in s["shape"]), str(s["why"])) for s in data["skipped"]))
+
+
 def tune(p: dict[str, Any]) -> dict[str, Any]:
-    """Run (or resume) the unit's study; return its verified winner, or fail with the reason."""
-    from kernsearch import FinalRound, get_chip, load_family, make_problem, run_study
+    """Run (or resume) the unit's study; return its winner (a :class:`Tuned`), or fail with the reason."""
+    from kernsearch import get_chip, load_family, make_problem, run_study
     from kernsearch.studies._objective import KernelObjective
 
     fam = load_family(p["family"])
@@ -123,92 +174,72 @@ def tune(p: dict[str, Any]) -> dict[str, Any]:
     result = run_study(objective, trials=trials, time_budget=o["time_budget"], patience=o["patience"],
                        sampler=o["sampler"], seed=o["seed"], storage=p["storage"], finalists=o["finalists"])
     failures = dict(result.failures)
-    best, final = result.best, result.final or FinalRound(None)
-    refused = "; ".join(f"trial {n}: {c.reason} {(c.detail or '')[:120]}".strip()
-                        for n, c in final.checks.items() if not c.ok)
-    if best is None:
+    if result.best is None or (result.final is not None and result.final.winner is None):
+        final = result.final
+        refused = "; ".join(f"trial {n}: {c.reason} {(c.detail or '')[:120]}".strip()
+                            for n, c in (final.checks.items() if final else ()) if not c.ok)
         if refused:
             raise StepError("no-winner", f"no finalist passed its final check ({refused})")
         raise StepError("no-winner", f"no variant ran correctly in {result.evaluated} evaluated "
                                      f"(failures: {_counts(failures)})")
-    checks: list[dict[str, Any]] = []
-    if result.evidence == "modeled":
-        verdict = final.checks.get(best.number)
-        if final.winner != best.number or not verdict or not verdict.ok:
-            raise StepError("no-winner", "no finalist passed the interpreter" + (f" ({refused})" if refused else ""))
-        checks.append({"shape": list(verdict.shape), "verifier": "interpreter",
-                       "max_abs_err": verdict.max_abs_err, "max_rel_err": None})
-    elif best.verified == "device":
-        checks.append({"shape": list(problem.shape), "verifier": "device", "max_abs_err": best.max_abs_err or 0.0,
-                       "max_rel_err": None})
-        verdict = final.checks.get(best.number)  # the final round's run at a ragged shape, on the device
-        for shape in (verdict.also or ()) if verdict is not None and verdict.ok else ():
-            checks.append({"shape": [int(d) for d in shape.split("x")], "verifier": "device",
-                           "max_abs_err": verdict.max_abs_err, "max_rel_err": None})
-    else:
-        raise StepError("unverified", f"the winner (trial {best.number}) was never verified")
-    median, spread_ = best.time_ms, best.spread
-    finalist = final.finalists.get(best.number)
-    if finalist:  # measured: the interleaved final round is the better figure
-        median, spread_ = finalist.median_ms, finalist.spread if finalist.spread is not None else best.spread
-    return {"study": result.study_name, "evidence": result.evidence, "evaluated": result.evaluated,
-            "failures": failures, "stop_reason": result.stop_reason, "config": best.config,
-            "trial": best.number, "median_ms": median, "spread": spread_,
-            "baseline_median_ms": final.baseline_median_ms, "checks": checks,
-            "baseline_spread": final.baseline_spread, "speedup": final.speedup, "speedup_low": final.speedup_low,
-            "speedup_high": final.speedup_high, "modes": {m: f.to_dict() for m, f in final.modes.items()} or None,
-            "weight_sets": final.weight_sets,
-            "best": _jsonable(asdict(best))}
+    try:
+        winner = objective.winner(result)
+    except KernsearchError as exc:
+        raise StepError("unverified", str(exc)) from None
+    return Tuned(result.study_name, Evidence(result.evidence), result.evaluated, failures, result.stop_reason,
+                 winner).to_json()
 
 
 def verify(p: dict[str, Any]) -> dict[str, Any]:
     """Verify the winner on the unit's extra shapes (a shape its config is not valid for is skipped); none given:
-    a ragged shape near the smallest one where the winner's config is valid."""
+    a ragged shape near the smallest one where the winner's config is valid. Returns a :class:`Verified`."""
     from kernsearch import Space, get_chip, load_family, make_problem
     from kernsearch._errors import VariantFailure
     from kernsearch.backends import backend_class
-    from kernsearch.evaluation._measure import VariantTask, verify_variant
+    from kernsearch.variants._tasks import VariantTask, verify_variant
 
     fam = load_family(p["family"])
     chip = get_chip(p["chip"])
     backend = p["verifier_backend"]
     interprets = backend_class(backend).interprets
-    checks, skipped = [], []
-    shapes = p["shapes"]
-    if not shapes and p.get("tuned_shape"):
-        from kernsearch.family._shapes import ragged_shape, smallest_shape
-
-        tuned = tuple(p["tuned_shape"])
-        small = smallest_shape(fam, p["dtype"], chip, p["config"], tuned)
-        shapes = [ragged_shape(fam, p["dtype"], chip, p["config"], small) or small]
-    for shape in shapes:
+    proof: Proof | None = None
+    skipped = []
+    for shape in _shapes(p, fam, chip):
         problem = make_problem(fam, tuple(shape), p["dtype"], chip)
         bad = Space(problem, chip).violations(p["config"])
         if bad:
-            skipped.append({"shape": list(problem.shape), "why": "; ".join(map(str, bad))})
+            skipped.append(Skipped(tuple(problem.shape), "; ".join(map(str, bad))))
             continue
         options = {"mode": "fast", "timeout": p["timeout"]} if interprets else {}
         task = VariantTask(family=str(fam.path), shape=problem.shape, dtype=p["dtype"], chip=chip.name,
                            backend=backend, config=p["config"], seed=p["seed"] + 7, options=options)
         try:
-            out = verify_variant(task)
+            checked = verify_variant(task)
         except VariantFailure as exc:
             raise StepError(exc.reason, f"winner wrong at shape {problem.shape_text}: {exc.detail[:300]}") from None
-        checks.append({"shape": list(problem.shape), "verifier": "interpreter" if interprets else "device",
-                       "max_abs_err": out["max_abs_err"], "max_rel_err": out["max_rel_err"]})
-    return {"checks": checks, "skipped": skipped}
+        proof = proof.also(checked) if proof is not None else checked
+    return Verified(proof, tuple(skipped)).to_json()
+
+
+def _shapes(p: dict[str, Any], fam: Any, chip: Any) -> list[Any]:
+    """The unit's extra shapes; none given: a ragged shape near the smallest one where the config is valid."""
+    if p["shapes"] or not p.get("tuned_shape"):
+        return list(p["shapes"])
+    from kernsearch.family._shapes import ragged_shape, smallest_shape
+
+    small = smallest_shape(fam, p["dtype"], chip, p["config"], tuple(p["tuned_shape"]))
+    return [ragged_shape(fam, p["dtype"], chip, p["config"], small) or small]
 
 
 def _evaluated(family: str, chip: str, problem: Any, backend: str, storage: str | None) -> int:
     """Configs the unit's study has evaluated so far (0 when it does not exist yet)."""
     import optuna
 
+    from kernsearch._vocabulary import EVALUATED
     from kernsearch.family._space import format_config
-    from kernsearch.studies._storage import make_storage, study_name_for
-    from kernsearch.studies._study import EVALUATED
+    from kernsearch.studies._storage import StudyKey, make_storage
 
-    name = study_name_for({"family": family, "chip": chip, "dtype": problem.dtype, "shape": problem.shape_text,
-                           "backend": backend})
+    name = StudyKey(family, chip, problem.dtype, problem.shape_text, backend).name
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         study = optuna.load_study(study_name=name, storage=make_storage(storage))
@@ -225,21 +256,17 @@ def _counts(counter: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(counter.items())) or "none"
 
 
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
-
-
 def main(argv: list[str]) -> int:
     """``python -m kernsearch.flows._steps STEP IN.json OUT.json``: the subprocess side of :func:`run_step`."""
     step, src, dst = argv
     payload = json.loads(Path(src).read_text(encoding="utf-8"))
     started = time.monotonic()
     try:
-        reply: dict[str, Any] = {"ok": True, "value": STEPS[step](payload)}
+        reply: dict[str, Any] = {"value": STEPS[step](payload)}
     except StepError as exc:
-        reply = {"ok": False, "reason": exc.reason, "detail": exc.detail}
+        reply = {"reason": exc.reason, "detail": exc.detail}
     except KernsearchError as exc:
-        reply = {"ok": False, "user": True, "reason": "user", "detail": str(exc)}
+        reply = {"user": True, "reason": "user", "detail": str(exc)}
     reply["seconds"] = time.monotonic() - started
     from kernsearch._safeio import write_atomic
 

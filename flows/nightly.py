@@ -25,13 +25,18 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.concurrency.sync import concurrency
 
 from kernsearch import KernsearchError
+from kernsearch._vocabulary import Evidence
 from kernsearch.artifacts._manifest import KeyBusy
 
 from ._jobs import Jobs, Unit, load_jobs
-from ._steps import StepCrashed, StepError, run_step
+from ._steps import StepCrashed, StepError, Tuned, Verified, run_step
 
 FLOW_NAME = "kernsearch-nightly"
 GPU_LIMIT_PREFIX = "kernsearch-gpu-"
+#: A job's outcome in the run's report (and its counts): its winner became current, the gate refused it, or a step
+#: failed before the gate.
+PUBLISHED, REJECTED, FAILED = "published", "rejected", "failed"
+OUTCOMES = (PUBLISHED, REJECTED, FAILED)
 #: Seconds the verify step may take per extra shape (interpreter runs of small shapes take seconds).
 VERIFY_SECONDS_PER_SHAPE = 300.0
 
@@ -109,19 +114,19 @@ def _retry_when_busy(task: Any, task_run: Any, state: Any) -> bool:
 # -- tasks --------------------------------------------------------------------------------------------
 
 @task(name="tune", retries=1, retry_delay_seconds=10, retry_condition_fn=_retry_on_crash)
-def tune_task(unit: Unit, backend: str, storage: str | None, gpu_limit: str) -> dict[str, Any]:
-    """Run or resume the unit's study in a subprocess, holding this machine's GPU slot."""
+def tune_task(unit: Unit, backend: str, storage: str | None, gpu_limit: str) -> tuple[Tuned, list[float]]:
+    """Run or resume the unit's study in a subprocess, holding this machine's GPU slot; returns its result and the
+    window (start, end) while this run held the slot."""
     payload = {"family": unit.family, "shape": list(unit.shape), "dtype": unit.dtype, "chip": unit.chip,
                "backend": backend, "storage": storage, "options": unit.options.model_dump()}
     with concurrency(gpu_limit, occupy=1, strict=True):
         started = time.time()
-        result = run_step("tune", payload, timeout=unit.step_timeout())
-        result["window"] = [started, time.time()]  # while this run held the machine's GPU slot
-        return result
+        tuned = Tuned.from_json(run_step("tune", payload, timeout=unit.step_timeout()))
+        return tuned, [started, time.time()]
 
 
 @task(name="verify")
-def verify_task(unit: Unit, backend: str, config: dict[str, Any], gpu_limit: str) -> dict[str, Any]:
+def verify_task(unit: Unit, backend: str, config: dict[str, Any], gpu_limit: str) -> Verified:
     """Verify the winner on the unit's extra shapes (interpreter for modeled searches, else the device)."""
     from kernsearch.backends import backend_class
 
@@ -130,39 +135,26 @@ def verify_task(unit: Unit, backend: str, config: dict[str, Any], gpu_limit: str
                "seed": unit.options.seed,
                "verifier_backend": backend_class(backend).verifier(), "timeout": unit.options.timeout}
     with concurrency(gpu_limit, occupy=1, strict=True):
-        return run_step("verify", payload, timeout=VERIFY_SECONDS_PER_SHAPE * max(1, len(unit.verify_shapes)))
+        timeout = VERIFY_SECONDS_PER_SHAPE * max(1, len(unit.verify_shapes))
+        return Verified.from_json(run_step("verify", payload, timeout=timeout))
 
 
 @task(name="publish", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_when_busy, timeout_seconds=600)
-def publish_task(unit: Unit, backend: str, tuned: dict[str, Any], verified: dict[str, Any],
-                 artifacts: str | None) -> dict[str, Any]:
-    """Offer the verified winner to the store's regression gate; returns the outcome and the old time."""
-    from kernsearch import ArtifactStore, Candidate, Space, get_chip, load_family, make_problem
-    from kernsearch.artifacts._manifest import Correctness, Measurements
+def publish_task(unit: Unit, backend: str, tuned: Tuned, verified: Verified, artifacts: str | None) -> dict[str, Any]:
+    """Offer the verified winner to the store's regression gate (``Candidate.from_winner``, as `tune --publish`
+    does); returns the outcome and the old time."""
+    from kernsearch import ArtifactStore, Candidate, Space, load_family, make_problem
+    from kernsearch.backends import backend_class, chip_for
     from kernsearch.hardware._targets import chip_target
 
     fam = load_family(unit.family)
-    chip = get_chip(unit.chip)
-    if tuned["evidence"] == "measured":  # a measurement belongs to the device detected here (device_info)
-        detected = _machine(None)[1]
-        if detected.name != chip.name:
-            raise KernsearchError(f"measured on {detected.name}, but the job is for {chip.name}")
-        chip = detected
+    winner = tuned.winner if verified.proof is None else tuned.winner.proven_also(verified.proof)
+    measured = winner.evidence == Evidence.MEASURED  # a measurement belongs to the device detected here
+    chip = chip_for(backend_class(backend), unit.chip, detected=_machine(None)[1] if measured else None)
+    if measured and chip.name != unit.chip:
+        raise KernsearchError(f"measured on {chip.name}, but the job is for {unit.chip}")
     space = Space(make_problem(fam, unit.shape, unit.dtype, chip), chip)
-    checks = tuned["checks"] + verified["checks"]
-    rel = [c["max_rel_err"] for c in checks if c.get("max_rel_err") is not None]
-    correctness = Correctness(verifier=checks[0]["verifier"], passed=True,
-                              shapes_checked=sorted({"x".join(map(str, c["shape"])) for c in checks}),
-                              max_abs_error=max(c["max_abs_err"] for c in checks),
-                              max_rel_error=max(rel) if rel else None, checks_run=len(checks))
-    measurements = Measurements(median_ms=tuned["median_ms"], spread=tuned["spread"],
-                                samples_ms=list(tuned["best"].get("samples_ms") or []),  # none made up
-                                baseline_median_ms=tuned.get("baseline_median_ms"),
-                                **{k: tuned.get(k) for k in ("baseline_spread", "speedup_low", "speedup_high", "modes",
-                                                             "weight_sets")})
-    target = chip_target(chip.vendor)  # what the chip runs, modeled or measured
-    candidate = Candidate.for_config(space, tuned["config"], target=target, correctness=correctness,
-                                     evidence=tuned["evidence"], measurements=measurements, study=tuned["study"])
+    candidate = Candidate.from_winner(winner, space, target=chip_target(chip.vendor))
     store = ArtifactStore(artifacts)
     old = _current(store, candidate.key)
     outcome = store.publish(candidate, min_gain=unit.options.min_gain, margin=unit.options.margin)
@@ -205,10 +197,10 @@ def nightly(job_file: str, chip: str | None = None) -> dict[str, Any]:
     export = _maybe_export(jobs, rows, logger)
     report = {"chip": machine.name, "machine": machine_name(), "job_file": str(jobs.path), "jobs": rows,
               "export": export,
-              **{k: sum(r["outcome"] == k for r in rows) for k in ("published", "rejected", "failed")}}
+              **{k: sum(r["outcome"] == k for r in rows) for k in OUTCOMES}}
     _summarise(report)
     logger.info("%s on machine %s: %d published, %d rejected, %d failed", machine.name, machine_name(),
-                report["published"], report["rejected"], report["failed"])
+                report[PUBLISHED], report[REJECTED], report[FAILED])
     return report
 
 
@@ -241,7 +233,7 @@ def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) ->
                            "chip": unit.chip,
                            "dtype": unit.dtype, "shape": unit.shape_text, "backend": backend, "evidence": None,
                            "old_ms": None, "old_version": None, "new_ms": None, "speedup": None,
-                           "outcome": "failed", "version": None, "reason": ""}
+                           "outcome": FAILED, "version": None, "reason": ""}
     if backend_class(backend).measures_device and detected.name != unit.chip:
         row["reason"] = (f"a {backend} search measures the chip it runs on: this machine is {detected.name}, "
                          f"the job is for {unit.chip}")
@@ -249,15 +241,16 @@ def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) ->
         return row
     timeout = unit.step_timeout() + 120.0
     state = tune_task.with_options(timeout_seconds=timeout)(unit, backend, jobs.storage, limit, return_state=True)
-    tuned = _value(state, row, "tune")
-    if tuned is None:
+    done = _value(state, row, "tune")
+    if done is None:
         logger.error("%s: tune failed: %s", unit.name, row["reason"])
         return row
-    row.update(evidence=tuned["evidence"], new_ms=tuned["median_ms"], study=tuned["study"],
-               evaluated=tuned["evaluated"], tune_window=tuned["window"])
-    row["report"] = _attach_report(unit, tuned["study"], jobs.storage, logger)
+    tuned, window = done
+    row.update(evidence=tuned.evidence.value, new_ms=tuned.winner.median_ms, study=tuned.study,
+               evaluated=tuned.evaluated, tune_window=window)
+    row["report"] = _attach_report(unit, tuned.study, jobs.storage, logger)
     vtimeout = VERIFY_SECONDS_PER_SHAPE * max(1, len(unit.verify_shapes)) + 60.0
-    state = verify_task.with_options(timeout_seconds=vtimeout)(unit, backend, tuned["config"], limit,
+    state = verify_task.with_options(timeout_seconds=vtimeout)(unit, backend, tuned.winner.config, limit,
                                                                 return_state=True)
     verified = _value(state, row, "verify")
     if verified is None:
@@ -266,19 +259,23 @@ def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) ->
     state = publish_task(unit, backend, tuned, verified, str(jobs.artifacts) if jobs.artifacts else None,
                          return_state=True)
     outcome = _value(state, row, "publish")
-    if outcome is None:
-        return row
+    if outcome is not None:
+        _published(row, tuned, verified, outcome)
+        logger.info("%s: %s: %s", unit.name, row["outcome"], row["reason"])
+    return row
+
+
+def _published(row: dict[str, Any], tuned: Tuned, verified: Verified, outcome: dict[str, Any]) -> None:
+    """The row of a job whose winner reached the gate: published or rejected, and why."""
     old = outcome.get("old_ms")
     row.update(old_ms=old, old_version=outcome.get("old_version"), version=outcome["version"],
-               outcome="published" if outcome["published"] else "rejected", reason=outcome["reason"],
+               outcome=PUBLISHED if outcome["published"] else REJECTED, reason=outcome["reason"],
                # a speedup only between figures of one evidence kind (measured vs modeled never mix)
-               speedup=(old / tuned["median_ms"]) if old and outcome.get("old_evidence") == tuned["evidence"]
+               speedup=(old / tuned.winner.median_ms) if old and outcome.get("old_evidence") == tuned.evidence
                else None)
-    if verified["skipped"]:
+    if verified.skipped:
         row["reason"] += "; not verified at " + ", ".join(
-            f"{'x'.join(map(str, s['shape']))} ({s['why']})" for s in verified["skipped"])
-    logger.info("%s: %s: %s", unit.name, row["outcome"], row["reason"])
-    return row
+            f"{'x'.join(map(str, s.shape))} ({s.why})" for s in verified.skipped)
 
 
 def _attach_report(unit: Unit, study: str, storage: str | None, logger: Any) -> str | None:
@@ -295,7 +292,7 @@ def _attach_report(unit: Unit, study: str, storage: str | None, logger: Any) -> 
         return None
     _, words = evidence_badge(h.evidence)
     fails = ", ".join(f"{k} {v}" for k, v in h.failures.most_common()) or "none"
-    label = "predicted ms" if h.evidence == "modeled" else "ms"
+    label = "predicted ms" if h.evidence == Evidence.MODELED else "ms"
     lines = [f"# {unit.name}: study `{study}`", "", f"**{words}**", "",
              f"{len(h.trials)} configs evaluated, failed: {fails}; {h.invalid} rejected by constraints.", "",
              f"HTML report with plots (convergence, importances, per-knob effects): [{path.name}]({path.as_uri()})"
@@ -339,7 +336,7 @@ def _current(store: Any, key: Any) -> dict[str, Any]:
 def _maybe_export(jobs: Jobs, rows: list[dict[str, Any]], logger: Any) -> dict[str, Any]:
     if jobs.export is None:
         return {"status": "skipped", "reason": "the job file names no export folder"}
-    if not any(r["outcome"] == "published" for r in rows):
+    if not any(r["outcome"] == PUBLISHED for r in rows):
         return {"status": "skipped", "reason": "nothing new was published"}
     families = jobs.families()  # every family of the file: the package ships them all, not only tonight's
     state = export_task(str(jobs.artifacts) if jobs.artifacts else None, str(jobs.export), families,
@@ -348,7 +345,7 @@ def _maybe_export(jobs: Jobs, rows: list[dict[str, Any]], logger: Any) -> dict[s
     value = _value(state, row, "export")
     if value is None:
         logger.error("export failed: %s", row["reason"])
-        return {"status": "failed", "reason": row["reason"]}
+        return {"status": FAILED, "reason": row["reason"]}
     return {"status": "exported", **value}
 
 
@@ -361,10 +358,10 @@ def _summarise(report: dict[str, Any]) -> None:
               "reason": r["reason"], "evidence": r["evidence"] or "-"} for r in report["jobs"]]
     key = f"kernsearch-nightly-{slug(report['chip'])}"
     create_table_artifact(table=table, key=key,
-                          description=f"kernsearch nightly on {report['chip']}: {report['published']} published, "
-                                      f"{report['rejected']} rejected, {report['failed']} failed")
+                          description=f"kernsearch nightly on {report['chip']}: {report[PUBLISHED]} published, "
+                                      f"{report[REJECTED]} rejected, {report[FAILED]} failed")
     lines = [f"# kernsearch nightly on {report['chip']}", "",
-             f"{report['published']} published, {report['rejected']} rejected, {report['failed']} failed "
+             f"{report[PUBLISHED]} published, {report[REJECTED]} rejected, {report[FAILED]} failed "
              f"(job file `{report['job_file']}`).", "",
              "Times labelled *modeled* are predictions of the performance model, not measurements.", "",
              f"Export: {report['export']['status']}: {report['export'].get('reason') or report['export'].get('out')}"]

@@ -32,7 +32,7 @@ _EXPORTS = {
     "ArtifactStore": ".artifacts._artifacts", "Candidate": ".artifacts._artifacts", "export": ".exporting._export",
     "KernsearchError": "._errors", "VariantFailure": "._errors",
     # a variant on the interpreter: the test API of a family's author
-    "run": ".evaluation._variant", "VariantRun": ".evaluation._variant",
+    "run": ".variants._run", "VariantRun": ".variants._run",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -53,7 +53,8 @@ class TargetInfo:
 #: One row per target. Adding a target (say, Metal with tensor operations) adds a row here, a member of
 #: ``_vocabulary.Target`` and a back-end whose ``target`` names it; nothing else compares target or vendor names.
 TARGETS: Dict[str, TargetInfo] = {t.name: t for t in (
-    TargetInfo(Target.METAL.value, vendor="apple", suffix="metal", mlx_kernel="metal_kernel", interpreter=True),
+    TargetInfo(Target.METAL.value, vendor="apple", suffix=Target.METAL.value, mlx_kernel="metal_kernel",
+               interpreter=True),
     TargetInfo(Target.CUDA.value, vendor="nvidia", suffix="cu", mlx_kernel="cuda_kernel", interpreter=False,
                shared_memory_at_build=True),
 )}

@@ -3,7 +3,8 @@
 The ground floor. Every other module (and the exported package's dispatcher, which ships this file verbatim
 beside ``_rules.py``) names these values through the enums here, never as string literals
 (``tests/test_vocabulary.py`` greps for them): a word spelled in one place cannot drift. Each enum is a
-``str`` enum, so a member equals its stored text (``Evidence.MEASURED == "measured"``) and JSON holds the text.
+``str`` enum that reads as its text: a member equals its stored text (``Evidence.MEASURED == "measured"``), prints
+and formats as it (``f"{Evidence.MEASURED}"`` is ``measured``) and JSON holds the text.
 
 Standard library only, Python >= 3.9 (the exported package's floor).
 """
@@ -14,7 +15,17 @@ from enum import Enum
 from typing import Dict, Literal, Tuple
 
 
-class Evidence(str, Enum):
+class Word(str, Enum):
+    """A word of the vocabulary: its text wherever it is printed, formatted or stored (on every Python >= 3.9)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class Evidence(Word):
     """What a figure is. Never mixed up: only a real GPU's timing is ``measured``."""
 
     MEASURED = "measured"  # timed on a real GPU
@@ -26,7 +37,7 @@ class Evidence(str, Enum):
 EVIDENCE_RANK: Dict[str, int] = {Evidence.INTERPRETED: 0, Evidence.MODELED: 1, Evidence.MEASURED: 2}
 
 
-class TrialStatus(str, Enum):
+class TrialStatus(Word):
     """A trial's outcome, stored as its ``status`` user attribute."""
 
     OK = "ok"  # evaluated: its time is a result (a finalist if among the fastest)
@@ -45,7 +56,7 @@ class TrialStatus(str, Enum):
 EVALUATED: Tuple[TrialStatus, ...] = (TrialStatus.OK, TrialStatus.FAILED, TrialStatus.NOT_WINNING)
 
 
-class Verifier(str, Enum):
+class Verifier(Word):
     """Where a variant was proven correct against the float64 reference."""
 
     DEVICE = "device"  # on the GPU that timed it
@@ -53,7 +64,7 @@ class Verifier(str, Enum):
     RECORDED = "recorded"  # a replayed landscape: recorded on the file's GPU, never run here
 
 
-class Target(str, Enum):
+class Target(Word):
     """A kind of kernel source (its row of the targets table: ``_rules.TARGETS``)."""
 
     METAL = "metal"
@@ -68,7 +79,7 @@ Dtype = Literal["float32", "float16", "bfloat16"]
 DTYPES: Tuple[str, ...] = ("float32", "float16", "bfloat16")
 
 
-class ConsumerMode(str, Enum):
+class ConsumerMode(Word):
     """How consumers call a family (docs/timing.md): ``graph``: several calls, then one evaluation; ``eager``: an
     evaluation after every call."""
 

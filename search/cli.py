@@ -11,7 +11,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -19,15 +19,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from ._console import err, out
-from ._errors import KernsearchError, not_empty
+from ._errors import KernsearchError, VariantFailure, not_empty
+from ._rules import DEFAULT_TARGET
+from ._vocabulary import Evidence, Target, TrialStatus
 from .studies._final import FinalistCheck, FinalRound
-
-
-class TargetChoice(str, Enum):
-    """``render --target``: the kernel language (Typer lists and checks the choices)."""
-
-    metal = "metal"
-    cuda = "cuda"
 
 
 class VerifyChoice(str, Enum):
@@ -48,9 +43,12 @@ class SamplerChoice(str, Enum):
     auto = "auto"
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._progress import Display
-    from .artifacts._artifacts import ArtifactStore
+    from .artifacts._artifacts import ArtifactStore, PublishOutcome
     from .artifacts._candidate import ArtifactKey
+    from .backends._base import BaseBackend
     from .family._space import Problem, Space
     from .family._spec import Family
     from .hardware._chips import Chip
@@ -236,7 +234,7 @@ def space(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None
 def render(family: str = typer.Argument(..., help=FAMILY_HELP),
            config: str | None = typer.Option(None, "--config", help="KNOB=VALUE,... (others: the default)"),
            shape: str | None = ShapeOpt, dtype: str | None = DtypeOpt, chip_name: str | None = ChipOpt,
-           target: TargetChoice = typer.Option(TargetChoice.metal, "--target", help="the kernel language")) -> None:
+           target: Target = typer.Option(Target.METAL, "--target", help="the kernel language")) -> None:
     """Print the header and body of one variant, as mx.fast.metal_kernel takes them."""
     from .family._render import geometry
     from .family._render import render as render_variant
@@ -529,71 +527,88 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
                                      "8 threadgroups: the corners and edge middles, when there are more than 64)")
            ) -> None:
     """Run one variant against the float64 NumPy reference: pass/fail, error, diagnostics (exit 1 on fail)."""
-    from rich.markup import escape
-
     from . import _options
-    from ._errors import VariantFailure
-    from .backends import backend_class
-    from .evaluation._verify import tolerance, verify_kernel
+    from ._progress import Display
+    from ._steps import step
+    from .evaluation._verify import check_size, verify_kernel
     from .family._render import geometry
     from .family._render import render as render_variant
-    from .family._space import format_config
-    from .hardware._chips import default_apple_chip
-    from .hardware._targets import DEFAULT_TARGET, target_of
+    from .family._space import Space, format_config, make_problem
+    from .family._spec import load_family
 
     _options.check(_options.Seed, seed, "--seed")
     _options.check(_options.Timeout, timeout, "--timeout")
     if check and sanitize:
         raise KernsearchError("--check and --sanitize are separate runs: give one of them")
-    be_class = backend_class(backend)
-    if be_class.interprets and chip_name is None:
-        detected = resolve_chip(None)
-        runs_here = target_of(detected.vendor) == be_class.target  # the interpreter checks what this chip runs
-        chip_name = detected.name if runs_here else default_apple_chip().name
-    fam, c, problem, sp = problem_and_space(family, shape, dtype, chip_name)
-    from .evaluation._verify import check_size
-
+    be, c = _verifier(backend, chip_name, check or sanitize)
+    fam = load_family(family)
+    problem = make_problem(fam, shape, dtype, c)
+    sp = Space(problem, c)
     check_size(problem)
     cfg = sp.validate(sp.parse_config(config))
-    be = be_class()
-    be.check_available()
-    target = be.target or DEFAULT_TARGET
-    kernel = render_variant(fam, cfg, problem.dtype, target)
+    kernel = render_variant(fam, cfg, problem.dtype, be.target or DEFAULT_TARGET)
     geo = geometry(sp, cfg)
-    options: dict[str, Any] = {}
     mode = "sanitize" if sanitize else ("check" if check else "fast")
-    if be.interprets:
-        from .evaluation._verify import sample_threadgroups, threadgroup_counts
-        from .interp import template_lines
-
-        options = {"mode": mode, "timeout": timeout, "chip": c,
-                   "lines": template_lines(fam, cfg, problem.dtype, target)}
-        counts = threadgroup_counts(geo)
-        groups = counts[0] * counts[1] * counts[2]
-        if groups > 64 and not full:  # the interpreter runs a 4096³ GEMM for minutes: check a sample of it
-            options["threadgroups"] = sample_threadgroups(geo, 8, seed)
-            sampled = f"{len(options['threadgroups'])} of {groups} threadgroups (corners, edge middles; --full: all)"
-    elif check or sanitize:
-        raise KernsearchError("--check and --sanitize need --backend cpu")
-    how = f"{be.name} back-end ({be.evidence.value}" + (f", {mode} mode)" if be.interprets else ")")
-    if "threadgroups" in options:
-        how += f", {sampled}"
+    options, sampled = _interpreter_options(be, fam, cfg, problem, geo, mode, timeout, c, seed, full)
+    how = f"{be.name} back-end ({be.evidence}" + (f", {mode} mode)" if be.interprets else ")") + sampled
     out.print(f"[bold]{fam.name}[/] {problem.shape_text} {problem.dtype} for {c.name} · "
               f"{format_config(cfg)} · {how}", soft_wrap=True)
-    from ._progress import Display
-    from ._steps import step
-
     try:
         with Display(err), step(f"running {problem.shape_text} on the {be.name} back-end"):
             result, diagnostics = verify_kernel(be, kernel, geo, problem, seed, **options)
     except VariantFailure as exc:
-        if exc.reason == "timeout" and be.interprets:  # slow interpretation is no verdict on the kernel
-            out.print(f"[yellow]NO VERDICT (timeout)[/]: the interpreter did not finish in {timeout:g} s at "
-                      f"{problem.shape_text}; this says nothing about the kernel (a hang and a big problem look "
-                      "alike here): try a smaller --shape or a longer --timeout", soft_wrap=True)
-            raise typer.Exit(1) from None
-        out.print(f"[red]FAIL ({exc.reason})[/]: {escape(exc.detail)}", soft_wrap=True)
+        _verify_failed(exc, be.interprets, timeout, problem.shape_text)
+    _print_verified(result, diagnostics, problem)
+
+
+def _verifier(backend: str, chip_name: str | None, diagnoses: bool) -> tuple[BaseBackend, Chip]:
+    """The back-end `verify` runs on (available here) and the chip it verifies for (``backends.chip_for``)."""
+    from .backends import backend_class, select_backend
+
+    be_class = backend_class(backend)
+    if diagnoses and not be_class.interprets:
+        raise KernsearchError("--check and --sanitize need --backend cpu")
+    with _warnings_as_lines():  # an unknown detected chip warns on one line
+        chosen = select_backend(backend, chip_name)
+    if chosen.refusal:
+        raise KernsearchError(chosen.refusal)
+    be = be_class()
+    be.check_available()
+    return be, chosen.chip
+
+
+def _interpreter_options(be: BaseBackend, fam: Family, cfg: dict[str, Any], problem: Problem, geo: Any, mode: str,
+                         timeout: float, chip: Chip, seed: int, full: bool) -> tuple[dict[str, Any], str]:
+    """The interpreter's options for one run (a sample of a big grid's threadgroups unless ``full``), and how the
+    banner says what is sampled."""
+    if not be.interprets:
+        return {}, ""
+    from .evaluation._verify import sample_threadgroups, threadgroup_counts
+    from .interp import template_lines
+
+    options: dict[str, Any] = {"mode": mode, "timeout": timeout, "chip": chip,
+                               "lines": template_lines(fam, cfg, problem.dtype, be.target or DEFAULT_TARGET)}
+    counts = threadgroup_counts(geo)
+    groups = counts[0] * counts[1] * counts[2]
+    if groups <= 64 or full:
+        return options, ""
+    options["threadgroups"] = sample_threadgroups(geo, 8, seed)  # a 4096³ GEMM takes minutes: check a sample
+    return options, f", {len(options['threadgroups'])} of {groups} threadgroups (corners, edge middles; --full: all)"
+
+
+def _verify_failed(exc: VariantFailure, interprets: bool, timeout: float, shape: str) -> NoReturn:
+    if exc.reason == "timeout" and interprets:  # slow interpretation is no verdict on the kernel
+        out.print(f"[yellow]NO VERDICT (timeout)[/]: the interpreter did not finish in {timeout:g} s at "
+                  f"{shape}; this says nothing about the kernel (a hang and a big problem look "
+                  "alike here): try a smaller --shape or a longer --timeout", soft_wrap=True)
         raise typer.Exit(1) from None
+    out.print(f"[red]FAIL ({exc.reason})[/]: {escape(exc.detail)}", soft_wrap=True)
+    raise typer.Exit(1) from None
+
+
+def _print_verified(result: Any, diagnostics: list[Any], problem: Problem) -> None:
+    from .evaluation._verify import tolerance
+
     rtol, atol = tolerance(problem)
     colour = "green" if result.ok else "red"
     out.print(f"[{colour}]{result.summary()}[/] (tolerance: rtol {rtol:g}, atol {atol:.3g})", soft_wrap=True)
@@ -648,7 +663,7 @@ def _top_table(rows: list[TrialSummary], evidence: str, winner: int | None, fina
 
     checks = final.checks if final is not None else {}
 
-    label = {"modeled": "time (predicted)", "measured": "time"}.get(evidence, "time")
+    label = "time (predicted)" if evidence == Evidence.MODELED else "time"
     if _wide().width < 120:  # a narrow terminal: one block per config, the config wrapped between knobs
         from rich.console import Group
         from rich.padding import Padding
@@ -694,7 +709,7 @@ def _final_lines(final: FinalRound | None, evidence: str) -> list[str]:
         beats = "" if final.beats_baseline else " [yellow](lead within the measured noise)[/]"
         lines.append(f"speedup over the baseline op: {final.speedup:.2f}x (range {_fmt(final.speedup_low, '.2f')}-"
                      f"{_fmt(final.speedup_high, '.2f')}; baseline {_fmt(final.baseline_median_ms, '.4g')} ms){beats}")
-    elif evidence == "modeled":
+    elif evidence == Evidence.MODELED:
         lines.append("speedup over the baseline op: not available (modeled times; the baseline is not modeled)")
     if final is None:
         return lines
@@ -747,91 +762,32 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
          report: bool = typer.Option(False, "--report", help="write the study's HTML report at the end and "
                                      "print its path (see `kernsearch report`)")) -> None:
     """Search for the fastest correct variant of a family on a problem and chip."""
-    import json
+    from .studies._kernel import KernelVariants
+    from .studies._storage import StudyKey
 
-    from .studies._study import parse_duration
-
-    verify, sampler_name = verify_choice.value, sampler.value  # Typer checked both against their choices
-    parse_duration(time_budget)  # a bad duration is refused before anything starts
-    if trials is None and time_budget is None:
-        trials = 150
-    from . import _options
-
-    _options.check(_options.Count, trials, "--trials")
-    _options.check(_options.Count, finalists, "--finalists")
-    _options.check(_options.Patience, patience, "--patience")
-    _options.check(_options.Timeout, timeout, "--timeout")
-    _options.check(_options.Seed, seed, "--seed")
-    from .backends import replays
-
-    replay = replays(backend) or bool(landscape)
-    if replay:
-        from .studies._replay import Replay
-
-        if not landscape:
-            raise KernsearchError("--backend replay needs --landscape PATH (a KernelTuner cache file)")
-        objective = Replay(landscape, seed=seed).objective(family)
-        note: str | None = f"replaying {landscape}: recorded times measured on {objective.study_key['chip']}, not here"
-    else:
-        name, c, note = _pick_backend(backend, chip_name, verify)
-        from .family._space import make_problem
-        from .family._spec import load_family
-        from .studies._objective import KernelObjective
-
-        fam = load_family(family)
-        problem = make_problem(fam, shape, dtype, c)
-        objective = KernelObjective(problem, c, name, seed=seed, timeout=timeout, verify=verify)
-    key = objective.study_key
-    if publish and replay:
-        raise KernsearchError("--publish needs a kernel family: replayed landscapes have no kernel to publish")
-    if storage != ":memory:":
-        from .studies._storage import check_storage
-
-        check_storage(storage)  # a corrupted storage is one line, before the banner
-        from .studies._study import check_study
-
-        check_study(objective, storage, study)  # so is a study made for another problem
-    if publish:
-        from .artifacts._artifacts import ArtifactStore
-
-        why = getattr(objective, "unpublishable", lambda: None)()
-        if why:  # nothing this search finds could be published: say so now, not after the search
-            raise KernsearchError(f"--publish: {why}")
-        ArtifactStore().check_writable()  # so is a store no publish could write (not after the search)
+    trials = _tune_options(trials, time_budget, finalists, patience, timeout, seed)
+    objective, note = _tune_objective(family, shape, dtype, chip_name, backend, landscape, seed, timeout,
+                                      verify_choice.value)
+    _refuse_before_searching(objective, storage, study, publish)
     if note:
         err.print(note, soft_wrap=True)
-    err.print(f"tuning [bold]{key['family']}[/] {key['shape']} {key['dtype']} on {key['chip']} "
-              f"({key['backend']} back-end, {objective.evidence})", soft_wrap=True)
+    key = StudyKey.of(objective.study_key)
+    err.print(f"tuning [bold]{key.family}[/] {key.shape} {key.dtype} on {key.chip} "
+              f"({key.backend} back-end, {objective.evidence})", soft_wrap=True)
     _say_if_the_model_cannot_rank(objective)
-    if publish and replay:
-        raise KernsearchError("--publish needs a kernel family: replayed landscapes have no kernel to publish")
     from ._progress import Display
     from ._steps import step
+    from .studies._study import first_ctrl_c_stops
 
-    with Display(err, quiet=as_json) as display:
-        result = _run_with_progress(display, objective, trials, time_budget, patience or None, sampler_name, seed,
-                                    storage, study, finalists)
+    with Display(err, quiet=as_json) as display, first_ctrl_c_stops() as ctrl_c:
+        result = _run_with_progress(display, objective, trials, time_budget, patience or None, sampler.value, seed,
+                                    storage, study, finalists, ctrl_c.is_set)
         outcome = None
-        if publish and result.best is not None and not result.stop.reason.by_request:
+        if publish and isinstance(objective, KernelVariants) and result.best is not None \
+                and not result.stop.reason.by_request:
             with step("publishing the winner through the regression gate"):
                 outcome = objective.publish(result, margin=margin)
-    beats, verdict = _verdict(result, key, getattr(getattr(objective, "family", None), "baseline_name", "the MLX op"),
-                              margin)
-    if as_json:
-        data = result.to_dict()
-        data["winner"] = asdict_or_none(result.best)
-        data["beats_baseline"] = beats
-        data["verdict"] = verdict
-        if outcome is not None:
-            data["publish"] = {"published": outcome.published, "version": outcome.version,
-                               "reason": outcome.reason, "key": outcome.key}
-        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
-    else:
-        _print_result(result)
-        out.print(verdict, soft_wrap=True, markup=False)
-        if outcome is not None:
-            state = f"published as {outcome.version}" if outcome.published else "not published"
-            out.print(f"artifact {outcome.key}: {state} ({outcome.reason})", soft_wrap=True)
+    _print_tune(result, objective, margin, outcome, as_json)
     if report:
         from .studies._report import write_report
 
@@ -844,19 +800,105 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
         raise typer.Exit(1)  # the search ran, but no variant was correct: like a failed `verify`
 
 
-def _say_if_the_model_cannot_rank(objective: Any) -> None:
-    """A family the performance model predicts flat: one warning line before the search (``model_note``)."""
-    note = getattr(objective, "model_note", None)
-    text = note() if callable(note) else None
-    if text:
-        _warn_line(text)
+def _tune_options(trials: int | None, time_budget: str | None, finalists: int, patience: int | None, timeout: float,
+                  seed: int) -> int | None:
+    """Every numeric option of `tune` checked (a bad one is one line, before anything starts); the trial budget
+    (150 when neither it nor a time budget is given)."""
+    from . import _options
+    from .studies._study import parse_duration
+
+    parse_duration(time_budget)
+    if trials is None and time_budget is None:
+        trials = 150
+    _options.check(_options.Count, trials, "--trials")
+    _options.check(_options.Count, finalists, "--finalists")
+    _options.check(_options.Patience, patience, "--patience")
+    _options.check(_options.Timeout, timeout, "--timeout")
+    _options.check(_options.Seed, seed, "--seed")
+    return trials
 
 
-def _verdict(result: Any, key: dict[str, Any], op: str, margin: float) -> tuple[bool | None, str]:
+def _tune_objective(family: str, shape: str | None, dtype: str | None, chip_name: str | None, backend: str,
+                    landscape: str | None, seed: int, timeout: float, verify: str) -> tuple[Objective, str | None]:
+    """What `tune` searches (a family's variants on the chosen back-end and chip, or a replayed landscape) and the
+    note it says first."""
+    from .backends import replays
+    from .studies._storage import StudyKey
+
+    if replays(backend) or landscape:
+        from .studies._replay import Replay
+
+        if not landscape:
+            raise KernsearchError("--backend replay needs --landscape PATH (a KernelTuner cache file)")
+        replay = Replay(landscape, seed=seed).objective(family)
+        chip = StudyKey.of(replay.study_key).chip
+        return replay, f"replaying {landscape}: recorded times measured on {chip}, not here"
+    from .family._space import make_problem
+    from .family._spec import load_family
+    from .studies._objective import KernelObjective
+
+    name, c, note = _pick_backend(backend, chip_name, verify)
+    problem = make_problem(load_family(family), shape, dtype, c)
+    return KernelObjective(problem, c, name, seed=seed, timeout=timeout, verify=verify), note
+
+
+def _refuse_before_searching(objective: Objective, storage: str | None, study: str | None, publish: bool) -> None:
+    """What would fail after the search, refused before it (one line, before the banner): a corrupted storage, a
+    study made for another problem, a publish that could not happen."""
+    from .studies._kernel import KernelVariants
+
+    if publish and not isinstance(objective, KernelVariants):
+        raise KernsearchError("--publish needs a kernel family: replayed landscapes have no kernel to publish")
+    if storage != ":memory:":
+        from .studies._storage import check_storage
+        from .studies._study import check_study
+
+        check_storage(storage)
+        check_study(objective, storage, study)
+    if publish and isinstance(objective, KernelVariants):
+        from .artifacts._artifacts import ArtifactStore
+
+        why = objective.unpublishable()
+        if why:  # nothing this search finds could be published: say so now, not after the search
+            raise KernsearchError(f"--publish: {why}")
+        ArtifactStore().check_writable()  # so is a store no publish could write (not after the search)
+
+
+def _print_tune(result: StudyResult, objective: Objective, margin: float, outcome: PublishOutcome | None,
+                as_json: bool) -> None:
+    """The search's result: tables and the verdict, or (``--json``) the machine-readable form."""
+    import json
+
+    from .studies._storage import StudyKey
     from .studies._tune import verdict
 
-    v = verdict(result, key, op, margin)
-    return v.beats, v.text
+    family = getattr(objective, "family", None)
+    judged = verdict(result, StudyKey.of(objective.study_key), family.baseline_name if family else "the MLX op",
+                     margin)
+    if as_json:
+        data = result.to_dict()
+        data["winner"] = asdict_or_none(result.best)
+        data["beats_baseline"] = judged.beats
+        data["verdict"] = judged.text
+        if outcome is not None:
+            data["publish"] = {"published": outcome.published, "version": outcome.version,
+                               "reason": outcome.reason, "key": outcome.key}
+        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+        return
+    _print_result(result)
+    out.print(judged.text, soft_wrap=True, markup=False)
+    if outcome is not None:
+        state = f"published as {outcome.version}" if outcome.published else "not published"
+        out.print(f"artifact {outcome.key}: {state} ({outcome.reason})", soft_wrap=True)
+
+
+def _say_if_the_model_cannot_rank(objective: Objective) -> None:
+    """A family the performance model predicts flat: one warning line before the search (``model_note``)."""
+    from .studies._kernel import KernelVariants
+
+    text = objective.model_note() if isinstance(objective, KernelVariants) else None
+    if text:
+        _warn_line(text)
 
 
 def asdict_or_none(obj: Any) -> dict[str, Any] | None:
@@ -867,7 +909,7 @@ def asdict_or_none(obj: Any) -> dict[str, Any] | None:
 
 def _run_with_progress(display: Display, objective: Objective, trials: int | None, time_budget: str | None,
                        patience: int | None, sampler: str, seed: int | None, storage: str | None, study: str | None,
-                       finalists: int) -> StudyResult:
+                       finalists: int, stop: Callable[[], bool] | None = None) -> StudyResult:
     """The search as a step of ``display``: a bar on a terminal; through a pipe, a whole line for every new best
     and at least every few seconds (never cut at 80 columns). Trial numbers are the study's, as in the tables."""
     from ._progress import LINE_EVERY, seconds
@@ -896,7 +938,7 @@ def _run_with_progress(display: Display, objective: Objective, trials: int | Non
                          f"failed: {fails}")
 
         return run_study(objective, trials=trials, time_budget=time_budget, patience=patience, sampler=sampler,
-                         seed=seed, storage=storage, study_name=study, finalists=finalists, progress=show)
+                         seed=seed, storage=storage, study_name=study, finalists=finalists, progress=show, stop=stop)
 
 
 def _print_result(result: StudyResult) -> None:
@@ -967,9 +1009,9 @@ def show(study: str = typer.Argument(..., help="study name (see `kernsearch stud
         raise KernsearchError(f"no study {study!r} in this storage (see `kernsearch studies`)")
     s = optuna.load_study(study_name=study, storage=store)
     trials = s.get_trials(deepcopy=False)
-    status = Counter(t.user_attrs.get("status", "running") for t in trials)
+    status = Counter(str(t.user_attrs.get("status", TrialStatus.RUNNING)) for t in trials)
     reasons = Counter(t.user_attrs.get("failure", {}).get("reason", "?") for t in trials
-                      if t.user_attrs.get("status") == "failed")
+                      if t.user_attrs.get("status") == TrialStatus.FAILED)
     rows = _top(s, top)
     attrs = s.user_attrs
     final = FinalRound.from_dict(attrs.get("final"))
@@ -994,15 +1036,17 @@ def show(study: str = typer.Argument(..., help="study name (see `kernsearch stud
 
 def _trial_counts(status: Any, reasons: Any) -> str:
     """Counted as `tune` counts: configs evaluated (ok + failed); proposals that ran nothing said apart."""
-    ok, failed = status.get("ok", 0), status.get("failed", 0)
+    ok, failed = status.get(TrialStatus.OK, 0), status.get(TrialStatus.FAILED, 0)
     text = f"configs evaluated: {ok + failed} ({ok} ok, {failed} failed"
     text += (": " + ", ".join(f"{k} {v}" for k, v in reasons.most_common()) + ")") if reasons else ")"
     notrun = []
-    if status.get("known"):
-        notrun.append(f"{status['known']} repeats of evaluated configs (answered from the study, not run again)")
-    if status.get("invalid"):
-        notrun.append(f"{status['invalid']} invalid (rejected by a constraint before compiling)")
-    others = [f"{k} {v}" for k, v in status.most_common() if k not in ("ok", "failed", "known", "invalid")]
+    if status.get(TrialStatus.KNOWN):
+        notrun.append(f"{status[TrialStatus.KNOWN]} repeats of evaluated configs (answered from the study, not run "
+                      "again)")
+    if status.get(TrialStatus.INVALID):
+        notrun.append(f"{status[TrialStatus.INVALID]} invalid (rejected by a constraint before compiling)")
+    others = [f"{k} {v}" for k, v in status.most_common()
+              if k not in (TrialStatus.OK, TrialStatus.FAILED, TrialStatus.KNOWN, TrialStatus.INVALID)]
     if notrun:
         text += " · proposals not run: " + ", ".join(notrun)
     if others:
@@ -1082,11 +1126,11 @@ def predict(family: str = typer.Argument(..., help=FAMILY_HELP),
     """Predict one variant's time with the performance model: modeled, never a measurement."""
     import json
 
-    from .backends import get_backend
+    from .backends import PREDICTOR, get_backend
 
     _, c, problem, sp = problem_and_space(family, shape, dtype, chip_name)
     cfg = sp.validate(sp.parse_config(config))
-    b = get_backend("model", chip=c).breakdown(sp, cfg)
+    b = get_backend(PREDICTOR, chip=c).breakdown(sp, cfg)
     if as_json:
         sys.stdout.write(json.dumps({"config": cfg, **b}) + "\n")
         return

@@ -283,16 +283,17 @@ def test_step_process_that_dies_is_a_crash_worth_one_retry(tmp_path: Path, monke
 @pytest.mark.slow
 def test_tune_step_resumes_the_study_with_trials_per_night(tmp_path: Path) -> None:
     from kernsearch.flows._jobs import JobOptions
-    from kernsearch.flows._steps import run_step
+    from kernsearch.flows._steps import Tuned, run_step
 
     options = JobOptions(trials=3, trials_per_night=2, sampler="random", finalists=1).model_dump()
     payload = {"family": "gemm", "shape": [32, 32, 32], "dtype": "float16", "chip": "M2 Max", "backend": "model",
                "storage": f"sqlite:///{tmp_path / 'studies.db'}", "options": options}
-    first = run_step("tune", payload, timeout=300)
-    second = run_step("tune", payload, timeout=300)
-    assert first["evaluated"] == 2 and second["evaluated"] == 3  # +2 a night, never beyond `trials`
-    assert first["study"] == second["study"] == "gemm/M2 Max/float16/32x32x32/model"  # the same study resumed
-    assert second["evidence"] == "modeled" and second["checks"][0]["verifier"] == "interpreter"
+    first = Tuned.from_json(run_step("tune", payload, timeout=300))
+    second = Tuned.from_json(run_step("tune", payload, timeout=300))
+    assert first.evaluated == 2 and second.evaluated == 3  # +2 a night, never beyond `trials`
+    assert first.study == second.study == "gemm/M2 Max/float16/32x32x32/model"  # the same study resumed
+    assert second.evidence == "modeled" and second.winner.proof is not None
+    assert second.winner.proof.verifier == "interpreter" and "32x32x32" in second.winner.proof.shapes
 
 
 @pytest.mark.slow
@@ -321,6 +322,9 @@ def test_a_job_can_have_every_trial_verified_on_the_interpreter(tmp_path: Path) 
 def test_measured_winner_is_published_with_the_detected_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The publish task (called as a plain function): measured evidence carries this machine's device_info."""
     from kernsearch import ArtifactStore, KernsearchError, load_family
+    from kernsearch._records import ModeFigures, Proof, Winner
+    from kernsearch._vocabulary import Evidence, Verifier
+    from kernsearch.flows._steps import Tuned, Verified
     from kernsearch.artifacts._artifacts import ArtifactKey
     from kernsearch.flows import nightly
     from kernsearch.hardware._chips import chip_from_device_info
@@ -332,17 +336,16 @@ shapes = ["64,64,64"]
 dtypes = ["float16"]
 chips = ["H100"]
 """)).units("H100")
-    tuned = {"evidence": "measured", "median_ms": 0.02, "spread": 0.01, "best": {},
-             "config": dict(load_family("gemm").default),
-             "study": "gemm/H100/float16/64x64x64/cuda", "baseline_median_ms": 0.03,
-             "baseline_spread": 0.01, "speedup_low": 1.45, "speedup_high": 1.55,
-             "checks": [{"shape": [64, 64, 64], "verifier": "device", "max_abs_err": 0.001, "max_rel_err": None}]}
-    verified = {"checks": [{"shape": [68, 68, 68], "verifier": "device", "max_abs_err": 0.002, "max_rel_err": 0.001}],
-                "skipped": []}
+    winner = Winner(0, dict(load_family("gemm").default), Evidence.MEASURED, 0.02, 0.01,
+                    "gemm/H100/float16/64x64x64/cuda", Proof(Verifier.DEVICE, ("64x64x64",), 0.001),
+                    baseline_median_ms=0.03, baseline_spread=0.01, speedup_low=1.45, speedup_high=1.55,
+                    modes={m: ModeFigures(0.02, 0.03, 1.5, 1.45, 1.55) for m in ("graph", "eager")}, weight_sets=4)
+    tuned = Tuned(winner.study, Evidence.MEASURED, 1, {}, "trial budget reached", winner)
+    verified = Verified(Proof(Verifier.DEVICE, ("68x68x68",), 0.002, 0.001))
     here = chip_from_device_info({"architecture": "sm_90", "device_name": "NVIDIA H100 80GB HBM3"})  # MLX's report
     monkeypatch.setattr(nightly, "_machine", lambda chip: (here, here))
     out = nightly.publish_task.fn(unit, "cuda", tuned, verified, str(tmp_path / "store"))
-    assert out["published"] and out["version"] == "v1"
+    assert out["published"] and out["version"] == "v1", out
     m = ArtifactStore(tmp_path / "store").load(ArtifactKey("gemm", "H100", "float16", (64, 64, 64))).manifest
     assert m.evidence == "measured" and m.chip.detected["device_name"] == "NVIDIA H100 80GB HBM3"
     assert m.kernel.target == "cuda" and m.measurements.speedup == pytest.approx(1.5)

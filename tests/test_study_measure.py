@@ -7,6 +7,8 @@ import ctypes
 import os
 import time
 
+from typing import Any
+
 import pytest
 
 from kernsearch import KernsearchError
@@ -147,21 +149,27 @@ def test_metal_backend_refuses_cleanly_without_metal():
         backend.check_available()
 
 
+def _timings(finalists: list[list[float]], baseline: list[float]) -> Any:
+    """The final round's samples in graph mode only (as a final round without eager timing would give)."""
+    from kernsearch._records import FinalTimings, ModeSamples
+
+    return FinalTimings({"graph": ModeSamples(tuple(map(tuple, finalists)), tuple(baseline))})
+
+
 def test_judge_picks_the_fastest_finalist_and_reports_the_speedup():
-    from kernsearch.studies._objective import _judge
+    from kernsearch.studies._final import judge
     from kernsearch.studies._study import TrialSummary
 
     top = [TrialSummary(5, {"a": 1}, 1.0, "measured"), TrialSummary(9, {"a": 2}, 1.1, "measured")]
-    out = {"finalists": [[1.30, 1.31, 1.29, 1.30], [1.00, 1.01, 0.99, 1.00]], "baseline": [2.0, 2.02, 1.98, 2.0]}
-    judged = _judge(top, out)
+    judged = judge(top, _timings([[1.30, 1.31, 1.29, 1.30], [1.00, 1.01, 0.99, 1.00]], [2.0, 2.02, 1.98, 2.0]))
     assert judged.winner == 9  # re-measured, the second leader is faster
     assert judged.lead_exceeds_noise and judged.beats_baseline
     assert judged.speedup == pytest.approx(2.0) and judged.speedup_low <= 2.0 <= judged.speedup_high
-    tie = _judge(top, {"finalists": [[1.0, 1.1, 0.9], [1.0, 1.05, 0.95]], "baseline": [1.0, 1.1, 0.9]})
+    tie = judge(top, _timings([[1.0, 1.1, 0.9], [1.0, 1.05, 0.95]], [1.0, 1.1, 0.9]))
     assert tie.lead_exceeds_noise is False and tie.beats_baseline is False
     stored = judged.to_dict()  # the form stored on the study and printed by `tune --json`, as it always was
     assert list(stored) == ["winner", "finalists", "lead_exceeds_noise", "baseline_median_ms", "baseline_spread",
-                            "speedup", "speedup_low", "speedup_high", "beats_baseline"]
+                            "speedup", "speedup_low", "speedup_high", "beats_baseline", "modes"]
     assert stored["winner"] == 9 and set(stored["finalists"]) == {"5", "9"}
     assert set(stored["finalists"]["9"]) == {"median_ms", "spread"}
 

@@ -281,7 +281,7 @@ def test_a_measured_search_compares_every_output_on_the_device(tmp_path: Path) -
 
 def test_a_template_typo_fails_with_the_template_file_and_line_in_the_tunes_checks(tmp_path: Path) -> None:
     from kernsearch._errors import VariantFailure
-    from kernsearch.evaluation._measure import VariantTask, verify_variant
+    from kernsearch.variants._tasks import VariantTask, verify_variant
 
     folder = copy_family(tmp_path, template=("const float scale = rsqrt(", "const float scale = rsqrtt("))
     line = 1 + next(i for i, t in enumerate((folder / "residual_rmsnorm.metal.j2").read_text().splitlines())

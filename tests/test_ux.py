@@ -74,7 +74,7 @@ def test_replay_study_key_names_a_chip_and_no_dash_dtype(tmp_path) -> None:
     writer.add({"block_size_x": 64}, [0.9, 0.95])
     writer.save()
     key = Replay(str(land)).objective("pnpoly").study_key
-    assert key["chip"] == "RTX 3090" and key["dtype"] == "unknown-dtype" and key["backend"] == "replay"
+    assert key.chip == "RTX 3090" and key.dtype == "unknown-dtype" and key.backend == "replay"
 
 
 def test_tune_without_a_compiler_refuses_before_searching(tmp_path) -> None:

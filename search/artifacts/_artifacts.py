@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _lockfile
 from .. import _safeio
-from ._candidate import _VERSION, ArtifactKey, Candidate
+from ._candidate import _VERSION, ArtifactKey, Candidate, Draft
 from ._candidate import draft_manifest as _draft_manifest
 from .._errors import KernsearchError
 from ._gate import gate, loses_to_baseline
@@ -419,8 +419,7 @@ class ArtifactStore:
         except _safeio.UnsafeFile as exc:
             raise ArtifactError(f"cannot publish to {self.key_dir(candidate.key)}: {exc}") from None
 
-    def _publish(self, candidate: Candidate, draft: dict[str, Any], min_gain: float,
-                 margin: float) -> PublishOutcome:
+    def _publish(self, candidate: Candidate, draft: Draft, min_gain: float, margin: float) -> PublishOutcome:
         key = candidate.key
         self._check_indexed()
         self.index.check_appendable()
@@ -429,7 +428,7 @@ class ArtifactStore:
             if not candidate.correctness.passed:
                 return self._reject(key, draft, "failed verification: a variant that is not correct is "
                                     "never published")
-            loses = loses_to_baseline(draft, candidate.family.baseline_name, margin,
+            loses = loses_to_baseline(draft.evidence, draft.measurements, candidate.family.baseline_name, margin,
                                       modes=candidate.family.consumer_modes)
             if loses:
                 return self._reject(key, draft, f"recorded, not dispatched: {loses}")
@@ -438,8 +437,7 @@ class ArtifactStore:
             if not ok:
                 return self._reject(key, draft, reason, current.version if current else None)
             version = f"v{_next_number(self.versions(key) + self.misplaced(key) + self._recorded(key))}"
-            manifest = Manifest(**draft, version=version, published_at=utcnow(),
-                                gate=GateRecord(reason=reason, replaced=current.version if current else None))
+            manifest = draft.manifest(version, GateRecord(reason=reason, replaced=current.version if current else None))
             family = self._keep_family(candidate, manifest)
             text = manifest.to_json()
             content = content_sha256(text, candidate.kernel.header, candidate.kernel.source)
@@ -627,7 +625,7 @@ class ArtifactStore:
                 op, modes = fam.baseline_name, tuple(fam.consumer_modes)
             except KernsearchError:
                 op, modes = "the MLX op", ("graph", "eager")
-            why = loses_to_baseline(m.model_dump(), op, margin, version=pointer.version, modes=modes)
+            why = loses_to_baseline(m.evidence, m.measurements, op, margin, version=pointer.version, modes=modes)
             if why:
                 self.invalidate(key, f"re-judged: {why}")
                 done.append((key, why))
@@ -781,7 +779,7 @@ class ArtifactStore:
         else:
             self._write_pointer(key, pointer)
 
-    def _reject(self, key: ArtifactKey, draft: dict[str, Any], reason: str,
+    def _reject(self, key: ArtifactKey, draft: Draft, reason: str,
                 current: str | None = None) -> PublishOutcome:
         self._log(key, "rejected", None, reason, draft)
         pointer = None
@@ -789,15 +787,13 @@ class ArtifactStore:
             pointer = self.pointer(key)
         return PublishOutcome(False, None, reason, key.path, pointer.version if pointer else current)
 
-    def _log(self, key: ArtifactKey, outcome: str, version: str | None, reason: str,
-             draft: dict[str, Any] | None) -> None:
+    def _log(self, key: ArtifactKey, outcome: str, version: str | None, reason: str, draft: Draft | None) -> None:
         entry: dict[str, Any] = {"time": utcnow().isoformat(), "outcome": outcome, "version": version,
                                  "reason": reason}
         if draft is not None:
-            m = draft.get("measurements")
-            entry |= {"evidence": draft["evidence"], "median_ms": m.median_ms if m else None,
-                      "study": draft.get("study"), "source_sha256": draft["source_sha256"],
-                      "config": draft["config"]}
+            m = draft.measurements
+            entry |= {"evidence": draft.evidence, "median_ms": m.median_ms if m else None, "study": draft.study,
+                      "source_sha256": draft.source_sha256, "config": draft.config}
         try:
             _safeio.append_line(self.key_dir(key) / JOURNAL, json.dumps(entry) + "\n")
         except _safeio.UnsafeFile as exc:

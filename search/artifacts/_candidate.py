@@ -1,6 +1,9 @@
 """What a search offers the artifact store: a :class:`Candidate` and the key (:class:`ArtifactKey`) it
-belongs to, and the manifest fields drafted from it (:func:`draft_manifest`), which both the store's gate
+belongs to, and the manifest it drafts (:class:`Draft`, :func:`draft_manifest`), which both the store's gate
 and the re-check of a loaded manifest (``_recheck``) use.
+
+Every publish drafts its candidate from a search's :class:`~kernsearch._records.Winner` with
+:meth:`Candidate.from_winner` (``kernsearch tune --publish``, the nightly flow and ``TuneResult.publish`` alike).
 """
 
 from __future__ import annotations
@@ -11,13 +14,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .._records import Winner
+from .._vocabulary import EVIDENCE_RANK, Evidence
 from ._manifest import (
-    EVIDENCE_RANK,
+    SCHEMA_VERSION,
     ArtifactError,
     ChipIdentity,
     Correctness,
     KernelInfo,
     LaunchGeometry,
+    GateRecord,
+    Manifest,
     Measurements,
     ProblemInfo,
     TemplateInfo,
@@ -31,7 +38,6 @@ if TYPE_CHECKING:
     from ..hardware._chips import Chip
     from ..family._space import Config, Space
     from ..family._spec import Family
-    from ..backends._base import Evidence
 
 _VERSION = re.compile(r"^v([1-9][0-9]*)$")
 _PART = re.compile(r"^(?!\.)[A-Za-z0-9._-]+$")
@@ -99,12 +105,17 @@ class Candidate:
     kernel: KernelSource
     geometry: Geometry
     correctness: Correctness
-    evidence: Evidence | str
+    evidence: Evidence
     measurements: Measurements | None = None
     study: str | None = None
     created_at: datetime = field(default_factory=utcnow)
     #: Detected at publish time when not given (tests inject one to simulate a toolchain change).
     toolchain: Toolchain | None = None
+
+    def __post_init__(self) -> None:
+        if self.evidence not in EVIDENCE_RANK:
+            raise ArtifactError(f"unknown evidence kind {str(self.evidence)[:40]!r} (measured, interpreted or modeled)")
+        object.__setattr__(self, "evidence", Evidence(self.evidence))  # a kind given by its name is the kind
 
     @classmethod
     def for_config(cls, space: Space, config: Config, *, target: str, correctness: Correctness,
@@ -114,8 +125,23 @@ class Candidate:
         problem = space.problem
         return cls(family=space.family, chip=space.chip, dtype=problem.dtype, shape=problem.shape,
                    config=dict(config), kernel=render(space.family, config, problem.dtype, target),
-                   geometry=geometry(space, config), correctness=correctness, evidence=evidence,
+                   geometry=geometry(space, config), correctness=correctness, evidence=Evidence(evidence),
                    measurements=measurements, study=study, toolchain=toolchain)
+
+    @classmethod
+    def from_winner(cls, winner: Winner, space: Space, *, target: str,
+                    toolchain: Toolchain | None = None) -> Candidate:
+        """The candidate of a search's winner on ``space`` (its problem, on the chip it was tuned or measured on),
+        rendered for ``target``: its proof as the correctness, its figures as the measurements (none for
+        interpreted evidence). The one way a search's result becomes a candidate; a winner proven nowhere is
+        refused (one line)."""
+        if winner.proof is None:
+            raise ArtifactError(f"the winner (trial {winner.number}) was not verified"
+                                + (f": {winner.unproven}" if winner.unproven else "") + ": refusing to publish it")
+        measurements = None if winner.evidence == Evidence.INTERPRETED else Measurements.of(winner)
+        return cls.for_config(space, winner.config, target=target, correctness=Correctness.of(winner.proof),
+                              evidence=winner.evidence, measurements=measurements, study=winner.study,
+                              toolchain=toolchain)
 
     @property
     def key(self) -> ArtifactKey:
@@ -123,21 +149,50 @@ class Candidate:
 
     @property
     def evidence_kind(self) -> str:
-        return str(getattr(self.evidence, "value", self.evidence))
+        return self.evidence.value
 
 
-def draft_manifest(c: Candidate) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Draft:
+    """Every field of a candidate's manifest but its version, gate record and publication time: what the gate
+    decides on, what the journal records of an attempt, and what the re-check of a loaded version compares."""
+
+    family: str
+    key: str
+    kernel: KernelInfo
+    source_sha256: str
+    template: TemplateInfo
+    config: dict[str, Any]
+    geometry: LaunchGeometry
+    chip: ChipIdentity
+    toolchain: Toolchain
+    problem: ProblemInfo
+    evidence: Evidence
+    measurements: Measurements | None
+    correctness: Correctness
+    study: str | None
+    created_at: datetime
+
+    def manifest(self, version: str, gate: GateRecord) -> Manifest:
+        """The manifest of this draft published as ``version`` (now), with the gate's reason."""
+        return Manifest(schema_version=SCHEMA_VERSION, family=self.family, version=version, key=self.key,
+                        kernel=self.kernel, source_sha256=self.source_sha256, template=self.template,
+                        config=self.config, geometry=self.geometry, chip=self.chip, toolchain=self.toolchain,
+                        problem=self.problem, evidence=self.evidence.value, measurements=self.measurements,
+                        correctness=self.correctness, study=self.study, created_at=self.created_at,
+                        published_at=utcnow(), gate=gate)
+
+
+def draft_manifest(c: Candidate) -> Draft:
     """Every manifest field but version, gate and published_at; refuses inconsistent candidates."""
     from ..family._space import Space, make_problem
 
-    fam, kind = c.family, c.evidence_kind
-    if kind not in EVIDENCE_RANK:
-        raise ArtifactError(f"unknown evidence kind {kind!r} (measured, interpreted or modeled)")
-    if kind == "measured" and (c.chip.vendor == "cpu" or not c.chip.detected):
+    fam, kind = c.family, c.evidence
+    if kind == Evidence.MEASURED and (c.chip.vendor == "cpu" or not c.chip.detected):
         raise ArtifactError(f"measured evidence needs a GPU detected on the machine that timed it (the Chip "
                             f"from detect_chip(), carrying mx.device_info()); chip {c.chip.name} was "
                             f"{'named, not detected' if not c.chip.detected else 'a CPU'}")
-    if kind == "measured":
+    if kind == Evidence.MEASURED:
         import warnings
 
         from ..hardware._chips import chip_from_device_info
@@ -148,9 +203,9 @@ def draft_manifest(c: Candidate) -> dict[str, Any]:
         if (seen.vendor, seen.lineage) != (c.chip.vendor, c.chip.lineage):
             raise ArtifactError(f"chip {c.chip.name} does not match the device that timed it "
                                 f"({c.chip.detected.get('device_name')}, {c.chip.detected.get('architecture')})")
-    if kind == "interpreted" and c.measurements is not None:
+    if kind == Evidence.INTERPRETED and c.measurements is not None:
         raise ArtifactError("interpreted evidence is correctness only: drop the measurements or call them modeled")
-    if kind != "interpreted" and c.measurements is None:
+    if kind != Evidence.INTERPRETED and c.measurements is None:
         raise ArtifactError(f"{kind} evidence needs measurements (median, spread, samples)")
     if c.kernel.target not in fam.templates:
         raise ArtifactError(f"family {fam.name} has no {c.kernel.target} template")
@@ -170,28 +225,26 @@ def draft_manifest(c: Candidate) -> dict[str, Any]:
                             "this config (stale template or edited source)")
     template_file = fam.template_path(c.kernel.target)
     suffix = get_target(c.kernel.target).suffix
-    return {
-        "schema_version": 2,
-        "family": fam.name,
-        "key": c.key.path,
-        "kernel": KernelInfo(name=c.kernel.name, target=c.kernel.target, input_names=list(c.kernel.input_names),
-                             output_names=list(c.kernel.output_names),
-                             template=[tuple(t) for t in c.kernel.template],
-                             header_file=f"header.{suffix}", source_file=f"source.{suffix}"),
-        "source_sha256": sha,
-        "template": TemplateInfo(file=template_file.name, sha256=hashlib.sha256(_template_bytes(fam, c)).hexdigest()),
-        "config": dict(c.config),
-        "geometry": LaunchGeometry.of(c.geometry),
-        "chip": ChipIdentity.of(c.chip),
-        "toolchain": c.toolchain or Toolchain.detect(),
-        "problem": ProblemInfo(family=fam.name, dims=problem.dims, shape=list(problem.shape), dtype=problem.dtype,
-                               flops=problem.flops(), bytes=problem.bytes()),
-        "evidence": kind,
-        "measurements": c.measurements,
-        "correctness": c.correctness,
-        "study": c.study,
-        "created_at": c.created_at,
-    }
+    return Draft(
+        family=fam.name,
+        key=c.key.path,
+        kernel=KernelInfo(name=c.kernel.name, target=c.kernel.target, input_names=list(c.kernel.input_names),
+                          output_names=list(c.kernel.output_names), template=[tuple(t) for t in c.kernel.template],
+                          header_file=f"header.{suffix}", source_file=f"source.{suffix}"),
+        source_sha256=sha,
+        template=TemplateInfo(file=template_file.name, sha256=hashlib.sha256(_template_bytes(fam, c)).hexdigest()),
+        config=dict(c.config),
+        geometry=LaunchGeometry.of(c.geometry),
+        chip=ChipIdentity.of(c.chip),
+        toolchain=c.toolchain or Toolchain.detect(),
+        problem=ProblemInfo(family=fam.name, dims=problem.dims, shape=list(problem.shape), dtype=problem.dtype,
+                            flops=problem.flops(), bytes=problem.bytes()),
+        evidence=kind,
+        measurements=c.measurements,
+        correctness=c.correctness,
+        study=c.study,
+        created_at=c.created_at,
+    )
 
 
 def _template_bytes(fam: Family, c: Candidate) -> bytes:

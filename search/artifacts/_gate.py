@@ -5,30 +5,34 @@ A candidate that failed verification is refused (by the store, before the gate);
 replaces a higher one (modeled never replaces measured); otherwise a candidate becomes current if there is no
 current version, the current one is invalidated (explicitly, unreadable, or measured with a different compile
 toolchain or on a different device), or it is faster by more than the measured noise. Pure functions of the
-draft manifest and the current one: the store (:mod:`kernsearch.artifacts._artifacts`) reads, locks and writes.
+draft manifest (:class:`~kernsearch.artifacts._candidate.Draft`) and the current one: the store
+(:mod:`kernsearch.artifacts._artifacts`) reads, locks and writes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._manifest import EVIDENCE_RANK, MODELED_POLICY, Manifest, Measurements
-from .._rules import DEFAULT_MARGIN, beats_op, consumer_low, modes_text
-from .._vocabulary import CONSUMER_MODES
+from .._rules import DEFAULT_MARGIN, beats_op, consumer_low, identity_changes, modes_text
+from .._vocabulary import CONSUMER_MODES, EVIDENCE_RANK, Evidence
+from ._manifest import MODELED_POLICY, Manifest, Measurements
+
+if TYPE_CHECKING:
+    from ._candidate import Draft
 
 
-def loses_to_baseline(draft: dict[str, Any], op: str, margin: float = DEFAULT_MARGIN,
+def loses_to_baseline(evidence: str, measurements: Measurements | None, op: str, margin: float = DEFAULT_MARGIN,
                       version: str | None = None, modes: Sequence[str] = CONSUMER_MODES) -> str:
-    """Why a measured result may not be dispatched ('' when it beats the op by more than the margin)."""
-    if draft["evidence"] != "measured":
-        return ""  # modeled / interpreted results are never dispatched by default anyway (docs/artifacts.md)
-    given = draft.get("measurements")
-    m: dict[str, Any] = given.model_dump() if isinstance(given, Measurements) else dict(given or {})
+    """Why a result may not be dispatched ('' when it beats the op by more than the margin, or is not measured:
+    modeled and interpreted results are never dispatched by default anyway, docs/artifacts.md)."""
+    if evidence != Evidence.MEASURED:
+        return ""
+    m = measurements
     what = f"{version} " if version else ""
-    if not m.get("baseline_median_ms") or m.get("speedup_low") is None:
+    if m is None or not m.baseline_median_ms or m.speedup_low is None:
         return f"{what}has no measured speedup over {op} (the baseline was not timed in the same run)"
-    figures = m.get("modes") or None
+    figures: dict[str, Any] | None = {mode.value: t.model_dump() for mode, t in m.modes.items()} if m.modes else None
     low = consumer_low(figures, tuple(modes))
     if low is None:
         return (f"{what}was not timed as consumers call it (no {' and '.join(modes)} figures through the "
@@ -39,20 +43,17 @@ def loses_to_baseline(draft: dict[str, Any], op: str, margin: float = DEFAULT_MA
             f"above {1 + margin:.2f}x)")
 
 
-def gate(draft: dict[str, Any], current: Manifest | None, invalid: str | None,
-         min_gain: float = 0.0) -> tuple[bool, str]:
+def gate(draft: Draft, current: Manifest | None, invalid: str | None, min_gain: float = 0.0) -> tuple[bool, str]:
     """Decide whether a (correct) candidate replaces the current version; returns (publish, reason). A modeled
     candidate that becomes current says what that means (:data:`MODELED_POLICY`)."""
     publish, reason = _gate(draft, current, invalid, min_gain)
-    if publish and draft["evidence"] == "modeled":
+    if publish and draft.evidence == Evidence.MODELED:
         reason += f"; {MODELED_POLICY}"
     return publish, reason
 
 
-def _gate(draft: dict[str, Any], current: Manifest | None, invalid: str | None,
-          min_gain: float = 0.0) -> tuple[bool, str]:
-    evidence: str = draft["evidence"]
-    new: Measurements | None = draft.get("measurements")
+def _gate(draft: Draft, current: Manifest | None, invalid: str | None, min_gain: float = 0.0) -> tuple[bool, str]:
+    evidence, new = draft.evidence, draft.measurements
     if current is None:
         return True, f"{invalid}; replaced by a correct {evidence} result" if invalid else \
             f"first version for this key ({evidence})"
@@ -62,7 +63,7 @@ def _gate(draft: dict[str, Any], current: Manifest | None, invalid: str | None,
     if new_rank < old_rank:
         return False, (f"{evidence} results never replace {current.evidence} ones "
                        f"(current {current.version} is {current.evidence})")
-    if current.evidence == "measured":
+    if current.evidence == Evidence.MEASURED:
         changed = _identity_changes(current, draft)
         if changed:
             return True, f"current {current.version} invalidated: {changed}"
@@ -71,9 +72,14 @@ def _gate(draft: dict[str, Any], current: Manifest | None, invalid: str | None,
                           "launches only")
     if new_rank > old_rank:
         return True, f"{evidence} result replaces {current.evidence} {current.version}"
-    old = current.measurements
+    return _faster(draft, current, min_gain)
+
+
+def _faster(draft: Draft, current: Manifest, min_gain: float) -> tuple[bool, str]:
+    """Two results of one evidence kind: the new one replaces the current only beyond the measured noise."""
+    new, old = draft.measurements, current.measurements
     if new is None or old is None:
-        return False, (f"no timing to compare ({evidence} evidence is correctness only); "
+        return False, (f"no timing to compare ({draft.evidence} evidence is correctness only); "
                        f"current {current.version} stays")
     gain = (old.median_ms - new.median_ms) / old.median_ms
     noise = max(new.spread, old.spread)
@@ -85,11 +91,11 @@ def _gate(draft: dict[str, Any], current: Manifest | None, invalid: str | None,
     return False, f"not faster than {current.version} beyond the noise: {figures}"
 
 
-def _identity_changes(current: Manifest, draft: dict[str, Any]) -> str:
+def _identity_changes(current: Manifest, draft: Draft) -> str:
     """What changed since the current (measured) version was measured: toolchain or device."""
-    old, new = current.toolchain.timing_identity(), draft["toolchain"].timing_identity()
-    changes = [f"{k} {old[k]} → {new[k]}" for k in old if old[k] != new[k]]
-    old_dev, new_dev = current.chip.detected, draft["chip"].detected
+    changes = identity_changes(current.toolchain.timing_identity(), draft.toolchain.timing_identity(),
+                               known_only=False, arrow="→")
+    old_dev, new_dev = current.chip.detected, draft.chip.detected
     for k in ("architecture", "device_name"):
         if new_dev and old_dev.get(k) != new_dev.get(k):
             changes.append(f"device {k} {old_dev.get(k)} → {new_dev.get(k)}")

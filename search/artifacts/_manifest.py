@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .._errors import KernsearchError
-from ..hardware._targets import TargetName
+from .._records import Proof, Winner
+from .._vocabulary import EVIDENCE_RANK, ConsumerMode, Evidence, TargetName, Verifier
 
 if TYPE_CHECKING:
     from ..hardware._chips import Chip
@@ -31,9 +32,11 @@ SCHEMA_VERSION = 2
 #: Older schemas a reader migrates in memory (``kernsearch artifacts migrate`` rewrites the files).
 MIGRATES_FROM = (1,)
 
-EvidenceKind = Literal["measured", "interpreted", "modeled"]
-#: How much an evidence kind is worth to the regression gate: a lower kind never replaces a higher one.
-EVIDENCE_RANK = {"interpreted": 0, "modeled": 1, "measured": 2}
+#: An evidence kind as a manifest holds it (the vocabulary's ``Evidence``).
+EvidenceKind = Literal[Evidence.MEASURED, Evidence.INTERPRETED, Evidence.MODELED]
+__all__ = ["EVIDENCE_RANK", "MIGRATES_FROM", "MODELED_POLICY", "SCHEMA_VERSION", "ArtifactError", "ChipIdentity",
+           "Correctness", "GateRecord", "KernelInfo", "KeyBusy", "LaunchGeometry", "Manifest", "Measurements",
+           "ModeTiming", "ProblemInfo", "TemplateInfo", "Toolchain", "parse_manifest"]
 #: What happens to a modeled result, in the one wording every place that says it uses (tune, the report, the
 #: gate's reason, export's warning, the docs): a prediction is kept, never taken for a measured win.
 MODELED_POLICY = ("a modeled result is stored and exported, but the exported package dispatches it only when its "
@@ -203,7 +206,7 @@ class Measurements(_Model):
     speedup: float | None = Field(None, gt=0)
     speedup_low: float | None = Field(None, gt=0)
     speedup_high: float | None = Field(None, gt=0)
-    modes: dict[Literal["graph", "eager"], ModeTiming] | None = None
+    modes: dict[Literal[ConsumerMode.GRAPH, ConsumerMode.EAGER], ModeTiming] | None = None
     weight_sets: int | None = Field(None, ge=1)
 
     @model_validator(mode="before")
@@ -215,6 +218,16 @@ class Measurements(_Model):
             if isinstance(base, (int, float)) and isinstance(median, (int, float)) and base > 0 and median > 0:
                 data = {**data, "speedup": base / median}
         return data
+
+    @classmethod
+    def of(cls, winner: Winner) -> Measurements:
+        """A search winner's figures: the final round's where it ran (medians, the speedup's range, each consumer
+        mode), else the trial's own."""
+        return cls(median_ms=winner.median_ms, spread=winner.spread, baseline_median_ms=winner.baseline_median_ms,
+                   baseline_spread=winner.baseline_spread, speedup_low=winner.speedup_low,
+                   speedup_high=winner.speedup_high,
+                   modes={m: f.to_dict() for m, f in winner.modes.items()} or None,  # type: ignore[misc,unused-ignore]
+                   weight_sets=winner.weight_sets)
 
     @classmethod
     def from_timing(cls, timing: Timing, baseline: Timing | None = None) -> Measurements:
@@ -233,12 +246,18 @@ class Measurements(_Model):
 class Correctness(_Model):
     """How the variant was proven correct against the float64 reference."""
 
-    verifier: Literal["device", "interpreter"]
+    verifier: Literal[Verifier.DEVICE, Verifier.INTERPRETER]
     passed: bool
     shapes_checked: list[str] = Field(min_length=1)
     max_abs_error: float = Field(ge=0)
     max_rel_error: float | None = Field(None, ge=0)
     checks_run: int = Field(ge=1)
+
+    @classmethod
+    def of(cls, proof: Proof) -> Correctness:
+        """A passed proof: where, at which shapes (in the order checked), its largest errors, how many checks."""
+        return cls(verifier=proof.verifier, passed=True, shapes_checked=list(proof.shapes),  # type: ignore[arg-type,unused-ignore]
+                   max_abs_error=proof.max_abs_err, max_rel_error=proof.max_rel_err, checks_run=proof.checks)
 
     @classmethod
     def from_checks(cls, verifier: str, checks: list[tuple[str, Check]]) -> Correctness:
@@ -294,9 +313,9 @@ class Manifest(_Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
-        if self.evidence != "interpreted" and self.measurements is None:
+        if self.evidence != Evidence.INTERPRETED and self.measurements is None:
             raise ValueError(f"{self.evidence} evidence needs measurements")
-        if self.evidence == "interpreted" and self.measurements is not None:
+        if self.evidence == Evidence.INTERPRETED and self.measurements is not None:
             raise ValueError("interpreted evidence is correctness only: it carries no timing")
         if not self.correctness.passed:
             raise ValueError("a version that failed verification cannot be an artifact")

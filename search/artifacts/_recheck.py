@@ -21,6 +21,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from .._errors import KernsearchError
+from .._vocabulary import Evidence, Verifier
 from ._manifest import ArtifactError
 from .._options import MAX_GRID, MAX_SHARED_MEMORY, MAX_THREADGROUP
 from ..hardware._targets import target_of
@@ -89,7 +90,7 @@ def _chip(m: Manifest) -> Any:
             raise _fail(m, "an unknown chip's identity does not match its device information")
     else:
         raise _fail(m, "an unknown chip must carry the device information it was detected from")
-    if m.evidence == "measured":
+    if m.evidence == Evidence.MEASURED:
         if m.chip.vendor == "cpu" or not m.chip.detected:
             raise _fail(m, "measured evidence without a detected GPU")
         with warnings.catch_warnings():
@@ -97,7 +98,7 @@ def _chip(m: Manifest) -> Any:
             seen = chip_from_device_info(m.chip.detected)
         if (seen.vendor, seen.lineage) != (m.chip.vendor, tuple(m.chip.lineage)):
             raise _fail(m, "measured evidence from a device that is not this chip")
-        if m.correctness.verifier != "device":
+        if m.correctness.verifier != Verifier.DEVICE:
             raise _fail(m, "measured evidence verified off the device")
     runs = target_of(m.chip.vendor)
     if runs is not None and m.kernel.target != runs:
@@ -175,14 +176,14 @@ def _against_family(m: Manifest, kernel: KernelSource, fam: Family, chip: Any) -
 
     candidate = Candidate(family=fam, chip=chip, dtype=m.problem.dtype, shape=tuple(m.problem.shape),
                           config=config, kernel=kernel, geometry=m.geometry.to_geometry(),
-                          correctness=m.correctness, evidence=m.evidence, measurements=m.measurements,
+                          correctness=m.correctness, evidence=Evidence(m.evidence), measurements=m.measurements,
                           study=m.study, toolchain=Toolchain(**m.toolchain.model_dump()))
     try:
         draft = draft_manifest(candidate)  # the gate's own checks: domains, constraints, geometry, source
     except KernsearchError as exc:
         raise _fail(m, str(exc)) from None
-    if draft["source_sha256"] != m.source_sha256 or draft["problem"] != m.problem:
+    if draft.source_sha256 != m.source_sha256 or draft.problem != m.problem:
         raise _fail(m, "source hash or problem figures differ from what the family gives")
-    if draft["template"] != m.template:
+    if draft.template != m.template:
         raise _fail(m, f"rendered from {m.template.file} sha256 {m.template.sha256[:12]}, but the family it was "
-                       f"published with has sha256 {draft['template'].sha256[:12]}")
+                       f"published with has sha256 {draft.template.sha256[:12]}")

@@ -10,11 +10,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from .._vocabulary import Evidence
 from ..family._render import Geometry, KernelSource
 
 if TYPE_CHECKING:
@@ -22,14 +22,6 @@ if TYPE_CHECKING:
 
 #: ``(launch, sync)``: ``launch(i)`` submits one run on input set ``i``; ``sync()`` waits for the device.
 Launcher = tuple[Callable[[int], object], Callable[[], None]]
-
-
-class Evidence(str, Enum):
-    """What a figure is. Never mixed up: only a real GPU's timing is ``measured``."""
-
-    MEASURED = "measured"  # timed on a real GPU
-    INTERPRETED = "interpreted"  # Metal run on the CPU interpreter: correctness only, never a timing
-    MODELED = "modeled"  # a prediction of the per-chip performance model
 
 
 @dataclass

@@ -10,8 +10,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .._errors import BackendError
+from .._vocabulary import Evidence, Target
 from ..family._render import Geometry, KernelSource
-from ._base import BaseBackend, Diagnostic, Evidence, RunResult
+from ._base import BaseBackend, Diagnostic, RunResult
 
 
 class CpuBackend(BaseBackend):
@@ -26,7 +27,7 @@ class CpuBackend(BaseBackend):
 
     name: ClassVar[str] = "cpu"
     evidence: ClassVar[Evidence] = Evidence.INTERPRETED
-    target: ClassVar[str | None] = "metal"
+    target: ClassVar[str | None] = Target.METAL.value
     interprets: ClassVar[bool] = True
 
     @classmethod
@@ -58,7 +59,7 @@ class CpuBackend(BaseBackend):
         mode = mode or self.mode
         if mode not in MODES:
             raise BackendError(f"unknown cpu back-end mode {mode!r} (known: {', '.join(MODES)})")
-        if kernel.target != "metal":
+        if kernel.target != Target.METAL:
             raise BackendError(f"the cpu back-end runs Metal kernels, not {kernel.target}")
         limit = getattr(chip, "threadgroup_memory_bytes", None) or DEFAULT_TG_LIMIT
         if input_dtypes is None and geometry.input_dtypes:  # the family's typed inputs and parameters

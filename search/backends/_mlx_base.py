@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from .._errors import BackendError, VariantFailure
+from .._vocabulary import Evidence
 from ..family._render import Geometry, KernelSource
-from ._base import BaseBackend, Evidence, RunResult, Timing
+from ._base import BaseBackend, RunResult, Timing
 
 #: A batch keeps every launch's outputs alive until its sync: at most this many bytes of them.
 _MAX_BATCH_OUTPUT_BYTES = 1e9

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 
 from .._errors import BackendError, VariantFailure
+from .._vocabulary import Target
 from ._base import Diagnostic
 from ._mlx_base import MLXBackend, mx_core
 
@@ -31,8 +32,8 @@ def compile_diagnostics(message: str) -> list[Diagnostic]:
 class CudaBackend(MLXBackend):
     """Rendered CUDA kernels through ``mx.fast.cuda_kernel`` (evidence: measured)."""
 
-    name = "cuda"
-    target = "cuda"
+    name = Target.CUDA.value  # the measuring back-ends are named after the target they run
+    target = Target.CUDA.value
     default_cache_bytes = 50e6  # the H100's L2
     default_memory_budget_bytes = 4e9
     compile_cache_on_disk = True  # NVRTC output is cached on disk by kernel name (see the module doc)

@@ -10,14 +10,15 @@ CI) the back-end refuses with a one-line reason.
 from __future__ import annotations
 
 from .._errors import BackendError
+from .._vocabulary import Target
 from ._mlx_base import MLXBackend, mx_core
 
 
 class MetalBackend(MLXBackend):
     """Rendered Metal kernels through ``mx.fast.metal_kernel`` (evidence: measured)."""
 
-    name = "metal"
-    target = "metal"
+    name = Target.METAL.value  # the measuring back-ends are named after the target they run
+    target = Target.METAL.value
     #: The study passes the chip's system-level cache; this is an M-series Max's.
     default_cache_bytes = 48e6
 

@@ -31,11 +31,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .._errors import BackendError, ConfigError, SpecError
+from .._vocabulary import Evidence
 from ..family._expr import ExprError
 from ..family._render import Geometry, KernelSource
 from ..family._space import Config, Space
 from ..hardware._chips import Chip, core_tables, get_chip
-from ._base import BaseBackend, Evidence, RunResult, Timing
+from ._base import BaseBackend, RunResult, Timing
 
 #: ``[model]`` keys the model reads; other keys are helpers that some of these must read.
 REQUIRED = ("threadgroups", "flops", "cache_bytes")

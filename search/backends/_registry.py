@@ -6,12 +6,13 @@ from importlib import import_module
 from typing import Any
 
 from .._errors import BackendError
+from .._vocabulary import Target
 from ._base import BaseBackend
 
 #: name -> "module:Class", imported lazily.
-BACKENDS = {
-    "metal": "._mlx_metal:MetalBackend",  # mx.fast.metal_kernel on Apple GPUs: measured
-    "cuda": "._mlx_cuda:CudaBackend",  # mx.fast.cuda_kernel on NVIDIA GPUs: measured
+BACKENDS = {  # the measuring back-ends are named after the target they run
+    Target.METAL.value: "._mlx_metal:MetalBackend",  # mx.fast.metal_kernel on Apple GPUs: measured
+    Target.CUDA.value: "._mlx_cuda:CudaBackend",  # mx.fast.cuda_kernel on NVIDIA GPUs: measured
     "cpu": "._cpu:CpuBackend",  # the Metal interpreter: interpreted (correctness only)
     "model": "._model:ModelBackend",  # the per-chip performance model: modeled
 }

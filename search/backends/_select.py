@@ -10,6 +10,7 @@ from ._registry import BACKENDS, backend_class
 
 if TYPE_CHECKING:
     from ..hardware._chips import Chip
+    from ._base import BaseBackend
 
 #: ``--backend auto``: measure on the GPU here when results are wanted for it, else predict.
 AUTO = "auto"
@@ -18,6 +19,8 @@ AUTO = "auto"
 REPLAY = "replay"
 #: What ``auto`` falls back to: the per-chip performance model.
 PREDICTOR = "model"
+#: What ``kernsearch verify`` runs by default: the Metal interpreter (correctness only).
+INTERPRETER = "cpu"
 
 
 @dataclass(frozen=True)
@@ -55,30 +58,48 @@ def measuring_backend(chip: Chip) -> str | None:
     return None
 
 
-def select_backend(choice: str, chip: str | None = None, *, detected: Chip | None = None,
+def chip_for(cls: type[BaseBackend], chip: str | Chip | None = None, *, detected: Chip | None = None) -> Chip:
+    """The chip the results of a back-end of class ``cls`` are for: a measuring back-end's, the GPU here (whatever
+    is named: a measurement belongs to the GPU it ran on); any other's, the chip named, else the GPU here where it
+    runs what the back-end runs (the model: any GPU; the interpreter: one that runs its target), else the default
+    M-series chip. ``detected``: the chip here, when the caller has detected it already (else detection runs
+    only where needed; it may warn). Every command, the library's ``tune`` and the nightly flow resolve chips
+    here."""
+    from ..hardware._chips import Chip, default_apple_chip, get_chip, resolve_chip
+    from ..hardware._targets import target_of
+
+    if cls.measures_device:
+        return detected if detected is not None else resolve_chip(None)
+    if chip:
+        return chip if isinstance(chip, Chip) else get_chip(chip)
+    here = detected if detected is not None else resolve_chip(None)
+    runs = here.vendor != "cpu" and (cls.target is None or target_of(here.vendor) == cls.target)
+    return here if runs else default_apple_chip()
+
+
+def select_backend(choice: str, chip: str | Chip | None = None, *, detected: Chip | None = None,
                    verify: str = "finalists") -> Selection:
-    """The back-end for ``choice`` and the chip its results are for.
+    """The back-end for ``choice`` and the chip its results are for (:func:`chip_for`).
 
     ``auto``: measure (metal on Apple GPUs, cuda on NVIDIA) when ``chip`` is the GPU here or none is named,
     else predict with the performance model for ``chip`` (default: an M-series chip), with a note. A back-end
-    that measures gives results for the GPU here (``refusal`` says so when ``chip`` names another); any other
-    for ``chip`` (default: the GPU here, or an M-series chip without one). ``detected``: the chip here, when
-    the caller has detected it already (else detection runs only where needed; it may warn). ``verify``
+    that measures gives results for the GPU here (``refusal`` says so when ``chip`` names another). ``verify``
     (``all``, ``finalists``, ``none``): what the model's note says the interpreter checks."""
-    from ..hardware._chips import default_apple_chip, get_chip, resolve_chip, target_chip
+    from ..hardware._chips import Chip, default_apple_chip, get_chip, resolve_chip
     from ..hardware._targets import chip_target, interpretable
 
+    wanted = (chip if isinstance(chip, Chip) else get_chip(chip)) if chip else None
     if choice != AUTO:
-        if not backend_class(choice).measures_device:
-            return Selection(choice, target_chip(chip))
-        here = detected if detected is not None else resolve_chip(None)
+        cls = backend_class(choice)
+        if not cls.measures_device:
+            return Selection(choice, chip_for(cls, wanted, detected=detected))
+        here = chip_for(cls, detected=detected)
         refusal = None
-        if chip and here.vendor != "cpu" and get_chip(chip).name != here.name:
-            refusal = (f"the {choice} back-end measures the GPU here ({here.name}), not {get_chip(chip).name}; "
+        if wanted is not None and here.vendor != "cpu" and wanted.name != here.name:
+            refusal = (f"the {choice} back-end measures the GPU here ({here.name}), not {wanted.name}; "
                        f"use --backend {PREDICTOR} to predict for another chip")
         return Selection(choice, here, refusal=refusal)
     here = detected if detected is not None else resolve_chip(None)
-    wanted = get_chip(chip) if chip else None
     measuring = measuring_backend(here)
     if measuring is not None and (wanted is None or wanted.name == here.name):
         return Selection(measuring, here)

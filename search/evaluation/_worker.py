@@ -33,7 +33,7 @@ def _serve(conn: Connection) -> None:
             return
         fn, args, kwargs = task
         try:
-            reply: tuple[Any, ...] = ("ok", fn(*args, **kwargs))
+            reply: tuple[Any, ...] = ("done", fn(*args, **kwargs))
         except VariantFailure as exc:
             reply = ("fail", exc.reason, exc.detail)
         except KernsearchError as exc:
@@ -99,7 +99,7 @@ class Worker:
                 self._kill()
                 raise VariantFailure("timeout", f"no result within {limit:g} s; worker killed")
         kind = reply[0]
-        if kind == "ok":
+        if kind == "done":
             return reply[1]
         if kind == "user":
             raise KernsearchError(reply[2])

@@ -16,7 +16,7 @@ from jinja2 import Template, TemplateError
 
 from .._errors import KernsearchError
 from .._options import MAX_GRID, MAX_SHARED_MEMORY, MAX_THREADGROUP, geometry_ints
-from .._rules import source_sha256
+from .._rules import DEFAULT_TARGET, source_sha256
 from ._expr import BUILTINS, ExprError
 from ._space import Config, Space, format_config
 from ._spec import Family, template_env
@@ -101,7 +101,7 @@ def render_blocks(tmpl: Template, ctx: dict[str, Any]) -> tuple[str, str]:
                 bounded_join(tmpl.blocks["source"](tmpl.new_context(ctx, locals=scope))))
 
 
-def render(family: Family, config: Config, dtype: str, target: str = "metal", *,
+def render(family: Family, config: Config, dtype: str, target: str = DEFAULT_TARGET, *,
            sandbox: TemplateSandbox | None = None) -> KernelSource:
     """Render one variant. Knob-only derived values are available to the template.
 

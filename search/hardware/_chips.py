@@ -128,7 +128,7 @@ def chip_from_device_info(info: dict[str, Any]) -> Chip:
     conservative limits and a warning."""
     chips = registry()
     record = identify(info, [c.model_dump(exclude={"detected"}) for c in chips.values()])
-    if record.get("known", True):
+    if "stand_in_for" not in record:
         return chips[record["name"]].model_copy(update={"detected": dict(info)})
     based_on = record.pop("stand_in_for")
     warnings.warn(f"unknown chip {record['name']!r} ({info.get('architecture')}): using conservative limits "

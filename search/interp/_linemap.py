@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._vocabulary import Target
+
 _MARK = "\x02{}\x03"
 _MARK_RE = re.compile("\x02(\\d+)\x03")
 
@@ -49,7 +51,8 @@ def _lines(marked: str) -> tuple[str, dict[int, int]]:
     return "\n".join(clean), mapping
 
 
-def template_lines(family: Any, config: dict[str, Any], dtype: str, target: str = "metal") -> TemplateLines | None:
+def template_lines(family: Any, config: dict[str, Any], dtype: str,
+                   target: str = Target.METAL) -> TemplateLines | None:
     """The line mapping of ``render(family, config, dtype, target)``, or None when it cannot be made."""
     from .._safeio import read_text
     from ..family._render import render, render_blocks, render_context

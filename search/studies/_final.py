@@ -9,8 +9,17 @@ always had, and :meth:`FinalRound.from_dict` reads it back from a storage it doe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .._records import FinalTimings, ModeFigures
+from .._vocabulary import CONSUMER_MODES, Verifier
+
+if TYPE_CHECKING:
+    from ._study import TrialSummary
+
+__all__ = ["FinalRound", "FinalistCheck", "FinalistTime", "ModeFigures", "judge"]
 
 
 @dataclass(frozen=True)
@@ -65,31 +74,6 @@ class FinalistTime:
             {"median_ms": self.median_ms, "spread": self.spread}
 
 
-@dataclass(frozen=True)
-class ModeFigures:
-    """The winner and the op in one consumer mode (``graph``, ``eager``): per-call medians (ms) and the speedup
-    with its range (op p10 / winner p90 .. op p90 / winner p10)."""
-
-    median_ms: float
-    baseline_median_ms: float
-    speedup: float
-    low: float
-    high: float
-
-    def to_dict(self) -> dict[str, float]:
-        return {"median_ms": self.median_ms, "baseline_median_ms": self.baseline_median_ms,
-                "speedup": self.speedup, "low": self.low, "high": self.high}
-
-    @classmethod
-    def from_dict(cls, data: object) -> ModeFigures | None:
-        if not isinstance(data, dict):
-            return None
-        values = [_number(data.get(k)) for k in ("median_ms", "baseline_median_ms", "speedup", "low", "high")]
-        if any(v is None or v <= 0 for v in values):
-            return None
-        return cls(*values)  # type: ignore[arg-type]
-
-
 #: Optional figures of a measured final round, in their stored order (absent when None).
 _FIGURES = ("lead_exceeds_noise", "baseline_median_ms", "baseline_spread", "speedup", "speedup_low", "speedup_high",
             "beats_baseline", "baseline_error", "weight_sets")
@@ -131,7 +115,7 @@ class FinalRound:
         check = self.checks.get(number)
         if check is None:
             return None
-        return (self.verified_on or "interpreter") if check.ok else f"FAIL ({check.reason})"
+        return (self.verified_on or Verifier.INTERPRETER.value) if check.ok else f"FAIL ({check.reason})"
 
     def to_dict(self) -> dict[str, Any]:
         """The stored form (study attribute ``final``, ``tune --json``): trial numbers as string keys, figures
@@ -140,7 +124,7 @@ class FinalRound:
         if self.verified_on is not None:
             d.update(verified_on=self.verified_on, verify_shape=list(self.verify_shape or ()),
                      checks={str(n): c.to_dict() for n, c in self.checks.items()})
-            if self.verified_on == "interpreter":  # as the interpreter's round was always stored (no baseline there)
+            if self.verified_on == Verifier.INTERPRETER:  # as the interpreter's round was always stored (no baseline)
                 d["baseline"] = None
         elif self.checks:
             d["checks"] = {str(n): c.to_dict() for n, c in self.checks.items()}
@@ -181,6 +165,39 @@ class FinalRound:
                    beats_baseline=_flag(data.get("beats_baseline")), baseline_error=_text(data.get("baseline_error")),
                    note=_text(data.get("note")), modes=_modes(data.get("modes")),
                    weight_sets=_int(data.get("weight_sets")))
+
+
+def judge(top: Sequence[TrialSummary], timings: FinalTimings, judged: tuple[str, ...] = CONSUMER_MODES
+          ) -> FinalRound:
+    """The winner of the re-timed finalists (``timings``: ``top``'s in order; ranked in graph mode, as consumers
+    mostly call) and its speedup over the baseline in every consumer mode; ``speedup_low`` is the smallest lower
+    bound over the modes the family is ``judged`` in (every mode is recorded)."""
+    import numpy as np
+
+    from ..evaluation._measure import lead_exceeds_noise, speedup, spread
+
+    samples, base = [list(x) for x in timings.finalists], timings.baseline
+    medians = [float(np.median(x)) for x in samples]
+    order = sorted(range(len(top)), key=lambda i: medians[i])
+    first = order[0]
+    decisive = len(order) < 2 or lead_exceeds_noise(samples[first], samples[order[1]])
+    times = {top[i].number: FinalistTime(medians[i], spread(samples[i])) for i in range(len(top))}
+    error = timings.baseline_error or None
+    if not base:
+        return FinalRound(top[first].number, finalists=times, lead_exceeds_noise=decisive, baseline_error=error)
+    s = speedup(samples[first], list(base))
+    modes: dict[str, ModeFigures] = {}
+    for mode, by in timings.modes.items():
+        if by.baseline:
+            ms = speedup(list(by.finalists[first]), list(by.baseline))
+            modes[mode] = ModeFigures(float(np.median(by.finalists[first])), float(np.median(by.baseline)),
+                                      ms.median, ms.low, ms.high)
+    low = min([s.low] + [f.low for m, f in modes.items() if m in judged])
+    return FinalRound(top[first].number, finalists=times, lead_exceeds_noise=decisive,
+                      baseline_median_ms=float(np.median(base)), baseline_spread=spread(list(base)), speedup=s.median,
+                      speedup_low=low, speedup_high=s.high,
+                      beats_baseline=lead_exceeds_noise(samples[first], list(base)),
+                      baseline_error=error, modes=modes, weight_sets=timings.weight_sets)
 
 
 def _modes(v: object) -> dict[str, ModeFigures]:

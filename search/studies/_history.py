@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._errors import KernsearchError
+from .._vocabulary import TrialStatus
 from ._final import FinalRound
 from ._study import STATUS_FAILED, STATUS_NOT_WINNING, STATUS_OK, TrialSummary, _top
 
@@ -83,9 +84,9 @@ def load_history(study_name: str, storage: str | None = None, importances: bool 
             failure = t.user_attrs.get("failure")
             reason = str(failure.get("reason", "?")) if isinstance(failure, dict) else "?"
             points.append(TrialPoint(t.number, config, None, reason))
-        elif status == "invalid":
+        elif status == TrialStatus.INVALID:
             invalid += 1
-        elif status == "known":
+        elif status == TrialStatus.KNOWN:
             known += 1
     history = StudyHistory(study_name, dict(study.user_attrs), points, _top(study, 10), invalid, known)
     if importances:

@@ -24,11 +24,12 @@ from typing import Any
 import numpy as np
 
 from .._errors import BackendError, VariantFailure
-from ..backends import Evidence
+from .._vocabulary import Evidence, TrialStatus, Verifier
 from ..backends._select import REPLAY
 from ..evaluation._measure import spread
 from ..evaluation._race import Race
 from ._landscape import Landscape
+from ._storage import StudyKey
 
 
 class Replay:
@@ -56,9 +57,9 @@ class Replay:
         self.calls += 1
         entry = self.landscape.entry(config)
         if entry is None:
-            raise VariantFailure("invalid", "config not in the landscape (it was not valid there)")
+            raise VariantFailure(TrialStatus.INVALID, "config not in the landscape (it was not valid there)")
         if self.landscape.failed(entry):
-            raise VariantFailure("failed", f"recorded as {entry.get('time')}")
+            raise VariantFailure(TrialStatus.FAILED, f"recorded as {entry.get('time')}")
         times = self.landscape.samples(config) or []
         out: list[float] = []
         for _ in range(self.draws):
@@ -77,7 +78,7 @@ class Replay:
         label = name or (Path(land.path).name.split(".")[0] if land.path else land.kernel_name or "landscape")
 
         class ReplayObjective(Objective):
-            evidence = Evidence.MEASURED.value
+            evidence = Evidence.MEASURED
 
             def __init__(self) -> None:
                 self.backend = REPLAY
@@ -89,10 +90,10 @@ class Replay:
                 return land.knobs
 
             @property
-            def study_key(self) -> dict[str, str]:
-                return {"family": label, "chip": replay_chip_name(land.device_name),
-                        "dtype": str(land.meta.get("dtype") or "unknown-dtype"),
-                        "shape": "x".join(map(str, np.atleast_1d(land.problem_size or [0]))), "backend": REPLAY}
+            def study_key(self) -> StudyKey:
+                dtype = str(land.meta.get("dtype") or "unknown-dtype")
+                return StudyKey(label, replay_chip_name(land.device_name), dtype,
+                                "x".join(map(str, np.atleast_1d(land.problem_size or [0]))), REPLAY)
 
             def violation(self, config: dict[str, Any]) -> str | None:
                 return None if land.key(config) in self._keys else "absent_from_landscape"
@@ -109,7 +110,8 @@ class Replay:
 
             def evaluate_against(self, config: dict[str, Any], race: Race | None) -> Record:
                 samples, lost = backend.sample_against(config, race if backend.racing else None)
-                return Record(float(np.median(samples)), self.evidence, samples, spread(samples), verified="recorded",
+                return Record(float(np.median(samples)), self.evidence, samples, spread(samples),
+                              verified=Verifier.RECORDED,
                               not_winning=True if lost else None)
 
             def prior(self, configs: list[dict[str, Any]]) -> list[float] | None:

@@ -14,15 +14,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .._vocabulary import Evidence
 from ..artifacts._manifest import MODELED_POLICY
 from ._history import StudyHistory
 
 # Evidence kinds never mix: each has its own colour and words on every figure.
 EVIDENCE_STYLE = {
-    "measured": ("#1b7f3b", "MEASURED on a real GPU"),
-    "measured, replayed": ("#7a4fb0", "MEASURED, REPLAYED (recorded on another GPU, not here)"),
-    "modeled": ("#b35900", "MODELED (predicted by the performance model, not measured)"),
-    "interpreted": ("#3559a8", "INTERPRETED (correctness only, no times)"),
+    Evidence.MEASURED.value: ("#1b7f3b", "MEASURED on a real GPU"),
+    f"{Evidence.MEASURED}, replayed": ("#7a4fb0", "MEASURED, REPLAYED (recorded on another GPU, not here)"),
+    Evidence.MODELED.value: ("#b35900", "MODELED (predicted by the performance model, not measured)"),
+    Evidence.INTERPRETED.value: ("#3559a8", "INTERPRETED (correctness only, no times)"),
 }
 
 
@@ -51,7 +52,7 @@ def _figure_base(title: str, evidence: str) -> Any:
 
 
 def _time_axis(evidence: str) -> str:
-    return "predicted time (ms)" if evidence == "modeled" else "time (ms)"
+    return "predicted time (ms)" if evidence == Evidence.MODELED else "time (ms)"
 
 
 def _config_text(config: dict[str, Any]) -> str:
@@ -160,7 +161,7 @@ def _table(h: StudyHistory) -> str:
                         t.time_ms, f"{t.spread:.1%}" if t.spread else "-",
                         "-" if t.gflops is None else f"{t.gflops:.0f}", html.escape(t.evidence or h.evidence),
                         html.escape(str(verified))))
-    label = "predicted ms" if h.evidence == "modeled" else "ms"
+    label = "predicted ms" if h.evidence == Evidence.MODELED else "ms"
     return (f"<table><thead><tr><th>#</th><th>trial</th><th>config</th><th>{label}</th><th>spread</th>"
             f"<th>GFLOP/s</th><th>evidence</th><th>verified</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
@@ -191,10 +192,10 @@ def _summary(h: StudyHistory) -> str:
                      f"(range {final.speedup_low or 0:.2f}-{final.speedup_high or 0:.2f}; "
                      f"baseline {final.baseline_median_ms or 0:.4g} ms)"
                      + ("" if beats else " — <b>within the measured noise: not a win, the MLX op runs</b>") + "</p>")
-    elif h.evidence == "modeled":
+    elif h.evidence == Evidence.MODELED:
         lines.append("<p>Speedup over the baseline op: not available (modeled times; the baseline is not modeled): "
                      f"{html.escape(MODELED_POLICY)}.</p>")
-    elif h.evidence != "interpreted" and best is not None:
+    elif h.evidence != Evidence.INTERPRETED and best is not None:
         lines.append("<p>Speedup over the baseline op: not measured in this study.</p>")
     if final is not None and final.note:
         lines.append(f"<p>{html.escape(final.note)}</p>")

@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -264,6 +265,37 @@ def _sqlite_wal() -> None:
     _WAL = True
 
 
-def study_name_for(key: dict[str, str]) -> str:
+@dataclass(frozen=True)
+class StudyKey:
+    """What identifies a problem's study (stored as its attributes, and naming it): family, chip, dtype, shape (as
+    text, ``4096x4096x4096``) and back-end."""
+
+    family: str
+    chip: str
+    dtype: str
+    shape: str
+    backend: str
+
+    def as_dict(self) -> dict[str, str]:
+        """As the study stores it, one user attribute per field."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def of(cls, key: StudyKey | Mapping[str, str]) -> StudyKey:
+        """An objective's key (an :class:`Objective` of your own may give a mapping with these five fields)."""
+        if isinstance(key, StudyKey):
+            return key
+        try:
+            return cls(*(str(key[f.name]) for f in fields(cls)))
+        except KeyError as exc:
+            raise KernsearchError(f"a study key needs family, chip, dtype, shape and backend (no {exc})") from None
+
+    @property
+    def name(self) -> str:
+        """The study's default name, predictable: ``gemm/M2 Max/float16/4096x4096x4096/model``."""
+        return "/".join(self.as_dict().values())
+
+
+def study_name_for(key: StudyKey | Mapping[str, str]) -> str:
     """Predictable: ``gemm/M2 Max/float16/4096x4096x4096/model``."""
-    return "/".join(key[k] for k in ("family", "chip", "dtype", "shape", "backend"))
+    return StudyKey.of(key).name

@@ -47,14 +47,18 @@ from abc import ABC, abstractmethod
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from .._errors import KernsearchError, VariantFailure
+from .._vocabulary import EVALUATED, Evidence, TrialStatus
 from ..family._space import Config, format_config
 from ._final import FinalRound
-from ._storage import Heartbeat, default_storage, make_storage, redact, retry_collisions, study_name_for
+from ._storage import Heartbeat, StudyKey, default_storage, make_storage, redact, retry_collisions
+
+__all__ = ["EVALUATED", "Objective", "Progress", "Record", "Stop", "StopReason", "StudyResult", "TrialStatus",
+           "TrialSummary", "first_ctrl_c_stops", "run_study"]
 
 if TYPE_CHECKING:
     import optuna
@@ -62,23 +66,10 @@ if TYPE_CHECKING:
     from ..evaluation._race import Race
     from ._inflight import InFlight
 
-class TrialStatus(str, Enum):
-    """A trial's outcome, stored as its ``status`` user attribute."""
 
-    OK = "ok"  # evaluated: its time is a result (a finalist if among the fastest)
-    FAILED = "failed"  # evaluated: it failed (compile, crash, hang, wrong...), with the reason
-    NOT_WINNING = "not_winning"  # timed until it could no longer beat the incumbent (racing): a measured time,
-    # slower, told to the strategy; never a finalist, never published
-    INVALID = "invalid"  # a constraint rejected it before compiling
-    KNOWN = "known"  # the study had evaluated it already: its value told again
-    CANCELLED = "cancelled"  # proposed and compiled ahead, but the search stopped before timing it
-
-
-STATUS_OK, STATUS_FAILED, STATUS_INVALID, STATUS_KNOWN = (TrialStatus.OK.value, TrialStatus.FAILED.value,
-                                                          TrialStatus.INVALID.value, TrialStatus.KNOWN.value)
-STATUS_CANCELLED, STATUS_NOT_WINNING = TrialStatus.CANCELLED.value, TrialStatus.NOT_WINNING.value
-#: The statuses of configs a study has evaluated (what ``--trials`` counts).
-EVALUATED = (STATUS_OK, STATUS_FAILED, STATUS_NOT_WINNING)
+STATUS_OK, STATUS_FAILED, STATUS_INVALID, STATUS_KNOWN = (TrialStatus.OK, TrialStatus.FAILED, TrialStatus.INVALID,
+                                                          TrialStatus.KNOWN)
+STATUS_CANCELLED, STATUS_NOT_WINNING = TrialStatus.CANCELLED, TrialStatus.NOT_WINNING
 SAMPLERS = ("default", "tpe", "random", "grid", "auto")
 #: ``default``: ``auto`` when the objective has a prior (the chip's performance model ranks the family's
 #: configs), else ``tpe``. Measured on the held-out H100 GEMM landscape (benchmarks/search_landscapes.txt):
@@ -93,7 +84,7 @@ class Record:
     """Everything measured (or predicted, or replayed) about one variant."""
 
     time_ms: float
-    evidence: str  # measured | modeled (interpreted runs are correctness only and never a time)
+    evidence: str  # an Evidence: measured | modeled (interpreted runs are correctness only and never a time)
     samples_ms: list[float] = field(default_factory=list)
     spread: float = 0.0
     compile_seconds: float = 0.0
@@ -102,10 +93,47 @@ class Record:
     peak_pct: float | None = None
     max_abs_err: float | None = None
     max_rel_err: float | None = None
-    verified: str | None = None  # "device", "interpreter" or None (not verified)
+    verified: str | None = None  # a Verifier (device, interpreter, recorded) or None (not verified)
     #: Orders equal times (smaller first): the modeled on-core time under the bound (``_ranking``); None: none.
     tie_break: float | None = None
     not_winning: bool | None = None  # True: its timing stopped early, it could not beat the incumbent (racing)
+
+    def to_json(self) -> dict[str, Any]:
+        """The trial's record as the study stores it (its ``record`` attribute, one JSON): no empty fields, figures
+        to 6 significant digits (far finer than the timing noise), so optuna-dashboard and `show --json` stay
+        readable."""
+        def short(v: Any) -> Any:
+            if isinstance(v, float):
+                return float(f"{v:.6g}")
+            if isinstance(v, list):
+                return [short(x) for x in v]
+            return v
+
+        return {k: short(v) for k, v in asdict(self).items() if v is not None and v != []}
+
+    @classmethod
+    def from_json(cls, data: object) -> Record:
+        """A stored record read back from a storage it does not trust: a field of the wrong type (or a sample that
+        is not a finite number) is dropped, never used; a record that is not one reads as an empty one."""
+        a = data if isinstance(data, dict) else {}
+        samples = a.get("samples_ms")
+        if not isinstance(samples, list) or not all(_number(x) is not None and math.isfinite(x) for x in samples):
+            samples = []
+        values: dict[str, Any] = {}
+        for f in fields(cls):  # each field by its declared type; a value of another type is dropped
+            v = a.get(f.name)
+            if f.type == "float" or f.type == "float | None":
+                values[f.name] = _number(v)
+            elif f.type == "str" or f.type == "str | None":
+                values[f.name] = v if isinstance(v, str) else None
+            elif f.type == "bool | None":
+                values[f.name] = True if v is True else None
+        values = {k: v for k, v in values.items() if v is not None}
+        return cls(**{"time_ms": math.nan, "evidence": "", **values, "samples_ms": [float(x) for x in samples]})
+
+
+def _number(v: object) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 class Objective(ABC):
@@ -121,8 +149,9 @@ class Objective(ABC):
 
     @property
     @abstractmethod
-    def study_key(self) -> dict[str, str]:
-        """What identifies the study: family, chip, dtype, shape, backend."""
+    def study_key(self) -> StudyKey:
+        """What identifies the study: family, chip, dtype, shape, backend (an objective of your own may give a
+        mapping of these five)."""
 
     @abstractmethod
     def violation(self, config: Config) -> str | None:
@@ -213,11 +242,10 @@ class TrialSummary:
 
     @classmethod
     def from_trial(cls, t: optuna.trial.FrozenTrial) -> TrialSummary:
-        a = t.user_attrs.get("record", {})
+        r = Record.from_json(t.user_attrs.get("record"))
         value = t.value if t.value is not None else math.inf
-        return cls(t.number, dict(t.user_attrs["config"]), float(value), a.get("evidence", ""), a.get("spread", 0.0),
-                   a.get("gflops"), a.get("peak_pct"), a.get("max_abs_err"), a.get("verified"),
-                   a.get("sha256", ""))
+        return cls(t.number, dict(t.user_attrs["config"]), float(value), r.evidence, r.spread, r.gflops, r.peak_pct,
+                   r.max_abs_err, r.verified, r.sha256)
 
 
 class StopReason(Enum):
@@ -276,7 +304,7 @@ class StudyResult:
     storage: str
     backend: str
     evidence: str
-    key: dict[str, str]
+    key: StudyKey
     best: TrialSummary | None  # the final round's winner (the leader when no final round ran)
     top: list[TrialSummary]
     evaluated: int  # distinct configs evaluated in the study (ok + failed)
@@ -295,6 +323,7 @@ class StudyResult:
     def to_dict(self) -> dict[str, Any]:
         """As ``tune --json`` prints it: ``stop_reason`` the text, ``final`` its stored form."""
         d = {"stop_reason" if k == "stop" else k: v for k, v in asdict(self).items()}
+        d["key"] = self.key.as_dict()
         d.update(stop_reason=self.stop.text, final=self.final.to_dict() if self.final is not None else {},
                  failures=dict(self.failures))
         return d
@@ -385,28 +414,32 @@ def run_study(objective: Objective, *, trials: int | None = 100, time_budget: st
               storage: str | None = None, study_name: str | None = None, finalists: int = 3,
               progress: Callable[[Progress], None] | None = None,
               stop: Callable[[], bool] | None = None) -> StudyResult:
-    """Search for the fastest correct variant; see the module docstring. Ctrl-C keeps finished trials.
+    """Search for the fastest correct variant; see the module docstring. Finished trials are always kept.
 
     ``objective`` evaluates configs: a kernel family's is ``KernelObjective(problem, chip, backend, ...)``
-    (``kernsearch.studies._objective``), a replayed landscape's ``Replay(path).objective()``.
+    (``kernsearch.studies._objective``), a replayed landscape's ``Replay(path).objective()``. ``stop`` ends the
+    search after the trial in flight; a ``KeyboardInterrupt`` ends it at once (the trial in flight recorded as
+    interrupted). Signals are the caller's: ``kernsearch tune`` stops on a first Ctrl-C and interrupts on a
+    second through :func:`first_ctrl_c_stops`.
     """
     if not isinstance(objective, Objective):  # e.g. a Family: `kernsearch.tune` searches a family
         raise TypeError(f"run_study takes an Objective (e.g. KernelObjective(problem, chip, backend)), "
                         f"not {type(objective).__name__}; kernsearch.tune(family, ...) searches a family")
     try:
-        with _first_ctrl_c_stops() as interrupted:
-            search = _Search(objective, trials=trials, time_budget=parse_duration(time_budget), patience=patience,
-                             sampler=sampler, seed=seed, storage=storage, study_name=study_name, progress=progress,
-                             stop=lambda: interrupted.is_set() or bool(stop and stop()))
-            return search.finish(search.run(), finalists)
+        search = _Search(objective, trials=trials, time_budget=parse_duration(time_budget), patience=patience,
+                         sampler=sampler, seed=seed, storage=storage, study_name=study_name, progress=progress,
+                         stop=stop)
+        return search.finish(search.run(), finalists)
     finally:
         objective.close()
 
 
 @contextmanager
-def _first_ctrl_c_stops() -> Iterator[threading.Event]:
-    """The first Ctrl-C lets the trial in flight finish, then the search stops and keeps everything;
-    a second one interrupts at once (the trial in flight is then recorded as interrupted)."""
+def first_ctrl_c_stops() -> Iterator[threading.Event]:
+    """While inside, the first Ctrl-C sets the event (pass ``stop=event.is_set`` to :func:`run_study`: the trial in
+    flight finishes, then the search stops and keeps everything); a second one raises ``KeyboardInterrupt``
+    (interrupting at once). The previous handler is restored on leaving; off the main thread, nothing is
+    installed."""
     event = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield event
@@ -430,12 +463,13 @@ def open_study(objective: Objective, storage: str | None, study_name: str | None
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    name = study_name or study_name_for(objective.study_key)
+    key = StudyKey.of(objective.study_key)
+    name = study_name or key.name
     made = make_sampler(sampler, seed, objective.knobs)
     study = retry_collisions(lambda: optuna.create_study(study_name=name, storage=make_storage(storage),
                                                          direction="minimize", sampler=made, load_if_exists=True))
     if study.user_attrs.get("knobs") is None:
-        for k, v in objective.study_key.items():
+        for k, v in key.as_dict().items():
             study.set_user_attr(k, v)
         study.set_user_attr("knobs", objective.knobs)
         study.set_user_attr("evidence", objective.evidence)
@@ -450,7 +484,7 @@ def open_study(objective: Objective, storage: str | None, study_name: str | None
 
 def metric_name(evidence: str) -> str:
     """What a study minimises, with its unit: a predicted time is said to be one."""
-    return "predicted kernel time (ms)" if evidence == "modeled" else "kernel time (ms)"
+    return "predicted kernel time (ms)" if evidence == Evidence.MODELED else "kernel time (ms)"
 
 
 def check_study(objective: Objective, storage: str | None, study_name: str | None) -> None:
@@ -459,7 +493,7 @@ def check_study(objective: Objective, storage: str | None, study_name: str | Non
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    name = study_name or study_name_for(objective.study_key)
+    name = study_name or StudyKey.of(objective.study_key).name
     try:
         study = optuna.load_study(study_name=name, storage=make_storage(storage))
     except KeyError:  # no such study yet: open_study creates it
@@ -469,7 +503,8 @@ def check_study(objective: Objective, storage: str | None, study_name: str | Non
 
 
 def _check_same_problem(study: optuna.Study, objective: Objective, name: str) -> None:
-    differs = [f"{k} {study.user_attrs.get(k)!r} (asked: {v!r})" for k, v in objective.study_key.items()
+    differs = [f"{k} {study.user_attrs.get(k)!r} (asked: {v!r})"
+               for k, v in StudyKey.of(objective.study_key).as_dict().items()
                if study.user_attrs.get(k) != v]
     if study.user_attrs.get("knobs") != objective.knobs:
         differs.append("its knobs")
@@ -539,13 +574,14 @@ class _Search:
     def _transferred(self, exclude: set[str]) -> list[Config]:
         """Transfer (``_transfer``): the best configs of this family's other studies in the same storage (another
         shape, chip or dtype), mapped into this space; nothing for a study in memory or a storage that fails."""
-        if (self.storage or default_storage()) == ":memory:" or "family" not in self.objective.study_key:
+        key = StudyKey.of(self.objective.study_key)
+        if (self.storage or default_storage()) == ":memory:" or not key.family:
             return []
         from ._transfer import completed_with, nearest_valid, ranked_studies, transfer_configs
 
         objective = self.objective
         try:
-            ranked = ranked_studies(make_storage(self.storage), objective.study_key, objective.evidence, STATUS_OK)
+            ranked = ranked_studies(make_storage(self.storage), key, objective.evidence, STATUS_OK)
         except Exception:  # noqa: BLE001 - no transfer is never fatal
             return []
         if not ranked:
@@ -593,12 +629,12 @@ class _Search:
                 return full
         except KeyboardInterrupt:
             for trial in self._open_trials():  # in flight: not a result; record why, and keep the rest
-                trial.set_user_attr("status", "interrupted")
+                trial.set_user_attr("status", TrialStatus.INTERRUPTED)
                 study.tell(trial, state=TrialState.FAIL)
             return Stop(StopReason.INTERRUPTED)
         except BaseException:  # a bug of kernsearch itself: close the trial in flight, keep the traceback
             for trial in self._open_trials():
-                trial.set_user_attr("status", "error")
+                trial.set_user_attr("status", TrialStatus.ERROR)
                 study.tell(trial, state=TrialState.FAIL)
             raise
         finally:
@@ -716,7 +752,7 @@ class _Search:
         if seen is None and any(k == key for _, _, k in self.ahead):
             seen = Seen(None, next(t.number for t, _, k in self.ahead if k == key), config, "in flight")
         if seen is not None:  # never measure a config twice: tell the sampler what is known
-            self._record_skipped(trial, STATUS_KNOWN, {"reason": "known", "same_as": seen.number}, seen.value)
+            self._record_skipped(trial, STATUS_KNOWN, {"reason": STATUS_KNOWN, "same_as": seen.number}, seen.value)
             return
         self.skips = 0
         objective.prefetch(config)  # e.g. compile it in another process while earlier ones are timed
@@ -756,7 +792,8 @@ class _Search:
         best = next((t for t in _top(study, None) if t.number == winner), None) if winner is not None else None
         overhead = (elapsed - self.eval_seconds) / self.new if self.new else 0.0
         return StudyResult(study.study_name, redact(self.storage or default_storage()), objective.backend,
-                           objective.evidence, objective.study_key, best, top, len(self.known), self.failures,
+                           objective.evidence, StudyKey.of(objective.study_key), best, top, len(self.known),
+                           self.failures,
                            self.invalid, elapsed, stop, final, overhead)
 
 
@@ -769,7 +806,7 @@ def _finished(objective: Objective, storage: str | None, study_name: str | None,
     if trials is None and not patience:
         return False
     try:
-        study = optuna.load_study(study_name=study_name or study_name_for(objective.study_key),
+        study = optuna.load_study(study_name=study_name or StudyKey.of(objective.study_key).name,
                                   storage=make_storage(storage))
     except KeyError:
         return False
@@ -807,7 +844,7 @@ def _record(study: optuna.Study, trial: optuna.Trial, config: Config, key: str, 
         return f"trial {trial.number} failed ({exc.reason})"
     status = STATUS_NOT_WINNING if record.not_winning else STATUS_OK
     trial.set_user_attr("status", status)
-    trial.set_user_attr("record", compact_record(record))
+    trial.set_user_attr("record", record.to_json())
     study.tell(trial, record.time_ms)  # not winning: its partial median, a measured (slower) time
     known[key] = Seen(record.time_ms, trial.number, config, status if record.not_winning else "",
                       tuple(record.samples_ms))
@@ -826,16 +863,8 @@ def _race(known: dict[str, Seen]) -> Race | None:
 
 
 def compact_record(record: Record) -> dict[str, Any]:
-    """A trial's record as stored: no empty fields, figures to 6 significant digits (far finer than the timing
-    noise), so optuna-dashboard and `show --json` stay readable."""
-    def short(v: Any) -> Any:
-        if isinstance(v, float):
-            return float(f"{v:.6g}")
-        if isinstance(v, list):
-            return [short(x) for x in v]
-        return v
-
-    return {k: short(v) for k, v in asdict(record).items() if v is not None and v != []}
+    """A trial's record as stored (:meth:`Record.to_json`)."""
+    return record.to_json()
 
 
 def _ask(study: optuna.Study, dists: dict[str, Any], fixed: Config | None) -> optuna.Trial:
@@ -885,11 +914,7 @@ def _known(study: optuna.Study) -> dict[str, Seen]:
 
 def _samples(t: optuna.trial.FrozenTrial) -> tuple[float, ...]:
     """A stored trial's timing samples (empty when the record has none, or they are not numbers)."""
-    record = t.user_attrs.get("record")
-    samples = record.get("samples_ms") if isinstance(record, dict) else None
-    if not isinstance(samples, list) or not all(isinstance(x, (int, float)) and math.isfinite(x) for x in samples):
-        return ()
-    return tuple(float(x) for x in samples)
+    return tuple(Record.from_json(t.user_attrs.get("record")).samples_ms)
 
 
 def _reason(t: optuna.trial.FrozenTrial) -> str:
@@ -983,8 +1008,7 @@ def _top(study: optuna.Study, n: int | None) -> list[TrialSummary]:
 
 def _tie_break(t: optuna.trial.FrozenTrial) -> float:
     """What orders trials of equal time (``Record.tie_break``; 0 when none was recorded)."""
-    value = t.user_attrs.get("record", {}).get("tie_break")
-    return float(value) if isinstance(value, (int, float)) else 0.0
+    return Record.from_json(t.user_attrs.get("record")).tie_break or 0.0
 
 
 def _progress(known: dict[str, Seen], total: int | None, budget: float | None, elapsed: float,

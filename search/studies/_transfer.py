@@ -13,7 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._vocabulary import TrialStatus
 from ..family._space import Config, format_config
+from ._storage import StudyKey
 
 if TYPE_CHECKING:
     import optuna
@@ -76,11 +78,12 @@ def ranked_landscape(land: Landscape, top: int = 20) -> list[Config]:
     return [land.config_of(e) for e in ok[:top]]
 
 
-def ranked_studies(storage: Any, key: dict[str, str], evidence: str, ok: str, top: int = 20) -> list[list[Config]]:
+def ranked_studies(storage: Any, key: StudyKey, evidence: str, ok: str = TrialStatus.OK,
+                   top: int = 20) -> list[list[Config]]:
     """The best configs of every other study of ``key``'s family in ``storage`` (another shape, chip or dtype)
     with the same kind of evidence (measured from measured, modeled from modeled), fastest first per study. A
     study that cannot be read gives nothing; its configs are only ever mapped onto this space's own values.
-    ``ok``: the status of a trial timed to the end (the study loop's ``STATUS_OK``)."""
+    ``ok``: the status of a trial timed to the end."""
     import optuna
 
     out: list[list[Config]] = []
@@ -90,8 +93,8 @@ def ranked_studies(storage: Any, key: dict[str, str], evidence: str, ok: str, to
         return []
     for s in summaries:
         attrs = s.user_attrs
-        if attrs.get("family") != key.get("family") or attrs.get("evidence") != evidence or \
-                all(attrs.get(k) == v for k, v in key.items()):
+        if attrs.get("family") != key.family or attrs.get("evidence") != evidence or \
+                all(attrs.get(k) == v for k, v in key.as_dict().items()):
             continue
         try:
             trials = optuna.load_study(study_name=s.study_name, storage=storage).get_trials(deepcopy=False)

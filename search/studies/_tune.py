@@ -11,13 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import KernsearchError
 from .._rules import DEFAULT_MARGIN, beats_op, speedup_text
+from .._vocabulary import Evidence
 from ..artifacts._manifest import MODELED_POLICY
 
 if TYPE_CHECKING:
     from ..artifacts._artifacts import ArtifactStore, PublishOutcome
     from ..family._spec import Family
     from ..hardware._chips import Chip
-    from ._objective import KernelObjective
+    from ._kernel import KernelVariants
+    from ._storage import StudyKey
     from ._study import StudyResult
 
 
@@ -35,7 +37,7 @@ class TuneResult:
 
     study: StudyResult
     verdict: Verdict
-    objective: KernelObjective
+    objective: KernelVariants
 
     def publish(self, store: ArtifactStore | None = None, margin: float = DEFAULT_MARGIN) -> PublishOutcome:
         """Offer the winner to ``store`` (default: ./artifacts); the gate decides (docs/artifacts.md)."""
@@ -43,15 +45,15 @@ class TuneResult:
         return outcome
 
 
-def verdict(result: StudyResult, key: dict[str, str], op: str, margin: float = DEFAULT_MARGIN) -> Verdict:
+def verdict(result: StudyResult, key: StudyKey, op: str, margin: float = DEFAULT_MARGIN) -> Verdict:
     """The search's last word: does a correct variant beat ``op`` beyond the noise and the margin?"""
-    where = f"on {key['chip']} at {key['shape']} {key['dtype']}"
+    where = f"on {key.chip} at {key.shape} {key.dtype}"
     final = result.final
     if result.best is None:
         return Verdict(False, f"no correct variant {where}; keep the MLX op")
-    if result.evidence == "modeled":
+    if result.evidence == Evidence.MODELED:
         return Verdict(None, f"modeled result: {op} is not modeled, so nothing says this variant beats it; measure "
-                             f"it on {key['chip']} to know; {MODELED_POLICY}")
+                             f"it on {key.chip} to know; {MODELED_POLICY}")
     if final is None or final.speedup_low is None:
         return Verdict(None, f"{op} was not timed in this run: no verdict on the baseline {where}")
     text = speedup_text(final.speedup, final.speedup_low, final.speedup_high)
@@ -65,23 +67,20 @@ def tune(family: str | Family, shape: str | tuple[int, ...] | None = None, dtype
          time_budget: str | float | None = None, patience: int | None = 60, sampler: str = "tpe", seed: int = 0,
          storage: str | None = ":memory:", study: str | None = None, finalists: int = 3, timeout: float = 120.0,
          verify: str = "finalists", margin: float = DEFAULT_MARGIN, **options: Any) -> TuneResult:
-    """Search ``family`` at ``shape``/``dtype`` on ``backend`` (``model``: predicted times for ``chip``, finalists
-    verified on the CPU interpreter; ``metal``/``cuda``: measured on the GPU here) and judge the winner."""
-    from ..backends import backend_class
+    """Search ``family`` at ``shape``/``dtype`` on ``backend`` (``model``: predicted times for ``chip``, default the
+    GPU here, else an M-series chip, finalists verified on the CPU interpreter; ``metal``/``cuda``: measured on the
+    GPU here; ``auto``: as ``kernsearch tune`` chooses) and judge the winner."""
+    from ..backends import select_backend
     from ..family._space import make_problem
     from ..family._spec import load_family
-    from ..hardware._chips import Chip, default_apple_chip, get_chip, resolve_chip
     from ._objective import KernelObjective
     from ._study import run_study
 
     fam = load_family(family) if isinstance(family, str) else family
-    if backend_class(backend).measures_device:
-        here = resolve_chip(None)
-        if chip is not None and (chip.name if isinstance(chip, Chip) else get_chip(chip).name) != here.name:
-            raise KernsearchError(f"the {backend} back-end measures the GPU here ({here.name}), not {chip}")
-        the_chip = here
-    else:
-        the_chip = chip if isinstance(chip, Chip) else get_chip(chip) if chip else default_apple_chip()
+    chosen = select_backend(backend, chip, verify=verify)  # the chip, as every command resolves it
+    if chosen.refusal:
+        raise KernsearchError(chosen.refusal)
+    backend, the_chip = chosen.backend, chosen.chip
     problem = make_problem(fam, shape, dtype, the_chip)
     objective = KernelObjective(problem, the_chip, backend, seed=seed, timeout=timeout, verify=verify, **options)
     result = run_study(objective, trials=trials, time_budget=time_budget, patience=patience, sampler=sampler,

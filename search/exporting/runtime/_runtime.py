@@ -57,7 +57,7 @@ try:  # an exported package: the shared modules sit beside this file
         speedup_text,
         timing_identity,
     )
-    from ._vocabulary import CONSUMER_MODES, Evidence  # type: ignore[import-not-found,unused-ignore]
+    from ._vocabulary import CONSUMER_MODES, Evidence, Target  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # kernsearch itself: the same modules, at the bottom of its package
     from ..._rules import (
         DEFAULT_MARGIN,
@@ -82,7 +82,7 @@ except ImportError:  # kernsearch itself: the same modules, at the bottom of its
         speedup_text,
         timing_identity,
     )
-    from ..._vocabulary import CONSUMER_MODES, Evidence
+    from ..._vocabulary import CONSUMER_MODES, Evidence, Target
 
 #: 3: each artifact record carries ``manifest`` and ``content_sha256``, checked before first use.
 FORMAT = 3
@@ -990,7 +990,7 @@ def _mlx_kernel(source: Dict[str, Any], shared_memory: int) -> Any:
 
     args = dict(name=source["name"], input_names=list(source["input_names"]),
                 output_names=list(source["output_names"]), source=source["source"], header=source["header"])
-    make = getattr(mx.fast, MLX_KERNELS.get(source["target"], MLX_KERNELS["metal"]))
+    make = getattr(mx.fast, MLX_KERNELS.get(source["target"], MLX_KERNELS[Target.METAL]))
     if source["target"] in SHARED_MEMORY_AT_BUILD:
         return make(**args, shared_memory=shared_memory)
     return make(**args)

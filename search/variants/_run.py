@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._errors import KernsearchError
+from .._vocabulary import Evidence, Target
 
 if TYPE_CHECKING:
     from ..backends._base import Diagnostic
@@ -41,7 +42,7 @@ class VariantRun:
     outputs: dict[str, np.ndarray]
     params: dict[str, float | int]
     diagnostics: list[Diagnostic] = field(default_factory=list)
-    evidence: str = "interpreted"
+    evidence: str = Evidence.INTERPRETED
 
 
 def run(family: str | Path | Family, config: str | Mapping[str, Any] | None = None,
@@ -58,12 +59,12 @@ def run(family: str | Path | Family, config: str | Mapping[str, Any] | None = No
     M2 Max). Bad input is a :class:`KernsearchError`; a variant that fails to compile, crashes or hangs raises
     :class:`~kernsearch.VariantFailure`."""
     from ..backends._cpu import CpuBackend
+    from ..evaluation._verify import kernel_inputs
     from ..family._render import geometry, render
     from ..family._space import Space, make_problem
     from ..family._spec import Family, load_family
     from ..hardware._chips import default_apple_chip, get_chip
     from ..interp import template_lines
-    from ._verify import kernel_inputs
 
     fam = family if isinstance(family, Family) else load_family(family)
     the_chip = get_chip(chip) if isinstance(chip, str) else chip or default_apple_chip()
@@ -76,11 +77,11 @@ def run(family: str | Path | Family, config: str | Mapping[str, Any] | None = No
     space = Space(problem, the_chip)
     cfg = space.validate(space.parse_config(dict(config) if isinstance(config, Mapping) else config))
     logical = _logical_inputs(problem, given, seed)
-    kernel = render(fam, cfg, problem.dtype, "metal")
+    kernel = render(fam, cfg, problem.dtype, Target.METAL)
     geo = geometry(space, cfg)
     result = CpuBackend(mode=mode, timeout=timeout).run(
         kernel, geo, kernel_inputs(problem, logical, geo), problem.dtype, chip=the_chip,
-        lines=template_lines(fam, cfg, problem.dtype, "metal"))
+        lines=template_lines(fam, cfg, problem.dtype, Target.METAL))
     return VariantRun(fam.name, cfg, tuple(problem.shape), problem.dtype, logical,
                       {t.name: out for t, out in zip(fam.outputs, result.outputs)}, dict(fam.param_values),
                       list(result.diagnostics))
@@ -107,7 +108,7 @@ def _implied_shape(fam: Family, given: dict[str, Any]) -> tuple[int, ...] | None
 
 def _logical_inputs(problem: Problem, given: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     """Every input: the caller's (checked for shape, converted to its dtype as MLX would), else drawn."""
-    from ._verify import draw, round_to_dtype
+    from ..evaluation._verify import draw, round_to_dtype
 
     rng = np.random.default_rng(seed)
     ctx = problem._ctx()

@@ -1,0 +1,197 @@
+"""The records a result travels in, from the worker that measured it to the manifest that publishes it.
+
+One fact, one shape: a worker returns a :class:`Proof` (where and at which shapes a variant was verified) and a
+:class:`Measurement` (its timing); the final round returns :class:`FinalTimings` (every finalist and the MLX op
+timed as consumers call them, by mode) and yields a :class:`Winner` (the winning config with its proof and
+figures), from which ``Candidate.from_winner`` drafts the manifest. Each is a frozen dataclass; the ones that
+travel as JSON (a flow's steps run in their own processes) read it back with ``from_json``, trusting nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ._vocabulary import ConsumerMode, Evidence, Verifier
+
+
+@dataclass(frozen=True)
+class Proof:
+    """Where a variant was proven correct against the float64 reference, and at which shapes (in the order
+    checked); its largest errors over them."""
+
+    verifier: Verifier
+    shapes: tuple[str, ...]
+    max_abs_err: float
+    max_rel_err: float | None = None
+    #: Of a big shape on the interpreter, when only a sample of its threadgroups ran.
+    threadgroups_checked: int | None = None
+    #: Diagnostics of severity "warning" the back-end reported (errors fail the variant).
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def checks(self) -> int:
+        return len(self.shapes)
+
+    def also(self, other: Proof) -> Proof:
+        """This proof and ``other`` (a further check of the same variant) as one: every shape, the larger errors."""
+        rel = [e for e in (self.max_rel_err, other.max_rel_err) if e is not None]
+        return replace(self, shapes=self.shapes + other.shapes, max_abs_err=max(self.max_abs_err, other.max_abs_err),
+                       max_rel_err=max(rel) if rel else None,
+                       threadgroups_checked=self.threadgroups_checked or other.threadgroups_checked,
+                       warnings=self.warnings + other.warnings)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verifier": self.verifier.value, "shapes": list(self.shapes), "max_abs_err": self.max_abs_err,
+                "max_rel_err": self.max_rel_err, "threadgroups_checked": self.threadgroups_checked}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Proof:
+        """A proof read back (from a step's output file); anything malformed is a ``ValueError``."""
+        if not isinstance(data, dict) or not isinstance(data.get("shapes"), list) or not data["shapes"]:
+            raise ValueError("not a proof")
+        threadgroups = data.get("threadgroups_checked")
+        return cls(Verifier(data.get("verifier")), tuple(str(s) for s in data["shapes"]),
+                   _finite(data.get("max_abs_err")), _finite_or_none(data.get("max_rel_err")),
+                   threadgroups if isinstance(threadgroups, int) and not isinstance(threadgroups, bool) else None)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """A variant's timing in one worker: per-launch (or per-call) samples in ms, their median and relative spread
+    ((p90 - p10) / median), the compile time, and whether it stopped early because it could no longer beat the
+    incumbent (racing); ``proof``: the check it passed on the device before it was timed."""
+
+    samples_ms: tuple[float, ...]
+    median_ms: float
+    spread: float
+    compile_seconds: float = 0.0
+    not_winning: bool = False
+    proof: Proof | None = None
+
+
+@dataclass(frozen=True)
+class ModeSamples:
+    """One consumer mode of the final round: each finalist's samples (ms per call), in finalist order, and the
+    MLX op's (None: the op could not be timed)."""
+
+    finalists: tuple[tuple[float, ...], ...]
+    baseline: tuple[float, ...] | None
+
+
+@dataclass(frozen=True)
+class FinalTimings:
+    """The final round's samples: finalists and the MLX op interleaved as consumers call them, by mode (graph
+    first), with cold weights (``weight_sets`` copies rotated); ``baseline_error``: why the op was not timed."""
+
+    modes: dict[str, ModeSamples]
+    weight_sets: int | None = None
+    baseline_error: str | None = None
+
+    @property
+    def finalists(self) -> tuple[tuple[float, ...], ...]:
+        """Each finalist's samples in the mode that ranks them (graph: as consumers mostly call)."""
+        return self.modes[ConsumerMode.GRAPH].finalists
+
+    @property
+    def baseline(self) -> tuple[float, ...] | None:
+        return self.modes[ConsumerMode.GRAPH].baseline
+
+    def keep(self, indices: list[int]) -> FinalTimings:
+        """Only the finalists at ``indices`` (in that order)."""
+        modes = {m: ModeSamples(tuple(s.finalists[i] for i in indices), s.baseline) for m, s in self.modes.items()}
+        return replace(self, modes=modes)
+
+
+@dataclass(frozen=True)
+class ModeFigures:
+    """The winner and the op in one consumer mode (``graph``, ``eager``): per-call medians (ms) and the speedup
+    with its range (op p10 / winner p90 .. op p90 / winner p10)."""
+
+    median_ms: float
+    baseline_median_ms: float
+    speedup: float
+    low: float
+    high: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"median_ms": self.median_ms, "baseline_median_ms": self.baseline_median_ms,
+                "speedup": self.speedup, "low": self.low, "high": self.high}
+
+    @classmethod
+    def from_dict(cls, data: object) -> ModeFigures | None:
+        if not isinstance(data, dict):
+            return None
+        values = [_number(data.get(k)) for k in ("median_ms", "baseline_median_ms", "speedup", "low", "high")]
+        if any(v is None or v <= 0 for v in values):
+            return None
+        return cls(*values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Winner:
+    """What a search publishes: the winning trial's config, its evidence, where it was proven (None: nowhere a
+    publish accepts, ``unproven`` says why), and its figures (the final round's, where it ran)."""
+
+    number: int
+    config: dict[str, Any]
+    evidence: Evidence
+    median_ms: float
+    spread: float
+    study: str | None = None
+    proof: Proof | None = None
+    unproven: str = ""
+    baseline_median_ms: float | None = None
+    baseline_spread: float | None = None
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    modes: dict[str, ModeFigures] = field(default_factory=dict)
+    weight_sets: int | None = None
+
+    def proven_also(self, proof: Proof) -> Winner:
+        """This winner, verified at further shapes too (a nightly job's extra shapes)."""
+        return replace(self, proof=self.proof.also(proof) if self.proof is not None else proof)
+
+    def to_json(self) -> dict[str, Any]:
+        """As a flow's tune step hands it to the publish step."""
+        return {"number": self.number, "config": dict(self.config), "evidence": self.evidence.value,
+                "median_ms": self.median_ms, "spread": self.spread, "study": self.study,
+                "proof": self.proof.to_json() if self.proof is not None else None, "unproven": self.unproven,
+                "baseline_median_ms": self.baseline_median_ms, "baseline_spread": self.baseline_spread,
+                "speedup_low": self.speedup_low, "speedup_high": self.speedup_high,
+                "modes": {m: f.to_dict() for m, f in self.modes.items()}, "weight_sets": self.weight_sets}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Winner:
+        """A winner read back; anything malformed is a ``ValueError``."""
+        if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+            raise ValueError("not a winner")
+        number = data.get("number")
+        modes = data.get("modes")
+        figures = {m: f for m, f in ((m, ModeFigures.from_dict(v)) for m, v in
+                                     (modes.items() if isinstance(modes, dict) else ())) if f is not None}
+        weight_sets = data.get("weight_sets")
+        return cls(number if isinstance(number, int) else -1, dict(data["config"]), Evidence(data.get("evidence")),
+                   _finite(data.get("median_ms")), _finite(data.get("spread")),
+                   data.get("study") if isinstance(data.get("study"), str) else None,
+                   Proof.from_json(data["proof"]) if data.get("proof") is not None else None,
+                   str(data.get("unproven") or ""), _finite_or_none(data.get("baseline_median_ms")),
+                   _finite_or_none(data.get("baseline_spread")), _finite_or_none(data.get("speedup_low")),
+                   _finite_or_none(data.get("speedup_high")), figures,
+                   weight_sets if isinstance(weight_sets, int) and not isinstance(weight_sets, bool) else None)
+
+
+def _number(v: object) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _finite(v: object) -> float:
+    number = _number(v)
+    if number is None or not math.isfinite(number):
+        raise ValueError(f"not a finite number: {v!r}")
+    return number
+
+
+def _finite_or_none(v: object) -> float | None:
+    return None if v is None else _finite(v)

@@ -1,0 +1,329 @@
+"""What every objective over a family's kernel variants shares: the space of one problem on one chip, the warm
+start, the model's ranking of the space, where the interpreter proves a config, the worker that runs variants,
+and the winner a search hands to the store. The measured objective (``_measured``) and the modeled one
+(``_modeled``) differ only in how a variant is evaluated and how the final round judges the leaders."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._errors import BackendError, KernsearchError, VariantFailure
+from .._records import Proof, Winner
+from .._vocabulary import Evidence, Verifier
+from ..family._space import Config
+from ..hardware._targets import chip_target
+from ._final import FinalistCheck, FinalRound
+from ._storage import StudyKey
+from ._study import Objective, TrialSummary
+
+#: Configs of its own a search evaluates where the performance model cannot rank the space: the best-predicted
+#: ones, as many as the final round verifies by default.
+PICKS = 3
+#: Threadgroups of the tuned shape a winner runs on the interpreter before publishing (corners, edges,
+#: random interior ones): a big problem cannot run whole on the CPU, a sample of its tiles can.
+TUNED_SAMPLE = 12
+
+if TYPE_CHECKING:
+    from ..artifacts._artifacts import ArtifactStore, PublishOutcome
+    from ..backends._base import BaseBackend
+    from ..family._space import Problem, Space
+    from ..hardware._chips import Chip
+    from ..variants._tasks import VariantTask
+    from ._ranking import Ranking
+    from ._study import StudyResult
+
+
+class KernelVariants(Objective):
+    """A family's kernel variants on one problem and chip, evaluated by a back-end (``KernelObjective`` makes the
+    measured or the modeled one). Configs are verified at ``verify_shape`` (default: the smallest shape where the
+    family's constraints hold for the config, :func:`kernsearch.family._shapes.smallest_shape`)."""
+
+    impl: BaseBackend
+
+    def __init__(self, problem: Problem, chip: Chip, backend: str, *, seed: int = 0, timeout: float = 120.0,
+                 verify: str = "finalists", verify_shape: tuple[int, ...] | None = None,
+                 verify_mode: str = "fast", backend_options: dict[str, Any] | None = None) -> None:
+        from ..backends import backend_class
+        from ..family._space import Space
+
+        self.problem, self.chip, self.backend, self.seed = problem, chip, backend, seed
+        self.space: Space = Space(problem, chip)
+        self.family = problem.family
+        self.backend_options = dict(backend_options or {})
+        cls = backend_class(backend)
+        cls.check_tunable()
+        self.backend_class = cls
+        self.impl = self._make_backend()
+        self.impl.check_available()
+        self.evidence = self.impl.evidence
+        # The model predicts the kernel the chip would run: Metal on Apple GPUs, CUDA on NVIDIA ones.
+        self.target = self.impl.target or chip_target(chip.vendor)
+        if self.target not in self.family.templates:  # a twin is optional: the family runs where it has one
+            runs = " or ".join(sorted(self.family.templates))
+            raise BackendError(f"family {self.family.name} has no {self.target} template ({self._runs_what()}); it "
+                               f"has {runs} only: add templates.{self.target} to its family.toml, or tune it for a "
+                               f"chip that runs {runs}")
+        self.verify = verify
+        self.verifier = cls.verifier()  # the back-end whose runs prove a config (itself, or the interpreter)
+        self._verify_shape = tuple(verify_shape) if verify_shape else None
+        self._small: dict[str, tuple[int, ...]] = {}  # config key -> its verification shape
+        self.verify_mode = verify_mode
+        self.timeout = timeout
+        self._valid: list[Config] | None = None
+        self._ranking: tuple[Ranking, list[Config]] | None = None
+        self._ranked = False  # _ranking computed
+        self._worker: Any = None
+
+    def _make_backend(self) -> BaseBackend:
+        return self.backend_class(**self.backend_options)
+
+    def _runs_what(self) -> str:
+        return f"the {self.backend} back-end runs {self.target} kernels"
+
+    # -- the space --------------------------------------------------------------------------------
+    @property
+    def knobs(self) -> dict[str, list[Any]]:
+        return self.space.knobs
+
+    @property
+    def study_key(self) -> StudyKey:
+        return StudyKey(self.family.name, self.chip.name, self.problem.dtype, self.problem.shape_text, self.backend)
+
+    def violation(self, config: Config) -> str | None:
+        bad = self.space.violations(config)
+        return bad[0].constraint if bad else None
+
+    def valid_configs(self) -> list[Config]:
+        if self._valid is None:
+            self._valid = self.space.enumerate().valid
+        return self._valid
+
+    def size(self) -> int | None:
+        """Enumerating a large space takes long and only matters when a search could exhaust it."""
+        return len(self.valid_configs()) if self.space.total <= 20000 else None
+
+    def default(self) -> Config | None:
+        cfg = dict(self.family.default)
+        return cfg if self.space.is_valid(cfg) else None
+
+    def warm_start(self, store: Any = None, limit: int = 5) -> list[Config]:
+        """Configs of current published artifacts of this family, closest first: same chip and shape,
+        same chip, same shape, then the rest (same dtype before others). A broken store never stops a
+        search: it just gives no warm start."""
+        try:
+            from ..artifacts._artifacts import ArtifactStore
+            from ..artifacts._candidate import chip_slug
+
+            artifacts = list((store or ArtifactStore()).current_artifacts(self.family.name))
+        except Exception:  # noqa: BLE001 - no store, unreadable store: no warm start
+            return []
+        me = chip_slug(self.chip.name)
+
+        def distance(a: Any) -> tuple[int, int, int]:
+            return (a.key.chip != me, tuple(a.key.shape) != tuple(self.problem.shape),
+                    a.key.dtype != self.problem.dtype)
+
+        out: list[Config] = []
+        for a in sorted(artifacts, key=distance):
+            cfg = dict(a.manifest.config)
+            in_domain = set(cfg) == set(self.knobs) and all(  # the family's domains may have changed since
+                type(cfg[k]) is type(values[0]) and cfg[k] in values for k, values in self.knobs.items())
+            if in_domain and self.space.is_valid(cfg) and cfg not in out:
+                out.append(cfg)
+        out = out[:limit]
+        ranked = self.model_ranking() if self.unrankable() else None
+        for pick in ranked[1] if ranked is not None else []:  # nothing else will be searched: the model's picks
+            if pick not in out:
+                out.append(pick)
+        return out
+
+    # -- the model's view of the space --------------------------------------------------------------
+    def prior(self, configs: list[Config]) -> list[float] | None:
+        """The chip's performance model's predicted times (no measurement): the ``auto`` strategy's start; None
+        where the model cannot rank the space (a flat prior would only make the start arbitrary)."""
+        ranked = self.model_ranking()
+        if ranked is not None and ranked[0].flat:
+            return None
+        return model_prior(self.space, configs)
+
+    def model_ranking(self) -> tuple[Ranking, list[Config]] | None:
+        """Whether the chip's performance model can rank this space, and its picks (the best-predicted valid
+        configs, ties broken by headroom, then by closeness to the default: ``_ranking``), over every valid config
+        (a sample of a space too big to enumerate); None where the model has nothing to say. Computed once."""
+        if not self._ranked:
+            from ._ranking import predict, ranking
+
+            self._ranked = True
+            sampled = self._valid is None and self.space.total > 20000
+            configs = self._sample(1000) if sampled else self.valid_configs()
+            predictions = predict(self.space, configs) if configs else None
+            if predictions is not None:
+                default = self.family.default
+                order = sorted(range(len(configs)), key=lambda i: (
+                    *predictions[i].key, sum(configs[i].get(k) != v for k, v in default.items())))
+                self._ranking = (ranking(predictions, sampled=sampled, roofline=not self.family.model),
+                                 [configs[i] for i in order[:PICKS]])
+        return self._ranking
+
+    def _sample(self, n: int) -> list[Config]:
+        """Up to ``n`` distinct random valid configs (a fixed seed: the verdict is the same every run)."""
+        import random
+
+        from ..family._space import format_config
+
+        rng, out, seen = random.Random(0), [], set()
+        for _ in range(4 * n):
+            cfg = self.random_config(rng, tries=50)
+            if cfg is not None and format_config(cfg) not in seen:
+                seen.add(format_config(cfg))
+                out.append(cfg)
+            if len(out) >= n:
+                break
+        return out
+
+    def model_note(self) -> str | None:
+        """What `tune` says before searching when the model cannot rank this space (None when it can)."""
+        ranked = self.model_ranking()
+        if ranked is None or not ranked[0].flat:
+            return None
+        return self._flat_note(ranked[0].text())
+
+    def _flat_note(self, verdict: str) -> str:
+        return f"{verdict}; the search measures without its guidance"
+
+    # -- running variants ---------------------------------------------------------------------------
+    def _task(self, config: Config, backend: str, shape: tuple[int, ...] | None = None, **extra: Any) -> VariantTask:
+        from ..variants._tasks import VariantTask
+
+        return VariantTask(family=str(self.family.path), shape=tuple(shape or self.problem.shape),
+                           dtype=self.problem.dtype, chip=self.chip.name, backend=backend, config=config,
+                           seed=self.seed, backend_options=self.backend_options if backend == self.backend else {},
+                           **extra)
+
+    def worker(self) -> Any:
+        if self._worker is None:
+            from ..evaluation._worker import Worker
+
+            self._worker = Worker(timeout=self.timeout)
+        return self._worker
+
+    def verify_shape(self, config: Config) -> tuple[int, ...]:
+        """Where the interpreter proves ``config``: the given ``verify_shape``, else the smallest shape at which
+        the family's constraints hold for it (the family's declared ``problem.verify_shape`` first; a config tuned
+        for a big shape is often invalid at a small one)."""
+        if self._verify_shape is not None:
+            return self._verify_shape
+        from ..family._shapes import smallest_shape
+        from ..family._space import format_config
+
+        key = format_config(config)
+        if key not in self._small:
+            self._small[key] = smallest_shape(self.family, self.problem.dtype, self.chip, config,
+                                              tuple(self.problem.shape))
+        return self._small[key]
+
+    def ragged_shape(self, config: Config, near: tuple[int, ...] | None = None) -> tuple[int, ...] | None:
+        """A shape a little smaller than ``near`` (default: the config's verification shape) whose sizes are not
+        multiples of the tiles, on which ``config`` is still valid (the family's declared ``problem.ragged_shape``
+        first)."""
+        from ..family._shapes import ragged_shape
+
+        return ragged_shape(self.family, self.problem.dtype, self.chip, config,
+                            tuple(near or self.verify_shape(config)))
+
+    def verify_at(self, config: Config, shape: tuple[int, ...], *, backend: str | None = None,
+                  within: float | None = None, **options: Any) -> Proof:
+        """``config`` run on ``backend`` (default: the verifier) at ``shape`` against the float64 reference, in the
+        worker (given ``within`` seconds, default its timeout); ``options`` go to the back-end's ``run`` (the
+        interpreter's ``mode``, ``timeout``, ``sample_threadgroups``). Raises :class:`VariantFailure`."""
+        from ..variants._tasks import verify_variant
+
+        task = self._task(config, backend or self.verifier, shape, options=options)
+        proof: Proof = self.worker().call(verify_variant, task, timeout=within)
+        return proof
+
+    # -- the winner ---------------------------------------------------------------------------------
+    def unpublishable(self) -> str | None:
+        """Why no winner of this search could be published, known before it starts (None: one can be)."""
+        return None
+
+    def winner(self, result: StudyResult) -> Winner:
+        """The study's winner as the store is offered it: its config, evidence and figures (the final round's where
+        it ran) and where it was proven. A winner that failed its final check, or was proven nowhere at its tuned
+        shape, is refused (one line)."""
+        best = result.best
+        if best is None:
+            raise KernsearchError("no correct winner to publish")
+        final = result.final or FinalRound(best.number)
+        check = final.checks.get(best.number)
+        if check is not None and not check.ok:
+            raise KernsearchError(f"the winner failed its final check ({check.reason}): refusing to publish it")
+        proof = self._proof(best, check)
+        if proof is None:
+            why = self.unpublishable() or "no check of it passed there"
+            raise KernsearchError(f"the winner was not verified at its tuned shape ({why}): refusing to publish it")
+        timed = final.finalists.get(best.number)
+        return Winner(best.number, dict(best.config), Evidence(self.evidence),
+                      timed.median_ms if timed else best.time_ms,
+                      timed.spread if timed and timed.spread is not None else best.spread, result.study_name, proof,
+                      baseline_median_ms=final.baseline_median_ms, baseline_spread=final.baseline_spread,
+                      speedup_low=final.speedup_low, speedup_high=final.speedup_high, modes=dict(final.modes),
+                      weight_sets=final.weight_sets)
+
+    def _proof(self, best: TrialSummary, check: FinalistCheck | None) -> Proof | None:
+        """Where the winner was proven at its tuned shape (the interpreter's final check, by default)."""
+        if check is None or not check.ok or check.max_abs_err is None:
+            return None
+        shapes = ["x".join(map(str, check.shape)), *(check.also or ())]
+        if self.problem.shape_text not in shapes:
+            return None
+        return Proof(Verifier.INTERPRETER, tuple(sorted(set(shapes))), check.max_abs_err,
+                     threadgroups_checked=check.threadgroups_checked)
+
+    def publish(self, result: StudyResult, store: ArtifactStore | None = None,
+                margin: float | None = None) -> PublishOutcome:
+        """Offer the study's winner to the artifact store (its regression gate decides); returns the store's
+        PublishOutcome. Only a winner proven correct (on the device, or on the interpreter for a modeled result)
+        is offered; its evidence kind goes with it (``Candidate.from_winner``: every publish takes that path)."""
+        from .._rules import DEFAULT_MARGIN
+        from ..artifacts._artifacts import ArtifactStore
+        from ..artifacts._candidate import Candidate
+
+        candidate = Candidate.from_winner(self.winner(result), self.space, target=self.target)
+        return (store or ArtifactStore()).publish(candidate, margin=DEFAULT_MARGIN if margin is None else margin)
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+
+
+def roofline(chip: Chip, problem: Problem) -> tuple[float, str]:
+    """The problem's roofline time on ``chip`` in seconds, and what bounds it: its FLOPs at the compute peak
+    ("compute peak") or its bytes at the DRAM bandwidth ("DRAM bandwidth"), whichever takes longer."""
+    peak_flops = chip.peak_tflops(problem.dtype) * 1e12
+    bandwidth = chip.memory_bandwidth_gbs * 1e9
+    compute = problem.flops() / peak_flops if peak_flops else 0.0
+    memory = problem.bytes() / bandwidth if bandwidth else 0.0
+    return (compute, "compute peak") if compute >= memory else (memory, "DRAM bandwidth")
+
+
+def roofline_pct(chip: Chip, problem: Problem, time_ms: float) -> float | None:
+    """How close ``time_ms`` is to the problem's roofline on ``chip``, in percent (a memory-bound kernel is judged
+    by the DRAM bandwidth, not by a compute peak it could never reach)."""
+    bound_s, _ = roofline(chip, problem)
+    return 100.0 * bound_s / (time_ms * 1e-3) if time_ms > 0 and bound_s > 0 else None
+
+
+def model_prior(space: Space, configs: list[Config]) -> list[float] | None:
+    """Modeled times of ``configs`` on ``space``'s problem and chip (inf where the model cannot say), or
+    None when the model has nothing for this family or chip. Never raises: a prior is optional."""
+    from .._steps import step
+    from ._ranking import predict
+
+    with step(f"ranking {len(configs):,} valid configs with the {space.chip.name} model"):
+        predictions = predict(space, configs)
+    return None if predictions is None else [p.time_ms for p in predictions]
+
+
+__all__ = ["PICKS", "TUNED_SAMPLE", "KernelVariants", "VariantFailure", "model_prior", "roofline", "roofline_pct"]

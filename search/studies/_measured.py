@@ -1,0 +1,196 @@
+"""The measured objective: a family's variants timed on the GPU here (the metal and cuda back-ends).
+
+Every variant runs in an isolated worker: built, verified against the reference on the device, then timed
+(racing the incumbent: a config that can no longer win stops early). Compile workers render and compile the next
+proposals while the timing worker measures. The final round re-times the finalists against the MLX op as
+consumers call them, in a fresh worker, and proves the fastest at a ragged shape on the device.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from .._errors import KernsearchError, VariantFailure
+from .._records import FinalTimings, Measurement, Proof
+from .._vocabulary import Verifier
+from ..family._space import Config
+from ._final import FinalistCheck, FinalRound, judge
+from ._kernel import KernelVariants, roofline_pct
+from ._study import Record, TrialSummary
+
+if TYPE_CHECKING:
+    from ..backends._base import BaseBackend
+    from ..evaluation._measure import TimingPlan
+    from ..evaluation._race import Race
+    from ..family._space import Problem
+    from ..hardware._chips import Chip
+
+
+class MeasuredObjective(KernelVariants):
+    """Variants timed on the GPU here (see the module docstring). ``compile_workers``: processes compiling ahead
+    (default: one per core but the timer's and the search loop's); ``racing=False, search_plan=TimingPlan()``: every
+    config timed to the full plan, as before racing."""
+
+    def __init__(self, problem: Problem, chip: Chip, backend: str, *, compile_workers: int | None = None,
+                 racing: bool = True, search_plan: TimingPlan | None = None, **options: Any) -> None:
+        super().__init__(problem, chip, backend, **options)
+        if compile_workers is None:
+            import os
+
+            compile_workers = max(1, (os.cpu_count() or 3) - 2) if self.backend_class.compiles_ahead else 0
+        self.compile_workers = compile_workers
+        from ..evaluation._measure import SEARCH_PLAN
+
+        self.racing = racing
+        self.search_plan = SEARCH_PLAN if search_plan is None else search_plan
+        self._pool: Any = None
+        self._prepared: dict[str, Any] = {}  # config key -> future of prepare_variant
+        self.compile_wait_s = 0.0  # how long the timing process waited for compile workers (see _wait_prepared)
+
+    def _make_backend(self) -> BaseBackend:
+        if self.backend_class.rotates_inputs:  # inputs are rotated when the working set fits the last-level cache
+            self.backend_options.setdefault("cache_bytes", self.chip.system_cache_mb * 1e6)
+        return self.backend_class(**self.backend_options)
+
+    # -- compiling ahead ----------------------------------------------------------------------------
+    def lookahead(self) -> int:
+        """The config being timed, one per compile worker, and one waiting for the first free worker."""
+        return self.compile_workers + 2 if self.compile_workers else 1
+
+    def prefetch(self, config: Config) -> None:
+        if not self.compile_workers:
+            return
+        from ..evaluation._worker import WorkerPool
+        from ..family._space import format_config
+        from ..variants._tasks import prepare_variant
+
+        if self._pool is None:
+            self._pool = WorkerPool(self.compile_workers, timeout=self.timeout)
+        self._prepared[format_config(config)] = self._pool.submit(prepare_variant, self._task(config, self.backend))
+
+    def _wait_prepared(self, config: Config) -> None:
+        """The compile worker's verdict on ``config``: its compile error (or crash, hang) fails the variant
+        without the timing process; otherwise the timing process finds it compiled (CUDA: on disk)."""
+        from ..family._space import format_config
+
+        future = self._prepared.pop(format_config(config), None)
+        if future is not None:
+            start = time.monotonic()
+            try:
+                future.result()  # raises the variant's VariantFailure
+            finally:
+                self.compile_wait_s += time.monotonic() - start  # the GPU idle, waiting for a compiler
+
+    # -- one trial ----------------------------------------------------------------------------------
+    @property
+    def races(self) -> bool:
+        return self.racing
+
+    def evaluate(self, config: Config) -> Record:
+        return self.evaluate_against(config, None)
+
+    def evaluate_against(self, config: Config, race: Race | None) -> Record:
+        from ..family._render import render
+        from ..variants._tasks import measure_variant
+
+        try:
+            kernel = render(self.family, config, self.problem.dtype, self.target)
+        except KernsearchError as exc:  # the template cannot render this config: this variant fails
+            raise VariantFailure("render", str(exc)) from None
+        self._wait_prepared(config)
+        task = self._task(config, self.backend, plan=self.search_plan, race=race if self.racing else None)
+        m: Measurement = self.worker().call(measure_variant, task)
+        proof = m.proof
+        rec = Record(m.median_ms, self.evidence, list(m.samples_ms), m.spread, m.compile_seconds, kernel.sha256,
+                     max_abs_err=proof.max_abs_err if proof else None, max_rel_err=proof.max_rel_err if proof else None,
+                     verified=Verifier.DEVICE, not_winning=True if m.not_winning else None)
+        flops = self.problem.flops()
+        rec.gflops = flops / (rec.time_ms * 1e-3) / 1e9 if rec.time_ms > 0 else None
+        rec.peak_pct = roofline_pct(self.chip, self.problem, rec.time_ms)
+        return rec
+
+    def baseline_ms(self) -> float | None:
+        """The family's baseline MLX op timed in the worker; None if it fails."""
+        from .._steps import step
+        from ..variants._tasks import time_baseline
+
+        try:
+            with step(f"timing the baseline op ({self.family.baseline_name})"):
+                return float(self.worker().call(time_baseline, self._task(dict(self.family.default), self.backend)))
+        except (VariantFailure, KernsearchError):
+            return None
+
+    # -- the end ------------------------------------------------------------------------------------
+    def finalize(self, top: list[TrialSummary]) -> FinalRound:
+        """Fresh worker; finalists and the baseline MLX op interleaved; a lead must exceed the noise."""
+        from .._steps import step
+        from ..variants._tasks import final_round
+
+        self._close_pool()  # compiles still running ahead would load the CPU and GPU during the final round
+        worker = self.worker()
+        worker.restart()
+        task = self._task(top[0].config, self.backend, finalists=[t.config for t in top])
+        try:
+            with step(f"re-timing {len(top)} finalist(s) against the baseline op"):
+                timings: FinalTimings = worker.call(final_round, task, timeout=self.timeout * (len(top) + 1))
+        except VariantFailure as exc:
+            return FinalRound(top[0].number, note=f"final round failed ({exc.reason}): {exc.detail[:300]}")
+        return self._prove_on_a_ragged_shape(top, timings)
+
+    def _prove_on_a_ragged_shape(self, top: list[TrialSummary], timings: FinalTimings) -> FinalRound:
+        """The fastest re-timed finalist that is also correct on the device at a ragged shape wins.
+
+        Each variant was verified on the device at the tuned shape only, and a published kernel also runs at
+        shapes near it (the exported package's nearest-shape rule): one wrong at sizes just below the tuned
+        ones, not multiples of its tiles, is refused here, as the interpreter refuses a modeled one, and the
+        next fastest is tried. (Near the tuned shape, not the interpreter's small one: the device runs it in
+        moments, and a config tuned for a big shape is often not valid at a small one.)
+        """
+        import numpy as np
+
+        from .._steps import step
+
+        samples = timings.finalists
+        keep = list(range(len(top)))
+        checks: dict[int, FinalistCheck] = {}
+        for i in sorted(keep, key=lambda i: float(np.median(samples[i]))):
+            t = top[i]
+            ragged = self.ragged_shape(t.config, near=tuple(self.problem.shape))
+            if ragged is None:  # no smaller shape off the tiles where this config is valid: nothing more to run
+                break
+            try:
+                with step(f"verifying trial {t.number} on the device at a ragged shape {'x'.join(map(str, ragged))}"):
+                    res = self.verify_at(t.config, ragged, backend=self.backend)
+            except VariantFailure as exc:
+                checks[t.number] = FinalistCheck(False, reason=exc.reason, detail=exc.detail[:300])
+                keep.remove(i)
+                continue
+            checks[t.number] = FinalistCheck(True, max(t.max_abs_err or 0.0, res.max_abs_err),
+                                             tuple(self.problem.shape), ("x".join(map(str, ragged)),))
+            break
+        shape = tuple(self.problem.shape)
+        if not keep:
+            return FinalRound(None, verified_on=Verifier.DEVICE, verify_shape=shape, checks=checks,
+                              note="no finalist is correct on the device at a ragged shape")
+        final = judge([top[i] for i in keep], timings.keep(keep), tuple(self.family.consumer_modes))
+        return replace(final, verified_on=Verifier.DEVICE, verify_shape=shape, checks=checks)
+
+    def _proof(self, best: TrialSummary, check: FinalistCheck | None) -> Proof | None:
+        """Verified on the device at the tuned shape when it was timed, and at a ragged shape in the final round."""
+        if best.verified != Verifier.DEVICE or best.max_abs_err is None:
+            return None
+        further = tuple(check.also or ()) if check else ()
+        errors = [best.max_abs_err] + ([check.max_abs_err] if check and check.max_abs_err is not None else [])
+        return Proof(Verifier.DEVICE, (self.problem.shape_text, *further), max(errors))
+
+    def _close_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+            self._prepared.clear()
+
+    def close(self) -> None:
+        self._close_pool()
+        super().close()

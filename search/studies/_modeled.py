@@ -1,0 +1,166 @@
+"""The modeled objective: a family's variants ranked by the per-chip performance model (the model back-end).
+
+Times are predictions (evidence: modeled), computed in this process. The CPU interpreter proves configs
+correct: every trial (``verify="all"``) or only the finalists (the default), on a small problem of the same
+family; the winner also at the tuned shape (a sample of its threadgroups) and a ragged one before it may be
+published. The interpreter runs Metal only: a modeled CUDA kernel cannot be verified here, nor published.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._errors import BackendError, KernsearchError, VariantFailure
+from .._records import Proof
+from .._vocabulary import Target, Verifier
+from ..family._space import Config
+from ..hardware._targets import interpretable
+from ._final import FinalistCheck, FinalRound
+from ._kernel import PICKS, TUNED_SAMPLE, KernelVariants, roofline_pct
+from ._study import Record, TrialSummary
+
+if TYPE_CHECKING:
+    from ..backends._base import BaseBackend
+    from ..family._space import Problem
+    from ..hardware._chips import Chip
+
+#: ``verify``: what a modeled search proves on the interpreter.
+VERIFY_ALL, VERIFY_FINALISTS, VERIFY_NONE = "all", "finalists", "none"
+
+
+class ModeledObjective(KernelVariants):
+    """Variants predicted by the chip's performance model and proven on the interpreter (module docstring)."""
+
+    def __init__(self, problem: Problem, chip: Chip, backend: str, **options: Any) -> None:
+        super().__init__(problem, chip, backend, **options)
+        if not interpretable(self.target):  # a modeled CUDA kernel cannot be verified here (nor published)
+            self.verify = VERIFY_NONE
+        if self.verify != VERIFY_NONE:  # say it now, not after the whole search
+            from ..interp._compile import compiler
+
+            try:
+                compiler()
+            except BackendError as exc:
+                raise BackendError(f"{exc}: the interpreter that verifies modeled winners compiles them "
+                                   "(apt-get install g++, or Xcode's command line tools); --verify none "
+                                   "searches without it (then nothing is verified)") from None
+
+    def _make_backend(self) -> BaseBackend:
+        return self.backend_class(chip=self.chip)  # type: ignore[call-arg]
+
+    def _runs_what(self) -> str:
+        return f"the model predicts the {self.target} kernel that {self.chip.name} would run"
+
+    def _flat_note(self, verdict: str) -> str:
+        if self.unrankable():
+            return (f"{verdict}; the search evaluates the default config and the model's {PICKS} picks "
+                    "(the least on-core work under the bound) and stops")
+        return f"{verdict}; the search goes on only to verify configs (--verify all)"
+
+    def unrankable(self) -> str | None:
+        """A space the model cannot rank has nothing to search (``Objective``): its picks are the finalists a
+        whole search would end with. Not when every trial is verified (``verify="all"``): then each one more is a
+        correctness check, and the search goes on to find correct variants."""
+        ranked = self.model_ranking() if self.verify != VERIFY_ALL else None
+        return ranked[0].text() if ranked is not None and ranked[0].flat else None
+
+    # -- one trial ----------------------------------------------------------------------------------
+    def evaluate(self, config: Config) -> Record:
+        from ..family._render import render
+
+        try:
+            kernel = render(self.family, config, self.problem.dtype, self.target)
+        except KernsearchError as exc:  # the template cannot render this config: this variant fails
+            raise VariantFailure("render", str(exc)) from None
+        proof = self.interpret(config) if self.verify == VERIFY_ALL else None
+        try:
+            terms = self.impl.breakdown(self.space, config)
+        except KernsearchError as exc:
+            raise VariantFailure("model", str(exc)) from None
+        ms = float(terms["time_ms"])
+        rec = Record(ms, self.evidence, [ms], sha256=kernel.sha256,
+                     tie_break=float(terms.get("core_ms", ms)))  # equal times: more headroom first
+        if proof is not None:
+            rec.verified = Verifier.INTERPRETER
+            rec.max_abs_err, rec.max_rel_err = proof.max_abs_err, proof.max_rel_err
+        flops = self.problem.flops()
+        rec.gflops = flops / (rec.time_ms * 1e-3) / 1e9 if rec.time_ms > 0 else None
+        rec.peak_pct = roofline_pct(self.chip, self.problem, rec.time_ms)
+        return rec
+
+    def interpret(self, config: Config) -> Proof:
+        """Verify ``config`` on the CPU interpreter (small problem); raises VariantFailure."""
+        return self.verify_at(config, self.verify_shape(config), mode=self.verify_mode,
+                              timeout=max(1.0, self.timeout - 5))
+
+    # -- the end ------------------------------------------------------------------------------------
+    def finalize(self, top: list[TrialSummary]) -> FinalRound:
+        """Modeled leaders are only predictions: the winner is the best-predicted one the interpreter passes."""
+        from .._steps import step
+
+        checks: dict[int, FinalistCheck] = {}
+        winner = None
+        for t in top:
+            if self.verify == VERIFY_NONE:
+                break
+            shape = self.verify_shape(t.config)
+            try:
+                with step(f"verifying trial {t.number} on the interpreter at {'x'.join(map(str, shape))}"):
+                    c = self.interpret(t.config)
+                checks[t.number] = FinalistCheck(True, c.max_abs_err, shape)
+                if winner is None:  # the one to publish: also at the tuned shape and a ragged one
+                    extra = self.verify_for_publishing(t.config)
+                    err = max(c.max_abs_err, extra.max_abs_err if extra is not None else 0.0)
+                    checks[t.number] = FinalistCheck(True, err, shape, extra.shapes if extra is not None else (),
+                                                     extra.threadgroups_checked if extra is not None else None)
+                    winner = t.number
+            except VariantFailure as exc:
+                checks[t.number] = FinalistCheck(False, shape=shape if t.number not in checks else (),
+                                                 reason=exc.reason, detail=exc.detail[:300])
+        note = "times are predictions of the performance model (modeled), not measurements"
+        if self.verify == VERIFY_NONE:
+            winner = top[0].number
+            note += "; the winner is NOT verified" + ("" if interpretable(self.target) else
+                                                      " (the CPU interpreter runs Metal only, this is a CUDA kernel)")
+        shown = next((t.config for t in top if t.number == winner), top[0].config if top else None)
+        return FinalRound(winner, verified_on=Verifier.INTERPRETER,
+                          verify_shape=self.verify_shape(shown) if shown is not None else None, checks=checks,
+                          note=note)
+
+    def verify_for_publishing(self, config: Config) -> Proof | None:
+        """What a winner must also pass on the interpreter before it may be published: the tuned shape
+        itself (a sample of its threadgroups when the grid is big: corners, edges, random interior, against
+        the reference) and a ragged shape (whole grid); None where neither applies. Raises VariantFailure."""
+        try:
+            return self._verify_for_publishing(config)
+        except KernsearchError as exc:  # e.g. a tuned shape too big to hold for the reference
+            raise VariantFailure("unverifiable", str(exc)) from None
+
+    def _verify_for_publishing(self, config: Config) -> Proof | None:
+        from .._steps import step
+
+        shape = tuple(self.problem.shape)
+        proof: Proof | None = None
+        timeout = max(1.0, self.timeout - 5)  # the interpreter's, per run
+        if shape != self.verify_shape(config):
+            with step(f"verifying the winner on the interpreter at the tuned shape {self.problem.shape_text} "
+                      f"({TUNED_SAMPLE} threadgroups)"):
+                proof = self.verify_at(config, shape, within=max(self.timeout, 60.0) * 4, mode="fast",
+                                       timeout=timeout, sample_threadgroups=TUNED_SAMPLE)
+        ragged = self.ragged_shape(config)
+        if ragged is not None:
+            with step(f"verifying the winner on the interpreter at a ragged shape {'x'.join(map(str, ragged))}"):
+                res = self.verify_at(config, ragged, mode="fast", timeout=timeout)
+            proof = proof.also(res) if proof is not None else res
+        return proof
+
+    def unpublishable(self) -> str | None:
+        """Why no winner of this search could be published, known before it starts (None: one can be)."""
+        if self.verify != VERIFY_NONE:
+            return None
+        if not interpretable(self.target):
+            languages: dict[str, str] = {Target.CUDA: "CUDA", Target.METAL: "Metal"}
+            language = languages.get(self.target, self.target)
+            return (f"a modeled {language} kernel for {self.chip.name} cannot be verified here (the CPU interpreter "
+                    f"runs Metal only), so nothing could be published; tune on the {self.chip.name} itself to publish")
+        return "--verify none verifies nothing, so nothing could be published"

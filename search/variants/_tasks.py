@@ -1,0 +1,299 @@
+"""The worker entry points: one variant rebuilt from a picklable :class:`VariantTask` in an isolated worker
+(``evaluation/_worker.py``), then verified, timed, compiled ahead or re-timed in the final round there.
+
+Each entry point returns a typed record (``kernsearch._records``): :func:`verify_variant` a ``Proof``,
+:func:`measure_variant` a ``Measurement``, :func:`final_round` ``FinalTimings``, :func:`prepare_variant`
+:class:`Prepared`. The timing method itself (samples, spreads, interleaving, racing, consumer calls) lives in
+``kernsearch.evaluation``; the back-end that runs the kernel in ``kernsearch.backends``.
+
+A worker process serves one problem at a time (a study's): what it builds for the problem (family, space,
+back-end; the inputs and their float64 reference, seconds at 4096^3) is kept by its :class:`ProcessCache` and
+dropped when a task for another problem arrives.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._records import FinalTimings, Measurement, ModeSamples, Proof
+from .._vocabulary import ConsumerMode, TrialStatus, Verifier
+
+if TYPE_CHECKING:
+    from ..backends._base import BaseBackend
+    from ..evaluation._measure import TimingPlan
+    from ..evaluation._race import Race
+    from ..family._render import Geometry, KernelSource
+    from ..family._space import Problem, Space
+    from ..family._spec import Family
+
+
+@dataclass(frozen=True)
+class VariantTask:
+    """Everything a worker needs to rebuild one variant (picklable: paths and names, no live objects)."""
+
+    family: str  # family folder
+    shape: tuple[int, ...]
+    dtype: str
+    chip: str
+    backend: str
+    config: dict[str, Any]
+    seed: int = 0
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # passed to backend.run (e.g. interpreter mode, timeout)
+    finalists: list[dict[str, Any]] = field(default_factory=list)
+    plan: TimingPlan | None = None  # the timing plan of a search trial (None: the back-end's, the full one)
+    race: Race | None = None  # the incumbent this trial's timing races against (None: timed to the end)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A variant compiled ahead of its timing: whether the back-end could compile it in this process, and how long
+    rendering and compiling took."""
+
+    compiled: bool
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A task's problem as a worker builds it."""
+
+    family: Family
+    problem: Problem
+    space: Space
+    backend: BaseBackend
+
+
+class ProcessCache:
+    """What one worker process keeps for the problem it serves: its :class:`Setup`, and its data (logical inputs
+    and float64 reference by seed, the kernel's input arrays by layout, the final round's weight sets). A task for
+    another problem starts afresh."""
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._setup: Setup | None = None
+        self._problem: tuple[str, str, str] | None = None
+        self._data: dict[Any, Any] = {}
+
+    def setup(self, task: VariantTask) -> Setup:
+        from ..backends import get_backend
+        from ..family._space import Space, make_problem
+        from ..family._spec import load_family
+        from ..hardware._chips import get_chip
+
+        key = (task.family, task.shape, task.dtype, task.chip, task.backend,
+               tuple(sorted(task.backend_options.items())))
+        if key != self._key or self._setup is None:
+            fam = load_family(task.family)
+            chip = get_chip(task.chip)
+            problem = make_problem(fam, task.shape, task.dtype, chip)
+            impl = get_backend(task.backend, **task.backend_options)
+            impl.check_available()
+            self._key, self._setup = key, Setup(fam, problem, Space(problem, chip), impl)
+        return self._setup
+
+    def data(self, problem: Problem, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()``, once per ``key`` while this process serves ``problem``."""
+        this = (problem.family.name, problem.shape_text, problem.dtype)
+        if self._problem != this:
+            self._problem, self._data = this, {}
+        if key not in self._data:
+            self._data[key] = make()
+        return self._data[key]
+
+    def problem_data(self, problem: Problem, seed: int, with_reference: bool = True) -> tuple[Any, Any]:
+        """(logical inputs, float64 reference or None) of ``problem`` for ``seed``."""
+        from ..evaluation._verify import make_inputs, reference
+
+        held = self.data(problem, ("problem", seed), lambda: [make_inputs(problem, seed), None])
+        if with_reference and held[1] is None:
+            held[1] = reference(problem, held[0])
+        return held[0], held[1]
+
+    def timing_inputs(self, problem: Problem, seed: int, geo: Geometry) -> list[Any]:
+        """The kernel's inputs for timing, the same array objects for every variant with the same layout
+        (a back-end may keep its device copies of them across variants)."""
+        from ..evaluation._verify import kernel_inputs
+
+        logical, _ = self.problem_data(problem, seed, with_reference=False)
+        inputs: list[Any] = self.data(problem, ("kernel", seed, tuple(sorted(geo.transposed_inputs))),
+                                      lambda: kernel_inputs(problem, logical, geo))
+        return inputs
+
+
+#: This process's cache (a worker serves one problem at a time; see :class:`ProcessCache`).
+PROCESS = ProcessCache()
+
+
+def _variant(task: VariantTask, config: dict[str, Any] | None = None) -> tuple[Setup, KernelSource, Geometry]:
+    """The task's setup, and the kernel and launch geometry of ``config`` (default: the task's)."""
+    from .._errors import VariantFailure
+    from ..family._render import geometry, render
+    from ..hardware._targets import DEFAULT_TARGET
+
+    s = PROCESS.setup(task)
+    cfg = config if config is not None else task.config
+    if not s.space.is_valid(cfg):
+        raise VariantFailure(TrialStatus.INVALID, f"not valid for shape {s.problem.shape_text}: "
+                             + "; ".join(map(str, s.space.violations(cfg))))
+    return s, render(s.family, cfg, task.dtype, s.backend.target or DEFAULT_TARGET), geometry(s.space, cfg)
+
+
+def _check(s: Setup, kernel: KernelSource, geo: Geometry, seed: int, options: dict[str, Any]) -> Proof:
+    """Run the variant once (outputs pre-filled with NaN) against the float64 reference; a wrong one (or one the
+    back-end reports an error diagnostic for) raises :class:`VariantFailure`."""
+    from .._errors import VariantFailure
+    from ..evaluation._verify import verify_kernel
+
+    check, diagnostics = verify_kernel(s.backend, kernel, geo, s.problem, seed,
+                                       data=PROCESS.problem_data(s.problem, seed), **options)
+    if not check.ok:
+        raise VariantFailure(check.reason or "wrong", check.detail or check.summary())
+    errors = [d for d in diagnostics if getattr(d, "severity", "error") == "error"]
+    if errors:
+        raise VariantFailure(getattr(errors[0], "kind", "diagnostic"), str(errors[0]))
+    verifier = Verifier.INTERPRETER if s.backend.interprets else Verifier.DEVICE
+    threadgroups = options.get("threadgroups")
+    return Proof(verifier, (s.problem.shape_text,), check.max_abs_err, check.max_rel_err,
+                 len(threadgroups) if threadgroups else None, tuple(str(d) for d in diagnostics))
+
+
+def verify_variant(task: VariantTask) -> Proof:
+    """Run once with fresh random inputs (outputs pre-filled with NaN) and compare with the reference."""
+    s, kernel, geo = _variant(task)
+    options = {**task.options, **({"chip": s.space.chip} if s.backend.interprets else {})}
+    if s.backend.interprets and "lines" not in options:  # failures name the template file:line
+        from ..interp import template_lines
+
+        options["lines"] = template_lines(s.family, task.config, task.dtype, kernel.target)
+    sample = options.pop("sample_threadgroups", None)
+    if sample:  # a big problem on the interpreter: a sample of its threadgroups, checked against the reference
+        from ..evaluation._verify import sample_threadgroups
+
+        options["threadgroups"] = sample_threadgroups(geo, int(sample), task.seed)
+    return _check(s, kernel, geo, task.seed, options)
+
+
+def measure_variant(task: VariantTask) -> Measurement:
+    """Build, verify (NaN-prefilled outputs against the float64 reference), then time one variant on a
+    real GPU. Inputs and the reference are built once per worker and problem, not per variant.
+
+    A back-end that calls kernels as consumers do (``consumer_kernel``) times the variant that way, in graph use
+    with cold weights (10 rounds of 8 calls): a kernel of a few microseconds timed by separate launches is mostly
+    launch overhead, and the search would rank noise. The final round then times the finalists in every mode."""
+    from ..evaluation._measure import spread
+
+    s, kernel, geo = _variant(task)
+    proof = _check(s, kernel, geo, task.seed, task.options)
+    if hasattr(s.backend, "consumer_kernel"):
+        samples, lost = _consumer_timing(task, s, kernel, geo)
+        compiled = getattr(s.backend, "compile_seconds", {}).get(kernel.sha256, 0.0)
+        return Measurement(tuple(samples), float(np.median(samples)), spread(samples), compiled, lost, proof)
+    inputs = PROCESS.timing_inputs(s.problem, task.seed + 1, geo)
+    extra = {k: v for k, v in (("plan", task.plan), ("race", task.race)) if v is not None}
+    timing = s.backend.time(kernel, geo, inputs, s.problem.dtype, **task.options, **extra)
+    return Measurement(tuple(timing.samples_ms), timing.median_ms, timing.spread, timing.compile_seconds,
+                       timing.not_winning, proof)
+
+
+def _consumer_timing(task: VariantTask, s: Setup, kernel: KernelSource, geo: Geometry) -> tuple[list[float], bool]:
+    """Samples of the variant called as consumers call it (graph mode, cold weights), racing the incumbent by the
+    same rule as launches: (samples, stopped because it could not win)."""
+    from ..evaluation._consumer import ConsumerPlan, consumer_samples
+
+    impl: Any = s.backend
+    sets = PROCESS.data(s.problem, ("consumer sets", task.seed), lambda: _weight_sets(task, s))
+    call = impl.consumer_kernel(kernel, geo, s.family, s.problem, sets)
+    clock = getattr(impl, "clock", time.perf_counter)
+    rounds = task.race.after if task.race is not None else 10
+    graph = (ConsumerMode.GRAPH.value,)
+    samples = consumer_samples({"k": call}, impl.evaluate, impl.sync, ConsumerPlan(rounds=rounds, modes=graph),
+                               clock=clock)[ConsumerMode.GRAPH]["k"]
+    lost = task.race is not None and task.race.lost(samples)
+    if task.race is not None and not lost:
+        samples += consumer_samples({"k": call}, impl.evaluate, impl.sync,
+                                    ConsumerPlan(rounds=10 - rounds, modes=graph, warmup=0),
+                                    clock=clock)[ConsumerMode.GRAPH]["k"]
+    return samples, lost
+
+
+def prepare_variant(task: VariantTask) -> Prepared:
+    """Render and compile one variant ahead of its timing, in a compile worker (not the timing process).
+
+    The back-end's ``precompile`` does what can truly run in another process: MLX's CUDA back-end keeps
+    NVRTC's output on disk by kernel name (``MLX_PTX_CACHE_DIR``), so compiling here makes the timing
+    process's first launch a load; on Metal it is a compile check only. A render or compile error fails
+    the variant here, without the timing process.
+    """
+    s, kernel, geo = _variant(task)
+    start = time.perf_counter()
+    precompile = getattr(s.backend, "precompile", None)
+    shapes = [tuple(x.shape) for x in PROCESS.timing_inputs(s.problem, task.seed + 1, geo)]
+    done = bool(precompile(kernel, geo, shapes, s.problem.dtype)) if precompile is not None else False
+    return Prepared(done, time.perf_counter() - start)
+
+
+def final_round(task: VariantTask) -> FinalTimings:
+    """Re-time the finalists interleaved with the family's baseline op as consumers call them (a fresh worker
+    runs this): through the exported package's own planned calls, in graph and eager use, with cold weights
+    (:mod:`kernsearch.evaluation._consumer`).
+
+    The back-end provides ``consumer_kernel(kernel, geometry, family, problem, sets)`` and
+    ``consumer_op(family, problem, sets)`` (each a ``call(i)``), ``evaluate(outputs)`` and ``sync()``.
+    """
+    from ..evaluation._consumer import ConsumerPlan, consumer_samples
+
+    s = PROCESS.setup(task)
+    impl: Any = s.backend
+    sets = _weight_sets(task, s)
+    candidates = {}
+    for i, cfg in enumerate(task.finalists):
+        _, kernel, geo = _variant(task, cfg)
+        candidates[f"f{i}"] = impl.consumer_kernel(kernel, geo, s.family, s.problem, sets)
+    error = None
+    try:
+        candidates["baseline"] = impl.consumer_op(s.family, s.problem, sets)
+    except Exception as exc:  # noqa: BLE001 - no baseline is not fatal, and is said
+        error = str(exc)
+    samples = consumer_samples(candidates, impl.evaluate, impl.sync, ConsumerPlan(),
+                               clock=getattr(impl, "clock", time.perf_counter))
+    n = len(task.finalists)
+    modes = {mode: ModeSamples(tuple(tuple(by[f"f{i}"]) for i in range(n)),
+                               tuple(by["baseline"]) if "baseline" in by else None)
+             for mode, by in samples.items()}
+    return FinalTimings(modes, len(sets), error)
+
+
+def _weight_sets(task: VariantTask, s: Setup) -> list[dict[str, Any]]:
+    """Input sets for the final round: one set of activations, and enough copies of the weight inputs that
+    they total more than twice the chip's last-level cache (the others share the first set's arrays)."""
+    from ..evaluation._consumer import weight_sets
+    from ..evaluation._verify import make_inputs
+
+    first = make_inputs(s.problem, task.seed + 2)
+    weights = [t.name for t in s.family.inputs if t.weight]
+    wbytes = sum(first[n].nbytes for n in weights)
+    impl: Any = s.backend
+    cache = float(getattr(s.space.chip, "system_cache_mb", 0) or 0) * 2**20 or getattr(impl, "cache_bytes", 48e6)
+    n = weight_sets(wbytes, cache, getattr(impl, "memory_budget_bytes", 4e9))
+    sets = [first]
+    for k in range(1, n):
+        more = make_inputs(s.problem, task.seed + 2 + k)
+        sets.append({**first, **{name: more[name] for name in weights}})
+    return sets
+
+
+def time_baseline(task: VariantTask) -> float:
+    """Median time (ms) of the family's baseline op on the problem, measured like a variant."""
+    from ..evaluation._measure import measure
+    from ..evaluation._verify import make_inputs
+
+    s = PROCESS.setup(task)
+    logical = make_inputs(s.problem, task.seed + 2)
+    launch, sync = s.backend.baseline_launcher(s.family, s.problem, logical)
+    return float(np.median(measure(launch, sync, clock=getattr(s.backend, "clock", time.perf_counter))))

@@ -336,7 +336,10 @@ chips = ["H100"]
              "config": dict(load_family("gemm").default),
              "study": "gemm/H100/float16/64x64x64/cuda", "baseline_median_ms": 0.03,
              "baseline_spread": 0.01, "speedup_low": 1.45, "speedup_high": 1.55,
-             "checks": [{"shape": [64, 64, 64], "verifier": "device", "max_abs_err": 0.001, "max_rel_err": None}]}
+             "checks": [{"shape": [64, 64, 64], "verifier": "device", "max_abs_err": 0.001, "max_rel_err": None}],
+             # the final round's consumer figures (docs/timing.md): a measured win is judged as the package is called
+             "modes": {mode: {"median_ms": 0.02, "baseline_median_ms": 0.03, "speedup": 1.5, "low": 1.45, "high": 1.55}
+                       for mode in ("graph", "eager")}}
     verified = {"checks": [{"shape": [68, 68, 68], "verifier": "device", "max_abs_err": 0.002, "max_rel_err": 0.001}],
                 "skipped": []}
     here = chip_from_device_info({"architecture": "sm_90", "device_name": "NVIDIA H100 80GB HBM3"})  # MLX's report

@@ -344,12 +344,16 @@ def final_round(task: VariantTask) -> dict[str, Any]:
     (:mod:`kernsearch.evaluation._consumer`).
 
     The back-end provides ``consumer_kernel(kernel, geometry, family, problem, sets)`` and
-    ``consumer_op(family, problem, sets)`` (each a ``call(i)``), ``evaluate(outputs)`` and ``sync()``.
+    ``consumer_op(family, problem, sets)`` (each a ``call(i)``), ``evaluate(outputs)`` and ``sync()``. One
+    without them (a simulation timing launches) has its finalists timed by separate launches: a result without
+    consumer modes, which the gate records but never ships as a win (docs/artifacts.md).
     """
     from ._consumer import ConsumerPlan, consumer_samples, weight_sets
     from ._verify import make_inputs
 
     fam, problem, space, impl, _, _ = _setup(task)
+    if not hasattr(impl, "consumer_kernel"):
+        return _final_round_by_launches(task, make_inputs(problem, task.seed + 2))
     sets = _weight_sets(task, fam, problem, space, impl, make_inputs, weight_sets)
     candidates = {}
     for i, cfg in enumerate(task.finalists):
@@ -366,6 +370,26 @@ def final_round(task: VariantTask) -> dict[str, Any]:
     out["modes"] = {mode: {"finalists": [by[f"f{i}"] for i in range(n)], "baseline": by.get("baseline")}
                     for mode, by in samples.items()}
     out["finalists"], out["baseline"] = out["modes"]["graph"]["finalists"], out["modes"]["graph"]["baseline"]
+    return out
+
+
+def _final_round_by_launches(task: VariantTask, logical: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The finalists and the op timed by separate launches, interleaved (``launcher``, ``baseline_launcher``)."""
+    from ._verify import kernel_inputs
+
+    fam, problem, _, impl, _, _ = _setup(task)
+    candidates = {}
+    for i, cfg in enumerate(task.finalists):
+        _, _, _, _, kernel, geo = _setup(task, cfg)
+        candidates[f"f{i}"] = impl.launcher(kernel, geo, kernel_inputs(problem, logical, geo), problem.dtype)
+    out: dict[str, Any] = {}
+    try:
+        candidates["baseline"] = impl.baseline_launcher(fam, problem, logical)
+    except Exception as exc:  # noqa: BLE001 - no baseline is not fatal, and is said
+        out["baseline_error"] = str(exc)
+    samples = interleaved(candidates, clock=getattr(impl, "clock", time.perf_counter))
+    out["finalists"] = [samples[f"f{i}"] for i in range(len(task.finalists))]
+    out["baseline"] = samples.get("baseline")
     return out
 
 

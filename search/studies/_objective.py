@@ -216,16 +216,20 @@ class KernelObjective(Objective):
         """Up to ``n`` distinct random valid configs (a fixed seed: the verdict is the same every run)."""
         import random
 
+        from .._steps import step
         from ..family._space import format_config
 
         rng, out, seen = random.Random(0), [], set()
-        for _ in range(4 * n):
-            cfg = self.random_config(rng, tries=50)
-            if cfg is not None and format_config(cfg) not in seen:
-                seen.add(format_config(cfg))
-                out.append(cfg)
-            if len(out) >= n:
-                break
+        with step(f"sampling {n:,} valid configs of the {self.space.total:,} of {self.family.name} for the model",
+                  total=n) as progress:
+            for _ in range(4 * n):
+                cfg = self.random_config(rng, tries=50)
+                if cfg is not None and format_config(cfg) not in seen:
+                    seen.add(format_config(cfg))
+                    out.append(cfg)
+                    progress.advance(len(out))
+                if len(out) >= n:
+                    break
         return out
 
     def model_note(self) -> str | None:

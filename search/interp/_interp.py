@@ -11,6 +11,7 @@ import numpy as np
 from .._errors import VariantFailure
 from ._compile import compile_unit
 from ._linemap import TemplateLines
+from ._lockstep import needs_lockstep
 from ._lint import lint
 from ._run import RawDiag, run_forked, run_sanitized
 from ._source import DTYPES, NUMPY_DTYPES, cpp_unit, from_storage, mlx_source, signature, to_storage
@@ -40,6 +41,7 @@ class InterpResult:
     compile_seconds: float = 0.0
     cached: bool = False
     kernel_text: str = ""  # the full kernel as MLX builds it
+    lockstep: bool = False  # the lanes of each simdgroup ran in lockstep (check mode; fast mode where needed)
 
 
 def _input_dtype(a: np.ndarray, dtype: str, given: str | None = None) -> str:
@@ -114,8 +116,14 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
     sig = signature(kernel.name, kernel.input_names, kernel.output_names, kernel.source, in_dtypes, shapes,
                     list(output_dtypes), tuple(kernel.template), atomic_outputs=atomic)
     text = mlx_source(sig, kernel.header, kernel.source)
+    # The lanes of a simdgroup run in lockstep, as the hardware runs them, where the translator finds threadgroup
+    # memory they may pass values through between barriers (fast and check mode, one object; the detector runs in
+    # check mode only, and when it finds such passing elsewhere the kernel runs again with every access in
+    # lockstep). Elsewhere threads run one after another, which gives the same results, faster.
+    lockstep = mode == "check" or (mode == "fast" and needs_lockstep(kernel.header, kernel.source))
     try:
-        compiled = compile_unit(cpp_unit(sig, kernel.header, kernel.source, check=(mode == "check")), mode)
+        compiled = compile_unit(cpp_unit(sig, kernel.header, kernel.source, check=mode == "check", lockstep=lockstep),
+                                "check" if lockstep else mode)
     except VariantFailure as exc:  # name the template line of a compile error too, when known
         m = re.match(r"line (\d+): ", exc.detail)
         tmpl = _template_line(int(m.group(1)), sig, kernel, lines) if m else None
@@ -123,6 +131,32 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
             raise
         raise VariantFailure(exc.reason, f"{exc.detail} ({tmpl})") from None
 
+    def launch() -> tuple[list[np.ndarray], list[int]]:
+        return _launch_args(sig, inputs, in_dtypes, shapes, output_shapes, output_dtypes, init_value)
+
+    args, out_index = launch()
+    stack = stack_kb or (512 if mode == "sanitize" else 128)
+    runner = run_sanitized if mode == "sanitize" else run_forked
+    extra: dict[str, Any] = {"threadgroups": [tuple(int(v) for v in t) for t in threadgroups]} if threadgroups else {}
+    if schedule != "in-order":
+        extra["schedule"] = (*SCHEDULES[schedule], int(seed) & 0xFFFFFFFFFFFFFFFF)
+    if lockstep:
+        extra["detect"] = mode == "check"
+    geometry = (tuple(int(g) for g in grid), tuple(int(t) for t in threadgroup), int(tg_limit), stack, timeout)
+    ran = runner(compiled.path, args, out_index, *geometry, **extra)  # type: ignore[arg-type]
+    if ran.unsynced:  # lanes passed values on lines the translator had not marked: every access synchronises now
+        args, out_index = launch()
+        ran = runner(compiled.path, args, out_index, *geometry, sync_all=True, **extra)  # type: ignore[arg-type]
+    outputs = [from_storage(args[i], odt).reshape(shape)
+               for i, odt, shape in zip(out_index, output_dtypes, output_shapes)]
+    return InterpResult(outputs, [_diagnostic(d, sig, kernel, text, lines) for d in ran.diags], compiled.seconds,
+                        compiled.cached, text, lockstep)
+
+
+def _launch_args(sig: Any, inputs: list[np.ndarray], in_dtypes: list[str], shapes: list[tuple[int, ...]],
+                 output_shapes: list[tuple[int, ...]], output_dtypes: list[str],
+                 init_value: float | None) -> tuple[list[np.ndarray], list[int]]:
+    """The kernel's buffers in signature order (outputs pre-filled) and the indices of the outputs among them."""
     args: list[np.ndarray] = []
     out_index: list[int] = []
     for p in sig.params:
@@ -144,17 +178,7 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
     for i, a in enumerate(args):  # empty shape / strides arrays still need an address
         if a.size == 0:
             args[i] = np.zeros(1, dtype=a.dtype)
-    stack = stack_kb or (512 if mode == "sanitize" else 128)
-    runner = run_sanitized if mode == "sanitize" else run_forked
-    extra: dict[str, Any] = {"threadgroups": [tuple(int(v) for v in t) for t in threadgroups]} if threadgroups else {}
-    if schedule != "in-order":
-        extra["schedule"] = (*SCHEDULES[schedule], int(seed) & 0xFFFFFFFFFFFFFFFF)
-    raw = runner(compiled.path, args, out_index, tuple(int(g) for g in grid),  # type: ignore[arg-type]
-                 tuple(int(t) for t in threadgroup), int(tg_limit), stack, timeout, **extra)  # type: ignore[arg-type]
-    outputs = [from_storage(args[i], odt).reshape(shape)
-               for i, odt, shape in zip(out_index, output_dtypes, output_shapes)]
-    return InterpResult(outputs, [_diagnostic(d, sig, kernel, text, lines) for d in raw], compiled.seconds,
-                        compiled.cached, text)
+    return args, out_index
 
 
 def _template_line(line: int, sig: Any, kernel: Any, lines: TemplateLines | None) -> str | None:

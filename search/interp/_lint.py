@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from ._source import _TG_ARRAY, _TG_ARRAY_MD, _TG_CAST, _TG_CAST_NAMED, _TG_POINTER, _TG_SCALAR
+from ._syntax import _TG_ARRAY, _TG_ARRAY_MD, _TG_CAST, _TG_CAST_NAMED, _TG_POINTER, _TG_SCALAR
 
 #: simd / simdgroup / quad functions the shim implements (ks_shim.h, ks_simd.h).
 _GROUP_COMMON = ("all", "any", "ballot", "and", "or", "xor", "prefix_inclusive_product", "prefix_exclusive_product",

@@ -15,6 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from ._lockstep import instrument, loop_tables, sync_lines
+from ._syntax import _TG_ARRAY, _TG_ARRAY_MD, _TG_CAST, _TG_CAST_NAMED, _TG_POINTER, _TG_SCALAR, _VOLATILE_TG
+
 #: Metal thread attributes MLX can pass to a custom kernel: name -> type.
 ATTRIBUTES: dict[str, str] = {
     "dispatch_quadgroups_per_threadgroup": "uint",
@@ -212,15 +215,6 @@ def _template_kind(value: Any) -> str:
 
 # -- C++ translation ------------------------------------------------------------------------------------
 
-_TYPE = r"(?:const\s+)?[A-Za-z_][\w:]*(?:\s*<[^;<>]*>)?"
-_TG_ARRAY = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*\[([^\]\n]+)\]\s*;")
-_TG_SCALAR = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*;")
-_TG_POINTER = re.compile(rf"\bthreadgroup\s+({_TYPE})\s*\*\s*(\w+)")
-_TG_ARRAY_MD = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*((?:\[[^\]\n]+\]\s*){{2,3}});")
-_VOLATILE_TG = re.compile(r"\bvolatile\s+threadgroup\b")
-#: Casts to a threadgroup pointer: `(threadgroup float4*) shmem`, `reinterpret_cast<threadgroup half*>(p)`.
-_TG_CAST = re.compile(rf"\(\s*threadgroup\s+({_TYPE})\s*\*\s*\)")
-_TG_CAST_NAMED = re.compile(rf"\b(?:reinterpret_cast|static_cast)\s*<\s*threadgroup\s+({_TYPE})\s*\*\s*>")
 _SWIZZLE = re.compile(r"\.([xyzw]{2,4}|[rgba]{2,4})\b(\s*(?:<<|>>|[-+*/%&|^])?=(?!=))?")
 #: Half and bfloat literals (``1.0h``, ``2.5bf``): C++ has no such suffix.
 _HALF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)(h|H|bf|BF)\b")
@@ -399,17 +393,25 @@ def translate(text: str, check: bool) -> str:
     return text
 
 
-def cpp_unit(sig: Signature, header: str, source: str, check: bool) -> str:
-    """The translation unit compiled for the interpreter: shim, kernel (MLX line layout), thread entry."""
+def cpp_unit(sig: Signature, header: str, source: str, check: bool, lockstep: bool = False) -> str:
+    """The translation unit compiled for the interpreter: shim, kernel (MLX line layout), thread entry. ``check``
+    (check mode) and ``lockstep`` (fast mode for a kernel that may rely on lockstep simdgroups) build the checked
+    translation, whose simdgroups run in lockstep on the lines :func:`~._lockstep.sync_lines` finds."""
     lines = [f"  {p.decl}" for p in sig.params] + [f"  {ATTRIBUTES[a]} {a}" for a in sig.attributes]
     body = header
     if sig.template:
         body += "template <" + ", ".join(f"{kind} {k}" for k, _, kind in sig.template) + ">\n"
     body += f"void {sig.kernel_name}(\n" + ",\n".join(lines) + ") {\n" + source + "\n}\n"
+    tables = ""
+    if check or lockstep:  # every loop counts its iterations (see _lockstep)
+        sync = sync_lines(body)
+        body, loops = instrument(body)
+        tables = loop_tables(loops, body.count("\n") + 1, sync)
+        check = True
     call_args = [f"{p.cast}args[{i}]" for i, p in enumerate(sig.params)] + list(sig.attributes)
     targs = f"<{', '.join(v for _, v, _ in sig.template)}>" if sig.template else ""
     entry = (
-        "\n#line 100000 \"ks_entry\"\n"
+        "\n#line 100000 \"ks_entry\"\n" + tables +
         "void ks_thread_main(ks::Launch* L, ks::Fiber* f) {\n"
         "  void** args = L->args;\n"
         "  const uint _n = L->tgext[0] * L->tgext[1] * L->tgext[2];\n"

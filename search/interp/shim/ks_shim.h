@@ -201,13 +201,36 @@ KS_PACKED(ushort, ushort) KS_PACKED(char, char) KS_PACKED(uchar, uchar) KS_PACKE
 // ------------------------------------------------------------------------------------------------
 namespace ks {
 
-enum DiagKind { D_DIVERGENCE = 1, D_INACTIVE_LANE, D_PARTIAL_SIMD, D_TG_LIMIT, D_RACE, D_UNINIT, D_TG_BOUNDS, D_PARTIAL_COLLECTIVE };
+enum DiagKind { D_DIVERGENCE = 1, D_INACTIVE_LANE, D_PARTIAL_SIMD, D_TG_LIMIT, D_RACE, D_UNINIT, D_TG_BOUNDS, D_PARTIAL_COLLECTIVE,
+                D_SIMD_SYNC };
 enum Severity { S_ERROR = 0, S_WARNING = 1 };
 
 struct Diag { int32_t kind, severity, line, count; char msg[232]; };
 struct DiagTable { int32_t n, max; Diag* d; };
 
-enum WaitKind { W_NONE = 0, W_BARRIER, W_SIMD, W_DONE };
+enum WaitKind { W_NONE = 0, W_BARRIER, W_SIMD, W_DONE, W_STEP };
+
+#ifdef KS_CHECK
+// Lockstep builds (the check-mode translation): a thread's place in the program, compared lexicographically
+// between the lanes of a simdgroup. One word per enclosing loop (outermost first: the loop's first line, then
+// its iteration) and a last word (line, then the count of accesses made on that line since the line or the
+// iteration changed): a lane inside a loop is behind a lane past it, and a lane in iteration i is behind one in
+// iteration i + 1 of the same loop, whatever their lines.
+constexpr int KS_POS_WORDS = 5;
+constexpr int KS_MAX_LOOPS = 64;
+constexpr int KS_LINE_SHIFT = 44;
+struct Pos {
+  uint64_t w[KS_POS_WORDS];
+};
+inline bool pos_less(const Pos& a, const Pos& b) {
+  for (int k = 0; k < KS_POS_WORDS; ++k)
+    if (a.w[k] != b.w[k]) return a.w[k] < b.w[k];
+  return false;
+}
+inline bool pos_equal(const Pos& a, const Pos& b) { return std::memcmp(a.w, b.w, sizeof a.w) == 0; }
+// A loop of the kernel (found by the translator): its line span and the loop it is nested in (-1: none).
+struct LoopInfo { int start, end, parent; };
+#endif
 
 struct Fiber;
 typedef void (*CollectiveOp)(Fiber** lanes, int n, Fiber* self_or_null);
@@ -228,6 +251,15 @@ struct Fiber {
   void* out;
   int arg;       // shuffle source lane, etc.
   int ok;        // collective result flag
+#ifdef KS_CHECK
+  Pos pos;        // where the thread stands (lockstep builds): at its pending access, collective or barrier
+  Pos others_min; // while it runs: the least place of the other live lanes of its simdgroup
+  int last_line;  // line of its last access or loop step
+  uint64_t seq;   // accesses made on last_line
+  bool ticked;    // a loop stepped since its last access
+  int nostep;     // > 0: accesses do not synchronise (inside an operation the whole simdgroup performs)
+  uint64_t it[KS_MAX_LOOPS];  // iteration of each loop of the kernel
+#endif
 };
 
 struct Launch;
@@ -235,7 +267,9 @@ typedef void (*ThreadMain)(Launch* L, Fiber* f);
 
 struct TgAlloc { int line; int64_t offset, bytes, elems; int elem_size; const char* name; };
 
-struct Shadow { int32_t writer, reader; uint32_t w_epoch, r_epoch, w_sepoch, r_sepoch; };
+// Per threadgroup-memory element (check mode): last writer and its place, last reader (-2: several threads; r_sg
+// their simdgroup, -2 when several), barrier and simdgroup-barrier epochs.
+struct Shadow { int32_t writer, reader, r_sg, w_line, r_line; uint32_t w_epoch, r_epoch, w_sepoch, r_sepoch; uint64_t w_where; };
 
 struct Launch {
   // inputs
@@ -258,6 +292,7 @@ struct Launch {
   uint32_t sepoch[64];
   Shadow* shadow;  // one per arena byte-element slot (allocated per element of each allocation)
   int64_t shadow_cap, shadow_dirty;
+  bool detect;     // check mode: the race / uninitialised / bounds detector runs (off: fast mode in lockstep)
 #ifdef KS_UCONTEXT
   ucontext_t sched_uc;
 #else
@@ -265,8 +300,8 @@ struct Launch {
 #endif
 };
 
-extern thread_local Launch* L;
-extern thread_local Fiber* cur;
+extern Launch* L;
+extern Fiber* cur;
 
 inline void report(int kind, int severity, int line, const char* fmt, ...) __attribute__((format(printf, 4, 5)));
 inline void report(int kind, int severity, int line, const char* fmt, ...) {
@@ -295,7 +330,84 @@ inline void yield_to_scheduler() {
 #endif
 }
 
+#ifdef KS_CHECK
+}  // namespace ks
+// Written by the translator into each lockstep build: the kernel's loops and, per line, its innermost loop.
+extern const ks::LoopInfo ks_loop_info[];
+extern const int ks_loop_count;
+extern const int16_t ks_line_loop[];
+extern const int ks_line_count;
+extern const uint8_t ks_sync_line[];
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("O2")
+#endif
+namespace ks {
+constexpr uint64_t KS_COUNT_MASK = (uint64_t(1) << KS_LINE_SHIFT) - 1;
+// Every threadgroup access synchronises (a rerun after check mode found lanes passing values on lines the
+// translator had not marked), and whether such an access was found in this run.
+extern bool sync_all, unsynced_conflict;
+inline bool synced(int line) { return sync_all || (line >= 0 && line < ks_line_count && ks_sync_line[line]); }
+
+// The place of thread `f` at an access, collective or barrier on `line` (see Pos).
+inline void place(Fiber* f, int line) {
+  f->seq = (line == f->last_line && !f->ticked) ? f->seq + 1 : 0;
+  f->last_line = line;
+  f->ticked = false;
+  int chain[64], n = 0;
+  for (int id = line >= 0 && line < ks_line_count ? ks_line_loop[line] : -1; id >= 0 && n < 64; id = ks_loop_info[id].parent)
+    chain[n++] = id;
+  int k = 0;
+  for (int j = n - 1; j >= 0 && k < KS_POS_WORDS - 1; --j, ++k)
+    f->pos.w[k] = (uint64_t(ks_loop_info[chain[j]].start & 0xfffff) << KS_LINE_SHIFT) | (f->it[chain[j]] & KS_COUNT_MASK);
+  f->pos.w[k++] = (uint64_t(line & 0xfffff) << KS_LINE_SHIFT) | (f->seq & KS_COUNT_MASK);
+  for (; k < KS_POS_WORDS; ++k) f->pos.w[k] = 0;
+}
+
+// The condition of loop `id` is evaluated (the translator adds this to each loop): its next iteration, or
+// iteration 0 when the thread comes from outside the loop.
+inline bool tick_now(int id) {
+  Fiber* f = cur;
+  if (id >= 0 && id < KS_MAX_LOOPS && id < ks_loop_count) {
+    const LoopInfo& lp = ks_loop_info[id];
+    f->it[id] = (f->last_line < lp.start || f->last_line > lp.end) ? 0 : f->it[id] + 1;
+    f->last_line = lp.start;
+  }
+  f->ticked = true;
+  return true;
+}
+constexpr bool tick(int id) { return __builtin_is_constant_evaluated() ? true : tick_now(id); }
+
+// An access of threadgroup memory on `line`: the lanes of a simdgroup make their accesses in lockstep, as the
+// hardware does. The thread goes on at once unless another live lane of its simdgroup is behind it; else it
+// waits until the scheduler has brought those lanes to its place. Only lines where the translator found an array
+// that lanes may pass values through between barriers synchronise (ks_sync_line): elsewhere the order of the
+// lanes cannot change a result, and running them one after another is cheaper.
+inline void step(int line) {
+  Fiber* f = cur;
+  if (f == nullptr || f->nostep || !synced(line)) return;
+  place(f, line);
+  if (!pos_less(f->others_min, f->pos)) return;
+  f->wait = W_STEP;
+  f->line = line;
+  yield_to_scheduler();
+}
+// Accesses made inside an operation the whole simdgroup performs (matmul2d) do not synchronise.
+struct no_step {
+  no_step() { if (cur) cur->nostep++; }
+  ~no_step() { if (cur) cur->nostep--; }
+};
+}  // namespace ks
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+namespace ks {
+#endif
+
 inline void wait_here(int kind, int line) {
+#ifdef KS_CHECK
+  place(cur, line);
+#endif
   cur->wait = kind;
   cur->line = line;
   yield_to_scheduler();
@@ -331,6 +443,10 @@ inline void* tg_alloc(int64_t bytes, int64_t elems, int elem_size, const char* n
 }  // namespace ks
 
 #ifdef KS_CHECK
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("O2")
+#endif
 namespace ks {
 // Checked threadgroup pointer: every element access goes through the race / uninitialised / bounds
 // detector. Indices carry the caller's line through a converting constructor's default argument.
@@ -350,42 +466,85 @@ inline bool ordered_by_simd_barrier(int other, uint32_t other_sepoch) {
   return other >= 0 && other_sg == cur->sg && L->sepoch[cur->sg] != other_sepoch;
 }
 
+// A hash of the current thread's place: two lanes writing one element at the same place did so in one instruction.
+inline uint64_t where_now() {
+  uint64_t h = 1469598103934665603ull;
+  for (int k = 0; k < KS_POS_WORDS; ++k) h = (h ^ cur->pos.w[k]) * 1099511628211ull;
+  return h;
+}
+
+// A conflicting access by another thread of the same simdgroup with no barrier between: the lanes run in lockstep
+// on Apple GPUs (so the result is the hardware's, and the interpreter's), but MSL leaves it undefined.
+inline void simd_sync(const TgAlloc* a, int64_t i, int line, const char* what, int other, int other_line) {
+  if (!synced(line) || !synced(other_line)) unsynced_conflict = true;  // the lanes did not run in lockstep here
+  char lanes[48];
+  if (other >= 0) snprintf(lanes, sizeof lanes, "lanes %d and %d", other % 32, cur->lane);
+  else snprintf(lanes, sizeof lanes, "lane %d and others", cur->lane);
+  report(D_SIMD_SYNC, S_WARNING, line,
+         "simdgroup-synchronous access without barrier: correct on Apple GPUs, undefined in MSL (%s[%lld] %s by %s "
+         "of simdgroup %d)", a->name, (long long)i, what, lanes, cur->sg);
+}
+
 // One element `i` of the declared array, read or written by the current thread.
 inline void tg_check(const TgAlloc* a, int64_t i, bool write, int line) {
   Shadow* s = shadow_for(a, i);
-  int t = cur->tid;
+  int t = cur->tid, sg = cur->sg;
   uint32_t e = L->epoch;
-  uint32_t se = L->sepoch[cur->sg];
+  uint32_t se = L->sepoch[sg];
   if (write) {
-    if (s->w_epoch == e && s->writer != t && !ordered_by_simd_barrier(s->writer, s->w_sepoch))
-      report(D_RACE, S_ERROR, line, "race on %s[%lld]: written by threads %d and %d with no barrier between", a->name, (long long)i, s->writer, t);
-    else if (s->r_epoch == e && s->reader != t && !(s->reader >= 0 && ordered_by_simd_barrier(s->reader, s->r_sepoch))) {
-      if (s->reader == -2)
-        report(D_RACE, S_ERROR, line, "race on %s[%lld]: thread %d writes what other threads read with no barrier between", a->name, (long long)i, t);
+    if (s->w_epoch == e && s->writer != t && !ordered_by_simd_barrier(s->writer, s->w_sepoch)) {
+      if (s->writer / 32 != sg)
+        report(D_RACE, S_ERROR, line, "race on %s[%lld]: written by threads %d and %d with no barrier between", a->name, (long long)i, s->writer, t);
+      else if (synced(line) && synced(s->w_line) && s->w_where == where_now())  // places are kept where lanes synchronise
+        report(D_RACE, S_ERROR, line, "race on %s[%lld]: lanes %d and %d of simdgroup %d write it in one instruction", a->name, (long long)i, s->writer % 32, cur->lane, sg);
       else
-        report(D_RACE, S_ERROR, line, "race on %s[%lld]: thread %d writes what thread %d read with no barrier between", a->name, (long long)i, t, s->reader);
+        simd_sync(a, i, line, "written twice", s->writer, s->w_line);
+    } else if (s->r_epoch == e && s->reader != t && !(s->reader >= 0 && ordered_by_simd_barrier(s->reader, s->r_sepoch))) {
+      if (s->r_sg != sg) {
+        if (s->reader == -2)
+          report(D_RACE, S_ERROR, line, "race on %s[%lld]: thread %d writes what other threads read with no barrier between", a->name, (long long)i, t);
+        else
+          report(D_RACE, S_ERROR, line, "race on %s[%lld]: thread %d writes what thread %d read with no barrier between", a->name, (long long)i, t, s->reader);
+      } else if (s->r_sepoch == se) {
+        simd_sync(a, i, line, "written after another lane read it", s->reader, s->r_line);
+      }
     }
-    s->writer = t; s->w_epoch = e; s->w_sepoch = se;
+    s->writer = t; s->w_epoch = e; s->w_sepoch = se; s->w_where = where_now(); s->w_line = line;
   } else {
     if (s->w_epoch == 0)
       report(D_UNINIT, S_ERROR, line, "read of never-written threadgroup memory %s[%lld] by thread %d", a->name, (long long)i, t);
-    else if (s->w_epoch == e && s->writer != t && !ordered_by_simd_barrier(s->writer, s->w_sepoch))
-      report(D_RACE, S_ERROR, line, "race on %s[%lld]: thread %d reads what thread %d wrote with no barrier between", a->name, (long long)i, t, s->writer);
-    if (s->r_epoch == e && s->reader != t) s->reader = -2;
-    else { s->reader = t; s->r_sepoch = se; }
+    else if (s->w_epoch == e && s->writer != t && !ordered_by_simd_barrier(s->writer, s->w_sepoch)) {
+      if (s->writer / 32 != sg)
+        report(D_RACE, S_ERROR, line, "race on %s[%lld]: thread %d reads what thread %d wrote with no barrier between", a->name, (long long)i, t, s->writer);
+      else
+        simd_sync(a, i, line, "read after another lane wrote it", s->writer, s->w_line);
+    }
+    if (s->r_epoch == e && s->reader != t) {
+      s->reader = -2;
+      if (s->r_sg != sg) s->r_sg = -2;
+      if (!synced(line)) s->r_line = line;  // of several readers, remember one that did not synchronise
+    } else {
+      s->reader = t;
+      s->r_sg = sg;
+      s->r_line = line;
+    }
     s->r_epoch = e;
+    s->r_sepoch = se;
   }
 }
 
 // Element `i` of type T through a pointer to the array (T may differ from the declared element type after a
 // cast, `(threadgroup float4*) shmem`: every declared element the access covers is checked).
 template <class T> inline T* tg_access(const TgAlloc* a, int64_t i, bool write, int line, T* dummy) {
+  step(line);
   const int64_t es = a->elem_size, first = i * int64_t(sizeof(T)) / es, last = ((i + 1) * int64_t(sizeof(T)) - 1) / es;
   if (i < 0 || last >= a->elems) {
-    report(D_TG_BOUNDS, S_ERROR, line, "threadgroup index %lld outside %s[0:%lld]", (long long)i, a->name, (long long)a->elems);
+    if (L->detect)
+      report(D_TG_BOUNDS, S_ERROR, line, "threadgroup index %lld outside %s[0:%lld]", (long long)i, a->name, (long long)a->elems);
     return dummy;
   }
-  for (int64_t k = first; k <= last; ++k) tg_check(a, k, write, line);
+  if (L->detect)
+    for (int64_t k = first; k <= last; ++k) tg_check(a, k, write, line);
   return reinterpret_cast<T*>(L->arena + a->offset) + i;
 }
 
@@ -509,6 +668,8 @@ template <class T, int64_t D0, int64_t D1> struct tgmd<T, D0, D1> {
 // barrier is still a race.
 template <class T> inline T* tg_atomic(const TgAlloc* a, int64_t i, bool write, int line) {
   static T dummy;
+  step(line);
+  if (!L->detect) return a == nullptr || i < 0 || i >= a->elems ? &dummy : reinterpret_cast<T*>(L->arena + a->offset) + i;
   if (a == nullptr || i < 0 || i >= a->elems) {
     report(D_TG_BOUNDS, S_ERROR, line, "threadgroup atomic index %lld outside %s[0:%lld]", (long long)i,
            a ? a->name : "?", a ? (long long)a->elems : 0LL);
@@ -518,7 +679,7 @@ template <class T> inline T* tg_atomic(const TgAlloc* a, int64_t i, bool write, 
   if (!write && s->w_epoch == 0)
     report(D_UNINIT, S_ERROR, line, "atomic load of never-written threadgroup memory %s[%lld] by thread %d", a->name,
            (long long)i, cur->tid);
-  if (write) { s->writer = cur->tid; s->w_epoch = L->epoch; s->w_sepoch = L->sepoch[cur->sg]; }
+  if (write) { s->writer = cur->tid; s->w_epoch = L->epoch; s->w_sepoch = L->sepoch[cur->sg]; s->w_where = where_now(); s->w_line = line; }
   return reinterpret_cast<T*>(L->arena + a->offset) + i;
 }
 
@@ -535,6 +696,9 @@ template <class T> inline tgptr<T> tg_alloc_checked(int64_t elems, const char* n
   return tgptr<T>{};
 }
 }  // namespace ks
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
 #define threadgroup
 #endif  // KS_CHECK
 

@@ -11,8 +11,8 @@ import numpy as np
 from .._errors import VariantFailure
 from ._compile import compile_unit
 from ._linemap import TemplateLines
-from ._lockstep import needs_lockstep
 from ._lint import lint
+from ._lockstep import needs_lockstep
 from ._run import RawDiag, run_forked, run_sanitized
 from ._source import DTYPES, NUMPY_DTYPES, cpp_unit, from_storage, mlx_source, signature, to_storage
 
@@ -136,17 +136,23 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
 
     args, out_index = launch()
     stack = stack_kb or (512 if mode == "sanitize" else 128)
-    runner = run_sanitized if mode == "sanitize" else run_forked
-    extra: dict[str, Any] = {"threadgroups": [tuple(int(v) for v in t) for t in threadgroups]} if threadgroups else {}
-    if schedule != "in-order":
-        extra["schedule"] = (*SCHEDULES[schedule], int(seed) & 0xFFFFFFFFFFFFFFFF)
-    if lockstep:
-        extra["detect"] = mode == "check"
-    geometry = (tuple(int(g) for g in grid), tuple(int(t) for t in threadgroup), int(tg_limit), stack, timeout)
-    ran = runner(compiled.path, args, out_index, *geometry, **extra)  # type: ignore[arg-type]
-    if ran.unsynced:  # lanes passed values on lines the translator had not marked: every access synchronises now
-        args, out_index = launch()
-        ran = runner(compiled.path, args, out_index, *geometry, sync_all=True, **extra)  # type: ignore[arg-type]
+    grid3 = (int(grid[0]), int(grid[1]), int(grid[2]))
+    tg3 = (int(threadgroup[0]), int(threadgroup[1]), int(threadgroup[2]))
+    if mode == "sanitize":
+        ran = run_sanitized(compiled.path, args, out_index, grid3, tg3, int(tg_limit), stack, timeout)
+    else:
+        extra: dict[str, Any] = {}
+        if threadgroups:
+            extra["threadgroups"] = [tuple(int(v) for v in t) for t in threadgroups]
+        if schedule != "in-order":
+            extra["schedule"] = (*SCHEDULES[schedule], int(seed) & 0xFFFFFFFFFFFFFFFF)
+        if lockstep:
+            extra["detect"] = mode == "check"
+        ran = run_forked(compiled.path, args, out_index, grid3, tg3, int(tg_limit), stack, timeout, **extra)
+        if ran.unsynced:  # lanes passed values on lines the translator had not marked: all accesses synchronise now
+            args, out_index = launch()
+            ran = run_forked(compiled.path, args, out_index, grid3, tg3, int(tg_limit), stack, timeout, sync_all=True,
+                             **extra)
     outputs = [from_storage(args[i], odt).reshape(shape)
                for i, odt, shape in zip(out_index, output_dtypes, output_shapes)]
     return InterpResult(outputs, [_diagnostic(d, sig, kernel, text, lines) for d in ran.diags], compiled.seconds,

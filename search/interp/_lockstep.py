@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ._syntax import _TG_ARRAY, _TG_ARRAY_MD, _TG_POINTER, _TG_SCALAR
+from ._syntax import _TG_ARRAY, _TG_ARRAY_MD, _TG_POINTER, _TG_ROW_POINTER, _TG_SCALAR
 
 #: Loops beyond this many have no iteration counter (ks_shim.h: KS_MAX_LOOPS).
 MAX_LOOPS = 64
@@ -28,7 +28,6 @@ _LOOP = re.compile(r"\b(for|while|do)\b")
 _BARRIER = re.compile(r"\b(?:threadgroup_barrier|simdgroup_barrier)\s*\(")
 #: Calls every lane of a simdgroup completes together (the shim's collectives).
 _COLLECTIVE = re.compile(r"\b(?:simd_(?!active_threads_mask)\w+|quad_\w+|simdgroup_multiply(?:_accumulate)?)\s*\(")
-_TG_ROW_POINTER = re.compile(r"\bthreadgroup\s+(?:const\s+)?[A-Za-z_][\w:]*\s*\(\s*\*\s*(\w+)\s*\)\s*\[")
 _ASSIGN = re.compile(r"\s*(?:(?:<<|>>|[-+*/%&|^])?=(?!=)|\+\+|--)")
 _MEMBERS = re.compile(r"(?:\s*\.\s*\w+|\s*\[)")
 
@@ -209,7 +208,8 @@ def loop_tables(loops: list[Loop], lines: int, sync: set[int]) -> str:
             f"extern const int ks_loop_count = {len(loops)};\n"
             f"extern const int16_t ks_line_loop[] = {{{', '.join(map(str, per_line))}}};\n"
             f"extern const int ks_line_count = {len(per_line)};\n"
-            f"extern const uint8_t ks_sync_line[] = {{{', '.join('1' if k in sync else '0' for k in range(len(per_line)))}}};\n")
+            f"extern const uint8_t ks_sync_line[] = {{{', '.join('1' if k in sync else '0' for k in range(len(per_line)))}}};"
+            "\n")
 
 
 # -- the fast-mode decision ----------------------------------------------------------------------------------
@@ -255,7 +255,7 @@ def _declarations(code: str) -> tuple[set[str], list[tuple[int, int]], set[int]]
     names: set[str] = set()
     inits: list[tuple[int, int]] = []
     declared: set[int] = set()
-    for pat, group in ((_TG_ARRAY, 2), (_TG_ARRAY_MD, 2), (_TG_SCALAR, 2), (_TG_ROW_POINTER, 1), (_TG_POINTER, 2)):
+    for pat, group in ((_TG_ARRAY, 2), (_TG_ARRAY_MD, 2), (_TG_SCALAR, 2), (_TG_ROW_POINTER, 2), (_TG_POINTER, 2)):
         for m in pat.finditer(code):
             names.add(m[group])
             declared.add(m.start(group))
@@ -309,7 +309,8 @@ def sync_lines(text: str) -> set[int]:
     for f in _find(code):  # a loop with barriers in its body: its last stretch runs on into its first
         inside = [s for s in splits if f.body[0] <= s < f.body[1]]
         if inside:
-            found += _conflicts([u for u in uses if f.body[0] <= u.offset < inside[0] or inside[-1] < u.offset < f.body[1]])
+            found += _conflicts([u for u in uses
+                                 if f.body[0] <= u.offset < inside[0] or inside[-1] < u.offset < f.body[1]])
     return {code.count("\n", 0, u.offset) + 1 for u in found}
 
 

@@ -16,7 +16,16 @@ from typing import Any
 import numpy as np
 
 from ._lockstep import instrument, loop_tables, sync_lines
-from ._syntax import _TG_ARRAY, _TG_ARRAY_MD, _TG_CAST, _TG_CAST_NAMED, _TG_POINTER, _TG_SCALAR, _VOLATILE_TG
+from ._syntax import (
+    _TG_ARRAY,
+    _TG_ARRAY_MD,
+    _TG_CAST,
+    _TG_CAST_NAMED,
+    _TG_POINTER,
+    _TG_ROW_POINTER,
+    _TG_SCALAR,
+    _VOLATILE_TG,
+)
 
 #: Metal thread attributes MLX can pass to a custom kernel: name -> type.
 ATTRIBUTES: dict[str, str] = {
@@ -245,6 +254,11 @@ def _inner_extents(dims: str) -> str:
     return ", ".join("int64_t(" + d + ")" for d in _dims(dims)[1:])
 
 
+def _extents(dims: str) -> str:
+    """``int64_t(d0), int64_t(d1)...``: every extent of a ``[d0][d1]...`` declarator."""
+    return ", ".join("int64_t(" + d + ")" for d in _dims(dims))
+
+
 def _element_count(dims: str) -> str:
     """``(d0) * (d1) * ...``: the element count of a ``[d0][d1]...`` declaration."""
     return " * ".join("(" + d + ")" for d in _dims(dims))
@@ -366,7 +380,7 @@ def translate(text: str, check: bool) -> str:
     text = _code_only(text, lambda code: _HALF_LITERAL.sub(_literal, _SWIZZLE.sub(_swizzle, code)))
     text = _VOLATILE_TG.sub("threadgroup", text)  # volatile threadgroup pointers: every access is checked anyway
     if check:
-        names = {m[2] for pat in (_TG_ARRAY, _TG_ARRAY_MD, _TG_POINTER) for m in pat.finditer(text)}
+        names = {m[2] for pat in (_TG_ARRAY, _TG_ARRAY_MD, _TG_POINTER, _TG_ROW_POINTER) for m in pat.finditer(text)}
         text = _code_only(text, _checked_casts)
         text = _TG_ARRAY_MD.sub(lambda m: f"ks::tgmd<{m[1]}, {_inner_extents(m[3])}> "
                                           f"{m[2]} = ks::tgmd<{m[1]}, {_inner_extents(m[3])}>"
@@ -377,6 +391,7 @@ def translate(text: str, check: bool) -> str:
         text = _TG_SCALAR.sub(lambda m: f"ks::tgref<{m[1]}> {m[2]} = ks::tg_alloc_checked<{m[1]}>(1, \"{m[2]}\", "
                                         f"__LINE__)[0];", text)
         text = _TG_POINTER.sub(lambda m: f"ks::tgptr<{m[1]}> {m[2]}", text)
+        text = _TG_ROW_POINTER.sub(lambda m: f"ks::tgmd<{m[1]}, {_extents(m[3])}> {m[2]}", text)
         if names:
             text = _code_only(text, lambda code: _wrap_elements(code, names))
     else:

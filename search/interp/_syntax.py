@@ -14,3 +14,6 @@ _VOLATILE_TG = re.compile(r"\bvolatile\s+threadgroup\b")
 #: Casts to a threadgroup pointer: `(threadgroup float4*) shmem`, `reinterpret_cast<threadgroup half*>(p)`.
 _TG_CAST = re.compile(rf"\(\s*threadgroup\s+({_TYPE})\s*\*\s*\)")
 _TG_CAST_NAMED = re.compile(rf"\b(?:reinterpret_cast|static_cast)\s*<\s*threadgroup\s+({_TYPE})\s*\*\s*>")
+#: A pointer to rows of a multi-dimensional threadgroup array: `threadgroup float (*rows)[33]` (a parameter of a helper
+#: that takes `buf` of `threadgroup float buf[8][33]`).
+_TG_ROW_POINTER = re.compile(rf"\bthreadgroup\s+({_TYPE})\s*\(\s*\*\s*(\w+)\s*\)\s*((?:\[[^\]\n]+\]\s*){{1,2}})")

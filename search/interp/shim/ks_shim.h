@@ -45,26 +45,21 @@ typedef _Float16 half;
 struct bfloat {
   uint16_t bits;
   bfloat() = default;
-  static uint16_t round(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
+  // constexpr (bit casts, not memcpy), so limits of bfloat are constant expressions (MLX's Limits<bfloat16_t>).
+  static constexpr uint16_t round(float f) {
+    uint32_t u = __builtin_bit_cast(uint32_t, f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // keep NaN a NaN
     u += 0x7fffu + ((u >> 16) & 1u);
     return uint16_t(u >> 16);
   }
   template <class U, class = std::enable_if_t<std::is_arithmetic<U>::value || std::is_same<U, half>::value>>
-  bfloat(U v) : bits(round(float(v))) {}
-  operator float() const {
-    uint32_t u = uint32_t(bits) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
+  constexpr bfloat(U v) : bits(round(float(v))) {}
+  constexpr operator float() const { return __builtin_bit_cast(float, uint32_t(bits) << 16); }
   template <class U> bfloat& operator+=(U o) { return *this = bfloat(float(*this) + float(o)); }
   template <class U> bfloat& operator-=(U o) { return *this = bfloat(float(*this) - float(o)); }
   template <class U> bfloat& operator*=(U o) { return *this = bfloat(float(*this) * float(o)); }
   template <class U> bfloat& operator/=(U o) { return *this = bfloat(float(*this) / float(o)); }
-  bfloat operator-() const { bfloat r; r.bits = bits ^ 0x8000; return r; }
+  constexpr bfloat operator-() const { bfloat r(0.0f); r.bits = uint16_t(bits ^ 0x8000); return r; }
 };
 typedef half float16_t;
 typedef bfloat bfloat16_t;
@@ -87,6 +82,10 @@ template <class T> struct vec_size { static constexpr int value = 1; };
 template <class T, int N> struct vec_size<vec<T, N>> { static constexpr int value = N; };
 
 template <class T, int N, int... I> struct swizzle_ref;
+template <class T, int N> struct packed_vec;
+template <class T> struct is_packed : std::false_type {};
+template <class T, int N> struct is_packed<packed_vec<T, N>> : std::true_type {};
+template <class T, int N> struct vec_size<packed_vec<T, N>> { static constexpr int value = N; };
 
 template <class T, int N>
 struct alignas((N == 3 ? 4 : N) * sizeof(T)) vec : vec_storage<T, N> {
@@ -96,17 +95,18 @@ struct alignas((N == 3 ? 4 : N) * sizeof(T)) vec : vec_storage<T, N> {
   template <class U, class = std::enable_if_t<!is_vec<U>::value && std::is_constructible<T, U>::value>>
   vec(U s) { for (int i = 0; i < N; ++i) v[i] = T(s); }
   template <class U> explicit vec(const vec<U, N>& o) { for (int i = 0; i < N; ++i) v[i] = T(o.v[i]); }
+  template <class U> explicit vec(const packed_vec<U, N>& o) { for (int i = 0; i < N; ++i) v[i] = T(o.v[i]); }
   template <class A, class B, class... R, class = std::enable_if_t<(sizeof...(R) + 2 <= N)>>
   vec(const A& a, const B& b, const R&... r) { int k = 0; put(k, a); put(k, b); (put(k, r), ...); }
   template <class U> void put(int& k, const U& s) {
-    if constexpr (is_vec<U>::value) { for (int i = 0; i < vec_size<U>::value; ++i) v[k++] = T(s.v[i]); }
+    if constexpr (is_vec<U>::value || is_packed<U>::value) { for (int i = 0; i < vec_size<U>::value; ++i) v[k++] = T(s.v[i]); }
     else v[k++] = T(s);
   }
   T& operator[](int i) { return v[i]; }
   const T& operator[](int i) const { return v[i]; }
   // A swizzle that is assigned to (`v.xy = ...`, `v.xy += ...`) is a reference; every other swizzle is read as
   // a vector value, so it deduces as one in templates (`length(v.xy)`, `v.xy * s`, `all(b.xw)`).
-  template <int... I> swizzle_ref<T, N, I...> swz() { return swizzle_ref<T, N, I...>{this}; }
+  template <int... I> swizzle_ref<T, N, I...> swz() { return swizzle_ref<T, N, I...>{v}; }
   template <int... I> vec<T, sizeof...(I)> swz() const { return vec<T, sizeof...(I)>(v[I]...); }
   template <int... I> vec<T, sizeof...(I)> swv() const { return vec<T, sizeof...(I)>(v[I]...); }
 #define KS_VEC_OPASSIGN(op)                                                                          \
@@ -124,16 +124,17 @@ struct alignas((N == 3 ? 4 : N) * sizeof(T)) vec : vec_storage<T, N> {
   vec<bool, N> operator!() const { vec<bool, N> r; for (int i = 0; i < N; ++i) r.v[i] = !v[i]; return r; }
 };
 
+// The components I of an N-element vector (aligned or packed) at p, assigned to.
 template <class T, int N, int... I> struct swizzle_ref {
-  vec<T, N>* p;
-  operator vec<T, sizeof...(I)>() const { return vec<T, sizeof...(I)>(p->v[I]...); }
-  swizzle_ref& operator=(const vec<T, sizeof...(I)>& o) { int k = 0; ((p->v[I] = o.v[k++]), ...); return *this; }
+  T* p;
+  operator vec<T, sizeof...(I)>() const { return vec<T, sizeof...(I)>(p[I]...); }
+  swizzle_ref& operator=(const vec<T, sizeof...(I)>& o) { int k = 0; ((p[I] = o.v[k++]), ...); return *this; }
   template <class U, class = std::enable_if_t<!is_vec<U>::value>> swizzle_ref& operator=(const U& s) {
     return *this = vec<T, sizeof...(I)>(s);
   }
 #define KS_SWZ_OPASSIGN(op)                                                                          \
   template <class U> swizzle_ref& operator op##=(const U& o) {                                      \
-    vec<T, sizeof...(I)> cur(p->v[I]...); cur op##= o; return *this = cur;                          \
+    vec<T, sizeof...(I)> cur(p[I]...); cur op##= o; return *this = cur;                             \
   }
   KS_SWZ_OPASSIGN(+) KS_SWZ_OPASSIGN(-) KS_SWZ_OPASSIGN(*) KS_SWZ_OPASSIGN(/) KS_SWZ_OPASSIGN(%)
   KS_SWZ_OPASSIGN(&) KS_SWZ_OPASSIGN(|) KS_SWZ_OPASSIGN(^) KS_SWZ_OPASSIGN(<<) KS_SWZ_OPASSIGN(>>)
@@ -142,13 +143,13 @@ template <class T, int N, int... I> struct swizzle_ref {
 
 #define KS_VEC_BINOP(op)                                                                             \
   template <class T, int N, class U> auto operator op(const vec<T, N>& a, const U& b) {             \
-    if constexpr (is_vec<U>::value) {                                                               \
+    if constexpr (is_vec<U>::value || is_packed<U>::value) {                                        \
       vec<T, N> r; for (int i = 0; i < N; ++i) r.v[i] = T(a.v[i] op b.v[i]); return r;              \
     } else {                                                                                        \
       vec<T, N> r; for (int i = 0; i < N; ++i) r.v[i] = T(a.v[i] op b); return r;                   \
     }                                                                                               \
   }                                                                                                 \
-  template <class U, class T, int N, class = std::enable_if_t<!is_vec<U>::value>>                  \
+  template <class U, class T, int N, class = std::enable_if_t<!is_vec<U>::value && !is_packed<U>::value>> \
   vec<T, N> operator op(const U& a, const vec<T, N>& b) {                                           \
     vec<T, N> r; for (int i = 0; i < N; ++i) r.v[i] = T(a op b.v[i]); return r;                     \
   }
@@ -159,11 +160,11 @@ KS_VEC_BINOP(^) KS_VEC_BINOP(<<) KS_VEC_BINOP(>>)
 #define KS_VEC_CMP(op)                                                                               \
   template <class T, int N, class U> vec<bool, N> operator op(const vec<T, N>& a, const U& b) {     \
     vec<bool, N> r;                                                                                 \
-    if constexpr (is_vec<U>::value) { for (int i = 0; i < N; ++i) r.v[i] = a.v[i] op b.v[i]; }      \
+    if constexpr (is_vec<U>::value || is_packed<U>::value) { for (int i = 0; i < N; ++i) r.v[i] = a.v[i] op b.v[i]; } \
     else { for (int i = 0; i < N; ++i) r.v[i] = a.v[i] op b; }                                      \
     return r;                                                                                       \
   }                                                                                                 \
-  template <class U, class T, int N, class = std::enable_if_t<!is_vec<U>::value>>                  \
+  template <class U, class T, int N, class = std::enable_if_t<!is_vec<U>::value && !is_packed<U>::value>> \
   vec<bool, N> operator op(const U& a, const vec<T, N>& b) {                                        \
     vec<bool, N> r; for (int i = 0; i < N; ++i) r.v[i] = a op b.v[i]; return r;                     \
   }
@@ -179,21 +180,52 @@ KS_VEC_TYPES(float, float) KS_VEC_TYPES(half, half) KS_VEC_TYPES(bfloat, bfloat)
 KS_VEC_TYPES(uint, uint) KS_VEC_TYPES(short, short) KS_VEC_TYPES(ushort, ushort) KS_VEC_TYPES(bool, bool)
 KS_VEC_TYPES(char, char) KS_VEC_TYPES(uchar, uchar) KS_VEC_TYPES(long, long) KS_VEC_TYPES(unsigned long, ulong)
 #undef KS_VEC_TYPES
-// Packed vectors: no padding (packed_float3 is 12 bytes), converting to and from the aligned vector.
-template <class T, int N> struct packed_vec {
-  T v[N];
+// Packed vectors: no padding (packed_float3 is 12 bytes), the same members, swizzles and arithmetic as the aligned
+// vector (arithmetic gives an aligned vector), converting to and from it.
+template <class T, int N> struct packed_storage;
+template <class T> struct packed_storage<T, 2> { union { T v[2]; struct { T x, y; }; struct { T r, g; }; }; };
+template <class T> struct packed_storage<T, 3> { union { T v[3]; struct { T x, y, z; }; struct { T r, g, b; }; }; };
+template <class T> struct packed_storage<T, 4> { union { T v[4]; struct { T x, y, z, w; }; struct { T r, g, b, a; }; }; };
+template <class T, int N> struct packed_vec : packed_storage<T, N> {
+  using value_type = T;
+  using packed_storage<T, N>::v;
   packed_vec() = default;
   template <class U> packed_vec(const vec<U, N>& o) { for (int i = 0; i < N; ++i) v[i] = T(o.v[i]); }
-  template <class A, class... R, class = std::enable_if_t<!is_vec<A>::value>>
+  template <class U> packed_vec(const packed_vec<U, N>& o) { for (int i = 0; i < N; ++i) v[i] = T(o.v[i]); }
+  template <class A, class... R, class = std::enable_if_t<!is_vec<A>::value && !is_packed<A>::value>>
   packed_vec(const A& a, const R&... r) : packed_vec(vec<T, N>(a, r...)) {}
   operator vec<T, N>() const { vec<T, N> r; for (int i = 0; i < N; ++i) r.v[i] = v[i]; return r; }
   T& operator[](int i) { return v[i]; }
   const T& operator[](int i) const { return v[i]; }
+  template <int... I> swizzle_ref<T, N, I...> swz() { return swizzle_ref<T, N, I...>{v}; }
+  template <int... I> vec<T, sizeof...(I)> swz() const { return vec<T, sizeof...(I)>(v[I]...); }
+  template <int... I> vec<T, sizeof...(I)> swv() const { return vec<T, sizeof...(I)>(v[I]...); }
+  template <class U> packed_vec& operator+=(const U& o) { return *this = packed_vec(vec<T, N>(*this) + o); }
+  template <class U> packed_vec& operator-=(const U& o) { return *this = packed_vec(vec<T, N>(*this) - o); }
+  template <class U> packed_vec& operator*=(const U& o) { return *this = packed_vec(vec<T, N>(*this) * o); }
+  template <class U> packed_vec& operator/=(const U& o) { return *this = packed_vec(vec<T, N>(*this) / o); }
+  vec<T, N> operator-() const { return -vec<T, N>(*this); }
 };
+#define KS_PACKED_BINOP(op)                                                                          \
+  template <class T, int N, class U> auto operator op(const packed_vec<T, N>& a, const U& b) {      \
+    return vec<T, N>(a) op b;                                                                       \
+  }                                                                                                 \
+  template <class U, class T, int N, class = std::enable_if_t<!is_vec<U>::value && !is_packed<U>::value>> \
+  auto operator op(const U& a, const packed_vec<T, N>& b) { return a op vec<T, N>(b); }
+KS_PACKED_BINOP(+) KS_PACKED_BINOP(-) KS_PACKED_BINOP(*) KS_PACKED_BINOP(/) KS_PACKED_BINOP(%) KS_PACKED_BINOP(&)
+KS_PACKED_BINOP(|) KS_PACKED_BINOP(^) KS_PACKED_BINOP(<) KS_PACKED_BINOP(>) KS_PACKED_BINOP(<=) KS_PACKED_BINOP(>=)
+KS_PACKED_BINOP(==) KS_PACKED_BINOP(!=)
+#undef KS_PACKED_BINOP
+// An aligned vector for either kind (the geometric and math functions take it).
+template <class V> inline auto unpacked(const V& x) {
+  if constexpr (is_packed<V>::value) return vec<typename V::value_type, vec_size<V>::value>(x);
+  else return x;
+}
 #define KS_PACKED(T, name) typedef packed_vec<T, 2> packed_##name##2; typedef packed_vec<T, 3> packed_##name##3; \
   typedef packed_vec<T, 4> packed_##name##4;
 KS_PACKED(float, float) KS_PACKED(half, half) KS_PACKED(int, int) KS_PACKED(uint, uint) KS_PACKED(short, short)
 KS_PACKED(ushort, ushort) KS_PACKED(char, char) KS_PACKED(uchar, uchar) KS_PACKED(bfloat, bfloat)
+KS_PACKED(long, long) KS_PACKED(unsigned long, ulong) KS_PACKED(bool, bool)
 #undef KS_PACKED
 
 // ------------------------------------------------------------------------------------------------
@@ -574,6 +606,9 @@ template <class T> struct tgref {
   T operator++(int) { T old = load(); *this = T(old + 1); return old; }
   T operator--(int) { T old = load(); *this = T(old - 1); return old; }
   tgptr<T> operator&() const { return tgptr<T>{a, i}; }
+  // A component of a threadgroup vector element (`tile[t][1]`, `buf[r][c][k]`): read or written as the element.
+  template <class V = T, class = std::enable_if_t<is_vec<V>::value || is_packed<V>::value>>
+  auto operator[](int k) const;
   // Swizzles of a threadgroup vector element (`tile[t].xy`): a read checks the element; tgswizzle writes.
   template <int... I> auto swv() const { return load().template swv<I...>(); }
   template <int... I> auto swz() const;
@@ -649,6 +684,20 @@ template <class V, int... I> struct tgswizzle {
 #undef KS_TGSWZ_OPASSIGN
 };
 template <class T> template <int... I> auto tgref<T>::swz() const { return tgswizzle<T, I...>{*this}; }
+template <class V> struct tgcomp {
+  tgref<V> r;
+  int k;
+  using E = typename V::value_type;
+  operator E() const { return r.load().v[k]; }
+  tgcomp& operator=(const E& x) { V d; tg_access<V>(r.a, r.i, true, r.line, &d)->v[k] = x; return *this; }
+  template <class U, class = std::enable_if_t<!std::is_same<U, E>::value>> tgcomp& operator=(const U& x) { return *this = E(x); }
+  tgcomp& operator=(const tgcomp& o) { return *this = E(o); }
+  template <class U> tgcomp& operator+=(const U& x) { return *this = E(E(*this) + x); }
+  template <class U> tgcomp& operator-=(const U& x) { return *this = E(E(*this) - x); }
+  template <class U> tgcomp& operator*=(const U& x) { return *this = E(E(*this) * x); }
+  template <class U> tgcomp& operator/=(const U& x) { return *this = E(E(*this) / x); }
+};
+template <class T> template <class V, class> auto tgref<T>::operator[](int k) const { return tgcomp<T>{*this, k}; }
 template <int I, class V> inline auto comp(V& v) -> decltype(v.v[I]) { return v.v[I]; }
 
 // A multi-dimensional threadgroup array (`threadgroup T a[R][C];`): indexing narrows to rows; every element
@@ -885,7 +934,9 @@ template <class U, class V> inline U as_type(const V& v) {
 
 #define KS_UNARY(name, fn)                                                                           \
   template <class T> inline auto name(const T& x) {                                                 \
-    if constexpr (is_vec<T>::value) {                                                               \
+    if constexpr (is_packed<T>::value) {                                                            \
+      return name(unpacked(x));                                                                     \
+    } else if constexpr (is_vec<T>::value) {                                                        \
       T r; for (int i = 0; i < vec_size<T>::value; ++i) r.v[i] = name(x.v[i]); return r;            \
     } else {                                                                                        \
       return T(fn(float(x)));                                                                       \

@@ -203,13 +203,13 @@ def loop_tables(loops: list[Loop], lines: int, sync: set[int]) -> str:
     for i in sorted(range(len(loops)), key=lambda k: depth[k]):
         for line in range(loops[i].start, min(loops[i].end, lines + 1) + 1):
             per_line[line] = i
+    marks = ", ".join("1" if k in sync else "0" for k in range(len(per_line)))
     info = ", ".join(f"{{{lp.start}, {lp.end}, {lp.parent if 0 <= lp.parent < len(loops) else -1}}}" for lp in loops)
     return (f"extern const ks::LoopInfo ks_loop_info[] = {{{info}{', ' if info else ''}{{0, 0, -1}}}};\n"
             f"extern const int ks_loop_count = {len(loops)};\n"
             f"extern const int16_t ks_line_loop[] = {{{', '.join(map(str, per_line))}}};\n"
             f"extern const int ks_line_count = {len(per_line)};\n"
-            f"extern const uint8_t ks_sync_line[] = {{{', '.join('1' if k in sync else '0' for k in range(len(per_line)))}}};"
-            "\n")
+            f"extern const uint8_t ks_sync_line[] = {{{marks}}};\n")
 
 
 # -- the fast-mode decision ----------------------------------------------------------------------------------

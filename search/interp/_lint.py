@@ -123,7 +123,8 @@ def subset_lists() -> dict[str, str]:
         return textwrap.fill(" ".join(f"`{n}`" for n in sorted(names)), 110, initial_indent="  ",
                              subsequent_indent="  ")
     return {"math": fmt(MATH_FUNCTIONS), "simd": fmt(SIMD_FUNCTIONS - {"simdgroup_matrix", "simdgroup_float8x8",
-                                                                      "simdgroup_half8x8", "simdgroup_bfloat8x8"})}
+                                                                      "simdgroup_half8x8", "simdgroup_bfloat8x8"}),
+            "mlx": fmt(MLX_NAMES)}
 
 
 def render_subset_doc(text: str) -> str:

@@ -30,6 +30,9 @@ _BARRIER = re.compile(r"\b(?:threadgroup_barrier|simdgroup_barrier)\s*\(")
 _COLLECTIVE = re.compile(r"\b(?:simd_(?!active_threads_mask)\w+|quad_\w+|simdgroup_multiply(?:_accumulate)?)\s*\(")
 _ASSIGN = re.compile(r"\s*(?:(?:<<|>>|[-+*/%&|^])?=(?!=)|\+\+|--)")
 _MEMBERS = re.compile(r"(?:\s*\.\s*\w+|\s*\[)")
+#: A type before a name (`float* p`, `const uint& n`): the name is declared there, not used.
+_DECLARED_AFTER = re.compile(r"\b(\w+)\s*[*&]?$")
+_EXPRESSION_WORDS = frozenset({"return", "else", "do", "case", "sizeof", "throw", "co_return"})
 
 
 @dataclass(frozen=True)
@@ -275,7 +278,11 @@ def _uses(code: str) -> list[_Use]:
     for m in find.finditer(code):
         if m.start() in declared or any(a <= m.start() < b for a, b in inits):
             continue
-        if code[max(0, m.start() - 64):m.start()].rstrip().endswith((".", "->")):
+        before = code[max(0, m.start() - 64):m.start()].rstrip()
+        if before.endswith((".", "->")):  # a member of something else
+            continue
+        word = _DECLARED_AFTER.search(before)
+        if word is not None and word[1] not in _EXPRESSION_WORDS:  # `float* p`: another variable of that name
             continue
         uses.append(_Use(m.start(), m[0], *_classify(code, m.start(), m.end())))
     return uses

@@ -123,16 +123,19 @@ def test_check_mode_runs_again_in_full_lockstep_where_the_translator_saw_no_pass
     assert {(d.kind, d.severity) for d in r.diagnostics} == {("simdgroup_synchronous", "warning")}
 
 
+@pytest.mark.slow
 def test_fast_mode_keeps_one_thread_after_another_for_kernels_with_barriers_between_lanes(gemm):
-    """The GEMM family (double-buffered tiles included) passes no value between lanes without a barrier: fast mode
-    compiles it as before (no lockstep build, no extra cost)."""
-    import random
+    """The GEMM family (every layout of its template: MMA, staging, vector width, double-buffered tiles, B layout,
+    split K) passes no value between lanes without a barrier: fast mode compiles it as before (no lockstep build,
+    no extra cost)."""
+    import itertools
 
-    from kernsearch import Space, get_chip, make_problem, render
+    from kernsearch import render
 
-    chip = get_chip("M2 Max")
-    space = Space(make_problem(gemm, "64,64,64", "float32", chip), chip)
-    for cfg in random.Random(7).sample(space.enumerate().valid, 60):
+    structure = ("MMA", "STAGE", "VEC", "DOUBLE_BUFFER", "LAYOUT_B", "SPLIT_K")
+    for values in itertools.product(*(gemm.knobs[k].values[:2] if k == "SPLIT_K" else gemm.knobs[k].values
+                                      for k in structure)):
+        cfg = {**gemm.default, **dict(zip(structure, values))}
         k = render(gemm, cfg, "float32")
         assert not needs_lockstep(k.header, k.source), cfg
 
@@ -184,3 +187,14 @@ z = b[t ^ 1];
 """
     assert sync_lines(src) == {6, 7}
     assert sync_lines(src.replace("b[t] = y;", "b[t] = y;\nsimd_sum(y);")) == set()  # a collective orders them
+
+
+@pytest.mark.slow
+def test_sanitize_mode_runs_a_lockstep_kernel_in_lockstep_and_still_finds_device_overflows():
+    src, ref = PATTERNS["reset"]
+    r = run("san", src, "sanitize")
+    assert r.lockstep
+    np.testing.assert_array_equal(r.outputs[0], ref(X))
+    assert r.diagnostics == []
+    r = run("sanoob", src.replace("inp[sg * 32]", "inp[sg * 32 + 64]"), "sanitize")
+    assert any(d.kind == "device_bounds" for d in r.diagnostics), r.diagnostics

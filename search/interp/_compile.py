@@ -64,13 +64,15 @@ def shim_version() -> str:
     return h.hexdigest()[:16]
 
 
-def flags(mode: str, cpp: str = "") -> list[str]:
+def flags(mode: str, cpp: str = "", lockstep: bool = False) -> list[str]:
+    """Compiler flags of a ``mode`` build; ``lockstep`` (or check mode): the checked translation, whose simdgroups
+    run in lockstep (KS_CHECK)."""
     f = list(BASE_FLAGS) + [f"-I{SHIM_DIR}"]
     if "ks_mpp.h" in cpp or "MetalPerformancePrimitives" in cpp or "metal_tensor" in cpp:
         f[0] = "-std=c++20"  # matmul2d takes its descriptor as a class-type template argument
     if platform.machine() in ("x86_64", "AMD64"):
         f.append("-mf16c")
-    if mode == "check":
+    if mode == "check" or lockstep:
         f.append("-DKS_CHECK=1")
     if os.environ.get("KERNSEARCH_INTERP_UCONTEXT"):  # the portable fiber switch, for comparison and tests
         f.append("-DKS_FORCE_UCONTEXT=1")
@@ -117,9 +119,9 @@ _ANY_ERROR = re.compile(r":\d+(?::\d+)?:\s*(?:fatal )?error:\s*(.*)")
 _ERROR_LINE = re.compile(r"kernel\.metal:(\d+):(?:\d+:)?\s*(?:fatal )?error:\s*(.*)")
 
 
-def compile_unit(cpp: str, mode: str) -> Compiled:
+def compile_unit(cpp: str, mode: str, lockstep: bool = False) -> Compiled:
     """Compile (or fetch from the cache) one translation unit; errors are a ``compile`` variant failure."""
-    cmd_flags = flags(mode, cpp)
+    cmd_flags = flags(mode, cpp, lockstep)
     key = hashlib.sha256("\0".join([cpp, *cmd_flags, shim_version()]).encode()).hexdigest()[:32]
     suffix = ".exe" if mode == "sanitize" else ".so"
     target = cache_dir() / f"{key}{suffix}"

@@ -117,13 +117,13 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
                     list(output_dtypes), tuple(kernel.template), atomic_outputs=atomic)
     text = mlx_source(sig, kernel.header, kernel.source)
     # The lanes of a simdgroup run in lockstep, as the hardware runs them, where the translator finds threadgroup
-    # memory they may pass values through between barriers (fast and check mode, one object; the detector runs in
-    # check mode only, and when it finds such passing elsewhere the kernel runs again with every access in
-    # lockstep). Elsewhere threads run one after another, which gives the same results, faster.
-    lockstep = mode == "check" or (mode == "fast" and needs_lockstep(kernel.header, kernel.source))
+    # memory they may pass values through between barriers (fast and check mode share the object; sanitize mode
+    # builds its own; the detector runs in check mode only, and when it finds such passing elsewhere the kernel
+    # runs again with every access in lockstep). Elsewhere threads run one after another: the same results, faster.
+    lockstep = mode == "check" or needs_lockstep(kernel.header, kernel.source)
     try:
         compiled = compile_unit(cpp_unit(sig, kernel.header, kernel.source, check=mode == "check", lockstep=lockstep),
-                                "check" if lockstep else mode)
+                                mode, lockstep)
     except VariantFailure as exc:  # name the template line of a compile error too, when known
         m = re.match(r"line (\d+): ", exc.detail)
         tmpl = _template_line(int(m.group(1)), sig, kernel, lines) if m else None

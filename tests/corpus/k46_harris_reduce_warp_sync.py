@@ -1,5 +1,4 @@
 """Block sum: a barrier tree down to 64 partial sums, then the last 32 lanes unrolled with no barrier (lockstep)."""
-import numpy as np
 from _case import Case, rng
 
 MODELLED_ON = ("NVIDIA 'Optimizing Parallel Reduction in CUDA' (Harris), kernel 6: first add during load, tree with "

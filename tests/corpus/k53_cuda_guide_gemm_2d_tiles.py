@@ -1,5 +1,4 @@
 """Tiled matrix product with two-dimensional threadgroup tiles (padded rows), ragged edges guarded."""
-import numpy as np
 from _case import Case, rng
 
 MODELLED_ON = ("CUDA C Programming Guide, Shared Memory: matrix multiplication with __shared__ float "

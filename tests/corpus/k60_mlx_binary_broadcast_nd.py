@@ -1,6 +1,5 @@
 """Broadcast binary op over a 3-D grid: each thread finds its element in both inputs with elem_to_loc_2_nd, given
 the inputs' strides with broadcast dimensions set to zero."""
-import numpy as np
 from _case import Case, rng
 
 MODELLED_ON = "MLX kernels/binary.h: binary_g (general strided binary op, elem_to_loc_2_nd over a 3-D grid)"

@@ -1,6 +1,5 @@
 """Sum over two non-contiguous axes (0 and 2) of a 3-D array, one simdgroup per output: each lane walks its share of
 the reduced elements with LoopedElemToLoc, then simd_sum."""
-import numpy as np
 from _case import Case, rng
 
 MODELLED_ON = ("MLX kernels/reduction/reduce_row.h and reduce_col.h: LoopedElemToLoc over the reduction's shape and "

@@ -91,24 +91,7 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
     ``atomic_outputs`` is MLX's flag: outputs are ``device atomic<T>*``. ``schedule`` ("in-order",
     "reversed", "shuffled" with ``seed``) changes the order threadgroups run and threads are resumed in
     (fast and check modes); :func:`kernsearch.interp.fuzz_schedule` compares them."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r} (known: {', '.join(SCHEDULES)})")
-    if schedule != "in-order" and mode == "sanitize":
-        raise ValueError("sanitize mode runs the grid in order (no schedule fuzz)")
-    if threadgroups is not None and mode == "sanitize":
-        raise ValueError("sanitize mode runs the whole grid (no threadgroups selection)")
-    if mode not in MODES:
-        raise ValueError(f"unknown interpreter mode {mode!r} (known: {', '.join(MODES)})")
-    problem = lint(kernel.header, kernel.source)
-    if problem:
-        raise VariantFailure("unsupported", problem)
-    if len(inputs) != len(kernel.input_names):
-        raise VariantFailure("crash", f"{len(inputs)} inputs given, the kernel takes {len(kernel.input_names)}")
-    if input_dtypes is not None and len(input_dtypes) != len(inputs):
-        raise ValueError(f"{len(input_dtypes)} input dtypes given for {len(inputs)} inputs")
-    for odt in output_dtypes:
-        if odt not in DTYPES:
-            raise ValueError(f"unknown output dtype {odt!r} (known: {', '.join(DTYPES)})")
+    _check_arguments(kernel, mode, schedule, threadgroups, inputs, input_dtypes, output_dtypes)
     given = list(input_dtypes) if input_dtypes is not None else [None] * len(inputs)
     in_dtypes = [_input_dtype(np.asarray(a), dtype, g) for a, g in zip(inputs, given)]
     shapes = [tuple(np.shape(a)) for a in inputs]
@@ -157,6 +140,29 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
                for i, odt, shape in zip(out_index, output_dtypes, output_shapes)]
     return InterpResult(outputs, [_diagnostic(d, sig, kernel, text, lines) for d in ran.diags], compiled.seconds,
                         compiled.cached, text, lockstep)
+
+
+def _check_arguments(kernel: Any, mode: str, schedule: str, threadgroups: list[tuple[int, int, int]] | None,
+                     inputs: list[np.ndarray], input_dtypes: list[str | None] | None, output_dtypes: list[str]) -> None:
+    """Bad arguments are a ``ValueError``; a kernel outside the subset or given the wrong inputs a variant failure."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r} (known: {', '.join(SCHEDULES)})")
+    if schedule != "in-order" and mode == "sanitize":
+        raise ValueError("sanitize mode runs the grid in order (no schedule fuzz)")
+    if threadgroups is not None and mode == "sanitize":
+        raise ValueError("sanitize mode runs the whole grid (no threadgroups selection)")
+    if mode not in MODES:
+        raise ValueError(f"unknown interpreter mode {mode!r} (known: {', '.join(MODES)})")
+    problem = lint(kernel.header, kernel.source)
+    if problem:
+        raise VariantFailure("unsupported", problem)
+    if len(inputs) != len(kernel.input_names):
+        raise VariantFailure("crash", f"{len(inputs)} inputs given, the kernel takes {len(kernel.input_names)}")
+    if input_dtypes is not None and len(input_dtypes) != len(inputs):
+        raise ValueError(f"{len(input_dtypes)} input dtypes given for {len(inputs)} inputs")
+    for odt in output_dtypes:
+        if odt not in DTYPES:
+            raise ValueError(f"unknown output dtype {odt!r} (known: {', '.join(DTYPES)})")
 
 
 def _launch_args(sig: Any, inputs: list[np.ndarray], in_dtypes: list[str], shapes: list[tuple[int, ...]],

@@ -437,5 +437,5 @@ def cpp_unit(sig: Signature, header: str, source: str, check: bool, lockstep: bo
         + f"  {sig.kernel_name}{targs}({', '.join(call_args)});\n"
         "}\n"
     )
-    return ("#define KS_RUNTIME_IMPL 1\n#include \"ks_shim.h\"\nusing namespace metal;\n#line 1 \"kernel.metal\"\n"
+    return ("#include \"ks_shim.h\"\nusing namespace metal;\n#line 1 \"kernel.metal\"\n"
             + translate(body, check) + entry)

@@ -370,10 +370,6 @@ extern const int ks_loop_count;
 extern const int16_t ks_line_loop[];
 extern const int ks_line_count;
 extern const uint8_t ks_sync_line[];
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC push_options
-#pragma GCC optimize("O2")
-#endif
 namespace ks {
 constexpr uint64_t KS_COUNT_MASK = (uint64_t(1) << KS_LINE_SHIFT) - 1;
 // Every threadgroup access synchronises (a rerun after check mode found lanes passing values on lines the
@@ -382,33 +378,13 @@ extern bool sync_all, unsynced_conflict;
 inline bool synced(int line) { return sync_all || (line >= 0 && line < ks_line_count && ks_sync_line[line]); }
 
 // The place of thread `f` at an access, collective or barrier on `line` (see Pos).
-inline void place(Fiber* f, int line) {
-  f->seq = (line == f->last_line && !f->ticked) ? f->seq + 1 : 0;
-  f->last_line = line;
-  f->ticked = false;
-  int chain[64], n = 0;
-  for (int id = line >= 0 && line < ks_line_count ? ks_line_loop[line] : -1; id >= 0 && n < 64; id = ks_loop_info[id].parent)
-    chain[n++] = id;
-  int k = 0;
-  for (int j = n - 1; j >= 0 && k < KS_POS_WORDS - 1; --j, ++k)
-    f->pos.w[k] = (uint64_t(ks_loop_info[chain[j]].start & 0xfffff) << KS_LINE_SHIFT) | (f->it[chain[j]] & KS_COUNT_MASK);
-  f->pos.w[k++] = (uint64_t(line & 0xfffff) << KS_LINE_SHIFT) | (f->seq & KS_COUNT_MASK);
-  for (; k < KS_POS_WORDS; ++k) f->pos.w[k] = 0;
-}
-
+void place(Fiber* f, int line);
 // The condition of loop `id` is evaluated (the translator adds this to each loop): its next iteration, or
 // iteration 0 when the thread comes from outside the loop.
-inline bool tick_now(int id) {
-  Fiber* f = cur;
-  if (id >= 0 && id < KS_MAX_LOOPS && id < ks_loop_count) {
-    const LoopInfo& lp = ks_loop_info[id];
-    f->it[id] = (f->last_line < lp.start || f->last_line > lp.end) ? 0 : f->it[id] + 1;
-    f->last_line = lp.start;
-  }
-  f->ticked = true;
-  return true;
-}
+bool tick_now(int id);
 constexpr bool tick(int id) { return __builtin_is_constant_evaluated() ? true : tick_now(id); }
+// Wait, at an access on a synchronising line, until no other live lane of the simdgroup is behind this one.
+void step_at(Fiber* f, int line);
 
 // An access of threadgroup memory on `line`: the lanes of a simdgroup make their accesses in lockstep, as the
 // hardware does. The thread goes on at once unless another live lane of its simdgroup is behind it; else it
@@ -417,12 +393,7 @@ constexpr bool tick(int id) { return __builtin_is_constant_evaluated() ? true : 
 // lanes cannot change a result, and running them one after another is cheaper.
 inline void step(int line) {
   Fiber* f = cur;
-  if (f == nullptr || f->nostep || !synced(line)) return;
-  place(f, line);
-  if (!pos_less(f->others_min, f->pos)) return;
-  f->wait = W_STEP;
-  f->line = line;
-  yield_to_scheduler();
+  if (f != nullptr && !f->nostep && synced(line)) step_at(f, line);
 }
 // Accesses made inside an operation the whole simdgroup performs (matmul2d) do not synchronise.
 struct no_step {
@@ -430,9 +401,6 @@ struct no_step {
   ~no_step() { if (cur) cur->nostep--; }
 };
 }  // namespace ks
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC pop_options
-#endif
 namespace ks {
 #endif
 
@@ -475,10 +443,6 @@ inline void* tg_alloc(int64_t bytes, int64_t elems, int elem_size, const char* n
 }  // namespace ks
 
 #ifdef KS_CHECK
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC push_options
-#pragma GCC optimize("O2")
-#endif
 namespace ks {
 // Checked threadgroup pointer: every element access goes through the race / uninitialised / bounds
 // detector. Indices carry the caller's line through a converting constructor's default argument.
@@ -499,71 +463,9 @@ inline bool ordered_by_simd_barrier(int other, uint32_t other_sepoch) {
 }
 
 // A hash of the current thread's place: two lanes writing one element at the same place did so in one instruction.
-inline uint64_t where_now() {
-  uint64_t h = 1469598103934665603ull;
-  for (int k = 0; k < KS_POS_WORDS; ++k) h = (h ^ cur->pos.w[k]) * 1099511628211ull;
-  return h;
-}
-
-// A conflicting access by another thread of the same simdgroup with no barrier between: the lanes run in lockstep
-// on Apple GPUs (so the result is the hardware's, and the interpreter's), but MSL leaves it undefined.
-inline void simd_sync(const TgAlloc* a, int64_t i, int line, const char* what, int other, int other_line) {
-  if (!synced(line) || !synced(other_line)) unsynced_conflict = true;  // the lanes did not run in lockstep here
-  char lanes[48];
-  if (other >= 0) snprintf(lanes, sizeof lanes, "lanes %d and %d", other % 32, cur->lane);
-  else snprintf(lanes, sizeof lanes, "lane %d and others", cur->lane);
-  report(D_SIMD_SYNC, S_WARNING, line,
-         "simdgroup-synchronous access without barrier: correct on Apple GPUs, undefined in MSL (%s[%lld] %s by %s "
-         "of simdgroup %d)", a->name, (long long)i, what, lanes, cur->sg);
-}
-
-// One element `i` of the declared array, read or written by the current thread.
-inline void tg_check(const TgAlloc* a, int64_t i, bool write, int line) {
-  Shadow* s = shadow_for(a, i);
-  int t = cur->tid, sg = cur->sg;
-  uint32_t e = L->epoch;
-  uint32_t se = L->sepoch[sg];
-  if (write) {
-    if (s->w_epoch == e && s->writer != t && !ordered_by_simd_barrier(s->writer, s->w_sepoch)) {
-      if (s->writer / 32 != sg)
-        report(D_RACE, S_ERROR, line, "race on %s[%lld]: written by threads %d and %d with no barrier between", a->name, (long long)i, s->writer, t);
-      else if (synced(line) && synced(s->w_line) && s->w_where == where_now())  // places are kept where lanes synchronise
-        report(D_RACE, S_ERROR, line, "race on %s[%lld]: lanes %d and %d of simdgroup %d write it in one instruction", a->name, (long long)i, s->writer % 32, cur->lane, sg);
-      else
-        simd_sync(a, i, line, "written twice", s->writer, s->w_line);
-    } else if (s->r_epoch == e && s->reader != t && !(s->reader >= 0 && ordered_by_simd_barrier(s->reader, s->r_sepoch))) {
-      if (s->r_sg != sg) {
-        if (s->reader == -2)
-          report(D_RACE, S_ERROR, line, "race on %s[%lld]: thread %d writes what other threads read with no barrier between", a->name, (long long)i, t);
-        else
-          report(D_RACE, S_ERROR, line, "race on %s[%lld]: thread %d writes what thread %d read with no barrier between", a->name, (long long)i, t, s->reader);
-      } else if (s->r_sepoch == se) {
-        simd_sync(a, i, line, "written after another lane read it", s->reader, s->r_line);
-      }
-    }
-    s->writer = t; s->w_epoch = e; s->w_sepoch = se; s->w_where = where_now(); s->w_line = line;
-  } else {
-    if (s->w_epoch == 0)
-      report(D_UNINIT, S_ERROR, line, "read of never-written threadgroup memory %s[%lld] by thread %d", a->name, (long long)i, t);
-    else if (s->w_epoch == e && s->writer != t && !ordered_by_simd_barrier(s->writer, s->w_sepoch)) {
-      if (s->writer / 32 != sg)
-        report(D_RACE, S_ERROR, line, "race on %s[%lld]: thread %d reads what thread %d wrote with no barrier between", a->name, (long long)i, t, s->writer);
-      else
-        simd_sync(a, i, line, "read after another lane wrote it", s->writer, s->w_line);
-    }
-    if (s->r_epoch == e && s->reader != t) {
-      s->reader = -2;
-      if (s->r_sg != sg) s->r_sg = -2;
-      if (!synced(line)) s->r_line = line;  // of several readers, remember one that did not synchronise
-    } else {
-      s->reader = t;
-      s->r_sg = sg;
-      s->r_line = line;
-    }
-    s->r_epoch = e;
-    s->r_sepoch = se;
-  }
-}
+uint64_t where_now();
+// One element `i` of the declared array, read or written by the current thread (the race detector; runtime).
+void tg_check(const TgAlloc* a, int64_t i, bool write, int line);
 
 // Element `i` of type T through a pointer to the array (T may differ from the declared element type after a
 // cast, `(threadgroup float4*) shmem`: every declared element the access covers is checked).
@@ -745,9 +647,6 @@ template <class T> inline tgptr<T> tg_alloc_checked(int64_t elems, const char* n
   return tgptr<T>{};
 }
 }  // namespace ks
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC pop_options
-#endif
 #define threadgroup
 #endif  // KS_CHECK
 

@@ -375,6 +375,9 @@ constexpr uint64_t KS_COUNT_MASK = (uint64_t(1) << KS_LINE_SHIFT) - 1;
 // Every threadgroup access synchronises (a rerun after check mode found lanes passing values on lines the
 // translator had not marked), and whether such an access was found in this run.
 extern bool sync_all, unsynced_conflict;
+// Some line synchronises (or all do): lanes are scheduled in lockstep and places are kept (else, as in plain builds,
+// threads run one after another).
+extern bool lockstep_active;
 inline bool synced(int line) { return sync_all || (line >= 0 && line < ks_line_count && ks_sync_line[line]); }
 
 // The place of thread `f` at an access, collective or barrier on `line` (see Pos).
@@ -406,7 +409,7 @@ namespace ks {
 
 inline void wait_here(int kind, int line) {
 #ifdef KS_CHECK
-  place(cur, line);
+  if (lockstep_active) place(cur, line);
 #endif
   cur->wait = kind;
   cur->line = line;

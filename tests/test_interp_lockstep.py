@@ -123,7 +123,6 @@ def test_check_mode_runs_again_in_full_lockstep_where_the_translator_saw_no_pass
     assert {(d.kind, d.severity) for d in r.diagnostics} == {("simdgroup_synchronous", "warning")}
 
 
-@pytest.mark.slow
 def test_fast_mode_keeps_one_thread_after_another_for_kernels_with_barriers_between_lanes(gemm):
     """The GEMM family (every layout of its template: MMA, staging, vector width, double-buffered tiles, B layout,
     split K) passes no value between lanes without a barrier: fast mode compiles it as before (no lockstep build,

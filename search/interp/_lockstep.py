@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ._syntax import _TG_ARRAY, _TG_ARRAY_MD, _TG_POINTER, _TG_ROW_POINTER, _TG_SCALAR
 
@@ -321,6 +322,8 @@ def sync_lines(text: str) -> set[int]:
     return {code.count("\n", 0, u.offset) + 1 for u in found}
 
 
+@lru_cache(maxsize=256)
 def needs_lockstep(header: str, source: str) -> bool:
-    """Whether this kernel runs with its simdgroups in lockstep in fast mode (:func:`sync_lines` finds lines)."""
+    """Whether this kernel runs with its simdgroups in lockstep in fast mode (:func:`sync_lines` finds lines).
+    Cached: a verification runs one kernel several times."""
     return bool(sync_lines(header + "\n" + source))

@@ -3,9 +3,10 @@
 On Apple GPUs the 32 threads of a simdgroup execute each instruction together, so a reduction tree across
 lanes with no barrier, a shared slot reset right after every lane read it, or a scan's up-sweep followed by a
 write give the right answer there (MSL leaves them undefined). The interpreter's lockstep builds (check mode,
-and fast mode for kernels that may rely on it) make every threadgroup access a synchronisation point between
-the lanes of a simdgroup (``ks::step`` in the shim). To compare where two lanes stand across loops, each loop of
-the kernel gets an iteration counter (``ks::tick(ID)`` in its condition) and a line span.
+and fast mode for kernels that may rely on it) make the threadgroup accesses on the lines :func:`sync_lines`
+finds synchronisation points between the lanes of a simdgroup (``ks::step`` in the shim). To compare where two
+lanes stand across loops, each loop of the kernel gets an iteration counter (``ks::tick(ID)`` in its condition)
+and a line span.
 
 :func:`needs_lockstep` decides, from the text, whether a kernel may pass threadgroup memory between lanes of a
 simdgroup without a barrier; only those run in lockstep in fast mode (the others keep the cheaper one-thread-
@@ -34,6 +35,9 @@ _MEMBERS = re.compile(r"(?:\s*\.\s*\w+|\s*\[)")
 #: A type before a name (`float* p`, `const uint& n`): the name is declared there, not used.
 _DECLARED_AFTER = re.compile(r"\b(\w+)\s*[*&]?$")
 _EXPRESSION_WORDS = frozenset({"return", "else", "do", "case", "sizeof", "throw", "co_return"})
+#: `device const float* p` / `(const float* p`: a pointer declared (a parameter or a local), not `y * p`.
+_POINTER_DECLARATION = re.compile(r"(?:^|[(,;{}]|\b(?:const|device|constant|thread|threadgroup))\s*(?:const\s+)?"
+                                  r"(?:device\s+|constant\s+|thread\s+)?(?:const\s+)?[A-Za-z_][\w:]*(?:<[^<>;]*>)?\s*\*$")
 
 
 @dataclass(frozen=True)
@@ -283,7 +287,10 @@ def _uses(code: str) -> list[_Use]:
         if before.endswith((".", "->")):  # a member of something else
             continue
         word = _DECLARED_AFTER.search(before)
-        if word is not None and word[1] not in _EXPRESSION_WORDS:  # `float* p`: another variable of that name
+        indexed = code.startswith("[", _skip_space(code, m.end()))
+        if word is not None and word[1] not in _EXPRESSION_WORDS and not indexed and not word[0].endswith("*"):
+            continue  # `float p` / `float& p`: another variable of that name
+        if word is not None and word[0].endswith("*") and _POINTER_DECLARATION.search(before):  # `const float* p`
             continue
         uses.append(_Use(m.start(), m[0], *_classify(code, m.start(), m.end())))
     return uses

@@ -186,6 +186,9 @@ z = b[t ^ 1];
 """
     assert sync_lines(src) == {6, 7}
     assert sync_lines(src.replace("b[t] = y;", "b[t] = y;\nsimd_sum(y);")) == set()  # a collective orders them
+    assert sync_lines("threadgroup float b[64];\nb[l] = x;\nfloat y = 2.0f * b[l ^ 1];\n") == {2, 3}
+    # a device pointer parameter named like a threadgroup pointer is another variable, not an access
+    assert sync_lines("threadgroup float* p;\ninline float f(const device float* p, uint i) { return p[i]; }\n") == set()
 
 
 @pytest.mark.slow

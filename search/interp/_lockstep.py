@@ -16,6 +16,7 @@ after-another schedule, whose results are the same for them).
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -56,39 +57,54 @@ def mask(text: str) -> str:
     return _MASKED.sub(lambda m: re.sub(r"[^\n]", " ", m[0]), text)
 
 
-def _match(code: str, pos: int, open_: str, close: str) -> int | None:
-    """Index of the bracket closing the one at ``code[pos]``."""
-    depth = 0
-    for k in range(pos, len(code)):
-        if code[k] == open_:
-            depth += 1
-        elif code[k] == close:
-            depth -= 1
-            if depth == 0:
-                return k
-    return None
+_BRACKET = re.compile(r"[()\[\]{}]")
+_OPENS = {")": "(", "]": "[", "}": "{"}
+_STATEMENT_STOP = re.compile(r"[;()\[\]{}]")
+_IDENTIFIER = re.compile(r"\b[A-Za-z_]\w*\b")
 
 
-def _statement_end(code: str, pos: int) -> int | None:
-    """Index of the ``;`` ending the statement that starts at ``pos`` (brackets balanced)."""
-    depth = 0
-    for k in range(pos, len(code)):
-        c = code[k]
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-            if depth < 0:
+class _Code:
+    """Masked kernel text with its bracket pairs and line starts: every scan below is linear in the text (kernel
+    sources may be megabytes; a quadratic pass would stall a search before the compiler's timeout applies)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = mask(text)
+        self.pairs: dict[int, int] = {}  # offset of ( [ { -> offset of its closing bracket
+        stack: list[tuple[str, int]] = []
+        for m in _BRACKET.finditer(self.text):
+            c = m[0]
+            if c in "([{":
+                stack.append((c, m.start()))
+                continue
+            while stack and stack[-1][0] != _OPENS[c]:  # unbalanced text: drop what cannot close here
+                stack.pop()
+            if stack:
+                self.pairs[stack.pop()[1]] = m.start()
+        self.line_starts = [0] + [m.end() for m in re.finditer("\n", self.text)]
+
+    def line(self, offset: int) -> int:
+        """1-based line of ``offset``."""
+        return bisect_right(self.line_starts, offset)
+
+    def skip_space(self, pos: int) -> int:
+        text = self.text
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        return pos
+
+    def statement_end(self, pos: int) -> int | None:
+        """Index of the ``;`` ending the statement that starts at ``pos`` (bracketed groups skipped)."""
+        while (m := _STATEMENT_STOP.search(self.text, pos)) is not None:
+            c = m[0]
+            if c == ";":
+                return m.start()
+            if c in ")]}":
                 return None
-        elif c == ";" and depth == 0:
-            return k
-    return None
-
-
-def _skip_space(code: str, pos: int) -> int:
-    while pos < len(code) and code[pos].isspace():
-        pos += 1
-    return pos
+            close = self.pairs.get(m.start())
+            if close is None:
+                return None
+            pos = close + 1
+        return None
 
 
 @dataclass(frozen=True)
@@ -100,82 +116,82 @@ class _Found:
     braced: bool
 
 
-def _body(code: str, pos: int) -> tuple[tuple[int, int], bool] | None:
-    start = _skip_space(code, pos)
-    if code.startswith("{", start):
-        close = _match(code, start, "{", "}")
+def _body(code: _Code, pos: int) -> tuple[tuple[int, int], bool] | None:
+    start = code.skip_space(pos)
+    if code.text.startswith("{", start):
+        close = code.pairs.get(start)
         return None if close is None else ((start, close + 1), True)
-    end = _statement_end(code, start)
+    end = code.statement_end(start)
     return None if end is None else ((start, end + 1), False)
 
 
-def _find(code: str) -> list[_Found]:
+_DO_WHILE = re.compile(r"\s*while\b")
+
+
+def _find(code: _Code) -> list[_Found]:
     found: list[_Found] = []
     do_whiles: set[int] = set()
-    for m in _LOOP.finditer(code):
+    text = code.text
+    for m in _LOOP.finditer(text):
         kind, pos = m[1], m.start()
         if pos in do_whiles:
             continue
         if kind == "do":
             body = _body(code, m.end())
-            if body is None:
-                continue
-            w = re.compile(r"\s*while\b").match(code, body[0][1])
-            if w is None:
+            w = _DO_WHILE.match(text, body[0][1]) if body is not None else None
+            if body is None or w is None:
                 continue
             do_whiles.add(w.end() - 5)
-            paren = _skip_space(code, w.end())
-            close = _match(code, paren, "(", ")") if code.startswith("(", paren) else None
+            paren = code.skip_space(w.end())
+            close = code.pairs.get(paren) if text.startswith("(", paren) else None
             if close is None:
                 continue
-            semi = _skip_space(code, close + 1)
-            found.append(_Found(pos, kind, None, (body[0][0], semi + 1), body[1]))
+            found.append(_Found(pos, kind, None, (body[0][0], code.skip_space(close + 1) + 1), body[1]))
             continue
-        paren = _skip_space(code, m.end())
-        if not code.startswith("(", paren):
-            continue
-        close = _match(code, paren, "(", ")")
-        if close is None:
-            continue
-        body = _body(code, close + 1)
-        if body is None:
+        paren = code.skip_space(m.end())
+        close = code.pairs.get(paren) if text.startswith("(", paren) else None
+        body = _body(code, close + 1) if close is not None else None
+        if close is None or body is None:
             continue
         found.append(_Found(pos, kind, (paren + 1, close), body[0], body[1]))
     return found
 
 
-def find_loops(text: str) -> list[Loop]:
-    """The loops of ``text`` (for, while, do), in the order of their keywords."""
-    code = mask(text)
-    found = _find(code)
+def _loops(code: _Code, found: list[_Found]) -> list[Loop]:
     loops: list[Loop] = []
+    open_loops: list[int] = []  # loops whose body the scan is inside, innermost last
     for i, f in enumerate(found):
-        parent = -1
-        for j in range(i - 1, -1, -1):
-            if found[j].body[1] >= f.body[1] and found[j].keyword < f.keyword:
-                parent = j
-                break
-        loops.append(Loop(code.count("\n", 0, f.keyword) + 1, code.count("\n", 0, f.body[1] - 1) + 1, parent,
-                          f.keyword, f.body[1]))
+        while open_loops and found[open_loops[-1]].body[1] <= f.keyword:
+            open_loops.pop()
+        parent = open_loops[-1] if open_loops and found[open_loops[-1]].body[1] >= f.body[1] else -1
+        loops.append(Loop(code.line(f.keyword), code.line(f.body[1] - 1), parent, f.keyword, f.body[1]))
+        open_loops.append(i)
     return loops
 
 
-def _top_level_semicolons(code: str, start: int, end: int) -> list[int]:
-    depth, out = 0, []
-    for k in range(start, end):
-        c = code[k]
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif c == ";" and depth == 0:
-            out.append(k)
+def find_loops(text: str) -> list[Loop]:
+    """The loops of ``text`` (for, while, do), in the order of their keywords."""
+    code = _Code(text)
+    return _loops(code, _find(code))
+
+
+def _top_level_semicolons(code: _Code, start: int, end: int) -> list[int]:
+    out = []
+    pos = start
+    while (m := _STATEMENT_STOP.search(code.text, pos, end)) is not None:
+        if m[0] == ";":
+            out.append(m.start())
+            pos = m.end()
+        elif m[0] in "([{" and m.start() in code.pairs:
+            pos = code.pairs[m.start()] + 1
+        else:
+            pos = m.end()
     return out
 
 
 def instrument(text: str) -> tuple[str, list[Loop]]:
     """``text`` with an iteration counter in each loop (``ks::tick(ID)``; no line moves) and its loops."""
-    code = mask(text)
+    code = _Code(text)
     found = _find(code)
     inserts: list[tuple[int, int, str]] = []  # (start, end, replacement)
     for i, f in enumerate(found[:MAX_LOOPS]):
@@ -198,7 +214,7 @@ def instrument(text: str) -> tuple[str, list[Loop]]:
         out.append(rep)
         pos = b
     out.append(text[pos:])
-    return "".join(out), find_loops(text)[:MAX_LOOPS]
+    return "".join(out), _loops(code, found)[:MAX_LOOPS]
 
 
 def loop_tables(loops: list[Loop], lines: int, sync: set[int]) -> str:
@@ -230,64 +246,71 @@ class _Use:
     writes: bool
 
 
-def _classify(code: str, start: int, end: int) -> tuple[bool, bool]:
-    """(may read, may write) for the use of a threadgroup name at ``code[start:end]``."""
-    before = code[max(0, start - 200):start].rstrip()
+def _classify(code: _Code, start: int, end: int) -> tuple[bool, bool]:
+    """(may read, may write) for the use of a threadgroup name at ``code.text[start:end]``."""
+    text = code.text
+    before = text[max(0, start - 200):start].rstrip()
     if before.endswith(("++", "--")) or (before.endswith("&") and not before.endswith("&&")):
         return True, True
     if before.endswith("*") and not re.search(r"[\w)\]]\s*\*$", before):  # *p
         return True, True
     pos = end
-    if not code.startswith("[", _skip_space(code, pos)):
-        call = re.search(r"\b(\w+)\s*\([^;()]*$", code[max(0, start - 200):start])
+    if not text.startswith("[", code.skip_space(pos)):
+        call = re.search(r"\b(\w+)\s*\([^;()]*$", text[max(0, start - 200):start])
         if call is not None and call[1] == "simdgroup_load":
             return True, False
         return True, True  # passed on bare (a call, pointer arithmetic): it may be read and written through
-    while (m := _MEMBERS.match(code, pos)) is not None:
+    while (m := _MEMBERS.match(text, pos)) is not None:
         if m[0].strip() == "[":
-            close = _match(code, _skip_space(code, pos), "[", "]")
+            close = code.pairs.get(code.skip_space(pos))
             if close is None:
                 break
             pos = close + 1
         else:
             pos = m.end()
-    assigned = _ASSIGN.match(code, pos)
+    assigned = _ASSIGN.match(text, pos)
     if assigned is None:
         return True, False
     return assigned[0].strip() != "=", True
 
 
-def _declarations(code: str) -> tuple[set[str], list[tuple[int, int]], set[int]]:
-    """Threadgroup arrays, scalars and pointers declared in ``code``, the spans of pointer initialisers
-    (``threadgroup T* p = buf + k;`` makes an alias there, not an access) and the offsets of the declared names."""
+def _declarations(code: _Code) -> tuple[set[str], list[tuple[int, int]], set[int]]:
+    """Threadgroup arrays, scalars and pointers declared in ``code``, the spans of pointer initialisers, in order
+    (``threadgroup T* p = buf + k;`` makes an alias there, not an access), and the offsets of the declared names."""
     names: set[str] = set()
     inits: list[tuple[int, int]] = []
     declared: set[int] = set()
-    for pat, group in ((_TG_ARRAY, 2), (_TG_ARRAY_MD, 2), (_TG_SCALAR, 2), (_TG_ROW_POINTER, 2), (_TG_POINTER, 2)):
-        for m in pat.finditer(code):
-            names.add(m[group])
-            declared.add(m.start(group))
-            eq = _skip_space(code, m.end())
-            if pat is _TG_POINTER and code.startswith("=", eq):
-                end = _statement_end(code, eq)
+    text = code.text
+    for pat in (_TG_ARRAY, _TG_ARRAY_MD, _TG_SCALAR, _TG_ROW_POINTER, _TG_POINTER):
+        for m in pat.finditer(text):
+            names.add(m[2])
+            declared.add(m.start(2))
+            eq = code.skip_space(m.end())
+            if pat is _TG_POINTER and text.startswith("=", eq):
+                end = code.statement_end(eq)
                 inits.append((eq, end if end is not None else eq))
-    return names, inits, declared
+    return names, sorted(inits), declared
 
 
-def _uses(code: str) -> list[_Use]:
+def _in_initialiser(inits: list[tuple[int, int]], starts: list[int], pos: int) -> bool:
+    k = bisect_right(starts, pos) - 1
+    return k >= 0 and pos < inits[k][1]
+
+
+def _uses(code: _Code) -> list[_Use]:
+    """Every use of a threadgroup name, in order, with whether it may read and write."""
     names, inits, declared = _declarations(code)
-    if not names:
-        return []
-    find = re.compile(rf"\b(?:{'|'.join(map(re.escape, sorted(names)))})\b")
+    starts = [a for a, _ in inits]
+    text = code.text
     uses = []
-    for m in find.finditer(code):
-        if m.start() in declared or any(a <= m.start() < b for a, b in inits):
+    for m in _IDENTIFIER.finditer(text):
+        if m[0] not in names or m.start() in declared or _in_initialiser(inits, starts, m.start()):
             continue
-        before = code[max(0, m.start() - 64):m.start()].rstrip()
+        before = text[max(0, m.start() - 64):m.start()].rstrip()
         if before.endswith((".", "->")):  # a member of something else
             continue
         word = _DECLARED_AFTER.search(before)
-        indexed = code.startswith("[", _skip_space(code, m.end()))
+        indexed = text.startswith("[", code.skip_space(m.end()))
         if word is not None and word[1] not in _EXPRESSION_WORDS and not indexed and not word[0].endswith("*"):
             continue  # `float p` / `float& p`: another variable of that name
         if word is not None and word[0].endswith("*") and _POINTER_DECLARATION.search(before):  # `const float* p`
@@ -312,21 +335,26 @@ def sync_lines(text: str) -> set[int]:
     scalar or pointer that some stretch of the kernel between two barriers (or simd collectives, which the lanes of
     a simdgroup complete together) uses twice, once writing it. Each name counts alone: values passed between lanes
     through two different pointers into one array are not found here (check mode finds them as it runs)."""
-    code = mask(text)
+    code = _Code(text)
     uses = _uses(code)
     if not uses:
         return set()
-    splits = sorted([m.start() for m in _BARRIER.finditer(code)] + [m.start() for m in _COLLECTIVE.finditer(code)])
-    bounds = [-1, *splits, len(code) + 1]
+    offsets = [u.offset for u in uses]
+
+    def between(a: int, b: int) -> list[_Use]:  # the uses at offsets a < offset < b
+        return uses[bisect_right(offsets, a):bisect_left(offsets, b)]
+
+    splits = sorted([m.start() for m in _BARRIER.finditer(code.text)] +
+                    [m.start() for m in _COLLECTIVE.finditer(code.text)])
+    bounds = [-1, *splits, len(code.text) + 1]
     found: list[_Use] = []
     for a, b in zip(bounds, bounds[1:]):
-        found += _conflicts([u for u in uses if a < u.offset < b])
+        found += _conflicts(between(a, b))
     for f in _find(code):  # a loop with barriers in its body: its last stretch runs on into its first
-        inside = [s for s in splits if f.body[0] <= s < f.body[1]]
-        if inside:
-            found += _conflicts([u for u in uses
-                                 if f.body[0] <= u.offset < inside[0] or inside[-1] < u.offset < f.body[1]])
-    return {code.count("\n", 0, u.offset) + 1 for u in found}
+        first, last = bisect_left(splits, f.body[0]), bisect_left(splits, f.body[1]) - 1
+        if first <= last:
+            found += _conflicts(between(f.body[0] - 1, splits[first]) + between(splits[last], f.body[1]))
+    return {code.line(u.offset) for u in found}
 
 
 @lru_cache(maxsize=256)

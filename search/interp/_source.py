@@ -282,6 +282,7 @@ _EXPRESSION_WORDS = frozenset({"return", "else", "do", "case", "sizeof", "co_ret
 
 
 _OPEN = re.compile(r"\s*\[")
+_INDEXED_NAME = re.compile(r"\b[A-Za-z_]\w*(?=\s*\[)")
 
 
 def _brackets_end(code: str, pos: int) -> int | None:
@@ -333,15 +334,18 @@ def _wrap_elements(code: str, names: set[str]) -> str:
     assigned directly, one whose address is taken or that is incremented, one after ``>`` or ``*`` with no
     member after it (an operand of a binary operator, or a declaration of a same-named local array), one after
     a type name (a declaration), one swizzled (the reference has swizzles)."""
-    find = re.compile(rf"\b(?:{'|'.join(map(re.escape, sorted(names)))})(?=\s*\[)")
     out: list[str] = []
     pos = 0
-    while (m := find.search(code, pos)) is not None:
+    while (m := _INDEXED_NAME.search(code, pos)) is not None:
+        if m[0] not in names:  # any identifier, then the set: linear however many names there are
+            out.append(code[pos:m.end()])
+            pos = m.end()
+            continue
         end = _brackets_end(code, m.end())
         if end is None:
             break
         element = m[0] + _wrap_elements(code[m.end():end], names)
-        before = code[:m.start()].rstrip()
+        before = code[max(0, m.start() - 256):m.start()].rstrip()  # its last tokens (bounded: linear time)
         word = re.search(r"\w+$", before)
         operand = before[:-1].rstrip()
         unary_amp = before.endswith("&") and not before.endswith("&&") and (

@@ -39,7 +39,7 @@ def launch(case, name: str):
 
 
 def test_corpus_is_documented_and_large_enough():
-    assert len(FILES) >= 40
+    assert len(FILES) >= 60  # issue 29: at least 60 kernels, 95 % of them run as written
     outside = 0
     for path in FILES:
         mod = load(path)

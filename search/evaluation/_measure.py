@@ -358,7 +358,7 @@ def final_round(task: VariantTask) -> dict[str, Any]:
     candidates = {}
     for i, cfg in enumerate(task.finalists):
         _, _, _, _, kernel, geo = _setup(task, cfg)
-        candidates[f"f{i}"] = impl.consumer_kernel(kernel, geo, fam, problem, sets)  # type: ignore[attr-defined]
+        candidates[f"f{i}"] = impl.consumer_kernel(kernel, geo, fam, problem, sets)
     out: dict[str, Any] = {"weight_sets": len(sets)}
     try:
         candidates["baseline"] = impl.consumer_op(fam, problem, sets)  # type: ignore[attr-defined]

@@ -614,7 +614,7 @@ class ArtifactStore:
     def rejudge(self, margin: float = DEFAULT_MARGIN) -> list[tuple[ArtifactKey, str]]:
         """Apply the "beats the baseline op" rule to every current measured version; losers are invalidated
         (kept, not dispatched). Returns ``(key, reason)`` for each version invalidated now."""
-        from ..family._spec import load_family
+        from ..family._spec import CONSUMER_MODE_NAMES, load_family
 
         done = []
         for key in self.keys():
@@ -626,7 +626,7 @@ class ArtifactStore:
                 fam = load_family(key.family)
                 op, modes = fam.baseline_name, tuple(fam.consumer_modes)
             except KernsearchError:
-                op, modes = "the MLX op", ("graph", "eager")
+                op, modes = "the MLX op", CONSUMER_MODE_NAMES
             why = loses_to_baseline(m.model_dump(), op, margin, version=pointer.version, modes=modes)
             if why:
                 self.invalidate(key, f"re-judged: {why}")

@@ -353,7 +353,7 @@ def final_round(task: VariantTask) -> dict[str, Any]:
 
     fam, problem, space, impl, _, _ = _setup(task)
     if not hasattr(impl, "consumer_kernel"):
-        return _final_round_by_launches(task, make_inputs(problem, task.seed + 2))
+        return _final_round_by_launches(task, fam, problem, impl, make_inputs(problem, task.seed + 2))
     sets = _weight_sets(task, fam, problem, space, impl, make_inputs, weight_sets)
     candidates = {}
     for i, cfg in enumerate(task.finalists):
@@ -373,11 +373,11 @@ def final_round(task: VariantTask) -> dict[str, Any]:
     return out
 
 
-def _final_round_by_launches(task: VariantTask, logical: dict[str, np.ndarray]) -> dict[str, Any]:
+def _final_round_by_launches(task: VariantTask, fam: Any, problem: Any, impl: Any,
+                             logical: dict[str, np.ndarray]) -> dict[str, Any]:
     """The finalists and the op timed by separate launches, interleaved (``launcher``, ``baseline_launcher``)."""
     from ._verify import kernel_inputs
 
-    fam, problem, _, impl, _, _ = _setup(task)
     candidates = {}
     for i, cfg in enumerate(task.finalists):
         _, _, _, _, kernel, geo = _setup(task, cfg)

@@ -20,7 +20,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ._syntax import _TG_ARRAY, _TG_ARRAY_MD, _TG_POINTER, _TG_ROW_POINTER, _TG_SCALAR
+from ._syntax import _EXPRESSION_WORDS, _TG_ARRAY, _TG_ARRAY_MD, _TG_POINTER, _TG_ROW_POINTER, _TG_SCALAR
 
 #: Loops beyond this many have no iteration counter (ks_shim.h: KS_MAX_LOOPS).
 MAX_LOOPS = 64
@@ -35,7 +35,6 @@ _ASSIGN = re.compile(r"\s*(?:(?:<<|>>|[-+*/%&|^])?=(?!=)|\+\+|--)")
 _MEMBERS = re.compile(r"(?:\s*\.\s*\w+|\s*\[)")
 #: A type before a name (`float* p`, `const uint& n`): the name is declared there, not used.
 _DECLARED_AFTER = re.compile(r"\b(\w+)\s*[*&]?$")
-_EXPRESSION_WORDS = frozenset({"return", "else", "do", "case", "sizeof", "throw", "co_return"})
 #: `device const float* p` / `(const float* p`: a pointer declared (a parameter or a local), not `y * p`.
 _POINTER_DECLARATION = re.compile(r"(?:^|[(,;{}]|\b(?:const|device|constant|thread|threadgroup))\s*(?:const\s+)?"
                                   r"(?:device\s+|constant\s+|thread\s+)?(?:const\s+)?[A-Za-z_][\w:]*(?:<[^<>;]*>)?\s*\*$")

@@ -17,6 +17,7 @@ import numpy as np
 
 from ._lockstep import instrument, loop_tables, sync_lines
 from ._syntax import (
+    _EXPRESSION_WORDS,
     _TG_ARRAY,
     _TG_ARRAY_MD,
     _TG_CAST,
@@ -278,7 +279,6 @@ def _code_only(text: str, fn: Any) -> str:
 _ASSIGNED = re.compile(r"\s*((?:<<|>>|[-+*/%&|^])?=(?!=)|\+\+|--)")
 _MEMBER = re.compile(r"\s*\.\s*(?:template\s+(sw[vz])<[\d,]*>\(\)|[A-Za-z_]\w*)")
 #: Words after which `name[i]` is an expression, not a declaration of `name`.
-_EXPRESSION_WORDS = frozenset({"return", "else", "do", "case", "sizeof", "co_return", "throw"})
 
 
 _OPEN = re.compile(r"\s*\[")

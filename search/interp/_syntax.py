@@ -1,5 +1,6 @@
 """The threadgroup declarations and casts of MSL text, as the translator, the lint and the lockstep analysis find
-them (regular expressions over code with comments and strings set aside by the caller)."""
+them (regular expressions over code with comments and strings set aside by the caller), and the words after which
+a name is an operand."""
 
 from __future__ import annotations
 
@@ -17,3 +18,5 @@ _TG_CAST_NAMED = re.compile(rf"\b(?:reinterpret_cast|static_cast)\s*<\s*threadgr
 #: A pointer to rows of a multi-dimensional threadgroup array: `threadgroup float (*rows)[33]` (a parameter of a helper
 #: that takes `buf` of `threadgroup float buf[8][33]`).
 _TG_ROW_POINTER = re.compile(rf"\bthreadgroup\s+({_TYPE})\s*\(\s*\*\s*(\w+)\s*\)\s*((?:\[[^\]\n]+\]\s*){{1,2}})")
+#: Words after which a name is an operand, not a declared variable (`return x`, `sizeof p`).
+_EXPRESSION_WORDS = frozenset({"return", "else", "do", "case", "sizeof", "throw", "co_return"})

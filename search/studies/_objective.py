@@ -142,13 +142,14 @@ class KernelObjective(Objective):
         """Configs of current published artifacts of this family, closest first: same chip and shape,
         same chip, same shape, then the rest (same dtype before others). A broken store never stops a
         search: it just gives no warm start."""
+        from ..artifacts._candidate import chip_slug
+
         try:
             from ..artifacts._artifacts import ArtifactStore
-            from ..artifacts._candidate import chip_slug
 
             artifacts = list((store or ArtifactStore()).current_artifacts(self.family.name))
-        except Exception:  # noqa: BLE001 - no store, unreadable store: no warm start
-            return []
+        except Exception:  # noqa: BLE001 - no store, unreadable store: no published configs (the picks still come)
+            artifacts = []
         me = chip_slug(self.chip.name)
 
         def distance(a: Any) -> tuple[int, int, int]:

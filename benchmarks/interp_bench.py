@@ -108,8 +108,8 @@ def _track_compiles() -> None:
 
     original = _compile.compile_unit
 
-    def tracked(cpp: str, mode: str):  # noqa: ANN202
-        result = original(cpp, mode)
+    def tracked(cpp: str, mode: str, *rest: bool):  # noqa: ANN202
+        result = original(cpp, mode, *rest)
         _COMPILE_SECONDS.append(result.seconds)
         return result
 

@@ -105,8 +105,19 @@ class SimulatedGPU(BaseBackend):
         logical = {t.name: (x.T if t.name in geometry.transposed_inputs else x) for t, x in zip(fam.inputs, inputs)}
         key = tuple(id(x) for x in inputs)
         if key not in self._refs:
-            self._refs = {key: [round_to_dtype(r, self._problem.dtype) for r in reference(self._problem, logical)]}
+            problem = self._problem_at(logical, make_problem, get_chip)
+            self._refs = {key: [round_to_dtype(r, problem.dtype) for r in reference(problem, logical)]}
         return self._refs[key]
+
+    def _problem_at(self, logical: dict[str, np.ndarray], make_problem: Any, get_chip: Any) -> Any:
+        """The problem at the inputs' own shape (a ragged-shape check runs below the tuned one): each dimension
+        read from an input whose declared extent is that bare name."""
+        fam, dims = self._problem.family, dict(zip(self._problem.family.dims, self._problem.shape))
+        for t in fam.inputs:
+            names = [n.strip() for n in t.shape.text.strip("[] ").split(",")]
+            dims.update({n: int(size) for n, size in zip(names, logical[t.name].shape) if n in dims})
+        shape = ",".join(str(dims[d]) for d in fam.dims)
+        return make_problem(fam, shape, self._problem.dtype, get_chip("H100"))
 
     def run(self, kernel: Any, geometry: Any, inputs: list[np.ndarray], dtype: str,
             init_value: float | None = float("nan"), **options: Any) -> RunResult:

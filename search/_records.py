@@ -83,25 +83,40 @@ class ModeSamples:
 @dataclass(frozen=True)
 class FinalTimings:
     """The final round's samples: finalists and the MLX op interleaved as consumers call them, by mode (graph
-    first), with cold weights (``weight_sets`` copies rotated); ``baseline_error``: why the op was not timed."""
+    first), with cold weights (``weight_sets`` copies rotated); ``baseline_error``: why the op was not timed.
+
+    A back-end that cannot call kernels as consumers do (a simulation) times them by separate ``launches``
+    instead: such timings have no consumer modes, so the gate records them and never ships them as a win."""
 
     modes: dict[str, ModeSamples]
     weight_sets: int | None = None
     baseline_error: str | None = None
+    launches: ModeSamples | None = None
+
+    @property
+    def ranking(self) -> ModeSamples:
+        """The samples that rank the finalists: graph use (as consumers mostly call), else the launches."""
+        ranked = self.modes.get(ConsumerMode.GRAPH, self.launches)
+        if ranked is None:
+            raise ValueError("final timings without graph-mode or launch samples")
+        return ranked
 
     @property
     def finalists(self) -> tuple[tuple[float, ...], ...]:
-        """Each finalist's samples in the mode that ranks them (graph: as consumers mostly call)."""
-        return self.modes[ConsumerMode.GRAPH].finalists
+        """Each finalist's samples in the mode that ranks them."""
+        return self.ranking.finalists
 
     @property
     def baseline(self) -> tuple[float, ...] | None:
-        return self.modes[ConsumerMode.GRAPH].baseline
+        return self.ranking.baseline
 
     def keep(self, indices: list[int]) -> FinalTimings:
         """Only the finalists at ``indices`` (in that order)."""
-        modes = {m: ModeSamples(tuple(s.finalists[i] for i in indices), s.baseline) for m, s in self.modes.items()}
-        return replace(self, modes=modes)
+        def pick(s: ModeSamples) -> ModeSamples:
+            return ModeSamples(tuple(s.finalists[i] for i in indices), s.baseline)
+
+        return replace(self, modes={m: pick(s) for m, s in self.modes.items()},
+                       launches=pick(self.launches) if self.launches is not None else None)
 
 
 @dataclass(frozen=True)

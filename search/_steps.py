@@ -77,11 +77,6 @@ class _State(threading.local):
 _state = _State()
 
 
-def current() -> Step | None:
-    """The innermost running step of this thread."""
-    return _state.current
-
-
 @contextmanager
 def step(text: str, total: int | None = None) -> Iterator[Step]:
     """Run the body as a step named ``text`` (of ``total`` units, when known)."""

@@ -500,8 +500,9 @@ def explain_cmd(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str 
         built = build([family], Path(tmp), ArtifactStore(store))  # a bad store: one line (no progress line first)
         dispatcher = Dispatcher(built.source_dir / built.package)
         decision = dispatcher.decide(fam.name, shapes, problem.dtype, chip.name if chip else None, modeled)
+        runs_kernels = bool(dispatcher.running_chip(chip.name if chip else None)[1])
     out.print(str(decision), soft_wrap=True, markup=False)
-    if chip is None and decision.chip == "cpu":
+    if chip is None and not runs_kernels:
         out.print("(no GPU here: the package runs the MLX op on this machine; --chip NAME explains a call on "
                   "another chip)", soft_wrap=True, markup=False)
 
@@ -774,12 +775,12 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
     key = StudyKey.of(objective.study_key)
     err.print(f"tuning [bold]{key.family}[/] {key.shape} {key.dtype} on {key.chip} "
               f"({key.backend} back-end, {objective.evidence})", soft_wrap=True)
-    _say_if_the_model_cannot_rank(objective)
     from ._progress import Display
     from ._steps import step
     from .studies._study import first_ctrl_c_stops
 
     with Display(err, quiet=as_json) as display, first_ctrl_c_stops() as ctrl_c:
+        _say_if_the_model_cannot_rank(objective)  # ranking the space takes seconds: a step of the display
         result = _run_with_progress(display, objective, trials, time_budget, patience or None, sampler.value, seed,
                                     storage, study, finalists, ctrl_c.is_set)
         outcome = None
@@ -1063,10 +1064,13 @@ def report_cmd(study: str = typer.Argument(..., help="study name (see `kernsearc
     """Write one study as a self-contained HTML page with plots (opens offline) and print its path."""
     from ._progress import Display
     from ._steps import step
-    from .studies._report import write_report
+    from .studies._history import load_history
+    from .studies._report import report_path, write_report
 
+    history = load_history(study, storage)  # a bad study, storage or --out is one line, before any progress
+    report_path(study, out_file)
     with Display(err), step(f"writing the report of {study}"):
-        path = write_report(study, storage, out_file)
+        path = write_report(study, storage, out_file, history=history)
     out.print(str(path), soft_wrap=True, markup=False)
 
 

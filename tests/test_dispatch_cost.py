@@ -56,7 +56,8 @@ def test_a_planned_op_is_the_mlx_function_with_its_constants_bound(pkg) -> None:
     assert mx.array_equal(pkg.qmatvec(*x), want).item()  # planned here
     assert frames(pkg.qmatvec, *x) == ["run"]  # one frame: no evaluate, no plan, no wrapper
     d = pkg._dispatcher
-    plan = next(iter(d._by_weights.values()))[1][(x[0].shape, x[0].dtype)]
+    shape, dtype, plan = next(iter(d._by_weights.values()))[1]  # the plan of the last activation with these weights
+    assert (shape, dtype) == (x[0].shape, x[0].dtype)
     assert plan.func is mx.quantized_matmul and plan.keywords == {"transpose": True, "group_size": 64, "bits": 4}
     r = arrays("rmsnorm", (4, 256))
     assert mx.allclose(pkg.rmsnorm(*r), mx.fast.rms_norm(*r, 1e-5)).item()

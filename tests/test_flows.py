@@ -324,9 +324,9 @@ def test_measured_winner_is_published_with_the_detected_device(tmp_path: Path, m
     from kernsearch import ArtifactStore, KernsearchError, load_family
     from kernsearch._records import ModeFigures, Proof, Winner
     from kernsearch._vocabulary import Evidence, Verifier
-    from kernsearch.flows._steps import Tuned, Verified
     from kernsearch.artifacts._artifacts import ArtifactKey
     from kernsearch.flows import nightly
+    from kernsearch.flows._steps import Tuned, Verified
     from kernsearch.hardware._chips import chip_from_device_info
 
     (unit,) = load_jobs(write(tmp_path / "jobs.toml", """

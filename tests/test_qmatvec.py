@@ -188,7 +188,8 @@ def test_wrong_unpacking_and_a_missing_tail_guard_are_caught(tmp_path: Path) -> 
     runs, failures = _run_all(unguarded, [(cfg, "float32", qshape(1, 40, 4, 32, 8))], "fast")  # K = 256
     assert runs == 1 and not failures, failures
     runs, failures = _run_all(unguarded, [(cfg, "float32", qshape(1, 40, 4, 32, 5))], "fast")  # K = 160
-    assert runs == 1 and len(failures) == 1 and "wrong" in failures[0]
+    # past the row it reads whatever lies there: wrong values, or NaN where that memory holds NaN (varies by run)
+    assert runs == 1 and len(failures) == 1 and ("FAIL (wrong)" in failures[0] or "FAIL (nan)" in failures[0]), failures
 
 
 @pytest.mark.slow

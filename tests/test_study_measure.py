@@ -6,7 +6,6 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-
 from typing import Any
 
 import pytest

@@ -612,6 +612,7 @@ class ArtifactStore:
     def rejudge(self, margin: float = DEFAULT_MARGIN) -> list[tuple[ArtifactKey, str]]:
         """Apply the "beats the baseline op" rule to every current measured version; losers are invalidated
         (kept, not dispatched). Returns ``(key, reason)`` for each version invalidated now."""
+        from .._vocabulary import CONSUMER_MODES
         from ..family._spec import load_family
 
         done = []
@@ -620,11 +621,12 @@ class ArtifactStore:
             if pointer is None or pointer.invalidated:
                 continue
             m = self.load(key, pointer.version).manifest
+            modes: tuple[str, ...]
             try:
                 fam = load_family(key.family)
                 op, modes = fam.baseline_name, tuple(fam.consumer_modes)
             except KernsearchError:
-                op, modes = "the MLX op", ("graph", "eager")
+                op, modes = "the MLX op", CONSUMER_MODES
             why = loses_to_baseline(m.evidence, m.measurements, op, margin, version=pointer.version, modes=modes)
             if why:
                 self.invalidate(key, f"re-judged: {why}")

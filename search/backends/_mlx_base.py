@@ -126,6 +126,8 @@ class MLXBackend(BaseBackend):
         self._kernels: dict[tuple[str, int], Any] = {}
         self.compile_seconds: dict[str, float] = {}  # per source hash: wall time of its first launch here
         self._copies: tuple[Any, list[list[Any]], list[np.ndarray]] | None = None
+        #: The last consumer sets uploaded: (their ids, the device arrays, the sets themselves).
+        self._consumer_kept: tuple[tuple[int, ...], list[list[Any]], list[dict[str, np.ndarray]]] | None = None
 
     # -- what differs between Metal and CUDA ----------------------------------------------------------
     def _make_kernel(self, source: KernelSource, geometry: Geometry) -> Any:
@@ -293,7 +295,7 @@ class MLXBackend(BaseBackend):
         """Each set's logical inputs on the device, each in its own dtype; arrays shared between sets (the same
         NumPy object: activations, where only weights rotate) are uploaded once."""
         key = tuple(id(s[t.name]) for s in sets for t in family.inputs)
-        kept = getattr(self, "_consumer_kept", None)
+        kept = self._consumer_kept
         if kept is not None and kept[0] == key:  # the same sets as the last variant's (one problem's trials)
             return list(kept[1])
         uploaded: dict[int, Any] = {}

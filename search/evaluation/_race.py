@@ -38,11 +38,11 @@ def upper_bound(samples: Any) -> Any:
     return np.percentile(np.asarray(samples, dtype=float), UPPER_PERCENTILE, axis=-1)
 
 
-def lower_bound(samples: Any) -> Any:
-    """A candidate's lower bound: the fastest of its first :data:`RACE_AFTER` samples (last axis)."""
+def lower_bound(samples: Any, after: int = RACE_AFTER) -> Any:
+    """A candidate's lower bound: the fastest of its first ``after`` samples (last axis)."""
     import numpy as np
 
-    return np.min(np.asarray(samples, dtype=float)[..., :RACE_AFTER], axis=-1)
+    return np.min(np.asarray(samples, dtype=float)[..., :after], axis=-1)
 
 
 def loses(candidate: Any, incumbent: Any, margin: float = RACE_MARGIN) -> Any:
@@ -70,4 +70,4 @@ class Race:
 
     def lost(self, samples: Sequence[float]) -> bool:
         """True once ``after`` samples are in and the fastest of them is slower than the limit."""
-        return len(samples) >= self.after and min(samples[: self.after]) > self.limit_ms
+        return len(samples) >= self.after and float(lower_bound(samples, self.after)) > self.limit_ms

@@ -165,10 +165,9 @@ def export(families: list[str] | None, out: str | Path, store: ArtifactStore | N
     if "\x00" in str(out):
         raise ExportError(f"cannot write the package under {str(out)[:200]!r}: a NUL byte in the name")
     out = Path(out)
-    if given is None:
-        version = _free_version(out, package, version)
-    made_out = not out.exists()
     try:
+        version = _free_version(out, package, version) if given is None else version
+        made_out = not out.exists()
         out.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".kernsearch-export-", dir=out))
     except OSError as exc:

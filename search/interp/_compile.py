@@ -64,13 +64,15 @@ def shim_version() -> str:
     return h.hexdigest()[:16]
 
 
-def flags(mode: str, cpp: str = "") -> list[str]:
+def flags(mode: str, cpp: str = "", lockstep: bool = False) -> list[str]:
+    """Compiler flags of a ``mode`` build; ``lockstep`` (or check mode): the checked translation, whose simdgroups
+    run in lockstep (KS_CHECK)."""
     f = list(BASE_FLAGS) + [f"-I{SHIM_DIR}"]
     if "ks_mpp.h" in cpp or "MetalPerformancePrimitives" in cpp or "metal_tensor" in cpp:
         f[0] = "-std=c++20"  # matmul2d takes its descriptor as a class-type template argument
     if platform.machine() in ("x86_64", "AMD64"):
         f.append("-mf16c")
-    if mode == "check":
+    if mode == "check" or lockstep:
         f.append("-DKS_CHECK=1")
     if os.environ.get("KERNSEARCH_INTERP_UCONTEXT"):  # the portable fiber switch, for comparison and tests
         f.append("-DKS_FORCE_UCONTEXT=1")
@@ -80,6 +82,32 @@ def flags(mode: str, cpp: str = "") -> list[str]:
     else:
         f += ["-fPIC", "-shared"]
     return f
+
+
+def _runtime_object(cmd_flags: list[str]) -> Path | None:
+    """The interpreter's runtime (``shim/ks_runtime.inc``: context switch, scheduler, launch, the lockstep and
+    detector functions) compiled once per shim version and flags, optimised (``-O2``), and linked into every kernel
+    built with those flags: each kernel's own compile stays ``-O0`` and skips the runtime. None when it cannot be
+    built (the kernel then compiles the runtime in, ``-DKS_RUNTIME_IMPL=1``)."""
+    if os.environ.get("KERNSEARCH_NO_RUNTIME_OBJECT"):
+        return None
+    rt_flags = ["-O2" if f == "-O0" else f for f in cmd_flags if f != "-shared"]
+    key = hashlib.sha256("\0".join([*rt_flags, shim_version()]).encode()).hexdigest()[:24]
+    target = cache_dir() / f"rt-{key}.o"
+    if target.exists():
+        return target
+    try:
+        with tempfile.TemporaryDirectory(prefix="ks-rt-", dir=cache_dir()) as tmp:
+            out = Path(tmp) / "rt.o"
+            proc = subprocess.run([compiler(), *rt_flags, "-DKS_RUNTIME_IMPL=1", "-x", "c++", "-c",
+                                   str(SHIM_DIR / "ks_shim.h"), "-o", str(out)],
+                                  capture_output=True, timeout=COMPILE_TIMEOUT_S)
+            if proc.returncode != 0:
+                return None
+            os.replace(out, target)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return target
 
 
 def _pch_dir(cmd_flags: list[str]) -> Path | None:
@@ -98,7 +126,7 @@ def _pch_dir(cmd_flags: list[str]) -> Path | None:
         with tempfile.TemporaryDirectory(prefix="ks-pch-", dir=cache_dir()) as tmp:
             out = Path(tmp) / "pch"
             out.mkdir()
-            proc = subprocess.run([compiler(), *pch_flags, "-DKS_RUNTIME_IMPL=1", "-x", "c++-header",
+            proc = subprocess.run([compiler(), *pch_flags, "-x", "c++-header",
                                    str(SHIM_DIR / "ks_shim.h"), "-o", str(out / "ks_shim.h.gch")],
                                   capture_output=True, timeout=COMPILE_TIMEOUT_S)
             if proc.returncode != 0:
@@ -117,9 +145,9 @@ _ANY_ERROR = re.compile(r":\d+(?::\d+)?:\s*(?:fatal )?error:\s*(.*)")
 _ERROR_LINE = re.compile(r"kernel\.metal:(\d+):(?:\d+:)?\s*(?:fatal )?error:\s*(.*)")
 
 
-def compile_unit(cpp: str, mode: str) -> Compiled:
+def compile_unit(cpp: str, mode: str, lockstep: bool = False) -> Compiled:
     """Compile (or fetch from the cache) one translation unit; errors are a ``compile`` variant failure."""
-    cmd_flags = flags(mode, cpp)
+    cmd_flags = flags(mode, cpp, lockstep)
     key = hashlib.sha256("\0".join([cpp, *cmd_flags, shim_version()]).encode()).hexdigest()[:32]
     suffix = ".exe" if mode == "sanitize" else ".so"
     target = cache_dir() / f"{key}{suffix}"
@@ -130,11 +158,14 @@ def compile_unit(cpp: str, mode: str) -> Compiled:
         src = Path(tmp) / "kernel.cpp"
         src.write_text(cpp)
         out = Path(tmp) / f"out{suffix}"
-        pch = _pch_dir(cmd_flags)
+        runtime = _runtime_object(cmd_flags)
+        pch = _pch_dir(cmd_flags) if runtime is not None else None  # the precompiled shim holds no runtime
         build_flags = [f"-I{pch}", *cmd_flags] if pch else cmd_flags
+        linked = [str(runtime)] if runtime is not None else []
+        inline = ["-DKS_RUNTIME_IMPL=1"] if runtime is None else []
         try:
-            proc = subprocess.run([compiler(), *build_flags, str(src), "-o", str(out)], capture_output=True,
-                                  text=True, timeout=COMPILE_TIMEOUT_S)
+            proc = subprocess.run([compiler(), *build_flags, *inline, str(src), *linked, "-o", str(out)],
+                                  capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
         except subprocess.TimeoutExpired:  # subprocess.run kills the compiler before raising
             raise VariantFailure("compile", f"the compiler ran longer than {COMPILE_TIMEOUT_S} s") from None
         if proc.returncode != 0:

@@ -12,6 +12,7 @@ from .._errors import VariantFailure
 from ._compile import compile_unit
 from ._linemap import TemplateLines
 from ._lint import lint
+from ._lockstep import needs_lockstep
 from ._run import RawDiag, run_forked, run_sanitized
 from ._source import DTYPES, NUMPY_DTYPES, cpp_unit, from_storage, mlx_source, signature, to_storage
 
@@ -40,6 +41,7 @@ class InterpResult:
     compile_seconds: float = 0.0
     cached: bool = False
     kernel_text: str = ""  # the full kernel as MLX builds it
+    lockstep: bool = False  # the lanes of each simdgroup ran in lockstep (check mode; fast mode where needed)
 
 
 def _input_dtype(a: np.ndarray, dtype: str, given: str | None = None) -> str:
@@ -89,6 +91,60 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
     ``atomic_outputs`` is MLX's flag: outputs are ``device atomic<T>*``. ``schedule`` ("in-order",
     "reversed", "shuffled" with ``seed``) changes the order threadgroups run and threads are resumed in
     (fast and check modes); :func:`kernsearch.interp.fuzz_schedule` compares them."""
+    _check_arguments(kernel, mode, schedule, threadgroups, inputs, input_dtypes, output_dtypes)
+    given = list(input_dtypes) if input_dtypes is not None else [None] * len(inputs)
+    in_dtypes = [_input_dtype(np.asarray(a), dtype, g) for a, g in zip(inputs, given)]
+    shapes = [tuple(np.shape(a)) for a in inputs]
+    atomic = atomic_outputs or bool(getattr(kernel, "atomic_outputs", False))
+    sig = signature(kernel.name, kernel.input_names, kernel.output_names, kernel.source, in_dtypes, shapes,
+                    list(output_dtypes), tuple(kernel.template), atomic_outputs=atomic)
+    text = mlx_source(sig, kernel.header, kernel.source)
+    # The lanes of a simdgroup run in lockstep, as the hardware runs them, where the translator finds threadgroup
+    # memory they may pass values through between barriers (fast and check mode share the object; sanitize mode
+    # builds its own; the detector runs in check mode only, and when it finds such passing elsewhere the kernel
+    # runs again with every access in lockstep). Elsewhere threads run one after another: the same results, faster.
+    lockstep = mode == "check" or needs_lockstep(kernel.header, kernel.source)
+    try:
+        compiled = compile_unit(cpp_unit(sig, kernel.header, kernel.source, check=mode == "check", lockstep=lockstep),
+                                mode, lockstep)
+    except VariantFailure as exc:  # a compile error names its template file:line first, when known
+        m = re.match(r"line (\d+): (.*)", exc.detail, re.S)
+        tmpl = _template_line(int(m.group(1)), sig, kernel, lines) if m else None
+        if m is None or tmpl is None:
+            raise
+        raise VariantFailure(exc.reason, f"{tmpl}: {m.group(2)} (kernel line {m.group(1)})") from None
+
+    def launch() -> tuple[list[np.ndarray], list[int]]:
+        return _launch_args(sig, inputs, in_dtypes, shapes, output_shapes, output_dtypes, init_value)
+
+    args, out_index = launch()
+    stack = stack_kb or (512 if mode == "sanitize" else 128)
+    grid3 = (int(grid[0]), int(grid[1]), int(grid[2]))
+    tg3 = (int(threadgroup[0]), int(threadgroup[1]), int(threadgroup[2]))
+    if mode == "sanitize":
+        ran = run_sanitized(compiled.path, args, out_index, grid3, tg3, int(tg_limit), stack, timeout)
+    else:
+        extra: dict[str, Any] = {}
+        if threadgroups:
+            extra["threadgroups"] = [tuple(int(v) for v in t) for t in threadgroups]
+        if schedule != "in-order":
+            extra["schedule"] = (*SCHEDULES[schedule], int(seed) & 0xFFFFFFFFFFFFFFFF)
+        if lockstep:
+            extra["detect"] = mode == "check"
+        ran = run_forked(compiled.path, args, out_index, grid3, tg3, int(tg_limit), stack, timeout, **extra)
+        if ran.unsynced:  # lanes passed values on lines the translator had not marked: all accesses synchronise now
+            args, out_index = launch()
+            ran = run_forked(compiled.path, args, out_index, grid3, tg3, int(tg_limit), stack, timeout, sync_all=True,
+                             **extra)
+    outputs = [from_storage(args[i], odt).reshape(shape)
+               for i, odt, shape in zip(out_index, output_dtypes, output_shapes)]
+    return InterpResult(outputs, [_diagnostic(d, sig, kernel, text, lines) for d in ran.diags], compiled.seconds,
+                        compiled.cached, text, lockstep)
+
+
+def _check_arguments(kernel: Any, mode: str, schedule: str, threadgroups: list[tuple[int, int, int]] | None,
+                     inputs: list[np.ndarray], input_dtypes: list[str | None] | None, output_dtypes: list[str]) -> None:
+    """Bad arguments are a ``ValueError``; a kernel outside the subset or given the wrong inputs a variant failure."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r} (known: {', '.join(SCHEDULES)})")
     if schedule != "in-order" and mode == "sanitize":
@@ -107,22 +163,12 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
     for odt in output_dtypes:
         if odt not in DTYPES:
             raise ValueError(f"unknown output dtype {odt!r} (known: {', '.join(DTYPES)})")
-    given = list(input_dtypes) if input_dtypes is not None else [None] * len(inputs)
-    in_dtypes = [_input_dtype(np.asarray(a), dtype, g) for a, g in zip(inputs, given)]
-    shapes = [tuple(np.shape(a)) for a in inputs]
-    atomic = atomic_outputs or bool(getattr(kernel, "atomic_outputs", False))
-    sig = signature(kernel.name, kernel.input_names, kernel.output_names, kernel.source, in_dtypes, shapes,
-                    list(output_dtypes), tuple(kernel.template), atomic_outputs=atomic)
-    text = mlx_source(sig, kernel.header, kernel.source)
-    try:
-        compiled = compile_unit(cpp_unit(sig, kernel.header, kernel.source, check=(mode == "check")), mode)
-    except VariantFailure as exc:  # a compile error names its template file:line first, when known
-        m = re.match(r"line (\d+): (.*)", exc.detail, re.S)
-        tmpl = _template_line(int(m.group(1)), sig, kernel, lines) if m else None
-        if m is None or tmpl is None:
-            raise
-        raise VariantFailure(exc.reason, f"{tmpl}: {m.group(2)} (kernel line {m.group(1)})") from None
 
+
+def _launch_args(sig: Any, inputs: list[np.ndarray], in_dtypes: list[str], shapes: list[tuple[int, ...]],
+                 output_shapes: list[tuple[int, ...]], output_dtypes: list[str],
+                 init_value: float | None) -> tuple[list[np.ndarray], list[int]]:
+    """The kernel's buffers in signature order (outputs pre-filled) and the indices of the outputs among them."""
     args: list[np.ndarray] = []
     out_index: list[int] = []
     for p in sig.params:
@@ -144,17 +190,7 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
     for i, a in enumerate(args):  # empty shape / strides arrays still need an address
         if a.size == 0:
             args[i] = np.zeros(1, dtype=a.dtype)
-    stack = stack_kb or (512 if mode == "sanitize" else 128)
-    runner = run_sanitized if mode == "sanitize" else run_forked
-    extra: dict[str, Any] = {"threadgroups": [tuple(int(v) for v in t) for t in threadgroups]} if threadgroups else {}
-    if schedule != "in-order":
-        extra["schedule"] = (*SCHEDULES[schedule], int(seed) & 0xFFFFFFFFFFFFFFFF)
-    raw = runner(compiled.path, args, out_index, tuple(int(g) for g in grid),  # type: ignore[arg-type]
-                 tuple(int(t) for t in threadgroup), int(tg_limit), stack, timeout, **extra)  # type: ignore[arg-type]
-    outputs = [from_storage(args[i], odt).reshape(shape)
-               for i, odt, shape in zip(out_index, output_dtypes, output_shapes)]
-    return InterpResult(outputs, [_diagnostic(d, sig, kernel, text, lines) for d in raw], compiled.seconds,
-                        compiled.cached, text)
+    return args, out_index
 
 
 def _template_line(line: int, sig: Any, kernel: Any, lines: TemplateLines | None) -> str | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from ._source import _TG_ARRAY, _TG_ARRAY_MD, _TG_CAST, _TG_CAST_NAMED, _TG_POINTER, _TG_SCALAR
+from ._syntax import _TG_ARRAY, _TG_ARRAY_MD, _TG_CAST, _TG_CAST_NAMED, _TG_POINTER, _TG_ROW_POINTER, _TG_SCALAR
 
 #: simd / simdgroup / quad functions the shim implements (ks_shim.h, ks_simd.h).
 _GROUP_COMMON = ("all", "any", "ballot", "and", "or", "xor", "prefix_inclusive_product", "prefix_exclusive_product",
@@ -48,7 +48,10 @@ METAL_NAMES = frozenset({
 })
 #: What MLX's utilities header gives every kernel body (ks_mlx.h).
 MLX_NAMES = frozenset({"Limits", "WorkPerThread", "ceildiv", "elem_to_loc", "elem_to_loc_1", "elem_to_loc_2",
-                       "elem_to_loc_3", "float16_t", "bfloat16_t"})
+                       "elem_to_loc_3", "elem_to_loc_2_nd", "elem_to_loc_3_nd", "LoopedElemToLoc", "float16_t",
+                       "bfloat16_t", "cast_to", "complex64_t", "ConditionalType", "bfloat16_to_uint16",
+                       "uint16_to_bfloat16", "MAX_REDUCE_SPECIALIZED_DIMS", "REDUCE_N_READS", "REDUCE_N_WRITES",
+                       "SOFTMAX_N_READS", "RMS_N_READS", "RMS_LOOPED_LIMIT"})
 
 _HEADERS = re.compile(r"#\s*include\s*[<\"]([^>\"]+)[>\"]")
 _ALLOWED_HEADERS = frozenset({"metal_stdlib", "metal_math", "metal_simdgroup", "metal_simdgroup_matrix",
@@ -102,7 +105,8 @@ def lint(header: str, source: str) -> str | None:
             if (m.group(1), m.group(2)) != ("8", "8"):
                 return f"{where(m.start())}: simdgroup_matrix of {m.group(1)}x{m.group(2)} (only 8x8 is supported)"
         rest = code
-        for declared in (_TG_ARRAY_MD, _TG_ARRAY, _TG_SCALAR, _TG_POINTER, _TG_CAST, _TG_CAST_NAMED, _TENSOR_SPACE):
+        for declared in (_TG_ARRAY_MD, _TG_ARRAY, _TG_SCALAR, _TG_ROW_POINTER, _TG_POINTER, _TG_CAST, _TG_CAST_NAMED,
+                         _TENSOR_SPACE):
             rest = declared.sub("", rest)
         found = re.search(r"\bthreadgroup\b(?!_)", rest)
         if found:
@@ -119,7 +123,8 @@ def subset_lists() -> dict[str, str]:
         return textwrap.fill(" ".join(f"`{n}`" for n in sorted(names)), 110, initial_indent="  ",
                              subsequent_indent="  ")
     return {"math": fmt(MATH_FUNCTIONS), "simd": fmt(SIMD_FUNCTIONS - {"simdgroup_matrix", "simdgroup_float8x8",
-                                                                      "simdgroup_half8x8", "simdgroup_bfloat8x8"})}
+                                                                      "simdgroup_half8x8", "simdgroup_bfloat8x8"}),
+            "mlx": fmt(MLX_NAMES)}
 
 
 def render_subset_doc(text: str) -> str:

@@ -29,7 +29,7 @@ from .._errors import VariantFailure
 
 MAX_DIAGS = 64
 KIND_NAMES = {1: "divergence", 2: "inactive_lane", 3: "partial_simdgroup", 4: "threadgroup_limit", 5: "race",
-              6: "uninitialized", 7: "threadgroup_bounds", 8: "partial_collective"}
+              6: "uninitialized", 7: "threadgroup_bounds", 8: "partial_collective", 9: "simdgroup_synchronous"}
 #: Exit code of a child whose threadgroup arena ran out (far past any chip's limit).
 _ARENA_EXHAUSTED = 86
 
@@ -48,6 +48,14 @@ class RawDiag:
     message: str
 
 
+@dataclass
+class RunOutcome:
+    diags: list[RawDiag]
+    #: check mode: lanes of one simdgroup passed values through threadgroup memory on lines that did not
+    #: synchronise (the kernel is run again with every access synchronising)
+    unsynced: bool = False
+
+
 def _decode(diags: ctypes.Array[_Diag], n: int) -> list[RawDiag]:
     return [RawDiag(KIND_NAMES.get(d.kind, "unknown"), "warning" if d.severity else "error",
                     d.line if d.line > 0 else None, d.count, d.msg.decode(errors="replace"))
@@ -64,10 +72,13 @@ def _load(lib_path: Path) -> ctypes.CDLL:
 def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid: tuple[int, int, int],
                tg: tuple[int, int, int], tg_limit: int, stack_kb: int, timeout: float,
                threadgroups: list[tuple[int, int, int]] | None = None,
-               schedule: tuple[int, int, int] = (0, 0, 0)) -> list[RawDiag]:
+               schedule: tuple[int, int, int] = (0, 0, 0), detect: bool | None = None,
+               sync_all: bool = False) -> RunOutcome:
     """Run the kernel in a forked child; ``args[i]`` for i in ``outputs`` are written back in place.
     ``threadgroups`` (positions in the grid) runs only those threadgroups; ``schedule`` is (threadgroup
-    order, thread order, seed) for the schedule fuzz (0 = in order, 1 = reversed, 2 = shuffled)."""
+    order, thread order, seed) for the schedule fuzz (0 = in order, 1 = reversed, 2 = shuffled); ``detect`` (lockstep
+    builds only) turns the threadgroup-memory detector on (check mode) or off (fast mode); ``sync_all`` makes every
+    threadgroup access synchronise the lanes of a simdgroup."""
     shared = [mmap.mmap(-1, max(args[i].nbytes, 1)) for i in outputs]
     views = [np.frombuffer(m, dtype=args[i].dtype, count=args[i].size) for m, i in zip(shared, outputs)]
     for v, i in zip(views, outputs):
@@ -88,6 +99,9 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
             argv = (ctypes.c_void_p * len(call_args))(*[a.ctypes.data for a in call_args])
             slots = (_Diag * MAX_DIAGS).from_buffer(diag_mem, 16)
             nd = ctypes.c_int(0)
+            if detect is not None:
+                lib.ks_detect(ctypes.c_int(1 if detect else 0))
+                lib.ks_sync_all(ctypes.c_int(1 if sync_all else 0))
             if schedule != (0, 0, 0):
                 lib.ks_order(ctypes.c_int(schedule[0]), ctypes.c_int(schedule[1]), ctypes.c_uint64(schedule[2]))
             if threadgroups:
@@ -96,7 +110,8 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
                 lib.ks_select(selection, ctypes.c_int(len(threadgroups)))
             rc = lib.ks_run(argv, (ctypes.c_uint32 * 3)(*grid), (ctypes.c_uint32 * 3)(*tg), ctypes.c_int64(tg_limit),
                             ctypes.c_int(stack_kb), slots, ctypes.c_int(MAX_DIAGS), ctypes.byref(nd))
-            diag_mem[0:8] = struct.pack("ii", rc, nd.value)
+            unsynced = lib.ks_unsynced() if detect is not None else 0
+            diag_mem[0:12] = struct.pack("iii", rc, nd.value, unsynced)
             code = 0 if rc == 0 else 3
         finally:
             os._exit(code)
@@ -107,7 +122,7 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         raise
-    rc, nd = struct.unpack("ii", diag_mem[0:8])
+    rc, nd, unsynced = struct.unpack("iii", diag_mem[0:12])
     diags = _decode((_Diag * MAX_DIAGS).from_buffer_copy(diag_mem, 16), nd)
     if os.WIFSIGNALED(status):
         sig = signal.Signals(os.WTERMSIG(status)).name
@@ -119,7 +134,7 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
         raise VariantFailure("crash", f"the interpreter could not launch the kernel (code {code}, rc {rc})")
     for v, i in zip(views, outputs):
         args[i].reshape(-1)[:] = v
-    return diags
+    return RunOutcome(diags, bool(unsynced))
 
 
 def _diag_suffix(diags: list[RawDiag]) -> str:
@@ -166,7 +181,7 @@ _KERNEL_FRAME = re.compile(r"kernel\.metal:(\d+)")
 
 
 def run_sanitized(exe: Path, args: list[np.ndarray], outputs: list[int], grid: tuple[int, int, int],
-                  tg: tuple[int, int, int], tg_limit: int, stack_kb: int, timeout: float) -> list[RawDiag]:
+                  tg: tuple[int, int, int], tg_limit: int, stack_kb: int, timeout: float) -> RunOutcome:
     """Run the AddressSanitizer build; device-buffer overflows become ``device_bounds`` diagnostics."""
     with tempfile.TemporaryDirectory(prefix="ks-asan-") as tmp:
         launch, result = Path(tmp) / "launch.bin", Path(tmp) / "result.bin"
@@ -200,7 +215,7 @@ def run_sanitized(exe: Path, args: list[np.ndarray], outputs: list[int], grid: t
         (nd,) = struct.unpack_from("i", blob, pos)
         arr = (_Diag * max(nd, 1)).from_buffer_copy(blob[pos + 4:pos + 4 + ctypes.sizeof(_Diag) * nd].ljust(
             ctypes.sizeof(_Diag) * max(nd, 1), b"\0"))
-        return _decode(arr, nd) + diags
+        return RunOutcome(_decode(arr, nd) + diags)
 
 
 def _asan_diags(stderr: str) -> list[RawDiag]:

@@ -15,6 +15,19 @@ from typing import Any
 
 import numpy as np
 
+from ._lockstep import instrument, loop_tables, sync_lines
+from ._syntax import (
+    _EXPRESSION_WORDS,
+    _TG_ARRAY,
+    _TG_ARRAY_MD,
+    _TG_CAST,
+    _TG_CAST_NAMED,
+    _TG_POINTER,
+    _TG_ROW_POINTER,
+    _TG_SCALAR,
+    _VOLATILE_TG,
+)
+
 #: Metal thread attributes MLX can pass to a custom kernel: name -> type.
 ATTRIBUTES: dict[str, str] = {
     "dispatch_quadgroups_per_threadgroup": "uint",
@@ -212,15 +225,6 @@ def _template_kind(value: Any) -> str:
 
 # -- C++ translation ------------------------------------------------------------------------------------
 
-_TYPE = r"(?:const\s+)?[A-Za-z_][\w:]*(?:\s*<[^;<>]*>)?"
-_TG_ARRAY = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*\[([^\]\n]+)\]\s*;")
-_TG_SCALAR = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*;")
-_TG_POINTER = re.compile(rf"\bthreadgroup\s+({_TYPE})\s*\*\s*(\w+)")
-_TG_ARRAY_MD = re.compile(rf"\bthreadgroup\s+({_TYPE})\s+(\w+)\s*((?:\[[^\]\n]+\]\s*){{2,3}});")
-_VOLATILE_TG = re.compile(r"\bvolatile\s+threadgroup\b")
-#: Casts to a threadgroup pointer: `(threadgroup float4*) shmem`, `reinterpret_cast<threadgroup half*>(p)`.
-_TG_CAST = re.compile(rf"\(\s*threadgroup\s+({_TYPE})\s*\*\s*\)")
-_TG_CAST_NAMED = re.compile(rf"\b(?:reinterpret_cast|static_cast)\s*<\s*threadgroup\s+({_TYPE})\s*\*\s*>")
 _SWIZZLE = re.compile(r"\.([xyzw]{2,4}|[rgba]{2,4})\b(\s*(?:<<|>>|[-+*/%&|^])?=(?!=))?")
 #: Half and bfloat literals (``1.0h``, ``2.5bf``): C++ has no such suffix.
 _HALF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)(h|H|bf|BF)\b")
@@ -251,6 +255,11 @@ def _inner_extents(dims: str) -> str:
     return ", ".join("int64_t(" + d + ")" for d in _dims(dims)[1:])
 
 
+def _extents(dims: str) -> str:
+    """``int64_t(d0), int64_t(d1)...``: every extent of a ``[d0][d1]...`` declarator."""
+    return ", ".join("int64_t(" + d + ")" for d in _dims(dims))
+
+
 def _element_count(dims: str) -> str:
     """``(d0) * (d1) * ...``: the element count of a ``[d0][d1]...`` declaration."""
     return " * ".join("(" + d + ")" for d in _dims(dims))
@@ -270,10 +279,10 @@ def _code_only(text: str, fn: Any) -> str:
 _ASSIGNED = re.compile(r"\s*((?:<<|>>|[-+*/%&|^])?=(?!=)|\+\+|--)")
 _MEMBER = re.compile(r"\s*\.\s*(?:template\s+(sw[vz])<[\d,]*>\(\)|[A-Za-z_]\w*)")
 #: Words after which `name[i]` is an expression, not a declaration of `name`.
-_EXPRESSION_WORDS = frozenset({"return", "else", "do", "case", "sizeof", "co_return", "throw"})
 
 
 _OPEN = re.compile(r"\s*\[")
+_INDEXED_NAME = re.compile(r"\b[A-Za-z_]\w*(?=\s*\[)")
 
 
 def _brackets_end(code: str, pos: int) -> int | None:
@@ -325,15 +334,18 @@ def _wrap_elements(code: str, names: set[str]) -> str:
     assigned directly, one whose address is taken or that is incremented, one after ``>`` or ``*`` with no
     member after it (an operand of a binary operator, or a declaration of a same-named local array), one after
     a type name (a declaration), one swizzled (the reference has swizzles)."""
-    find = re.compile(rf"\b(?:{'|'.join(map(re.escape, sorted(names)))})(?=\s*\[)")
     out: list[str] = []
     pos = 0
-    while (m := find.search(code, pos)) is not None:
+    while (m := _INDEXED_NAME.search(code, pos)) is not None:
+        if m[0] not in names:  # any identifier, then the set: linear however many names there are
+            out.append(code[pos:m.end()])
+            pos = m.end()
+            continue
         end = _brackets_end(code, m.end())
         if end is None:
             break
         element = m[0] + _wrap_elements(code[m.end():end], names)
-        before = code[:m.start()].rstrip()
+        before = code[max(0, m.start() - 256):m.start()].rstrip()  # its last tokens (bounded: linear time)
         word = re.search(r"\w+$", before)
         operand = before[:-1].rstrip()
         unary_amp = before.endswith("&") and not before.endswith("&&") and (
@@ -372,7 +384,7 @@ def translate(text: str, check: bool) -> str:
     text = _code_only(text, lambda code: _HALF_LITERAL.sub(_literal, _SWIZZLE.sub(_swizzle, code)))
     text = _VOLATILE_TG.sub("threadgroup", text)  # volatile threadgroup pointers: every access is checked anyway
     if check:
-        names = {m[2] for pat in (_TG_ARRAY, _TG_ARRAY_MD, _TG_POINTER) for m in pat.finditer(text)}
+        names = {m[2] for pat in (_TG_ARRAY, _TG_ARRAY_MD, _TG_POINTER, _TG_ROW_POINTER) for m in pat.finditer(text)}
         text = _code_only(text, _checked_casts)
         text = _TG_ARRAY_MD.sub(lambda m: f"ks::tgmd<{m[1]}, {_inner_extents(m[3])}> "
                                           f"{m[2]} = ks::tgmd<{m[1]}, {_inner_extents(m[3])}>"
@@ -383,6 +395,7 @@ def translate(text: str, check: bool) -> str:
         text = _TG_SCALAR.sub(lambda m: f"ks::tgref<{m[1]}> {m[2]} = ks::tg_alloc_checked<{m[1]}>(1, \"{m[2]}\", "
                                         f"__LINE__)[0];", text)
         text = _TG_POINTER.sub(lambda m: f"ks::tgptr<{m[1]}> {m[2]}", text)
+        text = _TG_ROW_POINTER.sub(lambda m: f"ks::tgmd<{m[1]}, {_extents(m[3])}> {m[2]}", text)
         if names:
             text = _code_only(text, lambda code: _wrap_elements(code, names))
     else:
@@ -399,17 +412,25 @@ def translate(text: str, check: bool) -> str:
     return text
 
 
-def cpp_unit(sig: Signature, header: str, source: str, check: bool) -> str:
-    """The translation unit compiled for the interpreter: shim, kernel (MLX line layout), thread entry."""
+def cpp_unit(sig: Signature, header: str, source: str, check: bool, lockstep: bool = False) -> str:
+    """The translation unit compiled for the interpreter: shim, kernel (MLX line layout), thread entry. ``check``
+    (check mode) and ``lockstep`` (fast mode for a kernel that may rely on lockstep simdgroups) build the checked
+    translation, whose simdgroups run in lockstep on the lines :func:`~._lockstep.sync_lines` finds."""
     lines = [f"  {p.decl}" for p in sig.params] + [f"  {ATTRIBUTES[a]} {a}" for a in sig.attributes]
     body = header
     if sig.template:
         body += "template <" + ", ".join(f"{kind} {k}" for k, _, kind in sig.template) + ">\n"
     body += f"void {sig.kernel_name}(\n" + ",\n".join(lines) + ") {\n" + source + "\n}\n"
+    tables = ""
+    if check or lockstep:  # every loop counts its iterations (see _lockstep)
+        sync = sync_lines(body)
+        body, loops = instrument(body)
+        tables = loop_tables(loops, body.count("\n") + 1, sync)
+        check = True
     call_args = [f"{p.cast}args[{i}]" for i, p in enumerate(sig.params)] + list(sig.attributes)
     targs = f"<{', '.join(v for _, v, _ in sig.template)}>" if sig.template else ""
     entry = (
-        "\n#line 100000 \"ks_entry\"\n"
+        "\n#line 100000 \"ks_entry\"\n" + tables +
         "void ks_thread_main(ks::Launch* L, ks::Fiber* f) {\n"
         "  void** args = L->args;\n"
         "  const uint _n = L->tgext[0] * L->tgext[1] * L->tgext[2];\n"
@@ -420,5 +441,5 @@ def cpp_unit(sig: Signature, header: str, source: str, check: bool) -> str:
         + f"  {sig.kernel_name}{targs}({', '.join(call_args)});\n"
         "}\n"
     )
-    return ("#define KS_RUNTIME_IMPL 1\n#include \"ks_shim.h\"\nusing namespace metal;\n#line 1 \"kernel.metal\"\n"
+    return ("#include \"ks_shim.h\"\nusing namespace metal;\n#line 1 \"kernel.metal\"\n"
             + translate(body, check) + entry)

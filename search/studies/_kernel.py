@@ -109,14 +109,15 @@ class KernelVariants(Objective):
     def warm_start(self, store: Any = None, limit: int = 5) -> list[Config]:
         """Configs of current published artifacts of this family, closest first: same chip and shape,
         same chip, same shape, then the rest (same dtype before others). A broken store never stops a
-        search: it just gives no warm start."""
+        search: it just gives no published configs (the model's picks still come)."""
+        from ..artifacts._candidate import chip_slug
+
         try:
             from ..artifacts._artifacts import ArtifactStore
-            from ..artifacts._candidate import chip_slug
 
             artifacts = list((store or ArtifactStore()).current_artifacts(self.family.name))
-        except Exception:  # noqa: BLE001 - no store, unreadable store: no warm start
-            return []
+        except Exception:  # noqa: BLE001 - no store, unreadable store: no published configs
+            artifacts = []
         me = chip_slug(self.chip.name)
 
         def distance(a: Any) -> tuple[int, int, int]:
@@ -169,16 +170,20 @@ class KernelVariants(Objective):
         """Up to ``n`` distinct random valid configs (a fixed seed: the verdict is the same every run)."""
         import random
 
+        from .._steps import step
         from ..family._space import format_config
 
         rng, out, seen = random.Random(0), [], set()
-        for _ in range(4 * n):
-            cfg = self.random_config(rng, tries=50)
-            if cfg is not None and format_config(cfg) not in seen:
-                seen.add(format_config(cfg))
-                out.append(cfg)
-            if len(out) >= n:
-                break
+        with step(f"sampling {n:,} valid configs of the {self.space.total:,} of {self.family.name} for the model",
+                  total=n) as progress:
+            for _ in range(4 * n):
+                cfg = self.random_config(rng, tries=50)
+                if cfg is not None and format_config(cfg) not in seen:
+                    seen.add(format_config(cfg))
+                    out.append(cfg)
+                    progress.advance(len(out))
+                if len(out) >= n:
+                    break
         return out
 
     def model_note(self) -> str | None:

@@ -243,24 +243,40 @@ def render_report(h: StudyHistory) -> str:
             f"modeled, interpreted or replayed results are never mixed.</p></body></html>")
 
 
-def write_report(study_name: str, storage: str | None = None, out: str | Path | None = None) -> Path:
-    """Render the study's report to ``out`` (default: under the data folder); returns the path written."""
+def write_report(study_name: str, storage: str | None = None, out: str | Path | None = None,
+                 history: StudyHistory | None = None) -> Path:
+    """Render the study's report to ``out`` (default: under the data folder); returns the path written.
+    ``history``: the study already loaded (the CLI loads it, and checks ``out``, before it shows progress)."""
     from .._errors import KernsearchError
     from ._history import load_history
 
-    h = load_history(study_name, storage)
+    h = history if history is not None else load_history(study_name, storage)
+    path = report_path(study_name, out)
+    from .._safeio import UnsafeFile, write_atomic
+
+    try:
+        if not os.path.lexists(path.parent):
+            path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, render_report(h))
+    except UnsafeFile as exc:
+        raise KernsearchError(f"cannot write the report: {exc}") from None
+    except OSError as exc:
+        raise KernsearchError(f"cannot write the report to {str(path)[:200]!r}: {exc.strerror or exc}") from None
+    return path
+
+
+def report_path(study_name: str, out: str | Path | None = None) -> Path:
+    """Where the report goes, refused (one :class:`KernsearchError`) where no report can be written."""
+    from .._errors import KernsearchError
+    from .._safeio import UnsafeFile, check_replaceable
+
     path = Path(out) if out is not None else default_report_path(study_name)
     if "\x00" in str(path):
         raise KernsearchError(f"cannot write the report to {str(path)[:200]!r}: a NUL byte in the name")
-    from .._safeio import UnsafeFile, check_replaceable, write_atomic
-
     try:
         if os.path.isdir(path) and not os.path.islink(path):
             raise KernsearchError(f"--out {path} is a folder: give a file name, e.g. {path / 'report.html'}")
         check_replaceable(path)  # before the page is rendered
-        if not os.path.lexists(path.parent):
-            path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, render_report(h))
     except UnsafeFile as exc:
         raise KernsearchError(f"cannot write the report: {exc}") from None
     except OSError as exc:

@@ -107,19 +107,15 @@ def _implied_shape(fam: Family, given: dict[str, Any]) -> tuple[int, ...] | None
 
 
 def _logical_inputs(problem: Problem, given: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
-    """Every input: the caller's (checked for shape, converted to its dtype as MLX would), else drawn."""
-    from ..evaluation._verify import draw, round_to_dtype
+    """Every input: the caller's (checked for shape, converted to its dtype as MLX would), else drawn (all are
+    drawn, so the seed's stream is the same whichever the caller gives)."""
+    from ..evaluation._verify import make_inputs, round_to_dtype
 
-    rng = np.random.default_rng(seed)
-    ctx = problem._ctx()
-    out: dict[str, np.ndarray] = {}
+    out = make_inputs(problem, seed)
     for t in problem.family.inputs:
-        shape = tuple(int(s) for s in t.shape(ctx))
-        dtype = t.resolved_dtype(problem.dtype)
-        drawn = draw(t.distribution, shape, dtype, rng)  # drawn either way: the seed's stream stays the same
         if t.name not in given:
-            out[t.name] = drawn
             continue
+        shape, dtype = out[t.name].shape, t.resolved_dtype(problem.dtype)
         value = np.asarray(given[t.name])
         if value.shape != shape:
             raise KernsearchError(f"{problem.family.name}: input {t.name} has shape {value.shape}; at "

@@ -244,12 +244,16 @@ def final_round(task: VariantTask) -> FinalTimings:
     (:mod:`kernsearch.evaluation._consumer`).
 
     The back-end provides ``consumer_kernel(kernel, geometry, family, problem, sets)`` and
-    ``consumer_op(family, problem, sets)`` (each a ``call(i)``), ``evaluate(outputs)`` and ``sync()``.
+    ``consumer_op(family, problem, sets)`` (each a ``call(i)``), ``evaluate(outputs)`` and ``sync()``. One
+    without them (a simulation timing launches) has its finalists timed by separate launches: timings without
+    consumer modes, which the gate records but never ships as a win (docs/artifacts.md).
     """
     from ..evaluation._consumer import ConsumerPlan, consumer_samples
 
     s = PROCESS.setup(task)
     impl: Any = s.backend
+    if not hasattr(impl, "consumer_kernel"):
+        return _final_round_by_launches(task, s)
     sets = _weight_sets(task, s)
     candidates = {}
     for i, cfg in enumerate(task.finalists):
@@ -267,6 +271,28 @@ def final_round(task: VariantTask) -> FinalTimings:
                                tuple(by["baseline"]) if "baseline" in by else None)
              for mode, by in samples.items()}
     return FinalTimings(modes, len(sets), error)
+
+
+def _final_round_by_launches(task: VariantTask, s: Setup) -> FinalTimings:
+    """The finalists and the op timed by separate launches, interleaved (``launcher``, ``baseline_launcher``)."""
+    from ..evaluation._measure import interleaved
+    from ..evaluation._verify import kernel_inputs, make_inputs
+
+    impl: Any = s.backend
+    logical = make_inputs(s.problem, task.seed + 2)
+    candidates = {}
+    for i, cfg in enumerate(task.finalists):
+        _, kernel, geo = _variant(task, cfg)
+        candidates[f"f{i}"] = impl.launcher(kernel, geo, kernel_inputs(s.problem, logical, geo), s.problem.dtype)
+    error = None
+    try:
+        candidates["baseline"] = impl.baseline_launcher(s.family, s.problem, logical)
+    except Exception as exc:  # noqa: BLE001 - no baseline is not fatal, and is said
+        error = str(exc)
+    samples = interleaved(candidates, clock=getattr(impl, "clock", time.perf_counter))
+    launches = ModeSamples(tuple(tuple(samples[f"f{i}"]) for i in range(len(task.finalists))),
+                           tuple(samples["baseline"]) if "baseline" in samples else None)
+    return FinalTimings({}, baseline_error=error, launches=launches)
 
 
 def _weight_sets(task: VariantTask, s: Setup) -> list[dict[str, Any]]:

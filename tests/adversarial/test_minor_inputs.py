@@ -93,7 +93,7 @@ def test_a_reference_of_the_wrong_shape_is_a_spec_error(hostile_family, tmp_path
                       tmp_path), "reference", "(32, 64)", "(64, 32)")
     folder = hostile_family(toml=lambda t: set_key(t, "reference", '"[matmul(A, B), matmul(A, B)]"'), name="two")
     _one_line(run_cli(["verify", str(folder), "--shape", "64,32,16", "--dtype", "float32", "--chip", "M2 Max"],
-                      tmp_path), "gives 2 array(s)", "1 output(s)")
+                      tmp_path), "2 value(s) for 1 output(s)")
 
 
 @pytest.mark.parametrize("expr", ['"matmul(A.T.T.T.ctypes, B)"', '"matmul(A, B.base)"'])

@@ -33,4 +33,6 @@ class Case:
     #: "outside" (documented as outside the subset: must be refused or fail to compile, with ``reason``).
     expect: str = "pass"
     reason: str = ""
+    #: correct only because the lanes of a simdgroup run in lockstep: check mode must name it (a warning)
+    lockstep: bool = False
     extra: dict[str, Any] = field(default_factory=dict)

@@ -177,14 +177,13 @@ def _direct_call(tree: Any, order: List[str], names: Dict[str, Any], functions: 
         for part in entry[0].split("."):
             target = getattr(target, part)
         bound = {**entry[2], **dict(zip(entry[1], consts)), **kw}
-        for key in ("eps",):
-            if key in bound:
-                bound[key] = float(bound[key])
+        if "eps" in bound:
+            bound["eps"] = float(bound["eps"])
         return functools.partial(target, **bound) if bound else target
     fn = functions[tree[1]]
-    if not consts and not kw:
-        return fn
-    return functools.partial(fn, *[], **kw) if not consts else (lambda *xs: fn(*xs, *consts, **kw))
+    if not consts:
+        return functools.partial(fn, **kw) if kw else fn
+    return lambda *xs: fn(*xs, *consts, **kw)
 
 
 MAX_DECISIONS = 4096
@@ -263,7 +262,9 @@ class Dispatcher:
         self._weighted = {name for name, fam in self.table["families"].items()
                           if len(fam["inputs"]) > 1 and not fam["inputs"][0].get("weight")
                           and all(spec.get("weight") for spec in fam["inputs"][1:])}
-        self._by_weights: Dict[Any, Tuple[List[Any], Dict[Any, Callable[..., Any]], List[Any]]] = {}
+        #: (family, id of the last weight) -> (weak references to the weights, [shape, dtype, plan] of the last
+        #: activation planned with them).
+        self._by_weights: Dict[Any, Tuple[List[Any], List[Any]]] = {}
 
     # -- the running chip --------------------------------------------------------------------------------
     def running_chip(self, chip: Any = None) -> Tuple[Dict[str, Any], str]:
@@ -540,14 +541,14 @@ class Dispatcher:
                         return call(family, *arrays)
                 if weighted:
                     entry = by_weights.get((family, id(arrays[-1])))
-                    if entry is not None:
+                    if entry is not None:  # _same(entry[0], arrays), inlined: a call would cost a frame
                         i = 1
                         for ref in entry[0]:
                             if ref() is not arrays[i]:
                                 break
                             i += 1
                         else:
-                            x, last = arrays[0], entry[2]
+                            x, last = arrays[0], entry[1]
                             try:
                                 if x.shape == last[0] and x.dtype == last[1]:
                                     return last[2](*arrays)
@@ -568,10 +569,8 @@ class Dispatcher:
             forget = functools.partial(_forget, self._by_weights, key)
             entry = self._by_weights.get(key)
             if entry is None or not _same(entry[0], arrays):
-                entry = self._by_weights[key] = ([weakref.ref(w, forget) for w in arrays[1:]], {}, [None, None, None])
-            x = arrays[0]
-            entry[1][(x.shape, x.dtype)] = plan
-            entry[2][:] = [x.shape, x.dtype, plan]
+                entry = self._by_weights[key] = ([weakref.ref(w, forget) for w in arrays[1:]], [None, None, None])
+            entry[1][:] = [arrays[0].shape, arrays[0].dtype, plan]
         except (TypeError, AttributeError):  # weights that take no weak reference (not MLX arrays): no entry
             pass
 

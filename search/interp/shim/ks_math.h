@@ -200,6 +200,16 @@ template <class T, int N> inline vec<T, N> normalize(const vec<T, N>& a) { retur
 template <class T> inline vec<T, 3> cross(const vec<T, 3>& a, const vec<T, 3>& b) {
   return vec<T, 3>(a.y * b.z - a.z * b.y, a.z * b.x - a.x * b.z, a.x * b.y - a.y * b.x);
 }
+// Packed vectors (packed_float3 ...) in the geometric functions: converted to the aligned vector, as MSL does.
+template <class A, class B, class = std::enable_if_t<is_packed<A>::value || is_packed<B>::value>>
+inline auto dot(const A& a, const B& b) { return dot(unpacked(a), unpacked(b)); }
+template <class A, class B, class = std::enable_if_t<is_packed<A>::value || is_packed<B>::value>>
+inline auto cross(const A& a, const B& b) { return cross(unpacked(a), unpacked(b)); }
+template <class A, class B, class = std::enable_if_t<is_packed<A>::value || is_packed<B>::value>>
+inline auto distance(const A& a, const B& b) { return distance(unpacked(a), unpacked(b)); }
+template <class T, int N> inline T length_squared(const packed_vec<T, N>& a) { return dot(a, a); }
+template <class T, int N> inline T length(const packed_vec<T, N>& a) { return length(unpacked(a)); }
+template <class T, int N> inline vec<T, N> normalize(const packed_vec<T, N>& a) { return normalize(unpacked(a)); }
 
 namespace fast {
 using metal::sinh; using metal::cosh; using metal::asin; using metal::acos; using metal::atan; using metal::atan2;

@@ -151,6 +151,9 @@ template <matmul2d_descriptor D, class Scope> struct matmul2d {
   // C = A*B (+ C): this thread's share of the destination.
   template <class A, class B, class V>
   void run(const A& a, const B& b, cooperative_tensor<V, D, Scope>& c, int line = __builtin_LINE()) const {
+#ifdef KS_CHECK
+    ks::no_step whole_op;  // one operation of the scope: its operand reads do not synchronise lanes one by one
+#endif
     const int rows_a = D.transpose_left ? a.extent(0) : a.extent(1);
     const int k_a = D.transpose_left ? a.extent(1) : a.extent(0);
     const int cols_b = D.transpose_right ? b.extent(1) : b.extent(0);

@@ -45,26 +45,21 @@ typedef _Float16 half;
 struct bfloat {
   uint16_t bits;
   bfloat() = default;
-  static uint16_t round(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
+  // constexpr (bit casts, not memcpy), so limits of bfloat are constant expressions (MLX's Limits<bfloat16_t>).
+  static constexpr uint16_t round(float f) {
+    uint32_t u = __builtin_bit_cast(uint32_t, f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // keep NaN a NaN
     u += 0x7fffu + ((u >> 16) & 1u);
     return uint16_t(u >> 16);
   }
   template <class U, class = std::enable_if_t<std::is_arithmetic<U>::value || std::is_same<U, half>::value>>
-  bfloat(U v) : bits(round(float(v))) {}
-  operator float() const {
-    uint32_t u = uint32_t(bits) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
+  constexpr bfloat(U v) : bits(round(float(v))) {}
+  constexpr operator float() const { return __builtin_bit_cast(float, uint32_t(bits) << 16); }
   template <class U> bfloat& operator+=(U o) { return *this = bfloat(float(*this) + float(o)); }
   template <class U> bfloat& operator-=(U o) { return *this = bfloat(float(*this) - float(o)); }
   template <class U> bfloat& operator*=(U o) { return *this = bfloat(float(*this) * float(o)); }
   template <class U> bfloat& operator/=(U o) { return *this = bfloat(float(*this) / float(o)); }
-  bfloat operator-() const { bfloat r; r.bits = bits ^ 0x8000; return r; }
+  constexpr bfloat operator-() const { bfloat r(0.0f); r.bits = uint16_t(bits ^ 0x8000); return r; }
 };
 typedef half float16_t;
 typedef bfloat bfloat16_t;
@@ -87,6 +82,10 @@ template <class T> struct vec_size { static constexpr int value = 1; };
 template <class T, int N> struct vec_size<vec<T, N>> { static constexpr int value = N; };
 
 template <class T, int N, int... I> struct swizzle_ref;
+template <class T, int N> struct packed_vec;
+template <class T> struct is_packed : std::false_type {};
+template <class T, int N> struct is_packed<packed_vec<T, N>> : std::true_type {};
+template <class T, int N> struct vec_size<packed_vec<T, N>> { static constexpr int value = N; };
 
 template <class T, int N>
 struct alignas((N == 3 ? 4 : N) * sizeof(T)) vec : vec_storage<T, N> {
@@ -96,17 +95,18 @@ struct alignas((N == 3 ? 4 : N) * sizeof(T)) vec : vec_storage<T, N> {
   template <class U, class = std::enable_if_t<!is_vec<U>::value && std::is_constructible<T, U>::value>>
   vec(U s) { for (int i = 0; i < N; ++i) v[i] = T(s); }
   template <class U> explicit vec(const vec<U, N>& o) { for (int i = 0; i < N; ++i) v[i] = T(o.v[i]); }
+  template <class U> explicit vec(const packed_vec<U, N>& o) { for (int i = 0; i < N; ++i) v[i] = T(o.v[i]); }
   template <class A, class B, class... R, class = std::enable_if_t<(sizeof...(R) + 2 <= N)>>
   vec(const A& a, const B& b, const R&... r) { int k = 0; put(k, a); put(k, b); (put(k, r), ...); }
   template <class U> void put(int& k, const U& s) {
-    if constexpr (is_vec<U>::value) { for (int i = 0; i < vec_size<U>::value; ++i) v[k++] = T(s.v[i]); }
+    if constexpr (is_vec<U>::value || is_packed<U>::value) { for (int i = 0; i < vec_size<U>::value; ++i) v[k++] = T(s.v[i]); }
     else v[k++] = T(s);
   }
   T& operator[](int i) { return v[i]; }
   const T& operator[](int i) const { return v[i]; }
   // A swizzle that is assigned to (`v.xy = ...`, `v.xy += ...`) is a reference; every other swizzle is read as
   // a vector value, so it deduces as one in templates (`length(v.xy)`, `v.xy * s`, `all(b.xw)`).
-  template <int... I> swizzle_ref<T, N, I...> swz() { return swizzle_ref<T, N, I...>{this}; }
+  template <int... I> swizzle_ref<T, N, I...> swz() { return swizzle_ref<T, N, I...>{v}; }
   template <int... I> vec<T, sizeof...(I)> swz() const { return vec<T, sizeof...(I)>(v[I]...); }
   template <int... I> vec<T, sizeof...(I)> swv() const { return vec<T, sizeof...(I)>(v[I]...); }
 #define KS_VEC_OPASSIGN(op)                                                                          \
@@ -124,16 +124,17 @@ struct alignas((N == 3 ? 4 : N) * sizeof(T)) vec : vec_storage<T, N> {
   vec<bool, N> operator!() const { vec<bool, N> r; for (int i = 0; i < N; ++i) r.v[i] = !v[i]; return r; }
 };
 
+// The components I of an N-element vector (aligned or packed) at p, assigned to.
 template <class T, int N, int... I> struct swizzle_ref {
-  vec<T, N>* p;
-  operator vec<T, sizeof...(I)>() const { return vec<T, sizeof...(I)>(p->v[I]...); }
-  swizzle_ref& operator=(const vec<T, sizeof...(I)>& o) { int k = 0; ((p->v[I] = o.v[k++]), ...); return *this; }
+  T* p;
+  operator vec<T, sizeof...(I)>() const { return vec<T, sizeof...(I)>(p[I]...); }
+  swizzle_ref& operator=(const vec<T, sizeof...(I)>& o) { int k = 0; ((p[I] = o.v[k++]), ...); return *this; }
   template <class U, class = std::enable_if_t<!is_vec<U>::value>> swizzle_ref& operator=(const U& s) {
     return *this = vec<T, sizeof...(I)>(s);
   }
 #define KS_SWZ_OPASSIGN(op)                                                                          \
   template <class U> swizzle_ref& operator op##=(const U& o) {                                      \
-    vec<T, sizeof...(I)> cur(p->v[I]...); cur op##= o; return *this = cur;                          \
+    vec<T, sizeof...(I)> cur(p[I]...); cur op##= o; return *this = cur;                             \
   }
   KS_SWZ_OPASSIGN(+) KS_SWZ_OPASSIGN(-) KS_SWZ_OPASSIGN(*) KS_SWZ_OPASSIGN(/) KS_SWZ_OPASSIGN(%)
   KS_SWZ_OPASSIGN(&) KS_SWZ_OPASSIGN(|) KS_SWZ_OPASSIGN(^) KS_SWZ_OPASSIGN(<<) KS_SWZ_OPASSIGN(>>)
@@ -142,13 +143,13 @@ template <class T, int N, int... I> struct swizzle_ref {
 
 #define KS_VEC_BINOP(op)                                                                             \
   template <class T, int N, class U> auto operator op(const vec<T, N>& a, const U& b) {             \
-    if constexpr (is_vec<U>::value) {                                                               \
+    if constexpr (is_vec<U>::value || is_packed<U>::value) {                                        \
       vec<T, N> r; for (int i = 0; i < N; ++i) r.v[i] = T(a.v[i] op b.v[i]); return r;              \
     } else {                                                                                        \
       vec<T, N> r; for (int i = 0; i < N; ++i) r.v[i] = T(a.v[i] op b); return r;                   \
     }                                                                                               \
   }                                                                                                 \
-  template <class U, class T, int N, class = std::enable_if_t<!is_vec<U>::value>>                  \
+  template <class U, class T, int N, class = std::enable_if_t<!is_vec<U>::value && !is_packed<U>::value>> \
   vec<T, N> operator op(const U& a, const vec<T, N>& b) {                                           \
     vec<T, N> r; for (int i = 0; i < N; ++i) r.v[i] = T(a op b.v[i]); return r;                     \
   }
@@ -159,11 +160,11 @@ KS_VEC_BINOP(^) KS_VEC_BINOP(<<) KS_VEC_BINOP(>>)
 #define KS_VEC_CMP(op)                                                                               \
   template <class T, int N, class U> vec<bool, N> operator op(const vec<T, N>& a, const U& b) {     \
     vec<bool, N> r;                                                                                 \
-    if constexpr (is_vec<U>::value) { for (int i = 0; i < N; ++i) r.v[i] = a.v[i] op b.v[i]; }      \
+    if constexpr (is_vec<U>::value || is_packed<U>::value) { for (int i = 0; i < N; ++i) r.v[i] = a.v[i] op b.v[i]; } \
     else { for (int i = 0; i < N; ++i) r.v[i] = a.v[i] op b; }                                      \
     return r;                                                                                       \
   }                                                                                                 \
-  template <class U, class T, int N, class = std::enable_if_t<!is_vec<U>::value>>                  \
+  template <class U, class T, int N, class = std::enable_if_t<!is_vec<U>::value && !is_packed<U>::value>> \
   vec<bool, N> operator op(const U& a, const vec<T, N>& b) {                                        \
     vec<bool, N> r; for (int i = 0; i < N; ++i) r.v[i] = a op b.v[i]; return r;                     \
   }
@@ -179,21 +180,52 @@ KS_VEC_TYPES(float, float) KS_VEC_TYPES(half, half) KS_VEC_TYPES(bfloat, bfloat)
 KS_VEC_TYPES(uint, uint) KS_VEC_TYPES(short, short) KS_VEC_TYPES(ushort, ushort) KS_VEC_TYPES(bool, bool)
 KS_VEC_TYPES(char, char) KS_VEC_TYPES(uchar, uchar) KS_VEC_TYPES(long, long) KS_VEC_TYPES(unsigned long, ulong)
 #undef KS_VEC_TYPES
-// Packed vectors: no padding (packed_float3 is 12 bytes), converting to and from the aligned vector.
-template <class T, int N> struct packed_vec {
-  T v[N];
+// Packed vectors: no padding (packed_float3 is 12 bytes), the same members, swizzles and arithmetic as the aligned
+// vector (arithmetic gives an aligned vector), converting to and from it.
+template <class T, int N> struct packed_storage;
+template <class T> struct packed_storage<T, 2> { union { T v[2]; struct { T x, y; }; struct { T r, g; }; }; };
+template <class T> struct packed_storage<T, 3> { union { T v[3]; struct { T x, y, z; }; struct { T r, g, b; }; }; };
+template <class T> struct packed_storage<T, 4> { union { T v[4]; struct { T x, y, z, w; }; struct { T r, g, b, a; }; }; };
+template <class T, int N> struct packed_vec : packed_storage<T, N> {
+  using value_type = T;
+  using packed_storage<T, N>::v;
   packed_vec() = default;
   template <class U> packed_vec(const vec<U, N>& o) { for (int i = 0; i < N; ++i) v[i] = T(o.v[i]); }
-  template <class A, class... R, class = std::enable_if_t<!is_vec<A>::value>>
+  template <class U> packed_vec(const packed_vec<U, N>& o) { for (int i = 0; i < N; ++i) v[i] = T(o.v[i]); }
+  template <class A, class... R, class = std::enable_if_t<!is_vec<A>::value && !is_packed<A>::value>>
   packed_vec(const A& a, const R&... r) : packed_vec(vec<T, N>(a, r...)) {}
   operator vec<T, N>() const { vec<T, N> r; for (int i = 0; i < N; ++i) r.v[i] = v[i]; return r; }
   T& operator[](int i) { return v[i]; }
   const T& operator[](int i) const { return v[i]; }
+  template <int... I> swizzle_ref<T, N, I...> swz() { return swizzle_ref<T, N, I...>{v}; }
+  template <int... I> vec<T, sizeof...(I)> swz() const { return vec<T, sizeof...(I)>(v[I]...); }
+  template <int... I> vec<T, sizeof...(I)> swv() const { return vec<T, sizeof...(I)>(v[I]...); }
+  template <class U> packed_vec& operator+=(const U& o) { return *this = packed_vec(vec<T, N>(*this) + o); }
+  template <class U> packed_vec& operator-=(const U& o) { return *this = packed_vec(vec<T, N>(*this) - o); }
+  template <class U> packed_vec& operator*=(const U& o) { return *this = packed_vec(vec<T, N>(*this) * o); }
+  template <class U> packed_vec& operator/=(const U& o) { return *this = packed_vec(vec<T, N>(*this) / o); }
+  vec<T, N> operator-() const { return -vec<T, N>(*this); }
 };
+#define KS_PACKED_BINOP(op)                                                                          \
+  template <class T, int N, class U> auto operator op(const packed_vec<T, N>& a, const U& b) {      \
+    return vec<T, N>(a) op b;                                                                       \
+  }                                                                                                 \
+  template <class U, class T, int N, class = std::enable_if_t<!is_vec<U>::value && !is_packed<U>::value>> \
+  auto operator op(const U& a, const packed_vec<T, N>& b) { return a op vec<T, N>(b); }
+KS_PACKED_BINOP(+) KS_PACKED_BINOP(-) KS_PACKED_BINOP(*) KS_PACKED_BINOP(/) KS_PACKED_BINOP(%) KS_PACKED_BINOP(&)
+KS_PACKED_BINOP(|) KS_PACKED_BINOP(^) KS_PACKED_BINOP(<) KS_PACKED_BINOP(>) KS_PACKED_BINOP(<=) KS_PACKED_BINOP(>=)
+KS_PACKED_BINOP(==) KS_PACKED_BINOP(!=)
+#undef KS_PACKED_BINOP
+// An aligned vector for either kind (the geometric and math functions take it).
+template <class V> inline auto unpacked(const V& x) {
+  if constexpr (is_packed<V>::value) return vec<typename V::value_type, vec_size<V>::value>(x);
+  else return x;
+}
 #define KS_PACKED(T, name) typedef packed_vec<T, 2> packed_##name##2; typedef packed_vec<T, 3> packed_##name##3; \
   typedef packed_vec<T, 4> packed_##name##4;
 KS_PACKED(float, float) KS_PACKED(half, half) KS_PACKED(int, int) KS_PACKED(uint, uint) KS_PACKED(short, short)
 KS_PACKED(ushort, ushort) KS_PACKED(char, char) KS_PACKED(uchar, uchar) KS_PACKED(bfloat, bfloat)
+KS_PACKED(long, long) KS_PACKED(unsigned long, ulong) KS_PACKED(bool, bool)
 #undef KS_PACKED
 
 // ------------------------------------------------------------------------------------------------
@@ -201,13 +233,36 @@ KS_PACKED(ushort, ushort) KS_PACKED(char, char) KS_PACKED(uchar, uchar) KS_PACKE
 // ------------------------------------------------------------------------------------------------
 namespace ks {
 
-enum DiagKind { D_DIVERGENCE = 1, D_INACTIVE_LANE, D_PARTIAL_SIMD, D_TG_LIMIT, D_RACE, D_UNINIT, D_TG_BOUNDS, D_PARTIAL_COLLECTIVE };
+enum DiagKind { D_DIVERGENCE = 1, D_INACTIVE_LANE, D_PARTIAL_SIMD, D_TG_LIMIT, D_RACE, D_UNINIT, D_TG_BOUNDS, D_PARTIAL_COLLECTIVE,
+                D_SIMD_SYNC };
 enum Severity { S_ERROR = 0, S_WARNING = 1 };
 
 struct Diag { int32_t kind, severity, line, count; char msg[232]; };
 struct DiagTable { int32_t n, max; Diag* d; };
 
-enum WaitKind { W_NONE = 0, W_BARRIER, W_SIMD, W_DONE };
+enum WaitKind { W_NONE = 0, W_BARRIER, W_SIMD, W_DONE, W_STEP };
+
+#ifdef KS_CHECK
+// Lockstep builds (the check-mode translation): a thread's place in the program, compared lexicographically
+// between the lanes of a simdgroup. One word per enclosing loop (outermost first: the loop's first line, then
+// its iteration) and a last word (line, then the count of accesses made on that line since the line or the
+// iteration changed): a lane inside a loop is behind a lane past it, and a lane in iteration i is behind one in
+// iteration i + 1 of the same loop, whatever their lines.
+constexpr int KS_POS_WORDS = 5;
+constexpr int KS_MAX_LOOPS = 64;
+constexpr int KS_LINE_SHIFT = 44;
+struct Pos {
+  uint64_t w[KS_POS_WORDS];
+};
+inline bool pos_less(const Pos& a, const Pos& b) {
+  for (int k = 0; k < KS_POS_WORDS; ++k)
+    if (a.w[k] != b.w[k]) return a.w[k] < b.w[k];
+  return false;
+}
+inline bool pos_equal(const Pos& a, const Pos& b) { return std::memcmp(a.w, b.w, sizeof a.w) == 0; }
+// A loop of the kernel (found by the translator): its line span and the loop it is nested in (-1: none).
+struct LoopInfo { int start, end, parent; };
+#endif
 
 struct Fiber;
 typedef void (*CollectiveOp)(Fiber** lanes, int n, Fiber* self_or_null);
@@ -228,6 +283,15 @@ struct Fiber {
   void* out;
   int arg;       // shuffle source lane, etc.
   int ok;        // collective result flag
+#ifdef KS_CHECK
+  Pos pos;        // where the thread stands (lockstep builds): at its pending access, collective or barrier
+  Pos others_min; // while it runs: the least place of the other live lanes of its simdgroup
+  int last_line;  // line of its last access or loop step
+  uint64_t seq;   // accesses made on last_line
+  bool ticked;    // a loop stepped since its last access
+  int nostep;     // > 0: accesses do not synchronise (inside an operation the whole simdgroup performs)
+  uint64_t it[KS_MAX_LOOPS];  // iteration of each loop of the kernel
+#endif
 };
 
 struct Launch;
@@ -235,7 +299,9 @@ typedef void (*ThreadMain)(Launch* L, Fiber* f);
 
 struct TgAlloc { int line; int64_t offset, bytes, elems; int elem_size; const char* name; };
 
-struct Shadow { int32_t writer, reader; uint32_t w_epoch, r_epoch, w_sepoch, r_sepoch; };
+// Per threadgroup-memory element (check mode): last writer and its place, last reader (-2: several threads; r_sg
+// their simdgroup, -2 when several), barrier and simdgroup-barrier epochs.
+struct Shadow { int32_t writer, reader, r_sg, w_line, r_line; uint32_t w_epoch, r_epoch, w_sepoch, r_sepoch; uint64_t w_where; };
 
 struct Launch {
   // inputs
@@ -258,6 +324,7 @@ struct Launch {
   uint32_t sepoch[64];
   Shadow* shadow;  // one per arena byte-element slot (allocated per element of each allocation)
   int64_t shadow_cap, shadow_dirty;
+  bool detect;     // check mode: the race / uninitialised / bounds detector runs (off: fast mode in lockstep)
 #ifdef KS_UCONTEXT
   ucontext_t sched_uc;
 #else
@@ -265,8 +332,8 @@ struct Launch {
 #endif
 };
 
-extern thread_local Launch* L;
-extern thread_local Fiber* cur;
+extern Launch* L;
+extern Fiber* cur;
 
 inline void report(int kind, int severity, int line, const char* fmt, ...) __attribute__((format(printf, 4, 5)));
 inline void report(int kind, int severity, int line, const char* fmt, ...) {
@@ -295,7 +362,55 @@ inline void yield_to_scheduler() {
 #endif
 }
 
+#ifdef KS_CHECK
+}  // namespace ks
+// Written by the translator into each lockstep build: the kernel's loops and, per line, its innermost loop.
+extern const ks::LoopInfo ks_loop_info[];
+extern const int ks_loop_count;
+extern const int16_t ks_line_loop[];
+extern const int ks_line_count;
+extern const uint8_t ks_sync_line[];
+namespace ks {
+constexpr uint64_t KS_COUNT_MASK = (uint64_t(1) << KS_LINE_SHIFT) - 1;
+// Every threadgroup access synchronises (a rerun after check mode found lanes passing values on lines the
+// translator had not marked), and whether such an access was found in this run.
+extern bool sync_all, unsynced_conflict;
+// Some line synchronises (or all do): lanes are scheduled in lockstep and places are kept (else, as in plain builds,
+// threads run one after another).
+extern bool lockstep_active;
+inline bool synced(int line) { return sync_all || (line >= 0 && line < ks_line_count && ks_sync_line[line]); }
+
+// The place of thread `f` at an access, collective or barrier on `line` (see Pos).
+void place(Fiber* f, int line);
+// The condition of loop `id` is evaluated (the translator adds this to each loop): its next iteration, or
+// iteration 0 when the thread comes from outside the loop.
+bool tick_now(int id);
+constexpr bool tick(int id) { return __builtin_is_constant_evaluated() ? true : tick_now(id); }
+// Wait, at an access on a synchronising line, until no other live lane of the simdgroup is behind this one.
+void step_at(Fiber* f, int line);
+
+// An access of threadgroup memory on `line`: the lanes of a simdgroup make their accesses in lockstep, as the
+// hardware does. The thread goes on at once unless another live lane of its simdgroup is behind it; else it
+// waits until the scheduler has brought those lanes to its place. Only lines where the translator found an array
+// that lanes may pass values through between barriers synchronise (ks_sync_line): elsewhere the order of the
+// lanes cannot change a result, and running them one after another is cheaper.
+inline void step(int line) {
+  Fiber* f = cur;
+  if (f != nullptr && !f->nostep && synced(line)) step_at(f, line);
+}
+// Accesses made inside an operation the whole simdgroup performs (matmul2d) do not synchronise.
+struct no_step {
+  no_step() { if (cur) cur->nostep++; }
+  ~no_step() { if (cur) cur->nostep--; }
+};
+}  // namespace ks
+namespace ks {
+#endif
+
 inline void wait_here(int kind, int line) {
+#ifdef KS_CHECK
+  if (lockstep_active) place(cur, line);
+#endif
   cur->wait = kind;
   cur->line = line;
   yield_to_scheduler();
@@ -350,42 +465,23 @@ inline bool ordered_by_simd_barrier(int other, uint32_t other_sepoch) {
   return other >= 0 && other_sg == cur->sg && L->sepoch[cur->sg] != other_sepoch;
 }
 
-// One element `i` of the declared array, read or written by the current thread.
-inline void tg_check(const TgAlloc* a, int64_t i, bool write, int line) {
-  Shadow* s = shadow_for(a, i);
-  int t = cur->tid;
-  uint32_t e = L->epoch;
-  uint32_t se = L->sepoch[cur->sg];
-  if (write) {
-    if (s->w_epoch == e && s->writer != t && !ordered_by_simd_barrier(s->writer, s->w_sepoch))
-      report(D_RACE, S_ERROR, line, "race on %s[%lld]: written by threads %d and %d with no barrier between", a->name, (long long)i, s->writer, t);
-    else if (s->r_epoch == e && s->reader != t && !(s->reader >= 0 && ordered_by_simd_barrier(s->reader, s->r_sepoch))) {
-      if (s->reader == -2)
-        report(D_RACE, S_ERROR, line, "race on %s[%lld]: thread %d writes what other threads read with no barrier between", a->name, (long long)i, t);
-      else
-        report(D_RACE, S_ERROR, line, "race on %s[%lld]: thread %d writes what thread %d read with no barrier between", a->name, (long long)i, t, s->reader);
-    }
-    s->writer = t; s->w_epoch = e; s->w_sepoch = se;
-  } else {
-    if (s->w_epoch == 0)
-      report(D_UNINIT, S_ERROR, line, "read of never-written threadgroup memory %s[%lld] by thread %d", a->name, (long long)i, t);
-    else if (s->w_epoch == e && s->writer != t && !ordered_by_simd_barrier(s->writer, s->w_sepoch))
-      report(D_RACE, S_ERROR, line, "race on %s[%lld]: thread %d reads what thread %d wrote with no barrier between", a->name, (long long)i, t, s->writer);
-    if (s->r_epoch == e && s->reader != t) s->reader = -2;
-    else { s->reader = t; s->r_sepoch = se; }
-    s->r_epoch = e;
-  }
-}
+// A hash of the current thread's place: two lanes writing one element at the same place did so in one instruction.
+uint64_t where_now();
+// One element `i` of the declared array, read or written by the current thread (the race detector; runtime).
+void tg_check(const TgAlloc* a, int64_t i, bool write, int line);
 
 // Element `i` of type T through a pointer to the array (T may differ from the declared element type after a
 // cast, `(threadgroup float4*) shmem`: every declared element the access covers is checked).
 template <class T> inline T* tg_access(const TgAlloc* a, int64_t i, bool write, int line, T* dummy) {
+  step(line);
   const int64_t es = a->elem_size, first = i * int64_t(sizeof(T)) / es, last = ((i + 1) * int64_t(sizeof(T)) - 1) / es;
   if (i < 0 || last >= a->elems) {
-    report(D_TG_BOUNDS, S_ERROR, line, "threadgroup index %lld outside %s[0:%lld]", (long long)i, a->name, (long long)a->elems);
+    if (L->detect)
+      report(D_TG_BOUNDS, S_ERROR, line, "threadgroup index %lld outside %s[0:%lld]", (long long)i, a->name, (long long)a->elems);
     return dummy;
   }
-  for (int64_t k = first; k <= last; ++k) tg_check(a, k, write, line);
+  if (L->detect)
+    for (int64_t k = first; k <= last; ++k) tg_check(a, k, write, line);
   return reinterpret_cast<T*>(L->arena + a->offset) + i;
 }
 
@@ -415,6 +511,9 @@ template <class T> struct tgref {
   T operator++(int) { T old = load(); *this = T(old + 1); return old; }
   T operator--(int) { T old = load(); *this = T(old - 1); return old; }
   tgptr<T> operator&() const { return tgptr<T>{a, i}; }
+  // A component of a threadgroup vector element (`tile[t][1]`, `buf[r][c][k]`): read or written as the element.
+  template <class V = T, class = std::enable_if_t<is_vec<V>::value || is_packed<V>::value>>
+  auto operator[](int k) const;
   // Swizzles of a threadgroup vector element (`tile[t].xy`): a read checks the element; tgswizzle writes.
   template <int... I> auto swv() const { return load().template swv<I...>(); }
   template <int... I> auto swz() const;
@@ -490,6 +589,20 @@ template <class V, int... I> struct tgswizzle {
 #undef KS_TGSWZ_OPASSIGN
 };
 template <class T> template <int... I> auto tgref<T>::swz() const { return tgswizzle<T, I...>{*this}; }
+template <class V> struct tgcomp {
+  tgref<V> r;
+  int k;
+  using E = typename V::value_type;
+  operator E() const { return r.load().v[k]; }
+  tgcomp& operator=(const E& x) { V d; tg_access<V>(r.a, r.i, true, r.line, &d)->v[k] = x; return *this; }
+  template <class U, class = std::enable_if_t<!std::is_same<U, E>::value>> tgcomp& operator=(const U& x) { return *this = E(x); }
+  tgcomp& operator=(const tgcomp& o) { return *this = E(o); }
+  template <class U> tgcomp& operator+=(const U& x) { return *this = E(E(*this) + x); }
+  template <class U> tgcomp& operator-=(const U& x) { return *this = E(E(*this) - x); }
+  template <class U> tgcomp& operator*=(const U& x) { return *this = E(E(*this) * x); }
+  template <class U> tgcomp& operator/=(const U& x) { return *this = E(E(*this) / x); }
+};
+template <class T> template <class V, class> auto tgref<T>::operator[](int k) const { return tgcomp<T>{*this, k}; }
 template <int I, class V> inline auto comp(V& v) -> decltype(v.v[I]) { return v.v[I]; }
 
 // A multi-dimensional threadgroup array (`threadgroup T a[R][C];`): indexing narrows to rows; every element
@@ -509,6 +622,8 @@ template <class T, int64_t D0, int64_t D1> struct tgmd<T, D0, D1> {
 // barrier is still a race.
 template <class T> inline T* tg_atomic(const TgAlloc* a, int64_t i, bool write, int line) {
   static T dummy;
+  step(line);
+  if (!L->detect) return a == nullptr || i < 0 || i >= a->elems ? &dummy : reinterpret_cast<T*>(L->arena + a->offset) + i;
   if (a == nullptr || i < 0 || i >= a->elems) {
     report(D_TG_BOUNDS, S_ERROR, line, "threadgroup atomic index %lld outside %s[0:%lld]", (long long)i,
            a ? a->name : "?", a ? (long long)a->elems : 0LL);
@@ -518,7 +633,7 @@ template <class T> inline T* tg_atomic(const TgAlloc* a, int64_t i, bool write, 
   if (!write && s->w_epoch == 0)
     report(D_UNINIT, S_ERROR, line, "atomic load of never-written threadgroup memory %s[%lld] by thread %d", a->name,
            (long long)i, cur->tid);
-  if (write) { s->writer = cur->tid; s->w_epoch = L->epoch; s->w_sepoch = L->sepoch[cur->sg]; }
+  if (write) { s->writer = cur->tid; s->w_epoch = L->epoch; s->w_sepoch = L->sepoch[cur->sg]; s->w_where = where_now(); s->w_line = line; }
   return reinterpret_cast<T*>(L->arena + a->offset) + i;
 }
 
@@ -721,7 +836,9 @@ template <class U, class V> inline U as_type(const V& v) {
 
 #define KS_UNARY(name, fn)                                                                           \
   template <class T> inline auto name(const T& x) {                                                 \
-    if constexpr (is_vec<T>::value) {                                                               \
+    if constexpr (is_packed<T>::value) {                                                            \
+      return name(unpacked(x));                                                                     \
+    } else if constexpr (is_vec<T>::value) {                                                        \
       T r; for (int i = 0; i < vec_size<T>::value; ++i) r.v[i] = name(x.v[i]); return r;            \
     } else {                                                                                        \
       return T(fn(float(x)));                                                                       \

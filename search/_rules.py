@@ -288,7 +288,7 @@ def is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-#: Functions every spec expression may call (all total on numbers, none touches the system).
+#: Functions every spec expression may call (all total on numbers, none reaches the system).
 FUNCTIONS: Dict[str, Callable[..., Any]] = {
     "ceil_div": ceil_div, "round_up": round_up, "is_pow2": is_pow2, "min": min, "max": max, "abs": abs,
     "int": int, "float": float, "len": len, "sqrt": math.sqrt, "log2": math.log2,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -144,21 +145,22 @@ def test_tune_verdict_says_plainly_when_nothing_beats_the_op() -> None:
     from types import SimpleNamespace
 
     from kernsearch import FinalRound
-    from kernsearch.cli import _verdict
+    from kernsearch.studies._storage import StudyKey
+    from kernsearch.studies._tune import verdict
 
-    key = {"chip": "H100", "shape": "2048x2048x2048", "dtype": "float16"}
-    lost = SimpleNamespace(best=object(), evidence="measured",
-                           final=FinalRound(0, speedup=0.47, speedup_low=0.45, speedup_high=0.49))
-    beats, text = _verdict(lost, key, "mx.matmul", 0.03)
-    assert beats is False and text == ("no variant beats mx.matmul on H100 at 2048x2048x2048 float16 "
-                                       "(best: 0.47x (range 0.45-0.49)); keep the MLX op")
-    won = SimpleNamespace(best=object(), evidence="measured",
-                          final=FinalRound(0, speedup=1.4, speedup_low=1.3, speedup_high=1.5))
-    assert _verdict(won, key, "mx.matmul", 0.03)[0] is True
-    assert _verdict(won, key, "mx.matmul", 0.5)[0] is False  # the margin is the user's
-    modeled = SimpleNamespace(best=object(), evidence="modeled", final=None)
-    beats, text = _verdict(modeled, key, "mx.matmul", 0.03)
-    assert beats is None and "mx.matmul is not modeled" in text and "only when its consumer opts in" in text
+    key = StudyKey("gemm", "H100", "float16", "2048x2048x2048", "cuda")
+    lost: Any = SimpleNamespace(best=object(), evidence="measured",
+                                final=FinalRound(0, speedup=0.47, speedup_low=0.45, speedup_high=0.49))
+    said = verdict(lost, key, "mx.matmul", 0.03)
+    assert said.beats is False and said.text == ("no variant beats mx.matmul on H100 at 2048x2048x2048 float16 "
+                                                 "(best: 0.47x (range 0.45-0.49)); keep the MLX op")
+    won: Any = SimpleNamespace(best=object(), evidence="measured",
+                               final=FinalRound(0, speedup=1.4, speedup_low=1.3, speedup_high=1.5))
+    assert verdict(won, key, "mx.matmul", 0.03).beats is True
+    assert verdict(won, key, "mx.matmul", 0.5).beats is False  # the margin is the user's
+    modeled: Any = SimpleNamespace(best=object(), evidence="modeled", final=None)
+    said = verdict(modeled, key, "mx.matmul", 0.03)
+    assert said.beats is None and "mx.matmul is not modeled" in said.text and "only when its consumer opts in" in said.text
 
 
 def test_same_generation_and_die_skips_a_kernel_that_lost_on_its_own_chip(tmp_path: Path) -> None:

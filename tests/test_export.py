@@ -533,6 +533,7 @@ def test_one_wording_for_modeled_results_in_the_docs_and_the_verdict() -> None:
     tune's verdict and the docs (README, docs/artifacts.md, docs/api.md)."""
     from kernsearch.artifacts._manifest import MODELED_POLICY
     from kernsearch.studies._study import Stop, StopReason, StudyResult, TrialSummary
+    from kernsearch.studies._storage import StudyKey
     from kernsearch.studies._tune import verdict
 
     repo = Path(__file__).resolve().parents[1]
@@ -542,5 +543,5 @@ def test_one_wording_for_modeled_results_in_the_docs_and_the_verdict() -> None:
     best = TrialSummary(0, {}, 1.0, "modeled")
     result = StudyResult("s", "", "model", "modeled", {}, best, [best], 1, __import__("collections").Counter(), 0,
                          1.0, Stop(StopReason.BUDGET))
-    key = {"chip": "M2 Max", "shape": "64x64x64", "dtype": "float16"}
+    key = StudyKey("gemm", "M2 Max", "float16", "64x64x64", "model")
     assert verdict(result, key, "mx.matmul").text.endswith(MODELED_POLICY)

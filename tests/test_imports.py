@@ -116,8 +116,8 @@ def test_the_walk_sees_every_package_and_finds_a_planted_cycle() -> None:
     known = modules()
     assert {"kernsearch.cli", "kernsearch.studies._study", "kernsearch.flows._cli", "kernsearch.backends",
             "kernsearch.exporting.runtime._runtime", "kernsearch.interp"} <= set(known)
-    objective = "kernsearch.studies._objective"
-    assert "kernsearch.studies._study" in imports(objective, known[objective], known)
+    measured = "kernsearch.studies._measured"
+    assert "kernsearch.studies._study" in imports(measured, known[measured], known)
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
 

@@ -74,6 +74,7 @@ def tune(family: str | Family, shape: str | tuple[int, ...] | None = None, dtype
     from ..family._space import make_problem
     from ..family._spec import load_family
     from ._objective import KernelObjective
+    from ._storage import StudyKey
     from ._study import run_study
 
     fam = load_family(family) if isinstance(family, str) else family
@@ -85,4 +86,4 @@ def tune(family: str | Family, shape: str | tuple[int, ...] | None = None, dtype
     objective = KernelObjective(problem, the_chip, backend, seed=seed, timeout=timeout, verify=verify, **options)
     result = run_study(objective, trials=trials, time_budget=time_budget, patience=patience, sampler=sampler,
                        seed=seed, storage=storage, study_name=study, finalists=finalists)
-    return TuneResult(result, verdict(result, objective.study_key, fam.baseline_name, margin), objective)
+    return TuneResult(result, verdict(result, StudyKey.of(objective.study_key), fam.baseline_name, margin), objective)

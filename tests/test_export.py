@@ -532,8 +532,8 @@ def test_one_wording_for_modeled_results_in_the_docs_and_the_verdict() -> None:
     """What happens to a modeled result is said in one wording: the gate's reason, export's warning, the report,
     tune's verdict and the docs (README, docs/artifacts.md, docs/api.md)."""
     from kernsearch.artifacts._manifest import MODELED_POLICY
-    from kernsearch.studies._study import Stop, StopReason, StudyResult, TrialSummary
     from kernsearch.studies._storage import StudyKey
+    from kernsearch.studies._study import Stop, StopReason, StudyResult, TrialSummary
     from kernsearch.studies._tune import verdict
 
     repo = Path(__file__).resolve().parents[1]

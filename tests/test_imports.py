@@ -128,3 +128,50 @@ def test_no_import_cycles() -> None:
     found = cycles(graph)
     described = ["; ".join(f"{m} -> {', '.join(sorted(graph[m] & set(c)))}" for m in c) for c in found]
     assert not found, "import cycles: " + " | ".join(described)
+
+
+def floor(module: str, known: dict[str, Path]) -> str:
+    """The unit a module belongs to in the floors: its subpackage (``kernsearch.studies``), or itself for a module
+    at the top (``kernsearch._rules``, ``kernsearch.cli``)."""
+    parts = module.split(".")
+    if len(parts) > 2 or (len(parts) == 2 and known[module].stem == "__init__"):
+        return ".".join(parts[:2])
+    return module
+
+
+def subpackage_graph(graph: dict[str, set[str]], known: dict[str, Path]) -> dict[str, set[str]]:
+    """``graph`` with every subpackage's modules merged into one node (edges inside a subpackage dropped)."""
+    merged: dict[str, set[str]] = {}
+    for name, edges in graph.items():
+        mine = floor(name, known)
+        merged.setdefault(mine, set()).update(floor(e, known) for e in edges if floor(e, known) != mine)
+    for edges in list(merged.values()):
+        for e in edges:
+            merged.setdefault(e, set())
+    return merged
+
+
+def test_the_subpackage_walk_merges_modules_and_finds_a_planted_cycle() -> None:
+    known = {"kernsearch.a._x": Path("x.py"), "kernsearch.a._y": Path("y.py"), "kernsearch.b": Path("__init__.py"),
+             "kernsearch.b._z": Path("z.py"), "kernsearch._rules": Path("_rules.py")}
+    graph = {"kernsearch.a._x": {"kernsearch.b._z"}, "kernsearch.a._y": {"kernsearch._rules"},
+             "kernsearch.b._z": {"kernsearch.a._y"}, "kernsearch.b": set(), "kernsearch._rules": set()}
+    assert cycles(graph) == []  # no cycle between modules ...
+    merged = subpackage_graph(graph, known)
+    assert merged["kernsearch.a"] == {"kernsearch.b", "kernsearch._rules"}
+    assert cycles(merged) == [["kernsearch.a", "kernsearch.b"]]  # ... but one between the subpackages
+
+
+def test_no_cycles_between_subpackages() -> None:
+    """The floors of the house (README's layout): a subpackage imports only the ones below it, never back."""
+    known = modules()
+    graph = {name: imports(name, file, known) for name, file in known.items()}
+    merged = subpackage_graph(graph, known)
+    assert {"kernsearch.studies", "kernsearch.artifacts", "kernsearch.exporting", "kernsearch._rules"} <= set(merged)
+    found = cycles(merged)
+    described = []
+    for c in found:
+        pairs = [f"{m} -> {e}" for m in sorted(graph) if floor(m, known) in c for e in sorted(graph[m])
+                 if floor(e, known) in c and floor(e, known) != floor(m, known)]
+        described.append("; ".join(pairs))
+    assert not found, "cycles between subpackages: " + " | ".join(described)

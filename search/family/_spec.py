@@ -463,8 +463,42 @@ def _value_counts(fam: Family) -> list[str]:
 
 def _check_names(fam: Family) -> None:
     """Every name an expression reads must exist where it is evaluated; every problem is reported at once."""
-    errors: list[str] = []
-    knobs, dims, params = set(fam.knobs), set(fam.problem.dims), set(fam.params)
+    errors = _identifier_errors(fam)
+    names = _Names(errors)
+    full = _space_names(fam, names)
+    _model_names(fam, names, full)
+    _problem_names(fam, names, full)
+    errors += _param_errors(fam)
+    arrays = {t.name for t in fam.inputs} | set(fam.problem.dims) | set(fam.params) | set(ARRAY_FUNCTIONS)
+    names.require("reference", fam.reference, arrays)
+    names.require("baseline", fam.baseline, arrays)
+    errors += _value_counts(fam)
+    errors.extend(_array_attribute_errors(fam))
+    for dtype, tol in fam.tolerance.items():
+        scalars = set(fam.problem.dims) | set(fam.params) | set(BUILTINS)
+        names.require(f"tolerance.{dtype}.rtol", tol.rtol, scalars)
+        names.require(f"tolerance.{dtype}.atol", tol.atol, scalars)
+    errors += _default_errors(fam)
+    if errors:
+        raise ValueError(_CROSS + _CROSS.join(errors))
+
+
+class _Names:
+    """Collects the errors of expressions that read names not defined where they are evaluated."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = errors
+
+    def require(self, where: str, expr: Expr, allowed: set[str]) -> None:
+        unknown = sorted(expr.names - allowed)
+        if unknown:
+            self.errors.append(f"{where}: unknown name(s) {', '.join(unknown)} in {expr.text!r}")
+
+
+def _identifier_errors(fam: Family) -> list[str]:
+    """Knob and derived names: identifiers, not reserved, derived values not shadowing knobs."""
+    errors = []
+    knobs, dims = set(fam.knobs), set(fam.problem.dims)
     for name in list(knobs) + list(fam.derived):
         if not _IDENT.fullmatch(name):
             errors.append(f"{name!r} is not an identifier")
@@ -473,64 +507,79 @@ def _check_names(fam: Family) -> None:
     clash = knobs & set(fam.derived)
     if clash:
         errors.append(f"derived value(s) {sorted(clash)} shadow knobs")
+    return errors
 
-    def require(where: str, expr: Expr, allowed: set[str]) -> None:
-        unknown = sorted(expr.names - allowed)
-        if unknown:
-            errors.append(f"{where}: unknown name(s) {', '.join(unknown)} in {expr.text!r}")
 
-    base = knobs | dims | set(CONTEXT_NAMES)
+def _space_names(fam: Family, names: _Names) -> set[str]:
+    """Derived values (each may read the ones before it), constraints and launch geometry; returns every name a
+    config's context holds."""
+    base = set(fam.knobs) | set(fam.problem.dims) | set(CONTEXT_NAMES)
     seen: set[str] = set()
     for name, expr in fam.derived.items():
-        require(f"derived.{name}", expr, base | seen)
+        names.require(f"derived.{name}", expr, base | seen)
         seen.add(name)
     full = base | seen
     for i, c in enumerate(fam.constraints):
-        require(f"constraints[{i}] ({c.name})", c.expr, full)
+        names.require(f"constraints[{i}] ({c.name})", c.expr, full)
     for field in ("grid", "threadgroup", "shared_memory", "zero_outputs"):
         expr = getattr(fam.launch, field)
         if expr is not None:
-            require(f"launch.{field}", expr, full)
+            names.require(f"launch.{field}", expr, full)
+    return full
+
+
+def _model_names(fam: Family, names: _Names, full: set[str]) -> None:
+    """The performance model's terms: new identifiers, each reading the context and the terms before it."""
     model_base = full | set(MODEL_NAMES)
     for name, expr in fam.model.items():
         if not _IDENT.fullmatch(name):
-            errors.append(f"model.{name}: not an identifier")
+            names.errors.append(f"model.{name}: not an identifier")
             continue
         if name in full or name in MODEL_NAMES:
-            errors.append(f"model.{name}: name is taken (a knob, dimension, derived value or built-in)")
-        require(f"model.{name}", expr, model_base)
+            names.errors.append(f"model.{name}: name is taken (a knob, dimension, derived value or built-in)")
+        names.require(f"model.{name}", expr, model_base)
         model_base = model_base | {name}
-    require("problem.flops", fam.problem.flops, dims | set(CONTEXT_NAMES))
-    require("problem.bytes", fam.problem.bytes, dims | set(CONTEXT_NAMES))
+
+
+def _problem_names(fam: Family, names: _Names, full: set[str]) -> None:
+    """The problem's figures and shapes read dimensions only; a tensor's layout may read the config's context."""
+    dims = set(fam.problem.dims) | set(CONTEXT_NAMES)
+    names.require("problem.flops", fam.problem.flops, dims)
+    names.require("problem.bytes", fam.problem.bytes, dims)
     for field in ("verify_shape", "ragged_shape"):
         expr = getattr(fam.problem, field)
         if expr is not None:
-            require(f"problem.{field}", expr, dims | set(CONTEXT_NAMES) - {"chip"})
+            names.require(f"problem.{field}", expr, dims - {"chip"})
     for kind, tensors in (("inputs", fam.inputs), ("outputs", fam.outputs)):
         for i, t in enumerate(tensors):
-            require(f"{kind}[{i}].shape", t.shape, dims | set(CONTEXT_NAMES))
+            names.require(f"{kind}[{i}].shape", t.shape, dims)
             transposed = getattr(t, "transposed", None)
             if transposed is not None:
-                require(f"{kind}[{i}].transposed", transposed, full)
-    names = [t.name for t in fam.inputs + fam.outputs] + list(fam.params)
-    if len(set(names)) != len(names):
+                names.require(f"{kind}[{i}].transposed", transposed, full)
+
+
+def _param_errors(fam: Family) -> list[str]:
+    """Tensor and parameter names distinct; parameters identifiers that take no other name."""
+    errors = []
+    all_names = [t.name for t in fam.inputs + fam.outputs] + list(fam.params)
+    if len(set(all_names)) != len(all_names):
         errors.append("input, output and parameter names must be distinct")
-    for name in params:
+    taken = set(fam.problem.dims) | set(fam.knobs) | set(fam.derived) | set(CONTEXT_NAMES) | set(ARRAY_FUNCTIONS)
+    for name in fam.params:
         if not _IDENT.fullmatch(name):
             errors.append(f"params.{name[:40]!r}: not an identifier")
-        elif name in dims | knobs | set(fam.derived) | set(CONTEXT_NAMES) | set(ARRAY_FUNCTIONS):
+        elif name in taken:
             errors.append(f"params.{name}: name is taken (a dimension, knob, derived value or built-in)")
-    arrays = {t.name for t in fam.inputs} | dims | params | set(ARRAY_FUNCTIONS)
-    require("reference", fam.reference, arrays)
-    require("baseline", fam.baseline, arrays)
-    errors += _value_counts(fam)
-    errors.extend(_array_attribute_errors(fam))
-    for dtype, tol in fam.tolerance.items():
-        require(f"tolerance.{dtype}.rtol", tol.rtol, dims | params | set(BUILTINS))
-        require(f"tolerance.{dtype}.atol", tol.atol, dims | params | set(BUILTINS))
+    return errors
+
+
+def _default_errors(fam: Family) -> list[str]:
+    """A tolerance for every dtype; the default config names every knob once, each in its domain."""
+    errors = []
     missing_tol = [d for d in fam.problem.dtypes if d not in fam.tolerance]
     if missing_tol:
         errors.append(f"tolerance: no entry for dtype(s) {missing_tol}")
+    knobs = set(fam.knobs)
     extra, missing = sorted(set(fam.default) - knobs), sorted(knobs - set(fam.default))
     if extra:
         errors.append(f"default: unknown knob(s) {extra}")
@@ -540,8 +589,7 @@ def _check_names(fam: Family) -> None:
         if knob in fam.knobs and (value not in fam.knobs[knob].values
                                   or type(value) is not type(fam.knobs[knob].values[0])):
             errors.append(f"default.{knob}: {value!r} is not in its domain {fam.knobs[knob].values}")
-    if errors:
-        raise ValueError(_CROSS + _CROSS.join(errors))
+    return errors
 
 
 def _array_attribute_errors(fam: Family) -> list[str]:

@@ -27,7 +27,7 @@ class Proof:
     max_rel_err: float | None = None
     #: Of a big shape on the interpreter, when only a sample of its threadgroups ran.
     threadgroups_checked: int | None = None
-    #: Diagnostics of severity "warning" the back-end reported (errors fail the variant).
+    #: Diagnostics of severity ``Severity.WARNING`` the back-end reported (errors fail the variant).
     warnings: tuple[str, ...] = ()
 
     @property

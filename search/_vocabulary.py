@@ -1,4 +1,5 @@
-"""The words of kernsearch: every evidence kind, trial status, verifier, target, dtype and consumer mode.
+"""The words of kernsearch: every evidence kind, trial status, verifier, target, dtype, diagnostic severity and
+consumer mode.
 
 The ground floor. Every other module (and the exported package's dispatcher, which ships this file verbatim
 beside ``_rules.py``) names these values through the enums here, never as string literals
@@ -79,6 +80,13 @@ Dtype = Literal["float32", "float16", "bfloat16"]
 DTYPES: Tuple[str, ...] = ("float32", "float16", "bfloat16")
 
 
+class Severity(Word):
+    """What a diagnostic (a compiler's, the interpreter's, AddressSanitizer's) is: an error fails the variant."""
+
+    ERROR = "error"
+    WARNING = "warning"
+
+
 class ConsumerMode(Word):
     """How consumers call a family (docs/timing.md): ``graph``: several calls, then one evaluation; ``eager``: an
     evaluation after every call."""
@@ -87,5 +95,8 @@ class ConsumerMode(Word):
     EAGER = "eager"
 
 
+#: Consumer mode names as a type for validated models (family specs).
+ConsumerModeName = Literal["graph", "eager"]
+
 #: Every consumer mode, in the order the final round times them.
-CONSUMER_MODES: Tuple[str, ...] = (ConsumerMode.GRAPH.value, ConsumerMode.EAGER.value)
+CONSUMER_MODES: Tuple[ConsumerModeName, ...] = ("graph", "eager")

@@ -21,7 +21,7 @@ from rich.table import Table
 from ._console import err, out
 from ._errors import KernsearchError, VariantFailure, not_empty
 from ._rules import DEFAULT_TARGET
-from ._vocabulary import Evidence, Target, TrialStatus
+from ._vocabulary import Evidence, Severity, Target, TrialStatus, Verifier
 from .studies._final import FinalistCheck, FinalRound
 
 
@@ -613,9 +613,9 @@ def _print_verified(result: Any, diagnostics: list[Any], problem: Problem) -> No
     rtol, atol = tolerance(problem)
     colour = "green" if result.ok else "red"
     out.print(f"[{colour}]{result.summary()}[/] (tolerance: rtol {rtol:g}, atol {atol:.3g})", soft_wrap=True)
-    errors = [d for d in diagnostics if d.severity == "error"]
+    errors = [d for d in diagnostics if d.severity == Severity.ERROR]
     for d in diagnostics:
-        out.print(f"  [{'red' if d.severity == 'error' else 'yellow'}]{escape(str(d))}[/]", soft_wrap=True)
+        out.print(f"  [{'red' if d.severity == Severity.ERROR else 'yellow'}]{escape(str(d))}[/]", soft_wrap=True)
     if not result.ok or errors:
         if result.ok:
             out.print(f"[red]FAIL[/]: {len(errors)} error diagnostic(s)")
@@ -726,7 +726,7 @@ def _final_lines(final: FinalRound | None, evidence: str) -> list[str]:
             also = " and " + ", ".join(check.also) + (f" ({sampled} threadgroups sampled at the tuned shape)"
                                                       if sampled else "")
         shape = check.shape or final.verify_shape or ()  # each finalist at the smallest shape valid for it
-        lines.append(f"trial {number} on the {final.verified_on or 'interpreter'} at {'x'.join(map(str, shape))}"
+        lines.append(f"trial {number} on the {final.verified_on or Verifier.INTERPRETER} at {'x'.join(map(str, shape))}"
                      f"{escape(also)}: {state}")
     if final.note:
         lines.append(final.note)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from .._vocabulary import Evidence
+from .._vocabulary import Evidence, Severity
 from ..family._render import Geometry, KernelSource
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ class Diagnostic:
     message: str
     line: int | None = None  # line of the rendered source
     template_line: str | None = None  # "gemm.metal.j2:123" through #line mapping, when known
-    severity: str = "error"  # or "warning"
+    severity: str = Severity.ERROR  # or Severity.WARNING
 
     def __str__(self) -> str:
         where = f" at line {self.line}" if self.line is not None else ""

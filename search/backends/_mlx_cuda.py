@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from .._errors import BackendError, VariantFailure
-from .._vocabulary import Target
+from .._vocabulary import Severity, Target
 from ._base import Diagnostic
 from ._mlx_base import MLXBackend, mx_core
 
@@ -25,7 +25,7 @@ _NVRTC_LINE = re.compile(r"\S*\.cu\((\d+)\): (error|warning)[^:]*: (.*)$", re.MU
 
 def compile_diagnostics(message: str) -> list[Diagnostic]:
     """NVRTC's errors and warnings, with the line of the generated program they point at."""
-    return [Diagnostic("compile", text.strip(), int(line), None, "error" if kind == "error" else "warning")
+    return [Diagnostic("compile", text.strip(), int(line), None, Severity(kind))
             for line, kind, text in _NVRTC_LINE.findall(message)]
 
 
@@ -48,6 +48,6 @@ class CudaBackend(MLXBackend):
         """NVRTC errors become a ``compile`` failure with the compiler's first messages."""
         text = str(exc)
         if "Failed to compile kernel" in text:
-            errors = [d.message for d in compile_diagnostics(text) if d.severity == "error"]
+            errors = [d.message for d in compile_diagnostics(text) if d.severity == Severity.ERROR]
             return VariantFailure("compile", "; ".join(errors[:3]) or text[:500])
         return super().classify(exc)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._vocabulary import CONSUMER_MODES
+from .._vocabulary import CONSUMER_MODES, ConsumerMode
 
 Call = Callable[[int], Any]
 
@@ -66,7 +66,7 @@ def _sample(call: Call, mode: str, first: int, n: int, evaluate: Callable[[Any],
             clock: Callable[[], float]) -> float:
     sync()
     start = clock()
-    if mode == "graph":
+    if mode == ConsumerMode.GRAPH:
         evaluate([call(first + i) for i in range(n)])
     else:
         for i in range(n):

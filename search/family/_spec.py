@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from .. import _safeio
 from .._errors import SpecError
+from .._vocabulary import CONSUMER_MODES, ConsumerModeName
 from ..hardware._targets import TargetName
 from ._expr import ARRAY_ATTRIBUTES, BUILTINS, Expr, ExprError
 from ._template import TEMPLATE_LIMIT, TemplateSandbox
@@ -200,8 +201,6 @@ class Distribution(_Model):
         return (d_low if self.low is None else self.low, d_high if self.high is None else self.high)
 
 
-ConsumerMode = Literal["graph", "eager"]
-CONSUMER_MODE_NAMES: tuple[ConsumerMode, ...] = ("graph", "eager")
 
 
 class Input(Tensor):
@@ -363,7 +362,7 @@ class Family(_Model):
     #: The consumer modes a measured kernel must beat the op in to be dispatched (docs/timing.md): both by
     #: default; a family whose consumers call it inside a model's graph (decode layers) may say ``["graph"]``.
     #: Every mode is still timed and recorded.
-    consumer_modes: list[ConsumerMode] = Field(default_factory=lambda: list(CONSUMER_MODE_NAMES), min_length=1)
+    consumer_modes: list[ConsumerModeName] = Field(default_factory=lambda: list(CONSUMER_MODES), min_length=1)
     path: Path
 
     @field_validator("reference", "baseline", mode="before")

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .._errors import VariantFailure
+from .._vocabulary import Severity
 
 MAX_DIAGS = 64
 KIND_NAMES = {1: "divergence", 2: "inactive_lane", 3: "partial_simdgroup", 4: "threadgroup_limit", 5: "race",
@@ -57,7 +58,7 @@ class RunOutcome:
 
 
 def _decode(diags: ctypes.Array[_Diag], n: int) -> list[RawDiag]:
-    return [RawDiag(KIND_NAMES.get(d.kind, "unknown"), "warning" if d.severity else "error",
+    return [RawDiag(KIND_NAMES.get(d.kind, "unknown"), Severity.WARNING if d.severity else Severity.ERROR,
                     d.line if d.line > 0 else None, d.count, d.msg.decode(errors="replace"))
             for d in diags[:n]]
 
@@ -232,6 +233,6 @@ def _asan_diags(stderr: str) -> list[RawDiag]:
         if key in found:
             found[key].count += 1
             continue
-        found[key] = RawDiag("device_bounds", "error", line, 1,
+        found[key] = RawDiag("device_bounds", Severity.ERROR, line, 1,
                              f"{kind.group(1)}: {what} outside a device buffer (AddressSanitizer)")
     return list(found.values())

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._records import FinalTimings, Measurement, ModeSamples, Proof
-from .._vocabulary import ConsumerMode, TrialStatus, Verifier
+from .._vocabulary import ConsumerMode, Severity, TrialStatus, Verifier
 
 if TYPE_CHECKING:
     from ..backends._base import BaseBackend
@@ -154,7 +154,7 @@ def _check(s: Setup, kernel: KernelSource, geo: Geometry, seed: int, options: di
                                        data=PROCESS.problem_data(s.problem, seed), **options)
     if not check.ok:
         raise VariantFailure(check.reason or "wrong", check.detail or check.summary())
-    errors = [d for d in diagnostics if getattr(d, "severity", "error") == "error"]
+    errors = [d for d in diagnostics if getattr(d, "severity", Severity.ERROR) == Severity.ERROR]
     if errors:
         raise VariantFailure(getattr(errors[0], "kind", "diagnostic"), str(errors[0]))
     verifier = Verifier.INTERPRETER if s.backend.interprets else Verifier.DEVICE

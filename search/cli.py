@@ -401,12 +401,12 @@ def artifacts_verify(store: str | None = StoreOpt,
     for r in results:
         out.print(f"{'ok ' if r.ok else '[red]BAD[/]'} {escape(str(r.where))}"
                   + ("" if r.ok else f": {escape(r.message)}"), soft_wrap=True)
-    for problem, fix in st.store_leftovers():
-        out.print(f"[yellow]leftover[/] {escape(str(st.root))}: {escape(problem)} (--repair: {escape(fix)})",
-                  soft_wrap=True)
+    for left in st.store_leftovers():
+        out.print(f"[yellow]leftover[/] {escape(str(st.root))}: {escape(left.problem)} (--repair: "
+                  f"{escape(left.fix)})", soft_wrap=True)
     for k in st.keys():
-        for problem, fix in st.crash_leftovers(k):
-            out.print(f"[yellow]leftover[/] {escape(str(k))}: {escape(problem)} (--repair: {escape(fix)})",
+        for left in st.crash_leftovers(k):
+            out.print(f"[yellow]leftover[/] {escape(str(k))}: {escape(left.problem)} (--repair: {escape(left.fix)})",
                       soft_wrap=True)
     if bad:
         raise ArtifactError(f"{len(bad)} of {len(results)} check(s) failed in {st.root}")

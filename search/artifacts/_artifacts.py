@@ -44,6 +44,7 @@ import shutil
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -118,6 +119,32 @@ class Artifact:
     @property
     def geometry(self) -> Geometry:
         return self.manifest.geometry.to_geometry()
+
+
+class Fix(Enum):
+    """What ``artifacts verify --repair`` does about a leftover of an interrupted writer (as text: ``Leftover.fix``)."""
+
+    DELETE = "delete {}"  # a half-written folder (relative path)
+    RECOVER = "journal: record {} as published (recovered)"  # a version in place with no journal entry
+    ABORT_INDEXED = "index and journal: record {} as aborted"  # the index says published; the version never moved
+    ABORT = "journal: record {} as aborted"  # the journal says published; the version never moved
+    POINT = POINTER + ": point to {}"  # the pointer lags the published version
+    DROP_TORN = "index: drop the torn line"  # the index ends with a torn append
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """Something an interrupted writer left: what is wrong (``problem``), and the repair (``action`` on ``subject``,
+    a version or a relative path)."""
+
+    problem: str
+    action: Fix
+    subject: str = ""
+
+    @property
+    def fix(self) -> str:
+        """The repair as `verify` prints it."""
+        return self.action.value.format(self.subject)
 
 
 @dataclass(frozen=True)
@@ -364,8 +391,8 @@ class ArtifactStore:
             return [VerifyResult(where, False, f"{self.key_dir(key) / POINTER}: points to missing {pointer.version}")]
         if state is not None and _pointer_text(written) != _pointer_text(pointer) \
                 and not self._pointer_lags(key, state):
-            return [VerifyResult(where, False, f"{self.key_dir(key) / POINTER} says {_pointer_text(written)}, the store "
-                                 f"index says {_pointer_text(pointer)} (edited, or a writer was killed before CURRENT "
+            return [VerifyResult(where, False, f"{self.key_dir(key) / POINTER} says {_pointer_text(written)}, the "
+                                 f"store index says {_pointer_text(pointer)} (edited, or a writer was killed before CURRENT "
                                  "followed; the index decides; `verify --repair` rewrites CURRENT from it)")]
         return []
 
@@ -658,9 +685,9 @@ class ArtifactStore:
         _fsync_dir(tmp)
         return tmp
 
-    def crash_leftovers(self, key: ArtifactKey) -> list[tuple[str, str]]:
-        """``(problem, fix)`` for what an interrupted publisher left: see :meth:`repair`."""
-        found: list[tuple[str, str]] = []
+    def crash_leftovers(self, key: ArtifactKey) -> list[Leftover]:
+        """What an interrupted publisher left for ``key``: see :meth:`repair`."""
+        found: list[Leftover] = []
         try:
             entries = self.journal(key)
             state = self.index_state()
@@ -672,67 +699,66 @@ class ArtifactStore:
         aborted = {e["version"] for e in entries if e["outcome"] == "aborted"}
         for v in versions:
             if v not in published:
-                found.append((f"{v} has no journal entry (its publisher was killed before writing it)",
-                              f"journal: record {v} as published (recovered)"))
+                found.append(Leftover(f"{v} has no journal entry (its publisher was killed before writing it)",
+                                      Fix.RECOVER, v))
         for v in self._aborted_publishes(key, state):
-            found.append((f"the store index records {v} as published but no such version exists (killed before "
-                          "the move)", f"index and journal: record {v} as aborted"))
+            found.append(Leftover(f"the store index records {v} as published but no such version exists (killed "
+                                  "before the move)", Fix.ABORT_INDEXED, v))
         recorded = {v for (k, v) in state.versions if k == key.path} if state is not None else set()
         for v in sorted(published - aborted - set(versions) - recorded, key=lambda v: int(v[1:])):
-            found.append((f"journal says {v} was published but no such version exists (killed before the move)",
-                          f"journal: record {v} as aborted"))
+            found.append(Leftover(f"journal says {v} was published but no such version exists (killed before the "
+                                  "move)", Fix.ABORT, v))
         if state is not None:
             if self._pointer_lags(key, state):
                 current = state.current(key.path)
                 assert current is not None
-                found.append((f"{current.version} was published but {POINTER} still points to "
-                              f"{pointer.version if pointer else 'nothing'} (killed before the pointer moved)",
-                              f"{POINTER}: point to {current.version}"))
+                found.append(Leftover(f"{current.version} was published but {POINTER} still points to "
+                                      f"{pointer.version if pointer else 'nothing'} (killed before the pointer moved)",
+                                      Fix.POINT, current.version))
         else:
             found.extend(self._unindexed_pointer_leftovers(key, entries, versions, pointer))
         for tmp in self.stale_temporaries():
             if tmp.parent == self.key_dir(key):
-                found.append((f"{tmp.name} is a half-written version", f"delete {tmp.name}"))
+                found.append(Leftover(f"{tmp.name} is a half-written version", Fix.DELETE, tmp.name))
         return found
 
     @staticmethod
     def _unindexed_pointer_leftovers(key: ArtifactKey, entries: list[dict[str, Any]], versions: list[str],
-                                     pointer: Pointer | None) -> list[tuple[str, str]]:
+                                     pointer: Pointer | None) -> list[Leftover]:
         """A store without an index: the newest published version is current unless CURRENT moved past it."""
         latest = max((e["version"] for e in entries if e["outcome"] == "published" and e["version"] in versions),
                      key=lambda v: int(v[1:]), default=None)
         if latest is not None and (pointer is None or (int(latest[1:]) > int(pointer.version[1:])
                                                        and not pointer.invalidated)):
-            return [(f"{latest} was published but {POINTER} still points to "
-                     f"{pointer.version if pointer else 'nothing'} (killed before the pointer moved)",
-                     f"{POINTER}: point to {latest}")]
+            return [Leftover(f"{latest} was published but {POINTER} still points to "
+                             f"{pointer.version if pointer else 'nothing'} (killed before the pointer moved)",
+                             Fix.POINT, latest)]
         return []
 
-    def store_leftovers(self) -> list[tuple[str, str]]:
-        """``(problem, fix)`` for what interrupted writers left outside any key: a torn index line, half-written
-        family snapshots."""
+    def store_leftovers(self) -> list[Leftover]:
+        """What interrupted writers left outside any key: a torn index line, half-written family snapshots."""
         found = []
         with contextlib.suppress(ArtifactError):
             state = self.index_state()
             if state is not None and state.torn:
-                found.append((f"{INDEX} ends with a torn line (an append was cut short)", "index: drop the torn line"))
+                found.append(Leftover(f"{INDEX} ends with a torn line (an append was cut short)", Fix.DROP_TORN))
         from ._snapshot import SNAPSHOTS
 
         for tmp in self.stale_temporaries():
             if tmp.parent == self.root / SNAPSHOTS:
-                found.append((f"{SNAPSHOTS}/{tmp.name} is a half-written family snapshot",
-                              f"delete {SNAPSHOTS}/{tmp.name}"))
+                found.append(Leftover(f"{SNAPSHOTS}/{tmp.name} is a half-written family snapshot", Fix.DELETE,
+                                      f"{SNAPSHOTS}/{tmp.name}"))
         return found
 
     def repair_store(self) -> list[str]:
         """Fix what :meth:`store_leftovers` reports; returns what was done."""
         done = []
-        for _problem, fix in self.store_leftovers():
-            if fix == "index: drop the torn line":
+        for left in self.store_leftovers():
+            if left.action is Fix.DROP_TORN:
                 self.index.drop_torn_tail()
             else:
-                shutil.rmtree(self.root / fix.removeprefix("delete "), ignore_errors=True)
-            done.append(fix)
+                shutil.rmtree(self.root / left.subject, ignore_errors=True)
+            done.append(left.fix)
         return done
 
     def repair(self, key: ArtifactKey) -> list[str]:
@@ -740,28 +766,9 @@ class ArtifactStore:
         folder = self.key_dir(key)
         done: list[str] = []
         with _locked(folder / LOCK, self.lock_timeout, key):
-            for _problem, fix in self.crash_leftovers(key):
-                if fix.startswith("delete "):
-                    shutil.rmtree(folder / fix.removeprefix("delete "), ignore_errors=True)
-                elif fix.startswith("journal: record") and fix.endswith("(recovered)"):
-                    v = fix.split()[2]
-                    self._log(key, "published", v, "recovered by artifacts verify --repair", None)
-                elif fix.startswith("index and journal: record"):
-                    v = fix.split()[4]
-                    self.index.append([{"op": "abort", "key": key.path, "version": v}])
-                    self._log(key, "aborted", v, "publisher interrupted before the version moved in place", None)
-                    self._mirror_pointer(key)
-                elif fix.startswith("journal: record"):
-                    v = fix.split()[2]
-                    self._log(key, "aborted", v, "publisher interrupted before the version moved in place", None)
-                elif fix.startswith(f"{POINTER}: point to "):
-                    v = fix.rsplit(" ", 1)[1]
-                    self.load(key, v)  # only a verified version becomes current
-                    if self.index_state() is None:
-                        self._write_pointer(key, Pointer(v))
-                    else:
-                        self._mirror_pointer(key)
-                done.append(fix)
+            for left in self.crash_leftovers(key):
+                self._repair_one(key, left)
+                done.append(left.fix)
             if self.index_state() is not None:  # the index decides; CURRENT only mirrors it
                 try:
                     written = _pointer_text(self.pointer_file(key))
@@ -771,6 +778,25 @@ class ArtifactStore:
                     self._mirror_pointer(key)
                     done.append(f"{POINTER}: rewritten from the store index")
         return done
+
+    def _repair_one(self, key: ArtifactKey, left: Leftover) -> None:
+        v = left.subject
+        if left.action is Fix.DELETE:
+            shutil.rmtree(self.key_dir(key) / v, ignore_errors=True)
+        elif left.action is Fix.RECOVER:
+            self._log(key, "published", v, "recovered by artifacts verify --repair", None)
+        elif left.action in (Fix.ABORT_INDEXED, Fix.ABORT):
+            if left.action is Fix.ABORT_INDEXED:
+                self.index.append([{"op": "abort", "key": key.path, "version": v}])
+            self._log(key, "aborted", v, "publisher interrupted before the version moved in place", None)
+            if left.action is Fix.ABORT_INDEXED:
+                self._mirror_pointer(key)
+        elif left.action is Fix.POINT:
+            self.load(key, v)  # only a verified version becomes current
+            if self.index_state() is None:
+                self._write_pointer(key, Pointer(v))
+            else:
+                self._mirror_pointer(key)
 
     def _mirror_pointer(self, key: ArtifactKey) -> None:
         """Write ``CURRENT`` as the index says (no current version: the file is removed)."""

@@ -1150,10 +1150,6 @@ def predict(family: str = typer.Argument(..., help=FAMILY_HELP),
             out.print(f"  {key:<30}{value:.4g}" if isinstance(value, float) else f"  {key:<30}{value}")
 
 
-#: Exceptions of the study storage (a corrupted or locked SQLite file...): bad input, not a kernsearch bug.
-_STORAGE_ERRORS = ("StorageInternalError", "DatabaseError", "OperationalError", "IntegrityError")
-
-
 def _error_line(message: str) -> None:
     """One line on stderr, whatever the message holds (newlines of user text are flattened; the password of a
     URL in it, e.g. a storage a driver names, is masked)."""
@@ -1204,7 +1200,9 @@ def main(args: list[str] | None = None) -> None:
         _error_line("input nested too deeply")
         sys.exit(2)
     except Exception as exc:  # noqa: BLE001 - only storage failures are turned into a line; others stay bugs
-        if type(exc).__name__ not in _STORAGE_ERRORS:
+        from .studies._storage import storage_errors
+
+        if not isinstance(exc, storage_errors()):
             raise
         first = str(exc).splitlines()[0][:200] if str(exc) else ""
         _error_line(f"the study storage cannot be used ({type(exc).__name__}): {first}")

@@ -59,3 +59,39 @@ def test_every_url_in_a_line_has_its_password_masked() -> None:
     masked = mask_passwords(line)
     assert "s3cret" not in masked and masked.count("kernsearch:***@db.farm") == 2
     assert "sqlite:///a:b@c" in masked and "http://host/x@y" in masked
+
+
+@pytest.mark.parametrize("error", [
+    sqlalchemy.exc.OperationalError("SELECT", {}, Exception("database is locked")),
+    __import__("sqlite3").DatabaseError("file is not a database"),
+    __import__("optuna").exceptions.StorageInternalError("cannot read the trials"),
+])
+def test_a_storage_failure_is_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                                   error: BaseException) -> None:
+    """The study storage's libraries' errors (by class, not by name) are bad input: one line, exit 2."""
+    from kernsearch import cli
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(cli, "app", broken)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["studies"])
+    assert stop.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and f"the study storage cannot be used ({type(error).__name__})" in lines[0]
+
+
+def test_another_error_named_like_a_storage_one_stays_a_bug(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A class merely named like a storage error is not one: a bug keeps its traceback."""
+    from kernsearch import cli
+
+    class OperationalError(Exception):
+        pass
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OperationalError("a bug")
+
+    monkeypatch.setattr(cli, "app", broken)
+    with pytest.raises(OperationalError):
+        cli.main(["studies"])

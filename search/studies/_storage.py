@@ -82,6 +82,26 @@ def check_url(url: str) -> None:
 _PASSWORD_IN_URL = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s/:@]*:)[^\s/@]+@")
 
 
+#: Where the study storage's libraries keep the exceptions a bad storage raises (a corrupted or locked SQLite file,
+#: an unreachable or refusing database): Optuna's storage error, SQLAlchemy's and the DB-API drivers' DatabaseError
+#: (OperationalError and IntegrityError derive from it).
+_STORAGE_EXCEPTIONS = (("optuna.exceptions", "StorageInternalError"), ("sqlalchemy.exc", "DatabaseError"),
+                       ("sqlite3", "DatabaseError"), ("psycopg", "DatabaseError"))
+
+
+def storage_errors() -> tuple[type[BaseException], ...]:
+    """The storage exception classes of the libraries loaded in this process: bad input, not a kernsearch bug (a
+    library not loaded cannot have raised, and is not imported to find out)."""
+    import sys
+
+    found = []
+    for module, name in _STORAGE_EXCEPTIONS:
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            found.append(cls)
+    return tuple(found)
+
+
 def mask_passwords(text: str) -> str:
     """Any text (an error line, a banner) with the password of every URL in it replaced by ``***``."""
     return _PASSWORD_IN_URL.sub(r"\1***@", text)

@@ -119,7 +119,7 @@ class Candidate:
 
     @classmethod
     def for_config(cls, space: Space, config: Config, *, target: str, correctness: Correctness,
-                   evidence: Evidence | str, measurements: Measurements | None = None,
+                   evidence: Evidence, measurements: Measurements | None = None,
                    study: str | None = None, toolchain: Toolchain | None = None) -> Candidate:
         """Render ``config`` for the space's problem and wrap it with its evidence."""
         problem = space.problem

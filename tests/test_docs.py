@@ -106,6 +106,13 @@ FARM = "tests/test_farm_prefect.py::test_three_workers_two_chips_one_study_per_c
 PG = "test_farm_and_prefect_commands_on_a_real_postgresql"
 MODEL_DOC = "tests/test_model_ranking.py::test_the_worked_model_in_the_docs_is_the_fixtures_and_its_figures_hold"
 COVERAGE: dict[str, Here | Elsewhere | NotACommand] = {
+    # docs/architecture.md: drawings, checked against the code
+    "docs/architecture.md: text: 11": Elsewhere(
+        "tests/test_imports.py::test_the_architecture_page_draws_every_floor_where_the_imports_put_it",
+        ('drawn_floors((ROOT / "docs" / "architecture.md")',)),
+    "docs/architecture.md: text: family.toml + *.j2 ──load_family──▶ Family ──make_problem──▶ Problem ──Space──▶ "
+    "configs": Elsewhere("tests/test_imports.py::test_the_data_path_names_only_what_exists",
+                         ('page.split("```text\\n")[2]',)),
     # README.md
     "README.md: make tune": Elsewhere("tests/test_ux.py::test_make_tune_through_a_pipe_prints_a_line_every_few_"
                                       "seconds_and_a_verified_winner", ('"make", "-s", "tune"',)),

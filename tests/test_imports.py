@@ -175,3 +175,59 @@ def test_no_cycles_between_subpackages() -> None:
                  if floor(e, known) in c and floor(e, known) != floor(m, known)]
         described.append("; ".join(pairs))
     assert not found, "cycles between subpackages: " + " | ".join(described)
+
+
+def levels(merged: dict[str, set[str]]) -> dict[str, int]:
+    """Each unit's floor: 0 for one importing nothing of kernsearch, else one above the highest it imports."""
+    found: dict[str, int] = {}
+
+    def level(unit: str) -> int:
+        if unit not in found:
+            found[unit] = 0  # (no cycles: test_no_cycles_between_subpackages)
+            found[unit] = 1 + max((level(e) for e in merged[unit]), default=-1)
+        return found[unit]
+
+    for unit in merged:
+        level(unit)
+    return found
+
+
+def drawn_floors(page: str) -> dict[str, int]:
+    """The floors docs/architecture.md draws: ``kernsearch.<unit>`` → the number on its line."""
+    import re
+
+    block = page.split("```text\n", 1)[1].split("```", 1)[0]
+    drawn = {}
+    for line in block.splitlines():
+        m = re.match(r"\s*(\d+)\s+(.*?)\s*─", line)
+        if m:
+            for word in m.group(2).split():
+                drawn["kernsearch." + word.rstrip("/").removesuffix(".py")] = int(m.group(1))
+    return drawn
+
+
+def test_the_architecture_page_draws_every_floor_where_the_imports_put_it() -> None:
+    known = modules()
+    merged = subpackage_graph({name: imports(name, file, known) for name, file in known.items()}, known)
+    actual = {unit: floor for unit, floor in levels(merged).items()
+              if unit not in ("kernsearch", "kernsearch.__main__", "kernsearch.templates")}
+    drawn = drawn_floors((ROOT / "docs" / "architecture.md").read_text(encoding="utf-8"))
+    assert drawn == actual
+
+
+def test_the_data_path_names_only_what_exists() -> None:
+    """Every record and step the data-path drawing names is a class or function of the package."""
+    import re
+
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    drawing = page.split("```text\n")[2].split("```", 1)[0]
+    defined = set()
+    for file in modules().values():
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+                defined.add(node.name)
+    named = set(re.findall(r"\b[A-Z][a-z]+(?:[A-Z][a-z]+)+\b|\b(?:Proof|Measurement|Winner|Draft|Manifest|Family|"
+                           r"Problem|Space|Dispatcher)\b", drawing))
+    named |= set(re.findall(r"\b[a-z]+_[a-z_]+\b", drawing)) - {"ragged"}
+    named |= {m.split(".")[1] for m in re.findall(r"\b[A-Z]\w+\.\w+", drawing)}
+    assert named and not named - defined, sorted(named - defined)

@@ -58,6 +58,19 @@ class Proof:
 
 
 @dataclass(frozen=True)
+class Prediction:
+    """The performance model's time of one config and its tie-break (both in ms; smaller ranks first): the busiest
+    core's time, so that of equal predictions the one with more headroom ranks first."""
+
+    time_ms: float
+    tie_break: float
+
+    @property
+    def key(self) -> tuple[float, float]:
+        return (self.time_ms, self.tie_break)
+
+
+@dataclass(frozen=True)
 class Measurement:
     """A variant's timing in one worker: per-launch (or per-call) samples in ms, their median and relative spread
     ((p90 - p10) / median), the compile time, and whether it stopped early because it could no longer beat the

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from .._records import Prediction
 from .._vocabulary import Evidence, Severity
 from ..family._render import Geometry, KernelSource
 
@@ -133,6 +134,10 @@ class BaseBackend(ABC):
         """A predicted kernel time (the model back-end)."""
         raise NotImplementedError(f"back-end {self.name} predicts nothing")
 
+    def predict(self, space: Space, config: Config) -> Prediction:
+        """A predicted kernel time and its tie-break (the model back-end)."""
+        raise NotImplementedError(f"back-end {self.name} predicts nothing")
+
     def breakdown(self, space: Space, config: Config) -> dict[str, Any]:
-        """The prediction's terms (the model back-end)."""
+        """The prediction's terms (the model back-end), a bag of named figures for display."""
         raise NotImplementedError(f"back-end {self.name} predicts nothing")

@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .._errors import BackendError, ConfigError, SpecError
+from .._records import Prediction
 from .._vocabulary import Evidence
 from ..family._expr import ExprError
 from ..family._render import Geometry, KernelSource
@@ -121,10 +122,17 @@ class ModelBackend(BaseBackend):
 
     def predict_ms(self, space: Space, config: Config) -> float:
         """Predicted kernel time in milliseconds (a prediction, never a measurement)."""
-        return float(self.breakdown(space, config)["time_ms"])
+        return self.predict(space, config).time_ms
+
+    def predict(self, space: Space, config: Config) -> Prediction:
+        """The predicted time and its tie-break (the busiest core's time; the whole time for a roofline)."""
+        terms = self.breakdown(space, config)
+        time_ms = float(terms["time_ms"])
+        return Prediction(time_ms, float(terms.get("core_ms", time_ms)))
 
     def breakdown(self, space: Space, config: Config) -> dict[str, Any]:
-        """The prediction and the terms it is made of, for ``kernsearch show`` and debugging."""
+        """The prediction and the terms it is made of, for ``kernsearch predict`` and debugging: a bag of named
+        figures that differs between the roofline and the family's model (the search reads :meth:`predict`)."""
         ev = self._evaluator(space)
         inputs = ev.inputs(config)
         result = _predict(ev, inputs) if ev.family.model else _roofline(ev)

@@ -74,12 +74,12 @@ class ModeledObjective(KernelVariants):
             raise VariantFailure("render", str(exc)) from None
         proof = self.interpret(config) if self.verify == VERIFY_ALL else None
         try:
-            terms = self.impl.breakdown(self.space, config)
+            predicted = self.impl.predict(self.space, config)
         except KernsearchError as exc:
             raise VariantFailure("model", str(exc)) from None
-        ms = float(terms["time_ms"])
+        ms = predicted.time_ms
         rec = Record(ms, self.evidence, [ms], sha256=kernel.sha256,
-                     tie_break=float(terms.get("core_ms", ms)))  # equal times: more headroom first
+                     tie_break=predicted.tie_break)  # equal times: more headroom first
         if proof is not None:
             rec.verified = Verifier.INTERPRETER
             rec.max_abs_err, rec.max_rel_err = proof.max_abs_err, proof.max_rel_err

@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._records import Prediction
+
+__all__ = ["FLAT_SHARE", "TIE", "Prediction", "Ranking", "predict", "ranking"]
 
 if TYPE_CHECKING:
     from ..family._space import Config, Space
@@ -25,18 +29,6 @@ if TYPE_CHECKING:
 TIE = 0.01
 #: The model cannot rank a space where at least this share of its valid configs ties with the best.
 FLAT_SHARE = 0.5
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """One config's modeled time and its tie-break (both in ms; smaller ranks first)."""
-
-    time_ms: float
-    tie_break: float
-
-    @property
-    def key(self) -> tuple[float, float]:
-        return (self.time_ms, self.tie_break)
 
 
 @dataclass(frozen=True)
@@ -76,12 +68,9 @@ def predict(space: Space, configs: list[Config]) -> list[Prediction] | None:
         out = []
         for c in configs:
             try:
-                terms: dict[str, Any] = model.breakdown(space, c)
+                out.append(model.predict(space, c))
             except KernsearchError:
                 out.append(Prediction(math.inf, math.inf))
-                continue
-            time_ms = float(terms["time_ms"])
-            out.append(Prediction(time_ms, float(terms.get("core_ms", time_ms))))
         return out if any(math.isfinite(p.time_ms) for p in out) else None
     except Exception:  # noqa: BLE001 - no model for this family or chip: no prediction
         return None

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from kernsearch._errors import not_empty
+
+if TYPE_CHECKING:
+    from ._report import NightlyReport
 
 app = typer.Typer(no_args_is_help=True, help="Nightly search flows (Prefect): serve the schedule or run once now.")
 
@@ -48,41 +51,35 @@ def deploy(job_file: str = JobFileArg,
 @app.command()
 def run(job_file: str = JobFileArg, chip: str | None = ChipOpt) -> None:
     """Run the nightly flow once, now, without a schedule; exit 1 if a job or the export failed."""
+    from ._report import ExportStatus
     from ._serve import run_once
-    from .nightly import FAILED
 
     report = run_once(job_file, chip=chip)
     print_report(report)
-    if report[FAILED] or report["export"]["status"] == FAILED:
+    if report.failed or report.export.status == ExportStatus.FAILED:
         raise typer.Exit(1)
 
 
-def print_report(report: dict[str, Any]) -> None:
+def print_report(report: NightlyReport) -> None:
     from rich.table import Table
 
     from kernsearch._console import out
     from kernsearch._vocabulary import Evidence
 
-    from .nightly import FAILED, PUBLISHED, REJECTED
-
-
     table = Table("job", "problem", "old ms", "new ms", "speedup", "outcome", "evidence", box=None)
-    for r in report["jobs"]:
-        table.add_row(r["job"], f"{r['family']} {r['dtype']} {r['shape']}",
-                      _ms(r["old_ms"]) + (f" ({r['old_version']})" if r["old_version"] else ""), _ms(r["new_ms"]),
-                      f"{r['speedup']:.3f}x" if r["speedup"] else "-",
-                      r["outcome"] + (f" {r['version']}" if r["version"] else ""), r["evidence"] or "-")
-    out.print(f"[bold]kernsearch nightly on {report['chip']}[/]: {report[PUBLISHED]} published, "
-              f"{report[REJECTED]} rejected, {report[FAILED]} failed")
+    for r in report.jobs:
+        table.add_row(r.job, r.problem, _ms(r.old_ms) + (f" ({r.old_version})" if r.old_version else ""),
+                      _ms(r.new_ms), f"{r.speedup:.3f}x" if r.speedup else "-", r.verdict, f"{r.evidence or '-'}")
+    out.print(f"[bold]kernsearch nightly on {report.chip}[/]: {report.totals}")
     out.print(table)
-    for r in report["jobs"]:  # reasons are long: one line each, below the table
-        out.print(f"  {r['job']} ({r['dtype']} {r['shape']}): {r['outcome']}: {r['reason']}", soft_wrap=True)
-        if r.get("report"):
-            out.print(f"    report: {r['report']}", soft_wrap=True, markup=False)
-    export = report["export"]
-    out.print(f"export: {export['status']}" + (f" ({export.get('reason')})" if export.get("reason") else "")
-              + (f": {export['wheel']}" if export.get("wheel") else ""), soft_wrap=True)
-    if any(r["evidence"] == Evidence.MODELED for r in report["jobs"]):
+    for r in report.jobs:  # reasons are long: one line each, below the table
+        out.print(f"  {r.job} ({r.dtype} {r.shape}): {r.outcome}: {r.reason}", soft_wrap=True)
+        if r.report:
+            out.print(f"    report: {r.report}", soft_wrap=True, markup=False)
+    export = report.export
+    out.print(f"export: {export.status}" + (f" ({export.reason})" if export.reason else "")
+              + (f": {export.wheel}" if export.wheel else ""), soft_wrap=True)
+    if any(r.evidence == Evidence.MODELED for r in report.jobs):
         out.print("[dim]modeled times are predictions of the performance model, not measurements[/]")
 
 

@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kernsearch import KernsearchError
+
+if TYPE_CHECKING:
+    from ._report import NightlyReport
 
 DEFAULT_CRON = "0 2 * * *"
 
@@ -156,7 +159,7 @@ def _ensure_process_pool(name: str, chip: str) -> None:
                 pass
 
 
-def run_once(job_file: str | Path, *, chip: str | None = None) -> dict[str, Any]:
+def run_once(job_file: str | Path, *, chip: str | None = None) -> NightlyReport:
     """Run the nightly flow now, in this process, without a schedule; returns its report."""
     from ._jobs import load_jobs
 

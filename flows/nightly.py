@@ -29,14 +29,14 @@ from kernsearch._vocabulary import Evidence
 from kernsearch.artifacts._manifest import KeyBusy
 
 from ._jobs import Jobs, Unit, load_jobs
+from ._report import Exported, ExportOutcome, ExportStatus, JobRow, NightlyReport, Outcome, Previous, Published
 from ._steps import StepCrashed, StepError, Tuned, Verified, run_step
 
 FLOW_NAME = "kernsearch-nightly"
 GPU_LIMIT_PREFIX = "kernsearch-gpu-"
-#: A job's outcome in the run's report (and its counts): its winner became current, the gate refused it, or a step
-#: failed before the gate.
-PUBLISHED, REJECTED, FAILED = "published", "rejected", "failed"
-OUTCOMES = (PUBLISHED, REJECTED, FAILED)
+#: A job's outcome (:class:`Outcome`), by its older names.
+PUBLISHED, REJECTED, FAILED = Outcome.PUBLISHED, Outcome.REJECTED, Outcome.FAILED
+OUTCOMES = tuple(Outcome)
 #: Seconds the verify step may take per extra shape (interpreter runs of small shapes take seconds).
 VERIFY_SECONDS_PER_SHAPE = 300.0
 
@@ -114,7 +114,7 @@ def _retry_when_busy(task: Any, task_run: Any, state: Any) -> bool:
 # -- tasks --------------------------------------------------------------------------------------------
 
 @task(name="tune", retries=1, retry_delay_seconds=10, retry_condition_fn=_retry_on_crash)
-def tune_task(unit: Unit, backend: str, storage: str | None, gpu_limit: str) -> tuple[Tuned, list[float]]:
+def tune_task(unit: Unit, backend: str, storage: str | None, gpu_limit: str) -> tuple[Tuned, tuple[float, float]]:
     """Run or resume the unit's study in a subprocess, holding this machine's GPU slot; returns its result and the
     window (start, end) while this run held the slot."""
     payload = {"family": unit.family, "shape": list(unit.shape), "dtype": unit.dtype, "chip": unit.chip,
@@ -122,7 +122,7 @@ def tune_task(unit: Unit, backend: str, storage: str | None, gpu_limit: str) -> 
     with concurrency(gpu_limit, occupy=1, strict=True):
         started = time.time()
         tuned = Tuned.from_json(run_step("tune", payload, timeout=unit.step_timeout()))
-        return tuned, [started, time.time()]
+        return tuned, (started, time.time())
 
 
 @task(name="verify")
@@ -140,7 +140,7 @@ def verify_task(unit: Unit, backend: str, config: dict[str, Any], gpu_limit: str
 
 
 @task(name="publish", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_when_busy, timeout_seconds=600)
-def publish_task(unit: Unit, backend: str, tuned: Tuned, verified: Verified, artifacts: str | None) -> dict[str, Any]:
+def publish_task(unit: Unit, backend: str, tuned: Tuned, verified: Verified, artifacts: str | None) -> Published:
     """Offer the verified winner to the store's regression gate (``Candidate.from_winner``, as `tune --publish`
     does); returns the outcome and the old time."""
     from kernsearch import ArtifactStore, Candidate, Space, load_family, make_problem
@@ -156,30 +156,29 @@ def publish_task(unit: Unit, backend: str, tuned: Tuned, verified: Verified, art
     space = Space(make_problem(fam, unit.shape, unit.dtype, chip), chip)
     candidate = Candidate.from_winner(winner, space, target=chip_target(chip.vendor))
     store = ArtifactStore(artifacts)
-    old = _current(store, candidate.key)
+    previous = _current(store, candidate.key)
     outcome = store.publish(candidate, min_gain=unit.options.min_gain, margin=unit.options.margin)
-    return {"published": outcome.published, "version": outcome.version, "reason": outcome.reason,
-            "key": outcome.key, "current": outcome.current, **old}
+    return Published(outcome.published, outcome.version, outcome.reason, outcome.key, outcome.current, previous)
 
 
 @task(name="export", retries=1, retry_delay_seconds=10, timeout_seconds=1800)
-def export_task(artifacts: str | None, out: str, families: list[str]) -> dict[str, Any]:
+def export_task(artifacts: str | None, out: str, families: list[str]) -> Exported:
     """Build the installable package of the current artifacts (``kernsearch export``)."""
     return export_package(artifacts, out, families)
 
 
-def export_package(artifacts: str | None, out: str, families: list[str]) -> dict[str, Any]:
+def export_package(artifacts: str | None, out: str, families: list[str]) -> Exported:
     from kernsearch import ArtifactStore, export
 
     result = export(families, out, ArtifactStore(artifacts))
-    return {"out": out, "wheel": str(result.wheel), "package": result.package, "version": result.version,
-            "artifacts": result.artifacts, "notes": result.notes}
+    return Exported(out, str(result.wheel), result.package, result.version, tuple(result.artifacts),
+                    tuple(result.notes))
 
 
 # -- the flow -----------------------------------------------------------------------------------------
 
 @flow(name=FLOW_NAME, description="Re-tune, verify and publish the kernels of a job file for this machine's chip.")
-def nightly(job_file: str, chip: str | None = None) -> dict[str, Any]:
+def nightly(job_file: str, chip: str | None = None) -> NightlyReport:
     """Run every job of ``job_file`` listed for ``chip`` (default: the detected chip); see the module doc."""
     logger = get_run_logger()
     refused = refusal(chip)
@@ -193,14 +192,11 @@ def nightly(job_file: str, chip: str | None = None) -> dict[str, Any]:
         logger.warning("no job in %s is for %s (jobs are for: %s)", job_file, machine.name, ", ".join(jobs.chips()))
     limit = gpu_limit_name()
     ensure_gpu_limit(limit)
-    rows = [_run_unit(unit, jobs, detected, limit, logger) for unit in units]
-    export = _maybe_export(jobs, rows, logger)
-    report = {"chip": machine.name, "machine": machine_name(), "job_file": str(jobs.path), "jobs": rows,
-              "export": export,
-              **{k: sum(r["outcome"] == k for r in rows) for k in OUTCOMES}}
+    rows = tuple(_run_unit(unit, jobs, detected, limit, logger) for unit in units)
+    report = NightlyReport(machine.name, machine_name(), str(jobs.path), rows, _maybe_export(jobs, rows, logger))
     _summarise(report)
     logger.info("%s on machine %s: %d published, %d rejected, %d failed", machine.name, machine_name(),
-                report[PUBLISHED], report[REJECTED], report[FAILED])
+                report.published, report.rejected, report.failed)
     return report
 
 
@@ -225,56 +221,55 @@ def _backend(choice: str, detected: Any, chip: str) -> str:
     return select_backend(choice, chip, detected=detected).backend
 
 
-def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) -> dict[str, Any]:
+def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) -> JobRow:
+    """One job's tune → verify → publish; a step that fails ends the job with its reason, and the run goes on."""
     from kernsearch.backends import backend_class
 
     backend = _backend(unit.options.backend, detected, unit.chip)
-    row: dict[str, Any] = {"job": unit.job, "family": unit.family_name, "family_ref": unit.family,
-                           "chip": unit.chip,
-                           "dtype": unit.dtype, "shape": unit.shape_text, "backend": backend, "evidence": None,
-                           "old_ms": None, "old_version": None, "new_ms": None, "speedup": None,
-                           "outcome": FAILED, "version": None, "reason": ""}
+    row = JobRow.start(unit, backend)
     if backend_class(backend).measures_device and detected.name != unit.chip:
-        row["reason"] = (f"a {backend} search measures the chip it runs on: this machine is {detected.name}, "
-                         f"the job is for {unit.chip}")
-        logger.error("%s: %s", unit.name, row["reason"])
+        row.reason = (f"a {backend} search measures the chip it runs on: this machine is {detected.name}, "
+                      f"the job is for {unit.chip}")
+        logger.error("%s: %s", unit.name, row.reason)
         return row
     timeout = unit.step_timeout() + 120.0
-    state = tune_task.with_options(timeout_seconds=timeout)(unit, backend, jobs.storage, limit, return_state=True)
-    done = _value(state, row, "tune")
-    if done is None:
-        logger.error("%s: tune failed: %s", unit.name, row["reason"])
+    tuning = tune_task.with_options(timeout_seconds=timeout)(unit, backend, jobs.storage, limit, return_state=True)
+    if _failed(tuning, row, "tune"):
+        logger.error("%s: tune failed: %s", unit.name, row.reason)
         return row
-    tuned, window = done
-    row.update(evidence=tuned.evidence.value, new_ms=tuned.winner.median_ms, study=tuned.study,
-               evaluated=tuned.evaluated, tune_window=window)
-    row["report"] = _attach_report(unit, tuned.study, jobs.storage, logger)
+    tuned, window = tuning.result()
+    _tuned(row, tuned, window, _attach_report(unit, tuned.study, jobs.storage, logger))
     vtimeout = VERIFY_SECONDS_PER_SHAPE * max(1, len(unit.verify_shapes)) + 60.0
-    state = verify_task.with_options(timeout_seconds=vtimeout)(unit, backend, tuned.winner.config, limit,
-                                                                return_state=True)
-    verified = _value(state, row, "verify")
-    if verified is None:
-        logger.error("%s: verification failed: %s", unit.name, row["reason"])
+    verifying = verify_task.with_options(timeout_seconds=vtimeout)(unit, backend, tuned.winner.config, limit,
+                                                                    return_state=True)
+    if _failed(verifying, row, "verify"):
+        logger.error("%s: verification failed: %s", unit.name, row.reason)
         return row
-    state = publish_task(unit, backend, tuned, verified, str(jobs.artifacts) if jobs.artifacts else None,
-                         return_state=True)
-    outcome = _value(state, row, "publish")
-    if outcome is not None:
-        _published(row, tuned, verified, outcome)
-        logger.info("%s: %s: %s", unit.name, row["outcome"], row["reason"])
+    verified = verifying.result()
+    publishing = publish_task(unit, backend, tuned, verified, str(jobs.artifacts) if jobs.artifacts else None,
+                              return_state=True)
+    if not _failed(publishing, row, "publish"):
+        _published(row, tuned, verified, publishing.result())
+        logger.info("%s: %s: %s", unit.name, row.outcome, row.reason)
     return row
 
 
-def _published(row: dict[str, Any], tuned: Tuned, verified: Verified, outcome: dict[str, Any]) -> None:
+def _tuned(row: JobRow, tuned: Tuned, window: tuple[float, float], report: str | None) -> None:
+    """The row of a job whose search found a winner: its study, evidence and time."""
+    row.evidence, row.new_ms, row.study = tuned.evidence, tuned.winner.median_ms, tuned.study
+    row.evaluated, row.tune_window, row.report = tuned.evaluated, window, report
+
+
+def _published(row: JobRow, tuned: Tuned, verified: Verified, outcome: Published) -> None:
     """The row of a job whose winner reached the gate: published or rejected, and why."""
-    old = outcome.get("old_ms")
-    row.update(old_ms=old, old_version=outcome.get("old_version"), version=outcome["version"],
-               outcome=PUBLISHED if outcome["published"] else REJECTED, reason=outcome["reason"],
-               # a speedup only between figures of one evidence kind (measured vs modeled never mix)
-               speedup=(old / tuned.winner.median_ms) if old and outcome.get("old_evidence") == tuned.evidence
-               else None)
+    old = outcome.previous
+    row.old_ms, row.old_version, row.version = old.ms, old.version, outcome.version
+    row.outcome = Outcome.PUBLISHED if outcome.published else Outcome.REJECTED
+    row.reason = outcome.reason
+    # a speedup only between figures of one evidence kind (measured vs modeled never mix)
+    row.speedup = (old.ms / tuned.winner.median_ms) if old.ms and old.evidence == tuned.evidence else None
     if verified.skipped:
-        row["reason"] += "; not verified at " + ", ".join(
+        row.reason += "; not verified at " + ", ".join(
             f"{'x'.join(map(str, s.shape))} ({s.why})" for s in verified.skipped)
 
 
@@ -304,10 +299,10 @@ def _attach_report(unit: Unit, study: str, storage: str | None, logger: Any) -> 
     return str(path)
 
 
-def _value(state: Any, row: dict[str, Any], step: str) -> Any:
-    """The task's result, or None with the row marked failed and why."""
+def _why(state: Any, step: str) -> str | None:
+    """Why the task did not complete, as the report says it (None: it completed)."""
     if state.is_completed():
-        return state.result()
+        return None
     exc = state.result(raise_on_failure=False)
     if isinstance(exc, StepError):
         why = f"{exc.reason}: {exc.detail}" if exc.detail else exc.reason
@@ -315,56 +310,60 @@ def _value(state: Any, row: dict[str, Any], step: str) -> Any:
         why = str(exc) or type(exc).__name__
     else:
         why = state.message or state.name
-    row["reason"] = f"{step}: {' '.join(str(why).split())}"
-    return None
+    return f"{step}: {' '.join(str(why).split())}"
 
 
-def _current(store: Any, key: Any) -> dict[str, Any]:
+def _failed(state: Any, row: JobRow, step: str) -> bool:
+    """Whether the job's step failed; if so the row says why."""
+    why = _why(state, step)
+    if why is None:
+        return False
+    row.reason = why
+    return True
+
+
+def _current(store: Any, key: Any) -> Previous:
     """The current version's time, before publishing (for the summary)."""
     try:
         pointer = store.pointer(key)
         if pointer is None:
-            return {"old_ms": None, "old_version": None}
+            return Previous()
         manifest = store.load(key, pointer.version).manifest
     except KernsearchError:
-        return {"old_ms": None, "old_version": None}
+        return Previous()
     m = manifest.measurements
-    return {"old_ms": m.median_ms if m else None, "old_version": pointer.version,
-            "old_evidence": manifest.evidence}
+    return Previous(m.median_ms if m else None, pointer.version, manifest.evidence)
 
 
-def _maybe_export(jobs: Jobs, rows: list[dict[str, Any]], logger: Any) -> dict[str, Any]:
+def _maybe_export(jobs: Jobs, rows: tuple[JobRow, ...], logger: Any) -> ExportOutcome:
+    """Export the package once, after the jobs, when something new was published."""
     if jobs.export is None:
-        return {"status": "skipped", "reason": "the job file names no export folder"}
-    if not any(r["outcome"] == PUBLISHED for r in rows):
-        return {"status": "skipped", "reason": "nothing new was published"}
+        return ExportOutcome(ExportStatus.SKIPPED, "the job file names no export folder")
+    if not any(r.outcome == Outcome.PUBLISHED for r in rows):
+        return ExportOutcome(ExportStatus.SKIPPED, "nothing new was published")
     families = jobs.families()  # every family of the file: the package ships them all, not only tonight's
     state = export_task(str(jobs.artifacts) if jobs.artifacts else None, str(jobs.export), families,
                         return_state=True)
-    row: dict[str, Any] = {}
-    value = _value(state, row, "export")
-    if value is None:
-        logger.error("export failed: %s", row["reason"])
-        return {"status": FAILED, "reason": row["reason"]}
-    return {"status": "exported", **value}
+    why = _why(state, "export")
+    if why is not None:
+        logger.error("export failed: %s", why)
+        return ExportOutcome(ExportStatus.FAILED, why)
+    return ExportOutcome(ExportStatus.EXPORTED, exported=state.result())
 
 
-def _summarise(report: dict[str, Any]) -> None:
+def _summarise(report: NightlyReport) -> None:
     """The run's summary as Prefect artifacts: a table of jobs and a short markdown note."""
-    table = [{"job": r["job"], "problem": f"{r['family']} {r['dtype']} {r['shape']}", "chip": r["chip"],
-              "old ms": _ms(r["old_ms"]) + (f" ({r['old_version']})" if r["old_version"] else ""),
-              "new ms": _ms(r["new_ms"]), "speedup": f"{r['speedup']:.3f}x" if r["speedup"] else "-",
-              "outcome": r["outcome"] + (f" {r['version']}" if r["version"] else ""),
-              "reason": r["reason"], "evidence": r["evidence"] or "-"} for r in report["jobs"]]
-    key = f"kernsearch-nightly-{slug(report['chip'])}"
-    create_table_artifact(table=table, key=key,
-                          description=f"kernsearch nightly on {report['chip']}: {report[PUBLISHED]} published, "
-                                      f"{report[REJECTED]} rejected, {report[FAILED]} failed")
-    lines = [f"# kernsearch nightly on {report['chip']}", "",
-             f"{report[PUBLISHED]} published, {report[REJECTED]} rejected, {report[FAILED]} failed "
-             f"(job file `{report['job_file']}`).", "",
+    table = [{"job": r.job, "problem": r.problem, "chip": r.chip,
+              "old ms": _ms(r.old_ms) + (f" ({r.old_version})" if r.old_version else ""),
+              "new ms": _ms(r.new_ms), "speedup": f"{r.speedup:.3f}x" if r.speedup else "-",
+              "outcome": r.verdict, "reason": r.reason, "evidence": f"{r.evidence or '-'}"} for r in report.jobs]
+    key = f"kernsearch-nightly-{slug(report.chip)}"
+    create_table_artifact(table=table, key=key, description=f"kernsearch nightly on {report.chip}: {report.totals}")
+    export = report.export
+    lines = [f"# kernsearch nightly on {report.chip}", "",
+             f"{report.totals} (job file `{report.job_file}`).", "",
              "Times labelled *modeled* are predictions of the performance model, not measurements.", "",
-             f"Export: {report['export']['status']}: {report['export'].get('reason') or report['export'].get('out')}"]
+             f"Export: {export.status}: {export.reason or export.out}"]
     create_markdown_artifact(markdown="\n".join(lines), key=f"{key}-note")
 
 

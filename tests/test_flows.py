@@ -345,7 +345,7 @@ chips = ["H100"]
     here = chip_from_device_info({"architecture": "sm_90", "device_name": "NVIDIA H100 80GB HBM3"})  # MLX's report
     monkeypatch.setattr(nightly, "_machine", lambda chip: (here, here))
     out = nightly.publish_task.fn(unit, "cuda", tuned, verified, str(tmp_path / "store"))
-    assert out["published"] and out["version"] == "v1", out
+    assert out.published and out.version == "v1", out
     m = ArtifactStore(tmp_path / "store").load(ArtifactKey("gemm", "H100", "float16", (64, 64, 64))).manifest
     assert m.evidence == "measured" and m.chip.detected["device_name"] == "NVIDIA H100 80GB HBM3"
     assert m.kernel.target == "cuda" and m.measurements.speedup == pytest.approx(1.5)
@@ -355,6 +355,55 @@ chips = ["H100"]
     monkeypatch.setattr(nightly, "_machine", lambda chip: (elsewhere, elsewhere))
     with pytest.raises(KernsearchError, match="measured on H200, but the job is for H100"):
         nightly.publish_task.fn(unit, "cuda", tuned, verified, str(tmp_path / "store"))
+
+
+def test_the_report_records_write_the_reports_json(tmp_path: Path) -> None:
+    """A run's report is records; their ``to_json`` is the report's JSON: these keys, in this order, plain values."""
+    from kernsearch._vocabulary import Evidence
+    from kernsearch.flows._report import (
+        Exported,
+        ExportOutcome,
+        ExportStatus,
+        JobRow,
+        NightlyReport,
+        Outcome,
+        Previous,
+        Published,
+    )
+    from kernsearch.flows.nightly import FAILED, OUTCOMES, PUBLISHED, REJECTED
+
+    assert (PUBLISHED, REJECTED, FAILED) == tuple(Outcome) == OUTCOMES == ("published", "rejected", "failed")
+    (unit,) = load_jobs(write(tmp_path / "jobs.toml", only_job("square"))).units("M2 Max")
+    head = ["job", "family", "family_ref", "chip", "dtype", "shape", "backend", "evidence", "old_ms", "old_version",
+            "new_ms", "speedup", "outcome", "version", "reason"]
+    failed = JobRow.start(unit, "model")
+    failed.reason = "tune: timeout"
+    assert list(failed.to_json()) == head and failed.to_json()["outcome"] == "failed"  # never tuned: no study keys
+    done = JobRow.start(unit, "model")
+    done.evidence, done.new_ms, done.study, done.evaluated, done.tune_window = Evidence.MODELED, 0.5, "s", 3, (1.0, 2.0)
+    done.outcome, done.version = Outcome.PUBLISHED, "v1"
+    row = done.to_json()
+    assert list(row) == [*head, "study", "evaluated", "tune_window", "report"]
+    assert (row["evidence"], row["outcome"], row["tune_window"], row["report"]) == ("modeled", "published",
+                                                                                     [1.0, 2.0], None)
+    assert done.verdict == "published v1" and failed.verdict == "failed"
+
+    exported = Exported("dist", "dist/p.whl", "p", "1", ("gemm/M2-Max/float16/64x64x64/v1",), ())
+    report = NightlyReport("M2 Max", "m1", str(tmp_path / "jobs.toml"), (done, failed),
+                           ExportOutcome(ExportStatus.EXPORTED, exported=exported))
+    data = json.loads(json.dumps(report.to_json()))
+    assert list(data) == ["chip", "machine", "job_file", "jobs", "export", "published", "rejected", "failed"]
+    assert (data["published"], data["rejected"], data["failed"]) == (1, 0, 1) == (report.published, report.rejected,
+                                                                                   report.failed)
+    assert data["export"] == {"status": "exported", "out": "dist", "wheel": "dist/p.whl", "package": "p",
+                              "version": "1", "artifacts": ["gemm/M2-Max/float16/64x64x64/v1"], "notes": []}
+    assert ExportOutcome(ExportStatus.FAILED, "export: boom").to_json() == {"status": "failed", "reason": "export: boom"}
+
+    first = Published(True, "v1", "first version", "k", "v1")
+    assert first.to_json() == {"published": True, "version": "v1", "reason": "first version", "key": "k",
+                               "current": "v1", "old_ms": None, "old_version": None}
+    later = Published(False, None, "not faster", "k", "v1", Previous(0.5, "v1", Evidence.MODELED))
+    assert json.loads(json.dumps(later.to_json()))["old_evidence"] == "modeled"
 
 
 # -- the flow, against prefect_test_harness ----------------------------------------------------------------
@@ -412,45 +461,46 @@ def test_nightly_publishes_then_rejects_and_a_hanging_job_fails_alone(prefect_ha
     from kernsearch.flows.nightly import gpu_limit_name, nightly, slug
 
     first = nightly(job_file=str(farm / "first.toml"), chip="M2 Max")
-    rows = {r["job"]: r for r in first["jobs"]}
+    rows = {r.job: r for r in first.jobs}
     assert set(rows) == {"square", "decode", "hang"}
     for name in ("square", "decode"):
         r = rows[name]
-        assert r["outcome"] == "published" and r["version"] == "v1", r
-        assert r["evidence"] == "modeled" and r["new_ms"] > 0 and r["old_ms"] is None
-        assert r["reason"].startswith("first version for this key")
+        assert r.outcome == "published" and r.version == "v1", r
+        assert r.evidence == "modeled" and r.new_ms > 0 and r.old_ms is None
+        assert r.reason.startswith("first version for this key")
     hang = rows["hang"]
-    assert hang["outcome"] == "failed" and "timeout" in hang["reason"], hang
-    assert (first["published"], first["rejected"], first["failed"]) == (2, 0, 1)
+    assert hang.outcome == "failed" and "timeout" in hang.reason, hang
+    assert (first.published, first.rejected, first.failed) == (2, 0, 1)
 
     store = ArtifactStore(farm / "store")
     art = store.load(ArtifactKey("gemm", "M2-Max", "float16", (64, 64, 64)))
     assert art.manifest.evidence == "modeled" and art.manifest.correctness.verifier == "interpreter"
     assert {"64x64x64", "20x24x16"} <= set(art.manifest.correctness.shapes_checked)  # tuned + extra shape
-    assert art.manifest.measurements.median_ms == pytest.approx(rows["square"]["new_ms"])
+    assert art.manifest.measurements.median_ms == pytest.approx(rows["square"].new_ms)
     assert not any(k.family == "gemmhang" for k in store.keys() if store.versions(k))  # the hang published nothing
-    assert first["export"]["status"] == "exported" and Path(first["export"]["wheel"]).is_file()
-    assert any("gemm/M2-Max/float16/64x64x64/v1" == a for a in first["export"]["artifacts"])
+    exported = first.export.exported
+    assert first.export.status == "exported" and exported is not None and Path(exported.wheel).is_file()
+    assert any("gemm/M2-Max/float16/64x64x64/v1" == a for a in exported.artifacts)
 
     table = _artifact_table("kernsearch-nightly-m2-max")
     assert [t["job"] for t in table] == ["square", "decode", "hang"]
     assert table[0]["outcome"] == "published v1" and table[0]["evidence"] == "modeled"
     assert table[2]["outcome"] == "failed" and "timeout" in table[2]["reason"]
     # one study report per job: the HTML file, and a markdown artifact that summarises and links it
-    report = Path(rows["square"]["report"])
+    report = Path(rows["square"].report or "")
     assert report.is_file() and "MODELED (predicted by the performance model" in report.read_text()
-    note = _artifact_table(f"kernsearch-report-{slug(rows['square']['job'] + ':float16:64x64x64')}", "markdown")
+    note = _artifact_table(f"kernsearch-report-{slug(rows['square'].job + ':float16:64x64x64')}", "markdown")
     assert "**MODELED" in note and report.as_uri() in note and "| 1 | `BM=" in note
-    assert rows["hang"].get("report") is None  # its tune failed: no study result to report
+    assert rows["hang"].report is None and "report" not in rows["hang"].to_json()  # its tune failed: no study
 
     # a second night with nothing better: the studies resume, the gate refuses, nothing is exported
     again = nightly(job_file=str(farm / "again.toml"), chip="M2 Max")
-    assert (again["published"], again["rejected"], again["failed"]) == (0, 2, 0)
-    for r in again["jobs"]:
-        assert r["outcome"] == "rejected" and r["old_version"] == "v1"
-        assert r["reason"].startswith("not faster than v1 beyond the noise"), r["reason"]
-        assert r["speedup"] == pytest.approx(1.0)
-    assert again["export"] == {"status": "skipped", "reason": "nothing new was published"}
+    assert (again.published, again.rejected, again.failed) == (0, 2, 0)
+    for r in again.jobs:
+        assert r.outcome == "rejected" and r.old_version == "v1"
+        assert r.reason.startswith("not faster than v1 beyond the noise"), r.reason
+        assert r.speedup == pytest.approx(1.0)
+    assert again.export.to_json() == {"status": "skipped", "reason": "nothing new was published"}
     assert store.versions(ArtifactKey("gemm", "M2-Max", "float16", (64, 64, 64))) == ["v1"]
     table = _artifact_table("kernsearch-nightly-m2-max")  # the latest table is tonight's
     assert [t["outcome"] for t in table] == ["rejected", "rejected"]
@@ -476,10 +526,10 @@ def test_two_runs_on_one_machine_take_turns_on_the_gpu(prefect_harness, farm: Pa
     with ThreadPoolExecutor(2) as pool:
         reports = list(pool.map(lambda n: nightly(job_file=str(farm / f"{n}.toml"), chip="M2 Max"),
                                 ("square", "decode")))
-    (a,), (b,) = (r["jobs"] for r in reports)
-    assert a["job"] == "square" and b["job"] == "decode"
-    assert {a["outcome"], b["outcome"]} <= {"published", "rejected"}, (a, b)
-    first, second = sorted([a["tune_window"], b["tune_window"]])
+    (a,), (b,) = (r.jobs for r in reports)
+    assert a.job == "square" and b.job == "decode"
+    assert {a.outcome, b.outcome} <= {"published", "rejected"}, (a, b)
+    first, second = sorted([a.tune_window, b.tune_window])
     assert first[1] <= second[0], (first, second)  # one GPU slot per machine: the second waited
 
 
@@ -488,7 +538,7 @@ def test_nightly_skips_jobs_for_other_chips(prefect_harness, farm: Path) -> None
     from kernsearch.flows.nightly import nightly
 
     report = nightly(job_file=str(farm / "again.toml"), chip="M4 Max")
-    assert report["jobs"] == [] and report["export"]["status"] == "skipped"
+    assert report.jobs == () and report.export.status == "skipped"
 
 
 # -- a real Prefect server on 127.0.0.1 ----------------------------------------------------------------------

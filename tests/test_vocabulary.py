@@ -27,7 +27,7 @@ OTHER_MEANINGS = {
     ("search/studies/_storage.py", "ok"): "SQLite's answer to `PRAGMA quick_check`",
     ("search/studies/_study.py", "interrupted"): "StopReason.INTERRUPTED, why a search ended",
     ("flows/_steps.py", "error"): "a step's failure reason when its result names none",
-    ("flows/nightly.py", "failed"): "a nightly job's outcome",
+    ("flows/_report.py", "failed"): "a nightly job's outcome (Outcome.FAILED) and the export's (ExportStatus.FAILED)",
 }
 
 

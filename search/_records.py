@@ -18,8 +18,8 @@ from ._vocabulary import ConsumerMode, Evidence, Verifier
 
 @dataclass(frozen=True)
 class Proof:
-    """Where a variant was proven correct against the float64 reference, and at which shapes (in the order
-    checked); its largest errors over them."""
+    """Where a variant was proven correct against the float64 reference, and at which shapes (each once); its
+    largest errors over them."""
 
     verifier: Verifier
     shapes: tuple[str, ...]
@@ -27,20 +27,21 @@ class Proof:
     max_rel_err: float | None = None
     #: Of a big shape on the interpreter, when only a sample of its threadgroups ran.
     threadgroups_checked: int | None = None
-    #: Diagnostics of severity ``Severity.WARNING`` the back-end reported (errors fail the variant).
-    warnings: tuple[str, ...] = ()
 
     @property
     def checks(self) -> int:
         return len(self.shapes)
 
     def also(self, other: Proof) -> Proof:
-        """This proof and ``other`` (a further check of the same variant) as one: every shape, the larger errors."""
+        """This proof and ``other`` (a further check of the same variant by the same verifier) as one: every shape
+        once, the larger errors. Proofs of two verifiers are not one proof (a ``ValueError``)."""
+        if other.verifier != self.verifier:
+            raise ValueError(f"a {other.verifier} check cannot extend a proof on the {self.verifier}")
         rel = [e for e in (self.max_rel_err, other.max_rel_err) if e is not None]
-        return replace(self, shapes=self.shapes + other.shapes, max_abs_err=max(self.max_abs_err, other.max_abs_err),
+        shapes = self.shapes + tuple(s for s in other.shapes if s not in self.shapes)
+        return replace(self, shapes=shapes, max_abs_err=max(self.max_abs_err, other.max_abs_err),
                        max_rel_err=max(rel) if rel else None,
-                       threadgroups_checked=self.threadgroups_checked or other.threadgroups_checked,
-                       warnings=self.warnings + other.warnings)
+                       threadgroups_checked=self.threadgroups_checked or other.threadgroups_checked)
 
     def to_json(self) -> dict[str, Any]:
         return {"verifier": self.verifier.value, "shapes": list(self.shapes), "max_abs_err": self.max_abs_err,

@@ -1138,7 +1138,7 @@ def predict(family: str = typer.Argument(..., help=FAMILY_HELP),
     if as_json:
         sys.stdout.write(json.dumps({"config": cfg, **b}) + "\n")
         return
-    from .studies._objective import roofline, roofline_pct
+    from .studies._kernel import roofline, roofline_pct
 
     pct, limit = roofline_pct(c, problem, b["time_ms"]), roofline(c, problem)[1]
     out.print(f"[bold]{problem.family.name}[/] {problem.shape_text} {problem.dtype} on {c.name}: "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._errors import BackendError, KernsearchError, VariantFailure
+from .._errors import BackendError, KernsearchError
 from .._records import Proof, Winner
 from .._vocabulary import Evidence, Verifier
 from ..family._space import Config
@@ -331,4 +331,4 @@ def model_prior(space: Space, configs: list[Config]) -> list[float] | None:
     return None if predictions is None else [p.time_ms for p in predictions]
 
 
-__all__ = ["PICKS", "TUNED_SAMPLE", "KernelVariants", "VariantFailure", "model_prior", "roofline", "roofline_pct"]
+__all__ = ["PICKS", "TUNED_SAMPLE", "KernelVariants", "model_prior", "roofline", "roofline_pct"]

@@ -140,7 +140,7 @@ def _family_prior(land: Landscape, configs: list[dict[str, Any]]) -> list[float]
         from ..family._space import Space, make_problem
         from ..family._spec import load_family
         from ..hardware._chips import get_chip
-        from ._objective import model_prior
+        from ._kernel import model_prior
 
         family = load_family(name.split()[1])
         chip = get_chip(str(chip_name))

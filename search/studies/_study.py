@@ -862,10 +862,6 @@ def _race(known: dict[str, Seen]) -> Race | None:
     return Race.against(min(timed, key=lambda s: (s.value, s.number)).samples)
 
 
-def compact_record(record: Record) -> dict[str, Any]:
-    """A trial's record as stored (:meth:`Record.to_json`)."""
-    return record.to_json()
-
 
 def _ask(study: optuna.Study, dists: dict[str, Any], fixed: Config | None) -> optuna.Trial:
     """A new trial: the sampler's proposal, or ``fixed`` (through a PartialFixedSampler of this process).

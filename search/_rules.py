@@ -338,7 +338,15 @@ NO_GUARD = Guard()
 def is_array(value: Any) -> bool:
     """A NumPy/MLX array or scalar (data with a shape and dtype), not a function."""
     kind = type(value)
-    return hasattr(kind, "shape") and hasattr(kind, "dtype") and not callable(value)
+    known = _ARRAY_TYPES.get(kind)
+    if known is None:  # asked once per type: the exported op evaluates its expression on every call
+        known = _ARRAY_TYPES[kind] = hasattr(kind, "shape") and hasattr(kind, "dtype") and not callable(value)
+    return known
+
+
+_ARRAY_TYPES: Dict[type, bool] = {}
+#: The exact types of most operands, checked first (the isinstance checks after them admit the rest).
+_OPERANDS = frozenset((int, float, bool, str, list, tuple))
 
 
 def _number(value: Any) -> bool:
@@ -401,8 +409,11 @@ def _binary(e: _Evaluation, t: Any) -> Any:
     elif op == "%" and isinstance(left, str):
         raise ExpressionError("string formatting with % is not part of the expression language")
     for value in (left, right):
-        if not (_number(value) or isinstance(value, (str, list, tuple)) or is_array(value)):
+        if type(value) not in _OPERANDS and not (_number(value) or isinstance(value, (str, list, tuple))
+                                                 or is_array(value)):
             raise ExpressionError(f"cannot apply an operator to a {type(value).__name__}")
+    if e.guard is NO_GUARD:  # the exported op's call: nothing to bound
+        return BINARY[op](left, right)
     e.guard.binary(op, left, right)
     return e.guard.value(BINARY[op](left, right))
 
@@ -456,11 +467,13 @@ def _call(e: _Evaluation, t: Any) -> Any:
         fn = e.names.get(name)
         if fn is None or not callable(fn):
             raise ExpressionError(f"unknown function {name!r}")
-    bad = sorted(set(t[3]) - KEYWORDS)
-    if bad:
+    if t[3] and not KEYWORDS.issuperset(t[3]):
+        bad = sorted(set(t[3]) - KEYWORDS)
         raise ExpressionError(f"keyword argument(s) {', '.join(bad)} not allowed (only {', '.join(sorted(KEYWORDS))})")
     args = [e.of(a) for a in t[2]]
-    kwargs = {k: e.of(v) for k, v in t[3].items()}
+    kwargs = {k: e.of(v) for k, v in t[3].items()} if t[3] else {}
+    if e.guard is NO_GUARD:  # the exported op's call: nothing to bound
+        return fn(*args, **kwargs)
     e.guard.call(name, args, kwargs)
     return e.guard.value(fn(*args, **kwargs))
 

@@ -31,3 +31,20 @@ def test_a_winner_read_back_is_the_winner_and_a_malformed_one_is_refused() -> No
                 {"config": {}, "evidence": "measured", "median_ms": float("nan"), "spread": 0}, {"config": []}):
         with pytest.raises(ValueError):
             Winner.from_json(bad)
+
+
+def test_a_manifest_with_an_unknown_word_names_the_words_it_takes() -> None:
+    """A malformed manifest's one-line error lists the vocabulary's words, not the enums' members."""
+    import json
+    from pathlib import Path
+
+    from kernsearch.artifacts._manifest import ArtifactError, parse_manifest
+
+    text = next((Path(__file__).resolve().parents[1] / "artifacts").rglob("manifest.json")).read_text()
+    for edit, said in ((lambda d: d.update(evidence="guessed"), "'measured', 'interpreted' or 'modeled'"),
+                       (lambda d: d["correctness"].update(verifier="recorded"), "proven on the device or the interpreter")):
+        data = json.loads(text)
+        edit(data)
+        with pytest.raises(ArtifactError) as error:
+            parse_manifest(json.dumps(data), "m.json")
+        assert said in str(error.value) and "<" not in str(error.value)

@@ -32,7 +32,7 @@ def loses_to_baseline(evidence: str, measurements: Measurements | None, op: str,
     what = f"{version} " if version else ""
     if m is None or not m.baseline_median_ms or m.speedup_low is None:
         return f"{what}has no measured speedup over {op} (the baseline was not timed in the same run)"
-    figures: dict[str, Any] | None = {mode.value: t.model_dump() for mode, t in m.modes.items()} if m.modes else None
+    figures: dict[str, Any] | None = {str(mode): t.model_dump() for mode, t in m.modes.items()} if m.modes else None
     low = consumer_low(figures, tuple(modes))
     if low is None:
         return (f"{what}was not timed as consumers call it (no {' and '.join(modes)} figures through the "

@@ -33,7 +33,7 @@ SCHEMA_VERSION = 2
 MIGRATES_FROM = (1,)
 
 #: An evidence kind as a manifest holds it (the vocabulary's ``Evidence``).
-EvidenceKind = Literal[Evidence.MEASURED, Evidence.INTERPRETED, Evidence.MODELED]
+EvidenceKind = Evidence
 __all__ = ["EVIDENCE_RANK", "MIGRATES_FROM", "MODELED_POLICY", "SCHEMA_VERSION", "ArtifactError", "ChipIdentity",
            "Correctness", "GateRecord", "KernelInfo", "KeyBusy", "LaunchGeometry", "Manifest", "Measurements",
            "ModeTiming", "ProblemInfo", "TemplateInfo", "Toolchain", "parse_manifest"]
@@ -206,7 +206,7 @@ class Measurements(_Model):
     speedup: float | None = Field(None, gt=0)
     speedup_low: float | None = Field(None, gt=0)
     speedup_high: float | None = Field(None, gt=0)
-    modes: dict[Literal[ConsumerMode.GRAPH, ConsumerMode.EAGER], ModeTiming] | None = None
+    modes: dict[ConsumerMode, ModeTiming] | None = None
     weight_sets: int | None = Field(None, ge=1)
 
     @model_validator(mode="before")
@@ -246,12 +246,19 @@ class Measurements(_Model):
 class Correctness(_Model):
     """How the variant was proven correct against the float64 reference."""
 
-    verifier: Literal[Verifier.DEVICE, Verifier.INTERPRETER]
+    verifier: Verifier
     passed: bool
     shapes_checked: list[str] = Field(min_length=1)
     max_abs_error: float = Field(ge=0)
     max_rel_error: float | None = Field(None, ge=0)
     checks_run: int = Field(ge=1)
+
+    @field_validator("verifier")
+    @classmethod
+    def _proven_where_it_ran(cls, v: Verifier) -> Verifier:
+        if v not in (Verifier.DEVICE, Verifier.INTERPRETER):  # a replayed landscape publishes nothing
+            raise ValueError(f"a published kernel is proven on the {Verifier.DEVICE} or the {Verifier.INTERPRETER}")
+        return v
 
     @classmethod
     def of(cls, proof: Proof) -> Correctness:

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kernsearch import KernsearchError, _safeio
 from kernsearch._options import Count, Gain, Seed, Timeout
+from kernsearch._rules import DEFAULT_MARGIN
 from kernsearch._vocabulary import Target
 
 #: What a job may tune on: ``auto``, a measuring back-end (named after the target it runs) or the model.
@@ -71,7 +72,7 @@ class JobOptions(_Model):
     min_gain: Gain = 0.0
     #: A measured winner is dispatched only if the lower bound of its speedup over the MLX op exceeds
     #: 1 + margin (0.03 = 3 %); a loser is recorded in the journal, not dispatched (docs/artifacts.md).
-    margin: Gain = 0.03
+    margin: Gain = DEFAULT_MARGIN
     #: Seconds the whole tune step may take (default: the time budget + 50 % + 10 min, or 2 h without one).
     step_timeout: Timeout | None = None
 

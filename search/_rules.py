@@ -60,8 +60,8 @@ TARGETS: Dict[str, TargetInfo] = {t.name: t for t in (
 )}
 #: Where a chip runs nothing of ours (the ``cpu`` pseudo-chip), commands render for this target.
 DEFAULT_TARGET = Target.METAL.value
-#: The target a vendor's GPUs run.
-VENDOR_TARGETS: Dict[str, str] = {t.vendor: t.name for t in TARGETS.values()}
+#: The target a vendor's GPUs run: its first row (a later row for the same vendor is an alternative, not the default).
+VENDOR_TARGETS: Dict[str, str] = dict(reversed([(t.vendor, t.name) for t in TARGETS.values()]))
 #: The ``mx.fast`` constructor of each target.
 MLX_KERNELS: Dict[str, str] = {t.name: t.mlx_kernel for t in TARGETS.values()}
 #: The targets whose kernel object fixes its shared memory when made.

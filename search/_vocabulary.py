@@ -77,7 +77,6 @@ TargetName = Literal["metal", "cuda"]
 
 #: The problem dtypes a kernel is rendered for (the element type ``T``).
 Dtype = Literal["float32", "float16", "bfloat16"]
-DTYPES: Tuple[str, ...] = ("float32", "float16", "bfloat16")
 
 
 class Severity(Word):

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from ._console import err, out
 from ._errors import KernsearchError, VariantFailure, not_empty
-from ._rules import DEFAULT_TARGET
+from ._rules import DEFAULT_MARGIN, DEFAULT_TARGET
 from ._vocabulary import Evidence, Severity, Target, TrialStatus, Verifier
 from .studies._final import FinalistCheck, FinalRound
 
@@ -437,7 +437,8 @@ def artifacts_migrate(store: str | None = StoreOpt,
 
 @artifacts_app.command("rejudge")
 def artifacts_rejudge(store: str | None = StoreOpt, margin: float = typer.Option(
-        0.03, "--margin", min=0.0, max=10.0, help="required lower bound of the speedup over the op, minus 1")) -> None:
+        DEFAULT_MARGIN, "--margin", min=0.0, max=10.0,
+        help="required lower bound of the speedup over the op, minus 1")) -> None:
     """Apply the "beats the MLX op" rule to every current measured version; losers stop being dispatched."""
     from .artifacts._artifacts import ArtifactStore
 
@@ -571,11 +572,14 @@ def _verifier(backend: str, chip_name: str | None, diagnoses: bool) -> tuple[Bas
         raise KernsearchError("--check and --sanitize need --backend cpu")
     with _warnings_as_lines():  # an unknown detected chip warns on one line
         chosen = select_backend(backend, chip_name)
-    if chosen.refusal:
-        raise KernsearchError(chosen.refusal)
+    chip = chosen.chip
+    if chosen.refusal and chip_name:  # a check is not a timing: another chip's space, run on the GPU here
+        from .hardware._chips import get_chip
+
+        chip = get_chip(chip_name)
     be = be_class()
     be.check_available()
-    return be, chosen.chip
+    return be, chip
 
 
 def _interpreter_options(be: BaseBackend, fam: Family, cfg: dict[str, Any], problem: Problem, geo: Any, mode: str,
@@ -757,8 +761,9 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
          timeout: float = typer.Option(120.0, "--timeout", help="seconds per variant before it counts as hung"),
          publish: bool = typer.Option(False, "--publish", help="offer the winner to the artifact store "
                                       "(its regression gate decides)"),
-         margin: float = typer.Option(0.03, "--margin", min=0.0, max=10.0, help="a measured winner beats the MLX op "
-                                      "only if its speedup's lower bound exceeds 1 + margin"),
+         margin: float = typer.Option(DEFAULT_MARGIN, "--margin", min=0.0, max=10.0,
+                                      help="a measured winner beats the MLX op only if its speedup's lower bound "
+                                      "exceeds 1 + margin"),
          as_json: bool = typer.Option(False, "--json", help="print a machine-readable result on stdout"),
          report: bool = typer.Option(False, "--report", help="write the study's HTML report at the end and "
                                      "print its path (see `kernsearch report`)")) -> None:

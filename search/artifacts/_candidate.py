@@ -125,7 +125,7 @@ class Candidate:
         problem = space.problem
         return cls(family=space.family, chip=space.chip, dtype=problem.dtype, shape=problem.shape,
                    config=dict(config), kernel=render(space.family, config, problem.dtype, target),
-                   geometry=geometry(space, config), correctness=correctness, evidence=Evidence(evidence),
+                   geometry=geometry(space, config), correctness=correctness, evidence=evidence,
                    measurements=measurements, study=study, toolchain=toolchain)
 
     @classmethod
@@ -146,10 +146,6 @@ class Candidate:
     @property
     def key(self) -> ArtifactKey:
         return ArtifactKey(self.family.name, chip_slug(self.chip.name), self.dtype, tuple(self.shape))
-
-    @property
-    def evidence_kind(self) -> str:
-        return self.evidence.value
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .._errors import KernsearchError
 from .._records import Proof, Winner
-from .._vocabulary import EVIDENCE_RANK, ConsumerMode, Evidence, TargetName, Verifier
+from .._vocabulary import EVIDENCE_RANK, ConsumerMode, Dtype, Evidence, TargetName, Verifier
 
 if TYPE_CHECKING:
     from ..hardware._chips import Chip
@@ -170,7 +170,7 @@ class ProblemInfo(_Model):
     family: str
     dims: dict[str, int]
     shape: list[int] = Field(min_length=1)
-    dtype: Literal["float32", "float16", "bfloat16"]
+    dtype: Dtype
     flops: float = Field(ge=0)
     bytes: float = Field(ge=0)
 

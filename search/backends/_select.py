@@ -63,8 +63,9 @@ def chip_for(cls: type[BaseBackend], chip: str | Chip | None = None, *, detected
     is named: a measurement belongs to the GPU it ran on); any other's, the chip named, else the GPU here where it
     runs what the back-end runs (the model: any GPU; the interpreter: one that runs its target), else the default
     M-series chip. ``detected``: the chip here, when the caller has detected it already (else detection runs
-    only where needed; it may warn). Every command, the library's ``tune`` and the nightly flow resolve chips
-    here."""
+    only where needed; it may warn). ``tune``, ``verify``, the library's ``tune`` and the nightly flow resolve
+    chips here; the commands that only look at a space (``space``, ``render``, ``predict``) use
+    ``hardware.target_chip``, the same chip for the model back-end."""
     from ..hardware._chips import Chip, default_apple_chip, get_chip, resolve_chip
     from ..hardware._targets import target_of
 

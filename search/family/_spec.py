@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from .. import _safeio
 from .._errors import SpecError
-from .._vocabulary import CONSUMER_MODES, ConsumerModeName
+from .._vocabulary import CONSUMER_MODES, ConsumerModeName, Dtype
 from ..hardware._targets import TargetName
 from ._expr import ARRAY_ATTRIBUTES, BUILTINS, Expr, ExprError
 from ._template import TEMPLATE_LIMIT, TemplateSandbox
@@ -284,8 +284,8 @@ class Constraint(_Model):
 class ProblemSpec(_Model):
     dims: list[str] = Field(min_length=1)
     default_shape: list[int]
-    dtypes: list[Literal["float32", "float16", "bfloat16"]] = Field(min_length=1)
-    default_dtype: Literal["float32", "float16", "bfloat16"]
+    dtypes: list[Dtype] = Field(min_length=1)
+    default_dtype: Dtype
     flops: Expr
     bytes: Expr
     #: The small problem the interpreter verifies a tuned one on, as a list of sizes computed from the tuned
@@ -355,7 +355,7 @@ class Family(_Model):
     constraints: list[Constraint] = Field(default_factory=list)
     launch: Launch
     default: dict[str, KnobValue]
-    tolerance: dict[Literal["float32", "float16", "bfloat16"], Tolerance]
+    tolerance: dict[Dtype, Tolerance]
     #: Whether the exported package may run a kernel tuned on one chip on another of the same generation
     #: (only when it beat the op on its own chip by the margin). Off unless the family says so.
     transfer: bool = False

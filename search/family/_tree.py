@@ -3,6 +3,7 @@ evaluated as here (``_rules.evaluate``, the same evaluator both sides run), neve
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from .._errors import KernsearchError
@@ -14,10 +15,11 @@ class TreeError(KernsearchError):
 
 
 def expr_tree(expr: Expr | str) -> list[Any]:
-    """A spec expression as the JSON tree ``_rules.evaluate`` reads (refuses what is not in the language)."""
+    """A spec expression as the JSON tree ``_rules.evaluate`` reads (refuses what is not in the language): a copy,
+    the parsed tree being shared by every ``Expr`` of the same text."""
     if isinstance(expr, Expr):
-        return expr.tree
+        return copy.deepcopy(expr.tree)
     try:
-        return Expr(expr).tree
+        return copy.deepcopy(Expr(expr).tree)
     except ExprError as exc:
         raise TreeError(str(exc)) from None

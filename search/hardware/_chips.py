@@ -154,8 +154,9 @@ def resolve_chip(name: str | None) -> Chip:
 
 def target_chip(name: str | None) -> Chip:
     """The chip every command works for: ``--chip NAME``, else the GPU detected here, else (no GPU: the
-    ``cpu`` pseudo-chip) :func:`default_apple_chip`. ``space``, ``render``, ``verify``, ``tune`` and
-    ``predict`` all use it, so their defaults agree."""
+    ``cpu`` pseudo-chip) :func:`default_apple_chip`. ``space``, ``render`` and ``predict`` use it; ``tune`` and
+    ``verify`` resolve through ``backends.chip_for``, which gives the same chip for the model back-end (and the
+    GPU here for one that measures), so their defaults agree."""
     if name:
         return get_chip(name)
     here = detect_chip()

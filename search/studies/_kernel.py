@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._errors import BackendError, KernsearchError
+from .._errors import BackendError, KernsearchError, VariantFailure
 from .._records import Proof, Winner
 from .._vocabulary import Evidence, Verifier
 from ..family._space import Config
 from ..hardware._targets import chip_target
 from ._final import FinalistCheck, FinalRound
 from ._storage import StudyKey
-from ._study import Objective, TrialSummary
+from ._study import Objective, Record, TrialSummary
 
 #: Configs of its own a search evaluates where the performance model cannot rank the space: the best-predicted
 #: ones, as many as the final round verifies by default.
@@ -26,6 +26,7 @@ TUNED_SAMPLE = 12
 if TYPE_CHECKING:
     from ..artifacts._artifacts import ArtifactStore, PublishOutcome
     from ..backends._base import BaseBackend
+    from ..family._render import KernelSource
     from ..family._space import Problem, Space
     from ..hardware._chips import Chip
     from ..variants._tasks import VariantTask
@@ -101,6 +102,22 @@ class KernelVariants(Objective):
     def size(self) -> int | None:
         """Enumerating a large space takes long and only matters when a search could exhaust it."""
         return len(self.valid_configs()) if self.space.total <= 20000 else None
+
+    def render(self, config: Config) -> KernelSource:
+        """The variant's kernel; a config its template cannot render is this variant's failure ("render")."""
+        from ..family._render import render
+
+        try:
+            return render(self.family, config, self.problem.dtype, self.target)
+        except KernsearchError as exc:
+            raise VariantFailure("render", str(exc)) from None
+
+    def with_figures(self, rec: Record) -> Record:
+        """``rec`` with the throughput and the share of the roofline its time means on this problem and chip."""
+        flops = self.problem.flops()
+        rec.gflops = flops / (rec.time_ms * 1e-3) / 1e9 if rec.time_ms > 0 else None
+        rec.peak_pct = roofline_pct(self.chip, self.problem, rec.time_ms)
+        return rec
 
     def default(self) -> Config | None:
         cfg = dict(self.family.default)

@@ -17,7 +17,7 @@ from .._records import FinalTimings, Measurement, Proof
 from .._vocabulary import Verifier
 from ..family._space import Config
 from ._final import FinalistCheck, FinalRound, judge
-from ._kernel import KernelVariants, roofline_pct
+from ._kernel import KernelVariants
 from ._study import Record, TrialSummary
 
 if TYPE_CHECKING:
@@ -92,13 +92,9 @@ class MeasuredObjective(KernelVariants):
         return self.evaluate_against(config, None)
 
     def evaluate_against(self, config: Config, race: Race | None) -> Record:
-        from ..family._render import render
         from ..variants._tasks import measure_variant
 
-        try:
-            kernel = render(self.family, config, self.problem.dtype, self.target)
-        except KernsearchError as exc:  # the template cannot render this config: this variant fails
-            raise VariantFailure("render", str(exc)) from None
+        kernel = self.render(config)
         self._wait_prepared(config)
         task = self._task(config, self.backend, plan=self.search_plan, race=race if self.racing else None)
         m: Measurement = self.worker().call(measure_variant, task)
@@ -106,10 +102,7 @@ class MeasuredObjective(KernelVariants):
         rec = Record(m.median_ms, self.evidence, list(m.samples_ms), m.spread, m.compile_seconds, kernel.sha256,
                      max_abs_err=proof.max_abs_err if proof else None, max_rel_err=proof.max_rel_err if proof else None,
                      verified=Verifier.DEVICE, not_winning=True if m.not_winning else None)
-        flops = self.problem.flops()
-        rec.gflops = flops / (rec.time_ms * 1e-3) / 1e9 if rec.time_ms > 0 else None
-        rec.peak_pct = roofline_pct(self.chip, self.problem, rec.time_ms)
-        return rec
+        return self.with_figures(rec)
 
     def baseline_ms(self) -> float | None:
         """The family's baseline MLX op timed in the worker; None if it fails."""

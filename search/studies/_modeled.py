@@ -16,7 +16,7 @@ from .._vocabulary import Target, Verifier
 from ..family._space import Config
 from ..hardware._targets import interpretable
 from ._final import FinalistCheck, FinalRound
-from ._kernel import PICKS, TUNED_SAMPLE, KernelVariants, roofline_pct
+from ._kernel import PICKS, TUNED_SAMPLE, KernelVariants
 from ._study import Record, TrialSummary
 
 if TYPE_CHECKING:
@@ -66,12 +66,7 @@ class ModeledObjective(KernelVariants):
 
     # -- one trial ----------------------------------------------------------------------------------
     def evaluate(self, config: Config) -> Record:
-        from ..family._render import render
-
-        try:
-            kernel = render(self.family, config, self.problem.dtype, self.target)
-        except KernsearchError as exc:  # the template cannot render this config: this variant fails
-            raise VariantFailure("render", str(exc)) from None
+        kernel = self.render(config)
         proof = self.interpret(config) if self.verify == VERIFY_ALL else None
         try:
             predicted = self.impl.predict(self.space, config)
@@ -83,10 +78,7 @@ class ModeledObjective(KernelVariants):
         if proof is not None:
             rec.verified = Verifier.INTERPRETER
             rec.max_abs_err, rec.max_rel_err = proof.max_abs_err, proof.max_rel_err
-        flops = self.problem.flops()
-        rec.gflops = flops / (rec.time_ms * 1e-3) / 1e9 if rec.time_ms > 0 else None
-        rec.peak_pct = roofline_pct(self.chip, self.problem, rec.time_ms)
-        return rec
+        return self.with_figures(rec)
 
     def interpret(self, config: Config) -> Proof:
         """Verify ``config`` on the CPU interpreter (small problem); raises VariantFailure."""

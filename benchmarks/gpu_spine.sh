@@ -44,5 +44,10 @@ for cmd in "explain layernorm" "artifacts verify" "export layernorm --out $OUT/d
     # shellcheck disable=SC2086
     timeout 120 "$PY" -m kernsearch $cmd 2>&1 | tail -6 | tee -a "$OUT/spine.log"
 done
+# verify checks correctness: another chip's space may be checked on the GPU here (its limits, this device's run)
+other=H100; grep -q H100 "$OUT/card.txt" && other=H200
+echo "-- kernsearch verify gemm --backend $BACKEND --chip $other --shape 256,256,256" | tee -a "$OUT/spine.log"
+timeout 120 "$PY" -m kernsearch verify gemm --backend "$BACKEND" --chip "$other" --shape 256,256,256 2>&1 | tail -3 \
+    | tee -a "$OUT/spine.log"
 cp -r "$KERNSEARCH_ARTIFACTS" "$OUT/store" 2>/dev/null || true
 rm -rf "$OUT/dist/src" 2>/dev/null || true

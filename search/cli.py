@@ -564,19 +564,16 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
 
 
 def _verifier(backend: str, chip_name: str | None, diagnoses: bool) -> tuple[BaseBackend, Chip]:
-    """The back-end `verify` runs on (available here) and the chip it verifies for (``backends.chip_for``)."""
-    from .backends import backend_class, select_backend
+    """The back-end `verify` runs on (available here) and the chip it verifies for: the one named (a check is not a
+    timing: another chip's space may be checked on the GPU here), else ``backends.chip_for``'s."""
+    from .backends import backend_class, chip_for
+    from .hardware._chips import get_chip
 
     be_class = backend_class(backend)
     if diagnoses and not be_class.interprets:
         raise KernsearchError("--check and --sanitize need --backend cpu")
     with _warnings_as_lines():  # an unknown detected chip warns on one line
-        chosen = select_backend(backend, chip_name)
-    chip = chosen.chip
-    if chosen.refusal and chip_name:  # a check is not a timing: another chip's space, run on the GPU here
-        from .hardware._chips import get_chip
-
-        chip = get_chip(chip_name)
+        chip = get_chip(chip_name) if chip_name else chip_for(be_class)
     be = be_class()
     be.check_available()
     return be, chip

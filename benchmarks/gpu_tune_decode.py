@@ -40,6 +40,11 @@ GROUPS = {
     "c": [("qmatvec", q(4, 12288, 4096)), ("qmatvec", q(4, 4096, 4096)), ("qmatvec", q(4, 4096, 11008)),
           ("swiglu_qmatvec", q(4, 11008, 4096))],
 }
+#: Issue 35: the fused decode families at every call of a Llama-7B-shaped layer (norm + Q/K/V, O + residual,
+#: norm + gate/up SwiGLU, down + residual), M = 1 and M = 4: what `kernsearch bench decode --job` lists.
+for _m in (1, 4):
+    GROUPS[f"fused{_m}"] = [("rmsnorm_qmatvec", q(_m, 12288, 4096)), ("rmsnorm_swiglu_qmatvec", q(_m, 11008, 4096)),
+                            ("qmatvec_residual", q(_m, 4096, 11008)), ("qmatvec_residual", q(_m, 4096, 4096))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--budget", type=float, default=420.0, help="seconds for all the tunes of the group")
     ap.add_argument("--trials", type=int, default=12)
+    ap.add_argument("--time-budget", default=None, help="each tune's --time-budget (e.g. 60s); default: none")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -62,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         cmd = [sys.executable, "-m", "kernsearch.cli", "tune", family, "--shape", shape, "--dtype", "float16",
                "--trials", str(a.trials), "--finalists", "3"]
+        cmd += ["--time-budget", a.time_budget] if a.time_budget else []
         cmd += ["--backend", "model", "--chip", "H100", "--trials", "3"] if a.dry_run else ["--backend", "cuda",
                                                                                              "--publish"]
         print(f"$ {' '.join(cmd[1:])}", file=log, flush=True)

@@ -25,6 +25,8 @@ Count = Annotated[int, Field(ge=1, le=1_000_000)]
 Patience = Annotated[int, Field(ge=0, le=1_000_000)]
 #: Rows of a table.
 Rows = Annotated[int, Field(ge=1, le=100_000)]
+#: Paired rounds of a benchmark's comparison (a median's confidence interval needs a few).
+Rounds = Annotated[int, Field(ge=3, le=10_000)]
 #: A relative gain (0.02 = 2 %).
 Gain = Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)]
 

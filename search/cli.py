@@ -513,6 +513,10 @@ from .flows._cli import app as _flows_app  # noqa: E402
 
 app.add_typer(_flows_app, name="flows")
 
+from .bench._cli import app as _bench_app  # noqa: E402
+
+app.add_typer(_bench_app, name="bench")
+
 
 @app.command()
 def verify(family: str = typer.Argument(..., help=FAMILY_HELP),

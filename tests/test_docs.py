@@ -174,6 +174,16 @@ COVERAGE: dict[str, Here | Elsewhere | NotACommand] = {
     "docs/farm.md: kernsearch flows deploy jobs.toml": Elsewhere(FARM, ('["flows", "deploy"',)),
     "docs/farm.md: KERNSEARCH_CHIP=\"M2 Max\" KERNSEARCH_MACHINE=mini-07 prefect worker start --pool kernsearch-m2-max":
         Elsewhere(FARM, ('"worker", "start", "--pool"', '{"KERNSEARCH_CHIP": chip, "KERNSEARCH_MACHINE": machine}')),
+    # docs/decode.md
+    "docs/decode.md: python: import mlx.core as mx": Elsewhere(
+        "tests/test_bench_decode.py::test_the_decode_docs_layer_runs_through_the_exported_package_and_matches_plain_"
+        "mlx", ("_docs_block()",)),
+    "docs/decode.md: kernsearch bench decode --job decode.toml --chip H200": Elsewhere(
+        "tests/test_bench_decode.py::test_bench_decode_job_writes_the_file_flows_run_takes",
+        ('"bench", "decode", "--job"', '"--chip", "H200"')),
+    "docs/decode.md: kernsearch bench decode --json": Elsewhere(
+        "tests/test_bench_decode.py::test_bench_decode_on_the_cpu_checks_the_package_against_plain_mlx",
+        ('"bench", "decode"', '"--json"')),
     # docs/model.md, docs/msl-subset.md
     "docs/model.md: python: from kernsearch import Space, get_backend, get_chip, load_family, make_problem": Here(
         "test_model_docs_example_runs"),

@@ -1,0 +1,108 @@
+"""``kernsearch bench``: what a consumer of the exported package gets (``decode``: ms per token of a decode step)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from .._errors import KernsearchError, not_empty
+from ._step import BenchError, StepShape
+
+app = typer.Typer(no_args_is_help=True, help="Benchmarks of the exported package as consumers call it.")
+
+
+def _ms(text: str) -> list[int]:
+    try:
+        ms = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise BenchError(f"--m {text!r}: comma-separated row counts, e.g. 1,4") from None
+    if not ms or any(not 1 <= m <= 16 for m in ms) or len(ms) > 16:
+        raise BenchError(f"--m {text!r}: 1 to 16 rows each (a decode step's batch), at most 16 values")
+    return list(dict.fromkeys(ms))
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@app.command()
+def decode(hidden: int = typer.Option(4096, "--hidden", help="model width"),
+           ffn: int = typer.Option(11008, "--ffn", help="MLP width"),
+           layers: int = typer.Option(32, "--layers", help="layers per token"),
+           m: str = typer.Option("1,4", "--m", help="rows per step (batch), comma-separated"),
+           bits: int = typer.Option(4, "--bits", help="4 or 8"),
+           group: int = typer.Option(64, "--group", help="quantization group: 32, 64 or 128"),
+           dtype: str = typer.Option("float16", "--dtype", help="activations, scales and biases: float16, "
+                                     "bfloat16 or float32", callback=not_empty),
+           rounds: int = typer.Option(30, "--rounds", help="interleaved rounds per comparison (paired)"),
+           kernels: bool = typer.Option(True, "--kernels/--no-kernels", help="also time each fused kernel alone"),
+           store: str | None = typer.Option(None, "--store", envvar="KERNSEARCH_ARTIFACTS",
+                                            help="artifact store folder (default: ./artifacts)", callback=not_empty),
+           chip_name: str | None = typer.Option(None, "--chip", help="chip name (default: detected)",
+                                                callback=not_empty),
+           job: str | None = typer.Option(None, "--job", help="write the job file that tunes every shape the step "
+                                          "calls (for `kernsearch flows run`) and stop", callback=not_empty),
+           as_json: bool = typer.Option(False, "--json", help="print the report as JSON")) -> None:
+    """A Llama-shaped decode step (attention left out) through plain MLX and through the exported package.
+
+    Prints ms per token, tokens/s, the share of the streaming-read bandwidth measured in the same run and of the
+    chip's spec bandwidth, which kernel each call ran, and the package's output error against plain MLX's.
+    """
+    from .._options import Rounds, check
+    from ..artifacts._artifacts import ArtifactStore
+    from ..hardware._chips import resolve_chip
+
+    shape = StepShape(hidden, ffn, layers, bits, group, dtype).check()
+    rows = _ms(m)
+    check(Rounds, rounds, "--rounds")
+    st = ArtifactStore(store)
+    chip = resolve_chip(chip_name)
+    if job is not None:
+        _write_job(shape, rows, chip.name, chip.vendor, Path(st.root), job)
+        return
+    from ._run import run_decode
+
+    report = run_decode(shape, rows, rounds, st, chip, _say, kernels=kernels)
+    if as_json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        _print(report)
+
+
+def _write_job(shape: StepShape, ms: list[int], chip: str, vendor: str, store: Path, path: str) -> None:
+    from .._safeio import write_atomic
+    from ._job import job_text
+
+    if vendor == "cpu":
+        raise BenchError("--job: no GPU here; name the chip the job tunes for with --chip (e.g. --chip H200)")
+    try:
+        write_atomic(path, job_text(shape, ms, chip, store.resolve()))
+    except OSError as exc:
+        raise KernsearchError(f"cannot write the job file {path!r}: {exc.strerror or exc}") from None
+    _say(f"wrote {path}: run `kernsearch flows run {path}` to tune the step's shapes on {chip}, then "
+         "`kernsearch bench decode` with the same options")
+
+
+def _print(report: object) -> None:
+    from .._console import out
+    from ._decode import DecodeReport
+
+    assert isinstance(report, DecodeReport)
+    kind = "measured" if report.evidence else "CPU timings, not a GPU's"
+    out.print(f"decode step on {report.chip} ({report.device}, MLX {report.mlx}; {kind}): {report.shape.layers} "
+              f"layers, hidden {report.shape.hidden}, FFN {report.shape.ffn}, {report.shape.bits}-bit g"
+              f"{report.shape.group}, {report.bytes_per_token / 1e9:.2f} GB of weights per token", soft_wrap=True)
+    for r in report.rows:
+        stream = "" if r.stream_ms is None else (f"; stream {r.stream_ms:.3f} ms: package at {r.pct_of_stream:.0f} % "
+                                                 f"of the streaming read, {r.pct_of_spec:.0f} % of spec bandwidth")
+        out.print(f"M={r.M}: plain MLX ({r.mlx_form}) {r.mlx_ms:.3f} ms/token ({r.tokens_per_s_mlx:.0f} tok/s), "
+                  f"package {r.package_ms:.3f} ms/token ({r.tokens_per_s_package:.0f} tok/s): {r.speedup:.2f}x "
+                  f"(95 % interval {r.low:.2f}-{r.high:.2f}){stream}; output rel. error {r.rel_err:.1e}",
+                  soft_wrap=True, markup=False)
+    for line in report.explain.values():
+        out.print(f"  {line}", soft_wrap=True, markup=False)
+    for note in report.notes:
+        out.print(f"note: {note}", soft_wrap=True, markup=False)

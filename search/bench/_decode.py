@@ -1,0 +1,288 @@
+"""``kernsearch bench decode``: what a decoding MLX user gets, in ms per token.
+
+A Llama-shaped step (``_step``) runs through plain MLX (separate and concatenated projections: the faster is the
+reference) and through the exported package's fused families, interleaved round by round, one evaluation per token
+(graph mode: the layers of a token are dependent calls, as a decode runs). Beside them, the same bytes read by a
+streaming kernel in the same chain of launches: the limit a step can approach. Each fused kernel is also timed alone,
+as a chain of dependent calls over every layer's weights (cold: the weights of 32 layers do not fit any cache),
+against its op and the streaming read of its bytes.
+
+On MLX's CPU back-end the same code checks the package's output against plain MLX's; its timings are the CPU's,
+never a GPU's (the report says so and carries no measured evidence).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .._vocabulary import Evidence
+from ._step import Bound, Call, Layer, StepShape, qmm
+
+#: The streaming read (CUDA): every 16-byte word of A once, XOR-folded so the loads are not dead; ``D`` (the previous
+#: read's result) is an input only to order the reads as dependent launches.
+STREAM_CUDA = """
+    const size_t n = A_shape[0] / 4;
+    const uint4* p = reinterpret_cast<const uint4*>(A);
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    uint4 a = make_uint4(0u, 0u, 0u, 0u);
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        const uint4 v0 = __ldg(p + i), v1 = __ldg(p + i + stride);
+        const uint4 v2 = __ldg(p + i + 2 * stride), v3 = __ldg(p + i + 3 * stride);
+        a.x ^= v0.x ^ v1.x ^ v2.x ^ v3.x; a.y ^= v0.y ^ v1.y ^ v2.y ^ v3.y;
+        a.z ^= v0.z ^ v1.z ^ v2.z ^ v3.z; a.w ^= v0.w ^ v1.w ^ v2.w ^ v3.w;
+    }
+    for (; i < n; i += stride) { const uint4 v = __ldg(p + i); a.x ^= v.x; a.y ^= v.y; a.z ^= v.z; a.w ^= v.w; }
+    if ((a.x ^ a.y ^ a.z ^ a.w) == 0x9E3779B9u) Y[0] = a.x + D[0];
+"""
+
+STREAM_METAL = """
+    const uint n = A_shape[0] / 4;
+    const device uint4* p = reinterpret_cast<const device uint4*>(A);
+    uint4 a = uint4(0u);
+    for (uint i = thread_position_in_grid.x; i < n; i += threads_per_grid.x) { a ^= p[i]; }
+    if ((a.x ^ a.y ^ a.z ^ a.w) == 0x9E3779B9u) { Y[0] = a.x + D[0]; }
+"""
+
+
+def device_kind(mx: Any) -> str:
+    """Where MLX runs here: ``cuda``, ``metal`` or ``cpu`` (no GPU)."""
+    cuda = getattr(mx, "cuda", None)
+    if cuda is not None and cuda.is_available():
+        return "cuda"
+    metal = getattr(mx, "metal", None)
+    return "metal" if metal is not None and metal.is_available() else "cpu"
+
+
+def stream_reader(mx: Any, kind: str) -> Callable[[Any, Any], Any] | None:
+    """``read(A, D)``: one launch reading all of A; None on the CPU (a CPU has no streaming yardstick here)."""
+    if kind == "cpu":
+        return None
+    make = mx.fast.cuda_kernel if kind == "cuda" else mx.fast.metal_kernel
+    kernel = make(name="ks_bench_stream", input_names=["A", "D"], output_names=["Y"],
+                  source=STREAM_CUDA if kind == "cuda" else STREAM_METAL)
+    cores = int(mx.device_info().get("multi_processor_count", 0) or 0) or 132
+    grid = (cores * 4 * 512, 1, 1)
+
+    def read(a: Any, d: Any) -> Any:
+        return kernel(inputs=[a, d], template=[], grid=grid, threadgroup=(512, 1, 1), output_shapes=[(1,)],
+                      output_dtypes=[mx.uint32])[0]
+
+    return read
+
+
+def interleaved(mx: Any, forms: dict[str, Callable[[], Any]], rounds: int, warmup: int = 2) -> dict[str, list[float]]:
+    """ms per evaluation of each form's graph (built and evaluated, as a consumer's token is), in turn each round,
+    the order reversed every other round so that neither form always follows the other."""
+    for fn in forms.values():
+        for _ in range(warmup):
+            mx.eval(fn())
+    names = list(forms)
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            mx.synchronize()
+            t0 = time.perf_counter()
+            mx.eval(forms[name]())
+            mx.synchronize()
+            out[name].append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
+
+
+def median_interval(xs: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """A distribution-free confidence interval of the median: the order statistics (j, n-1-j) with the largest j
+    such that 2·P(Binomial(n, 1/2) <= j) <= 1 - confidence (their coverage is 1 minus that); the extremes when
+    there are too few samples for the confidence asked."""
+    s, n = sorted(xs), len(xs)
+    best, mass = -1, 0.0
+    for j in range((n + 1) // 2):
+        mass += math.comb(n, j) / 2.0 ** n
+        if 2 * mass > 1 - confidence:
+            break
+        best = j
+    return (s[best], s[n - 1 - best]) if best >= 0 else (s[0], s[-1])
+
+
+@dataclass(frozen=True)
+class Paired:
+    """One comparison: the reference's and the candidate's ms per evaluation, paired round by round."""
+
+    ref_ms: float
+    new_ms: float
+    speedup: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, ref: Sequence[float], new: Sequence[float]) -> Paired:
+        ratios = [a / b for a, b in zip(ref, new)]
+        low, high = median_interval(ratios)
+        return cls(median(ref), median(new), median(ratios), low, high)
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One M: the step through plain MLX (its faster form) and through the package."""
+
+    hidden: int
+    ffn: int
+    layers: int
+    M: int
+    mlx_ms: float
+    mlx_form: str
+    mlx_separate_ms: float
+    mlx_concatenated_ms: float
+    package_ms: float
+    stream_ms: float | None
+    speedup: float
+    low: float
+    high: float
+    rel_err: float
+    tokens_per_s_mlx: float
+    tokens_per_s_package: float
+    pct_of_stream: float | None
+    pct_of_spec: float | None
+    rounds: int
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    """One fused kernel alone, a chain of dependent calls over every layer's weights: per call."""
+
+    family: str
+    role: str
+    shape: str
+    M: int
+    us: float
+    op_us: float
+    speedup: float
+    low: float
+    high: float
+    stream_us: float | None
+    pct_of_stream: float | None
+    chose: str
+
+
+@dataclass(frozen=True)
+class DecodeReport:
+    chip: str
+    device: str
+    evidence: str | None  # measured on a GPU; None on the CPU (timings of the CPU, correctness only)
+    mlx: str
+    shape: StepShape
+    bytes_per_token: int
+    stream_gbs: float | None
+    spec_gbs: float | None
+    rows: list[StepRow] = field(default_factory=list)
+    kernels: list[KernelRow] = field(default_factory=list)
+    explain: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def rel_err(mx: Any, got: Any, want: Any) -> float:
+    g, w = got.astype(mx.float32), want.astype(mx.float32)
+    scale = max(float(mx.max(mx.abs(w)).item()), 1e-30)
+    return float(mx.max(mx.abs(g - w)).item()) / scale
+
+
+def derive(mx: Any, y: Any, k: int) -> Any:
+    """The next call's activation [M, K] from this call's output [M, N], by the cheapest op that keeps the chain
+    dependent (a slice, or the output repeated); the op and the package pay the same."""
+    n = y.shape[1]
+    if n >= k:
+        return y[:, :k]
+    return mx.concatenate([y] * math.ceil(k / n), axis=1)[:, :k]
+
+
+class KernelChains:
+    """Each fused call of the layer alone: the op (what a user writes), the package's bound call and the streaming
+    read of its bytes, each a chain of dependent calls over the layers' weights."""
+
+    def __init__(self, mx: Any, shape: StepShape, layers: Sequence[Layer], bound: Sequence[dict[str, Bound]],
+                 flats: Sequence[dict[str, Any]] | None, read: Callable[[Any, Any], Any] | None) -> None:
+        self.mx, self.shape, self.layers, self.bound, self.flats, self.read = mx, shape, layers, bound, flats, read
+        self.mm = qmm(mx, shape)
+
+    def op(self, call: Call, lay: Layer, x: Any, r: Any) -> Any:
+        mx, mm = self.mx, self.mm
+        if call.role == "qkv":
+            return mm(mx.fast.rms_norm(x, lay.n1, 1e-5), lay.qkv)
+        if call.role == "gate_up":
+            n = mx.fast.rms_norm(x, lay.n2, 1e-5)
+            g = mm(n, lay.gate)
+            return g * mx.sigmoid(g) * mm(n, lay.up)
+        return r + mm(x, lay.o if call.role == "o" else lay.down)
+
+    def forms(self, call: Call, m: int) -> dict[str, Callable[[], Any]]:
+        mx = self.mx
+        dt = getattr(mx, self.shape.dtype)
+        x0 = (0.5 * mx.random.normal((m, call.k), key=mx.random.key(m))).astype(dt)
+        r0 = (0.5 * mx.random.normal((m, call.n), key=mx.random.key(m + 1))).astype(dt)
+        mx.eval(x0, r0)
+
+        def op() -> Any:
+            x = x0
+            for lay in self.layers:
+                x = derive(mx, self.op(call, lay, x, r0), call.k)
+            return x
+
+        def package() -> Any:
+            x = x0
+            for b in self.bound:
+                x = derive(mx, b[call.role](X=x, R=r0), call.k)
+            return x
+
+        forms = {"op": op, "package": package}
+        if self.read is not None and self.flats is not None:
+            read, flats = self.read, self.flats
+
+            def stream() -> Any:
+                d = mx.zeros((1,), dtype=mx.uint32)
+                for f in flats:
+                    d = read(f[call.role], d)
+                return d
+
+            forms["stream"] = stream
+        return forms
+
+
+def pct(part: float | None, whole: float) -> float | None:
+    return None if part is None or whole <= 0 else 100.0 * part / whole
+
+
+def token_row(shape: StepShape, m: int, t: dict[str, list[float]], err: float, spec_gbs: float | None) -> StepRow:
+    """The row of one M from the interleaved ms per token of each form."""
+    sep, cat = median(t["separate"]), median(t["concatenated"])
+    form = "separate" if sep <= cat else "concatenated"
+    p = Paired.of(t[form], t["package"])
+    stream = median(t["stream"]) if "stream" in t else None
+    ideal = shape.layers * shape.layer_bytes() / (spec_gbs * 1e6) if spec_gbs else None
+    return StepRow(shape.hidden, shape.ffn, shape.layers, m, p.ref_ms, form, sep, cat, p.new_ms, stream, p.speedup,
+                   p.low, p.high, err, 1e3 / p.ref_ms, 1e3 / p.new_ms, pct(stream, p.new_ms), pct(ideal, p.new_ms),
+                   len(t["package"]))
+
+
+def kernel_row(call: Call, shape: StepShape, m: int, t: dict[str, list[float]], layers: int, chose: str) -> KernelRow:
+    p = Paired.of(t["op"], t["package"])
+    dims = shape.dims(m, call)
+    stream = median(t["stream"]) * 1e3 / layers if "stream" in t else None
+    us = p.new_ms * 1e3 / layers
+    return KernelRow(call.family, call.role, ",".join(str(v) for v in dims.values()), m, us, p.ref_ms * 1e3 / layers,
+                     p.speedup, p.low, p.high, stream, pct(stream, us), chose)
+
+
+def evidence_for(kind: str) -> str | None:
+    return Evidence.MEASURED.value if kind != "cpu" else None

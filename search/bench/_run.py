@@ -1,0 +1,159 @@
+"""Run ``kernsearch bench decode``: export the store's package, import it, build the step, time it.
+
+The package is the one a user installs: ``export`` writes it (the fused families and the ones a plain step
+calls) into a temporary folder, and it is imported from there under its own name, so every call goes through its
+dispatcher exactly as in the user's process.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..artifacts._artifacts import ArtifactStore
+from ..exporting._export import export
+from ..family._spec import Family, load_family
+from ._decode import (
+    DecodeReport,
+    KernelChains,
+    device_kind,
+    evidence_for,
+    interleaved,
+    kernel_row,
+    rel_err,
+    stream_reader,
+    token_row,
+)
+from ._step import EPS, BenchError, Call, Layer, StepShape, bind_layer, build_layers, package_step, plain_step
+
+#: The exported package's name while the benchmark imports it (not the default name: an installed
+#: ``kernsearch_kernels`` of the user's stays untouched).
+PACKAGE = "kernsearch_bench_kernels"
+
+Say = Callable[[str], None]
+
+
+def fused_families(shape: StepShape) -> dict[str, Family]:
+    """The fused families the step calls, loaded from kernsearch's own templates; their eps must be the step's."""
+    out = {}
+    for call in shape.calls():
+        if call.family in out:
+            continue
+        fam = load_family(call.family)
+        eps = fam.params.get("eps")
+        if isinstance(eps, (int, float)) and abs(float(eps) - EPS) > 1e-12:
+            raise BenchError(f"{call.family}: its eps {eps} is not the step's {EPS}")
+        out[call.family] = fam
+    return out
+
+
+def import_package(store: ArtifactStore, families: Sequence[str], work: Path) -> Any:
+    """The store's current artifacts exported as a package (under ``work``) and imported from there."""
+    result = export(list(families), work, store, package=PACKAGE, version="0.0.1")
+    sys.modules.pop(PACKAGE, None)
+    sys.path.insert(0, str(result.source_dir))
+    try:
+        return importlib.import_module(PACKAGE)
+    finally:
+        sys.path.remove(str(result.source_dir))
+
+
+def explain_calls(mx: Any, pkg: Any, shape: StepShape, families: dict[str, Family], layer: Layer,
+                  m: int) -> dict[str, Any]:
+    """Which kernel the package runs for each call of the layer at ``m`` rows, and why (its ``explain``): the
+    package's ``Decision`` per call."""
+    from ._step import _inputs
+
+    dt = getattr(mx, shape.dtype)
+    out = {}
+    for call in shape.calls():
+        named = _inputs(layer, call.role)
+        named["X"] = mx.zeros((m, call.k), dtype=dt)
+        named["R"] = mx.zeros((m, call.n), dtype=dt)
+        arrays = [named[i.name] for i in families[call.family].inputs]
+        out[f"M={m} {call.role}"] = getattr(pkg, call.family).explain(*arrays)
+    return out
+
+
+def _flats(mx: Any, shape: StepShape, layers: int) -> list[dict[str, Any]]:
+    """Per layer, per call, a buffer of the call's weight bytes for the streaming read (distinct values: distinct
+    memory)."""
+    return [{c.role: mx.zeros((shape.matrix_bytes(c) // 4,), dtype=mx.uint32) + i for c in shape.calls()}
+            for i in range(layers)]
+
+
+def run_decode(shape: StepShape, ms: Sequence[int], rounds: int, store: ArtifactStore, chip: Any, say: Say,
+               kernels: bool = True, seed: int = 0) -> DecodeReport:
+    import mlx.core as mx
+
+    shape.check()
+    kind = device_kind(mx)
+    families = fused_families(shape)
+    spec = float(chip.memory_bandwidth_gbs) if kind != "cpu" else None
+    report = DecodeReport(chip.name, kind, evidence_for(kind), str(getattr(mx, "__version__", "?")), shape,
+                          shape.layers * shape.layer_bytes(), None, spec)
+    if kind == "cpu":
+        report.notes.append("MLX's CPU back-end: the timings are the CPU's, not a GPU's; the run checks the "
+                            "package's output against plain MLX's")
+    with tempfile.TemporaryDirectory(prefix="kernsearch-bench-") as tmp:
+        say("exporting the store's package (fused decode families)")
+        pkg = import_package(store, list(families), Path(tmp))
+        layers = build_layers(mx, shape, seed, say)
+        bound = [bind_layer(pkg, families, lay, shape.calls()) for lay in layers]
+        read = stream_reader(mx, kind)
+        flats = _flats(mx, shape, len(layers)) if read is not None else None
+        if flats is not None:
+            mx.eval(flats)
+        for m in ms:
+            decisions = explain_calls(mx, pkg, shape, families, layers[0], m)
+            report.explain.update({k: str(d) for k, d in decisions.items()})
+            report.rows.append(_step_row(mx, shape, layers, bound, flats, read, m, rounds, spec, say))
+            if kernels:
+                chains = KernelChains(mx, shape, layers, bound, flats, read)
+                for call in shape.calls():
+                    chose = str(decisions[f"M={m} {call.role}"].artifact or "op")
+                    report.kernels.append(_kernel_row(chains, call, shape, m, rounds, chose, say))
+    if report.rows and report.rows[0].stream_ms:
+        object.__setattr__(report, "stream_gbs", report.bytes_per_token / (report.rows[0].stream_ms * 1e6))
+    return report
+
+
+def _step_row(mx: Any, shape: StepShape, layers: Sequence[Layer], bound: Sequence[Any],
+              flats: Sequence[dict[str, Any]] | None, read: Any, m: int, rounds: int, spec_gbs: float | None,
+              say: Say) -> Any:
+    dt = getattr(mx, shape.dtype)
+    x0 = (0.5 * mx.random.normal((m, shape.hidden), key=mx.random.key(100 + m))).astype(dt)
+    mx.eval(x0)
+    sep, cat, pkg = plain_step(mx, layers, False), plain_step(mx, layers, True), package_step(bound, shape.hidden)
+    want, got = cat(x0)[0], pkg(x0)[0]
+    err = rel_err(mx, got, want)
+    forms: dict[str, Callable[[], Any]] = {"separate": lambda: sep(x0), "concatenated": lambda: cat(x0),
+                                           "package": lambda: pkg(x0)}
+    if read is not None and flats is not None:
+        def stream() -> Any:
+            d = mx.zeros((1,), dtype=mx.uint32)
+            for f in flats:
+                for c in shape.calls():
+                    d = read(f[c.role], d)
+            return d
+
+        forms["stream"] = stream
+    say(f"M={m}: timing the step ({len(forms)} forms, {rounds} rounds, interleaved)")
+    row = token_row(shape, m, interleaved(mx, forms, rounds), err, spec_gbs)
+    say(f"M={m}: plain MLX ({row.mlx_form}) {row.mlx_ms:.3f} ms/token, package {row.package_ms:.3f} ms/token: "
+        f"{row.speedup:.2f}x ({row.low:.2f}-{row.high:.2f}); output rel. error {row.rel_err:.1e}")
+    return row
+
+
+def _kernel_row(chains: KernelChains, call: Call, shape: StepShape, m: int, rounds: int, chose: str,
+                say: Say) -> Any:
+    t = interleaved(chains.mx, chains.forms(call, m), rounds)
+    row = kernel_row(call, shape, m, t, len(chains.layers), chose)
+    stream = "" if row.stream_us is None else f", stream {row.stream_us:.1f} us ({row.pct_of_stream:.0f} %)"
+    say(f"M={m} {call.role} ({call.family} {row.shape}): {row.us:.1f} us/call vs op {row.op_us:.1f} "
+        f"({row.speedup:.2f}x){stream}; runs {row.chose}")
+    return row

@@ -1,0 +1,158 @@
+"""`kernsearch bench decode` (issue 35): the step it builds, the statistic it prints, the job file it writes, and the
+whole command on MLX's CPU back-end (correctness; its timings are the CPU's and say so)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernsearch.bench._decode import Paired, derive, median_interval
+from kernsearch.bench._job import job_text
+from kernsearch.bench._step import BenchError, StepShape
+
+KS = [sys.executable, "-m", "kernsearch"]
+
+
+def _run(args: list[str], **kw) -> subprocess.CompletedProcess:  # noqa: ANN003
+    return subprocess.run(KS + args, capture_output=True, text=True, timeout=600, check=False, **kw)
+
+
+def test_the_median_interval_covers_the_median_as_often_as_it_says_and_no_narrower_one_does() -> None:
+    """95 % of intervals from 30 draws hold the true median; the next narrower pair of order statistics does not."""
+    rng = random.Random(1)
+    n, runs = 30, 4000
+    hits = narrower = 0
+    for _ in range(runs):
+        xs = [rng.lognormvariate(0.0, 0.5) for _ in range(n)]  # median 1.0
+        low, high = median_interval(xs)
+        hits += low <= 1.0 <= high
+        s = sorted(xs)
+        j = s.index(low)
+        narrower += s[j + 1] <= 1.0 <= s[n - 2 - j]
+    assert hits / runs >= 0.95
+    assert narrower / runs < 0.95
+
+
+def test_paired_ratios_give_the_median_speedup_and_its_interval() -> None:
+    ref = [10.0 + 0.1 * i for i in range(31)]
+    new = [5.0] * 31
+    p = Paired.of(ref, new)
+    assert p.speedup == pytest.approx(2.3)
+    assert p.low < p.speedup < p.high
+    assert p.ref_ms == pytest.approx(11.5) and p.new_ms == 5.0
+
+
+def test_a_chained_activation_depends_on_the_previous_output_and_keeps_its_shape() -> None:
+    import mlx.core as mx
+
+    y = mx.arange(6).reshape(2, 3).astype(mx.float32)
+    assert derive(mx, y, 2).tolist() == [[0, 1], [3, 4]]
+    assert derive(mx, y, 7).tolist() == [[0, 1, 2, 0, 1, 2, 0], [3, 4, 5, 3, 4, 5, 3]]
+
+
+@pytest.mark.parametrize("bad", [dict(bits=5), dict(group=48), dict(hidden=100), dict(layers=0), dict(dtype="int8")])
+def test_a_step_shape_out_of_range_is_refused_in_one_line(bad: dict) -> None:
+    with pytest.raises(BenchError) as e:
+        StepShape(**bad).check()
+    assert "\n" not in str(e.value)
+
+
+def test_the_job_file_tunes_every_shape_the_step_calls_and_loads(tmp_path: Path) -> None:
+    from kernsearch.flows._jobs import load_jobs
+
+    shape = StepShape(4096, 11008, 32)
+    path = tmp_path / "decode.toml"
+    path.write_text(job_text(shape, [1, 4], "H200", tmp_path / "store"))
+    jobs = load_jobs(path)
+    units = {(u.family, ",".join(map(str, u.shape))) for u in jobs.units("H200")}
+    want = {(c.family, ",".join(str(v) for v in shape.dims(m, c).values())) for c in shape.calls() for m in (1, 4)}
+    assert units == want
+    assert ("rmsnorm_qmatvec", "1,12288,4096,512,64") in units
+    assert ("qmatvec_residual", "4,4096,11008,1376,172") in units
+
+
+@pytest.mark.slow
+def test_bench_decode_on_the_cpu_checks_the_package_against_plain_mlx(tmp_path: Path) -> None:
+    r = _run(["bench", "decode", "--hidden", "256", "--ffn", "512", "--layers", "2", "--m", "1,3", "--rounds", "3",
+              "--store", str(tmp_path / "store"), "--json"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout)
+    assert report["device"] == "cpu" and report["evidence"] is None
+    assert any("not a GPU" in n for n in report["notes"])
+    assert [row["M"] for row in report["rows"]] == [1, 3]
+    for row in report["rows"]:
+        assert row["rel_err"] < 1e-2
+        assert row["mlx_form"] in ("separate", "concatenated")
+        assert math.isfinite(row["speedup"]) and row["low"] <= row["speedup"] <= row["high"]
+        assert row["stream_ms"] is None  # no streaming yardstick on a CPU
+    roles = {k.split()[1] for k in report["explain"]}
+    assert roles == {"qkv", "o", "gate_up", "down"}
+    assert {k["family"] for k in report["kernels"]} == {"rmsnorm_qmatvec", "qmatvec_residual", "rmsnorm_swiglu_qmatvec"}
+    assert all(k["chose"] == "op" for k in report["kernels"])  # an empty store: every call runs the op
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, words", [
+    (["--bits", "3"], "--bits 3"),
+    (["--m", "0"], "--m '0'"),
+    (["--m", "a"], "--m 'a'"),
+    (["--rounds", "1"], "--rounds"),
+    (["--job", "x.toml"], "no GPU here"),
+])
+def test_bench_decode_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], words: str) -> None:
+    r = _run(["bench", "decode", *args], cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.slow
+def test_bench_decode_job_writes_the_file_flows_run_takes(tmp_path: Path) -> None:
+    r = _run(["bench", "decode", "--job", str(tmp_path / "decode.toml"), "--chip", "H200", "--store",
+              str(tmp_path / "store")])
+    assert r.returncode == 0, r.stderr
+    assert "kernsearch flows run" in r.stderr
+    text = (tmp_path / "decode.toml").read_text()
+    assert '"rmsnorm_swiglu_qmatvec"' in text and '"H200"' in text and str(tmp_path / "store") in text
+
+
+def _docs_block() -> str:
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "decode.md").read_text()
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
+
+
+@pytest.mark.slow
+def test_the_decode_docs_layer_runs_through_the_exported_package_and_matches_plain_mlx(tmp_path: Path) -> None:
+    """docs/decode.md's layer, as written, against the same layer in plain MLX (the package runs the ops here)."""
+    from kernsearch import ArtifactStore, export
+
+    built = export(["rmsnorm_qmatvec", "qmatvec_residual", "rmsnorm_swiglu_qmatvec"], tmp_path / "dist",
+                   ArtifactStore(tmp_path / "store"), version="1.0.0")
+    check = _docs_block() + '''
+
+def plain(x):
+    def mm(h, w):
+        return mx.quantized_matmul(h, *w, transpose=True, group_size=group, bits=bits)
+    h = mm(mx.fast.rms_norm(x, norm1, 1e-5), qkv)
+    x = x + mm(h[:, :hidden], o)
+    n = mx.fast.rms_norm(x, norm2, 1e-5)
+    g = mm(n, gate)
+    return x + mm(g * mx.sigmoid(g) * mm(n, up), down)
+
+err = mx.max(mx.abs(layer(x) - plain(x))).item()
+print("max abs err", err)
+assert err < 1e-5, err
+'''
+    script = tmp_path / "layer.py"
+    script.write_text(check)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False,
+                       env={**__import__("os").environ, "PYTHONPATH": str(built.source_dir)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines()[0] == "(1, 256)", r.stdout

@@ -200,10 +200,11 @@ def rel_err(mx: Any, got: Any, want: Any) -> float:
 
 def derive(mx: Any, y: Any, k: int) -> Any:
     """The next call's activation [M, K] from this call's output [M, N], by the cheapest op that keeps the chain
-    dependent (a slice, or the output repeated); the op and the package pay the same."""
-    n = y.shape[1]
+    dependent: the output's first M·K values as a view (no copy, no launch) where it holds enough, else the
+    output repeated (a copy); the op and the package pay the same."""
+    m, n = y.shape
     if n >= k:
-        return y[:, :k]
+        return y.reshape(-1)[: m * k].reshape(m, k)
     return mx.concatenate([y] * math.ceil(k / n), axis=1)[:, :k]
 
 
@@ -233,17 +234,21 @@ class KernelChains:
         r0 = (0.5 * mx.random.normal((m, call.n), key=mx.random.key(m + 1))).astype(dt)
         mx.eval(x0, r0)
 
+        residual = call.role in ("o", "down")  # chained through R, as the residual stream of a decode runs
+
         def op() -> Any:
-            x = x0
+            x, r = x0, r0
             for lay in self.layers:
-                x = derive(mx, self.op(call, lay, x, r0), call.k)
-            return x
+                y = self.op(call, lay, x, r)
+                x, r = (x, y) if residual else (derive(mx, y, call.k), r)
+            return r if residual else x
 
         def package() -> Any:
-            x = x0
+            x, r = x0, r0
             for b in self.bound:
-                x = derive(mx, b[call.role](X=x, R=r0), call.k)
-            return x
+                y = b[call.role](X=x, R=r)
+                x, r = (x, y) if residual else (derive(mx, y, call.k), r)
+            return r if residual else x
 
         forms = {"op": op, "package": package}
         if self.read is not None and self.flats is not None:

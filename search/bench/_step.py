@@ -173,13 +173,14 @@ def plain_step(mx: Any, layers: Sequence[Layer], concatenated: bool) -> Callable
 
 @dataclass(frozen=True)
 class Bound:
-    """A family's function bound to one layer's weights, with the order its activations are passed in."""
+    """A family's function bound to one layer's weights: called with the activations X (and R, the residual, for
+    the O and down projections), in that order, exactly as a consumer calls it."""
 
     fn: Callable[..., Any]
-    acts: tuple[str, ...]
+    residual: bool
 
-    def __call__(self, **named: Any) -> Any:
-        return self.fn(*(named[a] for a in self.acts))
+    def __call__(self, X: Any, R: Any = None) -> Any:  # noqa: N803 - the families' input names
+        return self.fn(X, R) if self.residual else self.fn(X)
 
 
 def _inputs(layer: Layer, role: str) -> dict[str, Any]:
@@ -202,8 +203,13 @@ def bind_layer(pkg: Any, families: dict[str, Any], layer: Layer, calls: Sequence
         missing = [i.name for i in fam.inputs if i.weight and i.name not in named]
         if missing:
             raise BenchError(f"{call.family}: weight input(s) {', '.join(missing)} are not of a decode layer")
+        acts = tuple(i.name for i in fam.inputs if not i.weight)
+        residual = call.role in ("o", "down")
+        if acts != (("X", "R") if residual else ("X",)):
+            raise BenchError(f"{call.family}: activations {', '.join(acts)}; a decode layer passes "
+                             f"{'X, R' if residual else 'X'}")
         fn = getattr(pkg, call.family).bind(*(named[i.name] for i in fam.inputs if i.weight))
-        out[call.role] = Bound(fn, tuple(i.name for i in fam.inputs if not i.weight))
+        out[call.role] = Bound(fn, residual)
     return out
 
 
@@ -213,9 +219,9 @@ def package_step(bound: Sequence[dict[str, Bound]], hidden: int) -> Callable[[An
     def step(x: Any) -> list[Any]:
         kept: list[Any] = []
         for b in bound:
-            qkv = b["qkv"](X=x)
-            x = b["o"](X=qkv[:, :hidden], R=x)
-            x = b["down"](X=b["gate_up"](X=x), R=x)
+            qkv = b["qkv"].fn(x)
+            x = b["o"].fn(qkv[:, :hidden], x)
+            x = b["down"].fn(b["gate_up"].fn(x), x)
             kept.append(qkv[:, hidden:])
         return [x, *kept]
 

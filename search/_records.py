@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ._rules import valid_ratios
 from ._vocabulary import ConsumerMode, Evidence, Verifier
 
 
@@ -175,8 +174,9 @@ class ModeFigures:
         values = [_number(data.get(k)) for k in ("median_ms", "baseline_median_ms", "speedup", "low", "high")]
         if any(v is None or v <= 0 for v in values):
             return None
-        ratios = valid_ratios(data.get("ratios")) if "ratios" in data else []
-        if ratios is None:
+        raw = data.get("ratios") or []
+        ratios = [_number(r) for r in raw] if isinstance(raw, list) else [None]
+        if any(r is None or not math.isfinite(r) or r <= 0 for r in ratios):
             return None
         return cls(*values, ratios=tuple(ratios))  # type: ignore[arg-type]
 

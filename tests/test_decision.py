@@ -249,3 +249,54 @@ def test_consumer_low_uses_ratios_where_recorded_and_the_recorded_low_otherwise(
     assert consumer_low({"graph": {"ratios": ["x"], "low": 1.2}}, ("graph",)) == 1.2
     assert consumer_verdict({"graph": {"ratios": [0.9] * 10, "low": 0.8, "high": 1.1}}, ("graph",)) == Verdict.SLOWER
     assert "99% interval 1.10-1.19 over 10 rounds" in modes_text(new, ("graph",))
+
+
+# -- the round loop ---------------------------------------------------------------------------------------------
+
+class _Clock:
+    """A clock that evaluation advances: each call costs its candidate's ms (``jitter`` alternates by round)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.log: list[str] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def call(self, name: str, ms: Callable[[int], float]) -> Callable[[int], tuple[str, float]]:
+        return lambda i: (name, ms(i))
+
+    def evaluate(self, outputs: object) -> None:
+        for name, ms in outputs if isinstance(outputs, list) else [outputs]:  # type: ignore[union-attr]
+            self.log.append(name)
+            self.now += ms / 1e3
+
+
+def _paired(kernel_ms: Callable[[int], float], op_ms: float, **plan: object) -> tuple[dict[str, list[float]], _Clock]:
+    from kernsearch.evaluation._consumer import PairedPlan, paired_rounds
+
+    clock = _Clock()
+    ratios = paired_rounds(clock.call("k", kernel_ms), clock.call("op", lambda i: op_ms), clock.evaluate,
+                           lambda: None, lambda r: decide(r) != Verdict.UNDECIDED,
+                           PairedPlan(calls=2, warmup=1, **plan), clock=clock)  # type: ignore[arg-type]
+    return ratios, clock
+
+
+def test_paired_rounds_alternate_and_stop_at_the_first_look_that_decides() -> None:
+    ratios, clock = _paired(lambda i: 1.0, 1.3)
+    assert {m: len(r) for m, r in ratios.items()} == {"graph": 10, "eager": 10}  # decided at the first look
+    assert all(r == pytest.approx(1.3) for r in ratios["graph"] + ratios["eager"])
+    timed = clock.log[2:]  # after each one's warm-up call
+    # round 0: graph k k op op, eager k k op op; round 1: graph op op k k, ...
+    assert timed[:8] == ["k", "k", "op", "op", "k", "k", "op", "op"]
+    assert timed[8:16] == ["op", "op", "k", "k", "op", "op", "k", "k"]
+
+
+def test_paired_rounds_run_to_the_cap_when_nothing_decides() -> None:
+    ratios, _ = _paired(lambda i: 1.0 + 0.04 * (i % 4 == 0), 1.01, max_rounds=40)  # 1.01 or 0.97: undecided
+    assert len(ratios["graph"]) == 40 and decide(ratios) == Verdict.UNDECIDED
+
+
+def test_paired_rounds_stop_at_the_time_cap_but_never_before_the_first_look() -> None:
+    ratios, _ = _paired(lambda i: 1.0 + 0.04 * (i % 4 == 0), 1.01, max_seconds=0.001)
+    assert len(ratios["graph"]) == 10

@@ -57,17 +57,17 @@ def verdict(result: StudyResult, key: StudyKey, op: str, margin: float = DEFAULT
                              f"it on {key.chip} to know; {MODELED_POLICY}")
     if final is None or final.speedup_low is None:
         return Verdict(None, f"{op} was not timed in this run: no verdict on the baseline {where}")
-    if final.modes:
+    text = speedup_text(final.speedup, final.speedup_low, final.speedup_high)
+    why = ""
+    if final.modes:  # judged as consumers call it: each mode with its interval, and what the intervals say
         figures = {m: f.to_dict() for m, f in final.modes.items()}
         text = modes_text(figures, tuple(final.modes))
         said = consumer_verdict(figures, tuple(final.modes), margin)
-    else:
-        text = speedup_text(final.speedup, final.speedup_low, final.speedup_high)
-        said = Decision.FASTER if beats_op(final.speedup_low, margin) else Decision.UNDECIDED
+        why = {Decision.SLOWER: "; slower than the op",
+               Decision.UNDECIDED: "; not decided: an interval spans the margin"}.get(said, "")
     if beats_op(final.speedup_low, margin):
         return Verdict(True, f"the winner beats {op} {where}: {text} (lower bound above {1 + margin:.2f}x)")
-    why = {Decision.SLOWER: "slower than the op", Decision.UNDECIDED: "not decided: the interval spans the margin"}
-    return Verdict(False, f"no variant beats {op} {where} (best: {text}; {why.get(said, str(said))}); keep the MLX op")
+    return Verdict(False, f"no variant beats {op} {where} (best: {text}{why}); keep the MLX op")
 
 
 def tune(family: str | Family, shape: str | tuple[int, ...] | None = None, dtype: str | None = None, *,

@@ -172,13 +172,13 @@ class ModeFigures:
         if not isinstance(data, dict):
             return None
         values = [_number(data.get(k)) for k in ("median_ms", "baseline_median_ms", "speedup", "low", "high")]
-        if any(v is None or v <= 0 for v in values):
-            return None
         raw = data.get("ratios") or []
         ratios = [_number(r) for r in raw] if isinstance(raw, list) else [None]
-        if any(r is None or not math.isfinite(r) or r <= 0 for r in ratios):
+        numbers = [v for v in values + ratios if v is not None and math.isfinite(v) and v > 0]
+        if len(numbers) != len(values) + len(ratios):
             return None
-        return cls(*values, ratios=tuple(ratios))  # type: ignore[arg-type]
+        median_ms, baseline_ms, speedup, low, high = numbers[:5]
+        return cls(median_ms, baseline_ms, speedup, low, high, tuple(numbers[5:]))
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import math
 import operator
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ._vocabulary import CONSUMER_MODES, Target, Verdict
 
@@ -166,7 +166,7 @@ def ratio_interval(ratios: Sequence[float], confidence: float = CONFIDENCE) -> I
     return Interval(mid, xs[k - 1], xs[n - k], n)
 
 
-def decide(ratios_by_mode: Dict[str, Sequence[float]], modes: Sequence[str] = CONSUMER_MODES,
+def decide(ratios_by_mode: Mapping[str, Sequence[float]], modes: Sequence[str] = CONSUMER_MODES,
            margin: float = DEFAULT_MARGIN) -> Verdict:
     """The verdict over the consumer modes a family is judged in: ``faster`` when every mode's interval is above
     the margin, ``slower`` when any mode's is below 1, else ``undecided`` (a mode not timed decides nothing)."""

@@ -300,3 +300,36 @@ def test_paired_rounds_run_to_the_cap_when_nothing_decides() -> None:
 def test_paired_rounds_stop_at_the_time_cap_but_never_before_the_first_look() -> None:
     ratios, _ = _paired(lambda i: 1.0 + 0.04 * (i % 4 == 0), 1.01, max_seconds=0.001)
     assert len(ratios["graph"]) == 10
+
+
+# -- the gate, rejudge and explain act on the interval ----------------------------------------------------------
+
+def _measurements(ratios: list[float] | None, low: float = 0.8) -> object:
+    from kernsearch.artifacts._manifest import Measurements
+
+    mode = {"median_ms": 1.0, "baseline_median_ms": 1.3, "speedup": 1.3, "low": low, "high": 2.0, "ratios": ratios}
+    return Measurements(median_ms=1.0, spread=0.5, baseline_median_ms=1.3, speedup_low=low, speedup_high=2.0,
+                        modes={"graph": mode, "eager": mode})
+
+
+def test_the_gate_publishes_a_win_its_interval_decides_though_its_range_spans_1() -> None:
+    from kernsearch.artifacts._gate import loses_to_baseline
+
+    decided = [1.2 + 0.01 * i for i in range(22)]
+    assert loses_to_baseline("measured", _measurements(decided), "mx.op") == ""  # type: ignore[arg-type]
+    straddling = [0.95 + 0.01 * i for i in range(22)]
+    why = loses_to_baseline("measured", _measurements(straddling), "mx.op")  # type: ignore[arg-type]
+    assert "not decided" in why and "99% interval 0.99-1.12 over 22 rounds" in why
+    assert "slower than the op" in loses_to_baseline("measured", _measurements([0.9] * 10), "mx.op")  # type: ignore
+    # a version judged before paired rounds: by its recorded p10/p90 bound, as it was judged
+    assert loses_to_baseline("measured", _measurements(None, low=1.1), "mx.op") == ""  # type: ignore[arg-type]
+    assert loses_to_baseline("measured", _measurements(None, low=0.8), "mx.op")  # type: ignore[arg-type]
+
+
+def test_a_manifest_refuses_ratios_that_are_not_positive_numbers() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        _measurements([1.2, -1.0])
+    with pytest.raises(ValidationError):
+        _measurements([1.2, math.inf])

@@ -333,3 +333,25 @@ def test_a_manifest_refuses_ratios_that_are_not_positive_numbers() -> None:
         _measurements([1.2, -1.0])
     with pytest.raises(ValidationError):
         _measurements([1.2, math.inf])
+
+
+# -- the final round judges the winner on its paired rounds -----------------------------------------------------
+
+def test_the_final_round_judges_the_winner_on_its_paired_rounds() -> None:
+    from kernsearch._records import FinalTimings, ModeSamples
+    from kernsearch.studies._final import judge
+    from kernsearch.studies._study import TrialSummary
+
+    fast, slow, op = (1.0,) * 15, (1.1,) * 15, tuple(0.7 + 0.1 * (i % 7) for i in range(15))  # op's range spans 1
+    modes = {m: ModeSamples((fast, slow), op) for m in ("graph", "eager")}
+    paired = {m: tuple(1.3 + 0.001 * i for i in range(10)) for m in ("graph", "eager")}
+    timings = FinalTimings(modes, 4, paired=paired, paired_finalist=0)
+    top = [TrialSummary(5, {"a": 1}, 1.0, "measured"), TrialSummary(9, {"a": 2}, 1.1, "measured")]
+    final = judge(top, timings)
+    assert final.winner == 5 and final.modes["graph"].ratios == paired["graph"]
+    assert final.modes["graph"].low < 1.0 < final.speedup_low == pytest.approx(1.3) and final.beats_baseline
+    # the fastest refused at a ragged shape: the runner-up is judged on its own rounds with the op (15: undecided)
+    runner_up = judge(top[1:], timings.keep([1]))
+    assert runner_up.winner == 9 and len(runner_up.modes["graph"].ratios) == 15
+    assert runner_up.speedup_low == pytest.approx(ratio_interval([o / 1.1 for o in op]).low)
+    assert timings.keep([1, 0]).paired_finalist == 1

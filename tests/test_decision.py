@@ -126,12 +126,14 @@ def sequential(ratios: np.ndarray, margin: float = DEFAULT_MARGIN, statistic: st
     published, kept = np.zeros(runs, bool), np.zeros(runs, bool)
     rounds = np.full(runs, ratios.shape[1])
     for n in looks(ratios.shape[1]):
-        ordered = np.sort(ratios[:, :n], axis=1)
+        k = median_rank(n)
         if statistic == "median":
-            low = high = np.median(ordered, axis=1)
+            low = high = np.median(ratios[:, :n], axis=1)
+        elif k:
+            ordered = np.partition(ratios[:, :n], (k - 1, n - k), axis=1)
+            low, high = ordered[:, k - 1], ordered[:, n - k]
         else:
-            k = median_rank(n)
-            low, high = (ordered[:, k - 1], ordered[:, n - k]) if k else (np.zeros(runs), np.full(runs, np.inf))
+            low, high = np.zeros(runs), np.full(runs, np.inf)
         open_ = ~(published | kept)
         up, down = open_ & (low > 1 + margin), open_ & (high < 1.0)
         published |= up

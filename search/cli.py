@@ -882,7 +882,7 @@ def _print_tune(result: StudyResult, objective: Objective, margin: float, outcom
 
     family = getattr(objective, "family", None)
     judged = verdict(result, StudyKey.of(objective.study_key), family.baseline_name if family else "the MLX op",
-                     margin)
+                     margin, tuple(family.consumer_modes) if family else None)
     if as_json:
         data = result.to_dict()
         data["winner"] = asdict_or_none(result.best)

@@ -38,7 +38,7 @@ from kernsearch._rules import (
     modes_text,
     ratio_interval,
 )
-from kernsearch._vocabulary import Verdict
+from kernsearch._vocabulary import Evidence, Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = 1000
@@ -357,3 +357,16 @@ def test_the_final_round_judges_the_winner_on_its_paired_rounds() -> None:
     assert runner_up.winner == 9 and len(runner_up.modes["graph"].ratios) == 15
     assert runner_up.speedup_low == pytest.approx(ratio_interval([o / 1.1 for o in op]).low)
     assert timings.keep([1, 0]).paired_finalist == 1
+
+
+def test_ratios_travel_through_the_stored_round_and_the_winner_json() -> None:
+    from kernsearch import FinalRound
+    from kernsearch._records import ModeFigures, Winner
+
+    figures = ModeFigures(1.0, 1.3, 1.3, 0.8, 2.0, (1.2, 1.3, 1.4))
+    final = FinalRound(0, speedup=1.3, modes={"graph": figures})
+    assert FinalRound.from_dict(final.to_dict()) == final
+    winner = Winner(0, {}, Evidence.MEASURED, 1.0, 0.1, modes={"graph": figures})
+    assert Winner.from_json(json.loads(json.dumps(winner.to_json()))).modes == {"graph": figures}
+    assert ModeFigures.from_dict({**figures.to_dict(), "ratios": [1.2, "x"]}) is None  # never trusted
+    assert ModeFigures.from_dict({**figures.to_dict(), "ratios": [1.2, -1.0]}) is None

@@ -84,8 +84,9 @@ def paired_rounds(kernel: Call, op: Call, evaluate: Callable[[Any], None], sync:
                   decided: Callable[[dict[str, list[float]]], bool], plan: PairedPlan = PairedPlan(),
                   clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
     """Per-round ratios (op time / kernel time) by mode, the two timed back to back in each round, order alternating
-    (kernel first in even rounds), on the same input sets; rounds are added until ``decided(ratios)`` at a look of
-    ``_rules.looks`` or a cap. Fresh rounds, not the ranking's: the winner is not judged on the rounds that chose it."""
+    (kernel first in even rounds); each sample takes the next input sets in turn, so the second of a round never
+    finds the first's weights in cache. Rounds are added until ``decided(ratios)`` at a look of ``_rules.looks`` or
+    a cap. Fresh rounds, not the ranking's: the winner is not judged on the rounds that chose it."""
     for call in (kernel, op):
         evaluate([call(i) for i in range(plan.warmup)])
         sync()
@@ -97,10 +98,10 @@ def paired_rounds(kernel: Call, op: Call, evaluate: Callable[[Any], None], sync:
         for mode in plan.modes:
             first, second = (kernel, op) if r % 2 == 0 else (op, kernel)
             a = _sample(first, mode, turn, plan.calls, evaluate, sync, clock)
-            b = _sample(second, mode, turn, plan.calls, evaluate, sync, clock)
+            b = _sample(second, mode, turn + plan.calls, plan.calls, evaluate, sync, clock)
             k_ms, op_ms = (a, b) if r % 2 == 0 else (b, a)
             ratios[mode].append(op_ms / max(k_ms, 1e-12))
-        turn += plan.calls
+            turn += 2 * plan.calls
         if (r + 1 in checks and decided(ratios)) or (r + 1 >= FIRST_LOOK and clock() > deadline):
             break
     return ratios

@@ -13,8 +13,10 @@ than twice the L2). Also: the copy bandwidth of this GPU (a streaming read), and
 (graph building only): the op, the package's plain call and, for weight families, its bound form.
 
 Writes ``$OUT/gpu_consumer_<chip>.json`` = ``{"rows": [{"family", "shape", "mode", "chose", "speedup", "low",
-"high"}, ...], "host_us": {family: {"package", "bound", "op"}}, ...}`` (low/high: p10/p90 over rounds) and prints a
-table; exits 1 when a row is slower than the op beyond the noise (its whole range below 1).
+"high", "interval_low", "interval_high", "rounds"}, ...], "host_us": {family: {"package", "bound", "op"}}, ...}``
+(low/high: p10/p90 over rounds, the spread; interval_low/high: the 99 % interval of the median per-round ratio,
+``_rules.ratio_interval``, the statistic the gate decides on) and prints a table; exits 1 when a row is slower
+than the op beyond its interval (its upper end below 1).
 
 ``--cpu`` (no GPU: MLX's CPU back-end): exports and imports the same way and measures only the host cost per call
 on small shapes (``$OUT/host_cost_cpu.json``); the package runs the op there.
@@ -228,6 +230,7 @@ def shapes_for(family: str, store: Any, chip: str) -> list[tuple[tuple[int, ...]
 def measure_family(pkg: Any, family: str, shape: tuple[int, ...], why: str, rounds: int, l2: float) -> list[dict]:
     import mlx.core as mx
 
+    from kernsearch._rules import ratio_interval
     from kernsearch.evaluation._consumer import weight_sets
 
     sets, dims, weighted, wbytes = problem_arrays(family, shape, "float16", 1)
@@ -246,11 +249,13 @@ def measure_family(pkg: Any, family: str, shape: tuple[int, ...], why: str, roun
     for mode in ("graph", "eager"):
         t = timed({"package": fn, "op": op}, sets, mode, rounds)
         pk, o = t["package"], t["op"]
+        interval = ratio_interval([b / k for k, b in zip(pk, o)])  # the rounds are paired: one ratio per round
         rows.append({"family": family, "shape": "x".join(map(str, shape)), "why": why, "mode": mode,
                      "chose": decision.artifact or ("default config" if decision.entry else "op"),
                      "speedup": pct(o, 50) / pct(pk, 50), "low": pct(o, 10) / pct(pk, 90),
-                     "high": pct(o, 90) / pct(pk, 10), "package_ms": pct(pk, 50), "op_ms": pct(o, 50),
-                     "weight_sets": n, "max_rel_err": err / scale})
+                     "high": pct(o, 90) / pct(pk, 10), "interval_low": interval.low, "interval_high": interval.high,
+                     "median_ratio": interval.median, "rounds": interval.rounds, "package_ms": pct(pk, 50),
+                     "op_ms": pct(o, 50), "weight_sets": n, "max_rel_err": err / scale})
     return rows
 
 
@@ -258,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--store", type=Path, default=ROOT / "artifacts")
-    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=33, help="paired rounds per row and mode (a look of _rules.looks)")
     ap.add_argument("--cpu", action="store_true", help="no GPU: host cost per call on MLX's CPU back-end only")
     ap.add_argument("--families", default=",".join(FAMILIES))
     a = ap.parse_args(argv)
@@ -300,9 +305,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             for row in rows:
                 report["rows"].append(row)
-                flag = "SLOWER" if row["high"] < 1.0 else ""
+                flag = "SLOWER" if row["interval_high"] < 1.0 else ""
                 log(f"{family:15s} {row['shape']:22s} {why:7s} {row['mode']:5s} {row['chose'][:48]:48s} "
-                    f"{row['speedup']:.2f}x ({row['low']:.2f}-{row['high']:.2f}) err {row['max_rel_err']:.1e} {flag}")
+                    f"{row['speedup']:.2f}x ({row['low']:.2f}-{row['high']:.2f}; 99% interval of the median ratio "
+                    f"{row['interval_low']:.2f}-{row['interval_high']:.2f}) err {row['max_rel_err']:.1e} {flag}")
         # host cost of the package's dispatch where it runs the op (a small untuned shape) and, where a kernel is
         # tuned, of the kernel path (the compiled launch) at its shape
         sets, dims, weighted, _ = problem_arrays(family, CPU_SHAPES[family], "float16", 1)
@@ -312,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
             report["host_us"][family]["kernel_path"] = host_costs(pkg, family, sets, dims, weighted)
         log(f"{family}: host us per call {report['host_us'][family]}")
     (a.out / f"gpu_consumer_{chip.name.lower()}.json").write_text(json.dumps(report, indent=1))
-    slower = [r for r in report["rows"] if r["high"] < 1.0]
-    log(f"{len(report['rows'])} rows; slower than the op beyond the noise: {len(slower)}")
+    slower = [r for r in report["rows"] if r["interval_high"] < 1.0]
+    log(f"{len(report['rows'])} rows; slower than the op beyond the interval: {len(slower)}")
     return 1 if slower else 0
 
 

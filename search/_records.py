@@ -106,6 +106,18 @@ class FinalTimings:
     weight_sets: int | None = None
     baseline_error: str | None = None
     launches: ModeSamples | None = None
+    #: The decision's fresh paired rounds (:func:`~kernsearch.evaluation._consumer.paired_rounds`): per-round ratios
+    #: (op / kernel) by mode, of the finalist at index ``paired_finalist`` (the ranking's fastest).
+    paired: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    paired_finalist: int | None = None
+
+    def ratios(self, index: int) -> dict[str, tuple[float, ...]]:
+        """Finalist ``index``'s per-round ratios by mode: the paired rounds where it had them, else the ranking
+        rounds' (the op and it timed in the same round)."""
+        if index == self.paired_finalist and self.paired:
+            return dict(self.paired)
+        return {m: tuple(b / f for f, b in zip(s.finalists[index], s.baseline) if f > 0)
+                for m, s in self.modes.items() if s.baseline}
 
     @property
     def ranking(self) -> ModeSamples:
@@ -129,33 +141,44 @@ class FinalTimings:
         def pick(s: ModeSamples) -> ModeSamples:
             return ModeSamples(tuple(s.finalists[i] for i in indices), s.baseline)
 
+        paired = indices.index(self.paired_finalist) if self.paired_finalist in indices else None
         return replace(self, modes={m: pick(s) for m, s in self.modes.items()},
-                       launches=pick(self.launches) if self.launches is not None else None)
+                       launches=pick(self.launches) if self.launches is not None else None,
+                       paired=self.paired if paired is not None else {}, paired_finalist=paired)
 
 
 @dataclass(frozen=True)
 class ModeFigures:
     """The winner and the op in one consumer mode (``graph``, ``eager``): per-call medians (ms) and the speedup
-    with its range (op p10 / winner p90 .. op p90 / winner p10)."""
+    with its range (op p10 / winner p90 .. op p90 / winner p10: the spread shown), and the per-round ratios (op /
+    winner, timed back to back) whose interval decides (``_rules.ratio_interval``)."""
 
     median_ms: float
     baseline_median_ms: float
     speedup: float
     low: float
     high: float
+    ratios: tuple[float, ...] = ()
 
-    def to_dict(self) -> dict[str, float]:
-        return {"median_ms": self.median_ms, "baseline_median_ms": self.baseline_median_ms,
-                "speedup": self.speedup, "low": self.low, "high": self.high}
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"median_ms": self.median_ms, "baseline_median_ms": self.baseline_median_ms,
+                             "speedup": self.speedup, "low": self.low, "high": self.high}
+        if self.ratios:
+            d["ratios"] = list(self.ratios)
+        return d
 
     @classmethod
     def from_dict(cls, data: object) -> ModeFigures | None:
         if not isinstance(data, dict):
             return None
         values = [_number(data.get(k)) for k in ("median_ms", "baseline_median_ms", "speedup", "low", "high")]
-        if any(v is None or v <= 0 for v in values):
+        raw = data.get("ratios") or []
+        ratios = [_number(r) for r in raw] if isinstance(raw, list) else [None]
+        numbers = [v for v in values + ratios if v is not None and math.isfinite(v) and v > 0]
+        if len(numbers) != len(values) + len(ratios):
             return None
-        return cls(*values)  # type: ignore[arg-type]
+        median_ms, baseline_ms, speedup, low, high = numbers[:5]
+        return cls(median_ms, baseline_ms, speedup, low, high, tuple(numbers[5:]))
 
 
 @dataclass(frozen=True)

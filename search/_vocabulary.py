@@ -1,5 +1,5 @@
-"""The words of kernsearch: every evidence kind, trial status, verifier, target, dtype, diagnostic severity and
-consumer mode.
+"""The words of kernsearch: every evidence kind, trial status, verifier, target, dtype, diagnostic severity,
+consumer mode and verdict on the op.
 
 The ground floor. Every other module (and the exported package's dispatcher, which ships this file verbatim
 beside ``_rules.py``) names these values through the enums here, never as string literals
@@ -99,3 +99,13 @@ ConsumerModeName = Literal["graph", "eager"]
 
 #: Every consumer mode, in the order the final round times them.
 CONSUMER_MODES: Tuple[ConsumerModeName, ...] = ("graph", "eager")
+
+
+class Verdict(Word):
+    """What the interval of a kernel's speedup over the MLX op says (``_rules.decide``): its lower bound is above the
+    margin (``faster``: publish), its upper bound below 1 (``slower``: keep the op), or neither after the most rounds
+    (``undecided``)."""
+
+    FASTER = "faster"
+    SLOWER = "slower"
+    UNDECIDED = "undecided"

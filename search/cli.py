@@ -20,7 +20,7 @@ from rich.table import Table
 
 from ._console import err, out
 from ._errors import KernsearchError, VariantFailure, not_empty
-from ._rules import DEFAULT_MARGIN, DEFAULT_TARGET
+from ._rules import DEFAULT_MARGIN, DEFAULT_TARGET, modes_text
 from ._vocabulary import Evidence, Severity, Target, TrialStatus, Verifier
 from .studies._final import FinalistCheck, FinalRound
 
@@ -713,8 +713,13 @@ def _final_lines(final: FinalRound | None, evidence: str) -> list[str]:
     lines: list[str] = []
     if final is not None and final.speedup is not None:
         beats = "" if final.beats_baseline else " [yellow](lead within the measured noise)[/]"
-        lines.append(f"speedup over the baseline op: {final.speedup:.2f}x (range {_fmt(final.speedup_low, '.2f')}-"
-                     f"{_fmt(final.speedup_high, '.2f')}; baseline {_fmt(final.baseline_median_ms, '.4g')} ms){beats}")
+        spread = "" if final.modes else \
+            f"range {_fmt(final.speedup_low, '.2f')}-{_fmt(final.speedup_high, '.2f')}; "
+        lines.append(f"speedup over the baseline op: {final.speedup:.2f}x ({spread}baseline "
+                     f"{_fmt(final.baseline_median_ms, '.4g')} ms){beats}")
+        if final.modes:
+            figures = {m: f.to_dict() for m, f in final.modes.items()}
+            lines.append(f"as consumers call it: {modes_text(figures, tuple(final.modes))}")
     elif evidence == Evidence.MODELED:
         lines.append("speedup over the baseline op: not available (modeled times; the baseline is not modeled)")
     if final is None:
@@ -881,7 +886,7 @@ def _print_tune(result: StudyResult, objective: Objective, margin: float, outcom
 
     family = getattr(objective, "family", None)
     judged = verdict(result, StudyKey.of(objective.study_key), family.baseline_name if family else "the MLX op",
-                     margin)
+                     margin, tuple(family.consumer_modes) if family else None)
     if as_json:
         data = result.to_dict()
         data["winner"] = asdict_or_none(result.best)

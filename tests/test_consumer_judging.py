@@ -156,3 +156,22 @@ def test_a_layout_faster_only_when_packed_outside_the_timed_call_is_not_publishe
     assert result.best.config["LAYOUT"] == "n" and all(t.time_ms >= 2.5 for t in result.top)
     assert final.speedup_low < 1.0 and not outcome.published
     assert not list(store.current_artifacts("judged"))  # recorded in the journal, no version made
+
+
+#: Every config 1.5 ms as consumers call it, against the op's 2 ms: a 1.33x win in every mode.
+Faster = _costs({k: 1.5 for k in [("n", 32), ("n", 64), ("t", 32), ("t", 64)]},
+                {k: 1.5 for k in [("n", 32), ("n", 64), ("t", 32), ("t", 64)]})
+
+
+@pytest.mark.slow
+def test_a_win_is_decided_by_paired_rounds_and_their_ratios_travel_to_the_manifest(judged, tmp_path):
+    from kernsearch._rules import consumer_low, looks
+
+    result, store, outcome = _tune_and_publish(judged, "test_consumer_judging:Faster", tmp_path)
+    final = result.final
+    assert all(len(f.ratios) == looks()[0] for f in final.modes.values())  # decided at the first look
+    assert final.speedup_low == pytest.approx(2.0 / 1.5, rel=0.01) and outcome.published
+    (current,) = store.current_artifacts("judged")
+    modes = {m: t.model_dump() for m, t in current.manifest.measurements.modes.items()}
+    assert all(len(t["ratios"]) == looks()[0] for t in modes.values())
+    assert consumer_low(modes) == pytest.approx(2.0 / 1.5, rel=0.01)

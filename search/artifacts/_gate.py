@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._rules import DEFAULT_MARGIN, beats_op, consumer_low, identity_changes, modes_text
-from .._vocabulary import CONSUMER_MODES, EVIDENCE_RANK, Evidence
+from .._rules import DEFAULT_MARGIN, beats_op, consumer_low, consumer_verdict, identity_changes, modes_text
+from .._vocabulary import CONSUMER_MODES, EVIDENCE_RANK, Evidence, Verdict
 from ._manifest import MODELED_POLICY, Manifest, Measurements
 
 if TYPE_CHECKING:
@@ -39,8 +39,10 @@ def loses_to_baseline(evidence: str, measurements: Measurements | None, op: str,
                 f"package's call path): never dispatched")
     if beats_op(low, margin):
         return ""
-    return (f"{what}{modes_text(figures, tuple(modes))} of {op} (measured as consumers call it; needs a lower bound "
-            f"above {1 + margin:.2f}x)")
+    said = {Verdict.SLOWER: "slower than the op; ", Verdict.UNDECIDED: "not decided; "}.get(
+        consumer_verdict(figures, tuple(modes), margin), "")
+    return (f"{what}{modes_text(figures, tuple(modes))} of {op} (measured as consumers call it; {said}needs a lower "
+            f"bound above {1 + margin:.2f}x)")
 
 
 def gate(draft: Draft, current: Manifest | None, invalid: str | None, min_gain: float = 0.0) -> tuple[bool, str]:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .._errors import KernsearchError
 from .._records import Proof, Winner
+from .._rules import valid_ratios
 from .._vocabulary import EVIDENCE_RANK, ConsumerMode, Dtype, Evidence, TargetName, Verifier
 
 if TYPE_CHECKING:
@@ -177,13 +178,22 @@ class ProblemInfo(_Model):
 
 class ModeTiming(_Model):
     """One consumer mode of the final round (docs/timing.md): the kernel and the op called through the exported
-    package's own planned calls, per call in ms (medians), and the speedup with its p10/p90 range."""
+    package's own planned calls, per call in ms (medians), the speedup with its p10/p90 range (the spread shown),
+    and the per-round ratios (op / kernel, timed back to back) whose interval the gate and the dispatcher act on
+    (``_rules.ratio_interval``). A version without ``ratios`` (judged before paired rounds) is judged by ``low``."""
 
     median_ms: float = Field(gt=0)
     baseline_median_ms: float = Field(gt=0)
     speedup: float = Field(gt=0)
     low: float = Field(gt=0)
     high: float = Field(gt=0)
+    ratios: list[float] | None = Field(None, max_length=10_000)
+
+    @model_validator(mode="after")
+    def _ratios(self) -> ModeTiming:
+        if self.ratios is not None and valid_ratios(self.ratios) is None:
+            raise ValueError("ratios must be positive finite numbers")
+        return self
 
 
 class Measurements(_Model):
@@ -191,7 +201,7 @@ class Measurements(_Model):
 
     ``modes``: the consumer modes (``graph``, ``eager``) the final round timed through the package's call path,
     with cold weights (``weight_sets`` rotating copies of the weights) where the family has weights; the gate and
-    the exported dispatcher act on the smallest ``low`` of the modes. Results without ``modes`` were timed by
+    the exported dispatcher act on the smallest lower bound of the modes (``_rules.consumer_low``). Results without ``modes`` were timed by
     separate launches (before consumer judging): recorded, never dispatched."""
 
     median_ms: float = Field(gt=0)

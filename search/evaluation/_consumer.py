@@ -9,6 +9,10 @@ family's inputs include weights, the sets rotate among copies whose total exceed
 so every call reads its weights cold, as the layers of a model do. Candidates are interleaved round by round
 (order reversed every other round), every candidate on the same sequence of input sets.
 
+The decision on the op is taken by :func:`paired_rounds`: the winner and the op timed back to back in each round
+(order alternating), one ratio per round and mode, rounds added until the interval of the median ratio decides
+(``_rules.decide``) or a round or time cap is reached.
+
 Nothing here knows MLX: the back-end hands in ``evaluate(outputs)`` (``mx.eval``) and ``sync()``.
 """
 
@@ -20,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._rules import FIRST_LOOK, MAX_ROUNDS, looks
 from .._vocabulary import CONSUMER_MODES, ConsumerMode
 
 Call = Callable[[int], Any]
@@ -62,6 +67,46 @@ def consumer_samples(calls: dict[str, Call], evaluate: Callable[[Any], None], sy
     return samples
 
 
+@dataclass(frozen=True)
+class PairedPlan:
+    """The sequential paired rounds of the decision: at most ``max_rounds`` rounds or ``max_seconds`` of timing (but
+    at least ``_rules.FIRST_LOOK`` rounds, the fewest that bound the median), checked after the rounds of
+    ``_rules.looks``; ``calls`` and ``modes`` as :class:`ConsumerPlan`."""
+
+    calls: int = 8
+    max_rounds: int = MAX_ROUNDS
+    max_seconds: float = 30.0
+    warmup: int = 2
+    modes: tuple[str, ...] = CONSUMER_MODES
+
+
+def paired_rounds(kernel: Call, op: Call, evaluate: Callable[[Any], None], sync: Callable[[], None],
+                  decided: Callable[[dict[str, list[float]]], bool], plan: PairedPlan = PairedPlan(),
+                  clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+    """Per-round ratios (op time / kernel time) by mode, the two timed back to back in each round, order alternating
+    (kernel first in even rounds); each sample takes the next input sets in turn, so the second of a round never
+    finds the first's weights in cache. Rounds are added until ``decided(ratios)`` at a look of ``_rules.looks`` or
+    a cap. Fresh rounds, not the ranking's: the winner is not judged on the rounds that chose it."""
+    for call in (kernel, op):
+        evaluate([call(i) for i in range(plan.warmup)])
+        sync()
+    ratios: dict[str, list[float]] = {m: [] for m in plan.modes}
+    checks = set(looks(plan.max_rounds))
+    deadline = clock() + plan.max_seconds
+    turn = 0
+    for r in range(plan.max_rounds):
+        for mode in plan.modes:
+            first, second = (kernel, op) if r % 2 == 0 else (op, kernel)
+            a = _sample(first, mode, turn, plan.calls, evaluate, sync, clock)
+            b = _sample(second, mode, turn + plan.calls, plan.calls, evaluate, sync, clock)
+            k_ms, op_ms = (a, b) if r % 2 == 0 else (b, a)
+            ratios[mode].append(op_ms / max(k_ms, 1e-12))
+            turn += 2 * plan.calls
+        if (r + 1 in checks and decided(ratios)) or (r + 1 >= FIRST_LOOK and clock() > deadline):
+            break
+    return ratios
+
+
 def _sample(call: Call, mode: str, first: int, n: int, evaluate: Callable[[Any], None], sync: Callable[[], None],
             clock: Callable[[], float]) -> float:
     sync()
@@ -75,4 +120,4 @@ def _sample(call: Call, mode: str, first: int, n: int, evaluate: Callable[[Any],
     return (clock() - start) * 1e3 / n
 
 
-__all__ = ["Call", "ConsumerPlan", "consumer_samples", "weight_sets"]
+__all__ = ["Call", "ConsumerPlan", "PairedPlan", "consumer_samples", "paired_rounds", "weight_sets"]

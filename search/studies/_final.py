@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .._records import FinalTimings, ModeFigures
+from .._rules import beats_op, consumer_low
 from .._vocabulary import CONSUMER_MODES, Verifier
 
 if TYPE_CHECKING:
@@ -85,7 +86,8 @@ class FinalRound:
 
     Measured: ``finalists`` re-timed; ``speedup`` (baseline median / winner median) with its ``speedup_low`` -
     ``speedup_high`` range when the baseline op was timed; ``lead_exceeds_noise`` whether the winner's lead over
-    the runner-up exceeds the noise, ``beats_baseline`` whether its lead over the baseline does.
+    the runner-up exceeds the noise, ``beats_baseline`` whether its lead over the baseline does (where the consumer
+    modes were timed: whether their lower bound clears the margin, ``_rules.beats_op``).
     Modeled: ``verified_on`` is ``"interpreter"``, ``checks`` per finalist at ``verify_shape``. Measured:
     ``verified_on`` is ``"device"``, ``verify_shape`` the tuned shape, and ``checks`` the finalists also run on the
     device at a ragged shape (``also``), fastest first, up to the first that passes.
@@ -170,8 +172,9 @@ class FinalRound:
 def judge(top: Sequence[TrialSummary], timings: FinalTimings, judged: tuple[str, ...] = CONSUMER_MODES
           ) -> FinalRound:
     """The winner of the re-timed finalists (``timings``: ``top``'s in order; ranked in graph mode, as consumers
-    mostly call) and its speedup over the baseline in every consumer mode; ``speedup_low`` is the smallest lower
-    bound over the modes the family is ``judged`` in (every mode is recorded)."""
+    mostly call) and its speedup over the baseline in every consumer mode, with its per-round ratios (the paired
+    rounds' where it had them); ``speedup_low`` is the smallest lower bound over the modes the family is ``judged``
+    in (``_rules.consumer_low``: the interval of the median ratio; every mode is recorded)."""
     import numpy as np
 
     from ..evaluation._measure import lead_exceeds_noise, speedup, spread
@@ -187,16 +190,19 @@ def judge(top: Sequence[TrialSummary], timings: FinalTimings, judged: tuple[str,
         return FinalRound(top[first].number, finalists=times, lead_exceeds_noise=decisive, baseline_error=error)
     s = speedup(samples[first], list(base))
     modes: dict[str, ModeFigures] = {}
+    ratios = timings.ratios(first)
     for mode, by in timings.modes.items():
         if by.baseline:
             ms = speedup(list(by.finalists[first]), list(by.baseline))
             modes[mode] = ModeFigures(float(np.median(by.finalists[first])), float(np.median(by.baseline)),
-                                      ms.median, ms.low, ms.high)
-    low = min([s.low] + [f.low for m, f in modes.items() if m in judged])
+                                      ms.median, ms.low, ms.high, tuple(ratios.get(mode, ())))
+    bound = consumer_low({m: f.to_dict() for m, f in modes.items()}, judged) if modes else None
+    low = s.low if bound is None else bound
     return FinalRound(top[first].number, finalists=times, lead_exceeds_noise=decisive,
                       baseline_median_ms=float(np.median(base)), baseline_spread=spread(list(base)), speedup=s.median,
                       speedup_low=low, speedup_high=s.high,
-                      beats_baseline=lead_exceeds_noise(samples[first], list(base)),
+                      beats_baseline=beats_op(bound) if bound is not None else lead_exceeds_noise(samples[first],
+                                                                                                  list(base)),
                       baseline_error=error, modes=modes, weight_sets=timings.weight_sets)
 
 

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .._rules import modes_text
 from .._vocabulary import Evidence
 from ..artifacts._manifest import MODELED_POLICY
 from ._history import StudyHistory
@@ -188,10 +189,13 @@ def _summary(h: StudyHistory) -> str:
                      f"{best.time_ms:.4g} ms ({html.escape(h.evidence)})</p>")
     if final is not None and final.speedup is not None:
         beats = final.beats_baseline
+        spread = "" if final.modes else f"range {final.speedup_low or 0:.2f}-{final.speedup_high or 0:.2f}; "
         lines.append(f"<p>Speedup over the baseline op: {final.speedup:.2f}x "
-                     f"(range {final.speedup_low or 0:.2f}-{final.speedup_high or 0:.2f}; "
-                     f"baseline {final.baseline_median_ms or 0:.4g} ms)"
+                     f"({spread}baseline {final.baseline_median_ms or 0:.4g} ms)"
                      + ("" if beats else " — <b>within the measured noise: not a win, the MLX op runs</b>") + "</p>")
+        if final.modes:
+            figures = {m: f.to_dict() for m, f in final.modes.items()}
+            lines.append(f"<p>As consumers call it: {html.escape(modes_text(figures, tuple(final.modes)))}</p>")
     elif h.evidence == Evidence.MODELED:
         lines.append("<p>Speedup over the baseline op: not available (modeled times; the baseline is not modeled): "
                      f"{html.escape(MODELED_POLICY)}.</p>")

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._errors import KernsearchError
-from .._rules import DEFAULT_MARGIN, beats_op, speedup_text
+from .._rules import DEFAULT_MARGIN, beats_op, consumer_verdict, modes_text, speedup_text
 from .._vocabulary import Evidence
+from .._vocabulary import Verdict as Decision
 from ..artifacts._manifest import MODELED_POLICY
 
 if TYPE_CHECKING:
@@ -45,8 +46,10 @@ class TuneResult:
         return outcome
 
 
-def verdict(result: StudyResult, key: StudyKey, op: str, margin: float = DEFAULT_MARGIN) -> Verdict:
-    """The search's last word: does a correct variant beat ``op`` beyond the noise and the margin?"""
+def verdict(result: StudyResult, key: StudyKey, op: str, margin: float = DEFAULT_MARGIN,
+            judged: tuple[str, ...] | None = None) -> Verdict:
+    """The search's last word: does a correct variant beat ``op`` beyond the noise and the margin? (``judged``: the
+    consumer modes the family is judged in; default every mode timed.)"""
     where = f"on {key.chip} at {key.shape} {key.dtype}"
     final = result.final
     if result.best is None:
@@ -57,9 +60,16 @@ def verdict(result: StudyResult, key: StudyKey, op: str, margin: float = DEFAULT
     if final is None or final.speedup_low is None:
         return Verdict(None, f"{op} was not timed in this run: no verdict on the baseline {where}")
     text = speedup_text(final.speedup, final.speedup_low, final.speedup_high)
+    why = ""
+    if final.modes:  # judged as consumers call it: each mode with its interval, and what the intervals say
+        figures = {m: f.to_dict() for m, f in final.modes.items()}
+        text = modes_text(figures, tuple(final.modes))
+        said = consumer_verdict(figures, judged or tuple(final.modes), margin)
+        why = {Decision.SLOWER: "; slower than the op",
+               Decision.UNDECIDED: "; not decided: an interval spans the margin"}.get(said, "")
     if beats_op(final.speedup_low, margin):
         return Verdict(True, f"the winner beats {op} {where}: {text} (lower bound above {1 + margin:.2f}x)")
-    return Verdict(False, f"no variant beats {op} {where} (best: {text}); keep the MLX op")
+    return Verdict(False, f"no variant beats {op} {where} (best: {text}{why}); keep the MLX op")
 
 
 def tune(family: str | Family, shape: str | tuple[int, ...] | None = None, dtype: str | None = None, *,
@@ -86,4 +96,5 @@ def tune(family: str | Family, shape: str | tuple[int, ...] | None = None, dtype
     objective = KernelObjective(problem, the_chip, backend, seed=seed, timeout=timeout, verify=verify, **options)
     result = run_study(objective, trials=trials, time_budget=time_budget, patience=patience, sampler=sampler,
                        seed=seed, storage=storage, study_name=study, finalists=finalists)
-    return TuneResult(result, verdict(result, StudyKey.of(objective.study_key), fam.baseline_name, margin), objective)
+    said = verdict(result, StudyKey.of(objective.study_key), fam.baseline_name, margin, tuple(fam.consumer_modes))
+    return TuneResult(result, said, objective)

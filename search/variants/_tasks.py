@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .._records import FinalTimings, Measurement, ModeSamples, Proof
-from .._vocabulary import ConsumerMode, Severity, TrialStatus, Verifier
+from .._vocabulary import ConsumerMode, Severity, TrialStatus, Verdict, Verifier
 
 if TYPE_CHECKING:
     from ..backends._base import BaseBackend
@@ -264,13 +264,30 @@ def final_round(task: VariantTask) -> FinalTimings:
         candidates["baseline"] = impl.consumer_op(s.family, s.problem, sets)
     except Exception as exc:  # noqa: BLE001 - no baseline is not fatal, and is said
         error = str(exc)
-    samples = consumer_samples(candidates, impl.evaluate, impl.sync, ConsumerPlan(),
-                               clock=getattr(impl, "clock", time.perf_counter))
+    clock = getattr(impl, "clock", time.perf_counter)
+    samples = consumer_samples(candidates, impl.evaluate, impl.sync, ConsumerPlan(), clock=clock)
     n = len(task.finalists)
     modes = {mode: ModeSamples(tuple(tuple(by[f"f{i}"]) for i in range(n)),
                                tuple(by["baseline"]) if "baseline" in by else None)
              for mode, by in samples.items()}
-    return FinalTimings(modes, len(sets), error)
+    timings = FinalTimings(modes, len(sets), error)
+    if "baseline" not in candidates:
+        return timings
+    return _decide_paired(timings, candidates, impl, tuple(s.family.consumer_modes), clock)
+
+
+def _decide_paired(timings: FinalTimings, candidates: dict[str, Any], impl: Any, judged: tuple[str, ...],
+                   clock: Callable[[], float]) -> FinalTimings:
+    """The ranking's fastest finalist and the op in fresh paired rounds, added until the interval of the median
+    per-round ratio decides in the modes the family is judged in, or a cap (docs/timing.md)."""
+    from .._rules import decide
+    from ..evaluation._consumer import paired_rounds
+
+    medians = [float(np.median(f)) for f in timings.finalists]
+    first = int(np.argmin(medians))
+    ratios = paired_rounds(candidates[f"f{first}"], candidates["baseline"], impl.evaluate, impl.sync,
+                           lambda r: decide(r, judged) != Verdict.UNDECIDED, clock=clock)
+    return replace(timings, paired={m: tuple(r) for m, r in ratios.items()}, paired_finalist=first)
 
 
 def _final_round_by_launches(task: VariantTask, s: Setup) -> FinalTimings:

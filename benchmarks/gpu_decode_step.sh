@@ -3,7 +3,7 @@
 # `kernsearch bench decode` through the exported package (one device call each; the store comes back as a tarball).
 #
 # On the device, from the repository root (or a copy of it), after the wheel install of ../shared/device/README.md:
-#   PHASE=tune  GROUPS="fused1" BUDGET=480 TUNE=60s OUT=$OUT bash benchmarks/gpu_decode_step.sh
+#   PHASE=tune  TUNE_GROUPS="fused1" BUDGET=480 TUNE=60s OUT=$OUT bash benchmarks/gpu_decode_step.sh
 #   PHASE=bench STORE=artifacts OUT=$OUT bash benchmarks/gpu_decode_step.sh
 # PHASE=tune publishes into $KERNSEARCH_ARTIFACTS (default: ./artifacts) and writes $OUT/artifacts_<group>.tgz;
 # PHASE=bench writes $OUT/gpu_decode_step_<chip>.json (and .out.txt). Here (no GPU) DRY=1 runs both on the CPU
@@ -24,7 +24,7 @@ fi
 
 case "$PHASE" in
   tune)
-    for group in ${GROUPS:-fused1}; do
+    for group in ${TUNE_GROUPS:-fused1}; do
       if [[ -n ${DRY:-} ]]; then
         "$PY" benchmarks/gpu_tune_decode.py --group "$group" --out "$OUT" --budget "${BUDGET:-480}" --dry-run
       else

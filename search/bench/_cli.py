@@ -100,7 +100,7 @@ def _print(report: object) -> None:
                                                  f"of the streaming read, {r.pct_of_spec:.0f} % of spec bandwidth")
         out.print(f"M={r.M}: plain MLX ({r.mlx_form}) {r.mlx_ms:.3f} ms/token ({r.tokens_per_s_mlx:.0f} tok/s), "
                   f"package {r.package_ms:.3f} ms/token ({r.tokens_per_s_package:.0f} tok/s): {r.speedup:.2f}x "
-                  f"(95 % interval {r.low:.2f}-{r.high:.2f}){stream}; output rel. error {r.rel_err:.1e}",
+                  f"(99 % interval {r.low:.2f}-{r.high:.2f}){stream}; output rel. error {r.rel_err:.1e}",
                   soft_wrap=True, markup=False)
     for line in report.explain.values():
         out.print(f"  {line}", soft_wrap=True, markup=False)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .._rules import ratio_interval
 from .._vocabulary import Evidence
 from ._step import Bound, Call, Layer, StepShape, qmm
 
@@ -99,23 +100,10 @@ def median(xs: Sequence[float]) -> float:
     return s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
 
 
-def median_interval(xs: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
-    """A distribution-free confidence interval of the median: the order statistics (j, n-1-j) with the largest j
-    such that 2·P(Binomial(n, 1/2) <= j) <= 1 - confidence (their coverage is 1 minus that); the extremes when
-    there are too few samples for the confidence asked."""
-    s, n = sorted(xs), len(xs)
-    best, mass = -1, 0.0
-    for j in range((n + 1) // 2):
-        mass += math.comb(n, j) / 2.0 ** n
-        if 2 * mass > 1 - confidence:
-            break
-        best = j
-    return (s[best], s[n - 1 - best]) if best >= 0 else (s[0], s[-1])
-
-
 @dataclass(frozen=True)
 class Paired:
-    """One comparison: the reference's and the candidate's ms per evaluation, paired round by round."""
+    """One comparison: the reference's and the candidate's ms per evaluation, paired round by round; the speedup is
+    the median of the per-round ratios with its 99 % distribution-free interval."""
 
     ref_ms: float
     new_ms: float
@@ -125,9 +113,9 @@ class Paired:
 
     @classmethod
     def of(cls, ref: Sequence[float], new: Sequence[float]) -> Paired:
-        ratios = [a / b for a, b in zip(ref, new)]
-        low, high = median_interval(ratios)
-        return cls(median(ref), median(new), median(ratios), low, high)
+        """The median per-round ratio and its interval: the gate's own statistic (``_rules.ratio_interval``)."""
+        iv = ratio_interval([a / b for a, b in zip(ref, new)])
+        return cls(median(ref), median(new), iv.median, iv.low, iv.high)
 
 
 @dataclass(frozen=True)

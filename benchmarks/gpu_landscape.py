@@ -96,7 +96,7 @@ def sweep(family: str, shape: str, args: argparse.Namespace, deadline: float) ->
     if args.dry_run:
         backend = "simulated_gpu:SimulatedGPU"
         options = {"compile_s": args.compile_s, "family": family, "shape": shape, "dtype": DTYPE, "noise": 0.03,
-                   "kernel_ms": None, "cache_dir": f"/tmp/simulated-gpu-{os.getpid()}"}
+                   "kernel_ms": None}
     path = Path(args.out) / file_name(family, chip.name, problem.shape_text)
     writer = LandscapeWriter(path, space.knobs, device_name=str(info.get("device_name")),
                              kernel_name=f"kernsearch {family} ({'simulated' if args.dry_run else 'cuda'})",

@@ -6,9 +6,9 @@ only: MLX reads its PTX disk cache (``MLX_PTX_CACHE_DIR``) for every module but 
 never, so a kernel compiled in one process is compiled again in the next (``docs/timing.md``; the search
 therefore times a config in the worker that compiled it). ``grid`` counts threads, as with Metal; dynamic
 shared memory is fixed when the kernel object is made (``Geometry.shared_memory``), and MLX opts the function
-into more than 48 KB itself. Building, running and timing are shared with the Metal back-end (:mod:`._mlx_base`). For kernels of a few tens of
-microseconds a timing includes MLX's per-operation host cost; Nsight Compute's GPU durations
-(``benchmarks/gpu_kernel_times.py``) separate the two.
+into more than 48 KB itself. Building, running and timing are shared with the Metal back-end
+(:mod:`._mlx_base`). For kernels of a few tens of microseconds a timing includes MLX's per-operation host cost;
+Nsight Compute's GPU durations (``benchmarks/gpu_kernel_times.py``) separate the two.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 Every variant runs in an isolated worker: built, verified against the reference on the device, then timed
 (racing the incumbent: a config that can no longer win stops early). With compile workers, each config is compiled
 by one worker and then verified and timed by the same worker (MLX keeps a compiled kernel in the process that
-compiled it: ``docs/timing.md``), one timing at a time, while the other workers compile the next proposals. The final round re-times the finalists against the MLX op as
-consumers call them, in a fresh worker, and proves the fastest at a ragged shape on the device.
+compiled it: ``docs/timing.md``), one timing at a time, while the other workers compile the next proposals. The
+final round re-times the finalists against the MLX op as consumers call them, in a fresh worker, and proves the
+fastest at a ragged shape on the device.
 """
 
 from __future__ import annotations

@@ -98,10 +98,10 @@ class MeasuredObjective(KernelVariants):
     def evaluate_against(self, config: Config, race: Race | None) -> Record:
         from ..variants._tasks import measure_variant
 
-        kernel = self.render(config)
-        lease = self._wait_prepared(config)
-        task = self._task(config, self.backend, plan=self.search_plan, race=race if self.racing else None)
-        try:  # in the process that compiled it, its first launch a lookup
+        lease = self._wait_prepared(config)  # a compile failure raises here, its worker already freed
+        try:  # in the process that compiled it, its first launch a lookup; the worker freed whatever happens
+            kernel = self.render(config)
+            task = self._task(config, self.backend, plan=self.search_plan, race=race if self.racing else None)
             m: Measurement = (lease or self.worker()).call(measure_variant, task)
         finally:
             if lease is not None:

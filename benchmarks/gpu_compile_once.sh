@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/gpu_compile_once}
 PY=${PY:-python3}
 mkdir -p "$OUT"
 if [ -z "${DRY:-}" ]; then
-    rm -rf /tmp/site3 && "$PY" -m pip install -q --no-deps --no-build-isolation --target /tmp/site3 . \
+    rm -rf /tmp/site3 && PYTHONPATH=/tmp/site "$PY" -m pip install -q --no-deps --no-build-isolation --target /tmp/site3 . \
         > "$OUT/install.log" 2>&1 || { echo "install failed"; tail -5 "$OUT/install.log"; exit 1; }
     export PYTHONPATH=/tmp/site:/tmp/site3
     FLAGS=()

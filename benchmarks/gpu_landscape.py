@@ -7,10 +7,10 @@ On the GPU machine (MLX with its CUDA back-end; from the repository root)::
     python benchmarks/gpu_landscape.py --dry-run --out /tmp/land     # here, on a simulated GPU (checks the script)
 
 Each ``FAMILY:SHAPE`` pair (float16; default: the decode and row families at their benchmark shapes, see
-``DEFAULT_PAIRS``) is swept through the search's own pipeline (``KernelObjective``): compile workers build the
-next configs (NVRTC) while one timing process per GPU verifies each config on the device against the float64
-reference (outputs pre-filled with NaN) and times it under ``LANDSCAPE_PLAN`` (warm-up, batches of >= 5 ms, 10
-samples, input sets rotated so operands are not L2-hot), every sample kept in ``times``. No racing: every
+``DEFAULT_PAIRS``) is swept through the search's own pipeline (``KernelObjective``): workers build the next
+configs (NVRTC), and each verifies the config it built on the device against the float64 reference (outputs
+pre-filled with NaN) and times it under ``LANDSCAPE_PLAN``, one timing at a time per GPU (warm-up, batches of
+>= 5 ms, 10 samples, input sets rotated so operands are not L2-hot), every sample kept in ``times``. No racing: every
 config is timed to the end. Configs are swept in a seeded random order, so a sweep cut short is a uniform
 sample of the space rather than one corner of it.
 
@@ -96,7 +96,7 @@ def sweep(family: str, shape: str, args: argparse.Namespace, deadline: float) ->
     if args.dry_run:
         backend = "simulated_gpu:SimulatedGPU"
         options = {"compile_s": args.compile_s, "family": family, "shape": shape, "dtype": DTYPE, "noise": 0.03,
-                   "kernel_ms": None, "cache_dir": f"/tmp/simulated-gpu-{os.getpid()}"}
+                   "kernel_ms": None}
     path = Path(args.out) / file_name(family, chip.name, problem.shape_text)
     writer = LandscapeWriter(path, space.knobs, device_name=str(info.get("device_name")),
                              kernel_name=f"kernsearch {family} ({'simulated' if args.dry_run else 'cuda'})",

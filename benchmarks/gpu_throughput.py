@@ -6,14 +6,15 @@ On the GPU machine (MLX with its CUDA back-end; from the repository root)::
     python benchmarks/gpu_throughput.py --dry-run        # here, on a simulated GPU: checks the script, ~3 min
 
 Both arms evaluate the same configs in the same order: ``--configs`` (48) valid configs of GEMM float16
-2048x2048x2048 drawn with ``--seed`` (0), each arm from an empty compile cache (its own ``MLX_PTX_CACHE_DIR``)
-and its own study:
+2048x2048x2048 drawn with ``--seed`` (0), each arm with its own empty ``MLX_PTX_CACHE_DIR`` (MLX keeps only its
+own kernels there, never a custom kernel: ``docs/timing.md``) and its own study:
 
 * ``serial``    today's loop: no compile workers (the timing worker compiles each variant at its first
   launch, NVRTC), no racing, every config timed to the full plan (``TimingPlan()``: batches of 20 ms,
   samples until a 2 % spread or 5 s);
-* ``pipeline``  compile workers (cores - 2) build the next proposals while one timing process verifies and
-  times, the loop proposing meanwhile; racing on (a config stops once it cannot beat the incumbent) and the
+* ``pipeline``  workers (cores - 2) each compile a proposal and then verify and time it themselves (MLX keeps
+  a compiled kernel in the process that compiled it), one timing at a time while the others compile, the loop
+  proposing meanwhile; racing on (a config stops once it cannot beat the incumbent) and the
   search plan (``SEARCH_PLAN``), as ``kernsearch tune`` does now.
 
 Each arm ends with its final round, unchanged (finalists re-timed fully, interleaved with ``mx.matmul``). When
@@ -23,13 +24,13 @@ whether the pipeline's winner is the serial one's or within the measured noise o
 Written to ``--out`` (``benchmarks/data``) as ``gpu_throughput_<chip>.json`` (``gpu_throughput_dry-run.json``
 for a dry run): ``serial_configs_per_min``, ``configs_per_min`` (the pipeline's), ``ratio``, both winners
 with their final-round times, the head-to-head, and per arm the configs evaluated, stopped early (not
-winning), failed, the timing worker's mean first-launch time (NVRTC in the serial arm, a cubin load in
-the pipeline) and how long it waited for the compile workers (racing makes timing so short that compiles can
+winning), failed, the timing worker's mean first-launch time (NVRTC in the serial arm; in the pipeline a
+lookup in the worker that compiled the config, <= 0.1 s) and how long the timer waited for a compile (racing makes timing so short that compiles can
 become the bottleneck: then more cores, not a faster GPU, raise the figure). A configs-per-minute figure counts configs with a verdict (timed, stopped early, or failed)
 over the search's wall time, before the final round.
 
 ``--dry-run`` runs everything here on ``benchmarks/simulated_gpu.py``: compiles of ``--compile-s`` (2.5 s, NVRTC's
-median on the H100) and kernels that take real time, verification by construction; ``--workers`` defaults to
+median on the H100) kept per process as MLX keeps them, kernels that take real time, verification by construction; ``--workers`` defaults to
 14 (the H100 machine's 16 cores less two) so the schedule is the GPU machine's. Nothing it prints is measured.
 """
 
@@ -79,8 +80,7 @@ def pick_configs(problem: Any, chip: Any, n: int, seed: int) -> list[dict]:
     return list(out.values())
 
 
-def make_objective(arm: Arm, problem: Any, chip: Any, configs: list[dict], args: argparse.Namespace,
-                   cache: str) -> Any:
+def make_objective(arm: Arm, problem: Any, chip: Any, configs: list[dict], args: argparse.Namespace) -> Any:
     from kernsearch.evaluation._measure import TimingPlan
     from kernsearch.studies._objective import KernelObjective
 
@@ -88,8 +88,8 @@ def make_objective(arm: Arm, problem: Any, chip: Any, configs: list[dict], args:
     backend = "cuda"
     if args.dry_run:
         backend = "simulated_gpu:SimulatedGPU"
-        options = {"compile_s": args.compile_s, "cache_dir": cache, "family": FAMILY, "shape": args.shape,
-                   "dtype": DTYPE, "seed": args.seed, "noise": args.noise}
+        options = {"compile_s": args.compile_s, "family": FAMILY, "shape": args.shape, "dtype": DTYPE,
+                   "seed": args.seed, "noise": args.noise}
     objective = KernelObjective(problem, chip, backend, seed=args.seed, compile_workers=arm.compile_workers,
                                 racing=arm.racing, search_plan=TimingPlan() if arm.full_plan else None,
                                 backend_options=options)
@@ -108,7 +108,7 @@ def run_arm(arm: Arm, problem: Any, chip: Any, configs: list[dict], args: argpar
     os.environ["MLX_PTX_CACHE_DIR"] = cache  # read by each worker process when it starts (spawn)
     storage = f"sqlite:///{cache}/study.db"
     started = time.monotonic()
-    objective = make_objective(arm, problem, chip, configs, args, cache)
+    objective = make_objective(arm, problem, chip, configs, args)
     budget = args.serial_seconds if arm.name == "serial" else None
     result = run_study(objective, trials=len(configs), time_budget=budget, seed=args.seed, storage=storage,
                        sampler="random", finalists=3)
@@ -156,7 +156,7 @@ def head_to_head(rows: list[dict], problem: Any, chip: Any, args: argparse.Names
         return None
     if a == b:
         return {"same_config": True, "within_noise": True}
-    objective = make_objective(Arm("h2h", 0, False, True), problem, chip, [], args, tempfile.mkdtemp())
+    objective = make_objective(Arm("h2h", 0, False, True), problem, chip, [], args)
     task = objective._task(a, objective.backend, finalists=[a, b])
     objective.close()
     with Worker(timeout=600) as worker:
@@ -175,8 +175,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--shape", default=None, help="M,N,K (default 2048,2048,2048; dry run 128,128,128)")
     ap.add_argument("--configs", type=int, default=48, help="configs both arms evaluate (default 48)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workers", type=int, default=None, help="compile workers of the pipeline (cores - 2; "
-                    "dry run 14)")
+    ap.add_argument("--workers", type=int, default=None, help="workers of the pipeline, each compiling and timing "
+                    "(cores - 2; dry run 14)")
     ap.add_argument("--serial-seconds", type=float, default=280.0, help="cap on the serial arm's search (s)")
     ap.add_argument("--dry-run", action="store_true", help="simulated GPU on this machine (tests the script)")
     ap.add_argument("--compile-s", type=float, default=2.5, help="dry run: simulated compile seconds")

@@ -6,9 +6,10 @@ measurement; the scripts that use it say "dry run" on every figure.
 
 What it simulates, in real time (so schedules and throughput behave as on the device):
 
-* **compile** — ``precompile`` (a compile worker) sleeps ``compile_s`` and leaves a marker in ``cache_dir``, as
-  MLX's CUDA back-end leaves NVRTC's cubin in ``MLX_PTX_CACHE_DIR``; the first run of a kernel in the timing
-  process then loads it (``load_s``), or compiles it there (``compile_s``) when no worker did;
+* **compile** — ``precompile`` sleeps ``compile_s`` and keeps the kernel in this process only, as MLX does
+  (``mx.fast.cuda_kernel`` never writes NVRTC's output to its disk cache: ``docs/timing.md``); the first run of
+  a kernel then looks it up (``load_s``) in the process that compiled it, and compiles it (``compile_s``) in
+  any other;
 * **kernels** — a launch costs a per-kernel time derived from its source hash (``0.05 .. 1.05 ms``, or
   ``kernel_ms`` for every kernel), with multiplicative noise ``noise``; ``sync`` sleeps what the batch costs;
 * **verification** — ``run`` returns the family's float64 reference (``family``, ``shape``, ``dtype`` name the
@@ -24,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,15 +43,15 @@ class SimulatedGPU(BaseBackend):
 
     def __init__(self, compile_s: float = 2.5, load_s: float = 0.005, kernel_ms: float | None = None,
                  noise: float = 0.02, baseline_ms: float = 0.3, events: str | None = None,
-                 cache_dir: str | None = None, family: str | None = None, shape: str | None = None,
-                 dtype: str | None = None, seed: int = 0) -> None:
+                 family: str | None = None, shape: str | None = None, dtype: str | None = None,
+                 seed: int = 0) -> None:
         self.compile_s, self.load_s, self.kernel_ms, self.noise = compile_s, load_s, kernel_ms, noise
         self.baseline_ms = baseline_ms
         self.events = events
-        self.cache_dir = Path(cache_dir or os.environ.get("MLX_PTX_CACHE_DIR") or "/tmp/simulated-gpu-cache")
         self.problem_spec = (family, shape, dtype)  # shape as text ("64,256"): options are hashed
         self.rng = np.random.default_rng([seed, os.getpid()])
-        self.loaded: set[str] = set()
+        self.loaded: set[str] = set()  # kernels run in this process
+        self.compiled: set[str] = set()  # kernels compiled in this process (its in-memory cache)
         self.compile_seconds: dict[str, float] = {}
         self._problem: Any = None
         self._refs: dict[tuple[int, ...], list[np.ndarray]] = {}
@@ -63,15 +63,12 @@ class SimulatedGPU(BaseBackend):
                 fh.write(json.dumps({"pid": os.getpid(), "kind": kind, "key": key, "start": start,
                                      "end": time.monotonic()}) + "\n")
 
-    def _marker(self, kernel: Any) -> Path:
-        return self.cache_dir / f"{kernel.sha256}.cubin"
-
     def _ensure_built(self, kernel: Any) -> float:
-        """The first use of a kernel in this process: a load when a compile worker left it, else a compile."""
+        """The first run of a kernel in this process: a lookup when this process compiled it, else a compile."""
         if kernel.sha256 in self.loaded:
             return 0.0
         start = time.monotonic()
-        if self._marker(kernel).exists():
+        if kernel.sha256 in self.compiled:
             time.sleep(self.load_s)
             self._event("load", kernel.sha256[:12], start)
         else:
@@ -83,8 +80,7 @@ class SimulatedGPU(BaseBackend):
     def _compile(self, kernel: Any) -> None:
         start = time.monotonic()
         time.sleep(self.compile_s)
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        self._marker(kernel).write_text("simulated cubin")
+        self.compiled.add(kernel.sha256)
         self._event("compile", kernel.sha256[:12], start)
 
     # -- the back-end interface -------------------------------------------------------------------------

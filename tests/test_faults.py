@@ -284,13 +284,13 @@ def test_measured_pipeline_verifies_times_and_judges_against_the_baseline(plante
 
 @pytest.mark.slow
 def test_pipelined_search_compiles_ahead_and_a_fault_fails_only_its_trial(planted, tmp_path):
-    """Two compile workers build the next proposals while the timing worker measures; a variant that
-    fails to compile, hangs or crashes in a compile worker fails its own trial and is never timed."""
+    """Two workers each compile a proposal and then time it, one timing at a time; a variant that fails to
+    compile, hangs or crashes in its worker fails its own trial, is never timed, and frees the worker."""
     chip = get_chip("M2 Max")
     problem = make_problem(load_family(planted), "64", None, chip)
     objective = KernelObjective(problem, chip, "test_faults:SimulatedGPU", timeout=8.0, compile_workers=2)
     objective.default = lambda: None  # type: ignore[method-assign]
-    assert objective.lookahead() == 4  # the one timed, two compiling, one waiting for a free worker
+    assert objective.lookahead() == 2  # one config per worker: it compiles it, then times it
     url = f"sqlite:///{tmp_path / 'p.db'}"
     result = run_study(objective, trials=14, sampler="grid", finalists=2, seed=0, storage=url)
     assert result.evaluated == 14 and result.stop_reason == "every valid config evaluated"

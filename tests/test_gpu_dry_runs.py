@@ -63,3 +63,30 @@ def test_gpu_landscape_dry_run_writes_partial_landscapes_when_cut_off(tmp_path, 
     assert again[0]["kept_from_before"] == len(land.entries) and again[0]["measured"] >= len(measured)
     kept = Landscape.load(tmp_path / summaries[0]["file"])
     assert all(kept.entries[k]["times"] == e["times"] for k, e in land.entries.items())
+
+
+@pytest.mark.slow
+def test_gpu_compile_cache_dry_run_shows_a_kernel_compiled_again_in_another_process(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    report = _script("gpu_compile_cache").main(["--dry-run", "--out", str(tmp_path), "--configs", "1",
+                                                "--compile-s", "0.3", "--shape", "64,64,64"])
+    written = json.loads((tmp_path / "gpu_compile_cache_dry-run.json").read_text())
+    assert written == json.loads(json.dumps(report, default=str)) and "nothing measured" in written["evidence"]
+    (row,) = written["configs"]
+    # the simulated GPU keeps a kernel in the process that compiled it, as MLX does: a lookup there, a compile
+    # in any other process, and nothing in the PTX cache folder
+    assert row["compile_s"] >= 0.3 and row["same_process_s"] < 0.1 <= 0.3 <= row["fresh_process_s"]
+    assert written["met"] and written["cache_dir"]["custom_kernel_files"] == []
+    assert set(written["threads"]) >= {"serial_s", "threads_s", "concurrent"}
+
+
+@pytest.mark.slow
+def test_gpu_tune_budget_dry_run_counts_the_configs_a_timed_tune_evaluates(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    _script("gpu_tune_budget").main(["--dry-run", "--out", str(tmp_path), "--time-budget", "8s",
+                                     "--compile-s", "0.2", "--workers", "2"])
+    written = json.loads((tmp_path / "gpu_tune_budget_dry-run.json").read_text())
+    (run,) = written["runs"]
+    assert written["dry_run"] and run["evaluated"] > 0 and run["elapsed_s"] > 0
+    assert run["configs_per_min"] == pytest.approx(run["evaluated"] / run["elapsed_s"] * 60, abs=0.1)
+    assert written["before_configs_per_min"] == pytest.approx(27.3, abs=0.1)

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-COMPILE_S = 0.6
+COMPILE_S = 0.5
+WORKERS = 4
 PROPOSE_S = 0.15
 
 
@@ -23,7 +24,11 @@ def _overlap(a: dict, b: dict) -> float:
 
 
 @pytest.mark.slow
-def test_compiles_run_ahead_in_parallel_while_one_process_times_one_config_at_a_time(tmp_path, monkeypatch):
+def test_each_config_is_compiled_and_timed_by_one_worker_while_others_compile_and_timings_never_overlap(
+        tmp_path, monkeypatch):
+    """MLX keeps a compiled kernel in the process that compiled it (the simulated GPU does too): a config timed by
+    another process than its compiler's is compiled twice, the second time on the timing path (issue 40: 1.85 s
+    per config on an H200). Here every config is timed in the worker that compiled it, one timing at a time."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     from kernsearch import get_chip, load_family, make_problem, run_study
     from kernsearch.evaluation._measure import TimingPlan
@@ -33,9 +38,9 @@ def test_compiles_run_ahead_in_parallel_while_one_process_times_one_config_at_a_
     chip = get_chip("H100")
     problem = make_problem(load_family("swiglu"), "64,256", "float16", chip)
     options = {"compile_s": COMPILE_S, "kernel_ms": 1.0, "noise": 0.0, "events": str(events),
-               "cache_dir": str(tmp_path / "cache"), "family": "swiglu", "shape": "64,256", "dtype": "float16"}
+               "family": "swiglu", "shape": "64,256", "dtype": "float16"}
     plan = TimingPlan(warmup=1, min_batch_ms=40.0, min_samples=5, max_samples=5, max_seconds=10.0)
-    objective = KernelObjective(problem, chip, "simulated_gpu:SimulatedGPU", compile_workers=3, racing=False,
+    objective = KernelObjective(problem, chip, "simulated_gpu:SimulatedGPU", compile_workers=WORKERS, racing=False,
                                 search_plan=plan, backend_options=options, timeout=60.0)
     check = objective.violation
 
@@ -48,26 +53,28 @@ def test_compiles_run_ahead_in_parallel_while_one_process_times_one_config_at_a_
     assert result.evaluated == 12 and not result.failures
     log = _events(events)
     timings = sorted((e for e in log if e["kind"] in ("time", "verify")), key=lambda e: e["start"])
-    compiles = [e for e in log if e["kind"] == "compile"]
-    timers = {e["pid"] for e in timings if e["kind"] == "time"}
-    # one process times the trials, one config at a time: no two timings or device checks ever overlap (the
-    # final round's fresh worker included)
-    assert len(timers) == 1 and len([e for e in timings if e["kind"] == "time"]) == 12
-    assert all(b["start"] >= a["end"] for a, b in zip(timings, timings[1:]))
-    # every config was compiled ahead in a compile worker, never in the timing process (which only loads)
-    assert len(compiles) == 12 and not {e["pid"] for e in compiles} & timers
-    assert len({e["pid"] for e in compiles}) > 1
-    assert len([e for e in log if e["kind"] == "load" and e["pid"] in timers]) == 12
+    times = [e for e in timings if e["kind"] == "time"]
+    # the search's compiles (the final round then builds its finalists again, in a fresh worker)
+    compiles = [e for e in log if e["kind"] == "compile" and e["end"] <= times[-1]["end"]]
+    # one timing or device check at a time on the GPU, whichever process runs it (the final round's included)
+    assert len(times) == 12 and all(b["start"] >= a["end"] for a, b in zip(timings, timings[1:]))
+    # each config compiled once, in a worker, and timed by that same worker: its first launch there a lookup
+    compiled_by = {e["key"]: e["pid"] for e in compiles}
+    assert len(compiles) == 12 and len(compiled_by) == 12
+    assert all(compiled_by[t["key"]] == t["pid"] for t in times)
+    loads = {(e["pid"], e["key"]) for e in log if e["kind"] == "load"}
+    assert all((t["pid"], t["key"]) in loads for t in times)
+    assert len({e["pid"] for e in compiles}) == WORKERS  # the workers take turns
     # compiles overlap each other and the timing of earlier configs
     assert sum(_overlap(a, b) for i, a in enumerate(compiles) for b in compiles[i + 1:]) > COMPILE_S
-    assert sum(_overlap(c, t) for c in compiles for t in timings if t["kind"] == "time") > 2 * COMPILE_S
+    assert sum(_overlap(c, t) for c in compiles for t in times) > 2 * COMPILE_S
     # after the first fill of the pipeline the timer never waits for a compiler: each config's compile had
-    # ended before the timer finished the config before it (a timing takes ~0.25 s, a compile 0.6 s on 3 workers)
+    # ended before the timer finished the config before it (a timing takes ~0.3 s; a worker compiles for 0.5 s,
+    # then holds its config until it is timed: 4 workers keep ahead, as 14 do on the GPU machine, 2.3 s compiles)
     done = {e["key"]: e["end"] for e in compiles}
-    times = [e for e in timings if e["kind"] == "time"]
-    waits = [max(0.0, done[b["key"]] - a["end"]) for a, b in zip(times, times[1:])][3:]
+    waits = [max(0.0, done[b["key"]] - a["end"]) for a, b in zip(times, times[1:])][WORKERS:]
     assert sum(waits) < 0.2 * sum(t["end"] - t["start"] for t in times), waits
     # nor for the search loop: proposals (0.15 s each here) are made while the GPU times the config before,
     # so the gap between two timings is the recording of a trial, not a proposal
-    gaps = [b["start"] - a["end"] for a, b in zip(times, times[1:])][3:]
+    gaps = [b["start"] - a["end"] for a, b in zip(times, times[1:])][WORKERS:]
     assert sum(gaps) / len(gaps) < 0.6 * PROPOSE_S, gaps  # a synchronous loop: >= PROPOSE_S each

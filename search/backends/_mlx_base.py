@@ -186,12 +186,13 @@ class MLXBackend(BaseBackend):
         return outs, seconds
 
     def precompile(self, source: KernelSource, geometry: Geometry, shapes: list[tuple[int, ...]], dtype: str) -> bool:
-        """Compile ``source`` in this process ahead of its timing elsewhere: one threadgroup on zero
-        inputs of the real shapes and dtypes (a few microseconds of GPU). True when the compiled kernel is
-        kept where another process finds it (MLX's on-disk cache, CUDA only); compile errors raise.
+        """Compile ``source`` in this process ahead of its verification and timing, which follow in this same
+        process (MLX keeps a compiled kernel in memory only: ``docs/timing.md``): one threadgroup on zero inputs
+        of the real shapes and dtypes (a few microseconds of GPU). True once compiled; compile errors raise.
 
         Each input in its own dtype (a float32 ``eps`` beside float16 rows, uint32 packed weights), as the
-        timing process passes them: MLX generates the kernel's signature from them."""
+        timing passes them: MLX generates the kernel's signature from them, and a different signature is
+        another kernel, compiled again at the first launch."""
         mx = mx_core()
         try:
             arrays = [mx.zeros(tuple(s), dtype=getattr(mx, geometry.input_dtype(i, dtype)))
@@ -201,10 +202,7 @@ class MLXBackend(BaseBackend):
             mx.synchronize()
         except (RuntimeError, ValueError) as exc:
             raise self.classify(exc) from None
-        return self.compile_cache_on_disk
-
-    #: Whether a kernel compiled in one process is found compiled by another (MLX's CUDA PTX cache).
-    compile_cache_on_disk = False
+        return True
 
     def run(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
             init_value: float | None = float("nan"), **options: Any) -> RunResult:

@@ -1,13 +1,14 @@
 """The ``cuda`` back-end: ``mx.fast.cuda_kernel`` on an NVIDIA GPU through MLX's CUDA back-end (measured).
 
 MLX wraps the rendered body in a ``__global__`` function (inputs ``const T*`` with ``X_shape`` when the
-body reads it, outputs ``T*``), compiles it with NVRTC on the first evaluation and caches the PTX/cubin on
-disk (``MLX_PTX_CACHE_DIR``, default ``/tmp/mlx/<version>/ptx``) under the kernel's name, which carries the
-source hash. ``grid`` counts threads, as with Metal; dynamic shared memory is fixed when the kernel object
-is made (``Geometry.shared_memory``), and MLX opts the function into more than 48 KB itself. Building,
-running and timing are shared with the Metal back-end (:mod:`._mlx_base`). For kernels of a few tens of
-microseconds a timing includes MLX's per-operation host cost; Nsight Compute's GPU durations
-(``benchmarks/gpu_kernel_times.py``) separate the two.
+body reads it, outputs ``T*``) and compiles it with NVRTC on the first evaluation, into a cache of this process
+only: MLX reads its PTX disk cache (``MLX_PTX_CACHE_DIR``) for every module but writes custom kernels to it
+never, so a kernel compiled in one process is compiled again in the next (``docs/timing.md``; the search
+therefore times a config in the worker that compiled it). ``grid`` counts threads, as with Metal; dynamic
+shared memory is fixed when the kernel object is made (``Geometry.shared_memory``), and MLX opts the function
+into more than 48 KB itself. Building, running and timing are shared with the Metal back-end
+(:mod:`._mlx_base`). For kernels of a few tens of microseconds a timing includes MLX's per-operation host cost;
+Nsight Compute's GPU durations (``benchmarks/gpu_kernel_times.py``) separate the two.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ class CudaBackend(MLXBackend):
     target = Target.CUDA.value
     default_cache_bytes = 50e6  # the H100's L2
     default_memory_budget_bytes = 4e9
-    compile_cache_on_disk = True  # NVRTC output is cached on disk by kernel name (see the module doc)
 
     def check_available(self) -> None:
         mx = mx_core()

@@ -2,7 +2,9 @@
 
 MLX wraps the rendered body in a ``[[kernel]]`` function whose signature it derives from the names the
 body uses (``A``, ``A_shape``, ``thread_position_in_grid`` ...), compiles it on first use and caches the
-pipeline under the kernel's name (which carries the source hash). ``grid`` counts threads. Building,
+library in this process's memory under the kernel's name (which carries the source hash): another process
+compiles it again, so the search times a config in the worker that compiled it (``docs/timing.md``). ``grid``
+counts threads. Building,
 running and timing are shared with the CUDA back-end (:mod:`._mlx_base`). Without a Metal device (Linux,
 CI) the back-end refuses with a one-line reason.
 """

@@ -159,37 +159,64 @@ def _describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
-class WorkerPool:
-    """``size`` isolated workers behind a thread pool: ``submit`` runs a function in whichever is free and
-    returns a future (its exception is the task's :class:`VariantFailure`). Compile workers of a
-    pipelined search: rendering and compiling run here while one other process owns the GPU and times."""
+class Lease:
+    """One worker of a :class:`PinnedPool` held for one config, from its compile to its timing: ``result`` waits
+    for the first task (its failure frees the worker at once), ``call`` runs the next one in the same process,
+    ``release`` frees it. A lease whose first task failed is already released."""
+
+    def __init__(self, pool: PinnedPool, worker: Worker) -> None:
+        self._pool, self.worker = pool, worker
+        self._released = False
+        self.future: Any = None
+
+    def _first(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            return self.worker.call(fn, *args, **kwargs)
+        except BaseException:
+            self.release()
+            raise
+
+    def result(self) -> Any:
+        """The first task's value; its VariantFailure (compile error, crash, hang) raised here."""
+        return self.future.result()
+
+    def call(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        return self.worker.call(fn, *args, timeout=timeout, **kwargs)
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._pool._free.put(self.worker)
+
+
+class PinnedPool:
+    """``size`` isolated workers, each serving one config at a time from its compile to its timing.
+
+    A GPU runtime keeps a kernel it compiled in the process that compiled it: MLX's ``cuda_kernel`` never writes
+    NVRTC's output to its disk cache, and ``metal_kernel`` keeps its library in memory (``docs/timing.md``). A
+    compile worker whose kernel another process then times only moved the compile; here the worker that compiled
+    a config also verifies and times it, its first launch a lookup. The caller times one config at a time (the
+    GPU is never shared by two timings) while the other workers compile. ``submit`` waits for a free worker."""
 
     def __init__(self, size: int, timeout: float = 60.0) -> None:
-        import threading
+        import queue
         from concurrent.futures import ThreadPoolExecutor
 
         self.size = size
-        self.timeout = timeout
-        self._local = threading.local()
-        self._workers: list[Worker] = []
-        self._lock = threading.Lock()
+        self._workers = [Worker(timeout=timeout) for _ in range(size)]
+        self._free: queue.SimpleQueue[Worker] = queue.SimpleQueue()
+        for w in self._workers:
+            self._free.put(w)
         self._pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="kernsearch-compile")
 
-    def _worker(self) -> Worker:
-        w = getattr(self._local, "worker", None)
-        if w is None:
-            w = self._local.worker = Worker(timeout=self.timeout)
-            with self._lock:
-                self._workers.append(w)
-        return w
-
-    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return self._pool.submit(lambda: self._worker().call(fn, *args, **kwargs))
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Lease:
+        """``fn(*args, **kwargs)`` on a free worker (waiting for one), held by the returned lease."""
+        lease = Lease(self, self._free.get())
+        lease.future = self._pool.submit(lease._first, fn, args, kwargs)
+        return lease
 
     def close(self) -> None:
         """Drop queued tasks and stop the workers now (a compile in flight is not waited for)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-        with self._lock:
-            for w in self._workers:
-                w._kill()
-            self._workers.clear()
+        for w in self._workers:
+            w._kill()

@@ -1,9 +1,11 @@
 """The measured objective: a family's variants timed on the GPU here (the metal and cuda back-ends).
 
 Every variant runs in an isolated worker: built, verified against the reference on the device, then timed
-(racing the incumbent: a config that can no longer win stops early). Compile workers render and compile the next
-proposals while the timing worker measures. The final round re-times the finalists against the MLX op as
-consumers call them, in a fresh worker, and proves the fastest at a ragged shape on the device.
+(racing the incumbent: a config that can no longer win stops early). With compile workers, each config is compiled
+by one worker and then verified and timed by the same worker (MLX keeps a compiled kernel in the process that
+compiled it: ``docs/timing.md``), one timing at a time, while the other workers compile the next proposals. The
+final round re-times the finalists against the MLX op as consumers call them, in a fresh worker, and proves the
+fastest at a ragged shape on the device.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ if TYPE_CHECKING:
 
 
 class MeasuredObjective(KernelVariants):
-    """Variants timed on the GPU here (see the module docstring). ``compile_workers``: processes compiling ahead
-    (default: one per core but the timer's and the search loop's); ``racing=False, search_plan=TimingPlan()``: every
+    """Variants timed on the GPU here (see the module docstring). ``compile_workers``: processes compiling ahead,
+    each then timing what it compiled (default: the cores less two); ``racing=False, search_plan=TimingPlan()``: every
     config timed to the full plan, as before racing."""
 
     def __init__(self, problem: Problem, chip: Chip, backend: str, *, compile_workers: int | None = None,
@@ -46,7 +48,7 @@ class MeasuredObjective(KernelVariants):
         self.racing = racing
         self.search_plan = SEARCH_PLAN if search_plan is None else search_plan
         self._pool: Any = None
-        self._prepared: dict[str, Any] = {}  # config key -> future of prepare_variant
+        self._prepared: dict[str, Any] = {}  # config key -> the Lease of the worker that compiles it
         self.compile_wait_s = 0.0  # how long the timing process waited for compile workers (see _wait_prepared)
 
     def _make_backend(self) -> BaseBackend:
@@ -56,32 +58,34 @@ class MeasuredObjective(KernelVariants):
 
     # -- compiling ahead ----------------------------------------------------------------------------
     def lookahead(self) -> int:
-        """The config being timed, one per compile worker, and one waiting for the first free worker."""
-        return self.compile_workers + 2 if self.compile_workers else 1
+        """One config per worker: the one being timed and the others compiling (a worker is held by its config
+        until it is timed, so with this many proposals held a free worker always awaits the next)."""
+        return self.compile_workers or 1
 
     def prefetch(self, config: Config) -> None:
         if not self.compile_workers:
             return
-        from ..evaluation._worker import WorkerPool
+        from ..evaluation._worker import PinnedPool
         from ..family._space import format_config
         from ..variants._tasks import prepare_variant
 
         if self._pool is None:
-            self._pool = WorkerPool(self.compile_workers, timeout=self.timeout)
+            self._pool = PinnedPool(self.compile_workers, timeout=self.timeout)
         self._prepared[format_config(config)] = self._pool.submit(prepare_variant, self._task(config, self.backend))
 
-    def _wait_prepared(self, config: Config) -> None:
-        """The compile worker's verdict on ``config``: its compile error (or crash, hang) fails the variant
-        without the timing process; otherwise the timing process finds it compiled (CUDA: on disk)."""
+    def _wait_prepared(self, config: Config) -> Any:
+        """The lease of the worker that compiled ``config`` (None: not compiled ahead; the timing worker builds
+        it). Its compile error (or crash, hang) fails the variant here, before anything is timed."""
         from ..family._space import format_config
 
-        future = self._prepared.pop(format_config(config), None)
-        if future is not None:
+        lease = self._prepared.pop(format_config(config), None)
+        if lease is not None:
             start = time.monotonic()
             try:
-                future.result()  # raises the variant's VariantFailure
+                lease.result()  # raises the variant's VariantFailure
             finally:
                 self.compile_wait_s += time.monotonic() - start  # the GPU idle, waiting for a compiler
+        return lease
 
     # -- one trial ----------------------------------------------------------------------------------
     @property
@@ -94,10 +98,14 @@ class MeasuredObjective(KernelVariants):
     def evaluate_against(self, config: Config, race: Race | None) -> Record:
         from ..variants._tasks import measure_variant
 
-        kernel = self.render(config)
-        self._wait_prepared(config)
-        task = self._task(config, self.backend, plan=self.search_plan, race=race if self.racing else None)
-        m: Measurement = self.worker().call(measure_variant, task)
+        lease = self._wait_prepared(config)  # a compile failure raises here, its worker already freed
+        try:  # in the process that compiled it, its first launch a lookup; the worker freed whatever happens
+            kernel = self.render(config)
+            task = self._task(config, self.backend, plan=self.search_plan, race=race if self.racing else None)
+            m: Measurement = (lease or self.worker()).call(measure_variant, task)
+        finally:
+            if lease is not None:
+                lease.release()
         proof = m.proof
         rec = Record(m.median_ms, self.evidence, list(m.samples_ms), m.spread, m.compile_seconds, kernel.sha256,
                      max_abs_err=proof.max_abs_err if proof else None, max_rel_err=proof.max_rel_err if proof else None,

@@ -223,18 +223,22 @@ def _consumer_timing(task: VariantTask, s: Setup, kernel: KernelSource, geo: Geo
 
 
 def prepare_variant(task: VariantTask) -> Prepared:
-    """Render and compile one variant ahead of its timing, in a compile worker (not the timing process).
+    """Render and compile one variant ahead of its timing, in the worker that will then verify and time it.
 
-    The back-end's ``precompile`` does what can truly run in another process: MLX's CUDA back-end keeps
-    NVRTC's output on disk by kernel name (``MLX_PTX_CACHE_DIR``), so compiling here makes the timing
-    process's first launch a load; on Metal it is a compile check only. A render or compile error fails
-    the variant here, without the timing process.
+    MLX keeps a compiled custom kernel in the process that compiled it (``cuda_kernel`` never writes NVRTC's
+    output to its disk cache: ``docs/timing.md``), so the worker that compiles a config also times it
+    (:class:`kernsearch.evaluation._worker.PinnedPool`), its first launch then a lookup. What that timing needs
+    from the CPU is built here too, while another worker times: the float64 reference and the consumer weight
+    sets. A render or compile error fails the variant here, before anything is timed.
     """
     s, kernel, geo = _variant(task)
     start = time.perf_counter()
     precompile = getattr(s.backend, "precompile", None)
     shapes = [tuple(x.shape) for x in PROCESS.timing_inputs(s.problem, task.seed + 1, geo)]
     done = bool(precompile(kernel, geo, shapes, s.problem.dtype)) if precompile is not None else False
+    PROCESS.problem_data(s.problem, task.seed)  # the reference the verification compares with
+    if hasattr(s.backend, "consumer_kernel"):  # the weight sets its timing calls the kernel on
+        PROCESS.data(s.problem, ("consumer sets", task.seed), lambda: _weight_sets(task, s))
     return Prepared(done, time.perf_counter() - start)
 
 

@@ -54,10 +54,11 @@ def test_the_job_file_tunes_every_shape_the_step_calls_and_loads(tmp_path: Path)
     path.write_text(job_text(shape, [1, 4], "H200", tmp_path / "store"))
     jobs = load_jobs(path)
     units = {(u.family, ",".join(map(str, u.shape))) for u in jobs.units("H200")}
-    want = {(c.family, ",".join(str(v) for v in shape.dims(m, c).values())) for c in shape.calls() for m in (1, 4)}
+    want = {(c.family, ",".join(str(v) for v in shape.dims(m, c).values())) for c in shape.all_calls() for m in (1, 4)}
     assert units == want
     assert ("rmsnorm_qmatvec", "1,12288,4096,512,64") in units
     assert ("qmatvec_residual", "4,4096,11008,1376,172") in units
+    assert ("mlp_block", "1,4096,11008,512,64,1376,172") in units
 
 
 @pytest.mark.slow
@@ -75,8 +76,11 @@ def test_bench_decode_on_the_cpu_checks_the_package_against_plain_mlx(tmp_path: 
         assert math.isfinite(row["speedup"]) and row["low"] <= row["speedup"] <= row["high"]
         assert row["stream_ms"] is None  # no streaming yardstick on a CPU
     roles = {k.split()[1] for k in report["explain"]}
-    assert roles == {"qkv", "o", "gate_up", "down"}
-    assert {k["family"] for k in report["kernels"]} == {"rmsnorm_qmatvec", "qmatvec_residual", "rmsnorm_swiglu_qmatvec"}
+    assert roles == {"qkv", "o", "gate_up", "down", "mlp"}
+    assert {k["family"] for k in report["kernels"]} == {"rmsnorm_qmatvec", "qmatvec_residual", "rmsnorm_swiglu_qmatvec",
+                                                        "mlp_block"}
+    for row in report["rows"]:
+        assert row["rel_err4"] < 1e-2 and row["low4"] <= row["speedup4"] <= row["high4"]
     assert all(k["chose"] == "op" for k in report["kernels"])  # an empty store: every call runs the op
 
 

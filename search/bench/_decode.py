@@ -130,12 +130,17 @@ class StepRow:
     mlx_form: str
     mlx_separate_ms: float
     mlx_concatenated_ms: float
-    package_ms: float
+    package_ms: float  # two launches per layer: rmsnorm_qmatvec and mlp_block
     stream_ms: float | None
     speedup: float
     low: float
     high: float
     rel_err: float
+    package4_ms: float  # four launches per layer: rmsnorm_qmatvec, qmatvec_residual, rmsnorm_swiglu_qmatvec, ...
+    speedup4: float
+    low4: float
+    high4: float
+    rel_err4: float
     tokens_per_s_mlx: float
     tokens_per_s_package: float
     pct_of_stream: float | None
@@ -210,10 +215,15 @@ class KernelChains:
         if call.role == "qkv":
             return mm(mx.fast.rms_norm(x, lay.n1, 1e-5), lay.qkv)
         if call.role == "gate_up":
-            n = mx.fast.rms_norm(x, lay.n2, 1e-5)
-            g = mm(n, lay.gate)
-            return g * mx.sigmoid(g) * mm(n, lay.up)
+            return self._swiglu(lay, mx.fast.rms_norm(x, lay.n2, 1e-5))
+        if call.role == "mlp":
+            x1 = r + mm(x, lay.o)
+            return x1 + mm(self._swiglu(lay, mx.fast.rms_norm(x1, lay.n2, 1e-5)), lay.down)
         return r + mm(x, lay.o if call.role == "o" else lay.down)
+
+    def _swiglu(self, lay: Layer, n: Any) -> Any:
+        g = self.mm(n, lay.gate)
+        return g * self.mx.sigmoid(g) * self.mm(n, lay.up)
 
     def forms(self, call: Call, m: int) -> dict[str, Callable[[], Any]]:
         mx = self.mx
@@ -222,7 +232,7 @@ class KernelChains:
         r0 = (0.5 * mx.random.normal((m, call.n), key=mx.random.key(m + 1))).astype(dt)
         mx.eval(x0, r0)
 
-        residual = call.role in ("o", "down")  # chained through R, as the residual stream of a decode runs
+        residual = call.role in ("o", "down", "mlp")  # chained through R, as the residual stream of a decode runs
 
         def op() -> Any:
             x, r = x0, r0
@@ -256,16 +266,18 @@ def pct(part: float | None, whole: float) -> float | None:
     return None if part is None or whole <= 0 else 100.0 * part / whole
 
 
-def token_row(shape: StepShape, m: int, t: dict[str, list[float]], err: float, spec_gbs: float | None) -> StepRow:
-    """The row of one M from the interleaved ms per token of each form."""
+def token_row(shape: StepShape, m: int, t: dict[str, list[float]], errs: tuple[float, float],
+              spec_gbs: float | None) -> StepRow:
+    """The row of one M from the interleaved ms per token of each form (``errs``: the two package forms' output
+    errors against plain MLX)."""
     sep, cat = median(t["separate"]), median(t["concatenated"])
     form = "separate" if sep <= cat else "concatenated"
-    p = Paired.of(t[form], t["package"])
+    p, p4 = Paired.of(t[form], t["package"]), Paired.of(t[form], t["package4"])
     stream = median(t["stream"]) if "stream" in t else None
     ideal = shape.layers * shape.layer_bytes() / (spec_gbs * 1e6) if spec_gbs else None
     return StepRow(shape.hidden, shape.ffn, shape.layers, m, p.ref_ms, form, sep, cat, p.new_ms, stream, p.speedup,
-                   p.low, p.high, err, 1e3 / p.ref_ms, 1e3 / p.new_ms, pct(stream, p.new_ms), pct(ideal, p.new_ms),
-                   len(t["package"]))
+                   p.low, p.high, errs[0], p4.new_ms, p4.speedup, p4.low, p4.high, errs[1], 1e3 / p.ref_ms,
+                   1e3 / p.new_ms, pct(stream, p.new_ms), pct(ideal, p.new_ms), len(t["package"]))
 
 
 def kernel_row(call: Call, shape: StepShape, m: int, t: dict[str, list[float]], layers: int, chose: str) -> KernelRow:

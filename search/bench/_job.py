@@ -30,7 +30,7 @@ def job_text(shape: StepShape, ms: Sequence[int], chip: str, store: Path, time_b
         "finalists = 3",
     ]
     shapes: dict[str, list[str]] = {}
-    for call in shape.calls():
+    for call in shape.all_calls():
         for m in ms:
             text = ",".join(str(v) for v in shape.dims(m, call).values())
             shapes.setdefault(call.family, [])

@@ -40,7 +40,7 @@ Say = Callable[[str], None]
 def fused_families(shape: StepShape) -> dict[str, Family]:
     """The fused families the step calls, loaded from kernsearch's own templates; their eps must be the step's."""
     out = {}
-    for call in shape.calls():
+    for call in shape.all_calls():
         if call.family in out:
             continue
         fam = load_family(call.family)
@@ -70,7 +70,7 @@ def explain_calls(mx: Any, pkg: Any, shape: StepShape, families: dict[str, Famil
 
     dt = getattr(mx, shape.dtype)
     out = {}
-    for call in shape.calls():
+    for call in shape.all_calls():
         named = _inputs(layer, call.role)
         named["X"] = mx.zeros((m, call.k), dtype=dt)
         named["R"] = mx.zeros((m, call.n), dtype=dt)
@@ -82,7 +82,7 @@ def explain_calls(mx: Any, pkg: Any, shape: StepShape, families: dict[str, Famil
 def _flats(mx: Any, shape: StepShape, layers: int) -> list[dict[str, Any]]:
     """Per layer, per call, a buffer of the call's weight bytes for the streaming read (distinct values: distinct
     memory)."""
-    return [{c.role: mx.zeros((shape.matrix_bytes(c) // 4,), dtype=mx.uint32) + i for c in shape.calls()}
+    return [{c.role: mx.zeros((shape.matrix_bytes(c) // 4,), dtype=mx.uint32) + i for c in shape.all_calls()}
             for i in range(layers)]
 
 
@@ -103,7 +103,7 @@ def run_decode(shape: StepShape, ms: Sequence[int], rounds: int, store: Artifact
         say("exporting the store's package (fused decode families)")
         pkg = import_package(store, list(families), Path(tmp))
         layers = build_layers(mx, shape, seed, say)
-        bound = [bind_layer(pkg, families, lay, shape.calls()) for lay in layers]
+        bound = [bind_layer(pkg, families, lay, shape.all_calls()) for lay in layers]
         read = stream_reader(mx, kind)
         flats = _flats(mx, shape, len(layers)) if read is not None else None
         if flats is not None:
@@ -114,7 +114,7 @@ def run_decode(shape: StepShape, ms: Sequence[int], rounds: int, store: Artifact
             report.rows.append(_step_row(mx, shape, layers, bound, flats, read, m, rounds, spec, say))
             if kernels:
                 chains = KernelChains(mx, shape, layers, bound, flats, read)
-                for call in shape.calls():
+                for call in shape.all_calls():
                     chose = str(decisions[f"M={m} {call.role}"].artifact or "op")
                     report.kernels.append(_kernel_row(chains, call, shape, m, rounds, chose, say))
     if report.rows and report.rows[0].stream_ms:
@@ -128,24 +128,27 @@ def _step_row(mx: Any, shape: StepShape, layers: Sequence[Layer], bound: Sequenc
     dt = getattr(mx, shape.dtype)
     x0 = (0.5 * mx.random.normal((m, shape.hidden), key=mx.random.key(100 + m))).astype(dt)
     mx.eval(x0)
-    sep, cat, pkg = plain_step(mx, layers, False), plain_step(mx, layers, True), package_step(bound, shape.hidden)
-    want, got = cat(x0)[0], pkg(x0)[0]
-    err = rel_err(mx, got, want)
+    sep, cat = plain_step(mx, layers, False), plain_step(mx, layers, True)
+    pkg, pkg4 = package_step(bound, shape.hidden, 2), package_step(bound, shape.hidden, 4)
+    want = cat(x0)[0]
+    errs = (rel_err(mx, pkg(x0)[0], want), rel_err(mx, pkg4(x0)[0], want))
     forms: dict[str, Callable[[], Any]] = {"separate": lambda: sep(x0), "concatenated": lambda: cat(x0),
-                                           "package": lambda: pkg(x0)}
+                                           "package": lambda: pkg(x0), "package4": lambda: pkg4(x0)}
     if read is not None and flats is not None:
         def stream() -> Any:
             d = mx.zeros((1,), dtype=mx.uint32)
             for f in flats:
-                for c in shape.calls():
+                for c in shape.calls2():  # the same bytes in as many launches as the package's layer
                     d = read(f[c.role], d)
             return d
 
         forms["stream"] = stream
     say(f"M={m}: timing the step ({len(forms)} forms, {rounds} rounds, interleaved)")
-    row = token_row(shape, m, interleaved(mx, forms, rounds), err, spec_gbs)
-    say(f"M={m}: plain MLX ({row.mlx_form}) {row.mlx_ms:.3f} ms/token, package {row.package_ms:.3f} ms/token: "
-        f"{row.speedup:.2f}x ({row.low:.2f}-{row.high:.2f}); output rel. error {row.rel_err:.1e}")
+    row = token_row(shape, m, interleaved(mx, forms, rounds), errs, spec_gbs)
+    say(f"M={m}: plain MLX ({row.mlx_form}) {row.mlx_ms:.3f} ms/token; package, 2 launches a layer "
+        f"{row.package_ms:.3f} ms/token: {row.speedup:.2f}x ({row.low:.2f}-{row.high:.2f}), 4 launches "
+        f"{row.package4_ms:.3f}: {row.speedup4:.2f}x ({row.low4:.2f}-{row.high4:.2f}); output rel. error "
+        f"{row.rel_err:.1e} / {row.rel_err4:.1e}")
     return row
 
 

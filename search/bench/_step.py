@@ -63,16 +63,30 @@ class StepShape:
         return self
 
     def calls(self) -> list[Call]:
+        """The layer as four fused launches: norm + Q/K/V, O + residual, norm + gate/up, down + residual."""
         h, f = self.hidden, self.ffn
         return [Call("qkv", "rmsnorm_qmatvec", 3 * h, h), Call("o", "qmatvec_residual", h, h),
                 Call("gate_up", "rmsnorm_swiglu_qmatvec", f, h, mats=2), Call("down", "qmatvec_residual", h, f)]
 
+    def calls2(self) -> list[Call]:
+        """The layer as two launches: norm + Q/K/V, and the post-attention half in one persistent kernel."""
+        return [self.calls()[0], Call("mlp", "mlp_block", self.hidden, self.hidden)]
+
+    def all_calls(self) -> list[Call]:
+        return [*self.calls(), self.calls2()[1]]
+
     def dims(self, m: int, call: Call) -> dict[str, int]:
         """The family's problem dims for one call at ``m`` rows (MLX's quantized layout: KW words, NG groups)."""
+        if call.role == "mlp":
+            h, f = self.hidden, self.ffn
+            return {"M": m, "H": h, "F": f, "KWH": h * self.bits // 32, "NGH": h // self.group,
+                    "KWF": f * self.bits // 32, "NGF": f // self.group}
         return {"M": m, "N": call.n, "K": call.k, "KW": call.k * self.bits // 32, "NG": call.k // self.group}
 
     def matrix_bytes(self, call: Call) -> int:
         """Bytes a call's weights occupy (packed words, scales and biases): what it must stream."""
+        if call.role == "mlp":
+            return sum(self.matrix_bytes(c) for c in self.calls()[1:])
         size = 4 if self.dtype == "float32" else 2
         one = call.n * call.k * self.bits // 8 + 2 * call.n * (call.k // self.group) * size
         return call.mats * one
@@ -183,10 +197,22 @@ class Bound:
         return self.fn(X, R) if self.residual else self.fn(X)
 
 
+def _first(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A family with scratch outputs (mlp_block: Y, X1, G, SYNC): its first output."""
+    return lambda *xs: fn(*xs)[0]
+
+
 def _inputs(layer: Layer, role: str) -> dict[str, Any]:
-    """The arrays of one call by the fused families' input names (their specs: X, gamma, W/S/Bq, Wu/Su/Bu, R)."""
+    """The arrays of one call by the fused families' input names (their specs: X, gamma, W/S/Bq, Wu/Su/Bu, R;
+    mlp_block: Wo/So/Bo, Wg/Sg/Bg, Wu/Su/Bu, Wd/Sd/Bd)."""
+    named: dict[str, Any] = {}
+    if role == "mlp":
+        named["gamma"] = layer.n2
+        for prefix, q in (("o", layer.o), ("g", layer.gate), ("u", layer.up), ("d", layer.down)):
+            named.update(zip((f"W{prefix}", f"S{prefix}", f"B{prefix}"), q))
+        return named
     mats = {"qkv": (layer.qkv,), "o": (layer.o,), "gate_up": (layer.gate, layer.up), "down": (layer.down,)}[role]
-    named: dict[str, Any] = dict(zip(("W", "S", "Bq"), mats[0]))
+    named.update(zip(("W", "S", "Bq"), mats[0]))
     if len(mats) > 1:
         named.update(zip(("Wu", "Su", "Bu"), mats[1]))
     if role in ("qkv", "gate_up"):
@@ -204,19 +230,20 @@ def bind_layer(pkg: Any, families: dict[str, Any], layer: Layer, calls: Sequence
         if missing:
             raise BenchError(f"{call.family}: weight input(s) {', '.join(missing)} are not of a decode layer")
         acts = tuple(i.name for i in fam.inputs if not i.weight)
-        residual = call.role in ("o", "down")
+        residual = call.role in ("o", "down", "mlp")
         if acts != (("X", "R") if residual else ("X",)):
             raise BenchError(f"{call.family}: activations {', '.join(acts)}; a decode layer passes "
                              f"{'X, R' if residual else 'X'}")
         fn = getattr(pkg, call.family).bind(*(named[i.name] for i in fam.inputs if i.weight))
-        out[call.role] = Bound(fn, residual)
+        out[call.role] = Bound(_first(fn) if len(fam.outputs) > 1 else fn, residual)
     return out
 
 
-def package_step(bound: Sequence[dict[str, Bound]], hidden: int) -> Callable[[Any], list[Any]]:
-    """The layer as four package calls: norm + Q/K/V, O + residual, norm + gate/up SwiGLU, down + residual."""
+def package_step(bound: Sequence[dict[str, Bound]], hidden: int, launches: int = 4) -> Callable[[Any], list[Any]]:
+    """The layer as four package calls (norm + Q/K/V, O + residual, norm + gate/up SwiGLU, down + residual) or as
+    two (norm + Q/K/V, and ``mlp_block``: O, norm, gate/up, down and both residuals in one persistent kernel)."""
 
-    def step(x: Any) -> list[Any]:
+    def step4(x: Any) -> list[Any]:
         kept: list[Any] = []
         for b in bound:
             qkv = b["qkv"].fn(x)
@@ -225,4 +252,12 @@ def package_step(bound: Sequence[dict[str, Bound]], hidden: int) -> Callable[[An
             kept.append(qkv[:, hidden:])
         return [x, *kept]
 
-    return step
+    def step2(x: Any) -> list[Any]:
+        kept: list[Any] = []
+        for b in bound:
+            qkv = b["qkv"].fn(x)
+            x = b["mlp"].fn(qkv[:, :hidden], x)
+            kept.append(qkv[:, hidden:])
+        return [x, *kept]
+
+    return step4 if launches == 4 else step2

@@ -1,0 +1,1 @@
+"""Benchmarks of the exported package as its consumers call it (``kernsearch bench``)."""

@@ -180,3 +180,62 @@ def test_the_package_ships_the_patch_module_byte_for_byte(pkg) -> None:
     from kernsearch.exporting.runtime import _patch
 
     assert shipped.read_bytes() == Path(_patch.__file__).read_bytes()
+
+
+def _tiny_local_model(folder: Path) -> None:
+    """What `mlx_lm.load` reads from a local folder: a tiny Llama's config and weights (quantized by mlx-lm, saved by
+    mlx-lm) and a word-level tokenizer (nothing downloaded)."""
+    import json
+
+    from mlx_lm.utils import save_config, save_model
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    words = ["<unk>", "<s>", "</s>", *(f"w{i}" for i in range(253)), *"Write a haiku about GPUs".split()]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece()
+    folder.mkdir(parents=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    config = {"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 2, "intermediate_size": 256,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": len(words),
+              "tie_word_embeddings": False}
+    mx.random.seed(3)
+    model = llama.Model(llama.ModelArgs(**config))
+    model.update(tree_map(lambda a: a * 3 if a.ndim == 2 else a, model.parameters()))
+    model, config = quantize_model(model, config, 32, 4)
+    save_model(folder, model)
+    save_config(config, folder / "config.json")
+
+
+def test_the_docs_example_loads_patches_explains_and_generates_what_mlx_lm_generates(tmp_path: Path) -> None:
+    """docs/mlx-lm.md's block as written, on a tiny model saved where `load` reads it (the hub's name replaced by the
+    folder) with the package exported as kernsearch_kernels; the same block without the patch line generates the
+    same text."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "mlx-lm.md").read_text()
+    block = re.search(r"```python\n(.*?)```", page, re.S).group(1)
+    _tiny_local_model(tmp_path / "model")
+    names = [f for f in FAMILIES if f in builtin_family_names()]
+    result = export(names, tmp_path / "dist", ArtifactStore(tmp_path / "store"), package="kernsearch_kernels",
+                    version="1.0")
+    script = block.replace('"mlx-community/Meta-Llama-3.1-8B-Instruct-4bit"', repr(str(tmp_path / "model")))
+    assert script != block
+    env = {**os.environ, "PYTHONPATH": str(result.source_dir), "HF_HUB_OFFLINE": "1"}
+
+    def run(text: str) -> str:
+        r = subprocess.run([sys.executable, "-c", text], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    patched = run(script)
+    assert "2 of 2 layers patched" in patched and "norm + gate/up SwiGLU" in patched
+    plain = run(script.replace("kernsearch_kernels.patch(model)", "pass"))
+    assert "0 of 2 layers patched" in plain
+    text = patched.strip().splitlines()[-1]
+    assert len(set(text.split())) > 4 and text == plain.strip().splitlines()[-1]

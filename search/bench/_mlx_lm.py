@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import KernsearchError
-from .._vocabulary import Evidence
+from .._vocabulary import Evidence, Target
 from ..artifacts._artifacts import ArtifactStore
 from ..exporting._export import export
 
@@ -166,7 +166,7 @@ class MlxLmReport:
             k = self.comparison
             out.append(f"tokens: first {k.same_tokens} of {k.generated} identical ({k.distinct_tokens} distinct); "
                        f"largest log-prob difference {k.max_logprob_diff:.2e} (tolerance {k.tolerance:g}): "
-                       f"{'ok' if k.ok else 'DIFFERENT'}")
+                       f"{'the same' if k.ok else 'DIFFERENT'}")
         return out + self.notes + [self.explain]
 
 
@@ -261,9 +261,9 @@ def compare(mx: Any, plain: _Generation, patched: _Generation, dtype: str) -> Co
 def _device(mx: Any) -> str:
     cuda = getattr(mx, "cuda", None)
     if cuda is not None and cuda.is_available():
-        return "cuda"
+        return Target.CUDA.value
     metal = getattr(mx, "metal", None)
-    return "metal" if metal is not None and metal.is_available() else "cpu"
+    return Target.METAL.value if metal is not None and metal.is_available() else "cpu"
 
 
 def _patched(pkg: Any, model: Any, notes: list[str]) -> Any:

@@ -6,8 +6,10 @@ family each version was rendered from, and the re-check renders the version's co
 kernel must be exactly what it renders, the config must satisfy its constraints, the geometry must be its
 launch. Nothing about a version is taken on trust because "the template changed since".
 
-``ROOT/.families/<sha256>/`` holds ``family.toml``, every template the spec names and every template the
-render of the version's config read (includes, imports, a base template), as they were. The folder's name is
+``ROOT/.families/<sha256>/`` holds ``family.toml``, every template the spec names, every template the
+render of the version's config read (includes, imports, a base template; the shared library's as
+``_lib/NAME``) and the specs it extends (``_extends/NAME/family.toml``), as they were: a family folder's own
+``_lib`` and ``_extends`` stand for the built-in ones when it has them. The folder's name is
 the hash of its files (:func:`snapshot_hash`), recorded in the store's index with the version; a snapshot is
 never modified, and one whose files do not hash to its name is refused. To be rendered, a snapshot is read
 once (bounded, no links, regular files only), checked, and copied into a private temporary folder of this
@@ -56,12 +58,14 @@ def family_files(fam: Family, target: str, config: Config, dtype: str) -> dict[s
     """What a version of ``fam`` is rendered from: its spec, every template it names, and each template the
     render of ``config`` for ``target`` reads (each as the render read it)."""
     from ..family._render import render
-    from ..family._spec import template_env
+    from ..family._spec import OWN_BASES, template_env
 
     try:
         files = {SPEC: _safeio.read_inside(fam.path, [SPEC], FILE_LIMIT)}
         for name in fam.templates.values():
             files[name] = _safeio.read_inside(fam.path, [name], FILE_LIMIT)
+        for base in fam.bases:  # the specs it extends, as they were (read back from _extends/NAME/family.toml)
+            files[f"{OWN_BASES}/{base.parent.name}/{SPEC}"] = _safeio.read_bytes(base, FILE_LIMIT)
     except _safeio.UnsafeFile as exc:
         raise ArtifactError(f"cannot keep the family with the version: {exc}") from None
     sandbox = template_env(fam.path)

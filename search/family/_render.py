@@ -92,11 +92,13 @@ def render_context(family: Family, config: Config, dtype: str) -> dict[str, Any]
 def render_blocks(tmpl: Template, ctx: dict[str, Any]) -> tuple[str, str]:
     """The raw ``header`` and ``source`` blocks of ``tmpl``.
 
-    The template's top level runs first so its macros and ``{% set %}`` names exist inside the blocks.
+    The template's top level runs first so its macros, ``{% set %}`` names and imports (``{% import
+    "_lib/qmatvec.metal.j2" as core with context %}``) exist inside the blocks.
     """
     with render_deadline():
-        module = tmpl.make_module(ctx)
-        scope = {k: v for k, v in vars(module).items() if not k.startswith("_")}
+        top = tmpl.new_context(ctx)
+        bounded_join(tmpl.root_render_func(top))
+        scope = {k: v for k, v in top.vars.items() if not k.startswith("_")}
         return (bounded_join(tmpl.blocks["header"](tmpl.new_context(ctx, locals=scope))),
                 bounded_join(tmpl.blocks["source"](tmpl.new_context(ctx, locals=scope))))
 

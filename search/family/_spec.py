@@ -9,6 +9,7 @@ the file and the field. Expressions are compiled in Jinja's sandbox (see ``_expr
 
 from __future__ import annotations
 
+import os
 import re
 from functools import cached_property
 from importlib import resources
@@ -24,6 +25,7 @@ from .._errors import SpecError
 from .._vocabulary import CONSUMER_MODES, ConsumerModeName, Dtype
 from ..hardware._targets import TargetName
 from ._expr import ARRAY_ATTRIBUTES, BUILTINS, Expr, ExprError
+from ._extends import extended
 from ._template import TEMPLATE_LIMIT, TemplateSandbox
 from ._vocab import ARRAY_FUNCTIONS, MLX_NAMES
 
@@ -364,6 +366,8 @@ class Family(_Model):
     #: Every mode is still timed and recorded.
     consumer_modes: list[ConsumerModeName] = Field(default_factory=lambda: list(CONSUMER_MODES), min_length=1)
     path: Path
+    #: The spec files merged under this one through ``extends`` (``_extends``), nearest first.
+    bases: list[Path] = Field(default_factory=list)
 
     @field_validator("reference", "baseline", mode="before")
     @classmethod
@@ -659,8 +663,11 @@ def parse_family(data: Any, source: Path | str = "<spec>") -> Family:
     if not isinstance(data, dict):
         raise SpecError(f"{source}: a family spec must be a table")
     folder = Path(source).parent if str(source) != "<spec>" else Path(".")
+    own = folder if str(source) != "<spec>" else None
+    data, bases = extended(data, source, lambda name: _base_spec(own, name),
+                           lambda name: NAME_RE.fullmatch(name) is not None)
     try:
-        return Family(**{**data, "path": folder})
+        return Family(**{**data, "path": folder, "bases": bases})
     except ValidationError as exc:
         problems: list[str] = []
         for err in exc.errors():
@@ -674,6 +681,29 @@ def parse_family(data: Any, source: Path | str = "<spec>") -> Family:
         raise SpecError(f"{source}{more}: " + "; ".join(p.replace("\n", " ") for p in problems)) from None
     except (TypeError, ValueError, ExprError) as exc:  # e.g. non-string keys from a hand-built mapping
         raise SpecError(f"{source}: {exc}") from None
+
+
+#: A family folder's own copies of the specs it extends (a store's snapshot keeps them: ``_extends/NAME/family.toml``).
+OWN_BASES = "_extends"
+
+
+def _base_spec(folder: Path | None, name: str) -> tuple[dict[str, Any], Path]:
+    """The spec ``extends = name`` reads: the folder's own copy when it has an ``_extends`` folder (a snapshot,
+    as it was published), else the built-in family's."""
+    own = folder / OWN_BASES if folder is not None else None
+    if own is not None and os.path.lexists(own):
+        path = own / name / SPEC_FILE
+        if not (_safeio.is_real_dir(own) and _safeio.is_real_dir(own / name)):
+            raise SpecError(f"{own.parent / SPEC_FILE}: extends: {path} is not in a plain folder (refused)")
+    else:
+        path = builtin_families_dir() / name / SPEC_FILE
+        if not _safeio.is_regular(path):
+            raise SpecError(f"{folder or '<spec>'}/{SPEC_FILE}: extends: unknown family {name!r} (built-in: "
+                            f"{', '.join(builtin_family_names())})")
+    try:
+        return _safeio.read_toml(path), path
+    except _safeio.UnsafeFile as exc:
+        raise SpecError(f"extends: {exc}") from None
 
 
 def template_env(folder: Path) -> TemplateSandbox:

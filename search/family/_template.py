@@ -11,26 +11,30 @@ Templates come from family folders others write. They render in Jinja's
   bodies, ``{{ }}`` output of lists, and the filters that grow text (``center``, ``indent``, ``replace``,
   ``join``...) refuse a result over :data:`MAX_OUTPUT` characters; ``str.format`` is not reachable (a memory
   bomb is an error, not an out-of-memory kill: a time bound alone cannot stop one allocation);
-- templates are loaded only from the family folder itself, through :mod:`_safeio` (no file links, no special
-  files, size-capped; the real path of the file and of every folder on the way must stay inside the family
-  folder, so a linked folder cannot lead outside), and a render stops after :data:`RENDER_SECONDS` or
-  :data:`MAX_OUTPUT` characters.
+- templates are loaded only from the family folder itself and from the shared template library
+  (``_lib/NAME``: kernsearch's ``templates/_lib``), through :mod:`_safeio` (no file links, no special files,
+  size-capped; the real path of the file and of every folder on the way must stay inside the family folder,
+  or the library's, so a linked folder cannot lead outside), and a render stops after :data:`RENDER_SECONDS`
+  or :data:`MAX_OUTPUT` characters.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from jinja2 import BaseLoader, StrictUndefined, TemplateNotFound, nodes
 from jinja2.compiler import CodeGenerator, Frame
+from jinja2.environment import TemplateModule
 from jinja2.filters import FILTERS as DEFAULT_FILTERS
-from jinja2.runtime import LoopContext
+from jinja2.runtime import LoopContext, Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.tests import TESTS as DEFAULT_TESTS
 
@@ -45,6 +49,13 @@ LOOP_ATTRIBUTES = frozenset({"index", "index0", "first", "last", "length", "revi
 RENDER_SECONDS = 20.0
 MAX_OUTPUT = 4 << 20
 TEMPLATE_LIMIT = 1 << 20
+#: Template names under this folder come from the shared library (``{% import "_lib/qmatvec.metal.j2" %}``).
+LIBRARY = "_lib"
+
+
+def library_dir() -> Path:
+    """The shared template library every family may import from (``templates/_lib``)."""
+    return Path(str(resources.files("kernsearch.templates"))) / LIBRARY
 
 
 class TemplateLimit(Exception):
@@ -52,29 +63,36 @@ class TemplateLimit(Exception):
 
 
 class FolderLoader(BaseLoader):
-    """Templates from one folder only, read through :mod:`_safeio`: plain names (no ``..``, hidden or absolute
-    names), regular files, and a real path inside the folder for the file and every folder on the way, so a
-    linked folder (``sub -> /etc``) cannot lead an include, import or extends outside the family.
+    """Templates from one folder and the shared library only, read through :mod:`_safeio`: plain names (no
+    ``..``, hidden or absolute names), regular files, and a real path inside the folder (or the library) for the
+    file and every folder on the way, so a linked folder (``sub -> /etc``) cannot lead an include, import or
+    extends elsewhere.
 
-    ``loaded`` keeps the text of every template served (what a publish records with the version)."""
+    ``_lib/NAME`` is the library's ``NAME``, unless the family folder has a ``_lib`` entry of its own: then it is
+    that folder's (a store's snapshot keeps the library files a version read, as they were).
+    ``loaded`` keeps the text of every template served, by the name asked (what a publish records with the version)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, library: Path | None = None) -> None:
         self.folder = Path(folder)
+        self.library = library_dir() if library is None else Path(library)
         self.loaded: dict[str, str] = {}
 
     def get_source(self, environment: Any, template: str) -> tuple[str, str, Callable[[], bool]]:
         parts = template.split("/")
         if any(p in ("", ".", "..") or p.startswith(".") for p in parts) or len(parts) > 4:
             raise TemplateNotFound(template, f"template {template[:100]!r}: not a plain name inside the family "
-                                   "folder (refused)")
+                                   "folder or the template library (refused)")
+        root, inner = self.folder, parts
+        if parts[0] == LIBRARY and len(parts) > 1 and not os.path.lexists(self.folder / LIBRARY):
+            root, inner = self.library, parts[1:]
         try:
-            text = _safeio.read_inside(self.folder, parts, TEMPLATE_LIMIT).decode("utf-8")
+            text = _safeio.read_inside(root, inner, TEMPLATE_LIMIT).decode("utf-8")
         except _safeio.UnsafeFile as exc:
             raise TemplateNotFound(template, f"template {template[:100]!r}: {exc}") from None
         except UnicodeDecodeError:
             raise TemplateNotFound(template, f"template {template[:100]!r}: not UTF-8 text") from None
         self.loaded[template] = text
-        return text, str(self.folder.joinpath(*parts)), lambda: False
+        return text, str(root.joinpath(*inner)), lambda: False
 
 
 def text_size(value: Any, limit: int = MAX_OUTPUT) -> int:
@@ -175,10 +193,10 @@ class TemplateSandbox(ImmutableSandboxedEnvironment):
     #: Macro, block and ``{% set %}`` bodies are joined with this (the compiled code's ``concat``).
     concat = staticmethod(lambda chunks: bounded_join(chunks))
 
-    def __init__(self, folder: Path | None = None) -> None:
-        super().__init__(loader=FolderLoader(folder) if folder is not None else None, undefined=StrictUndefined,
-                         keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
-                         cache_size=50, finalize=bounded_str)
+    def __init__(self, folder: Path | None = None, library: Path | None = None) -> None:
+        super().__init__(loader=FolderLoader(folder, library) if folder is not None else None,
+                         undefined=StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
+                         lstrip_blocks=True, autoescape=False, cache_size=50, finalize=bounded_str)
         self.globals.clear()
         self.filters = {name: _bounded_filter(name, DEFAULT_FILTERS[name]) for name in FILTERS}
         self.tests = {name: DEFAULT_TESTS[name] for name in TESTS}
@@ -188,6 +206,8 @@ class TemplateSandbox(ImmutableSandboxedEnvironment):
             return False
         if isinstance(obj, LoopContext):
             return attr in LOOP_ATTRIBUTES
+        if isinstance(obj, TemplateModule):  # {% import "_lib/x.j2" as core %}: its macros, core.source()
+            return isinstance(value, Macro)
         fields = getattr(type(obj), "model_fields", None)
         return isinstance(fields, dict) and attr in fields
 

@@ -239,3 +239,17 @@ def test_the_docs_example_loads_patches_explains_and_generates_what_mlx_lm_gener
     assert "0 of 2 layers patched" in plain
     text = patched.strip().splitlines()[-1]
     assert len(set(text.split())) > 4 and text == plain.strip().splitlines()[-1]
+
+
+def test_a_batch_of_four_with_and_without_a_cache_computes_what_mlx_lm_computes(pkg) -> None:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model = build(llama, num_key_value_heads=2)
+    tokens = mx.array([[3, 7, 11], [5, 2, 9], [1, 1, 4], [8, 6, 2]])  # 4 rows of 3: 12 rows per step
+    caches = [make_prompt_cache(model), make_prompt_cache(model)]
+    want = [model(tokens), model(tokens[:, :2], cache=caches[0]), model(tokens[:, 2:], cache=caches[0])]
+    pkg.patch(model)
+    got = [model(tokens), model(tokens[:, :2], cache=caches[1]), model(tokens[:, 2:], cache=caches[1])]
+    for g, w in zip(got, want):
+        assert mx.allclose(g, w, atol=1e-4).item()
+    assert not mx.allclose(got[2], model(tokens[:, 2:]), atol=1e-4).item()  # the cache's offset and keys matter

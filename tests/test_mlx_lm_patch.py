@@ -81,7 +81,8 @@ CONFIGS = {
     "llama": (llama, {}),
     "gqa": (llama, {"num_key_value_heads": 1}),
     "8-bit": (llama, {"bits": 8, "group": 64}),
-    "qwen2": (qwen2, {"num_key_value_heads": 2}),
+    "qwen2": (qwen2, {"num_key_value_heads": 2}),  # biases on q/k/v
+    "biases": (llama, {"attention_bias": True}),  # biases on q/k/v and o: O runs qmatvec, the bias, the residual
 }
 
 
@@ -253,3 +254,14 @@ def test_a_batch_of_four_with_and_without_a_cache_computes_what_mlx_lm_computes(
     for g, w in zip(got, want):
         assert mx.allclose(g, w, atol=1e-4).item()
     assert not mx.allclose(got[2], model(tokens[:, 2:]), atol=1e-4).item()  # the cache's offset and keys matter
+
+
+def test_an_mlp_with_biases_runs_mlx_lm_s_modules_and_the_attention_is_still_patched(pkg, monkeypatch) -> None:
+    model = build(llama, mlp_bias=True)
+    want, _ = greedy(model, 8)
+    calls = counting(pkg, monkeypatch)
+    report = pkg.patch(model)
+    assert report.patched == 2
+    assert "MLP: mlx-lm's own modules (gate_proj or up_proj has a bias" in str(report)
+    assert greedy(model, 8)[0] == want
+    assert calls["rmsnorm_swiglu_qmatvec"] == calls["swiglu_qmatvec"] == 0 and sum(calls.values()) == 2 * 20

@@ -38,12 +38,19 @@ _ATTR = "_kernsearch_patch"
 
 
 def fingerprint(fn: Any) -> str:
-    """A function's syntax tree, hashed: equal for the same code whatever its layout and comments."""
-    try:
-        source = textwrap.dedent(inspect.getsource(fn))
-        return hashlib.sha256(ast.dump(ast.parse(source)).encode()).hexdigest()[:16]
-    except (OSError, TypeError, SyntaxError):
-        return "unavailable"
+    """A function's syntax tree, hashed: equal for the same code whatever its layout and comments (once per
+    function: a model's blocks share their class)."""
+    key = getattr(fn, "__code__", fn)
+    if key not in _FINGERPRINTS:
+        try:
+            source = textwrap.dedent(inspect.getsource(fn))
+            _FINGERPRINTS[key] = hashlib.sha256(ast.dump(ast.parse(source)).encode()).hexdigest()[:16]
+        except (OSError, TypeError, SyntaxError):
+            return "unavailable"
+    return _FINGERPRINTS[key]
+
+
+_FINGERPRINTS: Dict[Any, str] = {}
 
 
 @dataclass(frozen=True)

@@ -265,3 +265,19 @@ def test_an_mlp_with_biases_runs_mlx_lm_s_modules_and_the_attention_is_still_pat
     assert "MLP: mlx-lm's own modules (gate_proj or up_proj has a bias" in str(report)
     assert greedy(model, 8)[0] == want
     assert calls["rmsnorm_swiglu_qmatvec"] == calls["swiglu_qmatvec"] == 0 and sum(calls.values()) == 2 * 20
+
+
+def test_weights_the_package_refuses_leave_that_half_to_mlx_lm(pkg, monkeypatch) -> None:
+    model = build(llama)
+    want, _ = greedy(model, 8)
+    bind = pkg._patcher.d.bind
+
+    def refusing(family, *weights, **kw):
+        if family in ("rmsnorm_swiglu_qmatvec", "swiglu_qmatvec"):
+            raise ValueError("shapes out of the package's range")
+        return bind(family, *weights, **kw)
+
+    monkeypatch.setattr(pkg._patcher.d, "bind", refusing)
+    text = str(pkg.patch(model))
+    assert "MLP: mlx-lm's own modules" in text and "refused the block's weights: shapes out of" in text
+    assert "norm + Q/K/V" in text and greedy(model, 8)[0] == want

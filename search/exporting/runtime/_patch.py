@@ -199,7 +199,10 @@ class Patcher:
             raise Unsupported(f"{name}'s weight input(s) {', '.join(missing)} are not of a block")
         weights = [named[i["name"]] for i in inputs if i.get("weight")]
         acts = tuple(str(i["name"]) for i in inputs if not i.get("weight"))
-        fn = self.d.bind(name, *weights)
+        try:
+            fn = self.d.bind(name, *weights)
+        except (TypeError, ValueError) as exc:  # the package refuses these weights: mlx-lm's modules run
+            raise Unsupported(f"{name}.bind refused the block's weights: {exc}") from None
         state.arrays.extend(weights)
         w = named["W"]
         rows = {"X": (1, w.shape[1] * 32 // int(named["bits"])), "R": (1, w.shape[0])}

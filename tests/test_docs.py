@@ -198,6 +198,10 @@ COVERAGE: dict[str, Here | Elsewhere | NotACommand] = {
                               '"0.1205"')),
     "docs/msl-subset.md: block: $ kernsearch verify /tmp/gemm_bug --config MMA=scalar --shape 32,32,16 --dtype "
     "float32 --check": Here("test_msl_subset_transcript_is_what_verify_prints"),
+    # docs/mlx-lm.md
+    "docs/mlx-lm.md: python: from mlx_lm import generate, load": Elsewhere(
+        "tests/test_mlx_lm_patch.py::test_the_docs_example_loads_patches_explains_and_generates_what_mlx_lm_generates",
+        ('"docs" / "mlx-lm.md"', '[sys.executable, "-c", text]')),
 }
 
 

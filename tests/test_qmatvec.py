@@ -173,9 +173,12 @@ def test_every_valid_apple_config_matches_the_reference(fam, quarter: int) -> No
 
 
 def _mutated(fam, tmp_path: Path, *edits: tuple[str, str]):  # noqa: ANN001, ANN202
+    """``fam`` with the shared core's Metal text edited: a copy of the folder with its own ``_lib`` (a folder's own
+    library stands for the built-in one)."""
     folder = tmp_path / fam.name
     shutil.copytree(fam.path, folder)
-    tmpl = folder / fam.templates["metal"]
+    shutil.copytree(REPO / "templates" / "_lib", folder / "_lib")
+    tmpl = folder / "_lib" / "qmatvec.metal.j2"
     text = tmpl.read_text()
     for old, new in edits:
         assert old in text

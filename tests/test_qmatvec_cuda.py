@@ -1,4 +1,5 @@
-"""The CUDA twins of qmatvec and swiglu_qmatvec, checked without a GPU: every valid H100 config renders (every
+"""The CUDA twins of qmatvec and the families on its core (swiglu_qmatvec, rmsnorm_qmatvec, qmatvec_residual,
+rmsnorm_swiglu_qmatvec), checked without a GPU: every valid H100 config renders (every
 compiled row count, both widths, every dtype) to the kernel its knobs name; the NVIDIA rules of the space; and,
 where nvcc is installed, a sample compiled for sm_90 exactly as MLX's cuda_kernel wraps a body
 (mlx/backend/cuda/custom_kernel.cpp, build_kernel), with ptxas's registers held to the family's estimate."""
@@ -16,7 +17,7 @@ import pytest
 from kernsearch import Space, get_chip, load_family, make_problem, render
 from kernsearch.family._render import render_context
 
-FAMILIES = ("qmatvec", "swiglu_qmatvec")
+FAMILIES = ("qmatvec", "swiglu_qmatvec", "rmsnorm_qmatvec", "qmatvec_residual", "rmsnorm_swiglu_qmatvec")
 H100 = get_chip("H100")
 DTYPES = ("float16", "bfloat16", "float32")
 NVCC = shutil.which("nvcc")
@@ -97,10 +98,13 @@ def _check_rendering(fam, cfg: dict, dtype: str) -> str:  # noqa: ANN001
             f"MB = {cfg['MB']};") in src and f"constexpr int QB = {cfg['QBITS']};" in src
     assert ("ksq::mma16816(" in src) == (cfg["PATH"] == "mma")
     assert ("ksq::field(" in src) == (cfg["PATH"] == "fma")
-    fused = fam.name == "swiglu_qmatvec"
+    fused = "swiglu" in fam.name
     assert ("ksq::silu_mul(" in src) == fused and ("Wu)" in src) == fused and ctx["NMAT"] == (2 if fused else 1)
-    shared = re.findall(r"__shared__ float part\[(\d+)\];", src)
-    assert [int(s) * 4 for s in shared] == ([ctx["tg_bytes"]] if cfg["KS"] > 1 else [])
+    norm, resid = fam.name.startswith("rmsnorm_"), fam.name.endswith("_residual")
+    assert ctx["NORM"] == norm and ("rsqrtf(" in src) == norm and ("gamma" in src) == norm and ("eps[0]" in src) == norm
+    assert ctx["RESID"] == resid and ("R[(size_t)m * N + n]" in src) == resid
+    shared = re.findall(r"__shared__ float \w+\[(\d+)\];", src)
+    assert sum(int(s) * 4 for s in shared) == ctx["tg_bytes"] and bool(shared) == (cfg["KS"] > 1 or norm)
     assert re.search(r"reinterpret_cast<const uint4\*>\(W\)", src)  # whole 16-byte chunks of MLX's words
     return kernel.sha256
 
@@ -115,7 +119,7 @@ def test_a_sample_of_h100_configs_renders_to_the_kernel_its_knobs_name(name: str
     fam = load_family(name)
     plan = [(c, dtype) for m, bits, dtype in SAMPLE for c in _valid(fam, qshape(m, 4096, bits), dtype)[::3]]
     assert {(c["PATH"], c["MB"]) for c, _ in plan} == {("fma", 1), ("fma", 2), ("fma", 4), ("fma", 8), ("mma", 8),
-                                                      ("mma", 16)} | ({("fma", 16)} if name == "qmatvec" else set())
+                                                      ("mma", 16)} | ({("fma", 16)} if "swiglu" not in name else set())
     for cfg, dtype in plan:
         _check_rendering(fam, cfg, dtype)
 
@@ -127,7 +131,7 @@ def test_every_valid_h100_config_renders_to_distinct_code(name: str) -> None:
     configs are distinct code (a config's shape only picks MB: its source is the same at every shape)."""
     fam = load_family(name)
     plan = _every_config(fam)
-    assert len(plan) > (1600 if name == "qmatvec" else 1000)
+    assert len(plan) > (1600 if "swiglu" not in name else 1000)
     seen: dict[tuple[str, str], str] = {}
     for cfg, dtype, _ in plan:
         digest = _check_rendering(fam, cfg, dtype)
@@ -175,9 +179,9 @@ def test_the_h100_space_holds_what_each_path_can_build(name: str) -> None:
                 for c in valid:
                     ctx = render_context(fam, c, dtype)
                     assert ctx["PER"] <= 32 and ctx["regs"] <= 255 and ctx["threads"] * ctx["regs"] <= 65536
-                if name == "qmatvec" or m <= 8:
+                if "swiglu" not in name or m <= 8:
                     assert fma, (bits, m, dtype)
-    if name == "swiglu_qmatvec":  # 2 x 2 x 16 fma accumulators are too many; mma takes no float32
+    if "swiglu" in name:  # 2 x 2 x 16 fma accumulators are too many; mma takes no float32
         assert _valid(fam, qshape(16, 4096, 4), "float32") == []
 
 

@@ -325,6 +325,7 @@ import keyword as _keyword
 import re as _re
 from pathlib import Path as _Path
 
+from ._patch import Patcher as _Patcher
 from ._runtime import Decision, Dispatcher
 
 _dispatcher = Dispatcher(_Path(__file__).resolve().parent)
@@ -337,8 +338,24 @@ def explain(family, *arrays, chip=None, modeled=False):
     """Which artifact (or fallback) ``family(*arrays)`` uses here (or on ``chip``: a name or device_info).
 
     ``modeled=True`` also considers modeled (never measured) artifacts, as ``KERNSEARCH_KERNELS=modeled`` does.
+    ``explain(model)``: what each layer of an mlx-lm model runs, patched or not (``patch``).
     """
+    if not isinstance(family, str):
+        return _patcher.explain(family)
     return _dispatcher.explain(family, *arrays, chip=chip, modeled=modeled)
+
+
+_patcher = _Patcher(_dispatcher)
+
+
+def patch(model):
+    """Run an mlx-lm model of the Llama family through this package's fused families (see ``_patch.py``)."""
+    return _patcher.patch(model)
+
+
+def unpatch(model):
+    """Undo ``patch(model)``: the model's blocks run mlx-lm's own forward again."""
+    return _patcher.unpatch(model)
 
 
 def _function(family, entry):
@@ -368,7 +385,7 @@ def _function(family, entry):
     return call
 
 
-__all__ = ["explain", "Decision", "Dispatcher"]
+__all__ = ["explain", "patch", "unpatch", "Decision", "Dispatcher"]
 for _family, _entry in _dispatcher.table.get("families", {}).items():
     _public = _family + "_" if _keyword.iskeyword(_family) or _family in __all__ else _family
     if isinstance(_family, str) and _NAME.fullmatch(_family) and _public not in globals():
@@ -378,7 +395,8 @@ for _family, _entry in _dispatcher.table.get("families", {}).items():
 
 
 #: The modules of the package's dispatcher, by file name: where kernsearch keeps each (copied byte for byte).
-SHIPPED = {"_runtime.py": "kernsearch.exporting.runtime", "_rules.py": "kernsearch", "_vocabulary.py": "kernsearch"}
+SHIPPED = {"_runtime.py": "kernsearch.exporting.runtime", "_rules.py": "kernsearch", "_vocabulary.py": "kernsearch",
+           "_patch.py": "kernsearch.exporting.runtime"}
 
 
 def shipped_modules() -> dict[str, bytes]:

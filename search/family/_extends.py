@@ -4,7 +4,9 @@ A fused family (``rmsnorm_qmatvec``) is a matrix-vector family with a prologue; 
 constraints and model terms would make two specs to keep in step. ``extends`` names a built-in family whose
 ``family.toml`` is read (bounded, no links) and merged under this one, before validation:
 
-- tables merge key by key, recursively (``[knobs]``, ``[derived]``, ``[model]``, ``[tolerance.float16]``...);
+- tables merge key by key, recursively (``[knobs]``, ``[derived]``, ``[model]``, ``[tolerance.float16]``...),
+  but for ``[templates]``, replaced whole (template names are the extending folder's own files: it names each
+  template it has, usually a few lines importing the shared library's core);
 - the arrays of named tables (``[[inputs]]``, ``[[outputs]]``, ``[[constraints]]``) merge by ``name``: an entry
   naming a base entry is merged key by key into it, in place; a new name is appended, in the order given;
 - any other value (a string, a number, a plain list such as ``dims`` or ``default_shape``) is replaced;
@@ -23,6 +25,8 @@ from typing import Any
 
 from .._errors import SpecError
 
+#: Tables replaced whole, not merged (file names inside the extending folder).
+REPLACED = ("templates",)
 #: The arrays of tables merged entry by entry, by their ``name``.
 NAMED_ARRAYS = ("inputs", "outputs", "constraints")
 #: How many specs a chain of ``extends`` may hold (the spec itself included).
@@ -34,9 +38,9 @@ def merge(base: dict[str, Any], over: dict[str, Any], path: str = "") -> dict[st
     out = dict(base)
     for key, value in over.items():
         old = out.get(key)
-        if isinstance(old, dict) and isinstance(value, dict):
+        if isinstance(old, dict) and isinstance(value, dict) and (path or key not in REPLACED):
             out[key] = merge(old, value, f"{path}{key}.")
-        elif not path and key in NAMED_ARRAYS and _named(old) and _named(value):
+        elif not path and key in NAMED_ARRAYS and isinstance(old, list) and _named(old) and _named(value):
             out[key] = _merge_named(old, value)
         else:
             out[key] = value

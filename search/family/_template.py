@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import BaseLoader, StrictUndefined, TemplateNotFound, nodes
-from jinja2.environment import TemplateModule
 from jinja2.compiler import CodeGenerator, Frame
+from jinja2.environment import TemplateModule
 from jinja2.filters import FILTERS as DEFAULT_FILTERS
 from jinja2.runtime import LoopContext, Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -194,9 +194,9 @@ class TemplateSandbox(ImmutableSandboxedEnvironment):
     concat = staticmethod(lambda chunks: bounded_join(chunks))
 
     def __init__(self, folder: Path | None = None, library: Path | None = None) -> None:
-        super().__init__(loader=FolderLoader(folder, library) if folder is not None else None, undefined=StrictUndefined,
-                         keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
-                         cache_size=50, finalize=bounded_str)
+        super().__init__(loader=FolderLoader(folder, library) if folder is not None else None,
+                         undefined=StrictUndefined, keep_trailing_newline=True, trim_blocks=True,
+                         lstrip_blocks=True, autoescape=False, cache_size=50, finalize=bounded_str)
         self.globals.clear()
         self.filters = {name: _bounded_filter(name, DEFAULT_FILTERS[name]) for name in FILTERS}
         self.tests = {name: DEFAULT_TESTS[name] for name in TESTS}

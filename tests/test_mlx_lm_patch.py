@@ -1,0 +1,283 @@
+"""An mlx-lm model decodes through the exported package with one line (issue 43): ``patch(model)``.
+
+On MLX's CPU back-end every family runs its MLX op (no kernel can run here), so these tests check what the patch
+itself must get right — the block's forward rebuilt around the package's fused calls (Q/K/V concatenated, GQA,
+biases, the residuals, mlx-lm's RoPE, cache and attention), greedy decoding through mlx-lm's own generation loop,
+``unpatch`` — on small random models built from mlx-lm's own model classes and quantized by mlx-lm (nothing
+downloaded).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx.utils import tree_flatten, tree_map
+from mlx_lm.generate import generate_step
+from mlx_lm.models import llama, qwen2
+from mlx_lm.utils import quantize_model
+from test_export import import_package
+
+from kernsearch import ArtifactStore, export
+from kernsearch.family._spec import builtin_family_names
+
+pytestmark = pytest.mark.slow  # mlx-lm's import alone takes seconds here
+
+FAMILIES = ["rmsnorm_qmatvec", "qmatvec_residual", "rmsnorm_swiglu_qmatvec", "qmatvec", "swiglu_qmatvec"]
+PROMPT = [1, 5, 9, 20, 33, 7]
+
+
+@pytest.fixture(scope="module")
+def pkg(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("lm")
+    names = [f for f in FAMILIES if f in builtin_family_names()]
+    result = export(names, root / "dist", ArtifactStore(root / "store"), package="ks_lm", version="1.0")
+    return import_package(result.source_dir, "ks_lm")
+
+
+def build(module, bits: int = 4, group: int = 32, eps: float = 1e-5, **kw) -> nn.Module:
+    """A small random model of ``module`` (llama or qwen2), weights scaled so that greedy decoding wanders over the
+    vocabulary (the default init repeats one token), quantized by mlx-lm."""
+    args = module.ModelArgs(model_type=module.__name__.rsplit(".", 1)[-1], hidden_size=128, num_hidden_layers=2,
+                            intermediate_size=256, num_attention_heads=4, rms_norm_eps=eps, vocab_size=300,
+                            **{"num_key_value_heads": 4, **kw})
+    mx.random.seed(3)
+    model = module.Model(args)
+    model.update(tree_map(lambda a: a * 3 if a.ndim == 2 else a, model.parameters()))
+    model, _ = quantize_model(model, {}, group, bits)
+    mx.eval(model.parameters())
+    return model
+
+
+def greedy(model: nn.Module, steps: int = 32) -> tuple[list[int], mx.array]:
+    """mlx-lm's own generation loop: the prompt, then ``steps`` greedy tokens and their log-probabilities."""
+    out = list(generate_step(mx.array(PROMPT), model, max_tokens=steps))
+    return [t for t, _ in out], mx.stack([lp for _, lp in out])
+
+
+def counting(pkg, monkeypatch) -> Counter:
+    """Count calls of every function the package binds from now on."""
+    calls: Counter = Counter()
+    bind = pkg._patcher.d.bind
+
+    def counted(family, *weights, **kw):
+        fn = bind(family, *weights, **kw)
+
+        def run(*acts):
+            calls[family] += 1
+            return fn(*acts)
+
+        return run
+
+    monkeypatch.setattr(pkg._patcher.d, "bind", counted)
+    return calls
+
+
+CONFIGS = {
+    "llama": (llama, {}),
+    "gqa": (llama, {"num_key_value_heads": 1}),
+    "8-bit": (llama, {"bits": 8, "group": 64}),
+    "qwen2": (qwen2, {"num_key_value_heads": 2}),  # biases on q/k/v
+    "biases": (llama, {"attention_bias": True}),  # biases on q/k/v and o: O runs qmatvec, the bias, the residual
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_patched_and_unpatched_decode_the_same_greedy_tokens(pkg, monkeypatch, name: str) -> None:
+    module, kw = CONFIGS[name]
+    model = build(module, **kw)
+    want, want_lp = greedy(model)
+    assert len(set(want)) > 8  # a decoding that wanders: a wrong step would show
+    calls = counting(pkg, monkeypatch)
+    report = pkg.patch(model)
+    assert report.patched == 2, str(report)
+    got, got_lp = greedy(model)
+    assert got == want
+    assert mx.allclose(got_lp, want_lp, atol=1e-4).item()
+    # Every forward of the loop ran each layer's four steps through the package (norm + Q/K/V, O, gate/up, down; one
+    # call each, fused or not): the prompt's first 5 tokens (5 rows: a decode-sized step), its last, and one step
+    # ahead of each of the 32 tokens yielded; two layers.
+    steps = (1 + 1 + 32) * 2
+    assert calls["rmsnorm_qmatvec"] + calls["qmatvec"] + calls["qmatvec_residual"] == 3 * steps, calls
+    assert calls["rmsnorm_swiglu_qmatvec"] + calls["swiglu_qmatvec"] == steps, calls
+
+
+def test_unpatch_restores_bit_identical_outputs_and_the_same_parameters(pkg) -> None:
+    model = build(llama, num_key_value_heads=2)
+    before = dict(tree_flatten(model.parameters()))
+    tokens = mx.array([PROMPT])
+    want = model(tokens)
+    pkg.patch(model)
+    assert {k: id(v) for k, v in tree_flatten(model.parameters())} == {k: id(v) for k, v in before.items()}
+    patched = model(tokens[:, :1])
+    assert pkg.unpatch(model) == 2
+    assert all(type(b) is llama.TransformerBlock for b in model.layers)
+    assert all("_kernsearch_patch" not in vars(b) for b in model.layers)
+    assert mx.array_equal(model(tokens), want).item()
+    assert mx.allclose(model(tokens[:, :1]), patched, atol=1e-4).item()
+    assert pkg.unpatch(model) == 0
+
+
+def test_a_one_token_step_runs_the_package_a_prompt_runs_mlx_lm(pkg, monkeypatch) -> None:
+    model = build(llama)
+    calls = counting(pkg, monkeypatch)
+    pkg.patch(model)
+    model(mx.array([list(range(17))]))  # 17 rows: a prompt, mlx-lm's own forward
+    assert sum(calls.values()) == 0
+    model(mx.array([[3] * 16]))  # 16 rows: the families' largest decode step
+    assert sum(calls.values()) == 8
+
+
+def test_explain_says_what_each_layer_runs_and_why(pkg) -> None:
+    model = build(llama)
+    before = pkg.explain(model)
+    assert before.patched == 0 and "not patched" in str(before)
+    text = str(pkg.patch(model))
+    assert text == str(pkg.explain(model))
+    assert text.startswith("2 of 2 layers patched")
+    for step in ("norm + Q/K/V", "O + residual", "norm + gate/up SwiGLU", "down + residual"):
+        assert text.count(step) == 2
+    assert "no GPU back-end here" in text  # the package's own decision for each call
+
+
+def test_an_eps_other_than_the_families_runs_the_norm_then_the_plain_family(pkg, monkeypatch) -> None:
+    model = build(llama, eps=1e-6)
+    want, _ = greedy(model, 8)
+    calls = counting(pkg, monkeypatch)
+    text = str(pkg.patch(model))
+    assert greedy(model, 8)[0] == want
+    assert calls["rmsnorm_qmatvec"] == calls["rmsnorm_swiglu_qmatvec"] == 0
+    assert calls["swiglu_qmatvec"] == (1 + 1 + 8) * 2
+    if "rmsnorm_qmatvec" in builtin_family_names():
+        assert "the norm's eps 1e-06 is not rmsnorm_qmatvec's 1e-05" in text
+
+
+def test_blocks_it_does_not_reproduce_are_left_alone_and_it_says_so(pkg) -> None:
+    model = build(llama)
+
+    class Other(llama.TransformerBlock):  # a block whose forward differs (another version, another model)
+        def __call__(self, x, mask=None, cache=None):
+            return super().__call__(x, mask, cache) * 1.0
+
+    model.layers[1].__class__ = Other
+    unquantized = llama.Model(llama.ModelArgs("llama", 64, 1, 128, 2, 1e-5, 50))
+    with pytest.warns(RuntimeWarning, match="1 of 2 layers left alone"):
+        report = pkg.patch(model)
+    assert [r.patched for r in report.layers] == [True, False]
+    assert "Other is not a block of mlx-lm's Llama family" in report.layers[1].left_alone
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        text = str(pkg.patch(unquantized))
+    assert "attention: mlx-lm's own modules (q_proj is Linear, not a QuantizedLinear" not in text  # left alone whole
+    assert "0 of 1 layers patched" in text and "left alone" in text
+
+
+def test_the_package_ships_the_patch_module_byte_for_byte(pkg) -> None:
+    shipped = Path(pkg.__file__).parent / "_patch.py"
+    from kernsearch.exporting.runtime import _patch
+
+    assert shipped.read_bytes() == Path(_patch.__file__).read_bytes()
+
+
+def _tiny_local_model(folder: Path) -> None:
+    """What `mlx_lm.load` reads from a local folder: a tiny Llama's config and weights (quantized by mlx-lm, saved by
+    mlx-lm) and a word-level tokenizer (nothing downloaded)."""
+    import json
+
+    from mlx_lm.utils import save_config, save_model
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    words = ["<unk>", "<s>", "</s>", *(f"w{i}" for i in range(253)), *"Write a haiku about GPUs".split()]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece()
+    folder.mkdir(parents=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    config = {"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 2, "intermediate_size": 256,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": len(words),
+              "tie_word_embeddings": False}
+    mx.random.seed(3)
+    model = llama.Model(llama.ModelArgs(**config))
+    model.update(tree_map(lambda a: a * 3 if a.ndim == 2 else a, model.parameters()))
+    model, config = quantize_model(model, config, 32, 4)
+    save_model(folder, model)
+    save_config(config, folder / "config.json")
+
+
+def test_the_docs_example_loads_patches_explains_and_generates_what_mlx_lm_generates(tmp_path: Path) -> None:
+    """docs/mlx-lm.md's block as written, on a tiny model saved where `load` reads it (the hub's name replaced by the
+    folder) with the package exported as kernsearch_kernels; the same block without the patch line generates the
+    same text."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "mlx-lm.md").read_text()
+    block = re.search(r"```python\n(.*?)```", page, re.S).group(1)
+    _tiny_local_model(tmp_path / "model")
+    names = [f for f in FAMILIES if f in builtin_family_names()]
+    result = export(names, tmp_path / "dist", ArtifactStore(tmp_path / "store"), package="kernsearch_kernels",
+                    version="1.0")
+    script = block.replace('"mlx-community/Meta-Llama-3.1-8B-Instruct-4bit"', repr(str(tmp_path / "model")))
+    assert script != block
+    env = {**os.environ, "PYTHONPATH": str(result.source_dir), "HF_HUB_OFFLINE": "1"}
+
+    def run(text: str) -> str:
+        r = subprocess.run([sys.executable, "-c", text], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    patched = run(script)
+    assert "2 of 2 layers patched" in patched and "norm + gate/up SwiGLU" in patched
+    plain = run(script.replace("kernsearch_kernels.patch(model)", "pass"))
+    assert "0 of 2 layers patched" in plain
+    text = patched.strip().splitlines()[-1]
+    assert len(set(text.split())) > 4 and text == plain.strip().splitlines()[-1]
+
+
+def test_a_batch_of_four_with_and_without_a_cache_computes_what_mlx_lm_computes(pkg) -> None:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model = build(llama, num_key_value_heads=2)
+    tokens = mx.array([[3, 7, 11], [5, 2, 9], [1, 1, 4], [8, 6, 2]])  # 4 rows of 3: 12 rows per step
+    caches = [make_prompt_cache(model), make_prompt_cache(model)]
+    want = [model(tokens), model(tokens[:, :2], cache=caches[0]), model(tokens[:, 2:], cache=caches[0])]
+    pkg.patch(model)
+    got = [model(tokens), model(tokens[:, :2], cache=caches[1]), model(tokens[:, 2:], cache=caches[1])]
+    for g, w in zip(got, want):
+        assert mx.allclose(g, w, atol=1e-4).item()
+    assert not mx.allclose(got[2], model(tokens[:, 2:]), atol=1e-4).item()  # the cache's offset and keys matter
+
+
+def test_an_mlp_with_biases_runs_mlx_lm_s_modules_and_the_attention_is_still_patched(pkg, monkeypatch) -> None:
+    model = build(llama, mlp_bias=True)
+    want, _ = greedy(model, 8)
+    calls = counting(pkg, monkeypatch)
+    report = pkg.patch(model)
+    assert report.patched == 2
+    assert "MLP: mlx-lm's own modules (gate_proj or up_proj has a bias" in str(report)
+    assert greedy(model, 8)[0] == want
+    assert calls["rmsnorm_swiglu_qmatvec"] == calls["swiglu_qmatvec"] == 0 and sum(calls.values()) == 2 * 20
+
+
+def test_weights_the_package_refuses_leave_that_half_to_mlx_lm(pkg, monkeypatch) -> None:
+    model = build(llama)
+    want, _ = greedy(model, 8)
+    bind = pkg._patcher.d.bind
+
+    def refusing(family, *weights, **kw):
+        if family in ("rmsnorm_swiglu_qmatvec", "swiglu_qmatvec"):
+            raise ValueError("shapes out of the package's range")
+        return bind(family, *weights, **kw)
+
+    monkeypatch.setattr(pkg._patcher.d, "bind", refusing)
+    text = str(pkg.patch(model))
+    assert "MLP: mlx-lm's own modules" in text and "refused the block's weights: shapes out of" in text
+    assert "norm + Q/K/V" in text and greedy(model, 8)[0] == want

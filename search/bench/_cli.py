@@ -45,7 +45,15 @@ def decode(hidden: int = typer.Option(4096, "--hidden", help="model width"),
                                                 callback=not_empty),
            job: str | None = typer.Option(None, "--job", help="write the job file that tunes every shape the step "
                                           "calls (for `kernsearch flows run`) and stop", callback=not_empty),
-           as_json: bool = typer.Option(False, "--json", help="print the report as JSON")) -> None:
+           as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+           mlx_lm: bool = typer.Option(False, "--mlx-lm", help="an mlx-lm Llama model (random weights, quantized "
+                                       "by mlx-lm) generating with mlx-lm's own loop, with and without "
+                                       "kernsearch_kernels.patch (needs kernsearch[lm])"),
+           heads: int = typer.Option(32, "--heads", help="--mlx-lm: attention heads"),
+           kv_heads: int = typer.Option(32, "--kv-heads", help="--mlx-lm: key/value heads (fewer: GQA)"),
+           vocab: int = typer.Option(32000, "--vocab", help="--mlx-lm: vocabulary size"),
+           prompt: int = typer.Option(128, "--prompt", help="--mlx-lm: prompt tokens"),
+           tokens: int = typer.Option(128, "--tokens", help="--mlx-lm: generated tokens")) -> None:
     """A Llama-shaped decode step (attention left out) through plain MLX and through the exported package.
 
     Prints ms per token, tokens/s, the share of the streaming-read bandwidth measured in the same run and of the
@@ -59,6 +67,13 @@ def decode(hidden: int = typer.Option(4096, "--hidden", help="model width"),
     rows = _ms(m)
     check(Rounds, rounds, "--rounds")
     st = ArtifactStore(store)
+    if mlx_lm:
+        from ._mlx_lm import LmConfig, run_mlx_lm
+
+        config = LmConfig(hidden, ffn, layers, heads, kv_heads, vocab, bits, group, dtype)
+        lm = run_mlx_lm(config, prompt, tokens, min(rounds, 100), st, _say)
+        print(json.dumps(lm.to_json(), indent=1) if as_json else "\n".join(lm.lines()))
+        return
     chip = resolve_chip(chip_name)
     if job is not None:
         _write_job(shape, rows, chip.name, chip.vendor, Path(st.root), job)

@@ -401,12 +401,12 @@ class Dispatcher:
     def _unusable(self, a: Dict[str, Any], fam: Dict[str, Any], dims: Optional[Dict[str, int]],
                   shape: Tuple[int, ...], chip: Dict[str, Any], dtype: str, op: str, modeled: bool) -> str:
         """'' if artifact ``a`` may run this call, else why not (the rules of docs/artifacts.md)."""
+        if a.get("invalidated"):  # declined before anything is read: its kernel files were never shipped
+            return f"invalidated: {a['invalidated']}"
         tampered = self._integrity(a)
         if tampered:
             return f"refused: {tampered}"
         evidence = a.get("evidence")
-        if a.get("invalidated"):
-            return f"invalidated: {a['invalidated']}"
         if evidence == Evidence.INTERPRETED:
             return "interpreted (correctness only): never dispatched"
         if evidence == Evidence.MODELED and not modeled:

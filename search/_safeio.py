@@ -108,7 +108,8 @@ def open_inside(root: str | Path, parts: list[str]) -> int:
                 nfd = os.open(step, _DIR_FLAGS, dir_fd=dfd)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise UnsafeFile(f"{where}: {step} on the way is a link or not a folder (refused)") from None
+                    raise UnsafeFile(f"{where}: {step} on the way is a linked folder (refused) or not a "
+                                      "folder") from None
                 raise UnsafeFile(f"{where}: cannot open a folder on the way ({exc.strerror})") from None
             os.close(dfd)
             dfd = nfd

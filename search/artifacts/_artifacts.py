@@ -48,12 +48,14 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import _head, _lockfile
 from .. import _safeio
+from .._errors import KernsearchError
+from .._rules import DEFAULT_MARGIN, content_sha256, source_sha256
 from .._vocabulary import Evidence
+from ..family._render import Geometry, KernelSource
+from . import _head, _lockfile
 from ._candidate import _VERSION, ArtifactKey, Candidate, Draft
 from ._candidate import draft_manifest as _draft_manifest
-from .._errors import KernsearchError
 from ._gate import gate, loses_to_baseline
 from ._index import INDEX, IndexState, StoreIndex, VersionRecord
 from ._manifest import (
@@ -65,8 +67,6 @@ from ._manifest import (
     parse_manifest,
     utcnow,
 )
-from .._rules import DEFAULT_MARGIN, content_sha256, source_sha256
-from ..family._render import Geometry, KernelSource
 
 if TYPE_CHECKING:
     from ..family._spec import Family
@@ -633,7 +633,8 @@ class ArtifactStore:
             events.append({"op": "current", "key": key.path, "version": written.version,
                            "invalidated": written.invalidated})
             done.append(f"{key}: current {_pointer_text(written)} recorded")
-            current_version, invalid = written.version, written.invalidated
+            current_version: str | None = written.version
+            invalid = written.invalidated
         else:
             current_version, invalid = (current.version, current.invalidated) if current else (None, None)
         if current_version is not None and invalid is None and plan.invalidates(key, current_version):

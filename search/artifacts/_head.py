@@ -65,7 +65,8 @@ def read_head(root: Path, secret: bytes, key_id: str) -> Head | None:
     except _safeio.UnsafeFile as exc:
         raise ArtifactError(f"store head record unreadable: {exc}") from None
     if not isinstance(data, dict) or set(data) != _FIELDS or isinstance(data["entries"], bool) \
-            or not isinstance(data["entries"], int) or not all(isinstance(data[k], str) for k in ("head", "key_id", "mac")):
+            or not isinstance(data["entries"], int) \
+            or not all(isinstance(data[k], str) for k in ("head", "key_id", "mac")):
         raise ArtifactError(f"{path}: not a store head record (corrupted or tampered)")
     if data["key_id"] != key_id:
         raise ArtifactError(f"{path}: sealed with another KERNSEARCH_STORE_KEY than the one set here")

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import _head, _lockfile
 from .. import _safeio
+from . import _head, _lockfile
 from ._manifest import ArtifactError, utcnow
 
 INDEX = "index.jsonl"

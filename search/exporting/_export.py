@@ -117,8 +117,9 @@ def _kernel_record(kernel: Any) -> dict[str, Any]:
 
 def _artifact_record(pkg: Path, art: Any, invalidated: str | None) -> dict[str, Any]:
     """Ship one verified version: the exact manifest text and kernel files the store's checks read (never a
-    second read of the store; an invalidated version's kernel files stay behind), and a dispatch record whose decision fields are its manifest's and whose
-    ``content_sha256`` is the hash the store's index recorded at publish (the package checks both)."""
+    second read of the store; an invalidated version's kernel files stay behind), and a dispatch record whose
+    decision fields are its manifest's and whose ``content_sha256`` is the hash the store's index recorded at
+    publish (the package checks both)."""
     m = art.manifest
     rel = f"artifacts/{art.key.path}/{art.version}"
     # An invalidated version ships its manifest (for `explain`) but no kernel: a record edited to drop the

@@ -939,7 +939,8 @@ def shape_refusal(family: str, fam: Dict[str, Any], shapes: Sequence[Sequence[in
     (``qmatvec: X has 0 rows; this kernel takes 1 to 16``); shapes that do not bind are left to the op."""
     dims, why = _bind_dims(fam, shapes)
     if dims is None:  # the op needs the dimensions: say which input does not fit, not "unknown name 'K'"
-        return f"{family}: the inputs do not fit together: {why}" if names_in(fam["baseline"]) & set(fam["dims"]) else ""
+        needs = names_in(fam["baseline"]) & set(fam["dims"])
+        return f"{family}: the inputs do not fit together: {why}" if needs else ""
     for dim in fam["dims"]:
         bound = _upper_bound(fam, dim)
         if dims[dim] < 1 or (bound is not None and dims[dim] > bound):

@@ -176,7 +176,8 @@ class StoreIndex:
         signature = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, secret,
                      head and (head.st_ino, head.st_size, head.st_mtime_ns, head.st_ctime_ns))
         if self._cache is not None and self._cache[0] == signature:
-            _head.check_seen(self.root, self._cache[1].hashes)  # another process may have seen more since
+            if secret is not None:  # another process may have seen a longer chain since
+                _head.check_seen(self.root, self._cache[1].hashes)
             return self._cache[1]
         state = self._checked(self._read(secret), secret)
         assert state is not None

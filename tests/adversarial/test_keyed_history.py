@@ -209,6 +209,23 @@ def test_a_deleted_head_record_is_refused_and_a_forged_one_too(keyed: Path, tmp_
         ArtifactStore(keyed).load(key())
 
 
+def test_without_a_key_a_dropped_invalidation_goes_unseen_as_documented(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The documented limit (docs/artifacts.md, "What protects what"): an unkeyed chain cannot tell its end was
+    cut; edits inside it still break it. A farm that needs more sets KERNSEARCH_STORE_KEY."""
+    monkeypatch.setenv("KERNSEARCH_HOME", str(tmp_path / "home"))
+    root = tmp_path / "store"
+    st = ArtifactStore(root)
+    assert st.publish(candidate(median=1.0)).published
+    st.invalidate(key(), "found wrong")
+    _drop_last_lines(root / "index.jsonl", 1)
+    assert ArtifactStore(root).pointer(key()).invalidated is None  # accepted: the limit without a key
+    lines = (root / "index.jsonl").read_text().splitlines(keepends=True)
+    (root / "index.jsonl").write_text(lines[1] + lines[0])  # reordered: refused, key or not
+    with pytest.raises(ArtifactError, match="out of the index's chain"):
+        ArtifactStore(root).pointer(key())
+
+
 def test_an_honest_keyed_store_reads_and_grows(keyed: Path, tmp_path: Path) -> None:
     """The control: publishes, invalidations and readers of an untouched keyed store pass every check."""
     st = ArtifactStore(keyed)

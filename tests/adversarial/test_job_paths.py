@@ -62,3 +62,23 @@ def test_flows_run_refuses_a_device_export_in_one_line(tmp_path: Path) -> None:
                           text=True, timeout=120, env={**os.environ, "PREFECT_API_URL": ""})
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert "export: /dev/null is not a folder" in proc.stderr
+
+
+@pytest.mark.slow
+def test_flows_run_without_a_prefect_server_is_one_line_that_says_how_to_start_one(tmp_path: Path) -> None:
+    """The temporary server Prefect starts does not come up in time (a busy machine; forced here with a 1 s
+    start-up limit): one line saying how to start a server, no Prefect traceback."""
+    path = tmp_path / "jobs.toml"
+    path.write_text('artifacts = "store"\nstorage = "sqlite:///studies.db"\n' + JOB)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="1")
+    proc = subprocess.run([sys.executable, "-m", "kernsearch", "flows", "run", str(path), "--chip", "M2 Max"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "prefect server start" in errors[0] and "PREFECT_API_URL" in errors[0], errors
+    env["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] = "soon"
+    proc = subprocess.run([sys.executable, "-m", "kernsearch", "flows", "run", str(path), "--chip", "M2 Max"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "settings are invalid" in proc.stderr, \
+        proc.stderr[-3000:]

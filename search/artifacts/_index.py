@@ -219,6 +219,8 @@ class StoreIndex:
             if not recorded:
                 return  # a store never keyed (``migrate`` seals it) or none yet
             if state is None:
+                if not os.path.lexists(self.root / _head.HEAD) and not any(self.root.glob("*/*/*/*/v[0-9]*")):
+                    return  # no version left either: a store made again at a path this machine saw keyed
                 raise ArtifactError(f"{self.path}: missing from a keyed store (it has a head record, or this "
                                     "machine saw its chain): deleted; restore the index")
         hashes = state.hashes

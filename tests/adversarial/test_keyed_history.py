@@ -226,6 +226,13 @@ def test_without_a_key_a_dropped_invalidation_goes_unseen_as_documented(tmp_path
         ArtifactStore(root).pointer(key())
 
 
+def test_a_keyed_store_made_again_at_the_same_path_is_a_new_store(keyed: Path) -> None:
+    """Deleting a whole store is no tampering to detect: publishing into its path again starts a new chain."""
+    shutil.rmtree(keyed)
+    assert ArtifactStore(keyed).publish(candidate(median=2.0)).version == "v1"
+    assert ArtifactStore(keyed).load(key()).manifest.measurements.median_ms == 2.0
+
+
 def test_an_honest_keyed_store_reads_and_grows(keyed: Path, tmp_path: Path) -> None:
     """The control: publishes, invalidations and readers of an untouched keyed store pass every check."""
     st = ArtifactStore(keyed)

@@ -79,8 +79,11 @@ def check_api(required: str | None = None) -> None:
     """With ``PREFECT_API_URL`` set, the server must answer: else one line, not a retry storm and a traceback.
     ``required``: why this command needs a server of its own (without one, Prefect would start a temporary
     server that lives as long as the command, and schedules nothing on it)."""
-    if not os.environ.get("PREFECT_API_URL"):  # read by Prefect's settings when first imported: set it before
+    if not os.environ.get("PREFECT_API_URL"):  # read by Prefect's settings when first imported: set them before
         os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # a busy machine
+        # A temporary server's telemetry heartbeat races the run for its SQLite file ("database is locked"
+        # tracebacks on stderr) and reports nothing worth keeping.
+        os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from pydantic import ValidationError
 
     try:

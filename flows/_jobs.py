@@ -24,6 +24,7 @@ job file is one line naming the file and the field, before any search starts.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -216,7 +217,11 @@ def load_jobs(path: str | Path) -> Jobs:
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
         more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise JobFileError(f"{path}: {where}: {first['msg'].removeprefix('Value error, ')}{more}") from None
-    jobs = Jobs(path.resolve(), spec)
+    try:
+        jobs = Jobs(path.resolve(), spec)
+    except (OSError, ValueError) as exc:  # a NUL byte, a link loop
+        raise JobFileError(f"{path}: a path in it is not usable ({exc})") from None
+    _check_paths(path, jobs)
     for i, job in enumerate(spec.jobs):  # every unit must be buildable: fail now, not at 2 a.m.
         try:
             jobs._expand(i, job, job.chips[0])
@@ -225,6 +230,45 @@ def load_jobs(path: str | Path) -> Jobs:
         except KernsearchError as exc:
             raise JobFileError(f"{path}: jobs.{i}: {exc}") from None
     return jobs
+
+
+def _check_paths(path: Path, jobs: Jobs) -> None:
+    """Every path the run reads or writes, checked now by the command line's own rules (``--store``,
+    ``--out``, ``--storage``): a device, FIFO or file where a folder belongs is one line at load, not a
+    Prefect traceback at 2 a.m."""
+    from kernsearch import ArtifactStore
+    from kernsearch.studies._storage import check_url
+
+    if jobs.artifacts is not None:
+        try:
+            if os.path.lexists(jobs.artifacts) and not _safeio.is_real_dir(jobs.artifacts):
+                raise JobFileError(f"{path}: artifacts: {jobs.artifacts} is not a folder (an artifact store is a "
+                                   "folder)")
+            ArtifactStore(jobs.artifacts).check_writable()
+        except KernsearchError as exc:
+            raise JobFileError(str(exc) if isinstance(exc, JobFileError) else f"{path}: artifacts: {exc}") \
+                from None
+    if jobs.export is not None:
+        _check_folder(path, "export", jobs.export)
+    if jobs.storage is not None:
+        try:
+            check_url(jobs.storage)
+        except KernsearchError as exc:
+            raise JobFileError(f"{path}: storage: {exc}") from None
+        db = jobs.storage.removeprefix("sqlite:///") if jobs.storage.startswith("sqlite:///") else None
+        if db and os.path.lexists(db) and not _safeio.is_regular(db):
+            raise JobFileError(f"{path}: storage: {db} is not a regular file (a link, folder, FIFO or device: "
+                               "refused)")
+
+
+def _check_folder(path: Path, field: str, folder: Path) -> None:
+    """A folder the run writes: absent (its nearest existing parent a writable folder) or a real folder."""
+    where = folder
+    while not os.path.lexists(where) and where.parent != where:
+        where = where.parent
+    if not _safeio.is_real_dir(where) or not os.access(where, os.W_OK | os.X_OK):
+        what = "is not a folder" if not _safeio.is_real_dir(where) else "is not writable"
+        raise JobFileError(f"{path}: {field}: {where} {what} (the package is written into a folder)")
 
 
 def _parse(path: Path, text: str) -> Any:

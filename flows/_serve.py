@@ -79,10 +79,22 @@ def check_api(required: str | None = None) -> None:
     """With ``PREFECT_API_URL`` set, the server must answer: else one line, not a retry storm and a traceback.
     ``required``: why this command needs a server of its own (without one, Prefect would start a temporary
     server that lives as long as the command, and schedules nothing on it)."""
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL
+    if not os.environ.get("PREFECT_API_URL"):  # read by Prefect's settings when first imported: set them before
+        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")  # a busy machine
+        # A temporary server's telemetry heartbeat races the run for its SQLite file ("database is locked"
+        # tracebacks on stderr) and reports nothing worth keeping.
+        os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from pydantic import ValidationError
 
-    url = PREFECT_API_URL.value()
+    try:
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL
+
+        url = PREFECT_API_URL.value()
+    except ValidationError as exc:  # a PREFECT_* variable Prefect cannot read
+        first = exc.errors()[0]
+        raise KernsearchError(f"Prefect's settings are invalid: {'.'.join(map(str, first['loc']))}: {first['msg']} "
+                              "(check the PREFECT_* environment variables and profile)") from None
     if not url and required:
         raise KernsearchError(f"{required}: start one (prefect server start) and set PREFECT_API_URL, e.g. "
                               "http://server.lan:4200/api (docs/flows.md); `kernsearch flows run` runs once "
@@ -171,4 +183,16 @@ def run_once(job_file: str | Path, *, chip: str | None = None) -> NightlyReport:
     check_api()
     from .nightly import nightly
 
-    return nightly(job_file=str(jobs.path), chip=machine)
+    try:
+        return nightly(job_file=str(jobs.path), chip=machine)
+    except RuntimeError as exc:  # Prefect's own machinery, not a job: the server it needs is not there
+        why = " ".join(str(exc).split())
+        if not any(sign in why for sign in _NO_SERVER):
+            raise
+        raise KernsearchError(f"no Prefect server to run the flow on ({why[:160]}): start one (prefect server "
+                              "start) and set PREFECT_API_URL=http://127.0.0.1:4200/api, then run again "
+                              "(docs/flows.md)") from None
+
+
+#: What Prefect raises when the API it runs a flow against is gone or never came up.
+_NO_SERVER = ("ephemeral Prefect API server", "Cannot put items in a stopped service instance")

@@ -86,34 +86,30 @@ def read_bytes(path: str | Path, limit: int = SOURCE_LIMIT) -> bytes:
     return _read_fd(open_regular(path), path, limit)
 
 
-def _inside(root: str, path: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-def read_inside(root: str | Path, parts: list[str], limit: int = SOURCE_LIMIT) -> bytes:
-    """The bytes of ``root/part/part/...``, a regular file whose real path (and that of every folder on the
-    way) stays inside ``root``'s real path: a linked folder leading elsewhere (``sub -> /etc``, or nested
-    ``a/b/c -> /etc``) is refused, as is a link at the file itself. The open walks the resolved folders one
-    at a time without following links, so a folder swapped for a link after the check is refused too."""
+def open_inside(root: str | Path, parts: list[str]) -> int:
+    """A descriptor of the regular file ``root/part/part/...``, opened ``openat``-style: each component is
+    opened relative to the descriptor of the folder before it, with ``O_NOFOLLOW`` on every step, so nothing is
+    resolved twice and no link (to a folder or a file, inside ``root`` or out of it) is ever followed; the
+    names are plain (no ``..``, ``.``, separators or NUL), and the file is checked as regular by its
+    descriptor. ``root`` itself is the folder the caller named."""
     where = os.path.join(str(root), *parts)
-    if any(p in ("", ".", "..") or os.sep in p or "\x00" in p for p in parts) or not parts:
+    if not parts or any(p in ("", ".", "..") or "/" in p or os.sep in p or "\x00" in p for p in parts):
         raise UnsafeFile(f"{where}: not a plain name inside {root}")
-    base = os.path.realpath(root)
-    for i in range(1, len(parts)):
-        if not _inside(base, os.path.realpath(os.path.join(base, *parts[:i]))):
-            raise UnsafeFile(f"{where}: leaves {root} through a linked folder (refused)")
-    parent = os.path.realpath(os.path.join(base, *parts[:-1])) if len(parts) > 1 else base
-    steps = [p for p in os.path.relpath(parent, base).split(os.sep) if p not in ("", ".")]
-    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        dfd = os.open(base, flags)
-    except OSError as exc:
-        raise UnsafeFile(f"{root}: cannot open the folder ({exc.strerror})") from None
+        dfd = os.open(root, _DIR_FLAGS & ~getattr(os, "O_NOFOLLOW", 0))
+    except (OSError, ValueError) as exc:
+        raise UnsafeFile(f"{root}: cannot open the folder ({getattr(exc, 'strerror', None) or exc})") from None
     try:
-        for step in steps:
+        for step in parts[:-1]:
             try:
-                nfd = os.open(step, flags, dir_fd=dfd)
+                nfd = os.open(step, _DIR_FLAGS, dir_fd=dfd)
             except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnsafeFile(f"{where}: {step} on the way is a linked folder (refused) or not a "
+                                      "folder") from None
                 raise UnsafeFile(f"{where}: cannot open a folder on the way ({exc.strerror})") from None
             os.close(dfd)
             dfd = nfd
@@ -122,10 +118,18 @@ def read_inside(root: str | Path, parts: list[str], limit: int = SOURCE_LIMIT) -
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise UnsafeFile(f"{where}: is a symbolic link (refused)") from None
+            if exc.errno == errno.ENOENT:
+                raise UnsafeFile(f"{where}: no such file") from None
             raise UnsafeFile(f"{where}: cannot open ({exc.strerror})") from None
     finally:
         os.close(dfd)
-    return _read_fd(fd, where, limit)
+    return fd
+
+
+def read_inside(root: str | Path, parts: list[str], limit: int = SOURCE_LIMIT) -> bytes:
+    """The bytes of ``root/part/part/...`` read through :func:`open_inside` (no link on the way, no ``..``,
+    a regular file of at most ``limit`` bytes): a folder swapped for a link at any moment is refused."""
+    return _read_fd(open_inside(root, parts), os.path.join(str(root), *parts), limit)
 
 
 def _read_fd(fd: int, path: str | Path, limit: int) -> bytes:

@@ -418,16 +418,22 @@ def artifacts_verify(store: str | None = StoreOpt,
 def artifacts_migrate(store: str | None = StoreOpt,
                       family: list[str] = typer.Option([], "--family", help="a family folder versions may have "
                                                         "been rendered from (repeatable; the built-in families "
-                                                        "are always tried)", callback=not_empty)) -> None:
+                                                        "are always tried)", callback=not_empty),
+                      untrusted_to: str | None = typer.Option(
+                          None, "--untrusted-to", help="re-judge the versions the store key cannot vouch for: "
+                          "'modeled' (measured claims become predictions) or 'invalidated' (not dispatched); "
+                          "without it such a store is refused")) -> None:
     """Bring a store under the current rules: index every version the store index lacks (after its full
     check, against the family it was rendered from, kept in the store), rewrite older manifests, seal the index
-    with KERNSEARCH_STORE_KEY if set. Vouches for what the store holds now: run it on a store you trust."""
+    with KERNSEARCH_STORE_KEY if set. Never seals what it cannot vouch for: a measured claim no keyed chain
+    covers (or any version of a keyed store its chain does not cover) is refused unless --untrusted-to
+    re-judges it; a truncated or rolled-back keyed index is refused."""
     from .artifacts._artifacts import ArtifactStore
     from .family._spec import load_family
 
     st = ArtifactStore(store)
     _check_store_folder(st)
-    done = st.migrate([load_family(f if "/" in f else f"./{f}") for f in family])
+    done = st.migrate([load_family(f if "/" in f else f"./{f}") for f in family], untrusted_to)
     for item in done:
         out.print(escape(item), soft_wrap=True)
     refused = [d for d in done if ": not indexed: " in d]

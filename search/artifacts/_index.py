@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import _lockfile
 from .. import _safeio
+from . import _head, _lockfile
 from ._manifest import ArtifactError, utcnow
 
 INDEX = "index.jsonl"
@@ -101,6 +101,10 @@ class IndexState:
     keyed: bool = False
     #: The file ends with a line a killed appender left unfinished (ignored; ``verify --repair`` drops it).
     torn: bool = False
+    #: Every line's hash, in order (the head records of :mod:`kernsearch.artifacts._head` are checked against it).
+    hashes: list[str] = field(default_factory=list)
+    #: ``(key, version)`` named by a line sealed without the store key (only ``migrate`` reads such an index).
+    unsealed: set[tuple[str, str]] = field(default_factory=set)
 
     def current(self, key: str) -> CurrentRecord | None:
         history = self.history.get(key)
@@ -153,6 +157,7 @@ class StoreIndex:
         self.path = self.root / INDEX
         self.lock_timeout = lock_timeout
         self._cache: tuple[Any, IndexState] | None = None
+        self._holding = False
 
     def exists(self) -> bool:
         return os.path.lexists(self.path)
@@ -160,17 +165,22 @@ class StoreIndex:
     def state(self) -> IndexState | None:
         """The verified index (None where the store has none yet); raises :class:`ArtifactError` (one line)
         if any line is malformed, out of its chain, sealed with another key, or keyed without the key here."""
-        if not self.exists():
-            return None
         secret = store_key()
+        if not self.exists():
+            return self._checked(None, secret)
         try:
             st = os.lstat(self.path)
+            head = os.lstat(self.root / _head.HEAD) if os.path.lexists(self.root / _head.HEAD) else None
         except OSError as exc:
             raise ArtifactError(f"{self.path}: cannot read the store index ({exc.strerror})") from None
-        signature = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, secret)
+        signature = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode, secret,
+                     head and (head.st_ino, head.st_size, head.st_mtime_ns, head.st_ctime_ns))
         if self._cache is not None and self._cache[0] == signature:
+            if secret is not None:  # another process may have seen a longer chain since
+                _head.check_seen(self.root, self._cache[1].hashes)
             return self._cache[1]
-        state = self._read(secret)
+        state = self._checked(self._read(secret), secret)
+        assert state is not None
         self._cache = (signature, state)
         return state
 
@@ -193,6 +203,57 @@ class StoreIndex:
             state.apply(entry, where)
             state.entries += 1
             state.head = entry["hash"]
+            state.hashes.append(entry["hash"])
+            if entry["mac"] != "hmac-sha256":
+                state.unsealed.add((entry["key"], entry["version"]))
+        return state
+
+    def _check_heads(self, state: IndexState | None, secret: bytes | None, *, signed: bool = True,
+                     remember: bool = True) -> None:
+        """With the key: refuse a chain shorter than, or diverging from, the store's signed head record or the
+        longest one this machine saw (rollback, truncation); then remember the chain as seen here."""
+        if secret is None:
+            return
+        recorded = _head.has_record(self.root)
+        if state is None or not state.keyed:
+            if not recorded:
+                return  # a store never keyed (``migrate`` seals it) or none yet
+            if state is None:
+                if not os.path.lexists(self.root / _head.HEAD) and not any(self.root.glob("*/*/*/*/v[0-9]*")):
+                    return  # no version left either: a store made again at a path this machine saw keyed
+                raise ArtifactError(f"{self.path}: missing from a keyed store (it has a head record, or this "
+                                    "machine saw its chain): deleted; restore the index")
+        hashes = state.hashes
+        if signed or os.path.lexists(self.root / _head.HEAD):
+            _head.check_signed(self.root, hashes, secret, key_id(secret))
+        _head.check_seen(self.root, hashes)
+        if remember and state.keyed and not state.unsealed:
+            _head.remember(self.root, hashes)
+
+    def _checked(self, state: IndexState | None, secret: bytes | None) -> IndexState | None:
+        """``state`` after the head checks; a mismatch seen while a writer was between its append and its head
+        record is looked at again under the index lock before it is refused."""
+        try:
+            self._check_heads(state, secret)
+            return state
+        except ArtifactError as exc:
+            if self._holding:
+                raise
+            first = exc
+        try:
+            with self.locked():
+                state = self._read(secret) if self.exists() else None
+                self._check_heads(state, secret)
+                return state
+        except ArtifactError as exc:
+            raise (first if "cannot lock" in str(exc) else exc) from None
+
+    def survey(self) -> IndexState | None:
+        """The index as written, lines sealed without the key accepted (``migrate`` judges what they name);
+        a keyed chain shorter than its head record or than the one this machine saw is refused."""
+        secret = store_key()
+        state = self._read(secret, allow_unkeyed=True) if self.exists() else None
+        self._check_heads(state, secret, signed=False, remember=False)
         return state
 
     def _verify_seal(self, entry: dict[str, Any], state: IndexState, secret: bytes | None, where: str,
@@ -209,7 +270,7 @@ class StoreIndex:
             state.keyed = True
         elif secret is not None and not allow_unkeyed:
             raise ArtifactError(f"{where}: not sealed with {KEY_VAR} (written without the key: refused while the "
-                                "key is set; `kernsearch artifacts migrate` seals an index the key did not)")
+                                "key is set; `kernsearch artifacts migrate` seals only what it can vouch for)")
         if not hmac.compare_digest(_seal(body, secret if entry["mac"] == "hmac-sha256" else None), entry["hash"]):
             raise ArtifactError(f"{where}: its hash does not match its content (the index was edited)")
 
@@ -223,7 +284,11 @@ class StoreIndex:
             raise ArtifactError(f"cannot lock the store index in {self.root}: {exc.strerror or exc}") from None
         try:
             with _lockfile.exclusive(self.root / INDEX_LOCK, self.lock_timeout):
-                yield
+                self._holding = True
+                try:
+                    yield
+                finally:
+                    self._holding = False
         except _safeio.UnsafeFile as exc:
             raise ArtifactError(f"cannot lock the store index: {exc}") from None
         except _lockfile.LockTimeout:
@@ -262,6 +327,14 @@ class StoreIndex:
             except _safeio.UnsafeFile as exc:
                 raise ArtifactError(f"cannot write the store index: {exc}") from None
             self._cache = None
+            if secret is not None:
+                self._sign(state.hashes + [json.loads(line)["hash"] for line in lines], secret)
+
+    def _sign(self, hashes: list[str], secret: bytes) -> None:
+        """Write the signed head record of a keyed chain, and remember it as seen here."""
+        _head.write_head(self.root, _head.Head(len(hashes), hashes[-1] if hashes else GENESIS), secret,
+                         key_id(secret))
+        _head.remember(self.root, hashes)
 
     def drop_torn_tail(self) -> bool:
         """Remove an unfinished last line (``verify --repair``); True if there was one."""
@@ -292,14 +365,18 @@ class StoreIndex:
             data = _safeio.read_bytes(self.path, _safeio.JOURNAL_LIMIT)
             entries = [json.loads(raw) for raw in data.splitlines() if raw]
             if all(e["mac"] == "hmac-sha256" for e in entries):
+                if not os.path.lexists(self.root / _head.HEAD):
+                    self._sign(old.hashes, secret)  # a store keyed before kernsearch signed its head
                 return 0
-            head, out = GENESIS, []
+            head, out, hashes = GENESIS, [], []
             for entry in entries:
                 body = {**{k: v for k, v in entry.items() if k != "hash"}, "prev": head, "mac": "hmac-sha256",
                         "key_id": key_id(secret)}
                 body["hash"] = head = _seal(body, secret)
+                hashes.append(head)
                 out.append(json.dumps(body, sort_keys=True) + "\n")
             _write(self.path, "".join(out).encode("ascii"))
+            self._sign(hashes, secret)
             return len(out)
 
 

@@ -117,12 +117,16 @@ def _kernel_record(kernel: Any) -> dict[str, Any]:
 
 def _artifact_record(pkg: Path, art: Any, invalidated: str | None) -> dict[str, Any]:
     """Ship one verified version: the exact manifest text and kernel files the store's checks read (never a
-    second read of the store), and a dispatch record whose decision fields are its manifest's and whose
-    ``content_sha256`` is the hash the store's index recorded at publish (the package checks both)."""
+    second read of the store; an invalidated version's kernel files stay behind), and a dispatch record whose
+    decision fields are its manifest's and whose ``content_sha256`` is the hash the store's index recorded at
+    publish (the package checks both)."""
     m = art.manifest
     rel = f"artifacts/{art.key.path}/{art.version}"
-    for filename, text in ((m.kernel.header_file, art.kernel.header), (m.kernel.source_file, art.kernel.source),
-                           ("manifest.json", art.manifest_text)):
+    # An invalidated version ships its manifest (for `explain`) but no kernel: a record edited to drop the
+    # invalidation then fails its integrity check (no files to hash), so nothing it could run is there.
+    kernel_files = () if invalidated else ((m.kernel.header_file, art.kernel.header),
+                                           (m.kernel.source_file, art.kernel.source))
+    for filename, text in (*kernel_files, ("manifest.json", art.manifest_text)):
         _write(pkg / rel / filename, text)
     return {**decision_fields(json.loads(art.manifest_text)), "invalidated": invalidated,
             "manifest": f"{rel}/manifest.json", "content_sha256": art.content_sha256,

@@ -401,12 +401,12 @@ class Dispatcher:
     def _unusable(self, a: Dict[str, Any], fam: Dict[str, Any], dims: Optional[Dict[str, int]],
                   shape: Tuple[int, ...], chip: Dict[str, Any], dtype: str, op: str, modeled: bool) -> str:
         """'' if artifact ``a`` may run this call, else why not (the rules of docs/artifacts.md)."""
+        if a.get("invalidated"):  # declined before anything is read: its kernel files were never shipped
+            return f"invalidated: {a['invalidated']}"
         tampered = self._integrity(a)
         if tampered:
             return f"refused: {tampered}"
         evidence = a.get("evidence")
-        if a.get("invalidated"):
-            return f"invalidated: {a['invalidated']}"
         if evidence == Evidence.INTERPRETED:
             return "interpreted (correctness only): never dispatched"
         if evidence == Evidence.MODELED and not modeled:
@@ -586,6 +586,9 @@ class Dispatcher:
         fam = self._family(family)
         native = all(isinstance(a, mx.array) for a in arrays)
         arrays = tuple(a if isinstance(a, mx.array) else mx.array(a) for a in arrays)
+        out_of_range = shape_refusal(family, fam, [tuple(a.shape) for a in arrays])
+        if out_of_range:  # checked once per planned shape: the op itself may crash there (M = 0: SIGFPE)
+            raise ValueError(out_of_range)
         decision = self.explain(family, *arrays, chip=chip, modeled=modeled)
         if decision.entry is None:
             dims, _ = _bind_dims(fam, [tuple(a.shape) for a in arrays])
@@ -633,8 +636,8 @@ class Dispatcher:
         if target and any(not self._unusable(a, fam, None, (), record, a["dtype"], op, False)
                           for a in fam["artifacts"] if a["target"] == target):
             return None
-        if names_in(fam["baseline"]) & set(fam["dims"]):
-            return None
+        if names_in(fam["baseline"]) & set(fam["dims"]) or _range_rules(fam):
+            return None  # a family with a shape range is planned (the range checked once per shape)
         return op_call(fam, None, self._functions(fam, mx), mx)
 
     def bind(self, family: str, *weights: Any, chip: Any = None, modeled: bool = False) -> Callable[..., Any]:
@@ -900,6 +903,64 @@ def _bind_dims(fam: Dict[str, Any], shapes: Sequence[Sequence[int]]) -> Tuple[Op
     if missing:
         return None, f"dimension(s) {missing} not given by any input"
     return dims, ""
+
+
+def _range_rules(fam: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The family's constraints on the problem alone (its dimensions, dtype and what derives from them only)."""
+    problem = set(fam["dims"]) | set(FUNCTIONS)
+    for name, tree in fam["derived"]:
+        if names_in(tree) <= problem:
+            problem.add(name)
+    return [c for c in fam["constraints"] if names_in(c["expr"]) <= problem]
+
+
+def _upper_bound(fam: Dict[str, Any], dim: str) -> Optional[int]:
+    """``B`` of a constraint ``dim <= B`` (a declared range), if the family has one."""
+    for c in _range_rules(fam):
+        e = c["expr"]
+        if e[0] == "cmp" and e[1] == ["name", dim] and len(e[2]) == 1 and e[2][0][0] == "lteq" \
+                and e[2][0][1][0] == "const" and isinstance(e[2][0][1][1], int):
+            return int(e[2][0][1][1])
+    return None
+
+
+def _size_words(fam: Dict[str, Any], dim: str, size: int) -> str:
+    """``X has 0 rows``: a dimension as the consumer passed it (the first input that carries it)."""
+    for spec in fam["inputs"]:
+        if dim in spec["axes"]:
+            axis, ndim = spec["axes"].index(dim), len(spec["axes"])
+            what = ("rows" if axis == 0 else "columns") if ndim == 2 else f"elements on axis {axis}"
+            return f"{spec['name']} has {size} {what}"
+    return f"{dim} is {size}"
+
+
+def shape_refusal(family: str, fam: Dict[str, Any], shapes: Sequence[Sequence[int]]) -> str:
+    """'' if the shapes are in the family's declared range, else why not in the consumer's words
+    (``qmatvec: X has 0 rows; this kernel takes 1 to 16``); shapes that do not bind are left to the op."""
+    dims, why = _bind_dims(fam, shapes)
+    if dims is None:  # the op needs the dimensions: say which input does not fit, not "unknown name 'K'"
+        needs = names_in(fam["baseline"]) & set(fam["dims"])
+        return f"{family}: the inputs do not fit together: {why}" if needs else ""
+    for dim in fam["dims"]:
+        bound = _upper_bound(fam, dim)
+        if dims[dim] < 1 or (bound is not None and dims[dim] > bound):
+            takes = f"1 to {bound}" if bound is not None else "at least 1"
+            return f"{family}: {_size_words(fam, dim, dims[dim])}; this kernel takes {takes}"
+    names: Dict[str, Any] = {**FUNCTIONS, **dims}
+    for name, tree in fam["derived"]:
+        try:
+            names[name] = evaluate(tree, names)
+        except (ExpressionError, ArithmeticError, TypeError, ValueError, KeyError):
+            continue
+    for c in _range_rules(fam):
+        try:
+            ok = evaluate(c["expr"], names)
+        except (ExpressionError, ArithmeticError, TypeError, ValueError, KeyError):
+            continue  # it needs what a call does not give (a dtype's size): left to the kernels' checks
+        if not ok:
+            given = ", ".join(f"{n} = {dims[n]}" for n in fam["dims"])
+            return f"{family}: inputs with {given} are outside what it takes: {c.get('why') or c['name']}"
+    return ""
 
 
 def _context(fam: Dict[str, Any], config: Dict[str, Any], dims: Dict[str, int], chip: Dict[str, Any],

@@ -106,13 +106,15 @@ class FinalTimings:
     weight_sets: int | None = None
     baseline_error: str | None = None
     launches: ModeSamples | None = None
+    #: The mode that ranks the finalists: the family's first declared one (``graph``, the chain, by default).
+    rank_mode: str = ConsumerMode.GRAPH.value
 
     @property
     def ranking(self) -> ModeSamples:
-        """The samples that rank the finalists: graph use (as consumers mostly call), else the launches."""
-        ranked = self.modes.get(ConsumerMode.GRAPH, self.launches)
+        """The samples that rank the finalists: the family's judging mode, else the launches."""
+        ranked = self.modes.get(self.rank_mode, self.launches)
         if ranked is None:
-            raise ValueError("final timings without graph-mode or launch samples")
+            raise ValueError(f"final timings without {self.rank_mode}-mode or launch samples")
         return ranked
 
     @property

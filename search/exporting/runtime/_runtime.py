@@ -42,6 +42,7 @@ try:  # an exported package: the shared modules sit beside this file
         VENDOR_TARGETS,
         ExpressionError,
         beats_op,
+        consumer_figures,
         consumer_low,
         content_sha256,
         cuda_driver_version,
@@ -67,6 +68,7 @@ except ImportError:  # kernsearch itself: the same modules, at the bottom of its
         VENDOR_TARGETS,
         ExpressionError,
         beats_op,
+        consumer_figures,
         consumer_low,
         content_sha256,
         cuda_driver_version,
@@ -413,6 +415,10 @@ class Dispatcher:
             return (f"modeled, not measured: never shown to beat {op} (opt in with {DISABLE_VAR}=modeled)")
         if evidence == Evidence.MEASURED:
             low = consumer_low(a.get("modes"), fam.get("modes") or CONSUMER_MODES)
+            if low is None and a.get("modes"):
+                judged = " and ".join(fam.get("modes") or CONSUMER_MODES)
+                return (f"not timed in {judged} mode, which judges this family (it has "
+                        f"{modes_text(a['modes'], sorted(a['modes']))}): re-time it (benchmarks/gpu_rejudge.py)")
             if low is None:
                 old = speedup_text(a.get("speedup"), a.get("speedup_low"), a.get("speedup_high"))
                 return (f"measured by separate launches, not as consumers call it ({old}): re-judge it "
@@ -853,7 +859,7 @@ def decision_fields(m: Dict[str, Any]) -> Dict[str, Any]:
         "lineage": list(chip["lineage"]), "dtype": problem["dtype"], "shape": list(problem["shape"]),
         "config": dict(m["config"]), "target": kernel["target"], "evidence": m["evidence"],
         "median_ms": meas.get("median_ms"), "speedup": meas.get("speedup"), "speedup_low": meas.get("speedup_low"),
-        "speedup_high": meas.get("speedup_high"), "modes": meas.get("modes"),
+        "speedup_high": meas.get("speedup_high"), "modes": consumer_figures(meas),
         "timing_identity": timing_identity(tc.get("mlx_version"), tc.get("os"), tc.get("macos_version"),
                                            tc.get("cuda_driver"), tc.get("nvrtc_version")),
         "kernel": {"name": kernel["name"], "target": kernel["target"], "input_names": list(kernel["input_names"]),

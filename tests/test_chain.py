@@ -162,3 +162,39 @@ def test_modes_timed_are_graph_and_eager_and_the_declared_others() -> None:
     assert timed_modes(["batch", "eager"]) == ("graph", "eager", "batch")
     for name in ("qmatvec", "swiglu_qmatvec", "gemv"):
         assert load_family(name).consumer_modes == ["graph"], name  # decode families: judged by the chain
+
+
+def test_graph_figures_recorded_before_chains_read_as_batch() -> None:
+    from kernsearch._rules import consumer_figures
+
+    old = {"modes": {"graph": {"low": 1.5}, "eager": {"low": 1.2}}}
+    assert consumer_figures(old) == {"batch": {"low": 1.5}, "eager": {"low": 1.2}}
+    new = {**old, "chain_calls": 8}
+    assert consumer_figures(new) == old["modes"] and consumer_figures({}) is None
+
+
+@pytest.mark.slow
+def test_committed_decode_artifacts_are_not_read_as_chain_figures(tmp_path: Any) -> None:
+    """The repository's qmatvec artifacts were timed as independent calls: read as batch, never dispatched as a
+    chain's win until re-timed in the chain (benchmarks/gpu_rejudge.py)."""
+    import shutil
+    from pathlib import Path
+
+    from test_export import H100, import_package
+
+    from kernsearch import ArtifactStore, export
+
+    store_dir = tmp_path / "artifacts"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "artifacts", store_dir)
+    store = ArtifactStore(store_dir)
+    key = next(k for k in store.keys() if k.path == "qmatvec/H100/float16/1x11008x4096x512x64")
+    m = store.load(key, store.versions(key)[-1]).manifest
+    assert m.measurements is not None and m.measurements.modes is not None
+    assert sorted(m.measurements.modes) == ["batch", "eager"] and m.measurements.chain_calls is None
+    result = export(["qmatvec"], tmp_path / "dist", store, package="ks_chain", version="1.0")
+    pkg = import_package(result.source_dir, "ks_chain")
+    x = mx.zeros((1, 4096), dtype=mx.float16)
+    w, s, b = mx.zeros((11008, 512), dtype=mx.uint32), mx.zeros((11008, 64), mx.float16), mx.zeros((11008, 64), mx.float16)
+    decision = pkg.qmatvec.explain(x, w, s, b, chip=H100)
+    assert decision.level == "mlx op", str(decision)
+    assert "not timed in graph mode, which judges this family" in str(decision) and " batch" in str(decision)

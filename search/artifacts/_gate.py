@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._rules import DEFAULT_MARGIN, beats_op, consumer_low, identity_changes, modes_text
-from .._vocabulary import CONSUMER_MODES, EVIDENCE_RANK, Evidence
+from .._vocabulary import CONSUMER_MODES, EVIDENCE_RANK, ConsumerMode, Evidence
 from ._manifest import MODELED_POLICY, Manifest, Measurements
 
 if TYPE_CHECKING:
@@ -70,6 +70,10 @@ def _gate(draft: Draft, current: Manifest | None, invalid: str | None, min_gain:
         if new is not None and new.modes and not (current.measurements and current.measurements.modes):
             return True, (f"judged as consumers call it; replaces {current.version}, which was timed by separate "
                           "launches only")
+        if new is not None and new.modes and ConsumerMode.GRAPH in new.modes and not (
+                current.measurements and current.measurements.modes and ConsumerMode.GRAPH in current.measurements.modes):
+            return True, (f"judged in the chain (graph mode: dependent calls); replaces {current.version}, whose "
+                          "consumer figures predate chains")
     if new_rank > old_rank:
         return True, f"{evidence} result replaces {current.evidence} {current.version}"
     return _faster(draft, current, min_gain)

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .._rules import modes_text
 from .._vocabulary import Evidence
 from ..artifacts._manifest import MODELED_POLICY
 from ._history import StudyHistory
@@ -192,6 +193,10 @@ def _summary(h: StudyHistory) -> str:
                      f"(range {final.speedup_low or 0:.2f}-{final.speedup_high or 0:.2f}; "
                      f"baseline {final.baseline_median_ms or 0:.4g} ms)"
                      + ("" if beats else " — <b>within the measured noise: not a win, the MLX op runs</b>") + "</p>")
+        if final.modes:  # every consumer mode timed; the family's declared ones judged (docs/timing.md)
+            figures = {m: f.to_dict() for m, f in final.modes.items()}
+            lines.append(f"<p>As consumers call it: {html.escape(modes_text(figures, list(figures)))} "
+                         "(graph: a chain of dependent calls, as a decode step runs)</p>")
     elif h.evidence == Evidence.MODELED:
         lines.append("<p>Speedup over the baseline op: not available (modeled times; the baseline is not modeled): "
                      f"{html.escape(MODELED_POLICY)}.</p>")

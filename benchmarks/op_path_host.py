@@ -9,8 +9,9 @@ dispatcher in two situations:
   and runs the op, the path the GPU figures of issue 37 took (2.51 us per qmatvec call against the op's 0.78 us).
 
 For each family (small shapes; nothing is evaluated: host time only, building the lazy graph), microseconds per
-call, best of 7 runs of 4000 calls: the op called by hand (``op``), the package's plain call with weights seen
-before (``package``) and its bound form (``bound``, weight families). The goal: package <= op + 0.5 us, bound <=
+call, interleaved (the three shuffled every round, 300 rounds of 200 calls, the least sample of each: this machine
+is shared), all three called through one lambda: the op called by hand (``op``), the package's plain call with
+weights seen before (``package``) and its bound form (``bound``, weight families). The goal: package <= op + 0.5 us, bound <=
 op + 0.3 us. ``--out FILE`` writes the figures as JSON; the table is printed.
 
     .venv/bin/python benchmarks/op_path_host.py --out benchmarks/data/op_path_host_cpu.json
@@ -22,6 +23,7 @@ import argparse
 import json
 import math
 import platform
+import random
 import sys
 import tempfile
 import time
@@ -39,15 +41,23 @@ H100 = {"architecture": "sm_90", "device_name": "NVIDIA H100 80GB HBM3"}
 UNTUNED = {"qmatvec": (2, 4096, 4096, 512, 64), "swiglu_qmatvec": (2, 4096, 4096, 512, 64), "gemv": (2, 4096, 4096)}
 
 
-def host_us(fn: Any, args: Any, calls: int = 4000, repeats: int = 7) -> float:
-    """Microseconds of host time per call building the graph (nothing evaluated), best of ``repeats``."""
-    fn(*args)
-    best = math.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn(*args)
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+def interleaved_us(fns: dict[str, Any], rounds: int = 300, calls: int = 200) -> dict[str, float]:
+    """Microseconds of host time per call building the graph (nothing evaluated) of each ``fns`` entry (no
+    arguments): ``calls`` calls per sample, the entries shuffled every round, the least sample of each (on a
+    shared machine the least is the one no other process interrupted)."""
+    for f in fns.values():
+        f()
+    best = {name: math.inf for name in fns}
+    order = list(fns)
+    rng = random.Random(0)
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for name in order:
+            f = fns[name]
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                f()
+            best[name] = min(best[name], (time.perf_counter() - t0) / calls * 1e6)
     return best
 
 
@@ -60,13 +70,13 @@ def costs(d: Any, family: str, shape: tuple[int, ...]) -> dict[str, Any]:
     args = sets[0]
     op, fn = consumer_op(family, mx, dims), d.function(family)
     row: dict[str, Any] = {"shape": "x".join(map(str, shape)), "chose": str(d.explain(family, *args).level)}
-    row["op"] = host_us(op, args)
-    row["package"] = host_us(fn, args)
+    fns = {"op": lambda: op(*args), "package": lambda: fn(*args)}
     if weighted:
         slots = [i for i, t in enumerate(load_family(family).inputs) if t.weight]
         bound = d.bind(family, *[args[i] for i in slots])
-        row["bound"] = host_us(bound, [args[i] for i in range(len(args)) if i not in slots])
-    row["op"] = min(row["op"], host_us(op, args))  # the op again, after: the better of its two figures
+        free = [args[i] for i in range(len(args)) if i not in slots]
+        fns["bound"] = lambda: bound(*free)
+    row.update(interleaved_us(fns))
     row["package_over_op"] = row["package"] - row["op"]
     if "bound" in row:
         row["bound_over_op"] = row["bound"] - row["op"]

@@ -56,7 +56,7 @@ def test_a_planned_op_is_the_mlx_function_with_its_constants_bound(pkg) -> None:
     assert mx.array_equal(pkg.qmatvec(*x), want).item()  # planned here
     assert frames(pkg.qmatvec, *x) == ["run"]  # one frame: no evaluate, no plan, no wrapper
     d = pkg._dispatcher
-    _, shape, dtype, plan = next(iter(d._by_weights["qmatvec"].values()))  # the last activation's, these weights
+    _, shape, dtype, plan, _ = next(iter(d._by_weights["qmatvec"].values()))  # the last activation's, these weights
     assert (shape, dtype) == (x[0].shape, x[0].dtype)
     assert plan.func is mx.quantized_matmul and plan.keywords == {"transpose": True, "group_size": 64, "bits": 4}
     r = arrays("rmsnorm", (4, 256))
@@ -101,6 +101,15 @@ def test_weights_seen_before_are_held_weakly(pkg) -> None:
     del w
     gc.collect()
     assert d._by_weights["qmatvec"] == {}  # the entry of dead weights is gone: their memory is not held
+    w3, b3 = mx.zeros((256, 32), dtype=mx.uint32), mx.array(np.array(b))
+    pkg.qmatvec(x, w3, s, b3)
+    assert len(d._by_weights["qmatvec"]) == 1
+    del b3  # the key's own weight dies: its entry goes (a live entry's key is its last weight's identity)
+    gc.collect()
+    assert d._by_weights["qmatvec"] == {}
+    pkg.qmatvec(x, w3, s, b)
+    with pytest.raises((ValueError, TypeError)):  # a call of another arity is not the fast path's
+        pkg.qmatvec(b)
 
 
 def test_the_gate_table_and_the_package_read_the_same_rule(tmp_path: Path) -> None:

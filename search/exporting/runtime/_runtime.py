@@ -264,8 +264,10 @@ class Dispatcher:
         self._weighted = {name for name, fam in self.table["families"].items()
                           if len(fam["inputs"]) > 1 and not fam["inputs"][0].get("weight")
                           and all(spec.get("weight") for spec in fam["inputs"][1:])}
-        #: family -> {id of the last weight: [weak references to the weights, shape, dtype, plan of the last
-        #: activation planned with them]} (a table per family: a call's key is one integer, built for free).
+        #: family -> {id of the last weight: [weak references to the other weights, shape, dtype, plan of the last
+        #: activation planned with them, weak reference to the last weight]} (a table per family: a call's key is
+        #: one integer). The entry goes when any of its weights dies, so a live entry's key is its last weight's
+        #: identity: only the others are compared.
         self._by_weights: Dict[str, Dict[int, List[Any]]] = {}
 
     # -- the running chip --------------------------------------------------------------------------------
@@ -537,6 +539,7 @@ class Dispatcher:
         call, op_only, env, env_key = self.call, self._op_only, _ENV_DATA, _ENV_KEY
         weighted = family in self._weighted
         table = self._by_weights.setdefault(family, {})
+        arity = len(self._family(family)["inputs"])
 
         def run(*arrays: Any, modeled: bool = False) -> Any:
             if not modeled and (env.get(env_key) if env is not None else _env_flag()) is None:
@@ -546,7 +549,7 @@ class Dispatcher:
                         return op(*arrays)
                     except TypeError:  # not MLX arrays: the planned path converts them
                         return call(family, *arrays)
-                if weighted:
+                if weighted and len(arrays) == arity:
                     entry = table.get(id(arrays[-1]))
                     if entry is not None:  # _same(entry[0], arrays), inlined: a call would cost a frame
                         i = 1
@@ -569,6 +572,8 @@ class Dispatcher:
     def _remember_weights(self, family: str, arrays: Sequence[Any], plan: Callable[..., Any]) -> None:
         """File ``plan`` under the identity of the call's weights (held weakly: a dead weight drops its entry),
         so a later call with the same weight arrays is planned by its activations' shape and dtype alone."""
+        if len(arrays) != len(self._family(family)["inputs"]):  # not a call of the family's arity: nothing filed
+            return
         try:
             key = id(arrays[-1])  # all the weights are checked (weakly held) on every hit
             table = self._by_weights.setdefault(family, {})
@@ -576,9 +581,10 @@ class Dispatcher:
                 table.clear()
             forget = functools.partial(_forget, table, key)
             entry = table.get(key)
-            if entry is None or not _same(entry[0], arrays):
-                entry = table[key] = [[weakref.ref(w, forget) for w in arrays[1:]], None, None, None]
-            entry[1:] = [arrays[0].shape, arrays[0].dtype, plan]
+            if entry is None or not _same(entry[0], arrays) or entry[4]() is not arrays[-1]:
+                refs = [weakref.ref(w, forget) for w in arrays[1:]]
+                entry = table[key] = [refs[:-1], None, None, None, refs[-1]]
+            entry[1:4] = [arrays[0].shape, arrays[0].dtype, plan]
         except (TypeError, AttributeError):  # weights that take no weak reference (not MLX arrays): no entry
             pass
 

@@ -198,3 +198,18 @@ def test_committed_decode_artifacts_are_not_read_as_chain_figures(tmp_path: Any)
     decision = pkg.qmatvec.explain(x, w, s, b, chip=H100)
     assert decision.level == "mlx op", str(decision)
     assert "not timed in graph mode, which judges this family" in str(decision) and " batch" in str(decision)
+
+
+@pytest.mark.slow
+def test_the_gate_says_why_a_version_timed_before_chains_is_not_dispatched(tmp_path: Any) -> None:
+    import shutil
+    from pathlib import Path
+
+    from kernsearch import ArtifactStore
+
+    store_dir = tmp_path / "artifacts"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "artifacts", store_dir)
+    store = ArtifactStore(store_dir)
+    done = dict((k.path, why) for k, why in store.rejudge())
+    why = done["qmatvec/H100/float16/1x11008x4096x512x64"]
+    assert "has no graph figures" in why and "batch" in why and "re-timed in the chain" in why

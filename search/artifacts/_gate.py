@@ -34,6 +34,9 @@ def loses_to_baseline(evidence: str, measurements: Measurements | None, op: str,
         return f"{what}has no measured speedup over {op} (the baseline was not timed in the same run)"
     figures: dict[str, Any] | None = {str(mode): t.model_dump() for mode, t in m.modes.items()} if m.modes else None
     low = consumer_low(figures, tuple(modes))
+    if low is None and figures:
+        return (f"{what}has no {' and '.join(modes)} figures ({modes_text(figures, sorted(figures))}: timed before "
+                "chains, graph read as batch): never dispatched until re-timed in the chain")
     if low is None:
         return (f"{what}was not timed as consumers call it (no {' and '.join(modes)} figures through the "
                 f"package's call path): never dispatched")

@@ -7,19 +7,25 @@ One command on the GPU machine (MLX CUDA in /tmp/site, kernsearch in /tmp/site3)
 exports ``artifacts/`` (every family), installs the wheel into a fresh folder, imports it, and for each family at
 its tuned shapes (the store's artifacts for this chip) and shapes near them (and its default shape where nothing
 is tuned): checks the package's result against the op's, then times the package call and the op, interleaved
-round by round, in the two consumer modes: ``graph`` (8 calls, then one ``mx.eval``) and ``eager`` (an eval after
-every call), with cold weights for families with weight inputs (the weights rotate among copies that total more
-than twice the L2). Also: the copy bandwidth of this GPU (a streaming read), and each family's host cost per call
-(graph building only): the op, the package's plain call and, for weight families, its bound form.
+round by round by the final round's own method (:func:`kernsearch.evaluation._consumer.consumer_samples`), in the
+three consumer modes: ``graph`` (a chain of 8 dependent calls, each call's activation derived from the previous
+call's output by the chain's link, then one ``mx.eval``: how a decode step runs), ``batch`` (8 independent calls,
+then one ``mx.eval``: their launches overlap) and ``eager`` (an eval after every call), with cold weights for
+families with weight inputs (the weights rotate among copies that total more than twice the L2). Also: the copy
+bandwidth of this GPU (a streaming read), each family's host cost per call (graph building only): the op, the
+package's plain call and, for weight families, its bound form; and the drop-in decode step: every
+``quantized_matmul`` of a 32-layer Llama-7B decode step (hidden 4096, FFN 11008, 4-bit, group 64, M = 1) through
+the package's ``qmatvec``, nothing tuned (``--store`` empty for it), against plain MLX, interleaved step by step.
 
 Writes ``$OUT/gpu_consumer_<chip>.json`` = ``{"rows": [{"family", "shape", "mode", "chose", "speedup", "low",
-"high", "interval_low", "interval_high", "rounds"}, ...], "host_us": {family: {"package", "bound", "op"}}, ...}``
-(low/high: p10/p90 over rounds, the spread; interval_low/high: the 99 % interval of the median per-round ratio,
-``_rules.ratio_interval``, the statistic the gate decides on) and prints a table; exits 1 when a row is slower
-than the op beyond its interval (its upper end below 1).
+"high", "interval_low", "interval_high", "rounds"}, ...], "host_us": {family: {"package", "bound", "op"}},
+"drop_in_decode": {"speedup", "low", "high", ...}}`` (low/high: p10/p90 over rounds, the spread; interval_low/high:
+the 99 % interval of the median per-round ratio, ``_rules.ratio_interval``, the statistic the gate decides on;
+copy it to ``benchmarks/data/``) and prints a table; exits 1 when a row is slower than the op beyond its
+interval (its upper end below 1).
 
-``--cpu`` (no GPU: MLX's CPU back-end): exports and imports the same way and measures only the host cost per call
-on small shapes (``$OUT/host_cost_cpu.json``); the package runs the op there.
+``--cpu`` (no GPU: MLX's CPU back-end): a dry run, the same steps at small shapes and 3 rounds, a 2-layer decode
+step at hidden 256 (``$OUT/gpu_consumer_cpu.json``); the package runs the op there.
 """
 
 from __future__ import annotations
@@ -117,26 +123,14 @@ def problem_arrays(family: str, shape: tuple[int, ...], dtype: str, sets: int, s
 
 
 def timed(fns: dict[str, Any], sets: Any, mode: str, rounds: int, calls: int = 8) -> dict[str, list[float]]:
+    """Per-call ms of ``fns`` (functions of one input set) in one mode, by the final round's method."""
     import mlx.core as mx
 
-    out: dict[str, list[float]] = {n: [] for n in fns}
-    for f in fns.values():  # warm: plan, compile, load
-        mx.eval([f(*sets[i % len(sets)]) for i in range(2)])
-    turn = 0
-    for r in range(rounds):
-        for name in (list(fns) if r % 2 == 0 else list(reversed(list(fns)))):
-            f = fns[name]
-            mx.synchronize()
-            t0 = time.perf_counter()
-            if mode == "graph":
-                mx.eval([f(*sets[(turn + i) % len(sets)]) for i in range(calls)])
-            else:
-                for i in range(calls):
-                    mx.eval(f(*sets[(turn + i) % len(sets)]))
-            mx.synchronize()
-            out[name].append((time.perf_counter() - t0) * 1e3 / calls)
-        turn += calls
-    return out
+    from kernsearch.evaluation._consumer import ConsumerPlan, consumer_samples
+
+    calls_of = {n: (lambda i, prev=None, f=f: f(*sets[i % len(sets)])) for n, f in fns.items()}
+    return consumer_samples(calls_of, mx.eval, mx.synchronize,
+                            ConsumerPlan(calls=calls, rounds=rounds, modes=(mode,)))[mode]
 
 
 def host_us(fn: Any, args: Any, calls: int = 2000) -> float:
@@ -204,7 +198,7 @@ def copy_bandwidth() -> float:
         return kernel(inputs=[a], template=[], grid=(sms * 4 * 512, 1, 1), threadgroup=(512, 1, 1),
                       output_shapes=[(1,)], output_dtypes=[mx.uint32])[0]
 
-    ms = pct(timed({"r": read}, bufs, "graph", 5, calls=2)["r"], 50)
+    ms = pct(timed({"r": read}, bufs, "batch", 5, calls=2)["r"], 50)
     return 4 * n / (ms * 1e-3) / 1e9
 
 
@@ -246,8 +240,8 @@ def measure_family(pkg: Any, family: str, shape: tuple[int, ...], why: str, roun
     err = max(float(mx.max(mx.abs(g.astype(mx.float32) - w.astype(mx.float32))).item()) for g, w in zip(got, want))
     scale = max(float(mx.max(mx.abs(w.astype(mx.float32))).item()) for w in want) or 1.0
     rows = []
-    for mode in ("graph", "eager"):
-        t = timed({"package": fn, "op": op}, sets, mode, rounds)
+    samples = consumer_timing(family, {"package": fn, "op": op}, sets, rounds)
+    for mode, t in samples.items():
         pk, o = t["package"], t["op"]
         interval = ratio_interval([b / k for k, b in zip(pk, o)])  # the rounds are paired: one ratio per round
         rows.append({"family": family, "shape": "x".join(map(str, shape)), "why": why, "mode": mode,
@@ -257,6 +251,115 @@ def measure_family(pkg: Any, family: str, shape: tuple[int, ...], why: str, roun
                      "median_ratio": interval.median, "rounds": interval.rounds, "package_ms": pct(pk, 50),
                      "op_ms": pct(o, 50), "weight_sets": n, "max_rel_err": err / scale})
     return rows
+
+
+#: The modes every row is timed in: the chain (how kernsearch judges decode families), then the others.
+MODES = ("graph", "batch", "eager")
+
+
+def consumer_timing(family: str, fns: dict[str, Any], sets: Any, rounds: int) -> dict[str, dict[str, list[float]]]:
+    """Per-call ms by mode, then candidate: the package and the op interleaved round by round, called through one
+    chain link (:mod:`kernsearch.evaluation._chain`: the same derivation for both)."""
+    import mlx.core as mx
+
+    from kernsearch.evaluation._chain import chained, mlx_link
+    from kernsearch.evaluation._consumer import ConsumerPlan, consumer_samples
+    from kernsearch.family._spec import load_family
+
+    link = mlx_link(load_family(family).inputs)
+    calls = {name: chained(f, [list(row) for row in sets], link) for name, f in fns.items()}
+    return consumer_samples(calls, mx.eval, mx.synchronize, ConsumerPlan(rounds=rounds, modes=MODES))
+
+
+#: Llama-7B: hidden, FFN, layers; 4-bit weights in groups of 64.
+LLAMA = (4096, 11008, 32)
+
+
+def decode_weights(hidden: int, ffn: int, layers: int, mx: Any) -> list[list[tuple[Any, Any, Any]]]:
+    """Per layer the 7 quantized projections (q, k, v, o: hidden x hidden; gate, up: ffn x hidden; down:
+    hidden x ffn) as (words, scales, biases), 4 bits, group 64."""
+    out = []
+    for layer in range(layers):
+        mats = []
+        for n, k in [(hidden, hidden)] * 4 + [(ffn, hidden)] * 2 + [(hidden, ffn)]:
+            w = mx.random.normal((n, k), key=mx.random.key(layer * 7 + len(mats))).astype(mx.float16) * 0.02
+            mats.append(tuple(mx.quantize(w, group_size=64, bits=4)))
+        mx.eval(mats)
+        out.append(mats)
+    return out
+
+
+def decode_step(qmm: Any, x: Any, weights: list[list[tuple[Any, Any, Any]]], mx: Any) -> Any:
+    """One decode step of the layers' projections, every one through ``qmm(x, w, s, b)``; the rest (the RMS norms,
+    a stand-in for attention, the residual adds, SwiGLU) is the same MLX ops for both sides."""
+    ones = mx.ones((x.shape[-1],), dtype=x.dtype)
+    for q, k, v, o, gate, up, down in weights:
+        n = mx.fast.rms_norm(x, ones, 1e-5)
+        a = qmm(n, *q) + qmm(n, *k) + qmm(n, *v)
+        h = x + qmm(a, *o)
+        n = mx.fast.rms_norm(h, ones, 1e-5)
+        g = qmm(n, *gate)
+        x = h + qmm(g * mx.sigmoid(g) * qmm(n, *up), *down)
+    return x
+
+
+def drop_in_decode(pkg: Any, rounds: int, hidden: int, ffn: int, layers: int) -> dict[str, Any]:
+    """The decode step with every quantized_matmul through the package's qmatvec against plain MLX, one eval per
+    step, interleaved step by step (order alternating)."""
+    import mlx.core as mx
+
+    weights = decode_weights(hidden, ffn, layers, mx)
+    x = mx.random.normal((1, hidden)).astype(mx.float16)
+    mx.eval(x)
+
+    def plain(x: Any, w: Any, s: Any, b: Any) -> Any:
+        return mx.quantized_matmul(x, w, s, b, transpose=True, group_size=64, bits=4)
+
+    sides = {"package": pkg.qmatvec, "mlx": plain}
+    chose = sorted({str(pkg.qmatvec.explain(xx, *m).level) for xx in (x,) for m in weights[0][:1] + weights[0][4:]})
+    got, want = decode_step(sides["package"], x, weights[:1], mx), decode_step(plain, x, weights[:1], mx)
+    err = float(mx.max(mx.abs(got.astype(mx.float32) - want.astype(mx.float32))).item())
+    times: dict[str, list[float]] = {n: [] for n in sides}
+    for side in sides.values():  # warm: plan, compile, load
+        mx.eval(decode_step(side, x, weights, mx))
+    for r in range(rounds):
+        for name in (list(sides) if r % 2 == 0 else list(reversed(list(sides)))):
+            mx.synchronize()
+            t0 = time.perf_counter()
+            mx.eval(decode_step(sides[name], x, weights, mx))
+            mx.synchronize()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    pk, op = times["package"], times["mlx"]
+    return {"hidden": hidden, "ffn": ffn, "layers": layers, "calls": 7 * layers, "bits": 4, "group": 64,
+            "chose": chose, "package_ms": pct(pk, 50), "mlx_ms": pct(op, 50), "speedup": pct(op, 50) / pct(pk, 50),
+            "low": pct(op, 10) / pct(pk, 90), "high": pct(op, 90) / pct(pk, 10), "rounds": rounds,
+            "max_abs_err_one_layer": err}
+
+
+def row_text(row: dict[str, Any]) -> str:
+    flag = "SLOWER" if row["interval_high"] < 1.0 else ""
+    return (f"{row['family']:15s} {row['shape']:22s} {row['why']:7s} {row['mode']:5s} {row['chose'][:48]:48s} "
+            f"{row['speedup']:.2f}x ({row['low']:.2f}-{row['high']:.2f}; 99% interval of the median ratio "
+            f"{row['interval_low']:.2f}-{row['interval_high']:.2f}) err {row['max_rel_err']:.1e} {flag}")
+
+
+def untuned_package(work: Path) -> Any:
+    """The package exported from an empty store (nothing tuned: every call may only run the op), imported from
+    its source tree under its own name."""
+    import importlib.util
+
+    from kernsearch import ArtifactStore, export
+
+    name = "kernsearch_untuned"
+    result = export(["qmatvec"], work / "untuned", ArtifactStore(work / "empty_store"), package=name,
+                    version="0.0.1")
+    pkg_dir = result.source_dir / name
+    spec = importlib.util.spec_from_file_location(name, pkg_dir / "__init__.py", submodule_search_locations=[str(pkg_dir)])
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,14 +382,19 @@ def main(argv: list[str] | None = None) -> int:
     pkg = import_installed(work / "site")
     families = [f for f in a.families.split(",") if f]
     report: dict[str, Any] = {"installed": how, "mlx": mx.__version__, "python": platform.python_version()}
-    if a.cpu:
-        report["device"] = "cpu"
-        report["host_us"] = {}
+    untuned = untuned_package(work)
+    if a.cpu:  # a dry run on MLX's CPU back-end: every step at small shapes
+        report.update(device="cpu", chip="cpu", rows=[], host_us={})
         for family in families:
+            for row in measure_family(pkg, family, CPU_SHAPES[family], "cpu", 3, 0.0):
+                report["rows"].append(row)
+                log(row_text(row))
             sets, dims, weighted, _ = problem_arrays(family, CPU_SHAPES[family], "float32", 1)
             report["host_us"][family] = host_costs(pkg, family, sets, dims, weighted)
             log(f"{family}: host us per call {report['host_us'][family]}")
-        (a.out / "host_cost_cpu.json").write_text(json.dumps(report, indent=1))
+        report["drop_in_decode"] = drop_in_decode(untuned, 3, 256, 512, 2)
+        log(f"drop-in decode (cpu, 2 layers at hidden 256): {report['drop_in_decode']}")
+        (a.out / "gpu_consumer_cpu.json").write_text(json.dumps(report, indent=1))
         return 0
     chip = detect_chip()
     info = dict(mx.device_info())
@@ -305,10 +413,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             for row in rows:
                 report["rows"].append(row)
-                flag = "SLOWER" if row["interval_high"] < 1.0 else ""
-                log(f"{family:15s} {row['shape']:22s} {why:7s} {row['mode']:5s} {row['chose'][:48]:48s} "
-                    f"{row['speedup']:.2f}x ({row['low']:.2f}-{row['high']:.2f}; 99% interval of the median ratio "
-                    f"{row['interval_low']:.2f}-{row['interval_high']:.2f}) err {row['max_rel_err']:.1e} {flag}")
+                log(row_text(row))
         # host cost of the package's dispatch where it runs the op (a small untuned shape) and, where a kernel is
         # tuned, of the kernel path (the compiled launch) at its shape
         sets, dims, weighted, _ = problem_arrays(family, CPU_SHAPES[family], "float16", 1)
@@ -317,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
             sets, dims, weighted, _ = problem_arrays(family, shapes[0][0], "float16", 1)
             report["host_us"][family]["kernel_path"] = host_costs(pkg, family, sets, dims, weighted)
         log(f"{family}: host us per call {report['host_us'][family]}")
+    report["drop_in_decode"] = drop_in_decode(untuned, a.rounds, *LLAMA)
+    log(f"drop-in decode (32 layers, 224 quantized_matmul, nothing tuned): {report['drop_in_decode']}")
     (a.out / f"gpu_consumer_{chip.name.lower()}.json").write_text(json.dumps(report, indent=1))
     slower = [r for r in report["rows"] if r["interval_high"] < 1.0]
     log(f"{len(report['rows'])} rows; slower than the op beyond the interval: {len(slower)}")

@@ -1,15 +1,17 @@
-"""Re-judge the store's measured artifacts on this GPU as consumers call them (issue 26).
+"""Re-judge the store's measured artifacts on this GPU as consumers call them (issues 26, 38).
 
 One command on the GPU machine, from the repository root (MLX CUDA in /tmp/site, kernsearch in /tmp/site3)::
 
     PYTHONPATH=/tmp/site:/tmp/site3 python3 benchmarks/gpu_rejudge.py --store artifacts --out $OUT
 
-For every key of this chip whose latest version was timed before consumer judging (no graph/eager figures), the
-variant (its config, rendered from the family's template) and the MLX op are timed by the final round's own method
-(:func:`kernsearch.evaluation._consumer.consumer_samples` over the back-end's ``consumer_kernel``/``consumer_op``:
-the exported package's planned calls, graph and eager, cold weights), and the result is offered to the store's
-gate like any tune's: a winner becomes a new version carrying its consumer figures; a loser is recorded, and the
-old version's invalidation says what was measured. Writes ``$OUT/rejudge_<chip>.json``.
+For every key of this chip whose latest version lacks a figure of a mode its family is judged in (timed by
+separate launches, or before chains: its ``graph`` figures read as ``batch``, so every committed decode artifact),
+the variant (its config, rendered from the family's template) and the MLX op are timed by the final round's own
+method (:func:`kernsearch.evaluation._consumer.consumer_samples` over the back-end's ``consumer_kernel``/
+``consumer_op``: the exported package's planned calls, the chain, eager and the family's declared modes, cold
+weights), and the result is offered to the store's gate like any tune's: a winner becomes a new version carrying
+its consumer figures; a loser is recorded, and the old version's invalidation says what was measured. Writes
+``$OUT/rejudge_<chip>.json``. ``--families qmatvec,swiglu_qmatvec,gemv`` limits it to those families.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def log(*parts: Any) -> None:
 def rejudge_one(store: Any, key: Any, chip: Any, backend: Any) -> dict[str, Any]:
     from kernsearch.artifacts._candidate import Candidate
     from kernsearch.artifacts._manifest import Measurements
-    from kernsearch.evaluation._consumer import ConsumerPlan, consumer_samples, weight_sets
+    from kernsearch.evaluation._consumer import ConsumerPlan, consumer_samples, timed_modes, weight_sets
     from kernsearch.evaluation._measure import speedup
     from kernsearch.evaluation._verify import make_inputs
     from kernsearch.family._render import geometry, render
@@ -53,20 +55,22 @@ def rejudge_one(store: Any, key: Any, chip: Any, backend: Any) -> dict[str, Any]
     sets = [first] + [{**first, **{w: make_inputs(space.problem, 11 + k)[w] for w in weights}} for k in range(1, n)]
     samples = consumer_samples({"k": backend.consumer_kernel(kernel, geo, fam, space.problem, sets),
                                 "op": backend.consumer_op(fam, space.problem, sets)},
-                               backend.evaluate, backend.sync, ConsumerPlan())
+                               backend.evaluate, backend.sync, ConsumerPlan(modes=timed_modes(fam.consumer_modes)))
     modes = {}
     for mode, by in samples.items():
         s = speedup(by["k"], by["op"])
         modes[mode] = {"median_ms": float(np.median(by["k"])), "baseline_median_ms": float(np.median(by["op"])),
                        "speedup": s.median, "low": s.low, "high": s.high}
-    graph = samples["graph"]
+    judged = [str(m) for m in fam.consumer_modes]
+    graph = samples[judged[0]]  # the mode that ranks: the family's first declared one (the chain for decode)
     s = speedup(graph["k"], graph["op"])
     from kernsearch.evaluation._measure import spread
 
     meas = Measurements(median_ms=float(np.median(graph["k"])), spread=spread(graph["k"]),
                         samples_ms=list(graph["k"]), baseline_median_ms=float(np.median(graph["op"])),
                         baseline_spread=spread(graph["op"]), speedup=s.median,
-                        speedup_low=min([s.low] + [f["low"] for f in modes.values()]), speedup_high=s.high,
+                        speedup_low=min([s.low] + [f["low"] for m, f in modes.items() if m in judged]),
+                        speedup_high=s.high,
                         modes=modes, weight_sets=n)
     candidate = Candidate.for_config(space, config, target="cuda", correctness=m.correctness, evidence="measured",
                                      measurements=meas, study=f"rejudge of {key.path}/{versions[-1]}")
@@ -77,11 +81,22 @@ def rejudge_one(store: Any, key: Any, chip: Any, backend: Any) -> dict[str, Any]
             "published": outcome.published, "new_version": outcome.version, "reason": outcome.reason}
 
 
+def judged_in_every_mode(m: Any, family: str) -> bool:
+    """Whether a manifest has a figure of every mode its family is judged in (as read: before chains, ``graph``
+    is ``batch``)."""
+    from kernsearch.family._spec import load_family
+
+    have = set((m.measurements.modes or {}) if m.measurements else {})
+    return all(str(mode) in have for mode in load_family(family).consumer_modes)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", type=Path, default=ROOT / "artifacts")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--families", default="", help="comma-separated families (default: every family)")
     a = ap.parse_args(argv)
+    only = {f for f in a.families.split(",") if f}
     a.out.mkdir(parents=True, exist_ok=True)
     from kernsearch import ArtifactStore
     from kernsearch.backends import get_backend
@@ -97,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         if key.chip != chip.name.replace(" ", "-") or not versions:
             continue
         m = store.load(key, versions[-1]).manifest
-        if m.evidence != "measured" or (m.measurements and m.measurements.modes):
+        if m.evidence != "measured" or (only and key.family not in only) or judged_in_every_mode(m, key.family):
             continue
         try:
             row = rejudge_one(store, key, chip, backend)

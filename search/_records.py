@@ -118,13 +118,15 @@ class FinalTimings:
             return dict(self.paired)
         return {m: tuple(b / f for f, b in zip(s.finalists[index], s.baseline) if f > 0)
                 for m, s in self.modes.items() if s.baseline}
+    #: The mode that ranks the finalists: the family's first declared one (``graph``, the chain, by default).
+    rank_mode: str = ConsumerMode.GRAPH.value
 
     @property
     def ranking(self) -> ModeSamples:
-        """The samples that rank the finalists: graph use (as consumers mostly call), else the launches."""
-        ranked = self.modes.get(ConsumerMode.GRAPH, self.launches)
+        """The samples that rank the finalists: the family's judging mode, else the launches."""
+        ranked = self.modes.get(self.rank_mode, self.launches)
         if ranked is None:
-            raise ValueError("final timings without graph-mode or launch samples")
+            raise ValueError(f"final timings without {self.rank_mode}-mode or launch samples")
         return ranked
 
     @property

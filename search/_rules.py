@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ._vocabulary import CONSUMER_MODES, Target, Verdict
+from ._vocabulary import CONSUMER_MODES, ConsumerMode, Target, Verdict
 
 # -- targets ---------------------------------------------------------------------------------------------
 
@@ -230,6 +230,19 @@ def consumer_verdict(figures: Optional[Dict[str, Any]], modes: Sequence[str] = C
         if isinstance(high, (int, float)) and not isinstance(high, bool) and high < 1.0:
             return Verdict.SLOWER
     return Verdict.UNDECIDED
+
+
+def consumer_figures(measurements: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """A manifest's consumer-mode figures (its ``measurements``' ``modes``) as they read today. ``graph`` is a
+    chain of dependent calls only where the manifest records the chain's length (``chain_calls``); before chains,
+    ``graph`` timed independent calls in one evaluation, so such figures read as ``batch`` (never as a chain's)."""
+    modes = (measurements or {}).get("modes")
+    if not isinstance(modes, dict):
+        return None
+    if (measurements or {}).get("chain_calls") is None and ConsumerMode.GRAPH in modes:
+        modes = {(ConsumerMode.BATCH.value if m == ConsumerMode.GRAPH else m): f for m, f in modes.items()
+                 if m != ConsumerMode.BATCH}
+    return modes
 
 
 def modes_text(figures: Optional[Dict[str, Any]], modes: Sequence[str] = CONSUMER_MODES) -> str:

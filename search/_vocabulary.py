@@ -87,17 +87,20 @@ class Severity(Word):
 
 
 class ConsumerMode(Word):
-    """How consumers call a family (docs/timing.md): ``graph``: several calls, then one evaluation; ``eager``: an
-    evaluation after every call."""
+    """How consumers call a family (docs/timing.md): ``graph``: a chain of dependent calls (each call's activation
+    derived from the previous call's output), then one evaluation, as a decode step runs; ``eager``: an evaluation
+    after every call; ``batch``: independent calls, then one evaluation (their launches overlap on the GPU: only for
+    families consumers call side by side, where the family declares it)."""
 
     GRAPH = "graph"
     EAGER = "eager"
+    BATCH = "batch"
 
 
 #: Consumer mode names as a type for validated models (family specs).
-ConsumerModeName = Literal["graph", "eager"]
+ConsumerModeName = Literal["graph", "eager", "batch"]
 
-#: Every consumer mode, in the order the final round times them.
+#: The consumer modes every final round times (a family's declared modes are timed besides), in that order.
 CONSUMER_MODES: Tuple[ConsumerModeName, ...] = ("graph", "eager")
 
 

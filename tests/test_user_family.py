@@ -211,7 +211,7 @@ class SimulatedDevice(_BaseBackend):
         return self.cpu.run(kernel, geometry, inputs, dtype, init_value=init_value, timeout=30.0)
 
     def _launcher(self, ms: float):  # noqa: ANN202
-        def launch(i: int) -> None:
+        def launch(i: int, previous: object = None) -> None:
             self.now_ms += ms
 
         def sync() -> None:

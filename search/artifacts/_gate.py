@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._rules import DEFAULT_MARGIN, beats_op, consumer_low, consumer_verdict, identity_changes, modes_text
-from .._vocabulary import CONSUMER_MODES, EVIDENCE_RANK, Evidence, Verdict
+from .._vocabulary import CONSUMER_MODES, EVIDENCE_RANK, ConsumerMode, Evidence, Verdict
 from ._manifest import MODELED_POLICY, Manifest, Measurements
 
 if TYPE_CHECKING:
@@ -34,6 +34,9 @@ def loses_to_baseline(evidence: str, measurements: Measurements | None, op: str,
         return f"{what}has no measured speedup over {op} (the baseline was not timed in the same run)"
     figures: dict[str, Any] | None = {str(mode): t.model_dump() for mode, t in m.modes.items()} if m.modes else None
     low = consumer_low(figures, tuple(modes))
+    if low is None and figures:
+        return (f"{what}has no {' and '.join(modes)} figures ({modes_text(figures, sorted(figures))}: timed before "
+                "chains, graph read as batch): never dispatched until re-timed in the chain")
     if low is None:
         return (f"{what}was not timed as consumers call it (no {' and '.join(modes)} figures through the "
                 f"package's call path): never dispatched")
@@ -72,6 +75,10 @@ def _gate(draft: Draft, current: Manifest | None, invalid: str | None, min_gain:
         if new is not None and new.modes and not (current.measurements and current.measurements.modes):
             return True, (f"judged as consumers call it; replaces {current.version}, which was timed by separate "
                           "launches only")
+        if new is not None and new.modes and ConsumerMode.GRAPH in new.modes and not (
+                current.measurements and current.measurements.modes and ConsumerMode.GRAPH in current.measurements.modes):
+            return True, (f"judged in the chain (graph mode: dependent calls); replaces {current.version}, whose "
+                          "consumer figures predate chains")
     if new_rank > old_rank:
         return True, f"{evidence} result replaces {current.evidence} {current.version}"
     return _faster(draft, current, min_gain)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .._errors import KernsearchError
 from .._records import Proof, Winner
-from .._rules import valid_ratios
+from .._rules import consumer_figures, valid_ratios
 from .._vocabulary import EVIDENCE_RANK, ConsumerMode, Dtype, Evidence, TargetName, Verifier
 
 if TYPE_CHECKING:
@@ -199,9 +199,12 @@ class ModeTiming(_Model):
 class Measurements(_Model):
     """Timing of the variant (and of the baseline MLX op on the same inputs), in milliseconds.
 
-    ``modes``: the consumer modes (``graph``, ``eager``) the final round timed through the package's call path,
-    with cold weights (``weight_sets`` rotating copies of the weights) where the family has weights; the gate and
-    the exported dispatcher act on the smallest lower bound of the modes (``_rules.consumer_low``). Results without ``modes`` were timed by
+    ``modes``: the consumer modes (``graph``, ``eager``, ``batch``) the final round timed through the package's
+    call path, with cold weights (``weight_sets`` rotating copies of the weights) where the family has weights; the
+    gate and the exported dispatcher act on the smallest lower bound of the modes the family declares
+    (``_rules.consumer_low``: the interval of the per-round ``ratios`` where recorded). ``graph`` is a chain of
+    ``chain_calls`` dependent calls; a manifest without ``chain_calls`` predates chains, and its ``graph`` figures
+    read as ``batch`` (``_rules.consumer_figures``). Results without ``modes`` were timed by
     separate launches (before consumer judging): recorded, never dispatched."""
 
     median_ms: float = Field(gt=0)
@@ -218,11 +221,19 @@ class Measurements(_Model):
     speedup_high: float | None = Field(None, gt=0)
     modes: dict[ConsumerMode, ModeTiming] | None = None
     weight_sets: int | None = Field(None, ge=1)
+    #: The length of the chain the ``graph`` figures timed (None: before chains, ``graph`` read as ``batch``).
+    chain_calls: int | None = Field(None, ge=2)
 
     @model_validator(mode="before")
     @classmethod
     def _speedup(cls, data: Any) -> Any:
-        """Speedup over the baseline, when only the two medians are given."""
+        """Speedup over the baseline, when only the two medians are given; ``graph`` figures given here (by
+        this kernsearch, not read from a file: :func:`parse_manifest`) are a chain of the final round's length."""
+        if isinstance(data, dict) and isinstance(data.get("modes"), dict) and ConsumerMode.GRAPH in data["modes"] \
+                and data.get("chain_calls") is None:
+            from ..evaluation._consumer import ConsumerPlan
+
+            data = {**data, "chain_calls": ConsumerPlan().calls}
         if isinstance(data, dict) and data.get("speedup") is None:
             base, median = data.get("baseline_median_ms"), data.get("median_ms")
             if isinstance(base, (int, float)) and isinstance(median, (int, float)) and base > 0 and median > 0:
@@ -363,6 +374,9 @@ def parse_manifest(text: str | bytes, where: str) -> Manifest:
                             f"(this kernsearch reads version {SCHEMA_VERSION} and migrates 1)")
     if version == 1:
         data = migrate_v1(data)
+    meas = data.get("measurements")
+    if isinstance(meas, dict) and isinstance(meas.get("modes"), dict):  # graph before chains: batch
+        data = {**data, "measurements": {**meas, "modes": consumer_figures(meas)}}
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:

@@ -128,6 +128,8 @@ class MLXBackend(BaseBackend):
         self._copies: tuple[Any, list[list[Any]], list[np.ndarray]] | None = None
         #: The last consumer sets uploaded: (their ids, the device arrays, the sets themselves).
         self._consumer_kept: tuple[tuple[int, ...], list[list[Any]], list[dict[str, np.ndarray]]] | None = None
+        #: The chain's link per family (one object: candidates and the op derive their activations alike).
+        self._links: dict[str, Any] = {}
 
     # -- what differs between Metal and CUDA ----------------------------------------------------------
     def _make_kernel(self, source: KernelSource, geometry: Geometry) -> Any:
@@ -256,8 +258,9 @@ class MLXBackend(BaseBackend):
     # -- as consumers call it (the final round: kernsearch.evaluation._consumer) ------------------------
     def consumer_kernel(self, kernel: KernelSource, geometry: Geometry, family: Any, problem: Any,
                         sets: list[dict[str, np.ndarray]]) -> Callable[[int], Any]:
-        """``call(i)``: the exported package's planned kernel call (``_runtime.kernel_call``, layout packing
-        inside it) on input set ``i``."""
+        """``call(i, previous=None)``: the exported package's planned kernel call (``_runtime.kernel_call``,
+        layout packing inside it) on input set ``i``, its activation chained from ``previous`` where given."""
+        from ..evaluation._chain import chained
         from ..exporting.runtime._runtime import kernel_call
 
         mx = mx_core()
@@ -269,11 +272,12 @@ class MLXBackend(BaseBackend):
                            geometry.grid, geometry.threadgroup, geometry.output_shapes,
                            [getattr(mx, d) for d in geometry.output_dtypes], params,
                            [t.name in geometry.transposed_inputs for t in family.inputs], geometry.init_value)
-        return lambda i: call(*arrays[i % len(arrays)])
+        return chained(call, arrays, self.consumer_link(family))
 
     def consumer_op(self, family: Any, problem: Any, sets: list[dict[str, np.ndarray]]) -> Callable[[int], Any]:
-        """``call(i)``: the exported package's planned MLX op (``_runtime.op_call``: constants bound, the
-        function called directly) on input set ``i``."""
+        """``call(i, previous=None)``: the exported package's planned MLX op (``_runtime.op_call``: constants
+        bound, the function called directly) on input set ``i``, chained as the kernels are."""
+        from ..evaluation._chain import chained
         from ..exporting.runtime._runtime import mlx_vocabulary, op_call
         from ..family._spec import ARRAY_FUNCTIONS
         from ..family._tree import expr_tree
@@ -287,7 +291,16 @@ class MLXBackend(BaseBackend):
         functions = {n: f for n, f in mlx_vocabulary(mx).items() if n in ARRAY_FUNCTIONS}
         call = op_call(table, dict(problem.dims), functions, mx)
         arrays = self._consumer_arrays(family, problem, sets)
-        return lambda i: call(*arrays[i % len(arrays)])
+        return chained(call, arrays, self.consumer_link(family))
+
+    def consumer_link(self, family: Any) -> Any:
+        """The chain's link for ``family`` (:mod:`kernsearch.evaluation._chain`): one object per family, so
+        every candidate and the op derive their activations by the same op."""
+        from ..evaluation._chain import mlx_link
+
+        if family.name not in self._links:
+            self._links[family.name] = mlx_link(family.inputs)
+        return self._links[family.name]
 
     def _consumer_arrays(self, family: Any, problem: Any, sets: list[dict[str, np.ndarray]]) -> list[list[Any]]:
         """Each set's logical inputs on the device, each in its own dtype; arrays shared between sets (the same

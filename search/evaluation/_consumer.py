@@ -1,10 +1,14 @@
 """The final round's timing method: kernels and the MLX op timed as consumers call them (``docs/timing.md``).
 
-A consumer does not submit one launch at a time and wait: a model builds a graph of many calls and evaluates
-it once (``graph``), or evaluates after every call (``eager``, e.g. an interactive loop). Each candidate is a
-``call(i)`` that runs the exported package's own planned call (:func:`kernsearch.exporting.runtime._runtime.
-kernel_call`, :func:`~kernsearch.exporting.runtime._runtime.op_call`) on input set ``i`` and returns its lazy
-outputs; a sample is the wall time of ``calls`` such calls (built and evaluated) over ``calls``. Where the
+A consumer does not submit one launch at a time and wait: a model builds a graph of many calls, each waiting
+for the one before (a decode step), and evaluates it once (``graph``: a chain of dependent calls), or evaluates
+after every call (``eager``, e.g. an interactive loop); a family consumers call side by side may also be timed as
+independent calls in one evaluation (``batch``: their launches overlap on the GPU, a throughput no decoder sees).
+Each candidate is a ``call(i, previous=None)`` that runs the exported package's own planned call
+(:func:`kernsearch.exporting.runtime._runtime.kernel_call`, :func:`~kernsearch.exporting.runtime._runtime.op_call`)
+on input set ``i`` and returns its lazy outputs; given ``previous`` (the last call's outputs), its activation is
+derived from them by the chain's link (:mod:`kernsearch.evaluation._chain`, the same for every candidate, so it
+cancels). A sample is the wall time of ``calls`` such calls (built and evaluated) over ``calls``. Where the
 family's inputs include weights, the sets rotate among copies whose total exceeds twice the last-level cache,
 so every call reads its weights cold, as the layers of a model do. Candidates are interleaved round by round
 (order reversed every other round), every candidate on the same sequence of input sets.
@@ -27,12 +31,13 @@ from typing import Any
 from .._rules import FIRST_LOOK, MAX_ROUNDS, looks
 from .._vocabulary import CONSUMER_MODES, ConsumerMode
 
-Call = Callable[[int], Any]
+Call = Callable[..., Any]
 
 
 @dataclass(frozen=True)
 class ConsumerPlan:
-    """How many calls make one graph, rounds of samples, warm-up calls per candidate."""
+    """How many calls make one graph (the chain's length), rounds of samples, warm-up calls per candidate, and
+    the modes timed."""
 
     calls: int = 8
     rounds: int = 15
@@ -112,6 +117,8 @@ def _sample(call: Call, mode: str, first: int, n: int, evaluate: Callable[[Any],
     sync()
     start = clock()
     if mode == ConsumerMode.GRAPH:
+        evaluate(chain(call, first, n))
+    elif mode == ConsumerMode.BATCH:
         evaluate([call(first + i) for i in range(n)])
     else:
         for i in range(n):
@@ -120,4 +127,20 @@ def _sample(call: Call, mode: str, first: int, n: int, evaluate: Callable[[Any],
     return (clock() - start) * 1e3 / n
 
 
-__all__ = ["Call", "ConsumerPlan", "PairedPlan", "consumer_samples", "paired_rounds", "weight_sets"]
+def chain(call: Call, first: int, n: int) -> Any:
+    """The outputs of the last of ``n`` dependent calls: call ``j`` takes its activation from call ``j - 1``'s
+    outputs, so evaluating them runs the whole chain, one call after the other, as a decode step does."""
+    out = call(first)
+    for i in range(1, n):
+        out = call(first + i, out)
+    return out
+
+
+def timed_modes(declared: Sequence[str]) -> tuple[str, ...]:
+    """The modes a final round times: every mode of :data:`CONSUMER_MODES`, then the family's other declared
+    ones (``batch`` only where declared)."""
+    return tuple(CONSUMER_MODES) + tuple(m for m in declared if m not in CONSUMER_MODES)
+
+
+__all__ = ["Call", "ConsumerPlan", "PairedPlan", "chain", "consumer_samples", "paired_rounds", "timed_modes",
+           "weight_sets"]

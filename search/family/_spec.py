@@ -361,9 +361,10 @@ class Family(_Model):
     #: Whether the exported package may run a kernel tuned on one chip on another of the same generation
     #: (only when it beat the op on its own chip by the margin). Off unless the family says so.
     transfer: bool = False
-    #: The consumer modes a measured kernel must beat the op in to be dispatched (docs/timing.md): both by
-    #: default; a family whose consumers call it inside a model's graph (decode layers) may say ``["graph"]``.
-    #: Every mode is still timed and recorded.
+    #: The consumer modes a measured kernel must beat the op in to be dispatched (docs/timing.md): ``graph`` (a
+    #: chain of dependent calls) and ``eager`` by default; decode families say ``["graph"]``; ``batch``
+    #: (independent calls in one evaluation) only where consumers call the family side by side. The first ranks
+    #: the search and the final round; graph and eager are always timed and recorded, ``batch`` where declared.
     consumer_modes: list[ConsumerModeName] = Field(default_factory=lambda: list(CONSUMER_MODES), min_length=1)
     path: Path
     #: The spec files merged under this one through ``extends`` (``_extends``), nearest first.

@@ -202,8 +202,9 @@ def measure_variant(task: VariantTask) -> Measurement:
 
 
 def _consumer_timing(task: VariantTask, s: Setup, kernel: KernelSource, geo: Geometry) -> tuple[list[float], bool]:
-    """Samples of the variant called as consumers call it (graph mode, cold weights), racing the incumbent by the
-    same rule as launches: (samples, stopped because it could not win)."""
+    """Samples of the variant called as consumers call it (the family's first declared mode, cold weights: a
+    chain of dependent calls for decode families), racing the incumbent by the same rule as launches: (samples,
+    stopped because it could not win)."""
     from ..evaluation._consumer import ConsumerPlan, consumer_samples
 
     impl: Any = s.backend
@@ -211,15 +212,22 @@ def _consumer_timing(task: VariantTask, s: Setup, kernel: KernelSource, geo: Geo
     call = impl.consumer_kernel(kernel, geo, s.family, s.problem, sets)
     clock = getattr(impl, "clock", time.perf_counter)
     rounds = task.race.after if task.race is not None else 10
-    graph = (ConsumerMode.GRAPH.value,)
-    samples = consumer_samples({"k": call}, impl.evaluate, impl.sync, ConsumerPlan(rounds=rounds, modes=graph),
-                               clock=clock)[ConsumerMode.GRAPH]["k"]
+    mode = judging_mode(s.family)
+    samples = consumer_samples({"k": call}, impl.evaluate, impl.sync, ConsumerPlan(rounds=rounds, modes=(mode,)),
+                               clock=clock)[mode]["k"]
     lost = task.race is not None and task.race.lost(samples)
     if task.race is not None and not lost:
         samples += consumer_samples({"k": call}, impl.evaluate, impl.sync,
-                                    ConsumerPlan(rounds=10 - rounds, modes=graph, warmup=0),
-                                    clock=clock)[ConsumerMode.GRAPH]["k"]
+                                    ConsumerPlan(rounds=10 - rounds, modes=(mode,), warmup=0),
+                                    clock=clock)[mode]["k"]
     return samples, lost
+
+
+def judging_mode(family: Any) -> str:
+    """The consumer mode the search's objective, racing and the final round's ranking use: the family's first
+    declared mode (``graph``, the chain, unless the family says otherwise)."""
+    modes = list(getattr(family, "consumer_modes", None) or [ConsumerMode.GRAPH.value])
+    return str(modes[0])
 
 
 def prepare_variant(task: VariantTask) -> Prepared:
@@ -252,7 +260,7 @@ def final_round(task: VariantTask) -> FinalTimings:
     without them (a simulation timing launches) has its finalists timed by separate launches: timings without
     consumer modes, which the gate records but never ships as a win (docs/artifacts.md).
     """
-    from ..evaluation._consumer import ConsumerPlan, consumer_samples
+    from ..evaluation._consumer import ConsumerPlan, consumer_samples, timed_modes
 
     s = PROCESS.setup(task)
     impl: Any = s.backend
@@ -268,13 +276,14 @@ def final_round(task: VariantTask) -> FinalTimings:
         candidates["baseline"] = impl.consumer_op(s.family, s.problem, sets)
     except Exception as exc:  # noqa: BLE001 - no baseline is not fatal, and is said
         error = str(exc)
+    plan = ConsumerPlan(modes=timed_modes(s.family.consumer_modes))
     clock = getattr(impl, "clock", time.perf_counter)
-    samples = consumer_samples(candidates, impl.evaluate, impl.sync, ConsumerPlan(), clock=clock)
+    samples = consumer_samples(candidates, impl.evaluate, impl.sync, plan, clock=clock)
     n = len(task.finalists)
     modes = {mode: ModeSamples(tuple(tuple(by[f"f{i}"]) for i in range(n)),
                                tuple(by["baseline"]) if "baseline" in by else None)
              for mode, by in samples.items()}
-    timings = FinalTimings(modes, len(sets), error)
+    timings = FinalTimings(modes, len(sets), error, rank_mode=judging_mode(s.family))
     if "baseline" not in candidates:
         return timings
     return _decide_paired(timings, candidates, impl, tuple(s.family.consumer_modes), clock)
@@ -285,12 +294,13 @@ def _decide_paired(timings: FinalTimings, candidates: dict[str, Any], impl: Any,
     """The ranking's fastest finalist and the op in fresh paired rounds, added until the interval of the median
     per-round ratio decides in the modes the family is judged in, or a cap (docs/timing.md)."""
     from .._rules import decide
-    from ..evaluation._consumer import paired_rounds
+    from ..evaluation._consumer import PairedPlan, paired_rounds, timed_modes
 
     medians = [float(np.median(f)) for f in timings.finalists]
     first = int(np.argmin(medians))
     ratios = paired_rounds(candidates[f"f{first}"], candidates["baseline"], impl.evaluate, impl.sync,
-                           lambda r: decide(r, judged) != Verdict.UNDECIDED, clock=clock)
+                           lambda r: decide(r, judged) != Verdict.UNDECIDED, PairedPlan(modes=timed_modes(judged)),
+                           clock=clock)
     return replace(timings, paired={m: tuple(r) for m, r in ratios.items()}, paired_finalist=first)
 
 

@@ -42,6 +42,7 @@ try:  # an exported package: the shared modules sit beside this file
         VENDOR_TARGETS,
         ExpressionError,
         beats_op,
+        consumer_figures,
         consumer_low,
         content_sha256,
         cuda_driver_version,
@@ -67,6 +68,7 @@ except ImportError:  # kernsearch itself: the same modules, at the bottom of its
         VENDOR_TARGETS,
         ExpressionError,
         beats_op,
+        consumer_figures,
         consumer_low,
         content_sha256,
         cuda_driver_version,
@@ -262,9 +264,11 @@ class Dispatcher:
         self._weighted = {name for name, fam in self.table["families"].items()
                           if len(fam["inputs"]) > 1 and not fam["inputs"][0].get("weight")
                           and all(spec.get("weight") for spec in fam["inputs"][1:])}
-        #: (family, id of the last weight) -> (weak references to the weights, [shape, dtype, plan] of the last
-        #: activation planned with them).
-        self._by_weights: Dict[Any, Tuple[List[Any], List[Any]]] = {}
+        #: family -> {id of the last weight: [weak references to the other weights, shape, dtype, plan of the last
+        #: activation planned with them, weak reference to the last weight]} (a table per family: a call's key is
+        #: one integer). The entry goes when any of its weights dies, so a live entry's key is its last weight's
+        #: identity: only the others are compared.
+        self._by_weights: Dict[str, Dict[int, List[Any]]] = {}
 
     # -- the running chip --------------------------------------------------------------------------------
     def running_chip(self, chip: Any = None) -> Tuple[Dict[str, Any], str]:
@@ -413,6 +417,10 @@ class Dispatcher:
             return (f"modeled, not measured: never shown to beat {op} (opt in with {DISABLE_VAR}=modeled)")
         if evidence == Evidence.MEASURED:
             low = consumer_low(a.get("modes"), fam.get("modes") or CONSUMER_MODES)
+            if low is None and a.get("modes"):
+                judged = " and ".join(fam.get("modes") or CONSUMER_MODES)
+                return (f"not timed in {judged} mode, which judges this family (it has "
+                        f"{modes_text(a['modes'], sorted(a['modes']))}): re-time it (benchmarks/gpu_rejudge.py)")
             if low is None:
                 old = speedup_text(a.get("speedup"), a.get("speedup_low"), a.get("speedup_high"))
                 return (f"measured by separate launches, not as consumers call it ({old}): re-judge it "
@@ -528,8 +536,10 @@ class Dispatcher:
         no attribute look-ups): where no kernel of the family can run here, the op; with weights seen before, the
         plan of the last activation shape (a check of the activation alone); else :meth:`call`."""
         self._family(family)
-        call, op_only, by_weights, env, env_key = self.call, self._op_only, self._by_weights, _ENV_DATA, _ENV_KEY
+        call, op_only, env, env_key = self.call, self._op_only, _ENV_DATA, _ENV_KEY
         weighted = family in self._weighted
+        table = self._by_weights.setdefault(family, {})
+        arity = len(self._family(family)["inputs"])
 
         def run(*arrays: Any, modeled: bool = False) -> Any:
             if not modeled and (env.get(env_key) if env is not None else _env_flag()) is None:
@@ -539,8 +549,8 @@ class Dispatcher:
                         return op(*arrays)
                     except TypeError:  # not MLX arrays: the planned path converts them
                         return call(family, *arrays)
-                if weighted:
-                    entry = by_weights.get((family, id(arrays[-1])))
+                if weighted and len(arrays) == arity:
+                    entry = table.get(id(arrays[-1]))
                     if entry is not None:  # _same(entry[0], arrays), inlined: a call would cost a frame
                         i = 1
                         for ref in entry[0]:
@@ -548,10 +558,10 @@ class Dispatcher:
                                 break
                             i += 1
                         else:
-                            x, last = arrays[0], entry[1]
+                            x = arrays[0]
                             try:
-                                if x.shape == last[0] and x.dtype == last[1]:
-                                    return last[2](*arrays)
+                                if x.shape == entry[1] and x.dtype == entry[2]:
+                                    return entry[3](*arrays)
                             except AttributeError:
                                 pass
             return call(family, *arrays, modeled=modeled)
@@ -562,15 +572,19 @@ class Dispatcher:
     def _remember_weights(self, family: str, arrays: Sequence[Any], plan: Callable[..., Any]) -> None:
         """File ``plan`` under the identity of the call's weights (held weakly: a dead weight drops its entry),
         so a later call with the same weight arrays is planned by its activations' shape and dtype alone."""
+        if len(arrays) != len(self._family(family)["inputs"]):  # not a call of the family's arity: nothing filed
+            return
         try:
-            key = (family, id(arrays[-1]))  # all the weights are checked (weakly held) on every hit
-            if len(self._by_weights) >= MAX_DECISIONS:
-                self._by_weights.clear()
-            forget = functools.partial(_forget, self._by_weights, key)
-            entry = self._by_weights.get(key)
-            if entry is None or not _same(entry[0], arrays):
-                entry = self._by_weights[key] = ([weakref.ref(w, forget) for w in arrays[1:]], [None, None, None])
-            entry[1][:] = [arrays[0].shape, arrays[0].dtype, plan]
+            key = id(arrays[-1])  # all the weights are checked (weakly held) on every hit
+            table = self._by_weights.setdefault(family, {})
+            if len(table) >= MAX_DECISIONS:
+                table.clear()
+            forget = functools.partial(_forget, table, key)
+            entry = table.get(key)
+            if entry is None or not _same(entry[0], arrays) or entry[4]() is not arrays[-1]:
+                refs = [weakref.ref(w, forget) for w in arrays[1:]]
+                entry = table[key] = [refs[:-1], None, None, None, refs[-1]]
+            entry[1:4] = [arrays[0].shape, arrays[0].dtype, plan]
         except (TypeError, AttributeError):  # weights that take no weak reference (not MLX arrays): no entry
             pass
 
@@ -661,7 +675,7 @@ class Dispatcher:
                     x = acts[0]
                     try:
                         if x.shape == last[0] and x.dtype == last[1]:  # decode repeats the last activation shape
-                            return last[2](x)
+                            return last[2](x, *last[3])  # the plan of all inputs, the weights appended: no frame
                     except AttributeError:
                         pass
                 return planned(*acts)
@@ -702,7 +716,10 @@ class _Binding:
         self.held = [w if isinstance(w, mx.array) else mx.array(w) for w in weights]
         self.free = [i for i in range(len(self.fam["inputs"])) if i not in self.slots]
         self.plans: Dict[Any, Callable[..., Any]] = {}
-        self.last: List[Any] = [None, None, None]
+        #: The last single activation's shape and dtype, the plan of all inputs and the weights it appends.
+        self.last: List[Any] = [None, None, None, ()]
+        #: Plans of all inputs with their weights, by activation signature (single-activation bindings).
+        self.whole: Dict[Any, Tuple[Callable[..., Any], Tuple[Any, ...]]] = {}
 
     def merged(self, acts: Sequence[Any], ws: Sequence[Any]) -> List[Any]:
         out: List[Any] = [None] * len(self.fam["inputs"])
@@ -727,13 +744,15 @@ class _Binding:
             self.mx.eval(ws)
         return ws, packed
 
-    def make(self, acts: Sequence[Any]) -> Callable[..., Any]:
+    def make(self, acts: Sequence[Any], key: Any = None) -> Callable[..., Any]:
         acts = _as_mx(self.mx, acts)
         decision = self.d.explain(self.family, *self.merged(acts, self.held), chip=self.chip, modeled=self.modeled)
         ws, packed = self.packed(decision)
         plan = self.d._plan(self.family, self.merged(acts, ws), self.chip, self.modeled, prepacked=packed)
         if self.free == [0]:
             rest = tuple(ws)
+            if key is not None:
+                self.whole[key] = (plan, rest)
             return lambda x: plan(x, *rest)
         return lambda *xs: plan(*self.merged(xs, ws))
 
@@ -747,9 +766,11 @@ class _Binding:
         if plan is None:
             if len(self.plans) >= MAX_DECISIONS:
                 self.plans.clear()
-            plan = self.plans[key] = self.make(acts)
-        if len(acts) == 1 and key[0] is None:
-            self.last[:] = [key[1], key[2], plan]
+                self.whole.clear()
+            plan = self.plans[key] = self.make(acts, key)
+        whole = self.whole.get(key)
+        if len(acts) == 1 and key[0] is None and whole is not None:
+            self.last[:] = [key[1], key[2], whole[0], whole[1]]
         return plan(*acts)
 
 
@@ -856,7 +877,7 @@ def decision_fields(m: Dict[str, Any]) -> Dict[str, Any]:
         "lineage": list(chip["lineage"]), "dtype": problem["dtype"], "shape": list(problem["shape"]),
         "config": dict(m["config"]), "target": kernel["target"], "evidence": m["evidence"],
         "median_ms": meas.get("median_ms"), "speedup": meas.get("speedup"), "speedup_low": meas.get("speedup_low"),
-        "speedup_high": meas.get("speedup_high"), "modes": meas.get("modes"),
+        "speedup_high": meas.get("speedup_high"), "modes": consumer_figures(meas),
         "timing_identity": timing_identity(tc.get("mlx_version"), tc.get("os"), tc.get("macos_version"),
                                            tc.get("cuda_driver"), tc.get("nvrtc_version")),
         "kernel": {"name": kernel["name"], "target": kernel["target"], "input_names": list(kernel["input_names"]),

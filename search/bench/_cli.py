@@ -106,7 +106,7 @@ def _print(report: object) -> None:
     from ._decode import DecodeReport
 
     assert isinstance(report, DecodeReport)
-    kind = "measured" if report.evidence else "CPU timings, not a GPU's"
+    kind = report.evidence or "CPU timings, not a GPU's"
     out.print(f"decode step on {report.chip} ({report.device}, MLX {report.mlx}; {kind}): {report.shape.layers} "
               f"layers, hidden {report.shape.hidden}, FFN {report.shape.ffn}, {report.shape.bits}-bit g"
               f"{report.shape.group}, {report.bytes_per_token / 1e9:.2f} GB of weights per token", soft_wrap=True)

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .._rules import ratio_interval
-from .._vocabulary import Evidence
+from .._vocabulary import Evidence, Target
 from ._step import Bound, Call, Layer, StepShape, qmm
 
 #: The streaming read (CUDA): every 16-byte word of A once, XOR-folded so the loads are not dead; ``D`` (the previous
@@ -52,20 +52,21 @@ STREAM_METAL = """
 
 def device_kind(mx: Any) -> str:
     """Where MLX runs here: ``cuda``, ``metal`` or ``cpu`` (no GPU)."""
-    cuda = getattr(mx, "cuda", None)
-    if cuda is not None and cuda.is_available():
-        return "cuda"
-    metal = getattr(mx, "metal", None)
-    return "metal" if metal is not None and metal.is_available() else "cpu"
+    for target in (Target.CUDA, Target.METAL):
+        module = getattr(mx, target.value, None)
+        if module is not None and module.is_available():
+            return target.value
+    return "cpu"
 
 
 def stream_reader(mx: Any, kind: str) -> Callable[[Any, Any], Any] | None:
     """``read(A, D)``: one launch reading all of A; None on the CPU (a CPU has no streaming yardstick here)."""
     if kind == "cpu":
         return None
-    make = mx.fast.cuda_kernel if kind == "cuda" else mx.fast.metal_kernel
+    cuda = kind == Target.CUDA
+    make = mx.fast.cuda_kernel if cuda else mx.fast.metal_kernel
     kernel = make(name="ks_bench_stream", input_names=["A", "D"], output_names=["Y"],
-                  source=STREAM_CUDA if kind == "cuda" else STREAM_METAL)
+                  source=STREAM_CUDA if cuda else STREAM_METAL)
     cores = int(mx.device_info().get("multi_processor_count", 0) or 0) or 132
     grid = (cores * 4 * 512, 1, 1)
 

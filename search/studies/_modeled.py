@@ -160,7 +160,8 @@ class ModeledObjective(KernelVariants):
         """Out-of-bounds is checked here, before anything is published: every run has a poisoned guard zone after
         each output buffer that must stay untouched, threadgroups run in reverse order (a late write past a tile
         is then not overwritten by the next tile's right value), and the ragged shape also runs with device-bounds
-        checking (the sanitizer build: a read or write outside any buffer names its template line)."""
+        checking (the sanitizer build: a read or write outside any buffer names its template line), and check mode
+        (races, missing barriers, uninitialized reads) runs there too."""
         from .._steps import step
 
         shape = tuple(self.problem.shape)
@@ -173,9 +174,10 @@ class ModeledObjective(KernelVariants):
                                        timeout=timeout, sample_threadgroups=TUNED_SAMPLE, schedule="reversed")
         ragged = self.ragged_shape(config) or self.verify_shape(config)
         text = "x".join(map(str, ragged))
-        with step(f"verifying the winner on the interpreter at a ragged shape {text} (threadgroups in reverse "
-                  "order)"), _at("a ragged shape", ragged):
-            res = self.verify_at(config, ragged, mode="fast", timeout=timeout, schedule="reversed")
+        with step(f"verifying the winner on the interpreter at a ragged shape {text} (check mode: races, missing "
+                  "barriers; threadgroups in reverse order)"), _at("a ragged shape", ragged):
+            res = self.verify_at(config, ragged, mode="check", timeout=max(timeout, 60.0), schedule="reversed",
+                                 within=max(self.timeout, 60.0) * 2)
         proof = proof.also(res) if proof is not None else res
         with step(f"checking the winner's device-buffer bounds at {text} (sanitizer build)"), \
                 _at("a ragged shape", ragged):

@@ -305,7 +305,7 @@ class KernelVariants(Objective):
                       timed.spread if timed and timed.spread is not None else best.spread, result.study_name, proof,
                       baseline_median_ms=final.baseline_median_ms, baseline_spread=final.baseline_spread,
                       speedup_low=final.speedup_low, speedup_high=final.speedup_high, modes=dict(final.modes),
-                      weight_sets=final.weight_sets)
+                      weight_sets=final.weight_sets, sha256=self.rendered_sha256(best.config) or "")
 
     def _same_kernel(self, best: TrialSummary, check: FinalistCheck | None) -> None:
         """Refuse (one line) a winner whose config renders now to another kernel than the one its trial evaluated or

@@ -212,7 +212,7 @@ class Winner:
                    _finite_or_none(data.get("baseline_spread")), _finite_or_none(data.get("speedup_low")),
                    _finite_or_none(data.get("speedup_high")), figures,
                    weight_sets if isinstance(weight_sets, int) and not isinstance(weight_sets, bool) else None,
-                   data.get("sha256") if isinstance(data.get("sha256"), str) else "")
+                   str(data["sha256"]) if isinstance(data.get("sha256"), str) else "")
 
 
 def _number(v: object) -> float | None:

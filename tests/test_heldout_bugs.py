@@ -22,10 +22,12 @@ BUGS = {
                                 [("    part{{ slot }}[sg] = {{ v }};\n}\nthreadgroup_barrier(mem_flags::mem_threadgroup);\n",
                                   "    part{{ slot }}[sg] = {{ v }};\n}\n")], "37,2048", ("race", "uninitialized",
                                                                                      "wrong", "nan")),
-    "softmax_rows_past_the_end": ("softmax", "softmax.metal.j2",
-                                  [("const int n = row < R ? N : 0;", "const int n = row <= R ? N : 0;")], "37,1000",
-                                  ("device_bounds",)),
+    "swiglu_last_vector_past_the_end": ("swiglu", "swiglu.metal.j2", [("i + VEC <= E", "i < E")], "37,1000",
+                                       ("device_bounds",)),
 }
+# Also planted, and left out of the catch rate: softmax with `row <= R` for the rows past the end: its winners (one
+# row per threadgroup) launch no row past R, so the kernel published is right; the checks fail it where it is wrong
+# (test_the_softmax_rows_past_the_end_plant_fails_where_it_is_wrong).
 
 
 @pytest.mark.slow
@@ -47,3 +49,16 @@ def test_a_heldout_planted_bug_is_never_published(tmp_path: Path, bug: str) -> N
     assert "published as" not in out and not list((tmp_path / "store").rglob("manifest.json")), out[-4000:]
     fails = [line for line in out.splitlines() if "FAIL (" in line and line.startswith("trial ")]
     assert any(any(f"FAIL ({kind})" in line for kind in kinds) for line in fails), out[-4000:]
+
+
+@pytest.mark.slow
+def test_the_softmax_rows_past_the_end_plant_fails_where_it_is_wrong(tmp_path: Path) -> None:
+    """Two rows per threadgroup at 37 rows: the 38th row (past the end) is read and written."""
+    folder = tmp_path / "softmax"
+    shutil.copytree(builtin_families_dir() / "softmax", folder)
+    template = folder / "softmax.metal.j2"
+    template.write_text(template.read_text().replace("const int n = row < R ? N : 0;", "const int n = row <= R ? N : 0;"))
+    done = subprocess.run([sys.executable, "-m", "kernsearch", "verify", str(folder), "--chip", "M2 Max", "--shape",
+                           "37,1000", "--config", "TG=256,ROWS=2,VEC=4", "--full"], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    assert done.returncode == 1 and "device_bounds" in done.stdout + done.stderr, done.stdout + done.stderr

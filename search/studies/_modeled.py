@@ -131,10 +131,13 @@ class ModeledObjective(KernelVariants):
         from .._steps import step
 
         sampled = shape == tuple(self.problem.shape) and shape != self.verify_shape(config)
+        options: dict[str, Any] = {}
         if failure.reason == "device_bounds" and ".j2:" not in failure.detail and not sampled:
-            mode, options = "sanitize", {}  # a guard zone changed: the sanitizer build names the line
+            mode = "sanitize"  # a guard zone changed: the sanitizer build names the line
         elif failure.reason in ("wrong", "nan", "unwritten") and self.verify_mode == "fast":
-            mode, options = "check", {"sample_threadgroups": TUNED_SAMPLE} if sampled else {}
+            mode = "check"
+            if sampled:
+                options["sample_threadgroups"] = TUNED_SAMPLE
         else:
             return failure
         try:

@@ -25,9 +25,11 @@ BUGS = {
     "swiglu_last_vector_past_the_end": ("swiglu", "swiglu.metal.j2", [("i + VEC <= E", "i < E")], "37,1000",
                                        ("device_bounds",)),
 }
-# Also planted, and left out of the catch rate: softmax with `row <= R` for the rows past the end: its winners (one
-# row per threadgroup) launch no row past R, so the kernel published is right; the checks fail it where it is wrong
-# (test_the_softmax_rows_past_the_end_plant_fails_where_it_is_wrong).
+#: Bugs only some configs have: a config without it (VEC = 1: ``i < E`` is ``i + VEC <= E``) is the same correct
+#: kernel and may be published; every config with it must fail.
+BENIGN_FOR = {"swiglu_last_vector_past_the_end": "VEC=1,"}
+# Also planted, and left out: softmax with `row <= R` for the rows past the end. Not a bug: such a row reads and
+# writes row 0 (its pointers are clamped), so every config stays right (verify passes; nothing to catch).
 
 
 @pytest.mark.slow
@@ -46,19 +48,12 @@ def test_a_heldout_planted_bug_is_never_published(tmp_path: Path, bug: str) -> N
                            "M2 Max", "--shape", shape, "--trials", "8", "--publish"], capture_output=True, text=True,
                           timeout=1200, cwd=tmp_path, env=env)
     out = done.stdout + done.stderr
-    assert "published as" not in out and not list((tmp_path / "store").rglob("manifest.json")), out[-4000:]
     fails = [line for line in out.splitlines() if "FAIL (" in line and line.startswith("trial ")]
     assert any(any(f"FAIL ({kind})" in line for kind in kinds) for line in fails), out[-4000:]
+    benign = BENIGN_FOR.get(bug)
+    if benign is None:
+        assert "published as" not in out and not list((tmp_path / "store").rglob("manifest.json")), out[-4000:]
+    elif "published as" in out:  # only a config the plant leaves correct
+        winner = next(line for line in out.splitlines() if line.startswith("winner: trial "))
+        assert benign in winner.replace(" ", "") + ",", winner
 
-
-@pytest.mark.slow
-def test_the_softmax_rows_past_the_end_plant_fails_where_it_is_wrong(tmp_path: Path) -> None:
-    """Two rows per threadgroup at 37 rows: the 38th row (past the end) is read and written."""
-    folder = tmp_path / "softmax"
-    shutil.copytree(builtin_families_dir() / "softmax", folder)
-    template = folder / "softmax.metal.j2"
-    template.write_text(template.read_text().replace("const int n = row < R ? N : 0;", "const int n = row <= R ? N : 0;"))
-    done = subprocess.run([sys.executable, "-m", "kernsearch", "verify", str(folder), "--chip", "M2 Max", "--shape",
-                           "37,1000", "--config", "TG=256,ROWS=2,VEC=4", "--full"], capture_output=True, text=True,
-                          timeout=600, cwd=tmp_path)
-    assert done.returncode == 1 and "device_bounds" in done.stdout + done.stderr, done.stdout + done.stderr

@@ -7,10 +7,13 @@ the machine that serves it is the only one that runs it, so a job for an M3 Max 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kernsearch import KernsearchError
 
@@ -184,7 +187,8 @@ def run_once(job_file: str | Path, *, chip: str | None = None) -> NightlyReport:
     from .nightly import nightly
 
     try:
-        return nightly(job_file=str(jobs.path), chip=machine)
+        with stop_on_sigterm():
+            return nightly(job_file=str(jobs.path), chip=machine)
     except RuntimeError as exc:  # Prefect's own machinery, not a job: the server it needs is not there
         why = " ".join(str(exc).split())
         if not any(sign in why for sign in _NO_SERVER):
@@ -196,3 +200,32 @@ def run_once(job_file: str | Path, *, chip: str | None = None) -> NightlyReport:
 
 #: What Prefect raises when the API it runs a flow against is gone or never came up.
 _NO_SERVER = ("ephemeral Prefect API server", "Cannot put items in a stopped service instance")
+
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM stops the run within moments: one line on stderr, every step's processes killed, exit 143 (no
+    tracebacks of a Prefect server going down with it). The GPU slot the run may hold is freed by the next run
+    (its recorded holder is dead: ``_slot``). Off the main thread, nothing is installed."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        from ._steps import kill_running
+
+        kill_running()
+        sys.stderr.write("kernsearch flows run: stopped by SIGTERM (its steps killed; a GPU slot it held is freed "
+                         "by the next run)\n")
+        sys.stderr.flush()
+        os._exit(143)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

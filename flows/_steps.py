@@ -11,6 +11,7 @@ The payloads are JSON: a step process shares nothing with the flow but the files
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -26,6 +27,9 @@ from typing import Any
 from kernsearch import KernsearchError
 from kernsearch._records import Proof, Winner
 from kernsearch._vocabulary import Evidence
+
+#: Process groups of the steps running now (SIGTERM of the run kills them: :func:`kill_running`).
+RUNNING: set[int] = set()
 
 
 class StepError(Exception):
@@ -60,6 +64,7 @@ def run_step(step: str, payload: dict[str, Any], timeout: float) -> dict[str, An
         proc = subprocess.Popen([sys.executable, "-m", "kernsearch.flows._steps", step, str(src), str(dst)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+        RUNNING.add(proc.pid)
         try:
             try:
                 code = proc.wait(timeout=timeout)
@@ -69,6 +74,7 @@ def run_step(step: str, payload: dict[str, Any], timeout: float) -> dict[str, An
                 raise exc from None
         finally:
             _kill_group(proc)
+            RUNNING.discard(proc.pid)
             log.seek(0)
             output = log.read()
             log.close()
@@ -82,6 +88,13 @@ def run_step(step: str, payload: dict[str, Any], timeout: float) -> dict[str, An
         tail = " | ".join(output.strip().splitlines()[-3:])
         raise StepCrashed("crash", f"{step} step exited with {_describe(code)} and no result"
                                    + (f": {tail}" if tail else ""))
+
+
+def kill_running() -> None:
+    """SIGKILL every step's process group still running (the run is stopping)."""
+    for pgid in list(RUNNING):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

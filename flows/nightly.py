@@ -5,7 +5,8 @@ Importing this module imports Prefect (over a second); only ``kernsearch flows .
 Each step is a Prefect task. ``tune`` and ``verify`` run kernels, so they run in a killable subprocess
 (:mod:`kernsearch.flows._steps`) with their own timeout, and hold this machine's GPU slot: a Prefect
 global concurrency limit of 1 named ``kernsearch-gpu-<host>``, so two runs on one machine (a nightly and
-a manual one, two deployments) never time kernels at the same time. ``tune`` is retried once when its
+a manual one, two deployments) never time kernels at the same time (``_slot``: a run waiting for it says so every
+few seconds, and a slot left taken by a dead run is freed, naming the dead holder). ``tune`` is retried once when its
 process crashed (the study resumes where it stopped); a timeout or a search without a correct winner is
 not retried. ``publish`` is retried when the artifact key is busy. A job that fails is reported and the
 run goes on with the next job. The run ends with a table artifact: per job the old and new time, the
@@ -22,7 +23,6 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.concurrency.sync import concurrency
 
 from kernsearch import KernsearchError
 from kernsearch._vocabulary import Evidence
@@ -30,6 +30,7 @@ from kernsearch.artifacts._manifest import KeyBusy
 
 from ._jobs import Jobs, Unit, load_jobs
 from ._report import Exported, ExportOutcome, ExportStatus, JobRow, NightlyReport, Outcome, Previous, Published
+from ._slot import gpu_slot
 from ._steps import StepCrashed, StepError, Tuned, Verified, run_step
 
 FLOW_NAME = "kernsearch-nightly"
@@ -111,6 +112,11 @@ def _retry_when_busy(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
+def _say(line: str) -> None:
+    """A line of the slot's (waiting for it, freeing it from a dead holder) in the run's log."""
+    get_run_logger().warning(line)
+
+
 # -- tasks --------------------------------------------------------------------------------------------
 
 @task(name="tune", retries=1, retry_delay_seconds=10, retry_condition_fn=_retry_on_crash)
@@ -119,7 +125,7 @@ def tune_task(unit: Unit, backend: str, storage: str | None, gpu_limit: str) -> 
     window (start, end) while this run held the slot."""
     payload = {"family": unit.family, "shape": list(unit.shape), "dtype": unit.dtype, "chip": unit.chip,
                "backend": backend, "storage": storage, "options": unit.options.model_dump()}
-    with concurrency(gpu_limit, occupy=1, strict=True):
+    with gpu_slot(gpu_limit, _say):
         started = time.time()
         tuned = Tuned.from_json(run_step("tune", payload, timeout=unit.step_timeout()))
         return tuned, (started, time.time())
@@ -134,7 +140,7 @@ def verify_task(unit: Unit, backend: str, config: dict[str, Any], gpu_limit: str
                "shapes": [list(s) for s in unit.verify_shapes], "tuned_shape": list(unit.shape),
                "seed": unit.options.seed,
                "verifier_backend": backend_class(backend).verifier(), "timeout": unit.options.timeout}
-    with concurrency(gpu_limit, occupy=1, strict=True):
+    with gpu_slot(gpu_limit, _say):
         timeout = VERIFY_SECONDS_PER_SHAPE * max(1, len(unit.verify_shapes))
         return Verified.from_json(run_step("verify", payload, timeout=timeout))
 

@@ -202,6 +202,8 @@ class Winner:
     speedup_high: float | None = None
     modes: dict[str, ModeFigures] = field(default_factory=dict)
     weight_sets: int | None = None
+    #: the rendered source the proof is of ("": not recorded): a publish of another rendering is refused
+    sha256: str = ""
 
     def proven_also(self, proof: Proof) -> Winner:
         """This winner, verified at further shapes too (a nightly job's extra shapes)."""
@@ -214,7 +216,8 @@ class Winner:
                 "proof": self.proof.to_json() if self.proof is not None else None, "unproven": self.unproven,
                 "baseline_median_ms": self.baseline_median_ms, "baseline_spread": self.baseline_spread,
                 "speedup_low": self.speedup_low, "speedup_high": self.speedup_high,
-                "modes": {m: f.to_dict() for m, f in self.modes.items()}, "weight_sets": self.weight_sets}
+                "modes": {m: f.to_dict() for m, f in self.modes.items()}, "weight_sets": self.weight_sets,
+                "sha256": self.sha256}
 
     @classmethod
     def from_json(cls, data: Any) -> Winner:
@@ -233,7 +236,8 @@ class Winner:
                    str(data.get("unproven") or ""), _finite_or_none(data.get("baseline_median_ms")),
                    _finite_or_none(data.get("baseline_spread")), _finite_or_none(data.get("speedup_low")),
                    _finite_or_none(data.get("speedup_high")), figures,
-                   weight_sets if isinstance(weight_sets, int) and not isinstance(weight_sets, bool) else None)
+                   weight_sets if isinstance(weight_sets, int) and not isinstance(weight_sets, bool) else None,
+                   str(data["sha256"]) if isinstance(data.get("sha256"), str) else "")
 
 
 def _number(v: object) -> float | None:

@@ -773,6 +773,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
          timeout: float = typer.Option(120.0, "--timeout", help="seconds per variant before it counts as hung"),
          publish: bool = typer.Option(False, "--publish", help="offer the winner to the artifact store "
                                       "(its regression gate decides)"),
+         store: str | None = StoreOpt,
          margin: float = typer.Option(DEFAULT_MARGIN, "--margin", min=0.0, max=10.0,
                                       help="a measured winner beats the MLX op only if its speedup's lower bound "
                                       "exceeds 1 + margin"),
@@ -786,12 +787,13 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
     trials = _tune_options(trials, time_budget, finalists, patience, timeout, seed)
     objective, note = _tune_objective(family, shape, dtype, chip_name, backend, landscape, seed, timeout,
                                       verify_choice.value)
-    _refuse_before_searching(objective, storage, study, publish)
+    _refuse_before_searching(objective, storage, study, publish, store)
     if note:
         err.print(note, soft_wrap=True)
     key = StudyKey.of(objective.study_key)
+    study, where = _study_place(objective, storage, study)
     err.print(f"tuning [bold]{key.family}[/] {key.shape} {key.dtype} on {key.chip} "
-              f"({key.backend} back-end, {objective.evidence})", soft_wrap=True)
+              f"({key.backend} back-end, {objective.evidence}){escape(where)}", soft_wrap=True)
     from ._progress import Display
     from ._steps import step
     from .studies._study import first_ctrl_c_stops
@@ -803,8 +805,10 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
         outcome = None
         if publish and isinstance(objective, KernelVariants) and result.best is not None \
                 and not result.stop.reason.by_request:
+            from .artifacts._artifacts import ArtifactStore
+
             with step("publishing the winner through the regression gate"):
-                outcome = objective.publish(result, margin=margin)
+                outcome = objective.publish(result, ArtifactStore(store), margin=margin)
     _print_tune(result, objective, margin, outcome, as_json)
     if report:
         from .studies._report import write_report
@@ -860,7 +864,26 @@ def _tune_objective(family: str, shape: str | None, dtype: str | None, chip_name
     return KernelObjective(problem, c, name, seed=seed, timeout=timeout, verify=verify), note
 
 
-def _refuse_before_searching(objective: Objective, storage: str | None, study: str | None, publish: bool) -> None:
+def _study_place(objective: Objective, storage: str | None, study: str | None) -> tuple[str | None, str]:
+    """The study this run works in (another one where the named study's family changed since: said in a line) and
+    what the first line says of it: a resumed study, where it lives, and that ``--trials`` counts all its trials."""
+    if storage == ":memory:":
+        return study, ""
+    from .studies._storage import default_storage, redact
+    from .studies._study import study_for
+
+    place = study_for(objective, storage, study)
+    if place.changed:
+        _warn_line(place.changed)
+    url = redact(storage or default_storage())
+    if place.trials:
+        return place.name, (f"; resuming study {place.name!r} ({place.trials} trials, counted by --trials) in "
+                            f"{url}")
+    return place.name, f"; new study {place.name!r} in {url}"
+
+
+def _refuse_before_searching(objective: Objective, storage: str | None, study: str | None, publish: bool,
+                             store: str | None = None) -> None:
     """What would fail after the search, refused before it (one line, before the banner): a corrupted storage, a
     study made for another problem, a publish that could not happen."""
     from .studies._kernel import KernelVariants
@@ -879,7 +902,7 @@ def _refuse_before_searching(objective: Objective, storage: str | None, study: s
         why = objective.unpublishable()
         if why:  # nothing this search finds could be published: say so now, not after the search
             raise KernsearchError(f"--publish: {why}")
-        ArtifactStore().check_writable()  # so is a store no publish could write (not after the search)
+        ArtifactStore(store).check_writable()  # so is a store no publish could write (not after the search)
 
 
 def _print_tune(result: StudyResult, objective: Objective, margin: float, outcome: PublishOutcome | None,
@@ -907,7 +930,9 @@ def _print_tune(result: StudyResult, objective: Objective, margin: float, outcom
     out.print(judged.text, soft_wrap=True, markup=False)
     if outcome is not None:
         state = f"published as {outcome.version}" if outcome.published else "not published"
-        out.print(f"artifact {outcome.key}: {state} ({outcome.reason})", soft_wrap=True)
+        bounds = "; bounds: checked (sanitizer build, guard zones, reversed threadgroups)" \
+            if outcome.published and objective.evidence == Evidence.MODELED else ""
+        out.print(f"artifact {outcome.key}: {state} ({outcome.reason}){bounds}", soft_wrap=True)
 
 
 def _say_if_the_model_cannot_rank(objective: Objective) -> None:

@@ -130,7 +130,7 @@ COVERAGE: dict[str, Here | Elsewhere | NotACommand] = {
     "docs/artifacts.md: python: import tempfile": Here("test_artifacts_docs_publish_list_show_verify_export_and_call"),
     "docs/artifacts.md: kernsearch artifacts list [--family F] [--all]": Here(
         "test_artifacts_docs_publish_list_show_verify_export_and_call"),
-    "docs/artifacts.md: kernsearch artifacts show gemm/M2-Max/float16/4096x4096x4096[/v2] [--source] [--json]": Here(
+    "docs/artifacts.md: kernsearch artifacts show gemm/H100/float16/4096x4096x4096[/v1] [--source] [--json]": Here(
         "test_artifacts_docs_publish_list_show_verify_export_and_call"),
     "docs/artifacts.md: kernsearch artifacts verify [--repair]": Elsewhere(
         "tests/adversarial/test_store_index.py::test_current_edited_to_bring_back_an_invalidated_version",
@@ -147,13 +147,13 @@ COVERAGE: dict[str, Here | Elsewhere | NotACommand] = {
     "docs/artifacts.md: block: gemm 4096x4096x4096 float16 on H100: mlx op -> plain MLX op": NotACommand(
         "`kernsearch explain gemm --chip H100`'s output", "test_explain_prints_what_the_docs_show"),
     # docs/flows.md
-    "docs/flows.md: toml: artifacts = \"../../artifacts\"": Here("test_flows_docs_job_file_and_run_here"),
+    "docs/flows.md: toml: artifacts = \"~/.kernsearch/artifacts\"": Here("test_flows_docs_job_file_and_run_here"),
     "docs/flows.md: export DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false": Here(
         "test_flows_docs_job_file_and_run_here"),
-    "docs/flows.md: kernsearch flows run jobs.toml": Here("test_flows_docs_job_file_and_run_here"),
-    "docs/flows.md: kernsearch flows run jobs.toml --chip \"M2 Max\"": Elsewhere(
+    "docs/flows.md: kernsearch flows run flows/jobs/example.toml": Here("test_flows_docs_job_file_and_run_here"),
+    "docs/flows.md: kernsearch flows run flows/jobs/example.toml --chip \"M2 Max\"": Elsewhere(
         FLOWS_SERVER, ('["flows", "run"', '"--chip", "M2 Max"')),
-    "docs/flows.md: kernsearch flows serve jobs.toml --cron \"0 2 * * *\" --timezone Europe/Paris": Elsewhere(
+    "docs/flows.md: kernsearch flows serve flows/jobs/example.toml --cron \"0 2 * * *\" --timezone Europe/Paris": Elsewhere(
         FLOWS_SERVER, ('["flows", "serve"', '"--cron", "0 2 * * *", "--timezone", "Europe/Paris"')),
     "docs/flows.md: prefect server start --host 0.0.0.0 --port 4200": Elsewhere(
         FLOWS_SERVER, ('"server", "start", "--host"', '"--port"')),
@@ -162,7 +162,7 @@ COVERAGE: dict[str, Here | Elsewhere | NotACommand] = {
     "docs/flows.md: prefect server start --host 0.0.0.0": Here(PG),
     "docs/flows.md: prefect config set PREFECT_API_URL=\"http://server.lan:4200/api\"": Here(PG),
     "docs/flows.md: prefect config set PREFECT_SERVER_ANALYTICS_ENABLED=false": Here(PG),
-    "docs/flows.md: kernsearch flows deploy jobs.toml --cron \"0 2 * * *\" --timezone Europe/Paris": Elsewhere(
+    "docs/flows.md: kernsearch flows deploy flows/jobs/example.toml --cron \"0 2 * * *\" --timezone Europe/Paris": Elsewhere(
         FLOWS_SERVER, ('"flows", "deploy"', '"--cron", "0 2 * * *",\n', '"--timezone", "Europe/Paris"]')),
     "docs/flows.md: prefect worker start --pool kernsearch-m3-max --limit 1": Elsewhere(
         FLOWS_SERVER, ('"worker", "start", "--pool"', '"--limit", "1"')),
@@ -171,7 +171,7 @@ COVERAGE: dict[str, Here | Elsewhere | NotACommand] = {
     "docs/farm.md: sudo -u postgres createdb --owner kernsearch kernsearch": Here(PG),
     "docs/farm.md: kernsearch tune gemm --shape 4096,4096,4096 --storage "
     "postgresql://kernsearch:PW@db.farm:5432/kernsearch": Here(PG),
-    "docs/farm.md: kernsearch flows deploy jobs.toml": Elsewhere(FARM, ('["flows", "deploy"',)),
+    "docs/farm.md: kernsearch flows deploy flows/jobs/example.toml": Elsewhere(FARM, ('["flows", "deploy"',)),
     "docs/farm.md: KERNSEARCH_CHIP=\"M2 Max\" KERNSEARCH_MACHINE=mini-07 prefect worker start --pool kernsearch-m2-max":
         Elsewhere(FARM, ('"worker", "start", "--pool"', '{"KERNSEARCH_CHIP": chip, "KERNSEARCH_MACHINE": machine}')),
     # docs/decode.md
@@ -339,19 +339,24 @@ def test_flows_docs_job_file_and_run_here(tmp_path: Path) -> None:
     written: the detected chip (the CPU) has no job, which `flows run` says in one line before starting Prefect."""
     from kernsearch.flows._jobs import load_jobs
 
-    (tmp_path / "jobs.toml").write_text(_block("docs/flows.md", 'artifacts = "../../artifacts"'))
+    (tmp_path / "jobs.toml").write_text(_block("docs/flows.md", 'artifacts = "~/.kernsearch/artifacts"'))
     jobs = load_jobs(tmp_path / "jobs.toml")
     units = jobs.units("M2 Max")
-    assert len(units) == 4 and {u.dtype for u in units} == {"float16", "bfloat16"} and jobs.storage.startswith(
-        "postgresql://kernsearch@db.lan/")
+    assert len(units) == 4 and {u.dtype for u in units} == {"float16", "bfloat16"} and jobs.storage is None
+    # the example publishes under the user's home, never into the checked-in store (issue 36)
+    assert jobs.artifacts == Path.home() / ".kernsearch" / "artifacts" and REPO not in jobs.artifacts.parents
+    shipped = load_jobs(REPO / "flows" / "jobs" / "example.toml")
+    assert shipped.artifacts is not None and REPO not in shipped.artifacts.parents
     lines = commands(_block("docs/flows.md", "export DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false",
                             holding="kernsearch flows run"))[:2]
-    assert lines == ["export DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false", "kernsearch flows run jobs.toml"]
+    assert lines == ["export DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false",
+                     "kernsearch flows run flows/jobs/example.toml"]
     script = "; ".join(lines) + '; rc=$?; echo "DO_NOT_TRACK=$DO_NOT_TRACK" >&2; exit $rc'
     path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
-    r = _run(["bash", "-c", script], cwd=tmp_path, env={**os.environ, "PATH": path, "PREFECT_API_URL": ""},
-             timeout=120)
-    assert r.returncode == 2 and r.stderr.splitlines()[0].startswith("error: jobs.toml: no job is for cpu"), r.stderr
+    r = _run(["bash", "-c", script], cwd=REPO, env={**os.environ, "PATH": path, "PREFECT_API_URL": ""},
+             timeout=120)  # from the clone, as written: the job file it names exists there
+    assert r.returncode == 2 and r.stderr.splitlines()[0].startswith(
+        "error: flows/jobs/example.toml: no job is for cpu"), r.stderr
     assert r.stderr.splitlines()[-1] == "DO_NOT_TRACK=1" and "Starting temporary server" not in r.stdout
 
 

@@ -139,9 +139,14 @@ class Candidate:
             raise ArtifactError(f"the winner (trial {winner.number}) was not verified"
                                 + (f": {winner.unproven}" if winner.unproven else "") + ": refusing to publish it")
         measurements = None if winner.evidence == Evidence.INTERPRETED else Measurements.of(winner)
-        return cls.for_config(space, winner.config, target=target, correctness=Correctness.of(winner.proof),
+        made = cls.for_config(space, winner.config, target=target, correctness=Correctness.of(winner.proof),
                               evidence=winner.evidence, measurements=measurements, study=winner.study,
                               toolchain=toolchain)
+        if winner.sha256 and made.kernel.sha256 != winner.sha256:  # a proof is of one exact kernel
+            raise ArtifactError(f"stale proof: the winner (trial {winner.number}) was proven as kernel "
+                                f"{winner.sha256[:12]}, its config renders now to {made.kernel.sha256[:12]} (the "
+                                f"family {space.family.name} changed since): refusing to publish it")
+        return made
 
     @property
     def key(self) -> ArtifactKey:

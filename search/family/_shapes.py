@@ -33,8 +33,9 @@ Shape = tuple[int, ...]
 MIN_SIDE = 64
 #: Shrinking steps: a dim ``d`` becomes ``d - d // k`` (halved, then smaller steps near a constraint's edge).
 _STEPS = (2, 4, 8, 16)
-#: Cuts tried for a ragged shape (sizes just below the given ones, off the tiles), in order.
-_CUTS = (4, 8, 12, 20, 1, 2, 3)
+#: Cuts tried for a ragged shape (sizes just below the given ones, off the tiles), in order: odd ones first, so
+#: that no power-of-two tile divides a cut dim (a tile that divided it hid a guard off by one at the edge).
+_CUTS = (1, 3, 4, 8, 12, 20, 2)
 
 
 class _Shapes:

@@ -474,8 +474,9 @@ def _check_names(fam: Family) -> None:
     _problem_names(fam, names, full)
     errors += _param_errors(fam)
     arrays = {t.name for t in fam.inputs} | set(fam.problem.dims) | set(fam.params) | set(ARRAY_FUNCTIONS)
-    names.require("reference", fam.reference, arrays)
-    names.require("baseline", fam.baseline, arrays)
+    vocabulary = _array_vocabulary(fam)
+    names.require("reference", fam.reference, arrays, vocabulary)
+    names.require("baseline", fam.baseline, arrays, vocabulary)
     errors += _value_counts(fam)
     errors.extend(_array_attribute_errors(fam))
     for dtype, tol in fam.tolerance.items():
@@ -493,10 +494,23 @@ class _Names:
     def __init__(self, errors: list[str]) -> None:
         self.errors = errors
 
-    def require(self, where: str, expr: Expr, allowed: set[str]) -> None:
+    def require(self, where: str, expr: Expr, allowed: set[str], vocabulary: str = "") -> None:
+        """``vocabulary``: what the error lists as the names known there (the reference's functions)."""
         unknown = sorted(expr.names - allowed)
         if unknown:
-            self.errors.append(f"{where}: unknown name(s) {', '.join(unknown)} in {expr.text!r}")
+            known = f" (known: {vocabulary})" if vocabulary else ""
+            self.errors.append(f"{where}: unknown name(s) {', '.join(unknown)} in {expr.text!r}{known}")
+
+
+#: What a function of the reference's vocabulary means where its name alone does not say it.
+_MEANINGS = {"gelu": "gelu (the exact, erf form)"}
+
+
+def _array_vocabulary(fam: Family) -> str:
+    """The names a reference or baseline may read, as an unknown-name error lists them."""
+    functions = ", ".join(_MEANINGS.get(name, name) for name in sorted(ARRAY_FUNCTIONS))
+    own = [t.name for t in fam.inputs] + list(fam.problem.dims) + list(fam.params)
+    return f"the functions {functions}; the inputs, dimensions and parameters {', '.join(own)}"
 
 
 def _identifier_errors(fam: Family) -> list[str]:

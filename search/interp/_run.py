@@ -31,6 +31,10 @@ from .._vocabulary import Severity
 MAX_DIAGS = 64
 KIND_NAMES = {1: "divergence", 2: "inactive_lane", 3: "partial_simdgroup", 4: "threadgroup_limit", 5: "race",
               6: "uninitialized", 7: "threadgroup_bounds", 8: "partial_collective", 9: "simdgroup_synchronous"}
+#: A poisoned guard zone after every output buffer (bytes, and the pattern it holds): a kernel that writes past an
+#: output's end changes it, and the run reports a ``device_bounds`` error (a write there is otherwise unseen).
+GUARD_BYTES = 4096
+POISON = b"\xa5\x5a\xc3\x3c"
 #: Exit code of a child whose threadgroup arena ran out (far past any chip's limit).
 _ARENA_EXHAUSTED = 86
 
@@ -74,16 +78,17 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
                tg: tuple[int, int, int], tg_limit: int, stack_kb: int, timeout: float,
                threadgroups: list[tuple[int, int, int]] | None = None,
                schedule: tuple[int, int, int] = (0, 0, 0), detect: bool | None = None,
-               sync_all: bool = False) -> RunOutcome:
+               sync_all: bool = False, output_names: list[str] | None = None) -> RunOutcome:
     """Run the kernel in a forked child; ``args[i]`` for i in ``outputs`` are written back in place.
     ``threadgroups`` (positions in the grid) runs only those threadgroups; ``schedule`` is (threadgroup
     order, thread order, seed) for the schedule fuzz (0 = in order, 1 = reversed, 2 = shuffled); ``detect`` (lockstep
     builds only) turns the threadgroup-memory detector on (check mode) or off (fast mode); ``sync_all`` makes every
     threadgroup access synchronise the lanes of a simdgroup."""
-    shared = [mmap.mmap(-1, max(args[i].nbytes, 1)) for i in outputs]
+    shared = [mmap.mmap(-1, args[i].nbytes + GUARD_BYTES) for i in outputs]
     views = [np.frombuffer(m, dtype=args[i].dtype, count=args[i].size) for m, i in zip(shared, outputs)]
-    for v, i in zip(views, outputs):
+    for v, i, m in zip(views, outputs, shared):
         v[:] = args[i].reshape(-1)
+        m[args[i].nbytes:] = POISON * (GUARD_BYTES // len(POISON))
     call_args = list(args)
     for v, i in zip(views, outputs):
         call_args[i] = v
@@ -135,7 +140,21 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
         raise VariantFailure("crash", f"the interpreter could not launch the kernel (code {code}, rc {rc})")
     for v, i in zip(views, outputs):
         args[i].reshape(-1)[:] = v
-    return RunOutcome(diags, bool(unsynced))
+    return RunOutcome(diags + _guard_diags(shared, [args[i].nbytes for i in outputs], output_names), bool(unsynced))
+
+
+def _guard_diags(shared: list[mmap.mmap], sizes: list[int], names: list[str] | None) -> list[RawDiag]:
+    """A ``device_bounds`` error for each output whose poisoned guard zone (just past its end) the kernel changed."""
+    found: list[RawDiag] = []
+    for k, (m, n) in enumerate(zip(shared, sizes)):
+        zone = m[n:n + GUARD_BYTES]
+        if zone != POISON * (GUARD_BYTES // len(POISON)):
+            first = next(j for j, (a, b) in enumerate(zip(zone, POISON * (GUARD_BYTES // len(POISON)))) if a != b)
+            name = names[k] if names and k < len(names) else f"#{k}"
+            found.append(RawDiag("device_bounds", Severity.ERROR, None, 1,
+                                 f"a write past the end of output {name} (byte {first} of the poisoned guard zone "
+                                 "after it changed): a write outside the output buffer"))
+    return found
 
 
 def _diag_suffix(diags: list[RawDiag]) -> str:

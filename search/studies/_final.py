@@ -36,12 +36,15 @@ class FinalistCheck:
     threadgroups_checked: int | None = None  # of the tuned shape, when only a sample of its grid was checked
     reason: str | None = None
     detail: str | None = None
+    sha256: str = ""  # the rendered source the check ran (a proof is of that exact kernel)
 
     def to_dict(self) -> dict[str, Any]:
         if not self.ok:
             return {"ok": False, "reason": self.reason, "detail": self.detail,
                     **({"shape": list(self.shape)} if self.shape else {})}
         d: dict[str, Any] = {"ok": True, "max_abs_err": self.max_abs_err, "shape": list(self.shape)}
+        if self.sha256:
+            d["sha256"] = self.sha256
         if self.also is not None:
             d.update(also=list(self.also), threadgroups_checked=self.threadgroups_checked)
         return d
@@ -60,7 +63,7 @@ class FinalistCheck:
         also = data.get("also")
         return cls(True, err, _ints(data.get("shape")),
                    tuple(str(s) for s in also) if isinstance(also, list) else None,
-                   _int(data.get("threadgroups_checked")))
+                   _int(data.get("threadgroups_checked")), sha256=_text(data.get("sha256")) or "")
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ class KernelVariants(Objective):
         self._ranking: tuple[Ranking, list[Config]] | None = None
         self._ranked = False  # _ranking computed
         self._worker: Any = None
+        self._family_sha: str | None = None
 
     def _make_backend(self) -> BaseBackend:
         return self.backend_class(**self.backend_options)
@@ -89,6 +90,19 @@ class KernelVariants(Objective):
     @property
     def study_key(self) -> StudyKey:
         return StudyKey(self.family.name, self.chip.name, self.problem.dtype, self.problem.shape_text, self.backend)
+
+    def family_sha256(self) -> str:
+        if self._family_sha is None:
+            from ..family._identity import family_sha256
+
+            self._family_sha = family_sha256(self.family)
+        return self._family_sha
+
+    def rendered_sha256(self, config: Config) -> str | None:
+        try:
+            return self.render(config).sha256
+        except VariantFailure:
+            return None
 
     def violation(self, config: Config) -> str | None:
         bad = self.space.violations(config)
@@ -280,6 +294,7 @@ class KernelVariants(Objective):
         check = final.checks.get(best.number)
         if check is not None and not check.ok:
             raise KernsearchError(f"the winner failed its final check ({check.reason}): refusing to publish it")
+        self._same_kernel(best, check)
         proof = self._proof(best, check)
         if proof is None:
             why = self.unpublishable() or "no check of it passed there"
@@ -290,7 +305,22 @@ class KernelVariants(Objective):
                       timed.spread if timed and timed.spread is not None else best.spread, result.study_name, proof,
                       baseline_median_ms=final.baseline_median_ms, baseline_spread=final.baseline_spread,
                       speedup_low=final.speedup_low, speedup_high=final.speedup_high, modes=dict(final.modes),
-                      weight_sets=final.weight_sets)
+                      weight_sets=final.weight_sets, sha256=self.rendered_sha256(best.config) or "")
+
+    def _same_kernel(self, best: TrialSummary, check: FinalistCheck | None) -> None:
+        """Refuse (one line) a winner whose config renders now to another kernel than the one its trial evaluated or
+        its final check proved: a proof is of one exact kernel (the family changed under a resumed study)."""
+        now = self.rendered_sha256(best.config)
+        proven = [("its trial evaluated", best.sha256)]
+        if check is not None and check.ok:
+            proven.append(("its final check proved", check.sha256 or "(no record of the kernel)"))
+        for what, sha in proven:
+            if sha and sha != now:
+                template = self.family.template_path(self.target)
+                raise KernsearchError(
+                    f"stale proof: the winner (trial {best.number}) renders now to another kernel than {what} "
+                    f"({sha[:12]}, now {(now or 'unrenderable')[:12]}): {template} or its family changed since; "
+                    "refusing to publish it (run the search again: a changed family is a new study)")
 
     def _proof(self, best: TrialSummary, check: FinalistCheck | None) -> Proof | None:
         """Where the winner was proven at its tuned shape (the interpreter's final check, by default)."""

@@ -169,7 +169,8 @@ class MeasuredObjective(KernelVariants):
                 keep.remove(i)
                 continue
             checks[t.number] = FinalistCheck(True, max(t.max_abs_err or 0.0, res.max_abs_err),
-                                             tuple(self.problem.shape), ("x".join(map(str, ragged)),))
+                                             tuple(self.problem.shape), ("x".join(map(str, ragged)),),
+                                             sha256=self.rendered_sha256(t.config) or "")
             break
         shape = tuple(self.problem.shape)
         if not keep:

@@ -8,6 +8,8 @@ published. The interpreter runs Metal only: a modeled CUDA kernel cannot be veri
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .._errors import BackendError, KernsearchError, VariantFailure
@@ -99,16 +101,19 @@ class ModeledObjective(KernelVariants):
             try:
                 with step(f"verifying trial {t.number} on the interpreter at {'x'.join(map(str, shape))}"):
                     c = self.interpret(t.config)
-                checks[t.number] = FinalistCheck(True, c.max_abs_err, shape)
+                sha = self.rendered_sha256(t.config) or ""
+                checks[t.number] = FinalistCheck(True, c.max_abs_err, shape, sha256=sha)
                 if winner is None:  # the one to publish: also at the tuned shape and a ragged one
                     extra = self.verify_for_publishing(t.config)
                     err = max(c.max_abs_err, extra.max_abs_err if extra is not None else 0.0)
                     checks[t.number] = FinalistCheck(True, err, shape, extra.shapes if extra is not None else (),
-                                                     extra.threadgroups_checked if extra is not None else None)
+                                                     extra.threadgroups_checked if extra is not None else None,
+                                                     sha256=sha)
                     winner = t.number
-            except VariantFailure as exc:
-                checks[t.number] = FinalistCheck(False, shape=shape if t.number not in checks else (),
-                                                 reason=exc.reason, detail=exc.detail[:300])
+            except VariantFailure as exc:  # the shape that failed: the finalist's own, or one of the winner's
+                failed = exc.shape if isinstance(exc, FailureAt) else shape
+                why = self._diagnose(t.config, failed, exc)
+                checks[t.number] = FinalistCheck(False, shape=failed, reason=why.reason, detail=why.detail[:400])
         note = "times are predictions of the performance model (modeled), not measurements"
         if self.verify == VERIFY_NONE:
             winner = top[0].number
@@ -118,6 +123,32 @@ class ModeledObjective(KernelVariants):
         return FinalRound(winner, verified_on=Verifier.INTERPRETER,
                           verify_shape=self.verify_shape(shown) if shown is not None else None, checks=checks,
                           note=note)
+
+    def _diagnose(self, config: Config, shape: tuple[int, ...], failure: VariantFailure) -> VariantFailure:
+        """A wrong, NaN or unwritten result found in fast mode, run again in check mode at the shape that failed: a
+        race, a missing barrier or an uninitialized read is then named with its template line (first), the fast
+        mode's finding after it. Otherwise ``failure`` as it was."""
+        from .._steps import step
+
+        sampled = shape == tuple(self.problem.shape) and shape != self.verify_shape(config)
+        options: dict[str, Any] = {}
+        if failure.reason == "device_bounds" and ".j2:" not in failure.detail and not sampled:
+            mode = "sanitize"  # a guard zone changed: the sanitizer build names the line
+        elif failure.reason in ("wrong", "nan", "unwritten") and self.verify_mode == "fast":
+            mode = "check"
+            if sampled:
+                options["sample_threadgroups"] = TUNED_SAMPLE
+        else:
+            return failure
+        try:
+            with step(f"finding why in {mode} mode at {'x'.join(map(str, shape))}"):
+                self.verify_at(config, shape, mode=mode, timeout=max(1.0, self.timeout - 5, 60.0 if mode ==
+                               "sanitize" else 1.0), within=max(self.timeout, 60.0) * 4, **options)
+        except VariantFailure as again:
+            if again.reason not in ("wrong", "nan", "unwritten"):
+                return VariantFailure(again.reason, f"{again.detail} ({mode} mode; first found: {failure.reason}: "
+                                      f"{failure.detail})")
+        return failure
 
     def verify_for_publishing(self, config: Config) -> Proof | None:
         """What a winner must also pass on the interpreter before it may be published: the tuned shape
@@ -129,6 +160,11 @@ class ModeledObjective(KernelVariants):
             raise VariantFailure("unverifiable", str(exc)) from None
 
     def _verify_for_publishing(self, config: Config) -> Proof | None:
+        """Out-of-bounds is checked here, before anything is published: every run has a poisoned guard zone after
+        each output buffer that must stay untouched, threadgroups run in reverse order (a late write past a tile
+        is then not overwritten by the next tile's right value), and the ragged shape also runs with device-bounds
+        checking (the sanitizer build: a read or write outside any buffer names its template line), and check mode
+        (races, missing barriers, uninitialized reads) runs there too."""
         from .._steps import step
 
         shape = tuple(self.problem.shape)
@@ -136,14 +172,20 @@ class ModeledObjective(KernelVariants):
         timeout = max(1.0, self.timeout - 5)  # the interpreter's, per run
         if shape != self.verify_shape(config):
             with step(f"verifying the winner on the interpreter at the tuned shape {self.problem.shape_text} "
-                      f"({TUNED_SAMPLE} threadgroups)"):
+                      f"({TUNED_SAMPLE} threadgroups, in reverse order)"), _at("the tuned shape", shape):
                 proof = self.verify_at(config, shape, within=max(self.timeout, 60.0) * 4, mode="fast",
-                                       timeout=timeout, sample_threadgroups=TUNED_SAMPLE)
-        ragged = self.ragged_shape(config)
-        if ragged is not None:
-            with step(f"verifying the winner on the interpreter at a ragged shape {'x'.join(map(str, ragged))}"):
-                res = self.verify_at(config, ragged, mode="fast", timeout=timeout)
-            proof = proof.also(res) if proof is not None else res
+                                       timeout=timeout, sample_threadgroups=TUNED_SAMPLE, schedule="reversed")
+        ragged = self.ragged_shape(config) or self.verify_shape(config)
+        text = "x".join(map(str, ragged))
+        with step(f"verifying the winner on the interpreter at a ragged shape {text} (check mode: races, missing "
+                  "barriers; threadgroups in reverse order)"), _at("a ragged shape", ragged):
+            res = self.verify_at(config, ragged, mode="check", timeout=max(timeout, 60.0), schedule="reversed",
+                                 within=max(self.timeout, 60.0) * 2)
+        proof = proof.also(res) if proof is not None else res
+        with step(f"checking the winner's device-buffer bounds at {text} (sanitizer build)"), \
+                _at("a ragged shape", ragged):
+            self.verify_at(config, ragged, mode="sanitize", timeout=max(timeout, 60.0),
+                           within=max(self.timeout, 60.0) * 2)
         return proof
 
     def unpublishable(self) -> str | None:
@@ -156,3 +198,21 @@ class ModeledObjective(KernelVariants):
             return (f"a modeled {language} kernel for {self.chip.name} cannot be verified here (the CPU interpreter "
                     f"runs Metal only), so nothing could be published; tune on the {self.chip.name} itself to publish")
         return "--verify none verifies nothing, so nothing could be published"
+
+
+class FailureAt(VariantFailure):
+    """A winner's further check failed: the failure names the shape it failed at."""
+
+    def __init__(self, failure: VariantFailure, where: str, shape: tuple[int, ...]) -> None:
+        super().__init__(failure.reason, f"at {where} {'x'.join(map(str, shape))}: {failure.detail}")
+        self.shape = shape
+
+
+@contextmanager
+def _at(where: str, shape: tuple[int, ...]) -> Iterator[None]:
+    try:
+        yield
+    except FailureAt:
+        raise
+    except VariantFailure as exc:
+        raise FailureAt(exc, where, tuple(shape)) from None

@@ -157,6 +157,16 @@ class Objective(ABC):
     def violation(self, config: Config) -> str | None:
         """Why ``config`` cannot be built (a constraint's name), or None when it is valid."""
 
+    def family_sha256(self) -> str:
+        """The content hash of what configs render from ("": nothing to tell apart). A study keeps the one it was
+        made with: a resumed study whose family changed since is another study (:func:`study_for`)."""
+        return ""
+
+    def rendered_sha256(self, config: Config) -> str | None:
+        """The hash of the exact kernel ``config`` renders to now (None: no rendered kernel). A proof stored with
+        the study holds only for the kernel it ran: the final round is re-run where they differ."""
+        return None
+
     @abstractmethod
     def valid_configs(self) -> list[Config]:
         """Every valid config (may be slow for large spaces: the loop asks only when it must)."""
@@ -457,6 +467,51 @@ def first_ctrl_c_stops() -> Iterator[threading.Event]:
         signal.signal(signal.SIGINT, previous)
 
 
+@dataclass(frozen=True)
+class StudyPlace:
+    """Which study a run works in: its name, the trials it holds already (0: a new one) and, where the named study
+    was made from another version of the family, what this run says about it (the study it uses instead)."""
+
+    name: str
+    trials: int = 0
+    changed: str | None = None
+
+
+def study_for(objective: Objective, storage: str | None, study_name: str | None) -> StudyPlace:
+    """The study ``objective`` resumes or starts: ``study_name`` (default: its key's name), unless that study was
+    made from another version of the family (its content hash differs): its trials and proofs are of other
+    kernels, so the run works in ``NAME@HASH`` instead (found again by the next run of the same family)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    key = StudyKey.of(objective.study_key)
+    name = study_name or key.name
+    sha = objective.family_sha256()
+    study = _load(name, storage)
+    if study is None:
+        return StudyPlace(name)
+    stored = study.user_attrs.get("family_sha256")
+    made = study.user_attrs.get("knobs") is not None
+    if not sha or not made or stored == sha:
+        return StudyPlace(name, len(study.get_trials(deepcopy=False)))
+    other = f"{name}@{sha[:12]}"
+    again = _load(other, storage)
+    was = f"family content {str(stored)[:12]}" if isinstance(stored, str) else "a family of unrecorded content"
+    note = (f"study {name!r} was made from another version of family {key.family} ({was}, now {sha[:12]}): its "
+            f"trials prove other kernels, so this run {'resumes' if again is not None else 'starts'} study "
+            f"{other!r}")
+    return StudyPlace(other, len(again.get_trials(deepcopy=False)) if again is not None else 0, note)
+
+
+def _load(name: str, storage: str | None) -> optuna.Study | None:
+    import optuna
+
+    try:
+        return optuna.load_study(study_name=name, storage=make_storage(storage))
+    except KeyError:
+        return None
+
+
 def open_study(objective: Objective, storage: str | None, study_name: str | None, sampler: str,
                seed: int | None) -> optuna.Study:
     """Create or resume the study (before any worker starts: a new SQLite file must not race)."""
@@ -464,13 +519,15 @@ def open_study(objective: Objective, storage: str | None, study_name: str | None
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     key = StudyKey.of(objective.study_key)
-    name = study_name or key.name
+    name = study_for(objective, storage, study_name).name
     made = make_sampler(sampler, seed, objective.knobs)
     study = retry_collisions(lambda: optuna.create_study(study_name=name, storage=make_storage(storage),
                                                          direction="minimize", sampler=made, load_if_exists=True))
     if study.user_attrs.get("knobs") is None:
         for k, v in key.as_dict().items():
             study.set_user_attr(k, v)
+        if objective.family_sha256():
+            study.set_user_attr("family_sha256", objective.family_sha256())
         study.set_user_attr("knobs", objective.knobs)
         study.set_user_attr("evidence", objective.evidence)
     else:
@@ -493,7 +550,7 @@ def check_study(objective: Objective, storage: str | None, study_name: str | Non
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    name = study_name or StudyKey.of(objective.study_key).name
+    name = study_for(objective, storage, study_name).name
     try:
         study = optuna.load_study(study_name=name, storage=make_storage(storage))
     except KeyError:  # no such study yet: open_study creates it
@@ -526,6 +583,7 @@ class _Search:
         self.started = time.monotonic()
         self.objective, self.trials, self.time_budget, self.patience = objective, trials, time_budget, patience
         self.seed, self.storage, self.progress, self.stop_requested = seed, storage, progress, stop
+        study_name = study_for(objective, storage, study_name).name
         self.prior = None
         if sampler in ("default", "auto") and not _finished(objective, storage, study_name, trials, patience):
             valid = objective.valid_configs()
@@ -781,7 +839,7 @@ class _Search:
         top = _top(study, finalists)
         final: FinalRound | None = None
         if top and stop.reason is not StopReason.INTERRUPTED:
-            final = _earlier_final(study, top) if not self.new else None
+            final = _earlier_final(study, top, objective) if not self.new else None
             if final is None:
                 try:
                     final = objective.finalize(top)
@@ -814,15 +872,21 @@ def _finished(objective: Objective, storage: str | None, study_name: str | None,
     return (trials is not None and len(known) >= trials) or bool(patience and _stale_for(known) >= patience)
 
 
-def _earlier_final(study: optuna.Study, top: list[TrialSummary]) -> FinalRound | None:
+def _earlier_final(study: optuna.Study, top: list[TrialSummary], objective: Objective) -> FinalRound | None:
     """The final round stored by the run that evaluated these leaders, when this run evaluated nothing new and
-    that round judged exactly them (and decided): running it again would redo the same work."""
+    that round judged exactly them (and decided): running it again would redo the same work. Not when a check it
+    stored was of another kernel than its config renders to now (a template changed since): then it is re-run."""
     stored = FinalRound.from_dict(study.user_attrs.get("final"))
     if stored is None or stored.winner is None:
         return None
     judged = set(stored.checks) | set(stored.finalists)
     if judged != {t.number for t in top}:
         return None
+    configs = {t.number: t.config for t in top}
+    for number, check in stored.checks.items():
+        now = objective.rendered_sha256(configs[number]) if check.ok else None
+        if now is not None and check.sha256 != now:
+            return None
     note = "final round of the run that evaluated these trials (nothing new was evaluated since)"
     return replace(stored, note=f"{stored.note}; {note}" if stored.note else note)
 

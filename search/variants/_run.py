@@ -73,10 +73,19 @@ def run(family: str | Path | Family, config: str | Mapping[str, Any] | None = No
     if unknown:
         raise KernsearchError(f"{fam.name}: no input named {', '.join(unknown)} (inputs: "
                               f"{', '.join(t.name for t in fam.inputs)})")
-    problem = make_problem(fam, shape if shape is not None else _implied_shape(fam, given), dtype, the_chip)
+    implied = _implied_shape(fam, given) if shape is None else None
+    problem = make_problem(fam, shape if shape is not None else implied, dtype, the_chip)
     space = Space(problem, the_chip)
     cfg = space.validate(space.parse_config(dict(config) if isinstance(config, Mapping) else config))
-    logical = _logical_inputs(problem, given, seed)
+    try:
+        logical = _logical_inputs(problem, given, seed)
+    except KernsearchError as exc:
+        missing = [d for d in fam.dims if d not in _carried(fam, given)]
+        if shape is None and given and missing:  # the default shape was taken for a dim no input carries
+            raise KernsearchError(f"{exc}; no input given carries {', '.join(missing)}: pass shape=("
+                                  f"{', '.join(fam.dims)}) too (the default shape {problem.shape_text} was taken)"
+                                  ) from None
+        raise
     kernel = render(fam, cfg, problem.dtype, Target.METAL)
     geo = geometry(space, cfg)
     result = CpuBackend(mode=mode, timeout=timeout).run(
@@ -89,6 +98,12 @@ def run(family: str | Path | Family, config: str | Mapping[str, Any] | None = No
 
 def _implied_shape(fam: Family, given: dict[str, Any]) -> tuple[int, ...] | None:
     """The problem shape the given inputs imply (inputs shaped by plain dimension names), or None."""
+    dims = _carried(fam, given)
+    return tuple(dims[d] for d in fam.dims) if set(dims) == set(fam.dims) else None
+
+
+def _carried(fam: Family, given: dict[str, Any]) -> dict[str, int]:
+    """The dimensions the given inputs carry (by plain dimension names in their shapes), with their sizes."""
     from jinja2 import nodes
 
     dims: dict[str, int] = {}
@@ -103,7 +118,7 @@ def _implied_shape(fam: Family, given: dict[str, Any]) -> tuple[int, ...] | None
         for item, size in zip(node.items, actual):
             if isinstance(item, nodes.Name) and item.name in fam.dims:
                 dims.setdefault(item.name, int(size))
-    return tuple(dims[d] for d in fam.dims) if set(dims) == set(fam.dims) else None
+    return dims
 
 
 def _logical_inputs(problem: Problem, given: dict[str, Any], seed: int) -> dict[str, np.ndarray]:

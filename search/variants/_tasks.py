@@ -152,15 +152,28 @@ def _check(s: Setup, kernel: KernelSource, geo: Geometry, seed: int, options: di
 
     check, diagnostics = verify_kernel(s.backend, kernel, geo, s.problem, seed,
                                        data=PROCESS.problem_data(s.problem, seed), **options)
-    if not check.ok:
-        raise VariantFailure(check.reason or "wrong", check.detail or check.summary())
     errors = [d for d in diagnostics if getattr(d, "severity", Severity.ERROR) == Severity.ERROR]
+    bounds = [d for d in errors if getattr(d, "kind", "") == "device_bounds"]
+    if bounds:  # an access outside a buffer explains a wrong result (and is a bug where the result is right)
+        located = [d for d in bounds if getattr(d, "template_line", None)] or bounds
+        raise VariantFailure("device_bounds", str(located[0]))
+    if not check.ok:
+        raise VariantFailure(check.reason or "wrong", _with_hint(check, options))
     if errors:
         raise VariantFailure(getattr(errors[0], "kind", "diagnostic"), str(errors[0]))
     verifier = Verifier.INTERPRETER if s.backend.interprets else Verifier.DEVICE
     threadgroups = options.get("threadgroups")
     return Proof(verifier, (s.problem.shape_text,), check.max_abs_err, check.max_rel_err,
                  len(threadgroups) if threadgroups else None)
+
+
+def _with_hint(check: Any, options: dict[str, Any]) -> str:
+    """The failure's detail; a NaN (or unwritten element) found in fast mode also says that check mode says why."""
+    detail = str(check.detail or check.summary())
+    if check.reason in ("nan", "unwritten") and options.get("mode", "fast") == "fast":
+        detail += ("; `kernsearch verify ... --check` says why (races, missing barriers, uninitialized reads, "
+                   "with their template lines)")
+    return detail
 
 
 def verify_variant(task: VariantTask) -> Proof:

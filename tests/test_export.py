@@ -505,7 +505,7 @@ def test_plain_export_ships_every_builtin_family(tmp_path: Path) -> None:
 
     result = export(None, tmp_path / "dist", ArtifactStore(tmp_path / "store"), package="ks_all", version="1.0")
     assert result.families == builtin_family_names() and result.artifacts == []
-    assert len(result.notes) == 1 and result.notes[0].startswith(", ".join(builtin_family_names()[:4]) + ", ")
+    assert len(result.notes) == 1 and result.notes[0].startswith(", ".join(builtin_family_names()[:6]) + ",")
     try:
         pkg = import_package(result.source_dir, "ks_all")
         x, w = np.random.default_rng(0).uniform(-1, 1, (3, 64)), np.full(64, 1.5)

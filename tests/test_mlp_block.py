@@ -79,7 +79,7 @@ def _run(shape: str, cfg: dict, dtype: str = "float16", schedule: str = "in-orde
 CASES = [
     (1, 4, 32, "float16", {"RT": 2}),
     (3, 8, 128, "float16", {"MB": 4, "KS": 8, "TW": 1}),
-    (5, 4, 32, "bfloat16", {"MB": 8, "KS": 2, "TW": 4}),
+    (5, 4, 32, "bfloat16", {"MB": 8, "KS": 1, "TW": 4}),
     (2, 8, 64, "float32", {"MB": 2, "RT": 2, "TW": 4, "KS": 1}),
     (1, 4, 128, "float16", {"UNROLL": 4, "TW": 4, "KS": 1, "BPS": 1}),
 ]
@@ -90,7 +90,10 @@ CASES = [
 def test_the_interpreter_proves_every_output_against_float64(m: int, bits: int, group: int, dtype: str,
                                                              knobs: dict) -> None:
     shape = qshape(m, 5 * group, 7 * group, bits, group)
-    outputs, refs, problem = _run(shape, {**BASE, "QBITS": bits, **knobs}, dtype)
+    cfg = {**BASE, "QBITS": bits, **knobs}
+    rows = render_context(load_family("mlp_block"), cfg, dtype)["ROWS_TG"]
+    assert group == 128 or (5 * group % rows and 7 * group % rows)  # the last tile of each phase is partial
+    outputs, refs, problem = _run(shape, cfg, dtype)
     check = compare(problem, outputs, refs)
     assert check.ok, check.detail
     assert outputs[3].tolist() == [0, 0, 0, 0]  # the last block to leave set the counters back

@@ -149,3 +149,49 @@ def test_the_cuda_twin_compiles_for_sm90_as_mlx_wraps_it(tmp_path: Path) -> None
     for cfg, name in zip(picks, names):  # the mma path within the estimate's ~10 % (the residency rule reads it)
         estimate = render_context(fam, cfg, "float16")["regs"]
         assert used[name] <= 255 and (cfg["PATH"] == "fma" or used[name] <= 1.1 * estimate), (cfg, used[name])
+
+
+@pytest.mark.slow
+def test_the_exported_package_runs_it_as_plain_mlx_where_no_kernel_can(tmp_path: Path) -> None:
+    """Exported, bound in the documented input order, called as a user calls it (MLX's CPU back-end: the op
+    path), it returns Y, X1, G and the counters, Y and X1 equal to the chain written in plain MLX."""
+    import os
+    import sys
+
+    from kernsearch import ArtifactStore, export
+
+    built = export(["mlp_block"], tmp_path / "dist", ArtifactStore(tmp_path / "store"), version="1.0.0")
+    script = tmp_path / "layer.py"
+    script.write_text('''
+import mlx.core as mx
+import kernsearch_kernels as kk
+
+H, F, group, bits, M = 256, 512, 64, 4, 2
+
+
+def quantized(n, k, seed):
+    return mx.quantize(0.02 * mx.random.normal((n, k), key=mx.random.key(seed)), group_size=group, bits=bits)
+
+
+o, gate, up, down = quantized(H, H, 1), quantized(F, H, 2), quantized(F, H, 3), quantized(H, F, 4)
+gamma = mx.ones((H,))
+x, r = mx.random.normal((M, H), key=mx.random.key(7)), mx.random.normal((M, H), key=mx.random.key(8))
+y, x1, g, sync = kk.mlp_block(x, *o, r, gamma, *gate, *up, *down)
+
+
+def mm(h, w):
+    return mx.quantized_matmul(h, *w, transpose=True, group_size=group, bits=bits)
+
+
+p1 = r + mm(x, o)
+n = mx.fast.rms_norm(p1, gamma, 1e-5)
+a = mm(n, gate)
+print(y.shape, x1.shape, g.shape, sync.shape)
+print(mx.max(mx.abs(y - (p1 + mm(a * mx.sigmoid(a) * mm(n, up), down)))).item(), mx.max(mx.abs(x1 - p1)).item())
+''')
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False,
+                       env={**os.environ, "PYTHONPATH": str(built.source_dir)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    shapes, errors = r.stdout.splitlines()[:2]
+    assert shapes == "(2, 256) (2, 256) (2, 512) (4,)"
+    assert [float(e) for e in errors.split()] == [0.0, 0.0]

@@ -131,6 +131,8 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
             extra["schedule"] = (*SCHEDULES[schedule], int(seed) & 0xFFFFFFFFFFFFFFFF)
         if lockstep:
             extra["detect"] = mode == "check"
+        if getattr(kernel, "persistent", False):
+            extra["persistent"] = True
         ran = run_forked(compiled.path, args, out_index, grid3, tg3, int(tg_limit), stack, timeout, **extra)
         if ran.unsynced:  # lanes passed values on lines the translator had not marked: all accesses synchronise now
             args, out_index = launch()

@@ -24,7 +24,8 @@ from kernsearch.hardware._chips import default_apple_chip
 RAGGED = {"gemm": "1000,1003,999", "gemv": "3,4095,4093", "qmatvec": "3,4093,4096,512,64", "rmsnorm": "1023,1001",
           "layernorm": "1023,1001", "softmax": "1023,1001", "swiglu": "1023,11007",
           "swiglu_qmatvec": "3,4093,4096,512,64", "rmsnorm_qmatvec": "3,4093,4096,512,64",
-          "qmatvec_residual": "3,4093,4096,512,64", "rmsnorm_swiglu_qmatvec": "3,4093,4096,512,64"}
+          "qmatvec_residual": "3,4093,4096,512,64", "rmsnorm_swiglu_qmatvec": "3,4093,4096,512,64",
+          "mlp_block": "3,4032,11008,504,63,1376,172"}
 
 #: The fast lane keeps one (the cheapest at its default shape); the others are slow.
 CASES = [pytest.param("gemv", None, id="gemv-default")] + [

@@ -40,6 +40,8 @@ class KernelSource:
     source: str
     #: MLX template arguments, e.g. ``(("T", "float16"),)``; dtypes are named by their MLX name.
     template: tuple[tuple[str, Any], ...] = ()
+    #: The family's ``launch.persistent``: the interpreter holds every threadgroup resident at once.
+    persistent: bool = False
 
     @property
     def sha256(self) -> str:
@@ -132,6 +134,7 @@ def render(family: Family, config: Config, dtype: str, target: str = DEFAULT_TAR
         header=header,
         source=source,
         template=(("T", dtype),),
+        persistent=family.launch.persistent,
     )
 
 

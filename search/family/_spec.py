@@ -322,6 +322,10 @@ class Launch(_Model):
     #: True where the kernel accumulates into its outputs (e.g. split-K adds partial sums atomically): the
     #: outputs must start zero-filled, so verification and timing launch with ``init_value = 0``.
     zero_outputs: Expr | None = None
+    #: True for a persistent kernel, whose threadgroups wait for each other's work through device atomics: the
+    #: interpreter then holds every threadgroup resident at once and switches at atomics (ks_pool), as the GPU runs
+    #: its resident threadgroups side by side (one after another, a waiting threadgroup would wait forever).
+    persistent: bool = False
     _check = field_validator("grid", "threadgroup", "shared_memory", "zero_outputs", mode="before")(
         lambda v: v if v is None else _expr(v))
 

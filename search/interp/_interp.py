@@ -132,6 +132,8 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
         if lockstep:
             extra["detect"] = mode == "check"
         extra["output_names"] = list(kernel.output_names)
+        if getattr(kernel, "persistent", False):
+            extra["persistent"] = True
         ran = run_forked(compiled.path, args, out_index, grid3, tg3, int(tg_limit), stack, timeout, **extra)
         if ran.unsynced:  # lanes passed values on lines the translator had not marked: all accesses synchronise now
             args, out_index = launch()

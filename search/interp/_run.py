@@ -78,12 +78,14 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
                tg: tuple[int, int, int], tg_limit: int, stack_kb: int, timeout: float,
                threadgroups: list[tuple[int, int, int]] | None = None,
                schedule: tuple[int, int, int] = (0, 0, 0), detect: bool | None = None,
-               sync_all: bool = False, output_names: list[str] | None = None) -> RunOutcome:
+               sync_all: bool = False, output_names: list[str] | None = None,
+               persistent: bool = False) -> RunOutcome:
     """Run the kernel in a forked child; ``args[i]`` for i in ``outputs`` are written back in place.
     ``threadgroups`` (positions in the grid) runs only those threadgroups; ``schedule`` is (threadgroup
     order, thread order, seed) for the schedule fuzz (0 = in order, 1 = reversed, 2 = shuffled); ``detect`` (lockstep
     builds only) turns the threadgroup-memory detector on (check mode) or off (fast mode); ``sync_all`` makes every
-    threadgroup access synchronise the lanes of a simdgroup."""
+    threadgroup access synchronise the lanes of a simdgroup; ``persistent`` holds every threadgroup resident at once
+    (ks_pool; builds with the detector run them one after another)."""
     shared = [mmap.mmap(-1, args[i].nbytes + GUARD_BYTES) for i in outputs]
     views = [np.frombuffer(m, dtype=args[i].dtype, count=args[i].size) for m, i in zip(shared, outputs)]
     for v, i, m in zip(views, outputs, shared):
@@ -108,6 +110,8 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
             if detect is not None:
                 lib.ks_detect(ctypes.c_int(1 if detect else 0))
                 lib.ks_sync_all(ctypes.c_int(1 if sync_all else 0))
+            if persistent:
+                lib.ks_pool(ctypes.c_int(1))
             if schedule != (0, 0, 0):
                 lib.ks_order(ctypes.c_int(schedule[0]), ctypes.c_int(schedule[1]), ctypes.c_uint64(schedule[2]))
             if threadgroups:

@@ -27,8 +27,15 @@ typedef atomic<unsigned long> atomic_ulong;
 inline void atomic_thread_fence(mem_flags, memory_order, thread_scope = thread_scope_device) {}
 
 namespace ksa {
-template <class T> inline atomic<T>* raw(atomic<T>* p, bool, int) { return p; }
-template <class T> inline atomic<T>* raw(volatile atomic<T>* p, bool, int) { return const_cast<atomic<T>*>(p); }
+// In a persistent launch (ks_pool) a thread yields before each atomic: a threadgroup spinning on a counter lets
+// the others run, as the GPU's resident threadgroups run side by side.
+template <class T> inline atomic<T>* raw(atomic<T>* p, bool, int line) {
+  if (ks::pool_yield) ks::wait_here(ks::W_YIELD, line);
+  return p;
+}
+template <class T> inline atomic<T>* raw(volatile atomic<T>* p, bool write, int line) {
+  return raw(const_cast<atomic<T>*>(p), write, line);
+}
 #ifdef KS_CHECK
 template <class T> inline atomic<T>* raw(ks::tgptr<atomic<T>> p, bool write, int line) {
   return ks::tg_atomic<atomic<T>>(p.a, p.off, write, line);

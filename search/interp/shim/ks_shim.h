@@ -240,7 +240,8 @@ enum Severity { S_ERROR = 0, S_WARNING = 1 };
 struct Diag { int32_t kind, severity, line, count; char msg[232]; };
 struct DiagTable { int32_t n, max; Diag* d; };
 
-enum WaitKind { W_NONE = 0, W_BARRIER, W_SIMD, W_DONE, W_STEP };
+// W_YIELD: at a device atomic in a persistent launch (ks_pool), giving the other threadgroups their turn.
+enum WaitKind { W_NONE = 0, W_BARRIER, W_SIMD, W_DONE, W_STEP, W_YIELD };
 
 #ifdef KS_CHECK
 // Lockstep builds (the check-mode translation): a thread's place in the program, compared lexicographically
@@ -334,6 +335,7 @@ struct Launch {
 
 extern Launch* L;
 extern Fiber* cur;
+extern bool pool_yield;  // a persistent launch: threads yield at atomics (ks_runtime.inc, ks_pool)
 
 inline void report(int kind, int severity, int line, const char* fmt, ...) __attribute__((format(printf, 4, 5)));
 inline void report(int kind, int severity, int line, const char* fmt, ...) {

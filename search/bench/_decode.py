@@ -55,7 +55,7 @@ def device_kind(mx: Any) -> str:
     for target in (Target.CUDA, Target.METAL):
         module = getattr(mx, target.value, None)
         if module is not None and module.is_available():
-            return target.value
+            return str(target.value)
     return "cpu"
 
 

@@ -281,3 +281,46 @@ def test_weights_the_package_refuses_leave_that_half_to_mlx_lm(pkg, monkeypatch)
     text = str(pkg.patch(model))
     assert "MLP: mlx-lm's own modules" in text and "refused the block's weights: shapes out of" in text
     assert "norm + Q/K/V" in text and greedy(model, 8)[0] == want
+
+
+_FINGERPRINT_PROBE = r'''
+import ast, hashlib, importlib.util, sys, textwrap
+spec = importlib.util.spec_from_file_location("ks_patch_probe", sys.argv[1])
+mod = importlib.util.module_from_spec(spec); sys.modules["ks_patch_probe"] = mod; spec.loader.exec_module(mod)
+src = open(sys.argv[2]).read()
+lines = src.splitlines(True)
+found = {}
+for node in ast.parse(src).body:
+    if isinstance(node, ast.ClassDef) and node.name in ("TransformerBlock", "Attention", "MLP"):
+        fn = next(n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__call__")
+        text = textwrap.dedent("".join(lines[fn.lineno - 1:fn.end_lineno]))
+        found[node.name] = hashlib.sha256(repr(mod._tree_shape(ast.parse(text))).encode()).hexdigest()[:16]
+print(found["TransformerBlock"], found["Attention"], found["MLP"])
+'''
+
+
+@pytest.mark.slow
+def test_a_forward_has_one_fingerprint_on_every_python(tmp_path: Path) -> None:
+    """mlx-lm's forward hashes the same on every Python that can run the package (3.9 to 3.13): Python 3.12's parser
+    adds fields (``type_params``) to the same code, which made an ``ast.dump`` hash miss on the GPU machine's 3.12
+    (0 of 32 layers patched)."""
+    import glob
+    import subprocess
+    import sys
+
+    import mlx_lm.models.llama as llama
+
+    from kernsearch.exporting.runtime import _patch
+
+    pythons = sorted({p for v in ("3.9", "3.10", "3.12", "3.13")
+                      for p in glob.glob(f"/root/.pyenv/versions/{v}*/bin/python3") + glob.glob(f"/usr/bin/python{v}")})
+    if not pythons:
+        pytest.skip("no other Python here to compare with")
+    probe = tmp_path / "probe.py"
+    probe.write_text(_FINGERPRINT_PROBE)
+    want = " ".join(next(iter(_patch.FORWARDS)))
+    for py in [sys.executable, *pythons]:
+        r = subprocess.run([py, str(probe), _patch.__file__, llama.__file__], capture_output=True, text=True,
+                           timeout=120, check=False)
+        assert r.returncode == 0, (py, r.stderr[-2000:])
+        assert r.stdout.strip() == want, py

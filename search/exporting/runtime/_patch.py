@@ -30,7 +30,7 @@ DECODE_ROWS = 16
 #: mlx-lm's blocks this module reproduces: (module, class) of the block, and the fingerprints (:func:`fingerprint`)
 #: of the block's, its attention's and its MLP's ``__call__`` (mlx-lm 0.32: Llama and Qwen2 share them).
 BLOCKS = {("mlx_lm.models.llama", "TransformerBlock"), ("mlx_lm.models.qwen2", "TransformerBlock")}
-FORWARDS = {("0f9a09e04b06ced7", "f7f3d6f8aefb4c79", "0f53417361b6bae3")}
+FORWARDS = {("112fe90a7ceb416a", "cdf1e40748cdc023", "aa742e68e3341e3a")}
 #: MLX's affine quantization as the families take it.
 BITS = (4, 8)
 GROUPS = (32, 64, 128)
@@ -38,16 +38,32 @@ _ATTR = "_kernsearch_patch"
 
 
 def fingerprint(fn: Any) -> str:
-    """A function's syntax tree, hashed: equal for the same code whatever its layout and comments (once per
-    function: a model's blocks share their class)."""
+    """A function's syntax tree, hashed: equal for the same code whatever its layout and comments, and whatever the
+    Python version parsing it (once per function: a model's blocks share their class)."""
     key = getattr(fn, "__code__", fn)
     if key not in _FINGERPRINTS:
         try:
             source = textwrap.dedent(inspect.getsource(fn))
-            _FINGERPRINTS[key] = hashlib.sha256(ast.dump(ast.parse(source)).encode()).hexdigest()[:16]
+            tree = repr(_tree_shape(ast.parse(source)))
         except (OSError, TypeError, SyntaxError):
             return "unavailable"
+        _FINGERPRINTS[key] = hashlib.sha256(tree.encode()).hexdigest()[:16]
     return _FINGERPRINTS[key]
+
+
+#: Fields a newer Python's parser adds to the same code (3.12: ``type_params`` of every function), or that carry
+#: no meaning of the code: left out, so that one mlx-lm's forward has one fingerprint on every Python.
+_VOLATILE_FIELDS = frozenset({"type_params", "type_comment", "kind"})
+
+
+def _tree_shape(node: Any) -> Any:
+    """A syntax tree as nested tuples of node names and the values of their lasting fields."""
+    if isinstance(node, ast.AST):
+        return (type(node).__name__,
+                tuple((f, _tree_shape(getattr(node, f, None))) for f in node._fields if f not in _VOLATILE_FIELDS))
+    if isinstance(node, list):
+        return tuple(_tree_shape(n) for n in node)
+    return repr(node)
 
 
 _FINGERPRINTS: Dict[Any, str] = {}

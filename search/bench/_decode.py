@@ -50,18 +50,18 @@ STREAM_METAL = """
 """
 
 
-def device_kind(mx: Any) -> str:
-    """Where MLX runs here: ``cuda``, ``metal`` or ``cpu`` (no GPU)."""
+def device_kind(mx: Any) -> str | None:
+    """The GPU target MLX runs on here (``cuda`` or ``metal``); None without a GPU (MLX's CPU back-end)."""
     for target in (Target.CUDA, Target.METAL):
         module = getattr(mx, target.value, None)
         if module is not None and module.is_available():
             return str(target.value)
-    return "cpu"
+    return None
 
 
-def stream_reader(mx: Any, kind: str) -> Callable[[Any, Any], Any] | None:
+def stream_reader(mx: Any, kind: str | None) -> Callable[[Any, Any], Any] | None:
     """``read(A, D)``: one launch reading all of A; None on the CPU (a CPU has no streaming yardstick here)."""
-    if kind == "cpu":
+    if kind is None:
         return None
     cuda = kind == Target.CUDA
     make = mx.fast.cuda_kernel if cuda else mx.fast.metal_kernel
@@ -290,5 +290,5 @@ def kernel_row(call: Call, shape: StepShape, m: int, t: dict[str, list[float]], 
                      p.speedup, p.low, p.high, stream, pct(stream, us), chose)
 
 
-def evidence_for(kind: str) -> str | None:
-    return Evidence.MEASURED.value if kind != "cpu" else None
+def evidence_for(kind: str | None) -> str | None:
+    return Evidence.MEASURED.value if kind is not None else None

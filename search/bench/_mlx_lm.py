@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import KernsearchError
-from .._vocabulary import Evidence, Target
 from ..artifacts._artifacts import ArtifactStore
 from ..exporting._export import export
+from ._decode import device_kind, evidence_for
 
 #: The families ``patch`` calls (the fused ones first; the plain ones where a block needs them).
 FAMILIES = ("rmsnorm_qmatvec", "qmatvec_residual", "rmsnorm_swiglu_qmatvec", "qmatvec", "swiglu_qmatvec")
@@ -258,14 +258,6 @@ def compare(mx: Any, plain: _Generation, patched: _Generation, dtype: str) -> Co
     return Comparison(n, same, len(set(plain.tokens)), diff, LOGPROB_TOL[dtype])
 
 
-def _device(mx: Any) -> str:
-    cuda = getattr(mx, "cuda", None)
-    if cuda is not None and cuda.is_available():
-        return Target.CUDA.value
-    metal = getattr(mx, "metal", None)
-    return Target.METAL.value if metal is not None and metal.is_available() else "cpu"
-
-
 def _patched(pkg: Any, model: Any, notes: list[str]) -> Any:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -286,12 +278,12 @@ def run_mlx_lm(config: LmConfig, prompt_tokens: int = 128, tokens: int = 128, ro
     config.check()
     if not (1 <= prompt_tokens <= 1 << 16 and 1 <= tokens <= 1 << 16 and 1 <= rounds <= 100):
         raise MlxLmError("--prompt and --tokens 1 to 65536, --rounds 1 to 100")
-    kind = _device(mx)
+    kind = device_kind(mx)
     version = importlib.import_module("importlib.metadata").version
-    report = MlxLmReport(kind, Evidence.MEASURED.value if kind != "cpu" else None,
+    report = MlxLmReport(kind or "cpu", evidence_for(kind),
                          str(getattr(mx, "__version__", "?")), version("mlx-lm") if _has_mlx_lm() else "?", config,
                          prompt_tokens, tokens)
-    if kind == "cpu":
+    if kind is None:
         report.notes.append("MLX's CPU back-end: the timings are the CPU's, not a GPU's (a dry run)")
     with tempfile.TemporaryDirectory(prefix="kernsearch-bench-lm-") as tmp:
         say("exporting the store's package (the families patch(model) calls)")

@@ -93,10 +93,10 @@ def run_decode(shape: StepShape, ms: Sequence[int], rounds: int, store: Artifact
     shape.check()
     kind = device_kind(mx)
     families = fused_families(shape)
-    spec = float(chip.memory_bandwidth_gbs) if kind != "cpu" else None
-    report = DecodeReport(chip.name, kind, evidence_for(kind), str(getattr(mx, "__version__", "?")), shape,
+    spec = float(chip.memory_bandwidth_gbs) if kind is not None else None
+    report = DecodeReport(chip.name, kind or "cpu", evidence_for(kind), str(getattr(mx, "__version__", "?")), shape,
                           shape.layers * shape.layer_bytes(), None, spec)
-    if kind == "cpu":
+    if kind is None:
         report.notes.append("MLX's CPU back-end: the timings are the CPU's, not a GPU's; the run checks the "
                             "package's output against plain MLX's")
     with tempfile.TemporaryDirectory(prefix="kernsearch-bench-") as tmp:

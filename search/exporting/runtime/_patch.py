@@ -6,7 +6,7 @@ A block is patched only when it is exactly the one this module reproduces: mlx-l
 Mistral, Qwen2), whose own ``__call__``, its attention's and its MLP's are, syntax tree for syntax tree, the forward
 written here (:data:`FORWARDS`, mlx-lm 0.32), with affine-quantized projections of 4 or 8 bits and groups of 32, 64
 or 128. Anything else is left alone, and :meth:`Patcher.explain` says why. A patched block keeps its parameters
-untouched (the model's ``parameters()`` are the same arrays): its class is swapped for a subclass whose ``__call__``
+as they are (the model's ``parameters()`` are the same arrays): its class is swapped for a subclass whose ``__call__``
 runs, for a decode step (at most :data:`DECODE_ROWS` rows), norm + Q/K/V (one matrix, concatenated once here), O +
 residual, norm + gate/up SwiGLU and down + residual through the package (each a kernel where one was measured to win,
 the MLX op otherwise), and mlx-lm's own RoPE, KV cache and attention in between; a prompt (more rows) runs mlx-lm's

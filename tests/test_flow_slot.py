@@ -54,6 +54,7 @@ def record(pid: int, since: float = 1_700_000_000.0) -> None:
     path.write_text(f'{{"pid": {pid}, "host": "{socket.gethostname()}", "since": {since}}}')
 
 
+@pytest.mark.slow
 def test_a_slot_left_taken_by_a_dead_run_is_freed_naming_the_dead_holder() -> None:
     pid = dead_pid()
     record(pid)

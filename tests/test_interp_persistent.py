@@ -59,6 +59,7 @@ def test_a_threadgroup_waits_for_another_in_a_persistent_launch(schedule: str) -
     assert sync.tolist() == [1, 6]
 
 
+@pytest.mark.slow
 def test_threadgroups_run_one_after_another_otherwise() -> None:
     with pytest.raises(VariantFailure) as failed:  # grid order: threadgroup 0 waits for one that never runs
         _run(replace(kern(True), persistent=False), timeout=3.0)

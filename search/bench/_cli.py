@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from .._errors import KernsearchError, not_empty
 from ._step import BenchError, StepShape
+
+if TYPE_CHECKING:
+    from ._decode import DecodeReport
 
 app = typer.Typer(no_args_is_help=True, help="Benchmarks of the exported package as consumers call it.")
 
@@ -101,11 +105,9 @@ def _write_job(shape: StepShape, ms: list[int], chip: str, vendor: str, store: P
          "`kernsearch bench decode` with the same options")
 
 
-def _print(report: object) -> None:
+def _print(report: DecodeReport) -> None:
     from .._console import out
-    from ._decode import DecodeReport
 
-    assert isinstance(report, DecodeReport)
     kind = report.evidence or "CPU timings, not a GPU's"
     out.print(f"decode step on {report.chip} ({report.device}, MLX {report.mlx}; {kind}): {report.shape.layers} "
               f"layers, hidden {report.shape.hidden}, FFN {report.shape.ffn}, {report.shape.bits}-bit g"

@@ -21,7 +21,7 @@ from typing import Any
 
 from .._rules import ratio_interval
 from .._vocabulary import Evidence, Target
-from ._step import Bound, Call, Layer, StepShape, qmm
+from ._step import EPS, Bound, Call, Layer, StepShape, qmm
 
 #: The streaming read (CUDA): every 16-byte word of A once, XOR-folded so the loads are not dead; ``D`` (the previous
 #: read's result) is an input only to order the reads as dependent launches.
@@ -175,15 +175,20 @@ class DecodeReport:
     mlx: str
     shape: StepShape
     bytes_per_token: int
-    stream_gbs: float | None
     spec_gbs: float | None
     rows: list[StepRow] = field(default_factory=list)
     kernels: list[KernelRow] = field(default_factory=list)
     explain: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def stream_gbs(self) -> float | None:
+        """The bandwidth of the streaming read measured in this run (the first M's step), GB/s."""
+        ms = self.rows[0].stream_ms if self.rows else None
+        return self.bytes_per_token / (ms * 1e6) if ms else None
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "stream_gbs": self.stream_gbs}
 
 
 def rel_err(mx: Any, got: Any, want: Any) -> float:
@@ -214,12 +219,12 @@ class KernelChains:
     def op(self, call: Call, lay: Layer, x: Any, r: Any) -> Any:
         mx, mm = self.mx, self.mm
         if call.role == "qkv":
-            return mm(mx.fast.rms_norm(x, lay.n1, 1e-5), lay.qkv)
+            return mm(mx.fast.rms_norm(x, lay.n1, EPS), lay.qkv)
         if call.role == "gate_up":
-            return self._swiglu(lay, mx.fast.rms_norm(x, lay.n2, 1e-5))
+            return self._swiglu(lay, mx.fast.rms_norm(x, lay.n2, EPS))
         if call.role == "mlp":
             x1 = r + mm(x, lay.o)
-            return x1 + mm(self._swiglu(lay, mx.fast.rms_norm(x1, lay.n2, 1e-5)), lay.down)
+            return x1 + mm(self._swiglu(lay, mx.fast.rms_norm(x1, lay.n2, EPS)), lay.down)
         return r + mm(x, lay.o if call.role == "o" else lay.down)
 
     def _swiglu(self, lay: Layer, n: Any) -> Any:

@@ -28,7 +28,18 @@ from ._decode import (
     stream_reader,
     token_row,
 )
-from ._step import EPS, BenchError, Call, Layer, StepShape, bind_layer, build_layers, package_step, plain_step
+from ._step import (
+    EPS,
+    BenchError,
+    Call,
+    Layer,
+    StepShape,
+    bind_layer,
+    build_layers,
+    call_inputs,
+    package_step,
+    plain_step,
+)
 
 #: The exported package's name while the benchmark imports it (not the default name: an installed
 #: ``kernsearch_kernels`` of the user's stays untouched).
@@ -66,12 +77,10 @@ def explain_calls(mx: Any, pkg: Any, shape: StepShape, families: dict[str, Famil
                   m: int) -> dict[str, Any]:
     """Which kernel the package runs for each call of the layer at ``m`` rows, and why (its ``explain``): the
     package's ``Decision`` per call."""
-    from ._step import _inputs
-
     dt = getattr(mx, shape.dtype)
     out = {}
     for call in shape.all_calls():
-        named = _inputs(layer, call.role)
+        named = call_inputs(layer, call.role)
         named["X"] = mx.zeros((m, call.k), dtype=dt)
         named["R"] = mx.zeros((m, call.n), dtype=dt)
         arrays = [named[i.name] for i in families[call.family].inputs]
@@ -95,7 +104,7 @@ def run_decode(shape: StepShape, ms: Sequence[int], rounds: int, store: Artifact
     families = fused_families(shape)
     spec = float(chip.memory_bandwidth_gbs) if kind is not None else None
     report = DecodeReport(chip.name, kind or "cpu", evidence_for(kind), str(getattr(mx, "__version__", "?")), shape,
-                          shape.layers * shape.layer_bytes(), None, spec)
+                          shape.layers * shape.layer_bytes(), spec)
     if kind is None:
         report.notes.append("MLX's CPU back-end: the timings are the CPU's, not a GPU's; the run checks the "
                             "package's output against plain MLX's")
@@ -117,8 +126,6 @@ def run_decode(shape: StepShape, ms: Sequence[int], rounds: int, store: Artifact
                 for call in shape.all_calls():
                     chose = str(decisions[f"M={m} {call.role}"].artifact or "op")
                     report.kernels.append(_kernel_row(chains, call, shape, m, rounds, chose, say))
-    if report.rows and report.rows[0].stream_ms:
-        object.__setattr__(report, "stream_gbs", report.bytes_per_token / (report.rows[0].stream_ms * 1e6))
     return report
 
 

@@ -202,7 +202,7 @@ def _first(fn: Callable[..., Any]) -> Callable[..., Any]:
     return lambda *xs: fn(*xs)[0]
 
 
-def _inputs(layer: Layer, role: str) -> dict[str, Any]:
+def call_inputs(layer: Layer, role: str) -> dict[str, Any]:
     """The arrays of one call by the fused families' input names (their specs: X, gamma, W/S/Bq, Wu/Su/Bu, R;
     mlp_block: Wo/So/Bo, Wg/Sg/Bg, Wu/Su/Bu, Wd/Sd/Bd)."""
     named: dict[str, Any] = {}
@@ -225,7 +225,7 @@ def bind_layer(pkg: Any, families: dict[str, Any], layer: Layer, calls: Sequence
     out = {}
     for call in calls:
         fam = families[call.family]
-        named = _inputs(layer, call.role)
+        named = call_inputs(layer, call.role)
         missing = [i.name for i in fam.inputs if i.weight and i.name not in named]
         if missing:
             raise BenchError(f"{call.family}: weight input(s) {', '.join(missing)} are not of a decode layer")

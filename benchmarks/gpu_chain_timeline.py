@@ -30,7 +30,7 @@ def main() -> int:
     chip, backend = detect_chip(), get_backend("cuda")
     layers = build_layers(mx, shape, 0, print)
     call = next(c for c in shape.all_calls() if c.role == "qkv")
-    fn, names = build_call(mx, backend, call, shape, 1, {**TUNED["qkv"], "L2PF": 0}, chip, False)
+    fn, names = build_call(mx, backend, call, shape, 1, TUNED["qkv"], chip, False)
     mm = qmm(mx, shape)
     read = stream_reader(mx, "cuda")
     flats = [mx.zeros((shape.matrix_bytes(call) // 4,), dtype=mx.uint32) + i for i in range(shape.layers)]
@@ -61,7 +61,7 @@ def main() -> int:
         for _ in range(3):
             mx.eval(f())
     mx.synchronize()
-    for r in range(6):
+    for _ in range(6):
         for name, f in forms.items():
             mx.synchronize()
             cupy.cuda.nvtx.RangePush(f"{name}")

@@ -113,6 +113,58 @@ def make(wr: int, u: int, nw: int, bps: int, kmax: int) -> Any:
     return call
 
 
+def run_shape(n: int, k: int, layers: int, rounds: int, read: Any) -> dict[str, Any]:
+    """Every variant, the op and the streaming read of one shape, as chains over ``layers`` weight sets."""
+    mats = []
+    for i in range(layers):
+        w = (0.02 * mx.random.normal((n, k), key=mx.random.key(i))).astype(mx.float16)
+        mats.append(mx.quantize(w, group_size=64, bits=4))
+        mx.eval(mats[-1])
+    flats = [mx.zeros((n * k // 8 + n * k // 16,), dtype=mx.uint32) + i for i in range(layers)]
+    mx.eval(flats)
+    x0 = (0.5 * mx.random.normal((1, k), key=mx.random.key(99))).astype(mx.float16)
+    variants = {f"WR={wr},U={u},NW={nw},BPS={bps}": make(wr, u, nw, bps, 11008)
+                for wr, u, nw, bps in ((1, 2, 8, 4), (1, 4, 8, 4), (2, 2, 8, 4), (2, 4, 8, 2), (4, 2, 8, 2),
+                                       (2, 2, 4, 8), (1, 4, 4, 8))}
+    errs = {}
+    ref = mx.quantized_matmul(x0, *mats[0], transpose=True, group_size=64, bits=4)
+    for name, fn in variants.items():
+        got = fn(x0, *mats[0])
+        errs[name] = float(mx.max(mx.abs(got.astype(mx.float32) - ref.astype(mx.float32))).item())
+
+    def chain(step: Any) -> Any:
+        def run() -> Any:
+            x = x0
+            for q in mats:
+                x = derive(mx, step(x, q), k)
+            return x
+        return run
+
+    forms = {"op": chain(lambda x, q: mx.quantized_matmul(x, *q, transpose=True, group_size=64, bits=4))}
+    for name, fn in variants.items():
+        forms[name] = chain(lambda x, q, fn=fn: fn(x, *q))
+
+    def stream() -> Any:
+        d = mx.zeros((1,), dtype=mx.uint32)
+        for f in flats:
+            d = read(f, d)
+        return d
+
+    forms["stream"] = stream
+    t = interleaved(mx, forms, rounds)
+    per = 1e3 / layers
+    row = {"op_us": median(t["op"]) * per, "stream_us": median(t["stream"]) * per, "variants": {}}
+    print(f"{n}x{k}: op {row['op_us']:.1f} us, stream {row['stream_us']:.1f} us", flush=True)
+    for name in variants:
+        p = Paired.of(t["op"], t[name])
+        us = p.new_ms * per
+        row["variants"][name] = {"us": us, "speedup": p.speedup, "low": p.low, "high": p.high,
+                                 "pct_of_stream": 100 * row["stream_us"] / us, "max_abs_err": errs[name]}
+        print(f"   {us:7.1f} us {p.speedup:.2f}x ({p.low:.2f}-{p.high:.2f}) {100 * row['stream_us'] / us:.0f}% "
+              f"of stream, err {errs[name]:.3g}  {name}", flush=True)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -123,56 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     read = stream_reader(mx, "cuda")
     result: dict[str, Any] = {"device": mx.device_info().get("device_name", "?"), "shapes": {}}
     for n, k in ((12288, 4096), (11008, 4096), (4096, 11008)):
-        mats = []
-        for i in range(a.layers):
-            w = (0.02 * mx.random.normal((n, k), key=mx.random.key(i))).astype(mx.float16)
-            mats.append(mx.quantize(w, group_size=64, bits=4))
-            mx.eval(mats[-1])
-        flats = [mx.zeros((n * k // 8 + n * k // 16,), dtype=mx.uint32) + i for i in range(a.layers)]
-        mx.eval(flats)
-        x0 = (0.5 * mx.random.normal((1, k), key=mx.random.key(99))).astype(mx.float16)
-        variants = {f"WR={wr},U={u},NW={nw},BPS={bps}": make(wr, u, nw, bps, 11008)
-                    for wr, u, nw, bps in ((1, 2, 8, 4), (1, 4, 8, 4), (2, 2, 8, 4), (2, 4, 8, 2), (4, 2, 8, 2),
-                                           (2, 2, 4, 8), (1, 4, 4, 8))}
-        errs = {}
-        ref = mx.quantized_matmul(x0, *mats[0], transpose=True, group_size=64, bits=4)
-        for name, fn in variants.items():
-            got = fn(x0, *mats[0])
-            errs[name] = float(mx.max(mx.abs(got.astype(mx.float32) - ref.astype(mx.float32))).item())
-
-        def chain(step: Any) -> Any:
-            def run() -> Any:
-                x = x0
-                for q in mats:
-                    x = derive(mx, step(x, q), k)
-                return x
-            return run
-
-        forms = {"op": chain(lambda x, q: mx.quantized_matmul(x, *q, transpose=True, group_size=64, bits=4))}
-        for name, fn in variants.items():
-            forms[name] = chain(lambda x, q, fn=fn: fn(x, *q))
-
-        def stream() -> Any:
-            d = mx.zeros((1,), dtype=mx.uint32)
-            for f in flats:
-                d = read(f, d)
-            return d
-
-        forms["stream"] = stream
-        t = interleaved(mx, forms, a.rounds)
-        per = 1e3 / a.layers
-        row = {"op_us": median(t["op"]) * per, "stream_us": median(t["stream"]) * per, "variants": {}}
-        print(f"{n}x{k}: op {row['op_us']:.1f} us, stream {row['stream_us']:.1f} us", flush=True)
-        for name in variants:
-            p = Paired.of(t["op"], t[name])
-            us = p.new_ms * per
-            row["variants"][name] = {"us": us, "speedup": p.speedup, "low": p.low, "high": p.high,
-                                     "pct_of_stream": 100 * row["stream_us"] / us, "max_abs_err": errs[name]}
-            print(f"   {us:7.1f} us {p.speedup:.2f}x ({p.low:.2f}-{p.high:.2f}) {100 * row['stream_us'] / us:.0f}% "
-                  f"of stream, err {errs[name]:.3g}  {name}", flush=True)
-        result["shapes"][f"{n}x{k}"] = row
+        result["shapes"][f"{n}x{k}"] = run_shape(n, k, a.layers, a.rounds, read)
         (a.out / "gpu_gemv_proto.json").write_text(json.dumps(result, indent=1))
-        del mats, flats
     return 0
 
 

@@ -32,10 +32,9 @@ def main() -> int:
     roles = sys.argv[1].split(",") if len(sys.argv) > 1 else ["qkv", "gate_up", "mlp"]
     variants = []
     for role in roles:
-        for pf in (0, 1):
-            got = build_call(mx, backend, calls[role], shape, 1, {**TUNED[role], "L2PF": pf}, chip, False)
-            assert not isinstance(got, str), got
-            variants.append((role, got))
+        got = build_call(mx, backend, calls[role], shape, 1, TUNED[role], chip, False)
+        assert not isinstance(got, str), got
+        variants.append((role, got))
     read = stream_reader(mx, "cuda")
     flat = mx.zeros((calls["qkv"].n * calls["qkv"].k // 8,), dtype=mx.uint32) + 1
     x = mx.ones((1, shape.hidden), dtype=mx.float16)

@@ -171,3 +171,57 @@ def test_a_family_that_gives_a_reason_keeps_its_compiled_op() -> None:
     problem = make_problem(fam, "4,256", "float16", get_chip("M2 Max"))
     op = CpuBackend().consumer_op(fam, problem, [make_inputs(problem, 1)])
     assert [p for p in primitives(op(0)) if p.startswith("Compiled")]
+
+
+# -- the link's declaration: validated, one line, exit 2 ------------------------------------------------------
+
+@pytest.mark.parametrize(("link", "says"), [
+    ('["Q"]', "chain_link: 'Q' is not an input of this family (inputs: X, W, S, Bq)"),
+    ('["W"]', "chain_link: 'W' is a weight; a chain feeds activations"),
+    ('["X", "X"]', "chain_link: an input is named twice"),
+    ('"X"', "chain_link: Input should be a valid list"),
+    ("[3]", "chain_link.0: Input should be a valid string"),
+    ('["X\\nimport os"]', "chain_link: 'X\\nimport os' is not an input"),
+    ('["' + "A" * 5000 + '"]', "chain_link: '" + "A" * 48 + "'... is not an input"),
+    ("[" + ", ".join(['"X"'] * 9) + "]", "chain_link: List should have at most 8 items"),
+])
+def test_a_bad_chain_link_is_a_one_line_error(tmp_path: Any, link: str, says: str) -> None:
+    from test_family_library import _user_family
+
+    from kernsearch._errors import SpecError
+
+    folder = _user_family(tmp_path, f'extends = "qmatvec"\nname = "myq"\nchain_link = {link}\n'
+                                    '[templates]\nmetal = "k.metal.j2"\n')
+    with pytest.raises(SpecError) as caught:
+        load_family(str(folder))
+    assert says in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+    assert len(str(caught.value)) < 600
+
+
+def test_a_user_family_declares_its_link_and_the_chain_feeds_those_inputs(tmp_path: Any) -> None:
+    from test_family_library import _user_family
+
+    from kernsearch.evaluation._chain import chain_positions
+
+    folder = _user_family(tmp_path, 'extends = "qmatvec_residual"\nname = "myr"\nchain_link = ["R"]\n'
+                                    '[templates]\nmetal = "k.metal.j2"\n')
+    fam = load_family(str(folder))
+    assert fam.chain_inputs == ("R",) and chain_positions(fam.inputs, fam.chain_inputs) == (4,)
+    base = load_family("qmatvec_residual")
+    assert chain_positions(base.inputs, base.chain_inputs) == (4, 0)
+
+
+@pytest.mark.slow
+def test_the_cli_says_a_bad_chain_link_in_one_line_and_exits_2(tmp_path: Any) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from test_family_library import _user_family
+
+    folder = _user_family(tmp_path, 'extends = "qmatvec"\nname = "myq"\nchain_link = ["../../etc/passwd"]\n'
+                                    '[templates]\nmetal = "k.metal.j2"\n')
+    done = subprocess.run([sys.executable, "-m", "kernsearch", "space", str(folder)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "KERNSEARCH_HOME": str(tmp_path)})
+    assert done.returncode == 2 and "chain_link: '../../etc/passwd' is not an input" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr

@@ -13,6 +13,7 @@ set would sit in the last-level cache, so a launch does not find its operands ho
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -79,8 +80,18 @@ def judge_op(family: Any, problem: Any) -> Callable[..., Any]:
 
     mx = mx_core()
     names = {**problem.dims, **family.param_values}
-    fn = plain_op(expr_tree(family.baseline), [t.name for t in family.inputs], names, mlx_namespace())
+    direct = {"quantized_matmul": mx.quantized_matmul, "rms_norm": mx.fast.rms_norm,
+              "layer_norm": mx.fast.layer_norm, "matmul": mx.matmul,
+              "softmax": functools.partial(mx.softmax, axis=-1, precise=True)}
+    fn = plain_op(expr_tree(family.baseline), [t.name for t in family.inputs], names,
+                  {**mlx_namespace(), **direct}, _TRAILING)
     return mx.compile(fn) if family.compile_baseline else fn
+
+
+#: The vocabulary functions :func:`judge_op` calls as the MLX function itself (as a user does, no wrapper frame):
+#: the keyword names of their trailing constant arguments (``_rules.mlx_namespace`` has the same meanings).
+_TRAILING = {"quantized_matmul": ("transpose", "group_size", "bits"), "rms_norm": ("eps",),
+             "layer_norm": ("eps",), "matmul": (), "softmax": ("axis",)}
 
 
 def baseline_call(family: Any, problem: Any) -> tuple[list[str], list[str], Callable[[list[Any]], list[Any]]]:

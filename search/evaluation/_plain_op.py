@@ -13,6 +13,7 @@ Nothing here knows MLX: the caller hands in the array functions (``_rules.mlx_na
 
 from __future__ import annotations
 
+import functools
 import json
 import operator
 from collections.abc import Callable, Sequence
@@ -22,14 +23,15 @@ from .._rules import BINARY, KEYWORDS, UNARY, ExpressionError, evaluate
 
 #: A value of the plan: ``(True, i)`` the i-th slot (an input, then each step's result), ``(False, v)`` a constant.
 Source = tuple[bool, Any]
-#: One operation: the function, its positional and keyword arguments.
-Step = tuple[Callable[..., Any], tuple[Source, ...], tuple[tuple[str, Source], ...]]
+#: One operation: the function (constants bound) and the slots of its positional arguments.
+Step = tuple[Callable[..., Any], tuple[int, ...]]
 
 
 class _Planner:
-    def __init__(self, order: Sequence[str], names: dict[str, Any], functions: dict[str, Callable[..., Any]]) -> None:
+    def __init__(self, order: Sequence[str], names: dict[str, Any], functions: dict[str, Callable[..., Any]],
+                 keywords: dict[str, tuple[str, ...]]) -> None:
         self.inputs = {name: i for i, name in enumerate(order)}
-        self.names, self.functions = names, functions
+        self.names, self.functions, self.keywords = names, functions, keywords
         self.steps: list[Step] = []
         self.seen: dict[str, Source] = {}
 
@@ -53,7 +55,7 @@ class _Planner:
                 raise ExpressionError(f"unknown function {t[1]!r}")
             if t[3] and not KEYWORDS.issuperset(t[3]):
                 raise ExpressionError(f"keyword argument(s) {', '.join(sorted(set(t[3]) - KEYWORDS))} not allowed")
-            return self._step(fn, t[2], t[3])
+            return self._step(fn, t[2], t[3], self.keywords.get(t[1], ()))
         if kind == "bin":
             return self._step(BINARY[t[1]], t[2:4])
         if kind in ("neg", "pos"):
@@ -64,11 +66,34 @@ class _Planner:
             return self._step(_LISTS[kind], t[1])
         raise ExpressionError(f"a {kind!r} node over arrays has no plain op")
 
-    def _step(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any] | None = None) -> Source:
-        planned = tuple(self.source(a) for a in args)
-        named = tuple((k, self.source(v)) for k, v in (kwargs or {}).items())
-        self.steps.append((fn, planned, named))
+    def _step(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any] | None = None,
+              trailing: tuple[str, ...] = ()) -> Source:
+        """One operation, its constants bound once: trailing constant arguments of a function that names them
+        (``trailing``) become keywords, so the call is the MLX function itself on the slots."""
+        planned = [self.source(a) for a in args]
+        named = {k: self.source(v) for k, v in (kwargs or {}).items()}
+        lead = next((i for i, (slot, _) in enumerate(planned) if not slot), len(planned))
+        if trailing and len(planned) - lead <= len(trailing) and not any(slot for slot, _ in planned[lead:]):
+            named = {**{k: v for k, v in zip(trailing, planned[lead:])}, **named}
+            planned = planned[:lead]
+        if all(slot for slot, _ in planned) and not any(slot for slot, _ in named.values()):
+            bound = functools.partial(fn, **{k: v for k, (_, v) in named.items()}) if named else fn
+            self.steps.append((bound, tuple(i for _, i in planned)))
+        else:  # constants among the arrays (``0 * X``): placed by a closure
+            self.steps.append((_placing(fn, planned, named), tuple(v for slot, v in planned if slot)
+                               + tuple(v for slot, v in named.values() if slot)))
         return (True, len(self.inputs) + len(self.steps) - 1)
+
+
+def _placing(fn: Callable[..., Any], planned: list[Source], named: dict[str, Source]) -> Callable[..., Any]:
+    """``fn`` called with its slot arguments (positional first, then keyword ones, in order) and its constants in
+    their places."""
+    def call(*xs: Any) -> Any:
+        it = iter(xs)
+        args = [next(it) if slot else v for slot, v in planned]
+        return fn(*args, **{k: next(it) if slot else v for k, (slot, v) in named.items()})
+
+    return call
 
 
 def _reads(tree: Any) -> set[str]:
@@ -85,20 +110,21 @@ def _reads(tree: Any) -> set[str]:
 _LISTS: dict[str, Callable[..., Any]] = {"list": lambda *xs: list(xs), "tuple": lambda *xs: tuple(xs)}
 
 
-def plain_op(tree: Any, order: Sequence[str], names: dict[str, Any],
-             functions: dict[str, Callable[..., Any]]) -> Callable[..., Any]:
+def plain_op(tree: Any, order: Sequence[str], names: dict[str, Any], functions: dict[str, Callable[..., Any]],
+             keywords: dict[str, tuple[str, ...]] | None = None) -> Callable[..., Any]:
     """The expression ``tree`` as a function of the arrays named ``order`` (in that order): constants from
-    ``names``, operations from ``functions``; a list result (one value per output) is returned as a tuple.
-    Raises :class:`~kernsearch._rules.ExpressionError` for what has no plain op."""
-    planner = _Planner(order, names, functions)
+    ``names``, operations from ``functions`` (``keywords``: per function, the keyword names of its trailing
+    constant arguments, e.g. ``quantized_matmul``'s transpose, group size and bits); a list result (one value per
+    output) is returned as a tuple. Raises :class:`~kernsearch._rules.ExpressionError` for what has no plain op."""
+    planner = _Planner(order, names, functions, keywords or {})
     result = planner.source(tree)
     steps = tuple(planner.steps)
 
     def run(*arrays: Any) -> Any:
         slots = list(arrays)
-        for fn, args, kwargs in steps:
-            slots.append(fn(*[slots[v] if slot else v for slot, v in args],
-                            **{k: slots[v] if slot else v for k, (slot, v) in kwargs}))
+        get = slots.__getitem__
+        for fn, at in steps:
+            slots.append(fn(*map(get, at)))
         value = slots[result[1]] if result[0] else result[1]
         return tuple(value) if isinstance(value, list) else value
 

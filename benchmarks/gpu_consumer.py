@@ -266,7 +266,8 @@ def consumer_timing(family: str, fns: dict[str, Any], sets: Any, rounds: int) ->
     from kernsearch.evaluation._consumer import ConsumerPlan, consumer_samples
     from kernsearch.family._spec import load_family
 
-    link = mlx_link(load_family(family).inputs)
+    fam = load_family(family)
+    link = mlx_link(fam.inputs, fam.chain_inputs)
     calls = {name: chained(f, [list(row) for row in sets], link) for name, f in fns.items()}
     return consumer_samples(calls, mx.eval, mx.synchronize, ConsumerPlan(rounds=rounds, modes=MODES))
 

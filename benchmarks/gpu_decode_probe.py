@@ -37,13 +37,12 @@ TUNED = {
 }
 #: Variations tried around each tuned config. (Run at 3b3b024 each also with L2PF=1, a bulk L2 prefetch of the
 #: tile that the templates had then: no gain, so the knob was taken out; benchmarks/gpu_results.md.)
+H2: dict[str, Any] = {"PATH": "h2", "KS": 1, "MB": 1, "TW": 1}
 VARIANTS: dict[str, list[dict[str, Any]]] = {
-    "qkv": [{}, {"TW": 2, "KS": 2}, {"KS": 2, "RT": 1}, {"UNROLL": 4}],
-    "o": [{}, {"KS": 2, "RT": 1}, {"TW": 2, "RT": 1}],
-    "gate_up": [{}, {"TW": 1, "KS": 4}, {"KS": 2}],
-    "down": [{}, {"KS": 4, "RT": 2}, {"TW": 2, "KS": 2}],
-    "mlp": [{}, {"BPS": 1}, {"BPS": 3}, {"BPS": 4}, {"TW": 2, "KS": 2, "RT": 1}, {"KS": 2, "RT": 1, "BPS": 4}],
-}
+    role: [{}, *({**H2, "RT": rt, "UNROLL": u} for rt, u in ((1, 2), (1, 4), (2, 2), (2, 4)))]
+    for role in ("qkv", "o", "gate_up", "down")}
+VARIANTS["mlp"] = [{}, *({**H2, "RT": rt, "UNROLL": u, "BPS": b} for rt, u, b in ((1, 2, 1), (1, 4, 1), (2, 2, 1),
+                                                                                  (1, 2, 2)))]
 
 
 def candidates(role: str) -> list[dict[str, Any]]:
@@ -79,6 +78,39 @@ def build_call(mx: Any, backend: Any, call: Call, shape: StepShape, m: int, cfg:
     return fn, names
 
 
+def op_call(mx: Any, shape: StepShape, call: Call, lay: Any, x: Any, r: Any) -> Any:
+    """The op a user writes for one call of the layer (plain MLX)."""
+    mm = qmm(mx, shape)
+    if call.role == "qkv":
+        return mm(mx.fast.rms_norm(x, lay.n1, 1e-5), lay.qkv)
+    if call.role == "gate_up":
+        n = mx.fast.rms_norm(x, lay.n2, 1e-5)
+        g = mm(n, lay.gate)
+        return g * mx.sigmoid(g) * mm(n, lay.up)
+    if call.role == "mlp":
+        x1 = r + mm(x, lay.o)
+        n = mx.fast.rms_norm(x1, lay.n2, 1e-5)
+        g = mm(n, lay.gate)
+        return x1 + mm(g * mx.sigmoid(g) * mm(n, lay.up), lay.down)
+    return r + mm(x, lay.o if call.role == "o" else lay.down)
+
+
+def first_layer_errors(mx: Any, shape: StepShape, lay: Any, call: Call, m: int,
+                       built: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Each config's output on the first layer against the op's (max abs difference, and the op's max abs)."""
+    dt = getattr(mx, shape.dtype)
+    x = (0.5 * mx.random.normal((m, call.k), key=mx.random.key(7))).astype(dt)
+    r = (0.5 * mx.random.normal((m, call.n), key=mx.random.key(8))).astype(dt)
+    ref = op_call(mx, shape, call, lay, x, r).astype(mx.float32)
+    out = {}
+    for label, (fn, names) in built.items():
+        y = fn(*[{**call_inputs(lay, call.role), "X": x, "R": r}[n] for n in names])
+        y = (y[0] if isinstance(y, tuple) else y).astype(mx.float32)
+        out[label] = {"max_abs_err": float(mx.max(mx.abs(y - ref)).item()),
+                      "max_abs_ref": float(mx.max(mx.abs(ref)).item())}
+    return out
+
+
 def role_forms(mx: Any, shape: StepShape, layers: list[Any], call: Call, m: int, built: dict[str, Any],
                read: Any, flats: list[Any] | None) -> dict[str, Any]:
     dt = getattr(mx, shape.dtype)
@@ -86,22 +118,10 @@ def role_forms(mx: Any, shape: StepShape, layers: list[Any], call: Call, m: int,
     r0 = (0.5 * mx.random.normal((m, call.n), key=mx.random.key(m + 1))).astype(dt)
     mx.eval(x0, r0)
     residual = call.role in ("o", "down", "mlp")
-    mm = qmm(mx, shape)
     named = [call_inputs(lay, call.role) for lay in layers]
 
     def op_of(lay: Any, x: Any, r: Any) -> Any:
-        if call.role == "qkv":
-            return mm(mx.fast.rms_norm(x, lay.n1, 1e-5), lay.qkv)
-        if call.role == "gate_up":
-            n = mx.fast.rms_norm(x, lay.n2, 1e-5)
-            g = mm(n, lay.gate)
-            return g * mx.sigmoid(g) * mm(n, lay.up)
-        if call.role == "mlp":
-            x1 = r + mm(x, lay.o)
-            n = mx.fast.rms_norm(x1, lay.n2, 1e-5)
-            g = mm(n, lay.gate)
-            return x1 + mm(g * mx.sigmoid(g) * mm(n, lay.up), lay.down)
-        return r + mm(x, lay.o if call.role == "o" else lay.down)
+        return op_call(mx, shape, call, lay, x, r)
 
     def chain(step: Any) -> Any:
         def run() -> Any:
@@ -173,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         if flats is not None:
             mx.eval(flats)
         forms = role_forms(mx, shape, layers, call, a.m, built, read, flats)
+        errs = {} if dry else first_layer_errors(mx, shape, layers[0], call, a.m, built)
         if dry:
             for name, fn in forms.items():
                 if name == "op":
@@ -193,13 +214,14 @@ def main(argv: list[str] | None = None) -> int:
             p = Paired.of(t["op"], t[label])
             us = p.new_ms * per
             row["configs"][label] = {"us": us, "speedup": p.speedup, "low": p.low, "high": p.high,
-                                     "pct_of_stream": 100 * row.get("stream_us", 0) / us}
+                                     "pct_of_stream": 100 * row.get("stream_us", 0) / us, **errs.get(label, {})}
         result["roles"][role] = row
         best = min(row["configs"].items(), key=lambda kv: kv[1]["us"]) if row["configs"] else None
         say(f"{role}: op {row['op_us']:.1f} us, stream {row.get('stream_us', 0):.1f} us")
         for label, c in sorted(row["configs"].items(), key=lambda kv: kv[1]["us"]):
             say(f"   {c['us']:7.1f} us  {c['speedup']:.2f}x ({c['low']:.2f}-{c['high']:.2f})  "
-                f"{c['pct_of_stream']:.0f}% of stream  {label}")
+                f"{c['pct_of_stream']:.0f}% of stream  err {c.get('max_abs_err', -1):.3g} "
+                f"(|ref| {c.get('max_abs_ref', -1):.3g})  {label}")
         if best:
             say(f"{role}: best {best[0]}")
         (a.out / f"gpu_decode_probe_{chip.name.replace(' ', '-')}.json").write_text(json.dumps(result, indent=1))

@@ -98,10 +98,103 @@ SOURCE = """
     }}
 """
 
+#: The same loop with half2 arithmetic: a word's eight 4-bit fields become four exact half2 pairs by one shift and
+#: four LOP3s (fields placed under 1024's exponent; the high nibble of each byte read as 16·q and scaled by 1/16 in
+#: the same FMA that takes 1024 off), multiplied with X's matching pairs (staged once per block, paired (k, k+4)
+#: within each word) in half2, each word's products summed in float; the group's scale and bias applied per chunk.
+SOURCE_H2 = """
+    constexpr int WR = {WR}, U = {U}, NW = {NW};
+    const int K = X_shape[1], N = W_shape[0], KW = W_shape[1], NG = S_shape[1];
+    const int CH = KW / 4, G = K / NG;
+    __shared__ __align__(16) __half2 xs[{KMAX} / 2];
+    __shared__ float xsum[{KMAX} / 32];
+    for (int i = threadIdx.x; i < K / 2; i += blockDim.x) {{  // pair (k, k + 4) of each word's eight values
+        const int wdx = i / 4, p = i % 4;
+        xs[i] = __halves2half2(X[wdx * 8 + p], X[wdx * 8 + p + 4]);
+    }}
+    __syncthreads();
+    for (int c = threadIdx.x; c < CH; c += blockDim.x) {{
+        float s = 0.0f;
+        for (int f = 0; f < 16; ++f) {{ const float2 t = __half22float2(xs[c * 16 + f]); s += t.x + t.y; }}
+        xsum[c] = s;
+    }}
+    __syncthreads();
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const uint4* Wv = reinterpret_cast<const uint4*>(W);
+    const __half2 k1024 = __float2half2_rn(1024.0f), k16th = __float2half2_rn(0.0625f), km64 = __float2half2_rn(-64.0f);
+    for (int row0 = (blockIdx.x * NW + w) * WR; row0 < N; row0 += gridDim.x * NW * WR) {{
+        float acc[WR];
+#pragma unroll
+        for (int r = 0; r < WR; ++r) acc[r] = 0.0f;
+        for (int c0 = 0; c0 < CH; c0 += 32 * U) {{
+            uint4 wv[WR][U];
+            float sc[WR][U], bi[WR][U];
+#pragma unroll
+            for (int r = 0; r < WR; ++r)
+#pragma unroll
+                for (int u = 0; u < U; ++u) {{
+                    const int c = c0 + u * 32 + lane;
+                    const int row = min(row0 + r, N - 1);
+                    const bool ok = c < CH;
+                    wv[r][u] = ok ? __ldg(Wv + (size_t)row * CH + c) : make_uint4(0u, 0u, 0u, 0u);
+                    const int g = ok ? c * 32 / G : 0;
+                    sc[r][u] = ok ? __half2float(S[(size_t)row * NG + g]) : 0.0f;
+                    bi[r][u] = ok ? __half2float(Bq[(size_t)row * NG + g]) : 0.0f;
+                }}
+#pragma unroll
+            for (int u = 0; u < U; ++u) {{
+                const int c = c0 + u * 32 + lane;
+                if (c >= CH) continue;
+                float dot[WR];
+#pragma unroll
+                for (int r = 0; r < WR; ++r) dot[r] = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {{
+                    const int wd = (j + (lane >> 1)) & 3;
+                    const uint4 xv = *reinterpret_cast<const uint4*>(xs + (c * 4 + wd) * 4);
+                    const __half2* x2 = reinterpret_cast<const __half2*>(&xv);
+#pragma unroll
+                    for (int r = 0; r < WR; ++r) {{
+                        const unsigned int word = wd == 0 ? wv[r][u].x : wd == 1 ? wv[r][u].y : wd == 2 ? wv[r][u].z : wv[r][u].w;
+                        const unsigned int hi = word >> 8;
+                        unsigned int q0 = (word & 0x000F000Fu) | 0x64006400u, q1 = (word & 0x00F000F0u) | 0x64006400u;
+                        unsigned int q2 = (hi & 0x000F000Fu) | 0x64006400u, q3 = (hi & 0x00F000F0u) | 0x64006400u;
+                        const __half2 h0 = __hsub2(*reinterpret_cast<__half2*>(&q0), k1024);
+                        const __half2 h1 = __hfma2(*reinterpret_cast<__half2*>(&q1), k16th, km64);
+                        const __half2 h2 = __hsub2(*reinterpret_cast<__half2*>(&q2), k1024);
+                        const __half2 h3 = __hfma2(*reinterpret_cast<__half2*>(&q3), k16th, km64);
+                        __half2 a2 = __hmul2(h0, x2[0]);
+                        a2 = __hfma2(h1, x2[1], a2);
+                        a2 = __hfma2(h2, x2[2], a2);
+                        a2 = __hfma2(h3, x2[3], a2);
+                        const float2 f = __half22float2(a2);
+                        dot[r] += f.x + f.y;
+                    }}
+                }}
+#pragma unroll
+                for (int r = 0; r < WR; ++r) acc[r] = fmaf(sc[r][u], dot[r], fmaf(bi[r][u], xsum[c], acc[r]));
+            }}
+        }}
+#pragma unroll
+        for (int r = 0; r < WR; ++r) {{
+            float v = acc[r];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0 && row0 + r < N) Y[row0 + r] = __float2half(v);
+        }}
+    }}
+"""
 
-def make(wr: int, u: int, nw: int, bps: int, kmax: int) -> Any:
-    kernel = mx.fast.cuda_kernel(name=f"proto_gemv_{wr}_{u}_{nw}_{bps}", input_names=["X", "W", "S", "Bq"],
-                                 output_names=["Y"], source=SOURCE.format(WR=wr, U=u, NW=nw, KMAX=kmax))
+
+#: (half2?, rows per warp, chunks in flight per lane, warps per block, blocks per SM)
+VARIANTS = [(False, 1, 2, 8, 4), (False, 2, 2, 4, 8), (True, 1, 2, 8, 4), (True, 2, 2, 8, 4), (True, 2, 1, 8, 8),
+            (True, 4, 1, 8, 4), (True, 1, 4, 8, 4), (True, 2, 2, 4, 8), (True, 4, 2, 4, 8), (True, 2, 4, 8, 2)]
+
+
+def make(wr: int, u: int, nw: int, bps: int, kmax: int, h2: bool = False) -> Any:
+    source = (SOURCE_H2 if h2 else SOURCE).format(WR=wr, U=u, NW=nw, KMAX=kmax)
+    kernel = mx.fast.cuda_kernel(name=f"proto_gemv{'_h2' if h2 else ''}_{wr}_{u}_{nw}_{bps}",
+                                 input_names=["X", "W", "S", "Bq"], output_names=["Y"], source=source)
     sms = int(mx.device_info().get("multi_processor_count", 132) or 132)
 
     def call(x: Any, w: Any, s: Any, b: Any) -> Any:
@@ -123,9 +216,8 @@ def run_shape(n: int, k: int, layers: int, rounds: int, read: Any) -> dict[str, 
     flats = [mx.zeros((n * k // 8 + n * k // 16,), dtype=mx.uint32) + i for i in range(layers)]
     mx.eval(flats)
     x0 = (0.5 * mx.random.normal((1, k), key=mx.random.key(99))).astype(mx.float16)
-    variants = {f"WR={wr},U={u},NW={nw},BPS={bps}": make(wr, u, nw, bps, 11008)
-                for wr, u, nw, bps in ((1, 2, 8, 4), (1, 4, 8, 4), (2, 2, 8, 4), (2, 4, 8, 2), (4, 2, 8, 2),
-                                       (2, 2, 4, 8), (1, 4, 4, 8))}
+    variants = {f"{'h2' if h2 else 'f32'} WR={wr},U={u},NW={nw},BPS={bps}": make(wr, u, nw, bps, 11008, h2)
+                for h2, wr, u, nw, bps in VARIANTS}
     errs = {}
     ref = mx.quantized_matmul(x0, *mats[0], transpose=True, group_size=64, bits=4)
     for name, fn in variants.items():

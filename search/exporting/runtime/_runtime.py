@@ -396,6 +396,13 @@ def _arg_call(fn: Callable[..., Any], fs: List[Callable[[Any], Any]], consts: Tu
     return lambda ext: fn(*[f(ext) for f in fs], *consts, **kw)
 
 
+def _direct_form(op: Callable[..., Any]) -> Tuple[Callable[..., Any], Tuple[Any, ...]]:
+    """(function, constants) with ``function(*arrays, *constants)`` the same call as ``op(*arrays)``: a planned
+    op of one MLX call (:func:`_plain_call`) is called without its frame."""
+    direct: Optional[Tuple[Callable[..., Any], Tuple[Any, ...]]] = getattr(op, "direct", None)
+    return direct if direct is not None else (op, ())
+
+
 def _entry(f: Callable[[Any], Any]) -> Callable[..., Any]:
     def op(*xs: Any) -> Any:
         return f(xs)
@@ -479,8 +486,8 @@ class Dispatcher:
                        if any(spec.get("weight") for spec in fam["inputs"])
                        and not all(spec.get("weight") for spec in fam["inputs"])}
         #: family -> {id of the last weight: [((position, weak reference) of each other weight), ((position, shape,
-        #: dtype or None) of each activation last planned with them), that plan, weak reference to the last
-        #: weight]} (a table per family: a call's key is one integer). The entry goes when any of its weights dies,
+        #: dtype or None) of each activation last planned with them), that plan as (function, constants appended
+        #: to the call's arrays), weak reference to the last weight]} (a table per family: a call's key is one integer). The entry goes when any of its weights dies,
         #: so a live entry's key is its last weight's
         #: identity: only the others are compared.
         self._by_weights: Dict[str, Dict[int, List[Any]]] = {}
@@ -728,10 +735,10 @@ class Dispatcher:
         plain = flag is None and chip is None and not modeled
         mode = None
         if chip is None:
-            mode, op = self._mode(family)
+            mode, op, consts = self._mode(family)
             if op is not None:  # the op for every call: without building a key
                 try:
-                    return op(*arrays)
+                    return op(*arrays, *consts)
                 except TypeError:  # not MLX arrays (the op takes only those): the planned path converts them
                     pass
             plain = plain or mode is _OP_PLANNED
@@ -748,14 +755,14 @@ class Dispatcher:
         return plan(*arrays)
 
     def _mode(self, family: str) -> List[Any]:
-        """``[mode, op]``: how a call of ``family`` with no chip runs here, decided on its first call, once per
-        process. ``_OP``: no artifact of the family can run on this chip, under any opt-in (every level and the
-        default-config proof draw from those), and its op needs nothing of the shape: ``op`` is the MLX op for
-        every call. ``_OP_PLANNED``: no artifact can run either, but the op's constants or the family's range
+        """``[mode, op, constants]``: how a call of ``family`` with no chip runs here, decided on its first call,
+        once per process. ``_OP``: no artifact of the family can run on this chip, under any opt-in (every level and
+        the default-config proof draw from those), and its op needs nothing of the shape: ``op(*arrays,
+        *constants)`` is the MLX op for every call. ``_OP_PLANNED``: no artifact can run either, but the op's constants or the family's range
         depend on the shape: planned per shape (the range checked once per shape), the opt-ins never read.
         ``_KERNELS``: an artifact may run at some shape: every call is planned and reads the opt-ins."""
-        how = self._how.get(family)
-        if how is None:
+        how = self._how_cell(family)
+        if how[0] is None:
             import mlx.core as mx
 
             fam = self._family(family)
@@ -763,12 +770,11 @@ class Dispatcher:
             name = fam.get("baseline_name", "the MLX op")
             if target and any(not self._unusable(a, fam, None, (), record, a["dtype"], name, True)
                               for a in fam["artifacts"] if a["target"] == target):
-                how = [_KERNELS, None]
+                how[:] = [_KERNELS, None, ()]
             elif names_in(fam["baseline"]) & set(fam["dims"]) or _range_rules(fam):
-                how = [_OP_PLANNED, None]
+                how[:] = [_OP_PLANNED, None, ()]
             else:
-                how = [_OP, op_call(fam, None, self._functions(fam, mx), mx)]
-            self._how[family] = how
+                how[:] = [_OP, *_direct_form(op_call(fam, None, self._functions(fam, mx), mx))]
         return how
 
     def function(self, family: str) -> Callable[..., Any]:
@@ -787,7 +793,7 @@ class Dispatcher:
             mode = how[0]
             if mode is _OP:
                 try:
-                    return how[1](*arrays)
+                    return how[1](*arrays, *how[2])
                 except TypeError:  # not MLX arrays: the planned path converts them
                     return call(family, *arrays, modeled=modeled)
             if mode is not _OP_PLANNED and (modeled or env.get(env_key) is not None):
@@ -804,7 +810,7 @@ class Dispatcher:
                                 if arrays[i].shape != shape or (dtype is not None and arrays[i].dtype != dtype):
                                     break
                             else:
-                                return entry[2](*arrays)
+                                return entry[2](*arrays, *entry[3])
                         except AttributeError:
                             pass
             return call(family, *arrays, modeled=modeled)
@@ -813,10 +819,10 @@ class Dispatcher:
         return run
 
     def _how_cell(self, family: str) -> List[Any]:
-        """The family's ``[mode, op]`` list (:meth:`_mode` fills it in place on the first call)."""
+        """The family's ``[mode, op, constants]`` list (:meth:`_mode` fills it in place on the first call)."""
         how = self._how.get(family)
         if how is None:
-            how = self._how[family] = [None, None]
+            how = self._how[family] = [None, None, ()]
         return how
 
     def _remember_weights(self, family: str, arrays: Sequence[Any], plan: Callable[..., Any],
@@ -836,12 +842,12 @@ class Dispatcher:
             forget = functools.partial(_forget, table, key)
             entry = table.get(key)
             weights = [i for i, spec in enumerate(fam["inputs"]) if spec.get("weight") and i != last]
-            if entry is None or not _same(entry[0], arrays) or entry[3]() is not arrays[last]:
-                entry = table[key] = [tuple((i, weakref.ref(arrays[i], forget)) for i in weights), (), None,
+            if entry is None or not _same(entry[0], arrays) or entry[4]() is not arrays[last]:
+                entry = table[key] = [tuple((i, weakref.ref(arrays[i], forget)) for i in weights), (), None, (),
                                       weakref.ref(arrays[last], forget)]
             entry[1] = tuple((i, arrays[i].shape, arrays[i].dtype if dtypes else None)
                              for i, spec in enumerate(fam["inputs"]) if not spec.get("weight"))
-            entry[2] = plan
+            entry[2:4] = _direct_form(plan)
         except (TypeError, AttributeError):  # weights that take no weak reference (not MLX arrays): no entry
             pass
 
@@ -1039,8 +1045,7 @@ class _Binding:
                 if out_of_range:
                     raise ValueError(out_of_range)
                 dims, _ = _bind_dims(fam, whole)
-                op = op_call(fam, dims, functions, mx, fixed)
-                plan = getattr(op, "direct", None) or (op, ())
+                plan = _direct_form(op_call(fam, dims, functions, mx, fixed))
                 if len(plans) >= MAX_DECISIONS:
                     plans.clear()
                 plans[shapes] = plan

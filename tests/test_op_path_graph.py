@@ -15,6 +15,7 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
+from test_dispatch_cost import frames
 from test_export import H100, H200
 
 from kernsearch import ArtifactStore, export
@@ -111,11 +112,13 @@ def test_where_the_package_runs_the_op_its_graph_is_the_ops(packages: dict[str, 
         fn = d.function(family)
         for _ in range(2):  # planned, then with everything seen before
             assert graph(fn(*arrays)) == want, (situation, family)
+        assert not {"evaluate", "call", "_plan"} & set(frames(fn, *arrays)), (situation, family)  # no walk, no plan
         if any(weight):
             bound = d.bind(family, *[a for a, w in zip(arrays, weight) if w])
             free = [a for a, w in zip(arrays, weight) if not w]
             for _ in range(2):
                 assert graph(bound(*free)) == want, (situation, family, "bound")
+            assert not {"evaluate", "planned", "_plan"} & set(frames(bound, *free)), (situation, family)
 
 
 def test_the_op_is_the_baselines_plain_calls(tmp_path: Path) -> None:
@@ -131,4 +134,5 @@ def test_the_op_is_the_baselines_plain_calls(tmp_path: Path) -> None:
         bound = d.bind(family, *[a for a, w in zip(arrays, weight) if w])
         assert graph(got) == graph(want), family
         assert graph(bound(*[a for a, w in zip(arrays, weight) if not w])) == graph(want), family
+        assert "evaluate" not in frames(bound, *[a for a, w in zip(arrays, weight) if not w])
         assert mx.allclose(got, want).item()  # (evaluated: its graph is gone)

@@ -161,7 +161,7 @@ def op_call(fam: Dict[str, Any], dims: Optional[Dict[str, int]], functions: Dict
     tree = fam["baseline"]
     try:
         return _Program(order, fixed, names, functions, mx).build(tree)
-    except (ExpressionError, ArithmeticError, TypeError, ValueError, KeyError, IndexError, RecursionError):
+    except (ExpressionError, ArithmeticError, TypeError, ValueError, KeyError, RecursionError):
         pass  # a constant that does not evaluate: the whole expression per call (which says why)
     bound = {**names, **fixed}
 
@@ -184,6 +184,9 @@ class _Program:
         self.uses: Dict[str, int] = {}
         self.memo: Dict[str, Tuple[str, Any]] = {}
         self.lets: List[Callable[[Any], Any]] = []
+        #: The root's parts where it is a two-operand node or a call of a node and inputs, so that the op takes the
+        #: call's arrays itself (no frame around the root).
+        self.pieces: Optional[Tuple[str, Any]] = None
         #: (function, slots, constants, keywords) where the whole baseline is one call of arrays, then constants.
         self.simple: Optional[Tuple[Callable[..., Any], List[int], Tuple[Any, ...], Dict[str, Any]]] = None
 
@@ -207,7 +210,7 @@ class _Program:
         if root[0] == "const":
             value = root[1]
             return lambda *xs: value
-        return _entry(self._fn(root))
+        return _star_root(self.pieces) or _entry(self._fn(root))
 
     # -- pass 1: what is shared ------------------------------------------------------------------------
     def _count(self, t: Any) -> None:
@@ -243,7 +246,7 @@ class _Program:
         if kind == "call":
             return self._call(t, top)
         if kind == "bin" and t[1] in BINARY:
-            return self._binary(BINARY[t[1]], self._operand(t[2]), self._operand(t[3]), t)
+            return self._binary(BINARY[t[1]], self._operand(t[2]), self._operand(t[3]), t, top)
         if kind in ("neg", "pos"):
             f, neg = self._fn(self._operand(t[1])), UNARY[kind]
             return ("fn", lambda ext: neg(f(ext)))
@@ -265,8 +268,7 @@ class _Program:
         args = [self._operand(a) for a in t[2]]
         kw = {k: evaluate(v, self.names, self.functions) for k, v in kwargs.items()}
         if t[1] == "silu" and len(args) == 1 and not kw:  # the vocabulary's silu, x * sigmoid(x), without its frame
-            f, sigmoid = self._fn(args[0]), self.mx.sigmoid
-            return ("fn", lambda ext: _silu(f(ext), sigmoid))
+            return ("fn", _silu_node(self._fn(args[0]), self.mx.sigmoid))
         direct = _direct(t[1], args, kw, self.mx)
         if direct is not None:
             fn, args, kw = direct
@@ -280,10 +282,14 @@ class _Program:
             if top:
                 self.simple = (fn, [a[1] for a in heads], consts, kw)
             return ("fn", _slot_call(fn, [a[1] for a in heads], consts, kw))
+        if not kw and heads[0][0] == "fn" and all(a[0] == "slot" for a in heads[1:]):  # qmm(rms_norm(X), W...)
+            if top:
+                self.pieces = ("call", (fn, heads[0][1], [a[1] for a in heads[1:]], consts))
+            return ("fn", _node_then_slots(fn, heads[0][1], [a[1] for a in heads[1:]], consts))
         return ("fn", _arg_call(fn, [self._fn(a) for a in heads], consts, kw))
 
     def _binary(self, op: Callable[[Any, Any], Any], left: Tuple[str, Any], right: Tuple[str, Any],
-                t: Any) -> Tuple[str, Any]:
+                t: Any, top: bool) -> Tuple[str, Any]:
         if any(side[0] == "const" and type(side[1]) not in (int, float, bool) for side in (left, right)):
             return self._opaque(t)  # an operand the evaluator checks (a string, a list): evaluated per call
         if left[0] == "const":
@@ -294,6 +300,8 @@ class _Program:
             c = right[1]
             return ("fn", lambda ext: op(f(ext), c))
         g = self._fn(right)
+        if top:
+            self.pieces = ("bin", (op, f, g))
         return ("fn", lambda ext: op(f(ext), g(ext)))
 
     def _opaque(self, t: Any) -> Tuple[str, Any]:
@@ -321,8 +329,54 @@ def _children(t: Any) -> List[Any]:
     return [c for c in t[1:] if isinstance(c, list) and c and isinstance(c[0], str)]
 
 
-def _silu(x: Any, sigmoid: Callable[[Any], Any]) -> Any:
-    return x * sigmoid(x)
+def _silu_node(f: Callable[[Any], Any], sigmoid: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The vocabulary's silu, ``x * sigmoid(x)``, of a sub-expression, in one frame."""
+    def silu(ext: Any) -> Any:
+        x = f(ext)
+        return x * sigmoid(x)
+    return silu
+
+
+def _node_then_slots(fn: Callable[..., Any], f: Callable[[Any], Any], slots: List[int],
+                     consts: Tuple[Any, ...]) -> Callable[[Any], Any]:
+    """``fn(f(ext), ext[slots]..., constants...)``: a call of a sub-expression and inputs, one frame."""
+    if not slots:
+        return lambda ext: fn(f(ext), *consts)
+    if len(slots) == 1:
+        i = slots[0]
+        return lambda ext: fn(f(ext), ext[i], *consts)
+    get = operator.itemgetter(*slots)
+    return lambda ext: fn(f(ext), *get(ext), *consts)
+
+
+def _star_root(pieces: Optional[Tuple[str, Any]]) -> Optional[Callable[..., Any]]:
+    """The root node as a function of the call's arrays themselves (its frame is the op's): a two-operand
+    node, or a call of a sub-expression and inputs; None for other roots."""
+    if pieces is None:
+        return None
+    kind, parts = pieces
+    if kind == "bin":
+        op, f, g = parts
+
+        def op_bin(*ext: Any) -> Any:
+            return op(f(ext), g(ext))
+        return op_bin
+    fn, f, slots, consts = parts
+    if not slots:  # the others constants (a bound call's weights)
+        def op_node(*ext: Any) -> Any:
+            return fn(f(ext), *consts)
+        return op_node
+    if len(slots) == 1:
+        i = slots[0]
+
+        def op_one(*ext: Any) -> Any:
+            return fn(f(ext), ext[i], *consts)
+        return op_one
+    get = operator.itemgetter(*slots)
+
+    def op_call_node(*ext: Any) -> Any:
+        return fn(f(ext), *get(ext), *consts)
+    return op_call_node
 
 
 def _direct(name: str, args: List[Tuple[str, Any]], kw: Dict[str, Any],
@@ -486,10 +540,10 @@ class Dispatcher:
                        if any(spec.get("weight") for spec in fam["inputs"])
                        and not all(spec.get("weight") for spec in fam["inputs"])}
         #: family -> {id of the last weight: [((position, weak reference) of each other weight), ((position, shape,
-        #: dtype or None) of each activation last planned with them), that plan as (function, constants appended
-        #: to the call's arrays), weak reference to the last weight]} (a table per family: a call's key is one integer). The entry goes when any of its weights dies,
-        #: so a live entry's key is its last weight's
-        #: identity: only the others are compared.
+        #: dtype or None) of each activation last planned with them), that plan as (function, constants appended to
+        #: the call's arrays), weak reference to the last weight]} (a table per family: a call's key is one integer).
+        #: The entry goes when any of its weights dies, so a live entry's key is its last weight's identity: only
+        #: the others are compared.
         self._by_weights: Dict[str, Dict[int, List[Any]]] = {}
 
     # -- the running chip --------------------------------------------------------------------------------
@@ -758,8 +812,9 @@ class Dispatcher:
         """``[mode, op, constants]``: how a call of ``family`` with no chip runs here, decided on its first call,
         once per process. ``_OP``: no artifact of the family can run on this chip, under any opt-in (every level and
         the default-config proof draw from those), and its op needs nothing of the shape: ``op(*arrays,
-        *constants)`` is the MLX op for every call. ``_OP_PLANNED``: no artifact can run either, but the op's constants or the family's range
-        depend on the shape: planned per shape (the range checked once per shape), the opt-ins never read.
+        *constants)`` is the MLX op for every call. ``_OP_PLANNED``: no artifact can run either, but the op's
+        constants or the family's range depend on the shape: planned per shape (the range checked once per shape),
+        the opt-ins never read.
         ``_KERNELS``: an artifact may run at some shape: every call is planned and reads the opt-ins."""
         how = self._how_cell(family)
         if how[0] is None:

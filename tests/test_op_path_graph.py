@@ -113,6 +113,8 @@ def test_where_the_package_runs_the_op_its_graph_is_the_ops(packages: dict[str, 
         for _ in range(2):  # planned, then with everything seen before
             assert graph(fn(*arrays)) == want, (situation, family)
         assert not {"evaluate", "call", "_plan"} & set(frames(fn, *arrays)), (situation, family)  # no walk, no plan
+        if situation == "h200-none":  # H100 kernels of qmatvec, gemv...: no level takes them here (no transfer)
+            assert d._how[family][0] is not _runtime._KERNELS, family
         if any(weight):
             bound = d.bind(family, *[a for a, w in zip(arrays, weight) if w])
             free = [a for a, w in zip(arrays, weight) if not w]

@@ -329,6 +329,15 @@ def _children(t: Any) -> List[Any]:
     return [c for c in t[1:] if isinstance(c, list) and c and isinstance(c[0], str)]
 
 
+def _reachable(a: Dict[str, Any], fam: Dict[str, Any], chip: Dict[str, Any]) -> bool:
+    """Whether a level of the chain could take artifact ``a`` on ``chip`` at all: its own chip's, or, where the
+    family allows transferring a kernel, one of the same generation (the default config's proof is this chip's)."""
+    if a["chip"] == chip["name"]:
+        return True
+    running, theirs = lineage(chip), tuple(a["lineage"])
+    return bool(fam.get("transfer")) and any(r is not None and r == t for r, t in zip(running[:2], theirs[:2]))
+
+
 def _silu_node(f: Callable[[Any], Any], sigmoid: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """The vocabulary's silu, ``x * sigmoid(x)``, of a sub-expression, in one frame."""
     def silu(ext: Any) -> Any:
@@ -824,7 +833,7 @@ class Dispatcher:
             record, target = self.running_chip()
             name = fam.get("baseline_name", "the MLX op")
             if target and any(not self._unusable(a, fam, None, (), record, a["dtype"], name, True)
-                              for a in fam["artifacts"] if a["target"] == target):
+                              for a in fam["artifacts"] if a["target"] == target and _reachable(a, fam, record)):
                 how[:] = [_KERNELS, None, ()]
             elif names_in(fam["baseline"]) & set(fam["dims"]) or _range_rules(fam):
                 how[:] = [_OP_PLANNED, None, ()]

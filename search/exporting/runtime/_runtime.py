@@ -1086,7 +1086,7 @@ class _Binding:
                     pass
                 return planned(x, y)
         else:
-            bound = planned  # type: ignore[assignment]
+            bound = planned
         bound.__name__ = f"{family}_bound"
         return bound
 

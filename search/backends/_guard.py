@@ -6,8 +6,8 @@ elements and a guard zone after them (``output_shapes``); MLX fills the whole bu
 ``init_value``, and the guard must hold exactly that fill afterwards: a changed element is a ``device_bounds``
 error naming the output. A fill of NaN or zero cannot show a NaN or a zero written past the end (a read past
 an input's end on the GPU finds whatever lies there, often a NaN-filled buffer of an earlier run), so such a
-run is followed by one filled with :data:`POISON`, whose guard zones are checked instead. The kernel reads nothing of an output's
-declared shape (MLX passes ``X_shape`` for inputs only, outputs as bare ``T*``: ``docs/msl-subset.md``), and
+run is followed by one filled with :data:`POISON`, whose guard zones are checked instead. The kernel reads
+nothing of an output's declared shape (MLX passes ``X_shape`` for inputs only, outputs as bare ``T*``), and
 outputs are row-contiguous, so a flat, longer declaration changes no index it computes.
 
 What the device cannot do: run threadgroups in a chosen order (a late write past a tile's edge inside the
@@ -60,7 +60,8 @@ class OutputGuard:
                        for s, d in zip(self.logical.output_shapes, self.logical.output_dtypes))
         return replace(self.logical, output_shapes=shapes)
 
-    def split(self, outputs: list[np.ndarray], names: tuple[str, ...] = ()) -> tuple[list[np.ndarray], list[Diagnostic]]:
+    def split(self, outputs: list[np.ndarray], names: tuple[str, ...] = ()
+              ) -> tuple[list[np.ndarray], list[Diagnostic]]:
         """(each output in its declared shape, a ``device_bounds`` error per changed guard zone)."""
         shaped: list[np.ndarray] = []
         found: list[Diagnostic] = []

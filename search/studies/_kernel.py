@@ -421,4 +421,5 @@ def model_prior(space: Space, configs: list[Config]) -> list[float] | None:
     return None if predictions is None else [p.time_ms for p in predictions]
 
 
-__all__ = ["INTERPRETER_BACKEND", "PICKS", "TUNED_SAMPLE", "FailureAt", "KernelVariants", "failing_at", "model_prior", "roofline", "roofline_pct"]
+__all__ = ["INTERPRETER_BACKEND", "PICKS", "TUNED_SAMPLE", "FailureAt", "KernelVariants", "failing_at", "model_prior",
+           "roofline", "roofline_pct"]

@@ -4,9 +4,11 @@ A kernel that writes past an output's end at a ragged shape writes where nothing
 whatever buffer lies there). For a verification run each output is therefore declared as one flat buffer of its
 elements and a guard zone after them (``output_shapes``); MLX fills the whole buffer with the run's
 ``init_value``, and the guard must hold exactly that fill afterwards: a changed element is a ``device_bounds``
-error naming the output. A fill of NaN or zero cannot show a NaN or a zero written past the end (a read past
-an input's end on the GPU finds whatever lies there, often a NaN-filled buffer of an earlier run), so such a
-run is followed by one filled with :data:`POISON`, whose guard zones are checked instead. The kernel reads
+error naming the output. A NaN fill cannot show a NaN written past the end (a read past an input's end on the
+GPU finds whatever lies there, often a NaN-filled buffer of an earlier run), so such a run is followed by one
+filled with :data:`POISON`, whose guard zones are checked instead. A zero fill is kept (a kernel that accumulates
+into its outputs, or counts tiles in them, needs it: a persistent kernel would wait forever on poisoned counters),
+so a zero written past such an output is not seen. The kernel reads
 nothing of an output's declared shape (MLX passes ``X_shape`` for inputs only, outputs as bare ``T*``), and
 outputs are row-contiguous, so a flat, longer declaration changes no index it computes.
 
@@ -95,11 +97,11 @@ def filled(value: float, dtype: str) -> float | None:
 def guarded_run(launch: Callable[[Geometry, float | None], list[np.ndarray]], geometry: Geometry,
                 init_value: float | None, names: tuple[str, ...] = ()) -> tuple[list[np.ndarray], list[Diagnostic]]:
     """``launch(geometry, init_value)`` (the outputs as NumPy arrays) with every output guarded: (the outputs of the
-    run asked for, each in its declared shape; a ``device_bounds`` error per output whose guard zone changed). A fill
-    that cannot show a write (NaN, zero, none) is followed by a run filled with :data:`POISON`, checked instead."""
+    run asked for, each in its declared shape; a ``device_bounds`` error per output whose guard zone changed). A NaN
+    fill, which cannot show a NaN written, is followed by a run filled with :data:`POISON`, checked instead."""
     asked = OutputGuard(geometry, init_value)
     outputs, found = asked.split(launch(asked.geometry, init_value), names)
-    if init_value is None or np.isnan(init_value) or init_value == 0.0:
+    if init_value is not None and np.isnan(init_value):
         poisoned = OutputGuard(geometry, POISON)
         found = poisoned.split(launch(poisoned.geometry, POISON), names)[1]
     return outputs, found

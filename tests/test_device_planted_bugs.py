@@ -64,3 +64,14 @@ def test_the_clean_winner_records_the_checks_it_passed(tmp_path: Path) -> None:
     check = final["checks"][str(final["winner"])]
     assert check["ok"] and check["also"] and check["bounds"] == {
         "device": True, "interpreter": "metal", "target": "metal", "why_not": ""}
+
+
+@pytest.mark.slow
+def test_the_gpu_script_dry_runs(tmp_path: Path) -> None:
+    """``benchmarks/gpu_planted_bugs.py --dry-run``: every case as its docstring states (exit 0), its summary written."""
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_planted_bugs.py"), "--dry-run", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=1200, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    cases = json.loads((tmp_path / "gpu_planted_bugs_dry-run.json").read_text())
+    assert [(c["name"], c["ok"], c["published"]) for c in cases] == [
+        ("clean", True, False), ("write_off_by_one", True, False), ("read_off_by_one", True, False)]

@@ -923,16 +923,25 @@ def _print_tune(result: StudyResult, objective: Objective, margin: float, outcom
         data["verdict"] = judged.text
         if outcome is not None:
             data["publish"] = {"published": outcome.published, "version": outcome.version,
-                               "reason": outcome.reason, "key": outcome.key}
+                               "reason": outcome.reason, "key": outcome.key,
+                               "bounds": _bounds_text(result) if outcome.published else None}
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
         return
     _print_result(result)
     out.print(judged.text, soft_wrap=True, markup=False)
     if outcome is not None:
         state = f"published as {outcome.version}" if outcome.published else "not published"
-        bounds = "; bounds: checked (sanitizer build, guard zones, reversed threadgroups)" \
-            if outcome.published and objective.evidence == Evidence.MODELED else ""
+        bounds = f"; bounds: {_bounds_text(result)}" if outcome.published else ""
         out.print(f"artifact {outcome.key}: {state} ({outcome.reason}){bounds}", soft_wrap=True)
+
+
+def _bounds_text(result: StudyResult) -> str:
+    """Exactly which out-of-bounds checks the published winner passed (``BoundsChecks.text``)."""
+    final, best = result.final, result.best
+    check = final.checks.get(best.number) if final is not None and best is not None else None
+    if check is None or check.bounds is None:
+        return "no record of checks (a final round stored before they were recorded)"
+    return check.bounds.text()
 
 
 def _say_if_the_model_cannot_rank(objective: Objective) -> None:

@@ -232,9 +232,19 @@ class MLXBackend(BaseBackend):
 
     def run(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
             init_value: float | None = float("nan"), **options: Any) -> RunResult:
+        """Every output has a poisoned guard zone after its end (:mod:`._guard`): a write past it is reported."""
+        from ._guard import guarded_run
+
         self.check_available()
-        outs, compile_s = self._first(kernel, geometry, kernel_arrays(inputs, geometry, dtype), init_value)
-        return RunResult([to_numpy(o) for o in outs], [], compile_s)
+        arrays, seconds = kernel_arrays(inputs, geometry, dtype), []
+
+        def launch(guarded: Geometry, init: float | None) -> list[np.ndarray]:
+            outs, compile_s = self._first(kernel, guarded, arrays, init)
+            seconds.append(compile_s)
+            return [to_numpy(o) for o in outs]
+
+        outputs, diagnostics = guarded_run(launch, geometry, init_value, tuple(kernel.output_names))
+        return RunResult(outputs, diagnostics, seconds[0])
 
     # -- timing ---------------------------------------------------------------------------------------
     def input_sets(self, arrays: list[np.ndarray], dtype: str, geometry: Geometry | None = None) -> int:

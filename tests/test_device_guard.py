@@ -162,3 +162,23 @@ def test_a_publish_line_says_exactly_which_checks_ran() -> None:
     forged = {**check.to_dict(), "bounds": {"device": "yes", "interpreter": 3, "why_not": "x" * 5000}}
     read = FinalistCheck.from_dict(forged)
     assert read is not None and read.bounds == BoundsChecks(False, None, "", "x" * 300)
+
+
+@pytest.mark.parametrize("path, twin", [("mma", False), ("h2", False), ("fma", True)])
+def test_a_cuda_config_without_a_metal_twin_is_published_on_the_device_checks_alone(path: str, twin: bool) -> None:
+    """A tensor-core or half2 config (NVIDIA-only) has no Metal twin: the interpreter's checks are said not to run
+    (why), rather than failing the winner on the twin's ``#error`` (which refused every mma winner on an H200)."""
+    from kernsearch.studies._measured import MeasuredObjective
+
+    h200 = get_chip("H200")
+    fam = load_family("qmatvec")
+    problem = make_problem(fam, "1,4096,4096,512,64", "float16", h200)
+    config = next(c for c in Space(problem, h200).enumerate().valid if c["PATH"] == path)
+    objective = MeasuredObjective.__new__(MeasuredObjective)  # only what the bounds rule reads
+    objective.family, objective.problem, objective.target = fam, problem, "cuda"
+    bounds = objective._bounds(config)
+    if twin:
+        assert bounds.why_not == "" or "no interpreter here" in bounds.why_not
+    else:
+        assert bounds.interpreter is None and "no metal twin" in bounds.why_not, bounds
+        assert "checks of this cuda kernel" in bounds.text() or bounds.why_not in bounds.text()

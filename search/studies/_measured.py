@@ -197,6 +197,8 @@ class MeasuredObjective(KernelVariants):
         why = ""
         if metal not in self.family.templates:
             why = f"the family has no {metal} template for the interpreter to run"
+        elif (twin := self._no_twin(config)):
+            why = twin
         else:
             try:
                 from ..interp._compile import compiler
@@ -205,6 +207,22 @@ class MeasuredObjective(KernelVariants):
             except BackendError as exc:
                 why = f"no interpreter here: {str(exc)[:200]}"
         return BoundsChecks(True, None if why else metal, self.target, why)
+
+    def _no_twin(self, config: Config) -> str:
+        """Why a CUDA config has no Metal twin to check ('' where it has one): the family's constraints on an Apple
+        chip refuse it (a tensor-core or half2 path is NVIDIA-only), so its Metal template renders no kernel."""
+        if self.target == Target.METAL:
+            return ""
+        from ..family._space import Space, make_problem
+        from ..hardware._chips import default_apple_chip
+
+        apple = default_apple_chip()
+        try:
+            problem = make_problem(self.family, self.problem.shape, self.problem.dtype, apple)
+            bad = Space(problem, apple).violations(config)
+        except KernsearchError as exc:
+            return f"this config has no {Target.METAL.value} twin to check ({str(exc)[:160]})"
+        return f"this config has no {Target.METAL.value} twin to check ({bad[0]})" if bad else ""
 
     def _proof(self, best: TrialSummary, check: FinalistCheck | None) -> Proof | None:
         """Verified on the device at the tuned shape when it was timed, and at a ragged shape in the final round."""

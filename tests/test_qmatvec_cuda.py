@@ -98,7 +98,7 @@ def _check_rendering(fam, cfg: dict, dtype: str) -> str:  # noqa: ANN001
             f"MB = {cfg['MB']};") in src and f"constexpr int QB = {cfg['QBITS']};" in src
     assert ("ksq::mma16816(" in src) == (cfg["PATH"] == "mma")
     assert ("ksq::field(" in src) == (cfg["PATH"] == "fma")
-    assert ("__hfma2(" in src and "ks_dyn" in src) == (cfg["PATH"] == "h2")  # h2: half2 fields, X staged
+    assert ("ks_dyn" in src and "__hsub2(" in src) == (cfg["PATH"] == "h2")  # h2: half2 fields, X staged
     fused = "swiglu" in fam.name
     assert ("ksq::silu_mul(" in src) == fused and ("Wu)" in src) == fused and ctx["NMAT"] == (2 if fused else 1)
     norm, resid = fam.name.startswith("rmsnorm_"), fam.name.endswith("_residual")

@@ -255,7 +255,8 @@ def test_a_sample_compiles_for_sm90_as_mlx_wraps_it(compiled) -> None:  # noqa: 
     """Every sampled kernel compiles; the mma path stays within ~10 % of the family's register estimate (which
     the registers constraint relies on) with no spills."""
     paths = {(name, cfg["PATH"]) for name, _, cfg, *_ in compiled}
-    assert paths == {(n, p) for n in FAMILIES for p in ("mma", "fma")} and len(compiled) > 40
+    assert paths >= {(n, p) for n in FAMILIES for p in ("mma", "fma")} and len(compiled) > 40
+    assert {p for _, p in paths} == {"mma", "fma", "h2"}  # the h2 path is sampled too (compiled, no spills)
     over = [row for row in compiled if row[2]["PATH"] == "mma" and (row[4] or row[3] > 1.1 * row[5])]
     assert not over, over[:5]
 

@@ -41,6 +41,7 @@ class SamplerChoice(str, Enum):
     random = "random"
     grid = "grid"
     auto = "auto"
+    forest = "forest"
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -36,9 +36,14 @@ LOCAL_SHARE = 0.5
 #: A failed config's log time: the slowest working one's plus this (about 1.65x slower).
 FAILURE_PENALTY = 0.5
 #: Largest candidate sample scored, and training set fitted (the best half and a random rest), per proposal.
-MAX_CANDIDATES, MAX_TRAIN = 3000, 400
-#: Trees of the ensemble, and the share of the features each split draws from.
-TREES, FEATURE_SHARE = 16, 0.6
+MAX_CANDIDATES, MAX_TRAIN = 2000, 200
+#: Trees of the ensemble, the share of the features each split draws from, and the trees fitted per proposal: the
+#: ensemble keeps the newest TREES (those fitted before the last evaluations miss them; their spread is still
+#: the model's uncertainty), so a proposal fits a third of them.
+TREES, FEATURE_SHARE, FIT_TREES = 12, 0.5, 4
+#: Below this many evaluated configs trees are fitted for every proposal, above it for every second one (each new
+#: point then moves the model less than it costs: a fit on 200 points is most of a proposal's milliseconds).
+REFIT_ALWAYS = 60
 
 
 class ForestSearch:
@@ -47,31 +52,61 @@ class ForestSearch:
     def __init__(self, knobs: dict[str, list[Any]], valid: Sequence[Config], *, seed: int | None = None,
                  budget: int | None = None) -> None:
         self.valid = list(valid)
-        self.index = {format_config(c): i for i, c in enumerate(self.valid)}
         varying = {k: list(v) for k, v in knobs.items() if len(v) > 1}
         self.X = knob_features(varying, self.valid)
-        # each knob's value as a code, for "one knob away"
-        self.codes = np.array([[values.index(c[k]) for k, values in varying.items()] for c in self.valid],
+        # each knob's value as a code: for "one knob away", and to find a config's row without formatting every
+        # valid config's key (a second of set-up on a space of 18,000)
+        self.positions = {k: {_hashable(v): i for i, v in enumerate(values)} for k, values in varying.items()}
+        self.codes = np.array([[pos[_hashable(c[k])] for k, pos in self.positions.items()] for c in self.valid],
                               dtype=np.int32).reshape(len(self.valid), len(varying))
+        self.by_codes = {row.tobytes(): i for i, row in enumerate(self.codes)}
+        self.rows: dict[str, int] = {}  # key -> row, for every key met so far
+        self.all_keys = False
         self.rng = np.random.default_rng(seed)
         self.n_start = max(5, min(20, round(START_SHARE * (budget or 50))))
+        self.models: list[_trees.Ensemble] = []
+        self.picks = 0
 
     def propose(self, known: dict[str, Any], busy: set[str]) -> Config | None:
         """The next config to evaluate; ``known``: key -> object with ``.value`` (None: failed); ``busy``: keys
         in flight."""
+        rows = {k: self._row(k, getattr(s, "config", None)) for k, s in known.items()}
         taken = np.zeros(len(self.valid), dtype=bool)
-        for key in (*known, *busy):
-            i = self.index.get(key)
+        for i in [*rows.values(), *(self._row(k, None) for k in busy)]:
             if i is not None:
                 taken[i] = True
         free = np.flatnonzero(~taken)
         if len(free) == 0:
             return None
-        done = [(self.index[k], s.value) for k, s in known.items() if k in self.index and s.value is not None]
+        seen = [(i, s.value) for s, i in zip(known.values(), rows.values()) if i is not None]
+        done = [(i, v) for i, v in seen if v is not None]
         if len(done) < self.n_start:
-            return dict(self.valid[int(self.rng.choice(free))])
-        failed = [self.index[k] for k, s in known.items() if k in self.index and s.value is None]
-        return dict(self.valid[self._pick(free, done, failed)])
+            pick = int(self.rng.choice(free))
+        else:
+            failed = [i for i, v in seen if v is None]
+            pick = self._pick(free, done, failed)
+        self.rows[format_config(self.valid[pick])] = pick
+        return dict(self.valid[pick])
+
+    def _row(self, key: str, config: Config | None) -> int | None:
+        """The valid config's row of ``key`` (its ``config`` when known), None when it is not a valid config."""
+        row = self.rows.get(key)
+        if row is not None or self.all_keys:
+            return row
+        if config is not None:
+            try:
+                code = np.array([pos[_hashable(config[k])] for k, pos in self.positions.items()], dtype=np.int32)
+            except (KeyError, TypeError):
+                return None
+            row = self.by_codes.get(code.tobytes())
+            if row is not None and format_config(self.valid[row]) == key:
+                self.rows[key] = row
+                return row
+            return None
+        # a key without its config (in flight, not proposed here): every valid config's key, once
+        self.rows.update({format_config(c): i for i, c in enumerate(self.valid)})
+        self.all_keys = True
+        return self.rows.get(key)
 
     def _training(self, done: list[tuple[int, float]], failed: list[int]) -> tuple[np.ndarray, np.ndarray]:
         idx = np.array([i for i, _ in done])
@@ -102,9 +137,18 @@ class ForestSearch:
     def _pick(self, free: np.ndarray, done: list[tuple[int, float]], failed: list[int]) -> int:
         idx, y = self._training(done, failed)
         cand = self._candidates(free, idx, y)
-        model = _trees.fit(self.X[idx], y, self.rng, trees=TREES, feature_share=FEATURE_SHARE)
-        pred = model.predict(self.X[cand])
+        self.picks += 1
+        if len(done) < REFIT_ALWAYS or self.picks % 2 == 0 or not self.models:
+            self.models = [*self.models, _trees.fit(self.X[idx], y, self.rng, trees=FIT_TREES,
+                                                    feature_share=FEATURE_SHARE)][-(TREES // FIT_TREES):]
+        Xc = self.X[cand]
+        pred = np.concatenate([m.predict(Xc) for m in self.models])
         return int(cand[int(np.argmax(expected_improvement(pred.mean(axis=0), pred.std(axis=0), float(y.min()))))])
+
+
+def _hashable(value: Any) -> Any:
+    """A knob value as a dict key that tells 1, 1.0 and True apart (a list's ``index`` would not)."""
+    return (type(value).__name__, value if not isinstance(value, list) else tuple(value))
 
 
 def expected_improvement(mean: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:

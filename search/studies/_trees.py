@@ -19,6 +19,8 @@ import numpy as np
 
 #: Deepest level grown (a node at this depth is a leaf whatever its size).
 MAX_DEPTH = 12
+#: Most features a split draws from (a wide feature matrix would cost time, not accuracy: the draw is random).
+MAX_DRAWN = 16
 #: Samples of a node whose range of a feature bounds its random threshold.
 RANGE_DRAWS = 4
 
@@ -53,7 +55,7 @@ def fit(X: np.ndarray, y: np.ndarray, rng: np.random.Generator, *, trees: int = 
     """Grow ``trees`` extra-trees on (``X``, ``y``); a node with fewer than ``2 * min_leaf`` samples, or
     no split leaving ``min_leaf`` on each side, or a constant target, is a leaf."""
     n, n_features = X.shape
-    k = max(1, round(feature_share * n_features))
+    k = max(1, min(MAX_DRAWN, round(feature_share * n_features)))
     # per (tree, sample): its node; every tree starts from its own root
     node_of = np.repeat(np.arange(trees)[:, None], n, axis=1).ravel()
     sample = np.tile(np.arange(n), trees)

@@ -125,3 +125,19 @@ def test_run_study_forest_evaluates_only_valid_configs(tmp_path: Path) -> None:
     result = run_study(Replay(writer.save(), seed=0).objective(), trials=30, sampler="forest", seed=0,
                        storage=":memory:")
     assert result.evaluated == 30 and result.invalid == 0 and result.best is not None
+
+
+def test_forest_never_proposes_a_config_it_did_not_propose_itself_but_the_study_holds() -> None:
+    """Configs the loop evaluated or holds in flight without this strategy proposing them (the default config, a
+    warm start, another process's) count as taken: known ones found by their config, busy ones by their key."""
+    knobs, configs, time = _needle_space()
+    valid = configs[:12]
+    strategy = ForestSearch(knobs, valid, seed=0, budget=12)
+    known = {format_config(c): SimpleNamespace(value=time[format_config(c)], config=c) for c in valid[:5]}
+    busy = {format_config(c) for c in valid[5:10]}
+    proposed = []
+    while (c := strategy.propose(known, busy)) is not None:
+        key = format_config(c)
+        proposed.append(key)
+        known[key] = SimpleNamespace(value=time[key], config=c)
+    assert sorted(proposed) == sorted(format_config(c) for c in valid[10:])

@@ -41,6 +41,7 @@ class SamplerChoice(str, Enum):
     random = "random"
     grid = "grid"
     auto = "auto"
+    forest = "forest"
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -761,7 +762,8 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
          landscape: str | None = typer.Option(None, "--landscape", help="replay: a KernelTuner cache file"),
          sampler: SamplerChoice = typer.Option(
              SamplerChoice.default, "--sampler", help="default (auto when the chip's performance model ranks the "
-             "family, else tpe), auto (valid configs only: the model's ranking, then a GP), tpe, random or grid"),
+             "family, else tpe), auto (valid configs only: the model's ranking, then a GP), forest (valid configs "
+             "only: a tree surrogate; docs/search.md), tpe, random or grid"),
          storage: str | None = StorageOpt,
          study: str | None = typer.Option(None, "--study", help="study name (default: family/chip/dtype/"
                                              "shape/backend)", callback=not_empty),

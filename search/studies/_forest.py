@@ -8,7 +8,7 @@ whose values look bad on average). ``ForestSearch`` therefore
 1. starts with random valid configs (``START_SHARE`` of the budget, 5 to 20);
 2. then, after every evaluation, fits extremely randomised trees (``_trees``) to log time over the
    structural features of the evaluated configs (``_knob_features``: positions, log2, powers of two,
-   products of knobs), a failed config counting as slower than the slowest that ran (``FAILURE_PENALTY``),
+   products of knobs), a failed config counting as slower than the slowest that ran (``_strategy.FAILURE_PENALTY``),
    and proposes the unevaluated valid config of highest expected improvement under the trees' mean and
    spread: with probability ``LOCAL_SHARE`` among the configs one knob (any value) away from the three
    best so far, else among all (a random ``MAX_CANDIDATES`` of them when there are more).
@@ -28,13 +28,12 @@ import numpy as np
 from ..family._space import Config, format_config
 from . import _trees
 from ._knob_features import knob_features
+from ._strategy import training_rows
 
 #: Share of the budget spent on random configs before the first model (at least 5, at most 20 configs).
 START_SHARE = 0.2
 #: Probability that a proposal is chosen among the one-knob neighbours of the three best configs.
 LOCAL_SHARE = 0.5
-#: A failed config's log time: the slowest working one's plus this (about 1.65x slower).
-FAILURE_PENALTY = 0.5
 #: Largest candidate sample scored, and training set fitted (the best half and a random rest), per proposal.
 MAX_CANDIDATES, MAX_TRAIN = 2000, 200
 #: Trees of the ensemble, the share of the features each split draws from, and the trees fitted per proposal: the
@@ -109,17 +108,7 @@ class ForestSearch:
         return self.rows.get(key)
 
     def _training(self, done: list[tuple[int, float]], failed: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        idx = np.array([i for i, _ in done])
-        y = np.log(np.maximum(np.array([v for _, v in done], dtype=float), 1e-12))
-        if failed:
-            idx = np.concatenate([idx, np.array(failed)])
-            y = np.concatenate([y, np.full(len(failed), y.max() + FAILURE_PENALTY)])
-        if len(idx) > MAX_TRAIN:  # the best half and a random rest
-            order = np.argsort(y)
-            keep = np.concatenate([order[: MAX_TRAIN // 2],
-                                   self.rng.choice(order[MAX_TRAIN // 2:], MAX_TRAIN // 2, replace=False)])
-            idx, y = idx[keep], y[keep]
-        return idx, y
+        return training_rows(done, failed, self.rng, MAX_TRAIN)
 
     def _candidates(self, free: np.ndarray, idx: np.ndarray, y: np.ndarray) -> np.ndarray:
         """The one-knob neighbours of the three best (with probability LOCAL_SHARE, when any is free), else a

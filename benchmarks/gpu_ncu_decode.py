@@ -29,10 +29,14 @@ def main() -> int:
     chip, backend = detect_chip(), get_backend("cuda")
     layers = build_layers(mx, shape, 0, print)
     calls = {c.role: c for c in shape.all_calls()}
-    roles = sys.argv[1].split(",") if len(sys.argv) > 1 else ["qkv", "gate_up", "mlp"]
+    # arguments: roles, each optionally with knob overrides: ``qkv mlp:PATH=h2,UNROLL=4,BPS=1``
+    picked = sys.argv[1:] or ["qkv", "gate_up", "mlp"]
     variants = []
-    for role in roles:
-        got = build_call(mx, backend, calls[role], shape, 1, TUNED[role], chip, False)
+    for arg in picked:
+        role, _, over = arg.partition(":")
+        cfg = {**TUNED[role], **{k: (v if k == "PATH" else int(v))
+                                 for k, v in (kv.split("=") for kv in over.split(",") if kv)}}
+        got = build_call(mx, backend, calls[role], shape, 1, cfg, chip, False)
         assert not isinstance(got, str), got
         variants.append((role, got))
     read = stream_reader(mx, "cuda")
@@ -49,7 +53,8 @@ def main() -> int:
     for i in range(2):
         mx.eval(read(flat, mx.zeros((1,), dtype=mx.uint32)))
         for role, (fn, names) in variants:
-            arrays = {**call_inputs(layers[i % 2], role), "X": x, "R": r}
+            arrays = {**call_inputs(layers[i % 2], role), "R": r,
+                      "X": x if role != "down" else mx.ones((1, shape.ffn), mx.float16)}
             mx.eval(fn(*[arrays[n] for n in names]))
             mx.synchronize()
     cupy.cuda.runtime.profilerStop()

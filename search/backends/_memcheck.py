@@ -53,7 +53,7 @@ _SHAPE = re.compile(r"^\d{1,10}(x\d{1,10}){0,7}$")
 
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 Dim = Annotated[int, Field(ge=1, le=1 << 31)]
-Knob = int | Annotated[str, StringConstraints(max_length=200)]
+Knob = bool | int | Annotated[str, StringConstraints(max_length=200)]
 
 
 class Job(BaseModel):

@@ -67,6 +67,14 @@ def prepared(job: Job) -> tuple[Any, Any, Any]:
     return family, kernel, get_chip(job.chip)
 
 
+def placement(nbytes: int) -> tuple[int, int]:
+    """(allocation bytes, bytes before the data) for ``nbytes`` of data ending within :data:`ALIGN` bytes of the
+    allocation's end, starting on an ``ALIGN`` boundary."""
+    span = -(-max(nbytes, 1) // ALIGN) * ALIGN
+    allocation = -(-span // PAGE) * PAGE
+    return allocation, allocation - span
+
+
 def tail_placed(x: np.ndarray, dtype: str) -> tuple[Any, int]:
     """(``x`` on the device, the bytes of its allocation): ``x`` is the tail of a flat array whose size MLX keeps
     (a multiple of :data:`PAGE`), starting on an :data:`ALIGN` boundary, so it ends within ``ALIGN`` bytes of its
@@ -75,9 +83,8 @@ def tail_placed(x: np.ndarray, dtype: str) -> tuple[Any, int]:
 
     mx = mx_core()
     item = _ITEMSIZE.get(dtype, 4)
-    span = -(-max(x.size * item, 1) // ALIGN) * ALIGN
-    allocation = -(-span // PAGE) * PAGE
-    lead = (allocation - span) // item
+    allocation, before = placement(x.size * item)
+    lead = before // item
     flat = np.zeros(allocation // item, dtype=_HOST.get(dtype, np.float32))
     flat[lead:lead + x.size] = np.asarray(x).reshape(-1)
     placed = to_mx(flat, dtype)[lead:lead + x.size].reshape(x.shape)

@@ -48,7 +48,8 @@ class BoundsChecks:
         if not self.device:  # proven on the interpreter alone (a modeled winner)
             return f"checked ({checks})" if self.interpreter else f"not checked ({self.why_not or 'no record'})"
         if self.interpreter and self.interpreter == self.target:
-            return f"checked (guard zones on the device; {checks} on the interpreter)"
+            said = f"; {self.memcheck.text()}" if self.memcheck is not None else ""
+            return f"checked (guard zones on the device; {checks} on the interpreter{said})"
         gpu = self._device_text()
         if self.interpreter:
             return f"{gpu}; its {self.interpreter} twin checked on the interpreter ({checks})"

@@ -205,10 +205,10 @@ def verdict(rc: int, report: Report, result: ChildResult | None, shapes: tuple[s
     if report.findings:
         first = report.findings[0]
         names = [n for n, size in (result.allocations if result else {}).items() if size == first.allocation_bytes]
-        buffer = f" (the allocation of {' or '.join(names)})" if names and first.beyond else ""
         more = f"; {len(report.findings) - 1} more" if len(report.findings) > 1 else ""
         at = first.shape if _SHAPE.match(first.shape) else ""
-        return MemcheckResult(Memcheck.REPORTED, f"{first.text()}{buffer}{more}"[:600], shapes, at)
+        text = first.text(" or ".join(names) if first.beyond else "")
+        return MemcheckResult(Memcheck.REPORTED, f"{text}{more}"[:600], shapes, at)
     if result is not None and result.guard:
         return MemcheckResult(Memcheck.REPORTED, f"out-of-bounds write ({result.guard})"[:600], shapes)
     if result is None or result.error or len(result.launched) < len(shapes):

@@ -46,15 +46,14 @@ class Finding:
     allocation_bytes: int | None = None
     shape: str = ""
 
-    def text(self) -> str:
-        parts = [f"{self.kind} ({self.line}"]
-        if self.function:
-            parts.append(f" in {self.function[:160]}")
-        if self.thread:
-            parts.append(f", {self.thread}")
-        if self.beyond:
-            parts.append(f"; {self.beyond}")
-        return "".join(parts) + ")" + (f" at {self.shape}" if self.shape else "")
+    def text(self, buffer: str = "") -> str:
+        """``out-of-bounds read of W (1016 bytes after the nearest allocation of size ... bytes; Invalid __global__
+        read of size 8 bytes, thread (96,0,0) in block (1023,0,0), in custom_kernel_gemv_...) at 3x4095x4092``:
+        the kind and the buffer first (a FAIL line is cut at 300 characters)."""
+        function = re.sub(r"\(.*\)$", "", self.function).rsplit("::", 1)[-1][:100]
+        parts = [p for p in (self.beyond, self.line, self.thread, f"in {function}" if function else "") if p]
+        return f"{self.kind}{f' of {buffer}' if buffer else ''} ({', '.join(parts)})" + \
+            (f" at {self.shape}" if self.shape else "")
 
 
 @dataclass(frozen=True)

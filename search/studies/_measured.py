@@ -216,7 +216,7 @@ class MeasuredObjective(KernelVariants):
             result = memcheck(job, timeout=max(3 * self.timeout, 300.0))
         if result.refuses:
             at = tuple(int(d) for d in result.at.split("x")) if result.at else tuple(shapes[0])
-            raise FailureAt(VariantFailure("device_bounds", result.text()), "memcheck on the device", at)
+            raise FailureAt(VariantFailure("device_bounds", result.text()), "a launch under memcheck", at)
         return result
 
     def _bounds(self, config: Config) -> BoundsChecks:

@@ -16,7 +16,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from kernsearch.studies._final import BoundsChecks, FinalistCheck
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = {"LAYOUT_W": "nk", "SG": 4, "KS": 1, "R": 1, "VEC": 4, "MB": 1}
 #: W's allocation at the H200's ragged shape 3x4095x4092 (float16), placed at its allocation's end.
-W_BYTES = 33521664
+W_BYTES = 16 * 2 * 1024 * 1024
 READ_REPORT = f"""\
 ========= COMPUTE-SANITIZER
 ========= Invalid __global__ read of size 8 bytes
@@ -94,7 +93,7 @@ if scenario.get("flood"):
     sys.stdout.write(("x" * 99 + "\\n") * 40000)
 if scenario.get("result", True):
     with open(os.path.join(os.path.dirname(args[i + 2]), "result.json"), "w") as f:
-        json.dump({{"launched": shapes, "allocations": {{"X": 16384, "W": {w}, "Y": 16384}}}}, f)
+        json.dump({{"launched": shapes, "allocations": {{"X": {page}, "W": {w}, "Y": {page}}}}}, f)
 report = scenario["report"].splitlines(keepends=True)
 print(report[0], end="")
 print("{mark}" + shapes[0])
@@ -110,7 +109,7 @@ def fake_tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, report: str, rc: 
     folder = tmp_path / "fakebin"
     folder.mkdir(exist_ok=True)
     tool = folder / "compute-sanitizer"
-    tool.write_text(FAKE.format(python=sys.executable, w=W_BYTES, mark=MARK))
+    tool.write_text(FAKE.format(python=sys.executable, w=W_BYTES, page=PAGE, mark=MARK))
     tool.chmod(0o755)
     (folder / "scenario.json").write_text(json.dumps({"report": report, "rc": rc, **scenario}))
     monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
@@ -236,7 +235,7 @@ def test_each_input_ends_within_an_alignment_of_its_allocation() -> None:
     nbytes = 4095 * 4092 * 2
     allocation, lead = placement(nbytes)
     assert allocation == W_BYTES and allocation % PAGE == 0 and lead % ALIGN == 0
-    assert 0 <= allocation - lead - nbytes < ALIGN and -(-nbytes // PAGE) * PAGE - nbytes == 4092 * 2
+    assert 0 <= allocation - lead - nbytes < ALIGN and -(-nbytes // 16384) * 16384 - nbytes == 4092 * 2
     for n in (1, 255, 256, 16384, 16385, 100000):
         allocation, lead = placement(n)
         assert allocation % PAGE == 0 and lead % ALIGN == 0 and 0 <= allocation - lead - n < ALIGN

@@ -133,8 +133,13 @@ def find_tool() -> Path | None:
 
 
 def child_env() -> dict[str, str]:
-    """The child's whole environment: the listed variables of this one, and none other."""
-    return {k: os.environ[k] for k in ENV_NAMES if k in os.environ}
+    """The child's whole environment: the listed variables of this one, and none other; ``PYTHONPATH`` led by the
+    folder this kernsearch was imported from, where it is a plain folder (the child imports the same)."""
+    env = {k: os.environ[k] for k in ENV_NAMES if k in os.environ}
+    package = Path(__file__).resolve().parents[1]
+    if package.name == "kernsearch":
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(package.parent), env.get("PYTHONPATH", "")) if p)
+    return env
 
 
 def command(tool: Path, job: Path, sha256: str) -> list[str]:

@@ -23,9 +23,10 @@ from ._memcheck_report import MARK
 JOB_BYTES = 64 * 1024
 #: Inputs start on this boundary (vector loads stay aligned); an input's end lies within this of its allocation's.
 ALIGN = 256
-#: An allocation of a multiple of this is taken at its size by MLX's CUDA allocator (its page; a smaller one is
-#: rounded up to a power of two, a larger one to a multiple of the page).
-PAGE = 16384
+#: An allocation of a multiple of this is taken at its size by MLX's CUDA allocator: it rounds a smaller one up to a
+#: power of two and a larger one to a multiple of its page (16 KiB in MLX 0.2x-0.3x); 2 MiB is a multiple of any
+#: page it may take.
+PAGE = 2 * 1024 * 1024
 _HOST = {"float16": np.float16, "bfloat16": np.float32, "float32": np.float32, "uint32": np.uint32,
          "int32": np.int32}
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "uint32": 4, "int32": 4}
@@ -101,8 +102,9 @@ def launch_at(backend: Any, job: Job, family: Any, kernel: Any, chip: Any, shape
     from ..family._render import geometry
     from ..family._space import Space, make_problem
     from ._guard import POISON, guarded_run
-    from ._mlx_base import to_numpy
+    from ._mlx_base import mx_core, to_numpy
 
+    getattr(mx_core(), "clear_cache", lambda: None)()  # no buffer of the last shape's is reused for an input
     problem = make_problem(family, shape, job.dtype, chip)
     space = Space(problem, chip)
     geo = geometry(space, dict(job.config))

@@ -28,6 +28,8 @@ _SUMMARY = re.compile(r"^ERROR SUMMARY: ([\d,]+) errors?", re.IGNORECASE)
 #: Top-level lines that are the tool talking about itself, not an error of a kernel.
 _TOOL = re.compile(r"^(Error: |Target application returned an error|COMPUTE-SANITIZER|LEAK SUMMARY|Program hit )",
                    re.IGNORECASE)
+#: The kind of an error whose first line is none of the above (its line says what it is).
+_OTHER = "memory error"
 _SPACES = {"__global__": "", "__shared__": " of shared memory", "__local__": " of local memory",
            "__generic__": ""}
 
@@ -108,7 +110,7 @@ def _head(line: str) -> dict[str, object]:
         return {"access": access, "space": _SPACES.get(space, "")}
     if (m := _HARDWARE.match(line)) is not None:
         return {"kind": m.group(1).lower()}
-    return {"kind": "error"}
+    return {"kind": _OTHER}
 
 
 def _detail(line: str) -> dict[str, object]:
@@ -132,5 +134,5 @@ def _finding(data: dict[str, object]) -> Finding:
         state = "misaligned" if data.get("address") == "misaligned" else "out-of-bounds"
         kind = f"{state} {data['access']}{data.get('space', '')}"
     size = data.get("allocation_bytes")
-    return Finding(kind or "error", str(data["line"]), str(data.get("function", "")), str(data.get("thread", "")),
+    return Finding(kind or _OTHER, str(data["line"]), str(data.get("function", "")), str(data.get("thread", "")),
                    str(data.get("beyond", "")), size if isinstance(size, int) else None, str(data.get("shape", "")))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._errors import KernsearchError, VariantFailure
@@ -208,9 +209,9 @@ class MeasuredObjective(KernelVariants):
         sha = self.rendered_sha256(t.config)
         if sha is None:
             return MemcheckResult(Memcheck.UNFINISHED, "the config renders no kernel now")
-        job = Job.model_validate({"family": str(self.family.path), "target": self.target, "dtype": self.problem.dtype,
-                                  "chip": self.chip.name, "config": dict(t.config), "shapes": shapes,
-                                  "seed": self.seed, "sha256": sha})
+        job = Job.model_validate({"family": str(Path(self.family.path).resolve()), "target": self.target,
+                                  "dtype": self.problem.dtype, "chip": self.chip.name, "config": dict(t.config),
+                                  "shapes": shapes, "seed": self.seed, "sha256": sha})
         with step(f"running trial {t.number} under memcheck at {text} (compute-sanitizer: reads and writes outside "
                   "any allocation)"):
             result = memcheck(job, timeout=max(3 * self.timeout, 300.0))

@@ -144,9 +144,10 @@ def child_env() -> dict[str, str]:
 
 def command(tool: Path, job: Path, sha256: str) -> list[str]:
     """The tool's command line: memcheck, an exit status of its own when it finds an error, padding after every
-    allocation, no API-error or backtrace noise, then the child on this Python."""
+    allocation, no API-error or backtrace noise, no limit on the child's start (importing MLX takes seconds; the
+    time limit is this module's), then the child on this Python."""
     return [str(tool), "--tool", "memcheck", "--error-exitcode", str(ERROR_EXIT), "--padding", str(PADDING),
-            "--report-api-errors", "no", "--show-backtrace", "no", "--print-limit", "20",
+            "--report-api-errors", "no", "--show-backtrace", "no", "--print-limit", "20", "--launch-timeout", "0",
             sys.executable, "-m", CHILD, str(job), sha256]
 
 

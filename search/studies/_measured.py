@@ -209,9 +209,13 @@ class MeasuredObjective(KernelVariants):
         sha = self.rendered_sha256(t.config)
         if sha is None:
             return MemcheckResult(Memcheck.UNFINISHED, "the config renders no kernel now")
-        job = Job.model_validate({"family": str(Path(self.family.path).resolve()), "target": self.target,
-                                  "dtype": self.problem.dtype, "chip": self.chip.name, "config": dict(t.config),
-                                  "shapes": shapes, "seed": self.seed, "sha256": sha})
+        config = {k: v.item() if hasattr(v, "item") else v for k, v in t.config.items()}  # NumPy scalars as Python's
+        try:
+            job = Job.model_validate({"family": str(Path(self.family.path).resolve()), "target": self.target,
+                                      "dtype": self.problem.dtype, "chip": self.chip.name, "config": config,
+                                      "shapes": shapes, "seed": self.seed, "sha256": sha})
+        except ValueError as exc:  # not a job the child would take: said, never a pass
+            return MemcheckResult(Memcheck.UNFINISHED, f"no job for the child: {str(exc).splitlines()[0][:200]}")
         with step(f"running trial {t.number} under memcheck at {text} (compute-sanitizer: reads and writes outside "
                   "any allocation)"):
             result = memcheck(job, timeout=max(3 * self.timeout, 300.0))

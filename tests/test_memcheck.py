@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernsearch import load_family, render
+from kernsearch import get_chip, load_family, render
 from kernsearch._vocabulary import Memcheck
 from kernsearch.backends import _memcheck
 from kernsearch.backends._memcheck import Job, MemcheckResult, memcheck
@@ -321,3 +321,45 @@ def test_inputs_placed_on_the_cpu_are_the_inputs() -> None:
     x = np.arange(3 * 5, dtype=np.float16).reshape(3, 5)
     placed, allocation = tail_placed(x, "float16")
     assert allocation == PAGE and np.array_equal(np.array(placed), x) and tuple(placed.shape) == (3, 5)
+
+
+# -- on the GPU machine: the real tool, the real child, MLX's CUDA back-end -----------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("planted", [False, True])
+def test_on_a_gpu_memcheck_refuses_a_read_past_w_and_passes_the_clean_kernel(tmp_path: Path, planted: bool) -> None:
+    """``PYTHONPATH=/tmp/site:$PWD python3 -m pytest -m gpu tests/test_memcheck.py -s``: gemv's CUDA template at 3x4095x
+    4092 and 4x4096x4096 (H200), clean, then with the nk layout's load guard made ``<= N`` (a row past W's end read at
+    the ragged shape, never written: the device's checks pass it)."""
+    from kernsearch import Space, make_problem
+    from kernsearch._errors import BackendError
+    from kernsearch.backends import get_backend
+    from kernsearch.family._shapes import ragged_shape
+
+    try:
+        get_backend("cuda").check_available()
+    except BackendError as exc:
+        pytest.skip(f"needs a CUDA GPU with MLX's CUDA back-end: {exc}")
+    if _memcheck.find_tool() is None:
+        pytest.skip("needs compute-sanitizer (on PATH or in /usr/local/cuda/bin)")
+    folder = tmp_path / "gemv"
+    shutil.copytree(builtin_families_dir() / "gemv", folder)
+    if planted:
+        template = folder / "gemv.cu.j2"
+        old = "            if (n0 + r < N) {"
+        assert old in template.read_text()
+        template.write_text(template.read_text().replace(old, "            if (n0 + r <= N) {"))
+    fam, chip = load_family(str(folder)), get_chip("H200")
+    config = dict(fam.default)
+    assert Space(make_problem(fam, "4,4096,4096", "float16", chip), chip).is_valid(config)
+    ragged = ragged_shape(fam, "float16", chip, config, (4, 4096, 4096))
+    assert ragged is not None
+    job = Job.model_validate({"family": str(folder), "target": "cuda", "dtype": "float16", "chip": chip.name,
+                              "config": config, "shapes": [list(ragged), [4, 4096, 4096]], "seed": 0,
+                              "sha256": render(fam, config, "float16", "cuda").sha256})
+    start = time.monotonic()
+    result = memcheck(job, timeout=600)
+    print(f"\n{'planted read past W' if planted else 'clean'}: {result.text()} ({time.monotonic() - start:.0f} s)")
+    if planted:
+        assert result.refuses and result.text().startswith("memcheck: out-of-bounds read of W ("), result
+    else:
+        assert result.state == Memcheck.CLEAN, result

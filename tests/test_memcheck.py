@@ -166,6 +166,9 @@ def test_a_clean_run_is_clean_and_an_error_count_without_details_still_refuses(
     clean = memcheck(a_job(), timeout=60)
     assert clean == MemcheckResult(Memcheck.CLEAN, "", ("3x63x60", "3x64x64"))
     assert clean.text() == "memcheck: clean at 3x63x60, 3x64x64"
+    fake_tool(tmp_path, monkeypatch, "========= COMPUTE-SANITIZER\n", 0)  # no summary: not the tool's "clean"
+    assert memcheck(a_job(), timeout=60) == MemcheckResult(Memcheck.UNFINISHED, "no ERROR SUMMARY line from the tool",
+                                                           ("3x63x60", "3x64x64"))
     fake_tool(tmp_path, monkeypatch, "========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 3 errors\n", 86)
     assert memcheck(a_job(), timeout=60).refuses
     fake_tool(tmp_path, monkeypatch, READ_REPORT, 86, flood=True)  # 4 MB before the report: the head is read

@@ -225,6 +225,7 @@ def verdict(rc: int, report: Report, result: ChildResult | None, shapes: tuple[s
     if rc == ERROR_EXIT or (report.errors or 0) > 0:
         return MemcheckResult(Memcheck.REPORTED, f"error (memcheck counted {report.errors or 'some'} error(s), "
                                                  f"exit status {rc}; none could be read)", shapes)
-    if rc != 0:
-        return MemcheckResult(Memcheck.UNFINISHED, report.tool_error or f"exit status {rc}", shapes)
+    if rc != 0 or report.tool_error or report.errors is None:  # clean is said only by the tool's own summary
+        why = report.tool_error or (f"exit status {rc}" if rc else "no ERROR SUMMARY line from the tool")
+        return MemcheckResult(Memcheck.UNFINISHED, why, shapes)
     return MemcheckResult(Memcheck.CLEAN, "", shapes)

@@ -93,7 +93,7 @@ if scenario.get("flood"):
     sys.stdout.write(("x" * 99 + "\\n") * 40000)
 if scenario.get("result", True):
     with open(os.path.join(os.path.dirname(args[i + 2]), "result.json"), "w") as f:
-        json.dump({{"launched": shapes, "allocations": {{"X": {page}, "W": {w}, "Y": {page}}}}}, f)
+        json.dump({{"launched": shapes, "allocations": {{"X at " + shapes[0]: {page}, "W at " + shapes[0]: {w}, "W at " + shapes[-1]: {page}}}}}, f)
 report = scenario["report"].splitlines(keepends=True)
 print(report[0], end="")
 print("{mark}" + shapes[0])
@@ -255,7 +255,8 @@ def test_the_child_launches_each_shape_at_the_end_of_its_allocations_with_guard_
         device = InterpretedGPU()
         done = run(a_job(shapes=((3, 63, 60),)), backend=device)
         assert done.launched == ["3x63x60"] and done.guard == "" and done.error == ""
-        assert {"X", "W"} <= set(done.allocations) and all(v % PAGE == 0 for v in done.allocations.values())
+        assert {"X at 3x63x60", "W at 3x63x60"} <= set(done.allocations)
+        assert all(v % PAGE == 0 for v in done.allocations.values())
         assert [c["init_value"] for c in device.launched] == [pytest.approx(-0.00164794921875)]  # one launch
         family = tmp_path / "gemv"
         shutil.copytree(builtin_families_dir() / "gemv", family)

@@ -73,8 +73,8 @@ class Job(BaseModel):
 
 
 class ChildResult(BaseModel):
-    """What the child wrote back: the shapes it launched, each input's allocation size (to name the buffer of a
-    report), a guard zone it saw changed, or why it stopped."""
+    """What the child wrote back: the shapes it launched, each input's allocation size by ``NAME at SHAPE`` (to
+    name the buffer of a report), a guard zone it saw changed, or why it stopped."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -210,7 +210,8 @@ def verdict(rc: int, report: Report, result: ChildResult | None, shapes: tuple[s
     verdict; an error count with nothing parsed still refuses (never a silent pass)."""
     if report.findings:
         first = report.findings[0]
-        names = [n for n, size in (result.allocations if result else {}).items() if size == first.allocation_bytes]
+        names = [n.partition(" at ")[0] for n, size in (result.allocations if result else {}).items()
+                 if size == first.allocation_bytes and n.partition(" at ")[2] in (first.shape, "")]
         more = f"; {len(report.findings) - 1} more" if len(report.findings) > 1 else ""
         at = first.shape if _SHAPE.match(first.shape) else ""
         text = first.text(" or ".join(names) if first.beyond else "")

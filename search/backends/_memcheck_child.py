@@ -111,7 +111,7 @@ def launch_at(backend: Any, job: Job, family: Any, kernel: Any, chip: Any, shape
     inputs = kernel_inputs(problem, make_inputs(problem, job.seed), geo)
     arrays = []
     for i, (name, x) in enumerate(zip(kernel.input_names, inputs)):
-        placed, allocations[name] = tail_placed(x, geo.input_dtype(i, job.dtype))
+        placed, allocations[f"{name} at {'x'.join(map(str, shape))}"] = tail_placed(x, geo.input_dtype(i, job.dtype))
         arrays.append(placed)
 
     def launch(guarded: Any, init: float | None) -> list[np.ndarray]:

@@ -1,30 +1,36 @@
 """A search measured on the GPU refuses an off-by-one at the ragged edge (issue 36): ``kernsearch tune COPY --backend
 cuda --publish`` on copies of the built-in gemv, each with one bug planted in its CUDA template.
 
-On the GPU machine (MLX with its CUDA back-end; from the repository root)::
+On the GPU machine (MLX with its CUDA back-end, compute-sanitizer on PATH or in /usr/local/cuda/bin; from the
+repository root)::
 
-    PYTHONPATH=/tmp/site:$PWD python3 benchmarks/gpu_planted_bugs.py --out $OUT    # ~3-5 minutes on an H200
+    PYTHONPATH=/tmp/site:$PWD python3 benchmarks/gpu_planted_bugs.py --out $OUT    # ~5-8 minutes on an H200
     python benchmarks/gpu_planted_bugs.py --dry-run                                 # here: checks the script
 
 Cases (each a fresh copy, a fresh store under a temporary folder, never the repository's ``artifacts/``):
 
-* ``clean``: the winner passes; its record (``tune --json --publish``) names the checks it passed, and where the
-  store's gate publishes it the line says exactly those (``bounds: guard zones checked on the device; out-of-bounds
-  reads and threadgroup order of this cuda kernel: not checked (...); its metal twin checked on the interpreter``);
+* ``clean``: the winner passes; its record (``tune --json --publish``) names the checks it passed, memcheck's
+  verdict ``clean`` among them (its launches at the ragged and the tuned shape under ``compute-sanitizer --tool
+  memcheck``), and where the store's gate publishes it the line says exactly those (``bounds: guard zones checked
+  on the device; memcheck: clean at 3x4095x4092, 4x4096x4096 (out-of-bounds reads and writes of this cuda kernel);
+  threadgroup order of this cuda kernel: not checked (...); its metal twin checked on the interpreter (...)``);
 * ``write_off_by_one``: both layouts' write guards ``< N`` made ``<= N`` (the last row's last thread writes one
   element past Y's end at a shape off the tiles): refused, a ``FAIL (device_bounds)`` line naming the write past
   the end of Y seen in its guard zone on the device, nothing published;
 * ``read_off_by_one``: the nk layout's load guard alone made ``<= N`` (a row past W's end is read, never written):
-  the GPU cannot see a read outside a buffer, and the Metal twin is clean, so this one passes every check (and is
-  published where the gate takes it), its line saying that this CUDA kernel's out-of-bounds reads were not checked.
-  Recorded so the limit is seen, not hidden.
+  the GPU itself reports no read outside a buffer and the Metal twin is clean, so the device's checks and the
+  interpreter's pass it; memcheck refuses it: a ``FAIL (device_bounds)`` line ``at a launch under memcheck ...:
+  memcheck: out-of-bounds read of W (N bytes after the nearest allocation ...)``, nothing published. (Before
+  memcheck it passed every check: ``gpu_planted_bugs_h200.out.txt``.)
 
 ``--dry-run`` runs the same commands on ``benchmarks/interpreted_gpu.py`` (the metal back-end's verification runs,
-kernels on the CPU interpreter, timings simulated) with the bugs planted in the Metal template, for the M2 Max:
-measured evidence needs a detected GPU, so nothing is published there; the clean case is judged by the checks its
-winner records (``--json``), and the read past the end is refused by the interpreter's sanitizer (the twin *is* the
-kernel there, so a dry run cannot show the GPU's blind spot). Nothing it prints is a measurement. Exit status 1 when any case does not behave as stated; the
-log and a JSON summary go to ``--out`` (``gpu_planted_bugs[_dry-run].{log,json}``).
+kernels on the CPU interpreter, timings simulated; ``MemcheckedGPU``: with the cuda back-end's memcheck step) with
+the bugs planted in the Metal template, for the M2 Max: measured evidence needs a detected GPU, so nothing is
+published there; the clean case is judged by the checks its winner records (``--json``: memcheck "not available",
+no compute-sanitizer on a CPU machine, said rather than passed), and the read past the end is refused by the
+interpreter's sanitizer (the twin *is* the kernel there). Nothing it prints is a measurement. Exit status 1 when
+any case does not behave as stated; the log and a JSON summary go to ``--out``
+(``gpu_planted_bugs[_dry-run].{log,json}``).
 """
 
 from __future__ import annotations
@@ -79,15 +85,14 @@ def plant(folder: Path, case: str, target: str) -> None:
 
 
 def as_json(name: str, dry: bool) -> bool:
-    """Cases judged by the winner's record (``tune --json``): the clean one, and on the GPU the read past the end
-    (whether the store's gate then publishes depends on the speed, not on the checks). The write past the end is
-    run as a user runs it, its FAIL lines printed."""
-    return name == "clean" or (name == "read_off_by_one" and not dry)
+    """Cases judged by the winner's record (``tune --json``): the clean one (whether the store's gate then publishes
+    depends on the speed, not on the checks). The bugs are run as a user runs them, their FAIL lines printed."""
+    return name == "clean"
 
 
 def tune(folder: Path, store: Path, dry: bool, shape: str, trials: int, json_out: bool
          ) -> subprocess.CompletedProcess[str]:
-    backend = ["--backend", "interpreted_gpu:InterpretedGPU", "--chip", "M2 Max"] if dry else ["--backend", "cuda"]
+    backend = ["--backend", "interpreted_gpu:MemcheckedGPU", "--chip", "M2 Max"] if dry else ["--backend", "cuda"]
     publish = [] if dry and json_out else ["--publish"]  # a dry run's winner cannot be published (not measured)
     cmd = [sys.executable, "-m", "kernsearch", "tune", str(folder), *backend, "--shape", shape, "--trials", str(trials),
            "--storage", ":memory:", *publish, *(["--json"] if json_out else [])]
@@ -121,22 +126,25 @@ def judge(name: str, done: subprocess.CompletedProcess[str], store: Path, dry: b
 def expected(name: str, dry: bool, published: bool, fails: list[str], line: str,
              bounds: dict[str, object] | None) -> tuple[bool, str]:
     """Whether a case behaved as the module docstring states, and what was looked for."""
-    if name == "clean" or (name == "read_off_by_one" and not dry):
-        recorded = bool(bounds and bounds.get("passed") and bounds.get("device"))
-        said = not published or "guard zones checked on the device" in line
-        if name == "clean":
-            return recorded and said, "the winner passed, its record naming the device's guard zones (and the " \
-                "interpreter's checks or why they did not run); if the gate published it, its line says so"
-        return recorded and (not published or "reads and threadgroup order of this cuda kernel: not checked" in line), \
-            "not caught (a read outside a buffer is invisible on the GPU; the Metal twin is clean): the winner " \
-            "passed, and if published its line says this kernel's reads were not checked"
+    if name == "clean":
+        memcheck = bounds.get("memcheck") if bounds else None
+        state = memcheck.get("state") if isinstance(memcheck, dict) else None
+        recorded = bool(bounds and bounds.get("passed") and bounds.get("device")) and \
+            state == ("not available" if dry else "clean")
+        said = not published or ("guard zones checked on the device; memcheck: clean" in line)
+        return recorded and said, "the winner passed, its record naming the device's guard zones, memcheck's " \
+            f"verdict ({'not available: no compute-sanitizer here' if dry else 'clean'}) and the interpreter's " \
+            "checks (or why they did not run); if the gate published it, its line says so"
     refused = not published and any("FAIL (device_bounds)" in f for f in fails)
     if name == "write_off_by_one":
         return refused and any("past the end of output Y on the device" in f for f in fails), \
             "refused: FAIL (device_bounds), a write past the end of Y in its guard zone on the device"
-    return refused and any("outside a device buffer" in f for f in fails), \
-        "refused: FAIL (device_bounds), the interpreter's sanitizer names the read past W's end (dry run: the twin " \
-        "is the kernel)"
+    if dry:
+        return refused and any("outside a device buffer" in f for f in fails), \
+            "refused: FAIL (device_bounds), the interpreter's sanitizer names the read past W's end (dry run: the " \
+            "twin is the kernel)"
+    return refused and any("under memcheck" in f and "memcheck: out-of-bounds read" in f for f in fails), \
+        "refused: FAIL (device_bounds), memcheck reports the read past W's end on the device (an out-of-bounds read)"
 
 
 def main() -> None:

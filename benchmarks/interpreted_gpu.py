@@ -113,3 +113,12 @@ class InterpretedGPU(MetalBackend):
 
         launch, sync = self.launcher(kernel, geometry, inputs, dtype)
         return Timing(measure(launch, sync, clock=self.clock), self.evidence, 0.0)
+
+
+class MemcheckedGPU(InterpretedGPU):
+    """The same dry-run GPU whose winners also take the cuda back-end's memcheck step (``memchecks``): the search runs
+    ``compute-sanitizer`` as on an NVIDIA GPU. There is none on a CPU machine (the winner's line then says "memcheck:
+    not available"), unless a test puts a fake one first on ``PATH`` to show what a report does."""
+
+    name = "memchecked-gpu"
+    memchecks = True

@@ -112,3 +112,15 @@ class Verdict(Word):
     FASTER = "faster"
     SLOWER = "slower"
     UNDECIDED = "undecided"
+
+
+class Memcheck(Word):
+    """What NVIDIA's memcheck (``compute-sanitizer --tool memcheck``) said of a CUDA winner's verification launches
+    (``backends._memcheck``): ``clean`` (no error reported), ``reported`` (an error: the winner is refused), ``not
+    available`` (no tool here), ``unfinished`` (it ran but gave no verdict: a timeout, the tool's own error). The last
+    two are said on the publish line, never taken for a pass."""
+
+    CLEAN = "clean"
+    REPORTED = "reported"
+    NOT_AVAILABLE = "not available"
+    UNFINISHED = "unfinished"

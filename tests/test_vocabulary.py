@@ -12,10 +12,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from kernsearch._vocabulary import ConsumerMode, Evidence, Severity, Target, TrialStatus, Verdict, Verifier
+from kernsearch._vocabulary import ConsumerMode, Evidence, Memcheck, Severity, Target, TrialStatus, Verdict, Verifier
 
 ROOT = Path(__file__).resolve().parents[1]
-WORDS = {str(w) for enum in (Evidence, TrialStatus, Verifier, Target, Severity, ConsumerMode, Verdict) for w in enum}
+WORDS = {str(w) for enum in (Evidence, TrialStatus, Verifier, Target, Severity, ConsumerMode, Verdict, Memcheck)
+         for w in enum}
 
 #: (file, word): the same letters naming something else, said here so a new one is a decision, not a slip.
 OTHER_MEANINGS = {

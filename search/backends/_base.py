@@ -92,6 +92,9 @@ class BaseBackend(ABC):
     #: Compile workers may build the next variants while the timing process measures (a measured search's
     #: default is one per core but the timer's).
     compiles_ahead: ClassVar[bool] = False
+    #: A winner's verification launches run once more under NVIDIA's memcheck before it is published (reads and
+    #: writes outside any allocation, which the device does not report: ``_memcheck``; the cuda back-end).
+    memchecks: ClassVar[bool] = False
     #: The back-end whose runs prove this one's results correct; None: this one (it runs its kernels).
     verified_by: ClassVar[str | None] = None
 

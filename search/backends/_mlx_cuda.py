@@ -37,6 +37,7 @@ class CudaBackend(MLXBackend):
     target = Target.CUDA.value
     default_cache_bytes = 50e6  # the H100's L2
     default_memory_budget_bytes = 4e9
+    memchecks = True  # a winner's reads are checked by compute-sanitizer before it is published (``_memcheck``)
 
     def check_available(self) -> None:
         mx = mx_core()

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._records import FinalTimings, ModeFigures
 from .._rules import beats_op, consumer_low
-from .._vocabulary import CONSUMER_MODES, Verifier
+from .._vocabulary import CONSUMER_MODES, Memcheck, Verifier
+from ..backends._memcheck import MemcheckResult
 
 if TYPE_CHECKING:
     from ._study import TrialSummary
@@ -31,28 +32,43 @@ class BoundsChecks:
     ``device``: its runs on the GPU (the tuned shape and a ragged one) had a poisoned guard zone after every output
     that stayed untouched. ``interpreter``: the target of the template the CPU interpreter ran at a ragged shape in
     check mode, threadgroups reversed, guard zones, and in the sanitizer build (the kernel's own ``metal``, or the
-    Metal twin of a ``cuda`` kernel); None: it did not run, ``why_not`` says why. The GPU allows neither a chosen
-    threadgroup order nor checked reads, so a CUDA kernel's are checked only as far as its Metal twin is."""
+    Metal twin of a ``cuda`` kernel); None: it did not run, ``why_not`` says why. ``memcheck``: a CUDA kernel's own
+    verification launches under NVIDIA's memcheck (reads and writes outside any allocation: ``backends._memcheck``),
+    clean, or why there is no verdict (None: not asked, a Metal kernel or a record from before). The GPU allows no
+    chosen threadgroup order, so a CUDA kernel's is checked only as far as its Metal twin's is."""
 
     device: bool = False
     interpreter: str | None = None
     target: str = ""  # the published kernel's target
     why_not: str = ""
+    memcheck: MemcheckResult | None = None
 
     def text(self) -> str:
         checks = "sanitizer build, guard zones, reversed threadgroups"
         if not self.device:  # proven on the interpreter alone (a modeled winner)
             return f"checked ({checks})" if self.interpreter else f"not checked ({self.why_not or 'no record'})"
         if self.interpreter and self.interpreter == self.target:
-            return f"checked (guard zones on the device; {checks} on the interpreter)"
-        gpu = f"guard zones checked on the device; out-of-bounds reads and threadgroup order of this {self.target} " \
-              "kernel: not checked (the GPU allows neither)"
+            said = f"; {self.memcheck.text()}" if self.memcheck is not None else ""
+            return f"checked (guard zones on the device; {checks} on the interpreter{said})"
+        gpu = self._device_text()
         if self.interpreter:
             return f"{gpu}; its {self.interpreter} twin checked on the interpreter ({checks})"
         return f"{gpu}; the interpreter's checks did not run ({self.why_not or 'no record'})"
 
+    def _device_text(self) -> str:
+        """What the device checked of a kernel the interpreter did not run itself (a CUDA kernel)."""
+        mem, kernel = self.memcheck, f"this {self.target} kernel"
+        if mem is not None and mem.state == Memcheck.CLEAN:
+            return f"guard zones checked on the device; {mem.text()} (out-of-bounds reads and writes of {kernel}); " \
+                   f"threadgroup order of {kernel}: not checked (the GPU allows no chosen order)"
+        said = f"; {mem.text()}" if mem is not None else ""
+        return f"guard zones checked on the device{said}; out-of-bounds reads and threadgroup order of {kernel}: not " \
+               "checked (the GPU allows neither)"
+
     def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, "interpreter": self.interpreter, "target": self.target, "why_not": self.why_not}
+        d: dict[str, Any] = {"device": self.device, "interpreter": self.interpreter, "target": self.target,
+                             "why_not": self.why_not}
+        return d if self.memcheck is None else {**d, "memcheck": self.memcheck.to_dict()}
 
     @classmethod
     def from_dict(cls, data: object) -> BoundsChecks | None:
@@ -60,7 +76,8 @@ class BoundsChecks:
         if not isinstance(data, dict):
             return None
         return cls(_flag(data.get("device")) or False, _text(data.get("interpreter")),
-                   (_text(data.get("target")) or "")[:40], (_text(data.get("why_not")) or "")[:300])
+                   (_text(data.get("target")) or "")[:40], (_text(data.get("why_not")) or "")[:300],
+                   MemcheckResult.from_dict(data.get("memcheck")))
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._errors import KernsearchError, VariantFailure
 from .._records import FinalTimings, Measurement, Proof
-from .._vocabulary import Target, Verifier
+from .._vocabulary import Memcheck, Target, Verifier
+from ..backends._memcheck import MemcheckResult
 from ..family._space import Config
 from ._final import BoundsChecks, FinalistCheck, FinalRound, judge
 from ._kernel import FailureAt, KernelVariants, failing_at
@@ -151,41 +153,76 @@ class MeasuredObjective(KernelVariants):
         """
         import numpy as np
 
-        from .._steps import step
-
         samples = timings.finalists
         keep = list(range(len(top)))
         checks: dict[int, FinalistCheck] = {}
         for i in sorted(keep, key=lambda i: float(np.median(samples[i]))):
             t = top[i]
-            ragged = self.ragged_shape(t.config, near=tuple(self.problem.shape))
-            bounds = self._bounds(t.config)  # the interpreter's reason not to run, asked once
             try:
-                if ragged is not None:
-                    with step(f"verifying trial {t.number} on the device at a ragged shape "
-                              f"{'x'.join(map(str, ragged))} (a poisoned guard zone after every output)"), \
-                            failing_at("a ragged shape on the device", ragged):
-                        res = self.verify_at(t.config, ragged, backend=self.backend)
-                if not bounds.why_not:  # the same checks as a modeled winner's, of the Metal template
-                    twin = "" if self.target == Target.METAL else f" (its {Target.METAL} twin)"
-                    self.interpreter_ragged(t.config, where=f"a ragged shape on the interpreter{twin}")
+                checks[t.number] = self._check_finalist(t)
             except VariantFailure as exc:
                 failed = exc.shape if isinstance(exc, FailureAt) else ()
                 checks[t.number] = FinalistCheck(False, shape=failed, reason=exc.reason, detail=exc.detail[:400])
                 keep.remove(i)
                 continue
-            also = ("x".join(map(str, ragged)),) if ragged is not None else ()
-            err = max(t.max_abs_err or 0.0, res.max_abs_err if ragged is not None else 0.0)
-            checks[t.number] = FinalistCheck(True, err, tuple(self.problem.shape), also,
-                                             sha256=self.rendered_sha256(t.config) or "", bounds=bounds)
             break
         shape = tuple(self.problem.shape)
         if not keep:
             return FinalRound(None, verified_on=Verifier.DEVICE, verify_shape=shape, checks=checks,
                               note="no finalist passed the checks before publishing (on the device at a ragged shape, "
-                                   "guard zones; the interpreter's out-of-bounds checks)")
+                                   "guard zones; the interpreter's out-of-bounds checks; memcheck on the cuda "
+                                   "back-end)")
         final = judge([top[i] for i in keep], timings.keep(keep), tuple(self.family.consumer_modes))
         return replace(final, verified_on=Verifier.DEVICE, verify_shape=shape, checks=checks)
+
+    def _check_finalist(self, t: TrialSummary) -> FinalistCheck:
+        """A finalist's checks before publishing (raises :class:`VariantFailure` naming the shape): on the device at a
+        ragged shape, the interpreter's of its Metal template, then (the cuda back-end) its own launches under
+        memcheck."""
+        from .._steps import step
+
+        ragged = self.ragged_shape(t.config, near=tuple(self.problem.shape))
+        bounds = self._bounds(t.config)  # the interpreter's reason not to run, asked once
+        err = t.max_abs_err or 0.0
+        if ragged is not None:
+            with step(f"verifying trial {t.number} on the device at a ragged shape "
+                      f"{'x'.join(map(str, ragged))} (a poisoned guard zone after every output)"), \
+                    failing_at("a ragged shape on the device", ragged):
+                err = max(err, self.verify_at(t.config, ragged, backend=self.backend).max_abs_err)
+        if not bounds.why_not:  # the same checks as a modeled winner's, of the Metal template
+            twin = "" if self.target == Target.METAL else f" (its {Target.METAL} twin)"
+            self.interpreter_ragged(t.config, where=f"a ragged shape on the interpreter{twin}")
+        if self.backend_class.memchecks:
+            bounds = replace(bounds, memcheck=self._memcheck(t, ragged))
+        also = ("x".join(map(str, ragged)),) if ragged is not None else ()
+        return FinalistCheck(True, err, tuple(self.problem.shape), also,
+                             sha256=self.rendered_sha256(t.config) or "", bounds=bounds)
+
+    def _memcheck(self, t: TrialSummary, ragged: tuple[int, ...] | None) -> MemcheckResult:
+        """The finalist's verification launches (the ragged shape's, the tuned shape's) under memcheck in a child
+        process (:mod:`kernsearch.backends._memcheck`): its verdict; a reported error raises, naming its shape."""
+        from .._steps import step
+        from ..backends._memcheck import Job, memcheck
+
+        shapes = ([list(ragged)] if ragged is not None else []) + [list(self.problem.shape)]
+        text = ", ".join("x".join(map(str, s)) for s in shapes)
+        sha = self.rendered_sha256(t.config)
+        if sha is None:
+            return MemcheckResult(Memcheck.UNFINISHED, "the config renders no kernel now")
+        config = {k: v.item() if hasattr(v, "item") else v for k, v in t.config.items()}  # NumPy scalars as Python's
+        try:
+            job = Job.model_validate({"family": str(Path(self.family.path).resolve()), "target": self.target,
+                                      "dtype": self.problem.dtype, "chip": self.chip.name, "config": config,
+                                      "shapes": shapes, "seed": self.seed, "sha256": sha})
+        except ValueError as exc:  # not a job the child would take: said, never a pass
+            return MemcheckResult(Memcheck.UNFINISHED, f"no job for the child: {str(exc).splitlines()[0][:200]}")
+        with step(f"running trial {t.number} under memcheck at {text} (compute-sanitizer: reads and writes outside "
+                  "any allocation)"):
+            result = memcheck(job, timeout=max(3 * self.timeout, 300.0))
+        if result.refuses:
+            at = tuple(int(d) for d in result.at.split("x")) if result.at else tuple(shapes[0])
+            raise FailureAt(VariantFailure("device_bounds", result.text()), "a launch under memcheck", at)
+        return result
 
     def _bounds(self, config: Config) -> BoundsChecks:
         """The out-of-bounds checks a finalist gets here (:class:`BoundsChecks`): guard zones on the device, and the

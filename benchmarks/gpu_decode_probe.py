@@ -39,7 +39,7 @@ TUNED = {
 #: tile that the templates had then: no gain, so the knob was taken out; benchmarks/gpu_results.md.)
 H2: dict[str, Any] = {"PATH": "h2", "KS": 1, "MB": 1, "TW": 1, "RT": 1}
 VARIANTS: dict[str, list[dict[str, Any]]] = {
-    role: [{}, *({**H2, "UNROLL": u, "BPS": b} for u, b in ((2, 0), (4, 0), (2, 1), (4, 1), (4, 2), (4, 3)))]
+    role: [{}, *({**H2, "UNROLL": u} for u in (2, 4))]
     for role in ("qkv", "o", "gate_up", "down")}
 VARIANTS["mlp"] = [{}, *({**H2, "UNROLL": u, "BPS": 1} for u in (2, 4))]
 

@@ -14,15 +14,13 @@ run() {  # family shape config
 H=PATH=h2,KS=1
 run qmatvec 1,4096,4096,512,64 $H,MB=1,TW=1,RT=1,UNROLL=4
 run qmatvec 3,4000,4032,504,63 $H,MB=4,TW=1,RT=1,UNROLL=2
-run qmatvec 3,4000,4032,504,63 $H,MB=4,TW=1,RT=1,UNROLL=4,BPS=1
 run qmatvec 2,1000,2048,512,16 $H,QBITS=8,MB=2,TW=1,RT=2,UNROLL=2
 run rmsnorm_qmatvec 1,12288,4096,512,64 $H,MB=1,TW=1,RT=1,UNROLL=4
-run rmsnorm_qmatvec 1,12288,4096,512,64 $H,MB=1,TW=1,RT=1,UNROLL=4,BPS=2
 run rmsnorm_qmatvec 3,1000,4032,504,63 $H,MB=4,TW=1,RT=2,UNROLL=2
 run qmatvec_residual 1,4096,11008,1376,172 $H,MB=1,TW=1,RT=1,UNROLL=4
 run qmatvec_residual 2,1000,2112,264,33 $H,MB=2,TW=1,RT=1,UNROLL=4
-run qmatvec_residual 1,11008,4096,512,64 $H,MB=1,TW=1,RT=1,UNROLL=2,BPS=3
-run rmsnorm_swiglu_qmatvec 1,11008,4096,512,64 $H,MB=1,TW=1,RT=1,UNROLL=4,BPS=1
+run qmatvec_residual 1,11008,4096,512,64 $H,MB=1,TW=1,RT=1,UNROLL=2
+run rmsnorm_swiglu_qmatvec 1,11008,4096,512,64 $H,MB=1,TW=1,RT=1,UNROLL=4
 run rmsnorm_swiglu_qmatvec 3,1000,4032,504,63 $H,MB=4,TW=1,RT=1,UNROLL=2
 run mlp_block 1,4096,11008,512,64,1376,172 $H,MB=1,TW=1,RT=1,UNROLL=4,BPS=1
 run mlp_block 1,4096,11008,512,64,1376,172 $H,MB=1,TW=1,RT=1,UNROLL=2,BPS=1

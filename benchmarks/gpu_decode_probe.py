@@ -37,11 +37,11 @@ TUNED = {
 }
 #: Variations tried around each tuned config. (Run at 3b3b024 each also with L2PF=1, a bulk L2 prefetch of the
 #: tile that the templates had then: no gain, so the knob was taken out; benchmarks/gpu_results.md.)
-H2: dict[str, Any] = {"PATH": "h2", "KS": 1, "MB": 1, "TW": 1, "RT": 1}
+H2: dict[str, Any] = {"PATH": "h2", "KS": 1, "MB": 1, "TW": 1}
 VARIANTS: dict[str, list[dict[str, Any]]] = {
-    role: [{}, *({**H2, "UNROLL": u} for u in (2, 4))]
+    role: [{}, *({**H2, "RT": rt, "UNROLL": u} for rt, u in ((1, 2), (1, 4), (2, 2), (2, 4)))]
     for role in ("qkv", "o", "gate_up", "down")}
-VARIANTS["mlp"] = [{}, *({**H2, "UNROLL": u, "BPS": 1} for u in (2, 4))]
+VARIANTS["mlp"] = [{}, *({**H2, "RT": rt, "UNROLL": u, "BPS": 1} for rt, u in ((1, 2), (1, 4), (2, 2)))]
 
 
 def candidates(role: str) -> list[dict[str, Any]]:

@@ -141,7 +141,7 @@ def render(family: Family, config: Config, dtype: str, target: str = DEFAULT_TAR
         raise KernsearchError(f"{family.template_path(target)}: cannot render {format_config(config)}: "
                               "recursion too deep") from None
     header, source = header.strip("\n") + "\n", source.rstrip() + "\n"
-    if target == Target.CUDA:
+    if target == Target.CUDA.value:
         header, source = compact(header), compact(source)
     digest = source_sha256(header, source)[:12]
     return KernelSource(

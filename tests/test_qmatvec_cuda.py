@@ -13,11 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import builtin_families
 
 from kernsearch import Space, get_chip, load_family, make_problem, render
 from kernsearch.family._render import render_context
 
-FAMILIES = ("qmatvec", "swiglu_qmatvec", "rmsnorm_qmatvec", "qmatvec_residual", "rmsnorm_swiglu_qmatvec")
+#: qmatvec and every family found that extends it (its core's CUDA twin, whatever the family adds).
+FAMILIES = builtin_families(built_on="qmatvec")
 H100 = get_chip("H100")
 DTYPES = ("float16", "bfloat16", "float32")
 NVCC = shutil.which("nvcc")

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from covering import covering_sample as tway_sample
 
 from kernsearch import Space, geometry, get_backend, get_chip, load_family, make_problem, render
 from kernsearch.evaluation._verify import verify_kernel
@@ -91,25 +92,32 @@ def test_sample_matches_reference_on_ragged_shapes_in_every_dtype(gemv) -> None:
     assert runs == len(plan) >= 40 and not failures, failures[:5]
 
 
+def _split(candidate: dict) -> tuple[dict, str, str]:
+    """(config, dtype, shape) of a covering sample's candidate."""
+    return {k: v for k, v in candidate.items() if k not in ("dtype", "shape")}, candidate["dtype"], candidate["shape"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("quarter", range(4))
-def test_half_of_the_valid_configs_match_reference_fast_and_check(gemv, quarter: int) -> None:  # noqa: ANN001
-    """Every other valid config (at M = 16, so every row block; the same half each run) once, fast mode, on a
-    ragged shape where it is valid (K = 33 allows VEC = 1 only), dtypes rotated; every eighth of those also in
-    check mode (races, out-of-bounds, uninitialised reads, barrier divergence). In four quarters, so test workers
-    share it. Half, not all: the whole sweep (over 1000 configs, 17 min of one core) took CI to 40 of its 45
-    minutes; test_sample_matches_reference_on_ragged_shapes_in_every_dtype above runs every knob value."""
+def test_every_3_way_interaction_of_the_valid_configs_matches_reference_fast_and_check(gemv) -> None:  # noqa: ANN001
+    """The valid configs at M = 16 (so every row block), each on a ragged shape where it is valid (K = 33 allows
+    VEC = 1 only), in each dtype: a 3-way covering sample of them (every combination of three knob values, dtype
+    and shape counted as knobs, that the space has: ~140 variants) in fast mode, a 2-way one also in check mode
+    (races, out-of-bounds, uninitialised reads, barrier divergence). Before: every other valid config in four
+    quarters (~530 variants, CI's four slowest tests after the servers), which ran no 3-way interaction this
+    misses; test_sample_matches_reference_on_ragged_shapes_in_every_dtype above runs every knob value."""
     everything = _valid(gemv, "16,64,96")
-    plan = []
-    for i, c in enumerate(everything):
-        shapes = [s for s in ("16,37,96", "9,64,33", "16,130,256") if c in _valid(gemv, s)]
-        plan.append((c, DTYPES[i % 3], shapes[i % len(shapes)]))
-    assert len(plan) > 1000
-    plan = plan[quarter::8]
+    assert len(everything) > 1000
+    shapes = {s: _valid(gemv, s) for s in ("16,37,96", "9,64,33", "16,130,256")}
+    candidates = [{**c, "dtype": dt, "shape": s} for c in everything for s, there in shapes.items() if c in there
+                  for dt in DTYPES]
+    plan = [_split(c) for c in tway_sample(candidates, 3, seed=5)]
+    assert {k: {c[k] for c, _, _ in plan} for k in gemv.knobs} == {k: {c[k] for c in everything} for k in gemv.knobs}
+    assert 80 <= len(plan) <= 250, len(plan)
     runs, failures = _run_all(gemv, plan, "fast")
     assert runs == len(plan) and not failures, failures[:5]
-    runs, failures = _run_all(gemv, plan[::8], "check")
-    assert not failures, failures[:5]
+    checked = [_split(c) for c in tway_sample(candidates, 2, seed=6)]
+    runs, failures = _run_all(gemv, checked, "check")
+    assert runs == len(checked) >= 20 and not failures, failures[:5]
 
 
 def test_a_wrong_kernel_is_caught(gemv, tmp_path: Path) -> None:  # noqa: ANN001

@@ -68,8 +68,8 @@ def test_gemm_sample_matches_reference_on_all_shapes_and_dtypes(gemm):
     reachable = square.enumerate().valid
     every_value = covering_sample(square, 0, seed=3, valid=reachable)  # one config per knob value valid on the chip
     pool = every_value + random.Random(3).sample(reachable, POOL)
-    plan = [(c, c.pop("dtype")) for c in tway_sample([{**cfg, "dtype": dt} for cfg in pool for dt in DTYPES], 3,
-                                                      seed=3)]
+    sample = tway_sample([{**cfg, "dtype": dt} for cfg in pool for dt in DTYPES], 3, seed=3)
+    plan = [({k: v for k, v in c.items() if k != "dtype"}, c["dtype"]) for c in sample]
     for name in gemm.knobs:  # every knob value valid on the chip appears
         assert {c[name] for c, _ in plan} == {c[name] for c in reachable}, name
     assert {(c[name], dt) for c, dt in plan for name in ("MMA", "VEC", "SPLIT_K")} == {

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import random
 import shutil
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from covering import covering_sample as tway_sample
+from nvcc import NVCC, nvcc
 
 from kernsearch import Space, geometry, get_backend, get_chip, load_family, make_problem, render
 from kernsearch.evaluation._verify import verify_kernel
@@ -132,7 +132,6 @@ def test_a_wrong_kernel_is_caught(gemv, tmp_path: Path) -> None:  # noqa: ANN001
     assert runs == 1 and len(failures) == 1 and "wrong" in failures[0]
 
 
-NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if Path("/usr/local/bin/nvcc").exists() else None)
 _CTYPE = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float"}
 
 
@@ -160,10 +159,7 @@ def test_cuda_twin_compiles_for_h100(gemv, tmp_path: Path) -> None:  # noqa: ANN
     assert len(valid) > 600
     kernels = [render(gemv, c, DTYPES[i % 3], "cuda") for i, c in enumerate(valid)]
     assert len({k.sha256 for k in kernels}) == len(kernels)
-    unit = tmp_path / "gemv.cu"
-    unit.write_text(cuda_unit(kernels))
-    done = subprocess.run([NVCC, "--ptx", "-arch=sm_90", "-o", str(tmp_path / "gemv.ptx"), str(unit)],
-                          capture_output=True, text=True, timeout=600)
+    done = nvcc(["--ptx", "-arch=sm_90"], cuda_unit(kernels), timeout=600)
     assert done.returncode == 0, done.stderr[:2000]
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from functools import cache
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -13,10 +12,20 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @cache
-def _builtin_specs() -> tuple[Any, ...]:
-    from kernsearch.family._spec import builtin_family_names, load_family
+def _spec_view(name: str) -> tuple[tuple[str, ...], tuple[str, ...], frozenset[str]]:
+    """(problem dims, the families it is built on, its knobs) of a built-in family, read off its family.toml and
+    those it extends (the nearest spec that says a thing says it): cheap enough for collection time, where the
+    full load of every family (its templates compiled) took seconds in each worker. tests/test_packaging.py
+    checks it against load_family."""
+    import tomllib
 
-    return tuple(load_family(name) for name in builtin_family_names())
+    from kernsearch.family._spec import builtin_families_dir
+
+    spec = tomllib.loads((builtin_families_dir() / name / "family.toml").read_text(encoding="utf-8"))
+    base = spec.get("extends")
+    dims, bases, knobs = _spec_view(base) if base else ((), (), frozenset())
+    return (tuple(spec.get("problem", {}).get("dims", dims)), (base, *bases) if base else (),
+            knobs | set(spec.get("knobs", {})))
 
 
 def builtin_families(*, dims: int | None = None, built_on: str | None = None, knob: str | None = None) -> list[str]:
@@ -25,19 +34,18 @@ def builtin_families(*, dims: int | None = None, built_on: str | None = None, kn
     (2: the row families, a row count and a row length), ``built_on`` a family (itself and every family that
     extends it, directly or not), a ``knob`` they all have. Tests keep their per-family expectations in tables
     keyed by name and check that the table covers what this finds, so a new family fails until it has its own."""
-    if dims is None and built_on is None and knob is None:
-        from kernsearch.family._spec import builtin_family_names
+    from kernsearch.family._spec import builtin_family_names
 
-        return builtin_family_names()
     found = []
-    for fam in _builtin_specs():
-        if dims is not None and len(fam.problem.dims) != dims:
+    for name in builtin_family_names():
+        problem_dims, bases, knobs = _spec_view(name)
+        if dims is not None and len(problem_dims) != dims:
             continue
-        if built_on is not None and built_on != fam.name and built_on not in {b.parent.name for b in fam.bases}:
+        if built_on is not None and built_on != name and built_on not in bases:
             continue
-        if knob is not None and knob not in fam.knobs:
+        if knob is not None and knob not in knobs:
             continue
-        found.append(fam.name)
+        found.append(name)
     return found
 
 

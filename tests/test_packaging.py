@@ -48,6 +48,21 @@ def test_wheel_ships_every_family_folder_found_listed_or_not(kernsearch_wheel: P
 
 
 @pytest.mark.slow
+def test_the_families_found_for_tests_are_what_the_loader_says() -> None:
+    """conftest.builtin_families reads the spec files (collection time); the loader agrees with every narrowing."""
+    from kernsearch.family._spec import builtin_family_names, load_family
+
+    specs = [load_family(name) for name in builtin_family_names()]
+    assert builtin_families() == [f.name for f in specs]
+    assert builtin_families(dims=2) == [f.name for f in specs if len(f.problem.dims) == 2]
+    for base in ("qmatvec", "swiglu_qmatvec", "gemm"):
+        assert builtin_families(built_on=base) == [
+            f.name for f in specs if f.name == base or base in {b.parent.name for b in f.bases}]
+    for knob in ("HOLD", "PATH", "MB"):
+        assert builtin_families(knob=knob) == [f.name for f in specs if knob in f.knobs]
+
+
+@pytest.mark.slow
 def test_installed_wheel_works_outside_the_repo(kernsearch_wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",

@@ -50,9 +50,14 @@ from gpu_package import PACKAGE, import_installed, install  # noqa: E402
 
 #: Default shapes where nothing is tuned (the families' own defaults are used otherwise).
 FAMILIES = ("qmatvec", "swiglu_qmatvec", "gemv", "gemm", "rmsnorm", "layernorm", "softmax", "swiglu")
+#: The fused decode families (exported too; swept with ``--families``).
+FUSED = ("rmsnorm_qmatvec", "qmatvec_residual", "rmsnorm_swiglu_qmatvec")
 CPU_SHAPES = {"qmatvec": (1, 256, 256, 32, 4), "swiglu_qmatvec": (1, 256, 256, 32, 4), "gemv": (1, 256, 256),
               "gemm": (32, 64, 64), "rmsnorm": (4, 256), "layernorm": (4, 256), "softmax": (4, 256),
-              "swiglu": (4, 256)}
+              "swiglu": (4, 256), "rmsnorm_qmatvec": (1, 256, 256, 32, 4), "qmatvec_residual": (1, 256, 256, 32, 4),
+              "rmsnorm_swiglu_qmatvec": (1, 256, 256, 32, 4)}
+#: The norms' epsilon (the families' ``eps`` parameter).
+EPS = 1e-5
 
 
 def log(*parts: Any) -> None:
@@ -66,34 +71,40 @@ def pct(xs: list[float], q: float) -> float:
 def export_all(store: Path, work: Path) -> Path:
     from kernsearch import ArtifactStore, export
 
-    result = export(list(FAMILIES), work / "export", ArtifactStore(store), package=PACKAGE, version="0.0.1")
+    result = export([*FAMILIES, *FUSED], work / "export", ArtifactStore(store), package=PACKAGE, version="0.0.1")
     log(f"exported {Path(result.wheel).name}: {len(result.artifacts)} artifact(s) ({', '.join(result.artifacts)})")
     return Path(result.wheel)
 
 
 def consumer_op(family: str, mx: Any, dims: dict[str, int]) -> Any:
-    """What a consumer writes without kernsearch (the family's baseline, by hand)."""
-    if family in ("qmatvec",):
-        gs, bits = dims["K"] // dims["NG"], 32 * dims["KW"] // dims["K"]
-        return lambda x, w, s, b: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=gs, bits=bits)
-    if family == "swiglu_qmatvec":
+    """What a consumer writes without kernsearch (the family's baseline, by hand): plain MLX calls, never
+    ``mx.compile``d, each value computed once (the exported package's op path runs exactly these ops)."""
+    if "NG" in dims:  # the quantized families: group size and bits read off the shapes
         gs, bits = dims["K"] // dims["NG"], 32 * dims["KW"] // dims["K"]
 
-        def chain(x: Any, w: Any, s: Any, b: Any, wu: Any, su: Any, bu: Any) -> Any:
-            g = mx.quantized_matmul(x, w, s, b, transpose=True, group_size=gs, bits=bits)
-            return g * mx.sigmoid(g) * mx.quantized_matmul(x, wu, su, bu, transpose=True, group_size=gs, bits=bits)
+        def qmm(x: Any, w: Any, s: Any, b: Any) -> Any:
+            return mx.quantized_matmul(x, w, s, b, transpose=True, group_size=gs, bits=bits)
 
-        return mx.compile(chain)
+        def swiglu_qmatvec(x: Any, w: Any, s: Any, b: Any, wu: Any, su: Any, bu: Any) -> Any:
+            g = qmm(x, w, s, b)
+            return g * mx.sigmoid(g) * qmm(x, wu, su, bu)
+
+        def rmsnorm_swiglu_qmatvec(x: Any, w: Any, s: Any, b: Any, wu: Any, su: Any, bu: Any, gamma: Any) -> Any:
+            return swiglu_qmatvec(mx.fast.rms_norm(x, gamma, EPS), w, s, b, wu, su, bu)
+
+        return {"qmatvec": qmm, "swiglu_qmatvec": swiglu_qmatvec, "rmsnorm_swiglu_qmatvec": rmsnorm_swiglu_qmatvec,
+                "rmsnorm_qmatvec": lambda x, w, s, b, gamma: qmm(mx.fast.rms_norm(x, gamma, EPS), w, s, b),
+                "qmatvec_residual": lambda x, w, s, b, r: r + qmm(x, w, s, b)}[family]
     if family in ("gemm", "gemv"):
         return mx.matmul
     if family == "rmsnorm":
-        return lambda x, w: mx.fast.rms_norm(x, w, 1e-5)
+        return lambda x, w: mx.fast.rms_norm(x, w, EPS)
     if family == "layernorm":
-        return lambda x, w, b: mx.fast.layer_norm(x, w, b, 1e-5)
+        return lambda x, w, b: mx.fast.layer_norm(x, w, b, EPS)
     if family == "softmax":
         return lambda x: mx.softmax(x, axis=-1, precise=True)
     if family == "swiglu":
-        return mx.compile(lambda a, b: a * mx.sigmoid(a) * b)
+        return lambda a, b: a * mx.sigmoid(a) * b
     raise KeyError(family)
 
 
@@ -266,7 +277,8 @@ def consumer_timing(family: str, fns: dict[str, Any], sets: Any, rounds: int) ->
     from kernsearch.evaluation._consumer import ConsumerPlan, consumer_samples
     from kernsearch.family._spec import load_family
 
-    link = mlx_link(load_family(family).inputs)
+    fam = load_family(family)
+    link = mlx_link(fam.inputs, fam.chain_inputs)
     calls = {name: chained(f, [list(row) for row in sets], link) for name, f in fns.items()}
     return consumer_samples(calls, mx.eval, mx.synchronize, ConsumerPlan(rounds=rounds, modes=MODES))
 

@@ -12,6 +12,11 @@ method (:func:`kernsearch.evaluation._consumer.consumer_samples` over the back-e
 weights), and the result is offered to the store's gate like any tune's: a winner becomes a new version carrying
 its consumer figures; a loser is recorded, and the old version's invalidation says what was measured. Writes
 ``$OUT/rejudge_<chip>.json``. ``--families qmatvec,swiglu_qmatvec,gemv`` limits it to those families.
+
+The op is the judge's (``judge_op``: the baseline's plain MLX ops, compiled only where the spec gives a reason) and
+the chain feeds the inputs the family declares (``chain_link``: the residual stream for the fused decode
+families), as in a tune. ``--all`` re-times every measured key of this chip, also those whose versions already
+carry figures of every judged mode (timed against an older op or link, e.g. a compiled baseline).
 """
 
 from __future__ import annotations
@@ -95,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--store", type=Path, default=ROOT / "artifacts")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--families", default="", help="comma-separated families (default: every family)")
+    ap.add_argument("--all", action="store_true",
+                    help="re-time versions that already have every judged mode's figures too")
     a = ap.parse_args(argv)
     only = {f for f in a.families.split(",") if f}
     a.out.mkdir(parents=True, exist_ok=True)
@@ -112,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         if key.chip != chip.name.replace(" ", "-") or not versions:
             continue
         m = store.load(key, versions[-1]).manifest
-        if m.evidence != "measured" or (only and key.family not in only) or judged_in_every_mode(m, key.family):
+        if m.evidence != "measured" or (only and key.family not in only) or (
+                not a.all and judged_in_every_mode(m, key.family)):
             continue
         try:
             row = rejudge_one(store, key, chip, backend)

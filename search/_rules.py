@@ -671,11 +671,13 @@ NODES: Dict[str, Callable[[_Evaluation, Any], Any]] = {
 
 
 def names_in(tree: Any) -> Set[str]:
-    """The names an expression tree reads (function names of calls excluded)."""
+    """The names an expression tree reads (function names of calls excluded). A node is a list that starts with
+    its kind (a string); a list of nodes (a call's arguments, a list's items) is read from its first element."""
     if isinstance(tree, list) and tree:
         if tree[0] == "name" and len(tree) > 1 and isinstance(tree[1], str):
             return {tree[1]}
-        return set().union(*(names_in(t) for t in tree[1:])) if len(tree) > 1 else set()
+        parts = tree[1:] if isinstance(tree[0], str) else tree
+        return set().union(*(names_in(t) for t in parts)) if parts else set()
     if isinstance(tree, dict):
         return set().union(*(names_in(t) for t in tree.values())) if tree else set()
     return set()

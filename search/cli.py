@@ -41,6 +41,7 @@ class SamplerChoice(str, Enum):
     random = "random"
     grid = "grid"
     auto = "auto"
+    forest = "forest"
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -761,7 +762,8 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
          landscape: str | None = typer.Option(None, "--landscape", help="replay: a KernelTuner cache file"),
          sampler: SamplerChoice = typer.Option(
              SamplerChoice.default, "--sampler", help="default (auto when the chip's performance model ranks the "
-             "family, else tpe), auto (valid configs only: the model's ranking, then a GP), tpe, random or grid"),
+             "family, else tpe), auto (valid configs only: the model's ranking, then a GP), forest (valid configs "
+             "only: a tree surrogate; docs/search.md), tpe, random or grid"),
          storage: str | None = StorageOpt,
          study: str | None = typer.Option(None, "--study", help="study name (default: family/chip/dtype/"
                                              "shape/backend)", callback=not_empty),
@@ -923,16 +925,25 @@ def _print_tune(result: StudyResult, objective: Objective, margin: float, outcom
         data["verdict"] = judged.text
         if outcome is not None:
             data["publish"] = {"published": outcome.published, "version": outcome.version,
-                               "reason": outcome.reason, "key": outcome.key}
+                               "reason": outcome.reason, "key": outcome.key,
+                               "bounds": _bounds_text(result) if outcome.published else None}
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
         return
     _print_result(result)
     out.print(judged.text, soft_wrap=True, markup=False)
     if outcome is not None:
         state = f"published as {outcome.version}" if outcome.published else "not published"
-        bounds = "; bounds: checked (sanitizer build, guard zones, reversed threadgroups)" \
-            if outcome.published and objective.evidence == Evidence.MODELED else ""
+        bounds = f"; bounds: {_bounds_text(result)}" if outcome.published else ""
         out.print(f"artifact {outcome.key}: {state} ({outcome.reason}){bounds}", soft_wrap=True)
+
+
+def _bounds_text(result: StudyResult) -> str:
+    """Exactly which out-of-bounds checks the published winner passed (``BoundsChecks.text``)."""
+    final, best = result.final, result.best
+    check = final.checks.get(best.number) if final is not None and best is not None else None
+    if check is None or check.bounds is None:
+        return "no record of checks (a final round stored before they were recorded)"
+    return check.bounds.text()
 
 
 def _say_if_the_model_cannot_rank(objective: Objective) -> None:

@@ -56,13 +56,13 @@ def test_a_planned_op_is_the_mlx_function_with_its_constants_bound(pkg) -> None:
     assert mx.array_equal(pkg.qmatvec(*x), want).item()  # planned here
     assert frames(pkg.qmatvec, *x) == ["run"]  # one frame: no evaluate, no plan, no wrapper
     d = pkg._dispatcher
-    _, shape, dtype, plan, _ = next(iter(d._by_weights["qmatvec"].values()))  # the last activation's, these weights
-    assert (shape, dtype) == (x[0].shape, x[0].dtype)
-    assert plan.func is mx.quantized_matmul and plan.keywords == {"transpose": True, "group_size": 64, "bits": 4}
+    _, activations, fn, consts, _ = next(iter(d._by_weights["qmatvec"].values()))  # the last activation's plan
+    assert activations == ((0, x[0].shape, None),)  # no kernel can run here: the op whatever the dtype
+    assert fn is mx.quantized_matmul and consts == (True, 64, 4)  # called positionally: no keyword merging
     r = arrays("rmsnorm", (4, 256))
     assert mx.allclose(pkg.rmsnorm(*r), mx.fast.rms_norm(*r, 1e-5)).item()
     assert frames(pkg.rmsnorm, *r) == ["run"]
-    assert d._op_only["rmsnorm"].func is mx.fast.rms_norm and d._op_only["rmsnorm"].keywords["eps"] == pytest.approx(1e-5)
+    assert d._how["rmsnorm"][1] is mx.fast.rms_norm and d._how["rmsnorm"][2] == (pytest.approx(1e-5),)
     s = arrays("softmax", (4, 256))
     assert mx.allclose(pkg.softmax(*s), mx.softmax(*s, axis=-1, precise=True)).item()
 
@@ -72,13 +72,23 @@ def test_the_bound_form_plans_once_and_checks_the_activation_alone(pkg, monkeypa
     bound = pkg.qmatvec.bind(w, s, b)
     want = mx.quantized_matmul(x, w, s, b, transpose=True, group_size=64, bits=4)
     assert mx.array_equal(bound(x), want).item()
-    assert frames(bound, x) == ["bound"]  # a check of x, then the op with the weights appended: one frame
+    assert frames(bound, x) == ["bound"]  # a check of x's shape, then the op with the weights appended: one frame
     x4 = mx.concatenate([x] * 4)
     assert mx.array_equal(bound(x4), mx.quantized_matmul(x4, w, s, b, group_size=64, bits=4)).item()  # re-planned
+    assert "op_call" not in frames(bound, x)  # back to x: its kept plan (no planning), then the fast path again
     monkeypatch.setenv("KERNSEARCH_KERNELS", "off")
-    assert "planned" in frames(bound, x)  # the switch is read on every call
+    assert frames(bound, x) == ["bound"]  # no kernel of the family can run here: no switch to read
     with pytest.raises(TypeError, match="takes 3 weight"):
         pkg.qmatvec.bind(w, s)
+    # Refusals: the weights' own shapes when bound, the activations' once per shape (the op dies at 0 rows).
+    with pytest.raises(ValueError, match="qmatvec: the weights do not fit together: NG is 4 and 3"):
+        pkg.qmatvec.bind(w, s, b[:, :3])
+    for rows, words in ((0, "X has 0 rows; this kernel takes 1 to 16"), (17, "X has 17 rows; this kernel takes 1 to 16")):
+        with pytest.raises(ValueError, match=words):
+            bound(mx.zeros((rows, 256)))
+        with pytest.raises(ValueError, match=words):
+            pkg.qmatvec(mx.zeros((rows, 256)), w, s, b)
+    assert mx.array_equal(bound(x), want).item()  # the last good shape still runs
     assert not hasattr(pkg.softmax, "bind")  # no weight inputs: nothing to bind
     r = arrays("rmsnorm", (4, 256))
     assert mx.allclose(pkg.rmsnorm.bind(r[1])(r[0]), mx.fast.rms_norm(*r, 1e-5)).item()  # a norm's weight binds too
@@ -97,7 +107,7 @@ def test_weights_seen_before_are_held_weakly(pkg) -> None:
     pkg.qmatvec(x, w, s, b)
     del w2
     gc.collect()
-    assert len(d._by_weights["qmatvec"]) == 1 and d._by_weights["qmatvec"][id(b)][0][0]() is w
+    assert len(d._by_weights["qmatvec"]) == 1 and d._by_weights["qmatvec"][id(b)][0][0][1]() is w
     del w
     gc.collect()
     assert d._by_weights["qmatvec"] == {}  # the entry of dead weights is gone: their memory is not held

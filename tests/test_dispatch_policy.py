@@ -221,7 +221,7 @@ def test_a_family_that_cannot_run_a_kernel_here_calls_the_op_without_planning(
 
         d.kernel_factory = lambda source, shm: kernel
         assert mx.array_equal(d.call("gemm", a, b), mx.matmul(a, b))
-        assert (d._op_only["gemm"] is mx.matmul) == expect_op_only
+        assert (d._how["gemm"][1] is mx.matmul) == expect_op_only
         planned = len(d._plans)
         d.call("gemm", a, b)
         assert len(d._plans) == planned  # nothing new planned either way
@@ -235,3 +235,19 @@ def test_a_family_that_cannot_run_a_kernel_here_calls_the_op_without_planning(
         d.call("gemm", a, b)
         assert len(launches) == traced
         monkeypatch.delenv("KERNSEARCH_KERNELS")
+
+
+def test_another_chips_kernel_keeps_the_op_path_only_where_a_level_could_take_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An H100 kernel on an H200: gemm transfers between chips of one generation, so its calls are planned with the
+    kernel in view; a family that does not transfer runs the op there with no opt-in read (no level takes it)."""
+    store = ArtifactStore(tmp_path / "store")
+    store.publish(candidate("H100", (64, 64, 64), "float16", target="cuda", speedup=1.5), margin=-1.0)
+    result = export(["gemm"], tmp_path / "dist", store, package="ks_h200", version="1.0")
+    monkeypatch.setattr(_runtime, "_gpu_available", lambda: True)
+    for transfer, kernels in ((True, True), (False, False)):
+        d = _runtime.Dispatcher(result.source_dir / "ks_h200", device_info=H200)
+        d.toolchain = dict(HERE)
+        d.table["families"]["gemm"]["transfer"] = transfer
+        assert (d._mode("gemm")[0] is _runtime._KERNELS) == kernels
+        assert (d._mode("gemm")[1] is mx.matmul) != kernels  # the op itself, for every call

@@ -90,7 +90,9 @@ def test_the_specs_are_the_base_familys_plus_the_fusion() -> None:
         assert fam.knobs == base.knobs and fam.default == base.default and fam.consumer_modes == base.consumer_modes
         assert [c.name for c in fam.constraints] == [c.name for c in base.constraints]
         assert [t.name for t in fam.inputs] == [t.name for t in base.inputs] + extra and list(fam.params) == params
-        assert fam.compile_baseline and fam.bases[0] == base.path / "family.toml"
+        # The op a consumer writes: plain ops, not mx.compile'd (docs/timing.md); the link of a decode's chain.
+        assert not fam.compile_baseline and fam.bases[0] == base.path / "family.toml"
+        assert fam.chain_inputs == (("R", "X") if "R" in extra else ("X",))
         assert [t.name for t in fam.outputs] == ["Y"]
         assert {d: (t.rtol.text, t.atol.text) for d, t in fam.tolerance.items()} == {
             d: (t.rtol.text, t.atol.text) for d, t in base.tolerance.items()}

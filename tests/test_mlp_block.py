@@ -37,7 +37,7 @@ def test_the_llama_layer_has_configs_of_both_paths_on_an_h200() -> None:
         "X", "Wo", "So", "Bo", "R", "gamma", "Wg", "Sg", "Bg", "Wu", "Su", "Bu", "Wd", "Sd", "Bd"]
     assert [t.name for t in fam.outputs] == ["Y", "S"]  # S: X1, G and the counters (one fill at launch)
     valid = Space(problem, H200).enumerate().valid
-    assert {c["PATH"] for c in valid} == {"mma", "fma"}
+    assert {c["PATH"] for c in valid} == {"mma", "fma", "h2"}
     for cfg in valid:
         geo = geometry(Space(problem, H200), cfg)
         ctx = render_context(fam, cfg, "float16")

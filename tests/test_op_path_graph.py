@@ -1,7 +1,9 @@
 """The op path adds nothing (issue 37): where the exported package runs the MLX op, the graph its call builds holds
-the op's primitives and nothing else (no copy, no cast, no reshape), for every built-in family, both where no kernel
-can run (no GPU: the op itself) and where one could but none was tuned at the call's shape (the planned op).
-Checked on MLX's CPU back-end through its graph export (``mx.export_to_dot``)."""
+the op's primitives and nothing else — no ``mx.compile``d baseline, no shared subexpression computed twice, no copy,
+cast or reshape — for every built-in family with a baseline, by the plain call (planned, then with everything seen
+before) and by the bound form: where no kernel can run (no GPU: every call the op), on a GPU with no artifact of
+the family (the op with no opt-in read), and on one where kernels exist but none was tuned at the call's shape.
+Checked on MLX's CPU back-end through its graph export (``mx.export_to_dot``), compile left on."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
-from test_export import H100
+from test_dispatch_cost import frames
+from test_export import H100, H200
 
 from kernsearch import ArtifactStore, export
 from kernsearch.evaluation._verify import make_inputs
@@ -22,33 +25,66 @@ from kernsearch.family._space import make_problem
 from kernsearch.family._spec import load_family
 
 REPO = Path(__file__).resolve().parents[1]
+EPS = 1e-5
 #: Small shapes no artifact was tuned at.
 SHAPES = {"qmatvec": (2, 256, 256, 32, 4), "swiglu_qmatvec": (2, 256, 256, 32, 4), "gemv": (2, 256, 256),
-          "gemm": (32, 64, 64), "rmsnorm": (4, 256), "layernorm": (4, 256), "softmax": (4, 256), "swiglu": (4, 256)}
+          "gemm": (32, 64, 64), "rmsnorm": (4, 256), "layernorm": (4, 256), "softmax": (4, 256), "swiglu": (4, 256),
+          "rmsnorm_qmatvec": (2, 128, 256, 32, 4), "qmatvec_residual": (2, 256, 256, 32, 4),
+          "rmsnorm_swiglu_qmatvec": (2, 128, 256, 32, 4), "mlp_block": (2, 256, 512, 32, 4, 64, 8)}
 
 
 def by_hand(family: str, dims: dict[str, int]) -> Any:
-    """The family's op as a consumer writes it without kernsearch."""
-    if family in ("qmatvec", "swiglu_qmatvec"):
-        gs, bits = dims["K"] // dims["NG"], 32 * dims["KW"] // dims["K"]
+    """The family's op as a consumer writes it without kernsearch: plain MLX calls, each value computed once."""
+    q = ("K", "NG", "KW") if "NG" in dims else ("H", "NGH", "KWH")  # qmatvec's quantization, or mlp_block's along H
+    k, ng, kw = (dims.get(name, 1) for name in q)
 
-        def qmm(x: Any, w: Any, s: Any, b: Any) -> Any:
-            return mx.quantized_matmul(x, w, s, b, transpose=True, group_size=gs, bits=bits)
+    def qmm(x: Any, w: Any, s: Any, b: Any, k: Any = k, ng: Any = ng, kw: Any = kw) -> Any:
+        return mx.quantized_matmul(x, w, s, b, transpose=True, group_size=k // ng, bits=32 * kw // k)
 
-        if family == "qmatvec":
-            return qmm
-        return lambda x, w, s, b, wu, su, bu: (lambda g: g * mx.sigmoid(g))(qmm(x, w, s, b)) * qmm(x, wu, su, bu)
-    return {"gemm": mx.matmul, "gemv": mx.matmul,
-            "rmsnorm": lambda x, w: mx.fast.rms_norm(x, w, 1e-5),
-            "layernorm": lambda x, w, b: mx.fast.layer_norm(x, w, b, 1e-5),
+    def swiglu(g: Any, u: Any) -> Any:
+        return g * mx.sigmoid(g) * u
+
+    def rmsnorm_swiglu_qmatvec(x: Any, w: Any, s: Any, b: Any, wu: Any, su: Any, bu: Any, gamma: Any) -> Any:
+        h = mx.fast.rms_norm(x, gamma, EPS)
+        return swiglu(qmm(h, w, s, b), qmm(h, wu, su, bu))
+
+    def mlp_block(x: Any, wo: Any, so: Any, bo: Any, r: Any, gamma: Any, *mlp: Any) -> Any:
+        x1 = r + qmm(x, wo, so, bo)
+        n = mx.fast.rms_norm(x1, gamma, EPS)
+        g = swiglu(qmm(n, *mlp[0:3]), qmm(n, *mlp[3:6]))
+        y = x1 + qmm(g, *mlp[6:9], k=dims["F"], ng=dims["NGF"], kw=dims["KWF"])
+        m = dims["M"]
+        return y, mx.concatenate([mx.reshape(x1, [m * dims["H"]]), mx.reshape(g, [m * dims["F"]]), 0 * x[0, :8]],
+                                 axis=0)
+
+    return {"qmatvec": qmm, "gemm": mx.matmul, "gemv": mx.matmul,
+            "swiglu_qmatvec": lambda x, w, s, b, wu, su, bu: swiglu(qmm(x, w, s, b), qmm(x, wu, su, bu)),
+            "rmsnorm": lambda x, w: mx.fast.rms_norm(x, w, EPS),
+            "layernorm": lambda x, w, b: mx.fast.layer_norm(x, w, b, EPS),
             "softmax": lambda x: mx.softmax(x, axis=-1, precise=True),
-            "swiglu": lambda a, b: a * mx.sigmoid(a) * b}[family]
+            "swiglu": swiglu,
+            "rmsnorm_qmatvec": lambda x, w, s, b, gamma: qmm(mx.fast.rms_norm(x, gamma, EPS), w, s, b),
+            "qmatvec_residual": lambda x, w, s, b, r: r + qmm(x, w, s, b),
+            "rmsnorm_swiglu_qmatvec": rmsnorm_swiglu_qmatvec, "mlp_block": mlp_block}[family]
 
 
-def primitives(outputs: Any) -> Counter[str]:
+def graph(outputs: Any) -> Counter[str]:
+    """The graph's primitives by name, and its number of edges (an op computed twice, or fed twice, shows)."""
     buf = io.StringIO()
-    mx.export_to_dot(buf, outputs)
-    return Counter(re.findall(r'\[label ="(\w+)"', buf.getvalue()))
+    mx.export_to_dot(buf, *(outputs if isinstance(outputs, tuple) else (outputs,)))
+    text = buf.getvalue()
+    found = Counter(re.findall(r'\[label ="(\w+)"', text))
+    found["(edges)"] = text.count("->")
+    return found
+
+
+def problem_arrays(family: str) -> tuple[list[Any], dict[str, int], list[bool]]:
+    fam = load_family(family)
+    problem = make_problem(fam, SHAPES[family], "float16")
+    logical = make_inputs(problem, 1)
+    arrays = [mx.array(logical[t.name]).astype(getattr(mx, t.resolved_dtype("float16"))) for t in fam.inputs]
+    mx.eval(arrays)
+    return arrays, dict(problem.dims), [t.weight for t in fam.inputs]
 
 
 @pytest.fixture(scope="module")
@@ -58,35 +94,47 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     families = list(SHAPES)
     empty = export(families, root / "empty", ArtifactStore(root / "store"), package="ks_none", version="1.0")
     repo = export(families, root / "repo", ArtifactStore(REPO / "artifacts"), package="ks_repo_ops", version="1.0")
-    return {"no-gpu": empty.source_dir / "ks_none", "h100-untuned": repo.source_dir / "ks_repo_ops"}
+    return {"no-gpu": empty.source_dir / "ks_none", "repo": repo.source_dir / "ks_repo_ops"}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("situation", ["no-gpu", "h100-untuned"])
+@pytest.mark.parametrize("situation", ["no-gpu", "h200-none", "h100-untuned"])
 def test_where_the_package_runs_the_op_its_graph_is_the_ops(packages: dict[str, Path], situation: str,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    mx.disable_compile()  # a compiled baseline (swiglu_qmatvec's) as its primitives, by hand and in the package
-    try:
-        if situation == "h100-untuned":
-            monkeypatch.setattr(_runtime, "_gpu_available", lambda: True)
-        d = _runtime.Dispatcher(packages[situation], device_info=H100 if situation == "h100-untuned" else None)
-        for family, shape in SHAPES.items():
-            fam = load_family(family)
-            problem = make_problem(fam, shape, "float16")
-            logical = make_inputs(problem, 1)
-            arrays = [mx.array(logical[t.name]).astype(getattr(mx, t.resolved_dtype("float16"))) for t in fam.inputs]
-            mx.eval(arrays)
-            assert d.explain(family, *arrays).level == "mlx op"
-            fn = d.function(family)
-            for _ in range(2):  # planned, then with everything seen before
-                got = fn(*arrays)
-                assert primitives(got) == primitives(by_hand(family, dict(problem.dims))(*arrays)), family
-            weights = [a for a, t in zip(arrays, fam.inputs) if t.weight]
-            if weights:
-                bound = d.bind(family, *weights)
-                free = [a for a, t in zip(arrays, fam.inputs) if not t.weight]
-                for _ in range(2):
-                    got = bound(*free)
-                    assert primitives(got) == primitives(by_hand(family, dict(problem.dims))(*arrays)), family
-    finally:
-        mx.enable_compile()
+    if situation != "no-gpu":  # the injected chip is the running GPU
+        monkeypatch.setattr(_runtime, "_gpu_available", lambda: True)
+    info = {"no-gpu": None, "h200-none": H200, "h100-untuned": H100}[situation]
+    d = _runtime.Dispatcher(packages["no-gpu" if situation == "no-gpu" else "repo"], device_info=info)
+    for family in SHAPES:
+        arrays, dims, weight = problem_arrays(family)
+        want = graph(by_hand(family, dims)(*arrays))
+        assert d.explain(family, *arrays).level == "mlx op"
+        fn = d.function(family)
+        for _ in range(2):  # planned, then with everything seen before
+            assert graph(fn(*arrays)) == want, (situation, family)
+        assert not {"evaluate", "call", "_plan"} & set(frames(fn, *arrays)), (situation, family)  # no walk, no plan
+        if situation == "h200-none":  # H100 kernels of qmatvec, gemv...: no level takes them here (no transfer)
+            assert d._how[family][0] is not _runtime._KERNELS, family
+        if any(weight):
+            bound = d.bind(family, *[a for a, w in zip(arrays, weight) if w])
+            free = [a for a, w in zip(arrays, weight) if not w]
+            for _ in range(2):
+                assert graph(bound(*free)) == want, (situation, family, "bound")
+            assert not {"evaluate", "planned", "_plan"} & set(frames(bound, *free)), (situation, family)
+
+
+def test_the_op_is_the_baselines_plain_calls(tmp_path: Path) -> None:
+    """Fast-lane companion of the test above: the fused decode families' op, by the plain call and bound, on a
+    machine where nothing can run (each shared value once: rms_norm(X) feeds both projections)."""
+    families = ["rmsnorm_swiglu_qmatvec", "qmatvec_residual"]
+    result = export(families, tmp_path / "dist", ArtifactStore(tmp_path / "store"), package="ks_few", version="1.0")
+    d = _runtime.Dispatcher(result.source_dir / "ks_few")
+    for family in families:
+        arrays, dims, weight = problem_arrays(family)
+        want = by_hand(family, dims)(*arrays)
+        got = d.function(family)(*arrays)
+        bound = d.bind(family, *[a for a, w in zip(arrays, weight) if w])
+        assert graph(got) == graph(want), family
+        assert graph(bound(*[a for a, w in zip(arrays, weight) if not w])) == graph(want), family
+        assert "evaluate" not in frames(bound, *[a for a, w in zip(arrays, weight) if not w])
+        assert mx.allclose(got, want).item()  # (evaluated: its graph is gone)

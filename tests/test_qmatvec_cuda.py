@@ -98,6 +98,7 @@ def _check_rendering(fam, cfg: dict, dtype: str) -> str:  # noqa: ANN001
             f"MB = {cfg['MB']};") in src and f"constexpr int QB = {cfg['QBITS']};" in src
     assert ("ksq::mma16816(" in src) == (cfg["PATH"] == "mma")
     assert ("ksq::field(" in src) == (cfg["PATH"] == "fma")
+    assert ("ks_dyn" in src and "__hsub2(" in src) == (cfg["PATH"] == "h2")  # h2: half2 fields, X staged
     fused = "swiglu" in fam.name
     assert ("ksq::silu_mul(" in src) == fused and ("Wu)" in src) == fused and ctx["NMAT"] == (2 if fused else 1)
     norm, resid = fam.name.startswith("rmsnorm_"), fam.name.endswith("_residual")
@@ -119,7 +120,7 @@ def test_a_sample_of_h100_configs_renders_to_the_kernel_its_knobs_name(name: str
     fam = load_family(name)
     plan = [(c, dtype) for m, bits, dtype in SAMPLE for c in _valid(fam, qshape(m, 4096, bits), dtype)[::3]]
     assert {(c["PATH"], c["MB"]) for c, _ in plan} == {("fma", 1), ("fma", 2), ("fma", 4), ("fma", 8), ("mma", 8),
-                                                      ("mma", 16)} | ({("fma", 16)} if "swiglu" not in name else set())
+                                                      ("mma", 16), ("h2", 1)} | ({("fma", 16)} if "swiglu" not in name else set())
     for cfg, dtype in plan:
         _check_rendering(fam, cfg, dtype)
 
@@ -260,7 +261,9 @@ def test_a_sample_compiles_for_sm90_as_mlx_wraps_it(compiled) -> None:  # noqa: 
     """Every sampled kernel compiles; the mma path stays within ~10 % of the family's register estimate (which
     the registers constraint relies on) with no spills."""
     paths = {(name, cfg["PATH"]) for name, _, cfg, *_ in compiled}
-    assert paths == {(n, p) for n in FAMILIES for p in ("mma", "fma")} and len(compiled) > 40
+    assert paths >= {(n, p) for n in FAMILIES for p in ("mma", "fma")} and len(compiled) > 40
+    assert {p for _, p in paths} == {"mma", "fma", "h2"}  # the h2 path is sampled too (compiled, no spills)
+    assert not [row for row in compiled if row[2]["PATH"] == "h2" and row[4]]
     over = [row for row in compiled if row[2]["PATH"] == "mma" and (row[4] or row[3] > 1.1 * row[5])
             and row[:3] not in MMA_OVER]
     assert not over, over[:5]

@@ -13,6 +13,7 @@ set would sit in the last-level cache, so a launch does not find its operands ho
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -68,20 +69,43 @@ def kernel_arrays(inputs: list[np.ndarray], geometry: Geometry, dtype: str) -> l
     return [to_mx(x, geometry.input_dtype(i, dtype)) for i, x in enumerate(inputs)]
 
 
-def baseline_call(family: Any, problem: Any) -> tuple[list[str], list[str], Callable[[list[Any]], list[Any]]]:
-    """(input names, their dtypes, call): the family's MLX baseline op on device arrays of its inputs,
-    its parameters bound; ``mx.compile``d when the family says so."""
+def judge_op(family: Any, problem: Any) -> Callable[..., Any]:
+    """The op a kernel is judged against, a function of the family's input arrays: the baseline expression as the
+    plain MLX ops a user writes (:func:`kernsearch.evaluation._plain_op.plain_op`: planned once, each value
+    computed once), ``mx.compile``d only where the family gives a reason (``compile_baseline``); its parameters
+    and the problem's dimensions bound. Every timing of the op uses it: the search's, the final round's, the
+    gate's and ``rejudge``'s."""
+    from ..evaluation._plain_op import plain_op
+    from ..family._tree import expr_tree
+
     mx = mx_core()
+    names = {**problem.dims, **family.param_values}
+    direct = {"quantized_matmul": mx.quantized_matmul, "rms_norm": mx.fast.rms_norm,
+              "layer_norm": mx.fast.layer_norm, "matmul": mx.matmul,
+              "softmax": functools.partial(mx.softmax, axis=-1, precise=True)}
+    fn = plain_op(expr_tree(family.baseline), [t.name for t in family.inputs], names,
+                  {**mlx_namespace(), **direct}, _TRAILING)
+    return mx.compile(fn) if family.compile_baseline else fn
+
+
+#: The vocabulary functions :func:`judge_op` calls as the MLX function itself (as a user does, no wrapper frame):
+#: the keyword names of their trailing constant arguments (``_rules.mlx_namespace`` has the same meanings).
+_TRAILING = {"quantized_matmul": ("transpose", "group_size", "bits"), "rms_norm": ("eps",),
+             "layer_norm": ("eps",), "matmul": (), "softmax": ("axis",)}
+
+
+def baseline_call(family: Any, problem: Any) -> tuple[list[str], list[str], Callable[[list[Any]], list[Any]]]:
+    """(input names, their dtypes, call): the family's MLX baseline op (:func:`judge_op`) on device arrays of its
+    inputs, each output an array of the returned list."""
     names = [t.name for t in family.inputs]
     dtypes = [t.resolved_dtype(problem.dtype) for t in family.inputs]
-    ns = {**mlx_namespace(), **problem.dims, **family.param_values}
+    fn = judge_op(family, problem)
 
-    def op(*arrays_: Any) -> list[Any]:
-        out = family.baseline({**ns, **dict(zip(names, arrays_))})
+    def call(arrays_: list[Any]) -> list[Any]:
+        out = fn(*arrays_)
         return list(out) if isinstance(out, (list, tuple)) else [out]
 
-    fn = mx.compile(op) if family.compile_baseline else op
-    return names, dtypes, lambda arrays_: list(fn(*arrays_))
+    return names, dtypes, call
 
 
 def separate_launches(call: Callable[[list[Any]], list[Any]], copies: list[list[Any]]
@@ -208,9 +232,19 @@ class MLXBackend(BaseBackend):
 
     def run(self, kernel: KernelSource, geometry: Geometry, inputs: list[np.ndarray], dtype: str,
             init_value: float | None = float("nan"), **options: Any) -> RunResult:
+        """Every output has a poisoned guard zone after its end (:mod:`._guard`): a write past it is reported."""
+        from ._guard import guarded_run
+
         self.check_available()
-        outs, compile_s = self._first(kernel, geometry, kernel_arrays(inputs, geometry, dtype), init_value)
-        return RunResult([to_numpy(o) for o in outs], [], compile_s)
+        arrays, seconds = kernel_arrays(inputs, geometry, dtype), []
+
+        def launch(guarded: Geometry, init: float | None) -> list[np.ndarray]:
+            outs, compile_s = self._first(kernel, guarded, arrays, init)
+            seconds.append(compile_s)
+            return [to_numpy(o) for o in outs]
+
+        outputs, diagnostics = guarded_run(launch, geometry, init_value, tuple(kernel.output_names))
+        return RunResult(outputs, diagnostics, seconds[0])
 
     # -- timing ---------------------------------------------------------------------------------------
     def input_sets(self, arrays: list[np.ndarray], dtype: str, geometry: Geometry | None = None) -> int:
@@ -275,23 +309,13 @@ class MLXBackend(BaseBackend):
         return chained(call, arrays, self.consumer_link(family))
 
     def consumer_op(self, family: Any, problem: Any, sets: list[dict[str, np.ndarray]]) -> Callable[[int], Any]:
-        """``call(i, previous=None)``: the exported package's planned MLX op (``_runtime.op_call``: constants
-        bound, the function called directly) on input set ``i``, chained as the kernels are."""
+        """``call(i, previous=None)``: the op as a consumer writes it (:func:`judge_op`: the baseline's plain MLX
+        ops, not the exported package's op path) on input set ``i``, chained as the kernels are."""
         from ..evaluation._chain import chained
-        from ..exporting.runtime._runtime import mlx_vocabulary, op_call
-        from ..family._spec import ARRAY_FUNCTIONS
-        from ..family._tree import expr_tree
 
-        mx = mx_core()
         self.check_available()
-        table = {"inputs": [{"name": t.name} for t in family.inputs], "baseline": expr_tree(family.baseline),
-                 "outputs": [{"name": t.name} for t in family.outputs],
-                 "params": [{"name": n, "value": p.number} for n, p in family.params.items()],
-                 "compile_baseline": family.compile_baseline}
-        functions = {n: f for n, f in mlx_vocabulary(mx).items() if n in ARRAY_FUNCTIONS}
-        call = op_call(table, dict(problem.dims), functions, mx)
         arrays = self._consumer_arrays(family, problem, sets)
-        return chained(call, arrays, self.consumer_link(family))
+        return chained(judge_op(family, problem), arrays, self.consumer_link(family))
 
     def consumer_link(self, family: Any) -> Any:
         """The chain's link for ``family`` (:mod:`kernsearch.evaluation._chain`): one object per family, so
@@ -299,7 +323,7 @@ class MLXBackend(BaseBackend):
         from ..evaluation._chain import mlx_link
 
         if family.name not in self._links:
-            self._links[family.name] = mlx_link(family.inputs)
+            self._links[family.name] = mlx_link(family.inputs, family.chain_inputs)
         return self._links[family.name]
 
     def _consumer_arrays(self, family: Any, problem: Any, sets: list[dict[str, np.ndarray]]) -> list[list[Any]]:

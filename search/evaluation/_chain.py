@@ -1,13 +1,15 @@
-"""The chain's link: how a call of a ``graph``-mode chain takes its activation from the previous call's outputs.
+"""The chain's link: how a call of a ``graph``-mode chain takes its activations from the previous call's outputs.
 
 A decode step is a chain: every call waits for the one before. To time a kernel (and the MLX op) that way, call
-``j`` of a chain reads an activation made from call ``j - 1``'s first output by the cheapest op that keeps shapes:
-the output flattened (free: a contiguous view), its first elements taken when it is at least as long as the
-activation (free), else followed by the rest of the input set's own activation (one small copy, e.g. qmatvec's
-down projection, whose output is shorter than its activation), cast where the dtypes differ, and shaped as the
-activation. A family with several activations chains its first (its first input that is not a weight); the
-others stay the input set's. Candidate and op are called through one :class:`Link` object, so the derivation is
-the same op for both and cancels in their ratio.
+``j`` of a chain reads inputs made from call ``j - 1``'s first output. Which inputs the family spec declares
+(``chain_link``): a decode chains its residual stream, so a family that adds a residual R takes the previous
+output as its next R (and its X from it too); the others take their first activation from it (the default: the
+first input that is not a weight). Each fed input is made by the cheapest op that keeps its shape: the previous
+output itself where shape and dtype agree (no op at all), else the output flattened (free: a contiguous view),
+its first elements taken when it is at least as long as the input (free), else followed by the rest of the input
+set's own array (one small copy, e.g. the down projection's X, longer than its output), cast where the dtypes
+differ, and shaped as the input. The inputs not fed stay the input set's. Candidate and op are called through one
+:class:`Link` object, so the derivation is the same op for both.
 
 MLX is imported lazily (the back-end's process has it; this module's importers need not).
 """
@@ -21,51 +23,64 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Link:
-    """The chained input's position among the family's inputs, and the derivation (previous outputs, the input
-    set's own activation) -> the next call's activation."""
+    """The fed inputs' positions among the family's inputs, and the derivation (previous outputs, the input set's
+    own array) -> the next call's array."""
 
-    position: int
+    positions: tuple[int, ...]
     derive: Callable[[Any, Any], Any]
 
 
 def chain_position(inputs: Sequence[Any]) -> int:
-    """The input a chain feeds: the first that is not a weight (the first input when all are)."""
+    """The input a chain feeds by default: the first that is not a weight (the first input when all are)."""
     return next((i for i, t in enumerate(inputs) if not getattr(t, "weight", False)), 0)
 
 
-def mlx_link(inputs: Sequence[Any]) -> Link:
-    """The chain's link for a family's inputs (their specs, in order), derived with MLX ops."""
+def chain_positions(inputs: Sequence[Any], feeds: Sequence[str] = ()) -> tuple[int, ...]:
+    """The positions of the inputs named by ``feeds`` (a spec's validated ``chain_link``); none named: the
+    default one (:func:`chain_position`)."""
+    if not feeds:
+        return (chain_position(inputs),)
+    names = [t.name for t in inputs]
+    return tuple(names.index(name) for name in feeds)
+
+
+def mlx_link(inputs: Sequence[Any], feeds: Sequence[str] = ()) -> Link:
+    """The chain's link for a family's inputs (their specs, in order) and its declared ``chain_link``, derived
+    with MLX ops."""
     import mlx.core as mx
 
-    def derive(previous: Any, activation: Any) -> Any:
+    def derive(previous: Any, own: Any) -> Any:
         y = previous[0] if isinstance(previous, (tuple, list)) else previous
-        flat, size = y.reshape(-1), activation.size
+        if y.shape == own.shape and y.dtype == own.dtype:
+            return y  # the residual stream itself: no op
+        flat, size = y.reshape(-1), own.size
         if flat.size > size:
             flat = flat[:size]
         elif flat.size < size:
-            flat = mx.concatenate([flat, activation.reshape(-1)[flat.size:]])
-        if flat.dtype != activation.dtype:
-            flat = flat.astype(activation.dtype)
-        return flat.reshape(activation.shape)
+            flat = mx.concatenate([flat, own.reshape(-1)[flat.size:]])
+        if flat.dtype != own.dtype:
+            flat = flat.astype(own.dtype)
+        return flat.reshape(own.shape)
 
-    return Link(chain_position(inputs), derive)
+    return Link(chain_positions(inputs, feeds), derive)
 
 
 def chained(run: Callable[..., Any], arrays: Sequence[Sequence[Any]], link: Link) -> Callable[..., Any]:
     """``call(i, previous=None)``: ``run`` on input set ``i``; given ``previous`` (the last call's outputs), the
-    chained input is derived from them by ``link``."""
+    fed inputs are derived from them by ``link``."""
     sets = [list(row) for row in arrays]
-    at = link.position
+    fed_at = link.positions
 
     def call(i: int, previous: Any = None) -> Any:
         row = sets[i % len(sets)]
         if previous is None:
             return run(*row)
         fed = list(row)
-        fed[at] = link.derive(previous, row[at])
+        for at in fed_at:
+            fed[at] = link.derive(previous, row[at])
         return run(*fed)
 
     return call
 
 
-__all__ = ["Link", "chain_position", "chained", "mlx_link"]
+__all__ = ["Link", "chain_position", "chain_positions", "chained", "mlx_link"]

@@ -143,12 +143,38 @@ def ragged_shape(family: Family, dtype: str, chip: Chip, config: Config, near: S
     if declared is not None and declared != tuple(near):
         return declared
     same = shapes.quantities_at(tuple(near))
+    found = [shape for shape in (_cut_each(shapes, tuple(near), same), _cut_together(shapes, tuple(near), same))
+             if shape is not None]
+    # The most dims off every power-of-two tile (odd), then the most dims cut: a dim a tile of the config divides
+    # hides an off-by-one at its edge (gemv at 3x256x256 with VEC 4: N and K cut together by 4 gave 252, which its
+    # 4 outputs per threadgroup divide; N cut alone is 255).
+    return max(found, key=lambda shape: (sum(d % 2 for d in shape), sum(a != b for a, b in zip(shape, near))),
+               default=None)
+
+
+def _cut_each(shapes: _Shapes, near: Shape, same: tuple[object, ...] | None) -> Shape | None:
+    """Each even dim in turn cut by the first of :data:`_CUTS` that keeps the config valid (an odd dim stays: no
+    power-of-two tile divides it); None if none could be cut."""
+    shape = list(near)
+    for i, d in enumerate(near):
+        if d % 2:
+            continue
+        for cut in (c for c in _CUTS if d > c):
+            trial = tuple(shape[:i] + [d - cut] + shape[i + 1:])
+            if shapes.space(trial) is not None and shapes.quantities_at(trial) == same:
+                shape = list(trial)
+                break
+    return tuple(shape) if tuple(shape) != near else None
+
+
+def _cut_together(shapes: _Shapes, near: Shape, same: tuple[object, ...] | None) -> Shape | None:
+    """Every dim above the cut cut by it if that is valid, else as many dims as can be (tied dims stay)."""
     dims = list(range(len(near)))
     for n in range(len(dims), 0, -1):
         for cut in _CUTS:
             for chosen in itertools.combinations(dims, n):
                 shape = tuple(d - cut if i in chosen and d > cut else d for i, d in enumerate(near))
-                if shape != tuple(near) and shapes.space(shape) is not None and shapes.quantities_at(shape) == same:
+                if shape != near and shapes.space(shape) is not None and shapes.quantities_at(shape) == same:
                     return shape
     return None
 

@@ -370,6 +370,11 @@ class Family(_Model):
     #: (independent calls in one evaluation) only where consumers call the family side by side. The first ranks
     #: the search and the final round; graph and eager are always timed and recorded, ``batch`` where declared.
     consumer_modes: list[ConsumerModeName] = Field(default_factory=lambda: list(CONSUMER_MODES), min_length=1)
+    #: The chain's link (docs/timing.md): the inputs a ``graph``-mode chain feeds from the previous call's first
+    #: output, each by the cheapest derivation that keeps its shape, the same for every candidate and the op. A
+    #: decode chains its residual stream: ``["R", "X"]`` for a family that adds a residual R (the next call's R is
+    #: the previous output). Empty (the default): the first input that is not a weight.
+    chain_link: list[str] = Field(default_factory=list, max_length=8)
     path: Path
     #: The spec files merged under this one through ``extends`` (``_extends``), nearest first.
     bases: list[Path] = Field(default_factory=list)
@@ -416,6 +421,13 @@ class Family(_Model):
         items = self.baseline.items if isinstance(self.baseline, PerOutput) else (self.baseline.text,)
         name = " and ".join(dict.fromkeys(_op_name(text) for text in items))
         return f"mx.compile({name})" if self.compile_baseline else name
+
+    @property
+    def chain_inputs(self) -> tuple[str, ...]:
+        """The inputs a chain feeds from the previous call (``chain_link``, else the first that is not a weight)."""
+        if self.chain_link:
+            return tuple(self.chain_link)
+        return (next((t.name for t in self.inputs if not t.weight), self.inputs[0].name),)
 
     @property
     def kernel_input_names(self) -> tuple[str, ...]:
@@ -488,6 +500,7 @@ def _check_names(fam: Family) -> None:
         names.require(f"tolerance.{dtype}.rtol", tol.rtol, scalars)
         names.require(f"tolerance.{dtype}.atol", tol.atol, scalars)
     errors += _default_errors(fam)
+    errors += _chain_link_errors(fam)
     if errors:
         raise ValueError(_CROSS + _CROSS.join(errors))
 
@@ -515,6 +528,22 @@ def _array_vocabulary(fam: Family) -> str:
     functions = ", ".join(_MEANINGS.get(name, name) for name in sorted(ARRAY_FUNCTIONS))
     own = [t.name for t in fam.inputs] + list(fam.problem.dims) + list(fam.params)
     return f"the functions {functions}; the inputs, dimensions and parameters {', '.join(own)}"
+
+
+def _chain_link_errors(fam: Family) -> list[str]:
+    """``chain_link`` names activations of this family, each once: a weight is the same array in every call of a
+    model (rotated cold by the timing), never made by the call before."""
+    inputs = {t.name: t for t in fam.inputs}
+    errors = []
+    for name in fam.chain_link:
+        shown = repr(name[:48]) + ("..." if len(name) > 48 else "")
+        if name not in inputs:
+            errors.append(f"chain_link: {shown} is not an input of this family (inputs: {', '.join(inputs)})")
+        elif inputs[name].weight:
+            errors.append(f"chain_link: {shown} is a weight; a chain feeds activations (inputs that are not weights)")
+    if len(set(fam.chain_link)) != len(fam.chain_link):
+        errors.append("chain_link: an input is named twice")
+    return errors
 
 
 def _identifier_errors(fam: Family) -> list[str]:

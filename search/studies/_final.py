@@ -20,7 +20,47 @@ from .._vocabulary import CONSUMER_MODES, Verifier
 if TYPE_CHECKING:
     from ._study import TrialSummary
 
-__all__ = ["FinalRound", "FinalistCheck", "FinalistTime", "ModeFigures", "judge"]
+__all__ = ["BoundsChecks", "FinalRound", "FinalistCheck", "FinalistTime", "ModeFigures", "judge"]
+
+
+@dataclass(frozen=True)
+class BoundsChecks:
+    """The out-of-bounds checks a winner passed before it may be published, and where each ran (``docs/msl-subset.md``,
+    "Modes and diagnostics"; a publish line says exactly these: :meth:`text`).
+
+    ``device``: its runs on the GPU (the tuned shape and a ragged one) had a poisoned guard zone after every output
+    that stayed untouched. ``interpreter``: the target of the template the CPU interpreter ran at a ragged shape in
+    check mode, threadgroups reversed, guard zones, and in the sanitizer build (the kernel's own ``metal``, or the
+    Metal twin of a ``cuda`` kernel); None: it did not run, ``why_not`` says why. The GPU allows neither a chosen
+    threadgroup order nor checked reads, so a CUDA kernel's are checked only as far as its Metal twin is."""
+
+    device: bool = False
+    interpreter: str | None = None
+    target: str = ""  # the published kernel's target
+    why_not: str = ""
+
+    def text(self) -> str:
+        checks = "sanitizer build, guard zones, reversed threadgroups"
+        if not self.device:  # proven on the interpreter alone (a modeled winner)
+            return f"checked ({checks})" if self.interpreter else f"not checked ({self.why_not or 'no record'})"
+        if self.interpreter and self.interpreter == self.target:
+            return f"checked (guard zones on the device; {checks} on the interpreter)"
+        gpu = f"guard zones checked on the device; out-of-bounds reads and threadgroup order of this {self.target} " \
+              "kernel: not checked (the GPU allows neither)"
+        if self.interpreter:
+            return f"{gpu}; its {self.interpreter} twin checked on the interpreter ({checks})"
+        return f"{gpu}; the interpreter's checks did not run ({self.why_not or 'no record'})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "interpreter": self.interpreter, "target": self.target, "why_not": self.why_not}
+
+    @classmethod
+    def from_dict(cls, data: object) -> BoundsChecks | None:
+        """None when ``data`` is not a record of checks (fields of the wrong type are dropped)."""
+        if not isinstance(data, dict):
+            return None
+        return cls(_flag(data.get("device")) or False, _text(data.get("interpreter")),
+                   (_text(data.get("target")) or "")[:40], (_text(data.get("why_not")) or "")[:300])
 
 
 @dataclass(frozen=True)
@@ -37,6 +77,7 @@ class FinalistCheck:
     reason: str | None = None
     detail: str | None = None
     sha256: str = ""  # the rendered source the check ran (a proof is of that exact kernel)
+    bounds: BoundsChecks | None = None  # the winner's out-of-bounds checks (None: none recorded)
 
     def to_dict(self) -> dict[str, Any]:
         if not self.ok:
@@ -47,6 +88,8 @@ class FinalistCheck:
             d["sha256"] = self.sha256
         if self.also is not None:
             d.update(also=list(self.also), threadgroups_checked=self.threadgroups_checked)
+        if self.bounds is not None:
+            d["bounds"] = self.bounds.to_dict()
         return d
 
     @classmethod
@@ -63,7 +106,8 @@ class FinalistCheck:
         also = data.get("also")
         return cls(True, err, _ints(data.get("shape")),
                    tuple(str(s) for s in also) if isinstance(also, list) else None,
-                   _int(data.get("threadgroups_checked")), sha256=_text(data.get("sha256")) or "")
+                   _int(data.get("threadgroups_checked")), sha256=_text(data.get("sha256")) or "",
+                   bounds=BoundsChecks.from_dict(data.get("bounds")))
 
 
 @dataclass(frozen=True)

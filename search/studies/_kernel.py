@@ -5,6 +5,8 @@ and the winner a search hands to the store. The measured objective (``_measured`
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .._errors import BackendError, KernsearchError, VariantFailure
@@ -22,6 +24,8 @@ PICKS = 3
 #: Threadgroups of the tuned shape a winner runs on the interpreter before publishing (corners, edges,
 #: random interior ones): a big problem cannot run whole on the CPU, a sample of its tiles can.
 TUNED_SAMPLE = 12
+#: The back-end that runs the interpreter's checks (the CPU Metal interpreter).
+INTERPRETER_BACKEND = "cpu"
 
 if TYPE_CHECKING:
     from ..artifacts._artifacts import ArtifactStore, PublishOutcome
@@ -278,6 +282,26 @@ class KernelVariants(Objective):
         proof: Proof = self.worker().call(verify_variant, task, timeout=within)
         return proof
 
+    def interpreter_ragged(self, config: Config, where: str = "a ragged shape") -> Proof:
+        """The interpreter's out-of-bounds checks of ``config``'s Metal template at a ragged shape near its verification
+        shape (every size off the tiles): check mode (races, missing barriers, uninitialized reads) with threadgroups
+        in reverse order (a late write past a tile's edge is then not overwritten by the next tile's right value) and a
+        poisoned guard zone after every output, then the sanitizer build (a read or write outside any buffer names its
+        template line). Raises :class:`VariantFailure` naming the shape (:class:`FailureAt`)."""
+        from .._steps import step
+
+        timeout = max(1.0, self.timeout - 5, 60.0)  # the interpreter's, per run
+        ragged = self.ragged_shape(config) or self.verify_shape(config)
+        text = "x".join(map(str, ragged))
+        with step(f"verifying the winner on the interpreter at a ragged shape {text} (check mode: races, missing "
+                  "barriers; threadgroups in reverse order)"), failing_at(where, ragged):
+            res = self.verify_at(config, ragged, backend=INTERPRETER_BACKEND, mode="check", timeout=timeout,
+                                 schedule="reversed", within=max(self.timeout, 60.0) * 2)
+        with step(f"checking the winner's device-buffer bounds at {text} (sanitizer build)"), failing_at(where, ragged):
+            self.verify_at(config, ragged, backend=INTERPRETER_BACKEND, mode="sanitize", timeout=timeout,
+                           within=max(self.timeout, 60.0) * 2)
+        return res
+
     # -- the winner ---------------------------------------------------------------------------------
     def unpublishable(self) -> str | None:
         """Why no winner of this search could be published, known before it starts (None: one can be)."""
@@ -350,6 +374,25 @@ class KernelVariants(Objective):
             self._worker = None
 
 
+class FailureAt(VariantFailure):
+    """A winner's further check failed: the failure names the shape it failed at."""
+
+    def __init__(self, failure: VariantFailure, where: str, shape: tuple[int, ...]) -> None:
+        super().__init__(failure.reason, f"at {where} {'x'.join(map(str, shape))}: {failure.detail}")
+        self.shape = shape
+
+
+@contextmanager
+def failing_at(where: str, shape: tuple[int, ...]) -> Iterator[None]:
+    """A :class:`VariantFailure` inside, raised again as a :class:`FailureAt` ``where`` at ``shape``."""
+    try:
+        yield
+    except FailureAt:
+        raise
+    except VariantFailure as exc:
+        raise FailureAt(exc, where, tuple(shape)) from None
+
+
 def roofline(chip: Chip, problem: Problem) -> tuple[float, str]:
     """The problem's roofline time on ``chip`` in seconds, and what bounds it: its FLOPs at the compute peak
     ("compute peak") or its bytes at the DRAM bandwidth ("DRAM bandwidth"), whichever takes longer."""
@@ -378,4 +421,5 @@ def model_prior(space: Space, configs: list[Config]) -> list[float] | None:
     return None if predictions is None else [p.time_ms for p in predictions]
 
 
-__all__ = ["PICKS", "TUNED_SAMPLE", "KernelVariants", "model_prior", "roofline", "roofline_pct"]
+__all__ = ["INTERPRETER_BACKEND", "PICKS", "TUNED_SAMPLE", "FailureAt", "KernelVariants", "failing_at", "model_prior",
+           "roofline", "roofline_pct"]

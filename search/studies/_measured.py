@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import KernsearchError, VariantFailure
 from .._records import FinalTimings, Measurement, Proof
-from .._vocabulary import Verifier
+from .._vocabulary import Target, Verifier
 from ..family._space import Config
-from ._final import FinalistCheck, FinalRound, judge
-from ._kernel import KernelVariants
+from ._final import BoundsChecks, FinalistCheck, FinalRound, judge
+from ._kernel import FailureAt, KernelVariants, failing_at
 from ._study import Record, TrialSummary
 
 if TYPE_CHECKING:
@@ -159,25 +159,70 @@ class MeasuredObjective(KernelVariants):
         for i in sorted(keep, key=lambda i: float(np.median(samples[i]))):
             t = top[i]
             ragged = self.ragged_shape(t.config, near=tuple(self.problem.shape))
-            if ragged is None:  # no smaller shape off the tiles where this config is valid: nothing more to run
-                break
+            bounds = self._bounds(t.config)  # the interpreter's reason not to run, asked once
             try:
-                with step(f"verifying trial {t.number} on the device at a ragged shape {'x'.join(map(str, ragged))}"):
-                    res = self.verify_at(t.config, ragged, backend=self.backend)
+                if ragged is not None:
+                    with step(f"verifying trial {t.number} on the device at a ragged shape "
+                              f"{'x'.join(map(str, ragged))} (a poisoned guard zone after every output)"), \
+                            failing_at("a ragged shape on the device", ragged):
+                        res = self.verify_at(t.config, ragged, backend=self.backend)
+                if not bounds.why_not:  # the same checks as a modeled winner's, of the Metal template
+                    twin = "" if self.target == Target.METAL else f" (its {Target.METAL} twin)"
+                    self.interpreter_ragged(t.config, where=f"a ragged shape on the interpreter{twin}")
             except VariantFailure as exc:
-                checks[t.number] = FinalistCheck(False, reason=exc.reason, detail=exc.detail[:300])
+                failed = exc.shape if isinstance(exc, FailureAt) else ()
+                checks[t.number] = FinalistCheck(False, shape=failed, reason=exc.reason, detail=exc.detail[:400])
                 keep.remove(i)
                 continue
-            checks[t.number] = FinalistCheck(True, max(t.max_abs_err or 0.0, res.max_abs_err),
-                                             tuple(self.problem.shape), ("x".join(map(str, ragged)),),
-                                             sha256=self.rendered_sha256(t.config) or "")
+            also = ("x".join(map(str, ragged)),) if ragged is not None else ()
+            err = max(t.max_abs_err or 0.0, res.max_abs_err if ragged is not None else 0.0)
+            checks[t.number] = FinalistCheck(True, err, tuple(self.problem.shape), also,
+                                             sha256=self.rendered_sha256(t.config) or "", bounds=bounds)
             break
         shape = tuple(self.problem.shape)
         if not keep:
             return FinalRound(None, verified_on=Verifier.DEVICE, verify_shape=shape, checks=checks,
-                              note="no finalist is correct on the device at a ragged shape")
+                              note="no finalist passed the checks before publishing (on the device at a ragged shape, "
+                                   "guard zones; the interpreter's out-of-bounds checks)")
         final = judge([top[i] for i in keep], timings.keep(keep), tuple(self.family.consumer_modes))
         return replace(final, verified_on=Verifier.DEVICE, verify_shape=shape, checks=checks)
+
+    def _bounds(self, config: Config) -> BoundsChecks:
+        """The out-of-bounds checks a finalist gets here (:class:`BoundsChecks`): guard zones on the device, and the
+        interpreter's checks of the family's Metal template (the kernel itself, or a CUDA kernel's twin) where there
+        is one and the interpreter runs here; else ``why_not`` says why they cannot run."""
+        from .._errors import BackendError
+
+        metal = Target.METAL.value
+        why = ""
+        if metal not in self.family.templates:
+            why = f"the family has no {metal} template for the interpreter to run"
+        elif (twin := self._no_twin(config)):
+            why = twin
+        else:
+            try:
+                from ..interp._compile import compiler
+
+                compiler()
+            except BackendError as exc:
+                why = f"no interpreter here: {str(exc)[:200]}"
+        return BoundsChecks(True, None if why else metal, self.target, why)
+
+    def _no_twin(self, config: Config) -> str:
+        """Why a CUDA config has no Metal twin to check ('' where it has one): the family's constraints on an Apple
+        chip refuse it (a tensor-core or half2 path is NVIDIA-only), so its Metal template renders no kernel."""
+        if self.target == Target.METAL:
+            return ""
+        from ..family._space import Space, make_problem
+        from ..hardware._chips import default_apple_chip
+
+        apple = default_apple_chip()
+        try:
+            problem = make_problem(self.family, self.problem.shape, self.problem.dtype, apple)
+            bad = Space(problem, apple).violations(config)
+        except KernsearchError as exc:
+            return f"this config has no {Target.METAL.value} twin to check ({str(exc)[:160]})"
+        return f"this config has no {Target.METAL.value} twin to check ({bad[0]})" if bad else ""
 
     def _proof(self, best: TrialSummary, check: FinalistCheck | None) -> Proof | None:
         """Verified on the device at the tuned shape when it was timed, and at a ragged shape in the final round."""

@@ -8,8 +8,6 @@ published. The interpreter runs Metal only: a modeled CUDA kernel cannot be veri
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .._errors import BackendError, KernsearchError, VariantFailure
@@ -17,8 +15,8 @@ from .._records import Proof
 from .._vocabulary import Target, Verifier
 from ..family._space import Config
 from ..hardware._targets import interpretable
-from ._final import FinalistCheck, FinalRound
-from ._kernel import PICKS, TUNED_SAMPLE, KernelVariants
+from ._final import BoundsChecks, FinalistCheck, FinalRound
+from ._kernel import PICKS, TUNED_SAMPLE, FailureAt, KernelVariants, failing_at
 from ._study import Record, TrialSummary
 
 if TYPE_CHECKING:
@@ -108,7 +106,8 @@ class ModeledObjective(KernelVariants):
                     err = max(c.max_abs_err, extra.max_abs_err if extra is not None else 0.0)
                     checks[t.number] = FinalistCheck(True, err, shape, extra.shapes if extra is not None else (),
                                                      extra.threadgroups_checked if extra is not None else None,
-                                                     sha256=sha)
+                                                     sha256=sha, bounds=BoundsChecks(interpreter=self.target,
+                                                                                     target=self.target))
                     winner = t.number
             except VariantFailure as exc:  # the shape that failed: the finalist's own, or one of the winner's
                 failed = exc.shape if isinstance(exc, FailureAt) else shape
@@ -172,20 +171,11 @@ class ModeledObjective(KernelVariants):
         timeout = max(1.0, self.timeout - 5)  # the interpreter's, per run
         if shape != self.verify_shape(config):
             with step(f"verifying the winner on the interpreter at the tuned shape {self.problem.shape_text} "
-                      f"({TUNED_SAMPLE} threadgroups, in reverse order)"), _at("the tuned shape", shape):
+                      f"({TUNED_SAMPLE} threadgroups, in reverse order)"), failing_at("the tuned shape", shape):
                 proof = self.verify_at(config, shape, within=max(self.timeout, 60.0) * 4, mode="fast",
                                        timeout=timeout, sample_threadgroups=TUNED_SAMPLE, schedule="reversed")
-        ragged = self.ragged_shape(config) or self.verify_shape(config)
-        text = "x".join(map(str, ragged))
-        with step(f"verifying the winner on the interpreter at a ragged shape {text} (check mode: races, missing "
-                  "barriers; threadgroups in reverse order)"), _at("a ragged shape", ragged):
-            res = self.verify_at(config, ragged, mode="check", timeout=max(timeout, 60.0), schedule="reversed",
-                                 within=max(self.timeout, 60.0) * 2)
+        res = self.interpreter_ragged(config)
         proof = proof.also(res) if proof is not None else res
-        with step(f"checking the winner's device-buffer bounds at {text} (sanitizer build)"), \
-                _at("a ragged shape", ragged):
-            self.verify_at(config, ragged, mode="sanitize", timeout=max(timeout, 60.0),
-                           within=max(self.timeout, 60.0) * 2)
         return proof
 
     def unpublishable(self) -> str | None:
@@ -198,21 +188,3 @@ class ModeledObjective(KernelVariants):
             return (f"a modeled {language} kernel for {self.chip.name} cannot be verified here (the CPU interpreter "
                     f"runs Metal only), so nothing could be published; tune on the {self.chip.name} itself to publish")
         return "--verify none verifies nothing, so nothing could be published"
-
-
-class FailureAt(VariantFailure):
-    """A winner's further check failed: the failure names the shape it failed at."""
-
-    def __init__(self, failure: VariantFailure, where: str, shape: tuple[int, ...]) -> None:
-        super().__init__(failure.reason, f"at {where} {'x'.join(map(str, shape))}: {failure.detail}")
-        self.shape = shape
-
-
-@contextmanager
-def _at(where: str, shape: tuple[int, ...]) -> Iterator[None]:
-    try:
-        yield
-    except FailureAt:
-        raise
-    except VariantFailure as exc:
-        raise FailureAt(exc, where, tuple(shape)) from None

@@ -42,6 +42,27 @@ def _ordered(values: Sequence[Any]) -> bool:
     return len(values) > 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
+def _log_times(done: Sequence[tuple[int, float]]) -> tuple[np.ndarray, np.ndarray]:
+    """The rows that ran and their times' logs."""
+    return np.array([i for i, _ in done]), np.log(np.maximum(np.array([v for _, v in done], dtype=float), 1e-12))
+
+
+def training_rows(done: Sequence[tuple[int, float]], failed: Sequence[int], rng: np.random.Generator,
+                  max_train: int) -> tuple[np.ndarray, np.ndarray]:
+    """A surrogate's training set (rows, log times): what ran, a failed config counting as slower than the slowest
+    that ran (``FAILURE_PENALTY``), and past ``max_train`` rows the best half and a random rest."""
+    idx, y = _log_times(done)
+    if failed:
+        idx = np.concatenate([idx, np.array(failed)])
+        y = np.concatenate([y, np.full(len(failed), y.max() + FAILURE_PENALTY)])
+    if len(idx) > max_train:
+        order = np.argsort(y)
+        keep = np.concatenate([order[: max_train // 2],
+                               rng.choice(order[max_train // 2:], max_train // 2, replace=False)])
+        idx, y = idx[keep], y[keep]
+    return idx, y
+
+
 class ValidSetSearch:
     """Proposes valid, unevaluated configs: prior or space-filling start, then GP expected improvement."""
 
@@ -142,18 +163,12 @@ class ValidSetSearch:
         return int(sample[int(np.argmax(gap))])
 
     def _model_pick(self, free: np.ndarray, done: list[tuple[int, float]], failed: list[int]) -> int:
-        idx = np.array([i for i, _ in done])
-        y = np.log(np.maximum(np.array([v for _, v in done], dtype=float), 1e-12))
         prior = self.prior_log  # its level is not the measurements': shifted by their median difference
-        shift = float(np.median(y - prior[idx])) if prior is not None else 0.0
-        if failed:  # a failed config counts as slower than the slowest that ran
-            idx = np.concatenate([idx, np.array(failed)])
-            y = np.concatenate([y, np.full(len(failed), y.max() + FAILURE_PENALTY)])
-        if len(idx) > MAX_TRAIN:  # the best half and a random rest
-            order = np.argsort(y)
-            keep = np.concatenate([order[: MAX_TRAIN // 2],
-                                   self.np_rng.choice(order[MAX_TRAIN // 2:], MAX_TRAIN // 2, replace=False)])
-            idx, y = idx[keep], y[keep]
+        shift = 0.0
+        if prior is not None:
+            ran, log_t = _log_times(done)
+            shift = float(np.median(log_t - prior[ran]))
+        idx, y = training_rows(done, failed, self.np_rng, MAX_TRAIN)
         if prior is not None:
             m: Callable[[np.ndarray], np.ndarray] = lambda ix: prior[ix] + shift  # noqa: E731
         else:

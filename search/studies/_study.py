@@ -10,7 +10,8 @@ Python API (what the CLI, the nightly flows and the GPU scripts call)::
     result.best.config, result.best.time_ms, result.evidence, result.top, result.failures
 
 ``run_study`` takes any :class:`Objective` (a replayed landscape's ``Replay(path).objective()`` is
-another) and keyword options: ``sampler`` (``tpe`` | ``random`` | ``grid``), ``patience`` (stop after that
+another) and keyword options: ``sampler`` (``default`` | ``tpe`` | ``random`` | ``grid`` | ``auto`` | ``forest``:
+the last two propose only valid configs, ``_strategy`` and ``_forest``), ``patience`` (stop after that
 many evaluated trials without a new best), ``finalists``, ``progress`` (a callback receiving
 :class:`Progress`), ``stop`` (a callable; true ends the search). What a trial does (``verify``: ``all`` |
 ``finalists`` | ``none``, ``timeout`` seconds per variant) is the objective's.
@@ -70,7 +71,7 @@ if TYPE_CHECKING:
 STATUS_OK, STATUS_FAILED, STATUS_INVALID, STATUS_KNOWN = (TrialStatus.OK, TrialStatus.FAILED, TrialStatus.INVALID,
                                                           TrialStatus.KNOWN)
 STATUS_CANCELLED, STATUS_NOT_WINNING = TrialStatus.CANCELLED, TrialStatus.NOT_WINNING
-SAMPLERS = ("default", "tpe", "random", "grid", "auto")
+SAMPLERS = ("default", "tpe", "random", "grid", "auto", "forest")
 #: ``default``: ``auto`` when the objective has a prior (the chip's performance model ranks the family's
 #: configs), else ``tpe``. Measured on the held-out H100 GEMM landscape (benchmarks/search_landscapes.txt):
 #: with the prior, auto scores 0.999 at 1 % of the space where TPE scores 0.61; without one, auto is not
@@ -405,7 +406,7 @@ def make_sampler(name: str, seed: int | None, knobs: dict[str, list[Any]]) -> op
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10,
                                               constant_liar=CONSTANT_LIAR)
-    if name in ("random", "auto"):  # auto: every config comes from ValidSetSearch (fixed), Optuna only stores
+    if name in ("random", "auto", "forest"):  # auto, forest: every config comes from the strategy, Optuna only stores
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
         class Grid(optuna.samplers.GridSampler):
@@ -764,13 +765,9 @@ class _Search:
         busy = {k for _, _, k in self.ahead}
         if self.first:
             return self.first.pop(0)
-        if self.sampler == "auto":  # only valid, unevaluated configs are proposed
+        if self.sampler in ("auto", "forest"):  # only valid, unevaluated configs are proposed
             if self.strategy is None:
-                from ._strategy import ValidSetSearch
-
-                prior = self.prior
-                self.strategy = ValidSetSearch(self.objective.knobs, self.objective.valid_configs(), seed=self.seed,
-                                               budget=self.trials, prior=lambda configs: prior)
+                self.strategy = self._valid_set_strategy()
             fixed: Config | None = self.strategy.propose(self.known, busy) or _fill(
                 self.known, self.objective, self.rng, busy)
             return fixed
@@ -781,6 +778,19 @@ class _Search:
         if self.sampler == "tpe" and LOCAL_EVERY and queued >= 10 and queued % LOCAL_EVERY == LOCAL_EVERY - 1:
             return _neighbour(self.known, self.objective, self.rng, busy)  # one knob from a leader
         return None
+
+    def _valid_set_strategy(self) -> Any:
+        """The strategy that proposes from the enumerated valid set: ``auto``'s GP (with the prior) or ``forest``."""
+        if self.sampler == "forest":
+            from ._forest import ForestSearch
+
+            return ForestSearch(self.objective.knobs, self.objective.valid_configs(), seed=self.seed,
+                                budget=self.trials)
+        from ._strategy import ValidSetSearch
+
+        prior = self.prior
+        return ValidSetSearch(self.objective.knobs, self.objective.valid_configs(), seed=self.seed, budget=self.trials,
+                              prior=lambda configs: prior)
 
     def _propose(self) -> None:
         """Ask for a trial; record it at once when it is invalid or known, else queue it for evaluation."""
@@ -796,7 +806,8 @@ class _Search:
                 t.number != trial.number and all(t.number != a.number for a, _, _ in self.ahead)
                 for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
         self.last_number = trial.number
-        config = {k: trial.params[k] for k in objective.knobs}
+        params = trial.params  # a copy per access (Optuna): read once
+        config = {k: params[k] for k in objective.knobs}
         key = format_config(config)
         trial.set_user_attr("config", config)
         why = objective.violation(config)

@@ -35,10 +35,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 try:  # an exported package: the shared modules sit beside this file
     from ._rules import (  # type: ignore[import-not-found,unused-ignore]
+        BINARY,
         DEFAULT_MARGIN,
         FUNCTIONS,
+        KEYWORDS,
         MLX_KERNELS,
         SHARED_MEMORY_AT_BUILD,
+        UNARY,
         VENDOR_TARGETS,
         ExpressionError,
         beats_op,
@@ -61,10 +64,13 @@ try:  # an exported package: the shared modules sit beside this file
     from ._vocabulary import CONSUMER_MODES, Evidence, Target  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # kernsearch itself: the same modules, at the bottom of its package
     from ..._rules import (
+        BINARY,
         DEFAULT_MARGIN,
         FUNCTIONS,
+        KEYWORDS,
         MLX_KERNELS,
         SHARED_MEMORY_AT_BUILD,
+        UNARY,
         VENDOR_TARGETS,
         ExpressionError,
         beats_op,
@@ -94,8 +100,8 @@ DISABLE_VAR = "KERNSEARCH_KERNELS"
 __all__ = ["CONSUMER_MODES", "DEFAULT_MARGIN", "FUNCTIONS", "MLX_KERNELS", "SHARED_MEMORY_AT_BUILD", "VENDOR_TARGETS",
            "Decision", "Dispatcher", "ExpressionError", "artifact_mismatch", "beats_op", "consumer_low",
            "content_sha256", "cuda_driver_version", "decision_fields", "evaluate", "identify", "kernel_call",
-           "lineage", "mlx_vocabulary", "modes_text", "nvrtc_version", "op_call", "source_sha256", "speedup_text",
-           "timing_identity", "violation"]
+           "lineage", "mlx_vocabulary", "modes_text", "nvrtc_version", "op_call", "shape_refusal", "source_sha256",
+           "speedup_text", "timing_identity", "violation", "weights_refusal"]
 #: The MLX meaning of the names a baseline may call (``_rules.mlx_namespace``).
 mlx_vocabulary = mlx_namespace
 
@@ -125,67 +131,345 @@ def kernel_call(kernel: Any, template: Sequence[Any], grid: Tuple[int, ...], thr
     return compiled
 
 
-#: Baseline functions a planned op calls directly: name -> (MLX function, names of its trailing constant
-#: arguments, fixed keywords). A call ``f(inputs in order..., constants...)`` becomes one C-level partial.
-_DIRECT: Dict[str, Tuple[str, Tuple[str, ...], Dict[str, Any]]] = {
-    "matmul": ("matmul", (), {}),
-    "quantized_matmul": ("quantized_matmul", ("transpose", "group_size", "bits"), {}),
-    "rms_norm": ("fast.rms_norm", ("eps",), {}),
-    "layer_norm": ("fast.layer_norm", ("eps",), {}),
-    "softmax": ("softmax", ("axis",), {"precise": True, "axis": -1}),
+# -- the op path: the baseline's MLX ops, called as a consumer writes them --------------------------------
+
+_REQUIRED = object()
+#: Vocabulary functions called as MLX's own function, every argument positional (no wrapper frame, no keyword
+#: merging): name -> (MLX attribute, the vocabulary function's parameters with their defaults, keywords MLX takes
+#: by name only). Arguments named ``eps`` are passed as floats, as the vocabulary does.
+_DIRECT: Dict[str, Tuple[str, Tuple[Tuple[str, Any], ...], Dict[str, Any]]] = {
+    "quantized_matmul": ("quantized_matmul", (("x", _REQUIRED), ("w", _REQUIRED), ("scales", _REQUIRED),
+                                              ("biases", _REQUIRED), ("transpose", True), ("group_size", 64),
+                                              ("bits", 4)), {}),
+    "rms_norm": ("fast.rms_norm", (("x", _REQUIRED), ("w", _REQUIRED), ("eps", _REQUIRED)), {}),
+    "layer_norm": ("fast.layer_norm", (("x", _REQUIRED), ("w", _REQUIRED), ("b", _REQUIRED), ("eps", _REQUIRED)), {}),
+    "softmax": ("softmax", (("x", _REQUIRED), ("axis", -1)), {"precise": True}),
 }
 
 
 def op_call(fam: Dict[str, Any], dims: Optional[Dict[str, int]], functions: Dict[str, Callable[..., Any]],
-            mx: Any) -> Callable[..., Any]:
-    """The family's MLX baseline as a function of its inputs' arrays, planned once for one shape: constant
-    arguments (parameters, values of the dimensions) are evaluated here, never per call; a plain call of a
-    baseline function is the MLX function itself or a partial of it (no evaluator, no frame of this file)."""
-    order = [spec["name"] for spec in fam["inputs"]]
-    tree = fam["baseline"]
+            mx: Any, fixed: Optional[Dict[str, Any]] = None) -> Callable[..., Any]:
+    """The family's MLX baseline as a function of its inputs' arrays (of the inputs not in ``fixed``, in order,
+    where :meth:`Dispatcher.bind` fixes the weights), planned once for one shape: the MLX ops the baseline names,
+    called as a consumer writes them — never ``mx.compile``d (a compiled call costs more in a chain of dependent
+    calls than the plain ops, measured on an H200), each shared subexpression once (``rms_norm(X)`` feeding two
+    projections), constants (parameters, values of the dimensions) evaluated here, not per call. A baseline that
+    is a single call of inputs in order is the MLX function itself or one frame around it."""
+    fixed = fixed or {}
+    order = [spec["name"] for spec in fam["inputs"] if spec["name"] not in fixed]
     names: Dict[str, Any] = {**(dims or {}), **{p["name"]: p["value"] for p in fam.get("params", [])}}
-    if fam.get("compile_baseline"):  # one mx.compile'd function of the inputs
-        compiled = mx.compile(lambda *xs: evaluate(tree, {**names, **dict(zip(order, xs))}, functions))
-        if len(fam.get("outputs", ())) > 1:
-            return lambda *xs: _outputs(compiled(*xs))
-        return compiled  # type: ignore[no-any-return]
-    direct = _direct_call(tree, order, names, functions, mx)
-    if direct is not None:
-        return direct
+    tree = fam["baseline"]
+    try:
+        return _Program(order, fixed, names, functions, mx).build(tree)
+    except (ExpressionError, ArithmeticError, TypeError, ValueError, KeyError, RecursionError):
+        pass  # a constant that does not evaluate: the whole expression per call (which says why)
+    bound = {**names, **fixed}
 
-    def run(*arrays: Any) -> Any:  # an expression of several operations: evaluated (its constants included)
-        return _outputs(evaluate(tree, {**names, **dict(zip(order, arrays))}, functions))
+    def run(*arrays: Any) -> Any:
+        return _outputs(evaluate(tree, {**bound, **dict(zip(order, arrays))}, functions))
 
     return run
 
 
-def _direct_call(tree: Any, order: List[str], names: Dict[str, Any], functions: Dict[str, Callable[..., Any]],
-                 mx: Any) -> Optional[Callable[..., Any]]:
-    """``f(inputs in order, constants...)`` as a partial of the MLX function (None: not of that form)."""
-    if tree[0] != "call" or tree[1] not in functions:
+class _Program:
+    """A baseline tree as nested closures of ``ext``, the call's arrays followed by its shared values (each
+    computed once per call, in order). An operand is ``("slot", i)`` (``ext[i]``), ``("const", v)`` (evaluated
+    here) or ``("fn", f)`` (``f(ext)``); a node the closures do not cover is evaluated by ``evaluate`` per call."""
+
+    def __init__(self, order: List[str], fixed: Dict[str, Any], names: Dict[str, Any],
+                 functions: Dict[str, Callable[..., Any]], mx: Any) -> None:
+        self.slots = {n: i for i, n in enumerate(order)}
+        self.fixed, self.names, self.functions, self.mx = fixed, names, functions, mx
+        self.arrays = set(order) | set(fixed)
+        self.uses: Dict[str, int] = {}
+        self.memo: Dict[str, Tuple[str, Any]] = {}
+        self.lets: List[Callable[[Any], Any]] = []
+        #: The root's parts where it is a two-operand node or a call of a node and inputs, so that the op takes the
+        #: call's arrays itself (no frame around the root).
+        self.pieces: Optional[Tuple[str, Any]] = None
+        #: (function, slots, constants, keywords) where the whole baseline is one call of arrays, then constants.
+        self.simple: Optional[Tuple[Callable[..., Any], List[int], Tuple[Any, ...], Dict[str, Any]]] = None
+
+    def build(self, tree: Any) -> Callable[..., Any]:
+        self._count(tree)
+        root = self._operand(tree, top=True)
+        n_in, lets = len(self.slots), tuple(self.lets)
+        if lets:
+            f = self._fn(root)
+
+            def op(*xs: Any) -> Any:
+                ext = list(xs)
+                for let in lets:
+                    ext.append(let(ext))
+                return f(ext)
+
+            return op
+        if self.simple is not None and self.simple[1] == list(range(n_in)):
+            fn, _, consts, kw = self.simple
+            return _plain_call(fn, consts, kw)
+        if root[0] == "const":
+            value = root[1]
+            return lambda *xs: value
+        return _star_root(self.pieces) or _entry(self._fn(root))
+
+    # -- pass 1: what is shared ------------------------------------------------------------------------
+    def _count(self, t: Any) -> None:
+        if not self._reads(t) or t[0] == "name":
+            return
+        key = json.dumps(t)
+        self.uses[key] = self.uses.get(key, 0) + 1
+        if self.uses[key] == 1:  # a shared subtree's parts are computed once with it
+            for child in _children(t):
+                self._count(child)
+
+    def _reads(self, t: Any) -> bool:
+        return bool(names_in(t) & self.arrays)
+
+    # -- pass 2: closures -------------------------------------------------------------------------------
+    def _operand(self, t: Any, top: bool = False) -> Tuple[str, Any]:
+        if not self._reads(t):
+            return ("const", evaluate(t, self.names, self.functions))
+        if t[0] == "name":
+            return ("slot", self.slots[t[1]]) if t[1] in self.slots else ("const", self.fixed[t[1]])
+        key = json.dumps(t)
+        if key in self.memo:
+            return self.memo[key]
+        node = self._node(t, top)
+        if self.uses.get(key, 0) > 1:
+            self.lets.append(self._fn(node))
+            node = ("slot", len(self.slots) + len(self.lets) - 1)
+        self.memo[key] = node
+        return node
+
+    def _node(self, t: Any, top: bool) -> Tuple[str, Any]:
+        kind = t[0]
+        if kind == "call":
+            return self._call(t, top)
+        if kind == "bin" and t[1] in BINARY:
+            return self._binary(BINARY[t[1]], self._operand(t[2]), self._operand(t[3]), t, top)
+        if kind in ("neg", "pos"):
+            f, neg = self._fn(self._operand(t[1])), UNARY[kind]
+            return ("fn", lambda ext: neg(f(ext)))
+        if kind in ("list", "tuple"):
+            fs = [self._fn(self._operand(item)) for item in t[1]]
+            if top or kind == "tuple":  # a baseline's outputs: one array per output (``_outputs``)
+                return ("fn", lambda ext: tuple([f(ext) for f in fs]))
+            return ("fn", lambda ext: [f(ext) for f in fs])
+        if kind == "item" and not self._reads(t[2]):
+            f, index = self._fn(self._operand(t[1])), evaluate(t[2], self.names, self.functions)
+            return ("fn", lambda ext: f(ext)[index])
+        return self._opaque(t)
+
+    def _call(self, t: Any, top: bool) -> Tuple[str, Any]:
+        fn = self.functions.get(t[1])
+        kwargs = t[3] or {}
+        if fn is None or not KEYWORDS.issuperset(kwargs) or any(self._reads(v) for v in kwargs.values()):
+            return self._opaque(t)
+        args = [self._operand(a) for a in t[2]]
+        kw = {k: evaluate(v, self.names, self.functions) for k, v in kwargs.items()}
+        if t[1] == "silu" and len(args) == 1 and not kw:  # the vocabulary's silu, x * sigmoid(x), without its frame
+            return ("fn", _silu_node(self._fn(args[0]), self.mx.sigmoid))
+        direct = _direct(t[1], args, kw, self.mx)
+        if direct is not None:
+            fn, args, kw = direct
+        split = next((i for i, a in enumerate(args) if a[0] == "const"), len(args))
+        if any(a[0] != "const" for a in args[split:]):  # constants between arrays: each argument a callable
+            fs = [self._fn(a) for a in args]
+            return ("fn", lambda ext: fn(*[f(ext) for f in fs], **kw))
+        consts = tuple(a[1] for a in args[split:])
+        heads = args[:split]
+        if all(a[0] == "slot" for a in heads):
+            if top:
+                self.simple = (fn, [a[1] for a in heads], consts, kw)
+            return ("fn", _slot_call(fn, [a[1] for a in heads], consts, kw))
+        if not kw and heads[0][0] == "fn" and all(a[0] == "slot" for a in heads[1:]):  # qmm(rms_norm(X), W...)
+            if top:
+                self.pieces = ("call", (fn, heads[0][1], [a[1] for a in heads[1:]], consts))
+            return ("fn", _node_then_slots(fn, heads[0][1], [a[1] for a in heads[1:]], consts))
+        return ("fn", _arg_call(fn, [self._fn(a) for a in heads], consts, kw))
+
+    def _binary(self, op: Callable[[Any, Any], Any], left: Tuple[str, Any], right: Tuple[str, Any],
+                t: Any, top: bool) -> Tuple[str, Any]:
+        if any(side[0] == "const" and type(side[1]) not in (int, float, bool) for side in (left, right)):
+            return self._opaque(t)  # an operand the evaluator checks (a string, a list): evaluated per call
+        if left[0] == "const":
+            c, g = left[1], self._fn(right)
+            return ("fn", lambda ext: op(c, g(ext)))
+        f = self._fn(left)
+        if right[0] == "const":
+            c = right[1]
+            return ("fn", lambda ext: op(f(ext), c))
+        g = self._fn(right)
+        if top:
+            self.pieces = ("bin", (op, f, g))
+        return ("fn", lambda ext: op(f(ext), g(ext)))
+
+    def _opaque(self, t: Any) -> Tuple[str, Any]:
+        """A node outside the closures' forms: evaluated per call, with the call's arrays by name."""
+        names, functions, slots = {**self.names, **self.fixed}, self.functions, list(self.slots.items())
+        return ("fn", lambda ext: evaluate(t, {**names, **{n: ext[i] for n, i in slots}}, functions))
+
+    @staticmethod
+    def _fn(operand: Tuple[str, Any]) -> Callable[[Any], Any]:
+        kind, value = operand
+        if kind == "slot":
+            return operator.itemgetter(value)
+        if kind == "const":
+            return lambda ext: value
+        return value  # type: ignore[no-any-return]
+
+
+def _children(t: Any) -> List[Any]:
+    """The sub-expressions of a node (a call's arguments and keyword values, a list's items...)."""
+    kind = t[0]
+    if kind == "call":
+        return [*t[2], *(t[3] or {}).values()]
+    if kind in ("list", "tuple"):
+        return list(t[1])
+    return [c for c in t[1:] if isinstance(c, list) and c and isinstance(c[0], str)]
+
+
+def _reachable(a: Dict[str, Any], fam: Dict[str, Any], chip: Dict[str, Any]) -> bool:
+    """Whether a level of the chain could take artifact ``a`` on ``chip`` at all: its own chip's, or, where the
+    family allows transferring a kernel, one of the same generation (the default config's proof is this chip's)."""
+    if a["chip"] == chip["name"]:
+        return True
+    running, theirs = lineage(chip), tuple(a["lineage"])
+    return bool(fam.get("transfer")) and any(r is not None and r == t for r, t in zip(running[:2], theirs[:2]))
+
+
+def _silu_node(f: Callable[[Any], Any], sigmoid: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The vocabulary's silu, ``x * sigmoid(x)``, of a sub-expression, in one frame."""
+    def silu(ext: Any) -> Any:
+        x = f(ext)
+        return x * sigmoid(x)
+    return silu
+
+
+def _node_then_slots(fn: Callable[..., Any], f: Callable[[Any], Any], slots: List[int],
+                     consts: Tuple[Any, ...]) -> Callable[[Any], Any]:
+    """``fn(f(ext), ext[slots]..., constants...)``: a call of a sub-expression and inputs, one frame."""
+    if not slots:
+        return lambda ext: fn(f(ext), *consts)
+    if len(slots) == 1:
+        i = slots[0]
+        return lambda ext: fn(f(ext), ext[i], *consts)
+    get = operator.itemgetter(*slots)
+    return lambda ext: fn(f(ext), *get(ext), *consts)
+
+
+def _star_root(pieces: Optional[Tuple[str, Any]]) -> Optional[Callable[..., Any]]:
+    """The root node as a function of the call's arrays themselves (its frame is the op's): a two-operand
+    node, or a call of a sub-expression and inputs; None for other roots."""
+    if pieces is None:
         return None
-    args, kwargs = tree[2], tree[3]
-    arrays = [a for a in args if a[0] == "name" and a[1] in order]
-    if [a[1] for a in arrays] != order or args[:len(order)] != arrays:
+    kind, parts = pieces
+    if kind == "bin":
+        op, f, g = parts
+
+        def op_bin(*ext: Any) -> Any:
+            return op(f(ext), g(ext))
+        return op_bin
+    fn, f, slots, consts = parts
+    if not slots:  # the others constants (a bound call's weights)
+        def op_node(*ext: Any) -> Any:
+            return fn(f(ext), *consts)
+        return op_node
+    if len(slots) == 1:
+        i = slots[0]
+
+        def op_one(*ext: Any) -> Any:
+            return fn(f(ext), ext[i], *consts)
+        return op_one
+    get = operator.itemgetter(*slots)
+
+    def op_call_node(*ext: Any) -> Any:
+        return fn(f(ext), *get(ext), *consts)
+    return op_call_node
+
+
+def _direct(name: str, args: List[Tuple[str, Any]], kw: Dict[str, Any],
+            mx: Any) -> Optional[Tuple[Callable[..., Any], List[Tuple[str, Any]], Dict[str, Any]]]:
+    """(MLX function, every argument positional, its keyword-only arguments) for a call of a vocabulary function
+    :data:`_DIRECT` knows; None where the call does not fit its parameters."""
+    entry = _DIRECT.get(name)
+    if entry is None:
         return None
-    try:
-        consts = [evaluate(a, names, functions) for a in args[len(order):]]
-        kw = {k: evaluate(t, names, functions) for k, t in kwargs.items()}
-    except (ExpressionError, ArithmeticError, TypeError, ValueError, KeyError):
+    path, params, only_kw = entry
+    if len(args) > len(params):
         return None
-    entry = _DIRECT.get(tree[1])
-    if entry is not None and len(consts) <= len(entry[1]):
-        target: Any = mx
-        for part in entry[0].split("."):
-            target = getattr(target, part)
-        bound = {**entry[2], **dict(zip(entry[1], consts)), **kw}
-        if "eps" in bound:
-            bound["eps"] = float(bound["eps"])
-        return functools.partial(target, **bound) if bound else target
-    fn = functions[tree[1]]
-    if not consts:
-        return functools.partial(fn, **kw) if kw else fn
-    return lambda *xs: fn(*xs, *consts, **kw)
+    given = dict(zip([p for p, _ in params], args))
+    for k, v in kw.items():
+        if k in given or k not in dict(params):
+            return None
+        given[k] = ("const", v)
+    full: List[Tuple[str, Any]] = []
+    for p, default in params:
+        arg = given.get(p, ("const", default) if default is not _REQUIRED else None)
+        if arg is None:
+            return None
+        if p == "eps":
+            if arg[0] != "const":
+                return None
+            arg = ("const", float(arg[1]))
+        full.append(arg)
+    target: Any = mx
+    for part in path.split("."):
+        target = getattr(target, part)
+    return target, full, dict(only_kw)
+
+
+def _plain_call(fn: Callable[..., Any], consts: Tuple[Any, ...], kw: Dict[str, Any]) -> Callable[..., Any]:
+    """``fn(inputs in order..., constants...)``: the MLX function itself, or one frame around it."""
+    if not consts and not kw:
+        return fn
+    if not kw:
+        def op(*xs: Any) -> Any:
+            return fn(*xs, *consts)
+        op.direct = (fn, consts)  # type: ignore[attr-defined]
+        return op
+
+    def op_kw(*xs: Any) -> Any:
+        return fn(*xs, *consts, **kw)
+    return op_kw
+
+
+def _slot_call(fn: Callable[..., Any], slots: List[int], consts: Tuple[Any, ...],
+               kw: Dict[str, Any]) -> Callable[[Any], Any]:
+    """A call whose array arguments are the call's inputs (or shared values) and whose others are constants."""
+    if kw:
+        get = operator.itemgetter(*slots) if len(slots) > 1 else (lambda ext, i=slots[0]: (ext[i],))
+        return lambda ext: fn(*get(ext), *consts, **kw)
+    if len(slots) == 1:
+        i = slots[0]
+        return (lambda ext: fn(ext[i], *consts)) if consts else (lambda ext: fn(ext[i]))
+    get = operator.itemgetter(*slots)
+    return (lambda ext: fn(*get(ext), *consts)) if consts else (lambda ext: fn(*get(ext)))
+
+
+def _arg_call(fn: Callable[..., Any], fs: List[Callable[[Any], Any]], consts: Tuple[Any, ...],
+              kw: Dict[str, Any]) -> Callable[[Any], Any]:
+    """A call whose array arguments are sub-expressions (one frame each), then constants."""
+    if len(fs) == 1 and not kw:
+        f = fs[0]
+        return lambda ext: fn(f(ext), *consts)
+    if len(fs) == 2 and not kw:
+        f, g = fs
+        return lambda ext: fn(f(ext), g(ext), *consts)
+    return lambda ext: fn(*[f(ext) for f in fs], *consts, **kw)
+
+
+def _direct_form(op: Callable[..., Any]) -> Tuple[Callable[..., Any], Tuple[Any, ...]]:
+    """(function, constants) with ``function(*arrays, *constants)`` the same call as ``op(*arrays)``: a planned
+    op of one MLX call (:func:`_plain_call`) is called without its frame."""
+    direct: Optional[Tuple[Callable[..., Any], Tuple[Any, ...]]] = getattr(op, "direct", None)
+    return direct if direct is not None else (op, ())
+
+
+def _entry(f: Callable[[Any], Any]) -> Callable[..., Any]:
+    def op(*xs: Any) -> Any:
+        return f(xs)
+    return op
 
 
 MAX_DECISIONS = 4096
@@ -246,9 +530,8 @@ class Dispatcher:
         self._device_info = device_info
         self._decisions: Dict[Any, Decision] = {}
         self._plans: Dict[Any, Callable[..., Any]] = {}
-        #: family -> its MLX op, where no kernel of the family can run on this chip (``_op_everywhere``);
-        #: None where one might. Holds for calls with no chip, no opt-in and KERNSEARCH_KERNELS unset.
-        self._op_only: Dict[str, Optional[Callable[..., Any]]] = {}
+        #: family -> [mode, op]: how its calls with no chip run on this chip (:meth:`_mode`), decided on the first.
+        self._how: Dict[str, List[Any]] = {}
         self._sources: Dict[Tuple[str, str, str], Optional[Dict[str, Any]]] = {}
         self._kernels: Dict[Any, Any] = {}
         self._refused: Dict[Tuple[str, str, str], str] = {}
@@ -259,15 +542,17 @@ class Dispatcher:
         self.toolchain: Optional[Dict[str, Optional[str]]] = None
         #: Builds a kernel object from a source record; tests may replace it.
         self.kernel_factory: Callable[[Dict[str, Any], int], Any] = _mlx_kernel
-        #: Families whose inputs after the first are all weights: a plain call with weight arrays seen before is
-        #: planned by the first input alone (:meth:`_remember_weights`).
-        self._weighted = {name for name, fam in self.table["families"].items()
-                          if len(fam["inputs"]) > 1 and not fam["inputs"][0].get("weight")
-                          and all(spec.get("weight") for spec in fam["inputs"][1:])}
-        #: family -> {id of the last weight: [weak references to the other weights, shape, dtype, plan of the last
-        #: activation planned with them, weak reference to the last weight]} (a table per family: a call's key is
-        #: one integer). The entry goes when any of its weights dies, so a live entry's key is its last weight's
-        #: identity: only the others are compared.
+        #: Families with weights and activations -> the last weight's position: a plain call with weight arrays seen
+        #: before is planned by its activations alone (:meth:`_remember_weights`).
+        self._keyed = {name: max(i for i, spec in enumerate(fam["inputs"]) if spec.get("weight"))
+                       for name, fam in self.table["families"].items()
+                       if any(spec.get("weight") for spec in fam["inputs"])
+                       and not all(spec.get("weight") for spec in fam["inputs"])}
+        #: family -> {id of the last weight: [((position, weak reference) of each other weight), ((position, shape,
+        #: dtype or None) of each activation last planned with them), that plan as (function, constants appended to
+        #: the call's arrays), weak reference to the last weight]} (a table per family: a call's key is one integer).
+        #: The entry goes when any of its weights dies, so a live entry's key is its last weight's identity: only
+        #: the others are compared.
         self._by_weights: Dict[str, Dict[int, List[Any]]] = {}
 
     # -- the running chip --------------------------------------------------------------------------------
@@ -506,85 +791,127 @@ class Dispatcher:
         The decision and everything the launch needs (grid, templates, output shapes, the built kernel) are
         planned once per (family, shapes, dtypes, chip, opt-ins) and reused: a call that was planned before
         costs a dictionary look-up on top of the op or kernel it runs (the exported functions, :meth:`function`,
-        skip even that where they can).
+        skip even that where they can). Where no kernel of the family can run on this chip (:meth:`_mode`), a
+        call with no chip is the op, whatever the opt-ins say.
         """
-        flag = _ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else _env_flag()  # raw: no decoding here
+        flag = _ENV.get(_ENV_KEY)  # raw: no decoding here
         plain = flag is None and chip is None and not modeled
-        if plain:
-            op = self._op_only.get(family)
-            if op is not None:  # no kernel of this family can run here: the op, without building a key
+        mode = None
+        if chip is None:
+            mode, op, consts = self._mode(family)
+            if op is not None:  # the op for every call: without building a key
                 try:
-                    return op(*arrays)
+                    return op(*arrays, *consts)
                 except TypeError:  # not MLX arrays (the op takes only those): the planned path converts them
                     pass
+            plain = plain or mode is _OP_PLANNED
         key = _call_key(family, chip, modeled, flag, arrays)
         plan = self._plans.get(key) if key is not None else None
         if plan is None:
             plan = self._plan(family, arrays, chip, modeled)
-            if plain and family not in self._op_only:
-                self._op_only[family] = self._op_everywhere(family, arrays)
             if key is not None:
                 if len(self._plans) >= MAX_DECISIONS:
                     self._plans.clear()
                 self._plans[key] = plan
-        if key is not None and plain and family in self._weighted:
-            self._remember_weights(family, arrays, plan)  # new weights (the fast path of function() missed)
+        if key is not None and plain and family in self._keyed:
+            self._remember_weights(family, arrays, plan, mode is not _OP_PLANNED)  # (the fast path missed)
         return plan(*arrays)
+
+    def _mode(self, family: str) -> List[Any]:
+        """``[mode, op, constants]``: how a call of ``family`` with no chip runs here, decided on its first call,
+        once per process. ``_OP``: no artifact of the family can run on this chip, under any opt-in (every level and
+        the default-config proof draw from those), and its op needs nothing of the shape: ``op(*arrays,
+        *constants)`` is the MLX op for every call. ``_OP_PLANNED``: no artifact can run either, but the op's
+        constants or the family's range depend on the shape: planned per shape (the range checked once per shape),
+        the opt-ins never read.
+        ``_KERNELS``: an artifact may run at some shape: every call is planned and reads the opt-ins."""
+        how = self._how_cell(family)
+        if how[0] is None:
+            import mlx.core as mx
+
+            fam = self._family(family)
+            record, target = self.running_chip()
+            name = fam.get("baseline_name", "the MLX op")
+            if target and any(not self._unusable(a, fam, None, (), record, a["dtype"], name, True)
+                              for a in fam["artifacts"] if a["target"] == target and _reachable(a, fam, record)):
+                how[:] = [_KERNELS, None, ()]
+            elif names_in(fam["baseline"]) & set(fam["dims"]) or _range_rules(fam):
+                how[:] = [_OP_PLANNED, None, ()]
+            else:
+                how[:] = [_OP, *_direct_form(op_call(fam, None, self._functions(fam, mx), mx))]
+        return how
 
     def function(self, family: str) -> Callable[..., Any]:
         """``family`` as the package exports it: :meth:`call`, with its fast paths in one closure (no bound method,
-        no attribute look-ups): where no kernel of the family can run here, the op; with weights seen before, the
-        plan of the last activation shape (a check of the activation alone); else :meth:`call`."""
-        self._family(family)
-        call, op_only, env, env_key = self.call, self._op_only, _ENV_DATA, _ENV_KEY
-        weighted = family in self._weighted
+        no attribute look-ups): where no kernel of the family can run here, the op (no opt-in read); with weights
+        seen before, the plan of their last activation shapes (a check of the activations alone); else
+        :meth:`call`. How a family runs here is decided on its first call (:meth:`_mode`)."""
+        fam = self._family(family)
+        call, env, env_key = self.call, _ENV, _ENV_KEY
         table = self._by_weights.setdefault(family, {})
-        arity = len(self._family(family)["inputs"])
+        arity = len(fam["inputs"])
+        last = self._keyed.get(family, -1)  # the last weight's position (-1: no weights-and-activations family)
+        how = self._how_cell(family)
 
         def run(*arrays: Any, modeled: bool = False) -> Any:
-            if not modeled and (env.get(env_key) if env is not None else _env_flag()) is None:
-                op = op_only.get(family)
-                if op is not None:
-                    try:
-                        return op(*arrays)
-                    except TypeError:  # not MLX arrays: the planned path converts them
-                        return call(family, *arrays)
-                if weighted and len(arrays) == arity:
-                    entry = table.get(id(arrays[-1]))
-                    if entry is not None:  # _same(entry[0], arrays), inlined: a call would cost a frame
-                        i = 1
-                        for ref in entry[0]:
-                            if ref() is not arrays[i]:
-                                break
-                            i += 1
-                        else:
-                            x = arrays[0]
-                            try:
-                                if x.shape == entry[1] and x.dtype == entry[2]:
-                                    return entry[3](*arrays)
-                            except AttributeError:
-                                pass
+            mode = how[0]
+            if mode is _OP:
+                try:
+                    return how[1](*arrays, *how[2])
+                except TypeError:  # not MLX arrays: the planned path converts them
+                    return call(family, *arrays, modeled=modeled)
+            if mode is not _OP_PLANNED and (modeled or env.get(env_key) is not None):
+                return call(family, *arrays, modeled=modeled)
+            if last >= 0 and len(arrays) == arity:
+                entry = table.get(id(arrays[last]))
+                if entry is not None:  # the weights' identity, then the activations' shapes (and dtypes)
+                    for i, ref in entry[0]:
+                        if ref() is not arrays[i]:
+                            break
+                    else:
+                        try:
+                            for i, shape, dtype in entry[1]:
+                                if arrays[i].shape != shape or (dtype is not None and arrays[i].dtype != dtype):
+                                    break
+                            else:
+                                return entry[2](*arrays, *entry[3])
+                        except AttributeError:
+                            pass
             return call(family, *arrays, modeled=modeled)
 
         run.__name__ = family
         return run
 
-    def _remember_weights(self, family: str, arrays: Sequence[Any], plan: Callable[..., Any]) -> None:
+    def _how_cell(self, family: str) -> List[Any]:
+        """The family's ``[mode, op, constants]`` list (:meth:`_mode` fills it in place on the first call)."""
+        how = self._how.get(family)
+        if how is None:
+            how = self._how[family] = [None, None, ()]
+        return how
+
+    def _remember_weights(self, family: str, arrays: Sequence[Any], plan: Callable[..., Any],
+                          dtypes: bool = True) -> None:
         """File ``plan`` under the identity of the call's weights (held weakly: a dead weight drops its entry),
-        so a later call with the same weight arrays is planned by its activations' shape and dtype alone."""
-        if len(arrays) != len(self._family(family)["inputs"]):  # not a call of the family's arity: nothing filed
+        so a later call with the same weight arrays is planned by its activations' shapes (and dtypes, where a
+        kernel may run) alone."""
+        fam = self._family(family)
+        if len(arrays) != len(fam["inputs"]):  # not a call of the family's arity: nothing filed
             return
+        last = self._keyed[family]
         try:
-            key = id(arrays[-1])  # all the weights are checked (weakly held) on every hit
+            key = id(arrays[last])  # all the weights are checked (weakly held) on every hit
             table = self._by_weights.setdefault(family, {})
             if len(table) >= MAX_DECISIONS:
                 table.clear()
             forget = functools.partial(_forget, table, key)
             entry = table.get(key)
-            if entry is None or not _same(entry[0], arrays) or entry[4]() is not arrays[-1]:
-                refs = [weakref.ref(w, forget) for w in arrays[1:]]
-                entry = table[key] = [refs[:-1], None, None, None, refs[-1]]
-            entry[1:4] = [arrays[0].shape, arrays[0].dtype, plan]
+            weights = [i for i, spec in enumerate(fam["inputs"]) if spec.get("weight") and i != last]
+            if entry is None or not _same(entry[0], arrays) or entry[4]() is not arrays[last]:
+                entry = table[key] = [tuple((i, weakref.ref(arrays[i], forget)) for i in weights), (), None, (),
+                                      weakref.ref(arrays[last], forget)]
+            entry[1] = tuple((i, arrays[i].shape, arrays[i].dtype if dtypes else None)
+                             for i, spec in enumerate(fam["inputs"]) if not spec.get("weight"))
+            entry[2:4] = _direct_form(plan)
         except (TypeError, AttributeError):  # weights that take no weak reference (not MLX arrays): no entry
             pass
 
@@ -637,48 +964,26 @@ class Dispatcher:
     def _functions(fam: Dict[str, Any], mx: Any) -> Dict[str, Callable[..., Any]]:
         return {name: fn for name, fn in mlx_vocabulary(mx).items() if name in fam["array_functions"]}
 
-    def _op_everywhere(self, family: str, arrays: Sequence[Any]) -> Optional[Callable[..., Any]]:
-        """The family's MLX op when every call of it on the running chip runs that op, whatever its shapes
-        and dtypes (no artifact of this chip's target may run here, even ignoring chip and shape: the levels
-        and the default-config proof all draw from those) and its constant arguments do not depend on the
-        shape; else None. Such calls skip the planning key."""
-        import mlx.core as mx
-
-        fam = self._family(family)
-        record, target = self.running_chip()
-        op = fam.get("baseline_name", "the MLX op")
-        if target and any(not self._unusable(a, fam, None, (), record, a["dtype"], op, False)
-                          for a in fam["artifacts"] if a["target"] == target):
-            return None
-        if names_in(fam["baseline"]) & set(fam["dims"]) or _range_rules(fam):
-            return None  # a family with a shape range is planned (the range checked once per shape)
-        return op_call(fam, None, self._functions(fam, mx), mx)
-
     def bind(self, family: str, *weights: Any, chip: Any = None, modeled: bool = False) -> Callable[..., Any]:
         """``family`` with its weight inputs fixed (``qmatvec.bind(W, S, Bq)(X)``): a call passes the other
         inputs only and is planned once per their shapes; a kernel whose layout differs from the weights' gets
-        them packed (transposed) here, once, instead of on every call."""
+        them packed (transposed) here, once, instead of on every call. Where no kernel of the family can run on
+        this chip (:meth:`_mode`), the op with the weights fixed (:meth:`_Binding.op_bound`): the weights'
+        shapes are checked here, once."""
         binding = _Binding(self, family, weights, chip, modeled)
-        env, env_key, last, planned = _ENV_DATA, _ENV_KEY, binding.last, binding.planned
-        single = binding.free == [0]
-        op = self._op_everywhere(family, binding.held) if chip is None and not modeled and single else None
-        if op is not None:  # no kernel of the family can run here: the op with the weights, whatever x is
-            rest = tuple(binding.held)
+        if chip is None and self._mode(family)[0] is not _KERNELS:
+            return binding.op_bound(self._mode(family)[0] is _OP)
+        env, env_key, last, planned = _ENV, _ENV_KEY, binding.last, binding.planned
 
-            def bound(*acts: Any) -> Any:
-                if len(acts) == 1 and (env.get(env_key) if env is not None else _env_flag()) is None:
-                    return op(*acts, *rest)
-                return planned(*acts)  # an opt-in (KERNSEARCH_KERNELS) or other arities: planned
-        else:
-            def bound(*acts: Any) -> Any:
-                if len(acts) == 1 and (env.get(env_key) if env is not None else _env_flag()) is None:
-                    x = acts[0]
-                    try:
-                        if x.shape == last[0] and x.dtype == last[1]:  # decode repeats the last activation shape
-                            return last[2](x, *last[3])  # the plan of all inputs, the weights appended: no frame
-                    except AttributeError:
-                        pass
-                return planned(*acts)
+        def bound(*acts: Any) -> Any:
+            if len(acts) == 1 and env.get(env_key) is None:
+                x = acts[0]
+                try:
+                    if x.shape == last[0] and x.dtype == last[1]:  # decode repeats the last activation shape
+                        return last[2](x, *last[3])  # the plan of all inputs, the weights appended: no frame
+                except AttributeError:
+                    pass
+            return planned(*acts)
 
         bound.__name__ = f"{family}_bound"
         return bound
@@ -744,6 +1049,75 @@ class _Binding:
             self.mx.eval(ws)
         return ws, packed
 
+    def op_bound(self, shape_free: bool) -> Callable[..., Any]:
+        """The op with the weights fixed, where no kernel of the family can run on this chip (any opt-in): the
+        weights' shapes are checked here, once (:func:`weights_refusal`). ``shape_free`` (the op needs nothing of
+        the shape and the family has no range): the op itself, nothing checked per call. Else the op is planned
+        per activation shape (its constants, e.g. qmatvec's group size and bits, are read off X's width; the
+        range, e.g. 1 to 16 rows, checked once per shape: MLX's quantized_matmul kills the process at 0 rows), and a
+        call compares its activations' shapes with the last planned ones, then calls the op."""
+        d, fam, mx = self.d, self.fam, self.mx
+        why = weights_refusal(self.family, fam, self.slots, [tuple(w.shape) for w in self.held])
+        if why:
+            raise ValueError(why)
+        fixed = {fam["inputs"][i]["name"]: w for i, w in zip(self.slots, self.held)}
+        functions = d._functions(fam, mx)
+        if shape_free:
+            op = op_call(fam, None, functions, mx, fixed)
+            if getattr(op, "__name__", "") in ("op", "op_kw"):
+                op.__name__ = f"{self.family}_bound"
+            return op
+        last, planned = self._op_planner(functions, fixed)
+        family, free = self.family, self.free
+        if len(free) == 1:
+            def bound(x: Any) -> Any:
+                try:
+                    if x.shape == last[0]:
+                        return last[2](x, *last[3])
+                except (AttributeError, TypeError):  # not an MLX array: converted by the planned path
+                    pass
+                return planned(x)
+        elif len(free) == 2:
+            def bound(x: Any, y: Any) -> Any:  # type: ignore[misc]
+                try:
+                    if x.shape == last[0] and y.shape == last[1]:
+                        return last[2](x, y, *last[3])
+                except (AttributeError, TypeError):
+                    pass
+                return planned(x, y)
+        else:
+            bound = planned
+        bound.__name__ = f"{family}_bound"
+        return bound
+
+    def _op_planner(self, functions: Dict[str, Callable[..., Any]],
+                    fixed: Dict[str, Any]) -> Tuple[List[Any], Callable[..., Any]]:
+        """(last, planned) of :meth:`op_bound`: ``planned(*acts)`` checks the activations' shapes with the weights
+        (the family's range, refused in the consumer's words), plans the op once per shape and files it in
+        ``last`` = [first activation's shape, second's (or None), function, constants appended to the call]."""
+        fam, mx, family = self.fam, self.mx, self.family
+        last: List[Any] = [None, None, None, ()]
+        plans: Dict[Any, Tuple[Callable[..., Any], Tuple[Any, ...]]] = {}
+
+        def planned(*acts: Any) -> Any:
+            acts = tuple(_as_mx(mx, acts))
+            shapes = tuple(tuple(a.shape) for a in acts)
+            plan = plans.get(shapes)
+            if plan is None:
+                whole = [tuple(s) for s in self.merged(shapes, [w.shape for w in self.held])]
+                out_of_range = shape_refusal(family, fam, whole)
+                if out_of_range:
+                    raise ValueError(out_of_range)
+                dims, _ = _bind_dims(fam, whole)
+                plan = _direct_form(op_call(fam, dims, functions, mx, fixed))
+                if len(plans) >= MAX_DECISIONS:
+                    plans.clear()
+                plans[shapes] = plan
+            last[:] = [shapes[0], shapes[1] if len(shapes) > 1 else None, *plan]
+            return plan[0](*acts, *plan[1])
+
+        return last, planned
+
     def make(self, acts: Sequence[Any], key: Any = None) -> Callable[..., Any]:
         acts = _as_mx(self.mx, acts)
         decision = self.d.explain(self.family, *self.merged(acts, self.held), chip=self.chip, modeled=self.modeled)
@@ -758,7 +1132,7 @@ class _Binding:
 
     def planned(self, *acts: Any) -> Any:
         try:
-            key: Any = (_ENV_DATA.get(_ENV_KEY) if _ENV_DATA is not None else _env_flag(),
+            key: Any = (_ENV.get(_ENV_KEY),
                         *_chain.from_iterable(map(_SIGNATURE, acts)))
         except AttributeError:  # not MLX arrays: planned every call
             return self.make(acts)(*acts)
@@ -776,25 +1150,26 @@ class _Binding:
 
 # -- helpers ---------------------------------------------------------------------------------------------
 
+class _EnvShim:
+    """``os.environ`` read as the raw table is (``get(key)``), where the interpreter has no raw table."""
+
+    @staticmethod
+    def get(_key: Any) -> Optional[str]:
+        return os.environ.get(DISABLE_VAR)
+
+
 try:  # os.environ.get costs ~2 us (key encoding); the raw table is a dict lookup — this runs on every call
-    _ENV_DATA: Any = os.environ._data  # type: ignore[attr-defined,unused-ignore]
+    _ENV: Any = os.environ._data  # type: ignore[attr-defined,unused-ignore]
     _ENV_KEY: Any = os.environ.encodekey(DISABLE_VAR)  # type: ignore[attr-defined,unused-ignore]
 except AttributeError:  # pragma: no cover - not CPython
-    _ENV_DATA = None
+    _ENV, _ENV_KEY = _EnvShim(), DISABLE_VAR
+
+#: How a family's calls with no chip run here (:meth:`Dispatcher._mode`): the op for every call, the op planned
+#: per shape, or planned with the kernels in view.
+_OP, _OP_PLANNED, _KERNELS = object(), object(), object()
 
 
 _SIGNATURE = operator.attrgetter("shape", "dtype")
-
-
-def _env_flag() -> Optional[str]:
-    """``KERNSEARCH_KERNELS`` as it is now (None when unset)."""
-    if _ENV_DATA is None:  # pragma: no cover
-        return os.environ.get(DISABLE_VAR)
-    raw = _ENV_DATA.get(_ENV_KEY)
-    if raw is None:
-        return None
-    value: str = os.environ.decodevalue(raw)  # type: ignore[attr-defined,unused-ignore]
-    return value
 
 
 def _call_key(family: str, chip: Any, modeled: bool, flag: Any, arrays: Sequence[Any]) -> Any:
@@ -815,9 +1190,9 @@ def _call_key(family: str, chip: Any, modeled: bool, flag: Any, arrays: Sequence
         return None
 
 
-def _same(refs: List[Any], arrays: Sequence[Any]) -> bool:
+def _same(refs: Sequence[Tuple[int, Any]], arrays: Sequence[Any]) -> bool:
     """True when each weak reference still points at the call's weight array of its position."""
-    for i, r in enumerate(refs, 1):
+    for i, r in refs:
         if r() is not arrays[i]:
             return False
     return True
@@ -906,12 +1281,16 @@ def artifact_mismatch(root: Path, entry: Dict[str, Any]) -> str:
     return f"its dispatch record differs from its manifest in {', '.join(wrong)}" if wrong else ""
 
 
-def _bind_dims(fam: Dict[str, Any], shapes: Sequence[Sequence[int]]) -> Tuple[Optional[Dict[str, int]], str]:
-    """Problem dimensions read off the input shapes; (None, why) if they do not fit the family."""
-    if len(shapes) != len(fam["inputs"]):
-        return None, f"{len(shapes)} inputs given, {len(fam['inputs'])} expected"
+def _bind_dims(fam: Dict[str, Any], shapes: Sequence[Sequence[int]],
+               specs: Optional[Sequence[Dict[str, Any]]] = None) -> Tuple[Optional[Dict[str, int]], str]:
+    """Problem dimensions read off the input shapes (of ``specs``, some of the inputs, where given); (None, why)
+    if they do not fit the family."""
+    partial = specs is not None
+    specs = fam["inputs"] if specs is None else specs
+    if len(shapes) != len(specs):
+        return None, f"{len(shapes)} inputs given, {len(specs)} expected"
     dims: Dict[str, int] = {}
-    for spec, shape in zip(fam["inputs"], shapes):
+    for spec, shape in zip(specs, shapes):
         if len(shape) != len(spec["axes"]):
             return None, f"{spec['name']} has {len(shape)} dimensions, expected {len(spec['axes'])}"
         for axis, size in zip(spec["axes"], shape):
@@ -921,7 +1300,7 @@ def _bind_dims(fam: Dict[str, Any], shapes: Sequence[Sequence[int]]) -> Tuple[Op
             elif dims.setdefault(axis, int(size)) != size:
                 return None, f"{axis} is {dims[axis]} and {size}"
     missing = [d for d in fam["dims"] if d not in dims]
-    if missing:
+    if missing and not partial:
         return None, f"dimension(s) {missing} not given by any input"
     return dims, ""
 
@@ -962,9 +1341,25 @@ def shape_refusal(family: str, fam: Dict[str, Any], shapes: Sequence[Sequence[in
     if dims is None:  # the op needs the dimensions: say which input does not fit, not "unknown name 'K'"
         needs = names_in(fam["baseline"]) & set(fam["dims"])
         return f"{family}: the inputs do not fit together: {why}" if needs else ""
+    return _dims_refusal(family, fam, dims)
+
+
+def weights_refusal(family: str, fam: Dict[str, Any], slots: Sequence[int], shapes: Sequence[Sequence[int]]) -> str:
+    """'' if the weights (inputs ``slots``, of ``shapes``) fit together and what they alone fix is in the family's
+    range, else why not: checked once where :meth:`Dispatcher.bind` binds them to the op (what needs the
+    activations too, e.g. the rows of X, is checked once per activation shape)."""
+    dims, why = _bind_dims(fam, shapes, [fam["inputs"][i] for i in slots])
+    if dims is None:
+        return f"{family}: the weights do not fit together: {why}"
+    return _dims_refusal(family, fam, dims)
+
+
+def _dims_refusal(family: str, fam: Dict[str, Any], dims: Dict[str, int]) -> str:
+    """'' if the dimensions given (all of the family's, or those its weights fix) are in its declared range; a
+    rule that needs a dimension not given is not judged here."""
     for dim in fam["dims"]:
         bound = _upper_bound(fam, dim)
-        if dims[dim] < 1 or (bound is not None and dims[dim] > bound):
+        if dim in dims and (dims[dim] < 1 or (bound is not None and dims[dim] > bound)):
             takes = f"1 to {bound}" if bound is not None else "at least 1"
             return f"{family}: {_size_words(fam, dim, dims[dim])}; this kernel takes {takes}"
     names: Dict[str, Any] = {**FUNCTIONS, **dims}
@@ -977,9 +1372,9 @@ def shape_refusal(family: str, fam: Dict[str, Any], shapes: Sequence[Sequence[in
         try:
             ok = evaluate(c["expr"], names)
         except (ExpressionError, ArithmeticError, TypeError, ValueError, KeyError):
-            continue  # it needs what a call does not give (a dtype's size): left to the kernels' checks
+            continue  # it needs what is not given (a dtype's size, the activations' rows): judged elsewhere
         if not ok:
-            given = ", ".join(f"{n} = {dims[n]}" for n in fam["dims"])
+            given = ", ".join(f"{n} = {dims[n]}" for n in fam["dims"] if n in dims)
             return f"{family}: inputs with {given} are outside what it takes: {c.get('why') or c['name']}"
     return ""
 

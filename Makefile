@@ -24,7 +24,9 @@ test: $(VENV)/.installed
 test-fast: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -m "not slow and not gpu" -n 2 --dist worksteal
 
-# Static checks, run by CI before the tests: ruff on the repository, mypy --strict on search/ (pyproject.toml).
+# Static checks, run by CI before the tests: ruff on the repository, mypy --strict on search/ (pyproject.toml),
+# radon's complexity (boolean operands and comprehensions counted) at most 15 a function (tools/complexity.py).
 lint: $(VENV)/.installed
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m mypy
+	$(BIN)/python tools/complexity.py

@@ -90,6 +90,18 @@ class Problem:
 def make_problem(family: Family, shape: str | tuple[int, ...] | None = None, dtype: str | None = None,
                  chip: Chip | None = None) -> Problem:
     """Parse and check a shape (``"4096,4096,4096"``) and dtype against the family (and chip)."""
+    sizes = _sizes(family, shape)
+    dtype = dtype or family.problem.default_dtype
+    if dtype not in family.problem.dtypes:
+        raise KernsearchError(f"dtype {dtype!r} not supported by {family.name} "
+                              f"(supported: {', '.join(family.problem.dtypes)})")
+    if chip is not None and dtype == "bfloat16" and not chip.bfloat16:
+        raise KernsearchError(f"chip {chip.name} has no bfloat16 support")
+    return Problem(family, sizes, dtype)
+
+
+def _sizes(family: Family, shape: str | tuple[int, ...] | None) -> tuple[int, ...]:
+    """The problem's sizes from a shape given as text, numbers or not at all (the family's default), checked."""
     dims = family.dims
     if shape is None:
         sizes = tuple(family.problem.default_shape)
@@ -105,19 +117,13 @@ def make_problem(family: Family, shape: str | tuple[int, ...] | None = None, dty
     if len(sizes) != len(dims):
         raise KernsearchError(f"bad shape {shape!r}: {family.name} needs {len(dims)} sizes "
                               f"({','.join(dims)}), got {len(sizes)}")
-    bad = [f"{d}={s}" for d, s in zip(dims, sizes) if s <= 0]
     huge = [f"{d}={s}" for d, s in zip(dims, sizes) if s > MAX_DIM]
     if huge:
         raise KernsearchError(f"impossible shape: {', '.join(huge)[:120]} (sizes are at most {MAX_DIM})")
+    bad = [f"{d}={s}" for d, s in zip(dims, sizes) if s <= 0]
     if bad:
         raise KernsearchError(f"impossible shape: {', '.join(bad)} (sizes must be positive)")
-    dtype = dtype or family.problem.default_dtype
-    if dtype not in family.problem.dtypes:
-        raise KernsearchError(f"dtype {dtype!r} not supported by {family.name} "
-                              f"(supported: {', '.join(family.problem.dtypes)})")
-    if chip is not None and dtype == "bfloat16" and not chip.bfloat16:
-        raise KernsearchError(f"chip {chip.name} has no bfloat16 support")
-    return Problem(family, sizes, dtype)
+    return sizes
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,18 @@ setup: $(VENV)/.installed
 tune: $(VENV)/.installed
 	$(BIN)/kernsearch tune gemm --report  # prints the path of the study's HTML report
 
+# Two workers that steal work from each other (--dist worksteal): the long tests (servers, sweeps) do not leave
+# one worker idle at the end while the other still holds a queue of them.
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -q -n 2 --durations=30
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=30
 
 # The developers' lane (< 2 min on an idle 2-core machine): unit tests, two workers, no slow/GPU tests.
 test-fast: $(VENV)/.installed
-	$(BIN)/python -m pytest -q -m "not slow and not gpu" -n 2
+	$(BIN)/python -m pytest -q -m "not slow and not gpu" -n 2 --dist worksteal
 
-# Static checks, run by CI before the tests: ruff on the repository, mypy --strict on search/ (pyproject.toml).
+# Static checks, run by CI before the tests: ruff on the repository, mypy --strict on search/ (pyproject.toml),
+# radon's complexity (boolean operands and comprehensions counted) at most 15 a function (tools/complexity.py).
 lint: $(VENV)/.installed
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m mypy
+	$(BIN)/python tools/complexity.py

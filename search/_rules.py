@@ -551,20 +551,29 @@ def _tuple(e: _Evaluation, t: Any) -> Any:
 def _binary(e: _Evaluation, t: Any) -> Any:
     op, left, right = t[1], e.of(t[2]), e.of(t[3])
     if op == "**" and isinstance(left, int) and isinstance(right, int):
-        if right > 0 and abs(left) > 1 and right * left.bit_length() > MAX_INT_BITS:
-            raise ExpressionError(f"{left}**{right} is larger than 2**{MAX_INT_BITS}")
-        if right < 0 and abs(right) > MAX_INT_BITS * 4:
-            raise ExpressionError(f"exponent {right} is out of range")
+        _check_power(left, right)
     elif op == "%" and isinstance(left, str):
         raise ExpressionError("string formatting with % is not part of the expression language")
     for value in (left, right):
-        if type(value) not in _OPERANDS and not (_number(value) or isinstance(value, (str, list, tuple))
-                                                 or is_array(value)):
-            raise ExpressionError(f"cannot apply an operator to a {type(value).__name__}")
+        _check_operand(value)
     if e.guard is NO_GUARD:  # the exported op's call: nothing to bound
         return BINARY[op](left, right)
     e.guard.binary(op, left, right)
     return e.guard.value(BINARY[op](left, right))
+
+
+def _check_power(left: int, right: int) -> None:
+    """An integer power is refused before it is computed where its result would be too large to hold."""
+    if right > 0 and abs(left) > 1 and right * left.bit_length() > MAX_INT_BITS:
+        raise ExpressionError(f"{left}**{right} is larger than 2**{MAX_INT_BITS}")
+    if right < 0 and abs(right) > MAX_INT_BITS * 4:
+        raise ExpressionError(f"exponent {right} is out of range")
+
+
+def _check_operand(value: Any) -> None:
+    if type(value) not in _OPERANDS and not (_number(value) or isinstance(value, (str, list, tuple))
+                                             or is_array(value)):
+        raise ExpressionError(f"cannot apply an operator to a {type(value).__name__}")
 
 
 def _unary(e: _Evaluation, t: Any) -> Any:

@@ -3,11 +3,50 @@
 from __future__ import annotations
 
 import os
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@cache
+def _spec_view(name: str) -> tuple[tuple[str, ...], tuple[str, ...], frozenset[str]]:
+    """(problem dims, the families it is built on, its knobs) of a built-in family, read off its family.toml and
+    those it extends (the nearest spec that says a thing says it): cheap enough for collection time, where the
+    full load of every family (its templates compiled) took seconds in each worker. tests/test_packaging.py
+    checks it against load_family."""
+    import tomllib
+
+    from kernsearch.family._spec import builtin_families_dir
+
+    spec = tomllib.loads((builtin_families_dir() / name / "family.toml").read_text(encoding="utf-8"))
+    base = spec.get("extends")
+    dims, bases, knobs = _spec_view(base) if base else ((), (), frozenset())
+    return (tuple(spec.get("problem", {}).get("dims", dims)), (base, *bases) if base else (),
+            knobs | set(spec.get("knobs", {})))
+
+
+def builtin_families(*, dims: int | None = None, built_on: str | None = None, knob: str | None = None) -> list[str]:
+    """The built-in families found in the package's family folders (never a list kept by hand: a new folder is
+    tested by every test that iterates them), narrowed by what a test needs of them: ``dims`` problem dimensions
+    (2: the row families, a row count and a row length), ``built_on`` a family (itself and every family that
+    extends it, directly or not), a ``knob`` they all have. Tests keep their per-family expectations in tables
+    keyed by name and check that the table covers what this finds, so a new family fails until it has its own."""
+    from kernsearch.family._spec import builtin_family_names
+
+    found = []
+    for name in builtin_family_names():
+        problem_dims, bases, knobs = _spec_view(name)
+        if dims is not None and len(problem_dims) != dims:
+            continue
+        if built_on is not None and built_on != name and built_on not in bases:
+            continue
+        if knob is not None and knob not in knobs:
+            continue
+        found.append(name)
+    return found
 
 
 @pytest.fixture(autouse=True)
@@ -21,11 +60,17 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
         monkeypatch.setenv("KERNSEARCH_CACHE", str(REPO / ".kernsearch" / "test-cache"))
 
 
+#: A family folder the session's wheel is built with that no file of the repository names (a copy of gemm):
+#: the build must find and ship it as it finds the built-in ones (setup.py), with no edit anywhere.
+UNLISTED_FAMILY = "zz_unlisted_family"
+
+
 @pytest.fixture(scope="session")
 def kernsearch_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """kernsearch built as a wheel (pip, as a user builds it), once per session; pip's output is in
     ``build.log`` beside it. Built from a copy of the checkout: setuptools writes ``build/`` into the source
-    tree it builds, and the suite must leave the repository as it found it (tests/adversarial/conftest.py)."""
+    tree it builds, and the suite must leave the repository as it found it (tests/adversarial/conftest.py).
+    The copy has one family folder more, :data:`UNLISTED_FAMILY`, as a contributor adds one."""
     import shutil
     import subprocess
     import sys
@@ -35,6 +80,10 @@ def kernsearch_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
         ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", ".kernsearch",
         "test-artifacts", ".gpuwheels"))
+    added = source / "templates" / UNLISTED_FAMILY
+    shutil.copytree(source / "templates" / "gemm", added)
+    spec = added / "family.toml"
+    spec.write_text(spec.read_text().replace('name = "gemm"', f'name = "{UNLISTED_FAMILY}"', 1))
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-v",
                             "-w", str(out), str(source)], check=True, capture_output=True, text=True, timeout=300)
     (out / "build.log").write_text(built.stdout + built.stderr)

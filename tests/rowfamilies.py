@@ -4,10 +4,10 @@ and ragged shapes, and the CUDA twins through nvcc, wrapped as mx.fast.cuda_kern
 from __future__ import annotations
 
 import random
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
+
+from nvcc import NVCC, nvcc
 
 from kernsearch import Space, geometry, get_backend, get_chip, make_problem, render
 from kernsearch.evaluation._verify import verify_kernel
@@ -15,7 +15,7 @@ from kernsearch.evaluation._verify import verify_kernel
 M2 = get_chip("M2 Max")
 H100 = get_chip("H100")
 DTYPES = ("float16", "bfloat16", "float32")
-NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if Path("/usr/local/bin/nvcc").exists() else None)
+
 _CTYPE = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float", "uint32": "uint32_t",
           "int32": "int32_t"}
 
@@ -85,8 +85,5 @@ def nvcc_compiles(fam: Any, configs: list[tuple[dict, str]], tmp: Path) -> str:
     """'' if every (config, dtype) renders to CUDA that nvcc compiles for sm_90, else nvcc's errors."""
     assert NVCC is not None
     kernels = [render(fam, c, d, "cuda") for c, d in configs]
-    unit = tmp / f"{fam.name}.cu"
-    unit.write_text(cuda_unit(fam, kernels))
-    done = subprocess.run([NVCC, "--ptx", "-arch=sm_90", "-o", str(tmp / f"{fam.name}.ptx"), str(unit)],
-                          capture_output=True, text=True, timeout=900)
+    done = nvcc(["--ptx", "-arch=sm_90"], cuda_unit(fam, kernels))
     return "" if done.returncode == 0 else done.stderr[:3000]

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import random
 import shutil
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from covering import covering_sample as tway_sample
+from nvcc import NVCC, nvcc
 
 from kernsearch import Space, geometry, get_backend, get_chip, load_family, make_problem, render
 from kernsearch.evaluation._verify import verify_kernel
@@ -91,25 +92,32 @@ def test_sample_matches_reference_on_ragged_shapes_in_every_dtype(gemv) -> None:
     assert runs == len(plan) >= 40 and not failures, failures[:5]
 
 
+def _split(candidate: dict) -> tuple[dict, str, str]:
+    """(config, dtype, shape) of a covering sample's candidate."""
+    return {k: v for k, v in candidate.items() if k not in ("dtype", "shape")}, candidate["dtype"], candidate["shape"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("quarter", range(4))
-def test_half_of_the_valid_configs_match_reference_fast_and_check(gemv, quarter: int) -> None:  # noqa: ANN001
-    """Every other valid config (at M = 16, so every row block; the same half each run) once, fast mode, on a
-    ragged shape where it is valid (K = 33 allows VEC = 1 only), dtypes rotated; every eighth of those also in
-    check mode (races, out-of-bounds, uninitialised reads, barrier divergence). In four quarters, so test workers
-    share it. Half, not all: the whole sweep (over 1000 configs, 17 min of one core) took CI to 40 of its 45
-    minutes; test_sample_matches_reference_on_ragged_shapes_in_every_dtype above runs every knob value."""
+def test_every_3_way_interaction_of_the_valid_configs_matches_reference_fast_and_check(gemv) -> None:  # noqa: ANN001
+    """The valid configs at M = 16 (so every row block), each on a ragged shape where it is valid (K = 33 allows
+    VEC = 1 only), in each dtype: a 3-way covering sample of them (every combination of three knob values, dtype
+    and shape counted as knobs, that the space has: ~140 variants) in fast mode, a 2-way one also in check mode
+    (races, out-of-bounds, uninitialised reads, barrier divergence). Before: every other valid config in four
+    quarters (~530 variants, CI's four slowest tests after the servers), which ran no 3-way interaction this
+    misses; test_sample_matches_reference_on_ragged_shapes_in_every_dtype above runs every knob value."""
     everything = _valid(gemv, "16,64,96")
-    plan = []
-    for i, c in enumerate(everything):
-        shapes = [s for s in ("16,37,96", "9,64,33", "16,130,256") if c in _valid(gemv, s)]
-        plan.append((c, DTYPES[i % 3], shapes[i % len(shapes)]))
-    assert len(plan) > 1000
-    plan = plan[quarter::8]
+    assert len(everything) > 1000
+    shapes = {s: _valid(gemv, s) for s in ("16,37,96", "9,64,33", "16,130,256")}
+    candidates = [{**c, "dtype": dt, "shape": s} for c in everything for s, there in shapes.items() if c in there
+                  for dt in DTYPES]
+    plan = [_split(c) for c in tway_sample(candidates, 3, seed=5)]
+    assert {k: {c[k] for c, _, _ in plan} for k in gemv.knobs} == {k: {c[k] for c in everything} for k in gemv.knobs}
+    assert 80 <= len(plan) <= 250, len(plan)
     runs, failures = _run_all(gemv, plan, "fast")
     assert runs == len(plan) and not failures, failures[:5]
-    runs, failures = _run_all(gemv, plan[::8], "check")
-    assert not failures, failures[:5]
+    checked = [_split(c) for c in tway_sample(candidates, 2, seed=6)]
+    runs, failures = _run_all(gemv, checked, "check")
+    assert runs == len(checked) >= 20 and not failures, failures[:5]
 
 
 def test_a_wrong_kernel_is_caught(gemv, tmp_path: Path) -> None:  # noqa: ANN001
@@ -124,7 +132,6 @@ def test_a_wrong_kernel_is_caught(gemv, tmp_path: Path) -> None:  # noqa: ANN001
     assert runs == 1 and len(failures) == 1 and "wrong" in failures[0]
 
 
-NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if Path("/usr/local/bin/nvcc").exists() else None)
 _CTYPE = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float"}
 
 
@@ -148,14 +155,17 @@ def cuda_unit(kernels: list, fixed: dict[str, str] | None = None) -> str:  # noq
 @pytest.mark.slow
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed (the CUDA twin is compiled offline where it is)")
 def test_cuda_twin_compiles_for_h100(gemv, tmp_path: Path) -> None:  # noqa: ANN001
+    """Every valid H100 config renders to distinct code; a 3-way covering sample of them and the dtypes (every
+    combination of three knob values and dtype the space has: ~130 kernels, where compiling all ~1060 took CI
+    137 s) compiles."""
     valid = _valid(gemv, "16,4096,4096", H100)
     assert len(valid) > 600
     kernels = [render(gemv, c, DTYPES[i % 3], "cuda") for i, c in enumerate(valid)]
     assert len({k.sha256 for k in kernels}) == len(kernels)
-    unit = tmp_path / "gemv.cu"
-    unit.write_text(cuda_unit(kernels))
-    done = subprocess.run([NVCC, "--ptx", "-arch=sm_90", "-o", str(tmp_path / "gemv.ptx"), str(unit)],
-                          capture_output=True, text=True, timeout=600)
+    sample = tway_sample([{**c, "dtype": dt} for c in valid for dt in DTYPES], 3, seed=1)
+    assert {c["dtype"] for c in sample} == set(DTYPES) and len(sample) >= 60
+    kernels = [render(gemv, {k: v for k, v in c.items() if k != "dtype"}, c["dtype"], "cuda") for c in sample]
+    done = nvcc(["--ptx", "-arch=sm_90"], cuda_unit(kernels), timeout=600)
     assert done.returncode == 0, done.stderr[:2000]
 
 

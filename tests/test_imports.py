@@ -16,18 +16,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def modules() -> dict[str, Path]:
-    """Module name → file, as the package-dir mapping installs them."""
-    setup = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    """Module name → file, as the package-dir mapping installs them (setup.py ships every folder under its roots,
+    so every ``.py`` file below a mapped folder is a module of the install)."""
+    mapped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     found: dict[str, Path] = {}
-    mapped = setup["package-dir"]
-    for package in setup["packages"]:
-        ancestor, rest = package, []  # the nearest mapped ancestor's folder, then the subfolders below it
-        while ancestor not in mapped:
-            ancestor, _, child = ancestor.rpartition(".")
-            rest.insert(0, child)
-        folder = ROOT / mapped[ancestor] / "/".join(rest) if rest else ROOT / mapped[ancestor]
-        for file in folder.glob("*.py"):
-            found[package if file.stem == "__init__" else f"{package}.{file.stem}"] = file
+    for package, folder in mapped.items():
+        root = ROOT / folder
+        for file in root.rglob("*.py"):
+            parts = file.relative_to(root).with_suffix("").parts
+            if "__pycache__" not in parts:
+                found[".".join([package, *(parts[:-1] if parts[-1] == "__init__" else parts)])] = file
     return found
 
 

@@ -1,5 +1,6 @@
-"""The GEMM template on the interpreter: a knob-covering sample of 200 valid configs, each in every dtype, on
-ragged and square shapes matches the float64 reference (fast mode); a stratified subset is clean in check mode."""
+"""The GEMM template on the interpreter: a 3-way covering sample of the valid configs (every combination of three
+knob values, the dtype counted as a knob, found in a pool of them), each on ragged and square shapes, matches the
+float64 reference (fast mode); a stratified subset is clean in check mode."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from covering import covering_sample as tway_sample
 
 from kernsearch import Space, geometry, get_backend, get_chip, make_problem, render
 from kernsearch.evaluation._verify import verify_kernel
@@ -14,13 +16,14 @@ from kernsearch.family._space import format_config
 
 SHAPES = ("33,65,7", "100,72,40", "64,64,64")
 DTYPES = ("float32", "float16", "bfloat16")
-SAMPLE = 200
+#: Valid configs drawn (seeded) as the pool the 3-way sample covers; with every knob value's own config added.
+POOL = 2000
 CHECK_SUBSET = 16
 
 
-def covering_sample(space: Space, n: int, seed: int) -> list[dict]:
-    """``n`` valid configs such that every value of every knob appears at least once."""
-    valid = space.enumerate().valid
+def covering_sample(space: Space, n: int, seed: int, valid: list[dict] | None = None) -> list[dict]:
+    """``n`` valid configs such that every value of every knob appears at least once (``valid``: the space's)."""
+    valid = list(space.enumerate().valid if valid is None else valid)
     rng = random.Random(seed)
     rng.shuffle(valid)
     chosen: list[dict] = []
@@ -57,14 +60,21 @@ def _precompile(jobs: list[tuple]) -> None:
 
 @pytest.mark.slow
 def test_gemm_sample_matches_reference_on_all_shapes_and_dtypes(gemm):
+    """Every 3-way interaction of knob values and dtype found in a pool of 2,000 random valid configs (ten times
+    the 200 random configs run before in every dtype: 600 compiles, CI's third slowest test) and one config per
+    knob value: about 100 compiled variants, each on every shape where it is valid."""
     chip = get_chip("M2 Max")
     square = Space(make_problem(gemm, "64,64,64", "float32", chip), chip)
-    configs = covering_sample(square, SAMPLE, seed=3)
-    assert len(configs) == SAMPLE
     reachable = square.enumerate().valid
+    every_value = covering_sample(square, 0, seed=3, valid=reachable)  # one config per knob value valid on the chip
+    pool = every_value + random.Random(3).sample(reachable, POOL)
+    sample = tway_sample([{**cfg, "dtype": dt} for cfg in pool for dt in DTYPES], 3, seed=3)
+    plan = [({k: v for k, v in c.items() if k != "dtype"}, c["dtype"]) for c in sample]
     for name in gemm.knobs:  # every knob value valid on the chip appears
-        assert {c[name] for c in configs} == {c[name] for c in reachable}, name
-    plan = [(cfg, dt) for cfg in configs for dt in DTYPES]  # every config in every dtype
+        assert {c[name] for c, _ in plan} == {c[name] for c in reachable}, name
+    assert {(c[name], dt) for c, dt in plan for name in ("MMA", "VEC", "SPLIT_K")} == {
+        (c[name], dt) for c in pool for dt in DTYPES for name in ("MMA", "VEC", "SPLIT_K")}  # each in each dtype
+    assert 60 <= len(plan) <= 200, len(plan)
     _precompile([(render(gemm, cfg, dt), "fast", dt) for cfg, dt in plan])
     cpu = get_backend("cpu")
     runs, failures, dtypes_seen = 0, [], set()

@@ -7,20 +7,20 @@ where nvcc is installed, a sample compiled for sm_90 exactly as MLX's cuda_kerne
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
+from conftest import builtin_families
+from covering import covering_sample as tway_sample
+from nvcc import NVCC, nvcc
 
 from kernsearch import Space, get_chip, load_family, make_problem, render
 from kernsearch.family._render import render_context
 
-FAMILIES = ("qmatvec", "swiglu_qmatvec", "rmsnorm_qmatvec", "qmatvec_residual", "rmsnorm_swiglu_qmatvec")
+#: qmatvec and every family found that extends it (its core's CUDA twin, whatever the family adds).
+FAMILIES = builtin_families(built_on="qmatvec")
 H100 = get_chip("H100")
 DTYPES = ("float16", "bfloat16", "float32")
-NVCC = shutil.which("nvcc")
 #: M = 1, 2, 3, 5, 9, 16: every compiled row count of both paths (fma 1, 2, 4, 8, 16; mma 8, 16).
 MS = (1, 2, 3, 5, 9, 16)
 #: MLX's dtype_to_cuda_type for the dtypes these kernels take.
@@ -188,7 +188,7 @@ def test_the_h100_space_holds_what_each_path_can_build(name: str) -> None:
 
 # -- compiled as MLX compiles it (nvcc, sm_90) ---------------------------------------------------------------
 
-def _compile_group(fam, group: list[tuple[dict, str]], workdir: Path) -> list[tuple[int, int]]:  # noqa: ANN001
+def _compile_group(fam, group: list[tuple[dict, str]]) -> list[tuple[int, int]]:  # noqa: ANN001
     """One translation unit (MLX's prelude, the family's header once, one __global__ per config): nvcc for
     sm_90 with ptxas's report; returns (registers, spill bytes) per config. The header is the same for every
     config of a family but for its comment line, so one copy stands for each config's."""
@@ -201,10 +201,9 @@ def _compile_group(fam, group: list[tuple[dict, str]], workdir: Path) -> list[tu
         bodies.append(body)
         names.append(name)
     assert len(headers) == 1
-    unit = workdir / f"{fam.name}_{group[0][1]}.cu"
-    unit.write_text(MLX_PRELUDE + headers.pop() + "\n" + "".join(bodies))
-    done = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "--resource-usage", "-c", str(unit), "-o",
-                           str(unit.with_suffix(".o"))], capture_output=True, text=True, timeout=900)
+    # device code only (--cubin), as MLX builds a kernel (NVRTC, no host side): ptxas's report is the same
+    done = nvcc(["-arch=sm_90", "-std=c++17", "--resource-usage", "--cubin"],
+                MLX_PRELUDE + headers.pop() + "\n" + "".join(bodies))
     assert done.returncode == 0, done.stderr[:3000]
     usage: dict[str, list[int]] = {}
     current = None
@@ -227,25 +226,32 @@ def _compile_group(fam, group: list[tuple[dict, str]], workdir: Path) -> list[tu
 #: 65536 registers; the fused 8-bit one spills (28 bytes).
 PINNED = (("qmatvec", "float16", {"PATH": "fma", "QBITS": 4, "TW": 4, "KS": 4, "RT": 1, "UNROLL": 4, "MB": 16}),
           ("swiglu_qmatvec", "float16", {"PATH": "fma", "QBITS": 8, "TW": 1, "KS": 1, "RT": 2, "UNROLL": 4, "MB": 2}))
+#: An mma config ptxas puts more than 10 % over the estimate (156 registers, estimated 136; no spill, it launches),
+#: found by the 2-way covering sample (every 37th config missed it): for the lead, as the fma ones above.
+MMA_OVER = (("rmsnorm_qmatvec", "bfloat16", {"PATH": "mma", "QBITS": 4, "TW": 4, "KS": 1, "RT": 2, "UNROLL": 2,
+                                             "MB": 16}),)
 
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, str, dict, int, int, int]]:
-    """A sample of both families (both paths and widths, every compiled row count, every dtype) compiled for
-    sm_90 as MLX wraps each body: (family, dtype, config, ptxas registers, spill bytes, the family's regs)."""
+    """A 2-way covering sample of each family's valid configs and dtypes (every pair of knob values, dtype
+    counted, that the space has: both paths and widths, every compiled row count, every dtype; ~15 kernels a
+    family, where every 37th config of each dtype compiled ~40) and the pinned configs, compiled for sm_90 as MLX
+    wraps each body: (family, dtype, config, ptxas registers, spill bytes, the family's regs)."""
     if NVCC is None:
         pytest.skip("nvcc not installed (the CUDA twins are compiled where it is)")
-    workdir = tmp_path_factory.mktemp("cuda")
     groups = []
     for name in FAMILIES:
         fam = load_family(name)
-        plan = _every_config(fam)
+        unique = {(str(sorted(c.items())), d): {**c, "dtype": d} for c, d, _ in _every_config(fam)}
+        sample = tway_sample(list(unique.values()), 2, seed=37)  # every pair of knob values and dtype
         for dtype in DTYPES:
-            unique = {str(sorted(c.items())): c for c, d, _ in plan if d == dtype}
-            sample = list(unique.values())[::37] + [c for n, d, c in PINNED if (n, d) == (name, dtype)]
-            groups.append((fam, [(c, dtype) for c in sample]))
+            group = [{k: v for k, v in c.items() if k != "dtype"} for c in sample if c["dtype"] == dtype]
+            group += [c for n, d, c in PINNED + MMA_OVER if (n, d) == (name, dtype) and c not in group]
+            if group:
+                groups.append((fam, [(c, dtype) for c in group]))
     with ThreadPoolExecutor(2) as pool:
-        usages = list(pool.map(lambda g: _compile_group(g[0], g[1], workdir), groups))
+        usages = list(pool.map(lambda g: _compile_group(g[0], g[1]), groups))
     return [(fam.name, dtype, cfg, regs, spill, render_context(fam, cfg, dtype)["regs"])
             for (fam, sample), usage in zip(groups, usages) for (cfg, dtype), (regs, spill) in zip(sample, usage)]
 
@@ -257,8 +263,18 @@ def test_a_sample_compiles_for_sm90_as_mlx_wraps_it(compiled) -> None:  # noqa: 
     paths = {(name, cfg["PATH"]) for name, _, cfg, *_ in compiled}
     assert paths >= {(n, p) for n in FAMILIES for p in ("mma", "fma")} and len(compiled) > 40
     assert {p for _, p in paths} == {"mma", "fma", "h2"}  # the h2 path is sampled too (compiled, no spills)
-    over = [row for row in compiled if row[2]["PATH"] == "mma" and (row[4] or row[3] > 1.1 * row[5])]
+    assert not [row for row in compiled if row[2]["PATH"] == "h2" and row[4]]
+    over = [row for row in compiled if row[2]["PATH"] == "mma" and (row[4] or row[3] > 1.1 * row[5])
+            and row[:3] not in MMA_OVER]
     assert not over, over[:5]
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="rmsnorm_qmatvec's mma register estimate is low for a bfloat16 config "
+                   "(ptxas 156, estimated 136); for the lead")
+def test_the_mma_kernels_known_over_the_estimate_are_within_it(compiled) -> None:  # noqa: ANN001
+    rows = [row for row in compiled if row[:3] in MMA_OVER]
+    assert len(rows) == len(MMA_OVER) and all(not spill and regs <= 1.1 * est for *_, regs, spill, est in rows)
 
 
 @pytest.mark.slow

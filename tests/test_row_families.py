@@ -8,14 +8,20 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import builtin_families
 from rowfamilies import H100, M2, NVCC, covering_sample, nvcc_compiles, run_all, valid
 
 from kernsearch import Space, get_backend, get_chip, load_family, make_problem
 
-FAMILIES = ("rmsnorm", "layernorm", "softmax", "swiglu")
+#: The row families found (a row count and a row length), not listed: each needs its shapes below.
+FAMILIES = builtin_families(dims=2)
 #: A single row, ragged rows (odd, prime lengths: VEC = 1 only), several rows per threadgroup, aligned rows.
 SHAPES = {"rmsnorm": ("1,96", "7,77", "9,40", "3,256"), "layernorm": ("1,96", "7,77", "9,40", "3,256"),
           "softmax": ("1,96", "7,77", "9,40", "3,256"), "swiglu": ("1,96", "7,77", "3,256")}
+
+
+def test_every_row_family_found_has_its_shapes() -> None:
+    assert FAMILIES and sorted(SHAPES) == sorted(FAMILIES)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -102,7 +108,7 @@ def test_a_broken_reduction_is_caught(tmp_path: Path) -> None:
 
 def test_model_prefers_held_rows_at_large_shapes() -> None:
     model = get_backend("model", chip="H100")
-    for name in ("rmsnorm", "layernorm", "softmax"):
+    for name in builtin_families(dims=2, knob="HOLD"):
         fam = load_family(name)
         sp = Space(make_problem(fam, "16384,4096", "float16", H100), H100)
         base = {**fam.default, "TG": 512, "ROWS": 1, "VEC": 8, "UNROLL": 1}

@@ -6,12 +6,12 @@ extra parallelism."""
 from __future__ import annotations
 
 import random
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_gemv import NVCC, cuda_unit
+from nvcc import NVCC, nvcc
+from test_gemv import cuda_unit
 
 from kernsearch import Space, geometry, get_backend, get_chip, make_problem, render
 from kernsearch.evaluation._verify import make_inputs, reference, verify_outputs
@@ -91,7 +91,5 @@ def test_split_k_cuda_sample_compiles(gemm, tmp_path: Path) -> None:  # noqa: AN
     for i, c in enumerate(sample):  # WMMA takes float16/bfloat16; scalar configs also float32
         dtype = ("float16", "bfloat16", "float32")[i % 3] if c["MMA"] == "scalar" else ("float16", "bfloat16")[i % 2]
         kernels.append(render(gemm, c, dtype, "cuda"))
-    (tmp_path / "k.cu").write_text(cuda_unit(kernels))
-    done = subprocess.run([NVCC, "--ptx", "-arch=sm_90", "-o", str(tmp_path / "k.ptx"), str(tmp_path / "k.cu")],
-                          capture_output=True, text=True, timeout=600)
+    done = nvcc(["--ptx", "-arch=sm_90"], cuda_unit(kernels), timeout=600)
     assert done.returncode == 0, done.stderr[:2000]

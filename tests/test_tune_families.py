@@ -14,10 +14,11 @@ import json
 import random
 
 import pytest
+from conftest import builtin_families
 
 from kernsearch.family._shapes import MIN_SIDE, ragged_shape, smallest_shape
 from kernsearch.family._space import Space, make_problem
-from kernsearch.family._spec import builtin_family_names, load_family
+from kernsearch.family._spec import load_family
 from kernsearch.hardware._chips import default_apple_chip
 
 #: A shape per family whose sizes are multiples of no tile (the quantized dims K, KW, NG stay tied).
@@ -35,7 +36,7 @@ CASES = [pytest.param("gemv", None, id="gemv-default")] + [
 
 
 def test_every_builtin_family_has_a_ragged_case() -> None:
-    assert sorted(RAGGED) == sorted(builtin_family_names())
+    assert sorted(RAGGED) == builtin_families()
 
 
 def _tune(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict, str]:
@@ -94,7 +95,7 @@ def test_finalists_shapes_hold_every_constraint_where_a_fixed_cap_does_not() -> 
 def test_every_familys_configs_get_a_valid_small_shape_and_a_ragged_one() -> None:
     chip = default_apple_chip()
     rng = random.Random(0)
-    for name in builtin_family_names():
+    for name in builtin_families():
         fam = load_family(name)
         problem = make_problem(fam, None, None, chip)
         for cfg in rng.sample(Space(problem, chip).enumerate().valid, 3) if name != "gemm" else \

@@ -119,6 +119,15 @@ def read_snapshot(root: Path, sha: str) -> dict[str, bytes]:
     if not (_safeio.is_real_dir(base) and _safeio.is_real_dir(folder)):
         raise ArtifactError(f"{folder}: the family snapshot this version was published with is missing "
                             "(or not a plain folder)")
+    files = _plain_files(folder)
+    if snapshot_hash(files) != sha or SPEC not in files:
+        raise ArtifactError(f"{folder}: the family snapshot's files do not hash to its name (tampered)")
+    return files
+
+
+def _plain_files(folder: Path) -> dict[str, bytes]:
+    """Every file below ``folder`` by its ``/`` path, read within bounds; anything but plain files and folders (a
+    link, a device, too deep, too many) refused in one line."""
     files: dict[str, bytes] = {}
     for dirpath, dirnames, filenames in os.walk(folder):
         rel = os.path.relpath(dirpath, folder)
@@ -136,8 +145,6 @@ def read_snapshot(root: Path, sha: str) -> dict[str, bytes]:
                 raise ArtifactError(f"family snapshot unreadable: {exc}") from None
             files["/".join([*([] if rel == "." else rel.split(os.sep)), name])] = data
         dirnames[:] = [d for d in dirnames if stat.S_ISDIR(os.lstat(os.path.join(dirpath, d)).st_mode)]
-    if snapshot_hash(files) != sha or SPEC not in files:
-        raise ArtifactError(f"{folder}: the family snapshot's files do not hash to its name (tampered)")
     return files
 
 

@@ -120,18 +120,25 @@ def _precheck(text: str) -> None:
                 raise ExprError(f"expression has more than {MAX_TOKENS} tokens")
             if kind == "whitespace":
                 continue
-            if kind == "operator" and value in "([{":
-                depth += 1
-                if depth > MAX_NESTING:
-                    raise ExprError(f"brackets nested deeper than {MAX_NESTING}")
-            elif kind == "operator" and value in ")]}":
-                depth -= 1
-            unary = (kind == "operator" and value in ("-", "+")) or (kind == "name" and value == "not")
-            run = run + 1 if unary else 0
+            depth += _nesting(kind, value)
+            if depth > MAX_NESTING:
+                raise ExprError(f"brackets nested deeper than {MAX_NESTING}")
+            run = run + 1 if _unary(kind, value) else 0
             if run > MAX_UNARY_RUN:
                 raise ExprError(f"more than {MAX_UNARY_RUN} operators in a row")
     except TemplateSyntaxError as exc:
         raise ExprError(f"syntax error: {exc.message}") from None
+
+
+def _nesting(kind: str, value: str) -> int:
+    """How a token changes the depth of brackets: +1 opens, -1 closes, 0 neither."""
+    if kind != "operator":
+        return 0
+    return 1 if value in "([{" else -1 if value in ")]}" else 0
+
+
+def _unary(kind: str, value: str) -> bool:
+    return (kind == "operator" and value in ("-", "+")) or (kind == "name" and value == "not")
 
 
 @lru_cache(maxsize=4096)

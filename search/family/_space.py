@@ -11,8 +11,9 @@ from __future__ import annotations
 import itertools
 import math
 import operator
+import random
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,12 @@ from ._spec import DTYPES, Family, KnobValue
 MAX_DIM = 2**31 - 1
 
 Config = dict[str, KnobValue]
+#: An evaluator of a space's expressions: (expression, context, where it is declared) -> its value.
+Evaluate = Callable[[Any, dict[str, Any], str], Any]
+#: Draws of the product a sample may take per new valid config it has found (and ten more) before it enumerates
+#: the space instead (valid configs rarer than that, or a sample near the whole of them: the pruned walk is then
+#: the cheaper way to them).
+DRAWS_PER_NEW_CONFIG = 200
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,18 @@ class Problem:
 def make_problem(family: Family, shape: str | tuple[int, ...] | None = None, dtype: str | None = None,
                  chip: Chip | None = None) -> Problem:
     """Parse and check a shape (``"4096,4096,4096"``) and dtype against the family (and chip)."""
+    sizes = _sizes(family, shape)
+    dtype = dtype or family.problem.default_dtype
+    if dtype not in family.problem.dtypes:
+        raise KernsearchError(f"dtype {dtype!r} not supported by {family.name} "
+                              f"(supported: {', '.join(family.problem.dtypes)})")
+    if chip is not None and dtype == "bfloat16" and not chip.bfloat16:
+        raise KernsearchError(f"chip {chip.name} has no bfloat16 support")
+    return Problem(family, sizes, dtype)
+
+
+def _sizes(family: Family, shape: str | tuple[int, ...] | None) -> tuple[int, ...]:
+    """The problem's sizes from a shape given as text, numbers or not at all (the family's default), checked."""
     dims = family.dims
     if shape is None:
         sizes = tuple(family.problem.default_shape)
@@ -98,19 +117,13 @@ def make_problem(family: Family, shape: str | tuple[int, ...] | None = None, dty
     if len(sizes) != len(dims):
         raise KernsearchError(f"bad shape {shape!r}: {family.name} needs {len(dims)} sizes "
                               f"({','.join(dims)}), got {len(sizes)}")
-    bad = [f"{d}={s}" for d, s in zip(dims, sizes) if s <= 0]
     huge = [f"{d}={s}" for d, s in zip(dims, sizes) if s > MAX_DIM]
     if huge:
         raise KernsearchError(f"impossible shape: {', '.join(huge)[:120]} (sizes are at most {MAX_DIM})")
+    bad = [f"{d}={s}" for d, s in zip(dims, sizes) if s <= 0]
     if bad:
         raise KernsearchError(f"impossible shape: {', '.join(bad)} (sizes must be positive)")
-    dtype = dtype or family.problem.default_dtype
-    if dtype not in family.problem.dtypes:
-        raise KernsearchError(f"dtype {dtype!r} not supported by {family.name} "
-                              f"(supported: {', '.join(family.problem.dtypes)})")
-    if chip is not None and dtype == "bfloat16" and not chip.bfloat16:
-        raise KernsearchError(f"chip {chip.name} has no bfloat16 support")
-    return Problem(family, sizes, dtype)
+    return sizes
 
 
 @dataclass(frozen=True)
@@ -218,9 +231,60 @@ class Space:
         sizes = [len(fam.knobs[n].values) for n in names]
         remaining = [math.prod(sizes[i + 1:]) for i in range(len(names))]
         summary = SpaceSummary(total=self.total, valid=[])
-        # An expression's value depends only on the knobs and derived values it reads (the rest is fixed for this
-        # problem): each is evaluated once per combination of those, not once per node of the walk.
-        varying = set(names) | set(fam.derived)
+        value_of = self._evaluator()
+
+        def walk(depth: int, ctx: dict[str, Any], start: int) -> None:
+            """``start``: how many configs of the product come before this subtree's first one."""
+            if depth == len(names):
+                summary.valid.append({n: ctx[n] for n in names})
+                return
+            for n, value in enumerate(fam.knobs[names[depth]].values):
+                c = {**ctx, names[depth]: value}
+                failed = self._bind(depth, c, value_of)
+                if failed is not None:
+                    summary.rejected[fam.constraints[failed].name] += remaining[depth]
+                else:
+                    walk(depth + 1, c, start + n * remaining[depth])
+                if depth < 3:  # this value's whole subtree is walked (or pruned): say how far the walk is
+                    progress.advance(start + (n + 1) * remaining[depth])
+
+        with step(f"enumerating the {self.total:,} configs of {fam.name}", total=self.total) as progress:
+            walk(0, dict(self.base), 0)
+        return summary
+
+    def sample(self, n: int, rng: random.Random, found: Callable[[int], None] | None = None) -> list[Config]:
+        """Up to ``n`` distinct valid configs, uniform over the valid ones (``rng`` seeded: the same every run).
+        Each draw is a uniform config of the product, taken knob by knob in the walk's order and given up at the
+        first constraint it fails: the same distribution as checking whole configs, for a fraction of the
+        evaluations. A space whose new valid configs come too rarely for that is enumerated and sampled.
+        ``found`` hears how many are drawn so far."""
+        value_of = self._evaluator()
+        names = list(self.family.knobs)
+        out: dict[tuple[KnobValue, ...], Config] = {}
+        draws = 0
+        while len(out) < n and draws < DRAWS_PER_NEW_CONFIG * (len(out) + 10):
+            draws += 1
+            ctx = dict(self.base)
+            for depth, name in enumerate(names):
+                ctx[name] = rng.choice(self.family.knobs[name].values)
+                if self._bind(depth, ctx, value_of) is not None:
+                    break
+            else:
+                key = tuple(ctx[k] for k in names)
+                if key not in out:
+                    out[key] = dict(zip(names, key))
+                    if found is not None:
+                        found(len(out))
+        if len(out) >= n:
+            return list(out.values())
+        valid = self.enumerate().valid
+        return rng.sample(valid, min(n, len(valid)))
+
+    def _evaluator(self) -> Evaluate:
+        """An evaluator that computes each derived value and constraint once per combination of the knobs and
+        derived values it reads (the rest is fixed for this problem), not once per config of a walk."""
+        fam = self.family
+        varying = set(fam.knobs) | set(fam.derived)
         memo: dict[tuple[int, Any], Any] = {}
         reads: dict[int, Any] = {}  # id(expr) -> the values of what it reads that vary, from a context
         for expr in [*fam.derived.values(), *(con.expr for con in fam.constraints)]:
@@ -237,28 +301,16 @@ class Space:
             except TypeError:  # an unhashable derived value (a list): evaluated every time
                 return self._eval(expr, c, where)
 
-        def walk(depth: int, ctx: dict[str, Any], start: int) -> None:
-            """``start``: how many configs of the product come before this subtree's first one."""
-            if depth == len(names):
-                summary.valid.append({n: ctx[n] for n in names})
-                return
-            derived, checks = self._plan[depth]
-            for n, value in enumerate(fam.knobs[names[depth]].values):
-                c = {**ctx, names[depth]: value}
-                for d in derived:
-                    c[d] = value_of(fam.derived[d], c, f"derived.{d}")
-                failed = next((i for i in checks
-                               if not value_of(fam.constraints[i].expr, c, fam.constraints[i].name)), None)
-                if failed is not None:
-                    summary.rejected[fam.constraints[failed].name] += remaining[depth]
-                else:
-                    walk(depth + 1, c, start + n * remaining[depth])
-                if depth < 3:  # this value's whole subtree is walked (or pruned): say how far the walk is
-                    progress.advance(start + (n + 1) * remaining[depth])
+        return value_of
 
-        with step(f"enumerating the {self.total:,} configs of {fam.name}", total=self.total) as progress:
-            walk(0, dict(self.base), 0)
-        return summary
+    def _bind(self, depth: int, ctx: dict[str, Any], value_of: Evaluate) -> int | None:
+        """With the knob at ``depth`` just set in ``ctx``: adds the derived values computable from there on and
+        returns the first constraint (its index) that then fails, or None."""
+        fam = self.family
+        derived, checks = self._plan[depth]
+        for d in derived:
+            ctx[d] = value_of(fam.derived[d], ctx, f"derived.{d}")
+        return next((i for i in checks if not value_of(fam.constraints[i].expr, ctx, fam.constraints[i].name)), None)
 
     def iter_all(self) -> Iterator[Config]:
         """Every config of the product, valid or not (for tests and brute force)."""

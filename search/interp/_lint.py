@@ -84,34 +84,38 @@ def lint(header: str, source: str) -> str | None:
                if d.group(1) not in _NOT_TYPES}
     for part, text in (("header", header), ("source", source)):
         code = _COMMENT.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+        found = _first_outside(code, defined)
+        if found is not None:
+            return f"{part} line {code.count(chr(10), 0, found[0]) + 1}: {found[1]}"
+    return None
 
-        def where(pos: int, part: str = part, code: str = code) -> str:
-            return f"{part} line {code.count(chr(10), 0, pos) + 1}"
 
-        for m in _HEADERS.finditer(code):
-            if m.group(1) not in _ALLOWED_HEADERS:
-                return f"{where(m.start())}: #include <{m.group(1)}> is outside the interpreter's MSL subset"
-        for pattern, what in _REJECT:
-            hit = pattern.search(code)
-            if hit:
-                return f"{where(hit.start())}: {what} ({hit.group(0)!r}) are outside the interpreter's MSL subset"
-        for m in _SIMD_IDENT.finditer(code):
-            if m.group(1) not in SIMD_FUNCTIONS and m.group(1) not in defined:
-                return f"{where(m.start())}: {m.group(1)} is outside the interpreter's MSL subset"
-        for m in _METAL_QUALIFIED.finditer(code):
-            if m.group(1) not in METAL_NAMES:
-                return f"{where(m.start())}: metal::{m.group(1)} is outside the interpreter's MSL subset"
-        for m in _MATRIX.finditer(code):
-            if (m.group(1), m.group(2)) != ("8", "8"):
-                return f"{where(m.start())}: simdgroup_matrix of {m.group(1)}x{m.group(2)} (only 8x8 is supported)"
-        rest = code
-        for declared in (_TG_ARRAY_MD, _TG_ARRAY, _TG_SCALAR, _TG_ROW_POINTER, _TG_POINTER, _TG_CAST, _TG_CAST_NAMED,
-                         _TENSOR_SPACE):
-            rest = declared.sub("", rest)
-        found = re.search(r"\bthreadgroup\b(?!_)", rest)
-        if found:
-            return (f"{where(found.start())}: this threadgroup declaration is outside the interpreter's MSL subset "
-                    "(use a 1-D array `threadgroup T name[N];` or a pointer `threadgroup T* p`)")
+def _first_outside(code: str, defined: set[str]) -> tuple[int, str] | None:
+    """The first construct of one part (comments blanked) outside the subset: (where in ``code``, what)."""
+    for m in _HEADERS.finditer(code):
+        if m.group(1) not in _ALLOWED_HEADERS:
+            return m.start(), f"#include <{m.group(1)}> is outside the interpreter's MSL subset"
+    for pattern, what in _REJECT:
+        hit = pattern.search(code)
+        if hit:
+            return hit.start(), f"{what} ({hit.group(0)!r}) are outside the interpreter's MSL subset"
+    for m in _SIMD_IDENT.finditer(code):
+        if m.group(1) not in SIMD_FUNCTIONS and m.group(1) not in defined:
+            return m.start(), f"{m.group(1)} is outside the interpreter's MSL subset"
+    for m in _METAL_QUALIFIED.finditer(code):
+        if m.group(1) not in METAL_NAMES:
+            return m.start(), f"metal::{m.group(1)} is outside the interpreter's MSL subset"
+    for m in _MATRIX.finditer(code):
+        if (m.group(1), m.group(2)) != ("8", "8"):
+            return m.start(), f"simdgroup_matrix of {m.group(1)}x{m.group(2)} (only 8x8 is supported)"
+    rest = code
+    for declared in (_TG_ARRAY_MD, _TG_ARRAY, _TG_SCALAR, _TG_ROW_POINTER, _TG_POINTER, _TG_CAST, _TG_CAST_NAMED,
+                     _TENSOR_SPACE):
+        rest = declared.sub("", rest)
+    found = re.search(r"\bthreadgroup\b(?!_)", rest)
+    if found:
+        return found.start(), ("this threadgroup declaration is outside the interpreter's MSL subset "
+                               "(use a 1-D array `threadgroup T name[N];` or a pointer `threadgroup T* p`)")
     return None
 
 

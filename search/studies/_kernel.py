@@ -202,24 +202,15 @@ class KernelVariants(Objective):
         return self._ranking
 
     def _sample(self, n: int) -> list[Config]:
-        """Up to ``n`` distinct random valid configs (a fixed seed: the verdict is the same every run)."""
+        """Up to ``n`` distinct valid configs, uniform over the valid ones (a fixed seed: the verdict is the same
+        every run), drawn through the space's pruned walk (:meth:`Space.sample`)."""
         import random
 
         from .._steps import step
-        from ..family._space import format_config
 
-        rng, out, seen = random.Random(0), [], set()
         with step(f"sampling {n:,} valid configs of the {self.space.total:,} of {self.family.name} for the model",
                   total=n) as progress:
-            for _ in range(4 * n):
-                cfg = self.random_config(rng, tries=50)
-                if cfg is not None and format_config(cfg) not in seen:
-                    seen.add(format_config(cfg))
-                    out.append(cfg)
-                    progress.advance(len(out))
-                if len(out) >= n:
-                    break
-        return out
+            return self.space.sample(n, random.Random(0), progress.advance)
 
     def model_note(self) -> str | None:
         """What `tune` says before searching when the model cannot rank this space (None when it can)."""

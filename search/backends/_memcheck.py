@@ -204,24 +204,40 @@ def read_result(path: Path) -> ChildResult | None:
         return None
 
 
+def _reported(report: Report, result: ChildResult | None, shapes: tuple[str, ...]) -> MemcheckResult:
+    """The first error the tool reported: its kind and line, the buffer named where its allocation's size is one
+    of the child's at that shape."""
+    first = report.findings[0]
+    allocations = result.allocations if result else {}
+    names = [n.partition(" at ")[0] for n, size in allocations.items()
+             if size == first.allocation_bytes and n.partition(" at ")[2] in (first.shape, "")]
+    more = f"; {len(report.findings) - 1} more" if len(report.findings) > 1 else ""
+    at = first.shape if _SHAPE.match(first.shape) else ""
+    text = first.text(" or ".join(names) if first.beyond else "")
+    return MemcheckResult(Memcheck.REPORTED, f"{text}{more}"[:600], shapes, at)
+
+
+def _unfinished_why(rc: int, report: Report, result: ChildResult | None, count: int) -> str | None:
+    """Why the child gave no verdict (it did not launch every shape, or it or the tool failed), None if it did."""
+    if result is not None and not result.error and len(result.launched) >= count:
+        return None
+    if result is not None and result.error:
+        return result.error
+    launched = len(result.launched) if result else 0
+    last = f"; {report.last_line}" if report.last_line else ""
+    return report.tool_error or f"the child launched {launched} of {count} shapes (exit status {rc}{last})"
+
+
 def verdict(rc: int, report: Report, result: ChildResult | None, shapes: tuple[str, ...]) -> MemcheckResult:
     """The run's verdict: an error the tool reported refuses (its kind and first line, the buffer named where its
     allocation's size is the child's); a child that did not launch every shape, or a tool that failed, gives no
     verdict; an error count with nothing parsed still refuses (never a silent pass)."""
     if report.findings:
-        first = report.findings[0]
-        names = [n.partition(" at ")[0] for n, size in (result.allocations if result else {}).items()
-                 if size == first.allocation_bytes and n.partition(" at ")[2] in (first.shape, "")]
-        more = f"; {len(report.findings) - 1} more" if len(report.findings) > 1 else ""
-        at = first.shape if _SHAPE.match(first.shape) else ""
-        text = first.text(" or ".join(names) if first.beyond else "")
-        return MemcheckResult(Memcheck.REPORTED, f"{text}{more}"[:600], shapes, at)
+        return _reported(report, result, shapes)
     if result is not None and result.guard:
         return MemcheckResult(Memcheck.REPORTED, f"out-of-bounds write ({result.guard})"[:600], shapes)
-    if result is None or result.error or len(result.launched) < len(shapes):
-        why = (result.error if result is not None and result.error else report.tool_error) or \
-            f"the child launched {len(result.launched) if result else 0} of {len(shapes)} shapes (exit status " \
-            f"{rc}{'; ' + report.last_line if report.last_line else ''})"
+    why = _unfinished_why(rc, report, result, len(shapes))
+    if why is not None:
         return MemcheckResult(Memcheck.UNFINISHED, why[:600], shapes)
     if rc == ERROR_EXIT or (report.errors or 0) > 0:
         return MemcheckResult(Memcheck.REPORTED, f"error (memcheck counted {report.errors or 'some'} error(s), "

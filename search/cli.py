@@ -768,6 +768,8 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
          study: str | None = typer.Option(None, "--study", help="study name (default: family/chip/dtype/"
                                              "shape/backend)", callback=not_empty),
          seed: int = typer.Option(0, "--seed", help="sampler and input seed"),
+         start: list[str] = typer.Option([], "--start", help="a config to evaluate first, e.g. PATH=h2,RT=2 (knobs "
+                                         "not given keep the family default; repeatable)"),
          finalists: int = typer.Option(3, "--finalists", help="leaders re-measured (or verified) at the end"),
          verify_choice: VerifyChoice = typer.Option(
              VerifyChoice.finalists, "--verify", help="model back-end: verify all trials, the finalists or none on "
@@ -790,6 +792,13 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
     objective, note = _tune_objective(family, shape, dtype, chip_name, backend, landscape, seed, timeout,
                                       verify_choice.value)
     _refuse_before_searching(objective, storage, study, publish, store)
+    if start:
+        if not isinstance(objective, KernelVariants):
+            raise KernsearchError("--start names configs of a family's variants; a replayed landscape has none")
+        try:
+            objective.start_with(start)
+        except KernsearchError as exc:
+            raise KernsearchError(f"--start: {exc}") from None
     if note:
         err.print(note, soft_wrap=True)
     key = StudyKey.of(objective.study_key)

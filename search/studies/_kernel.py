@@ -141,6 +141,14 @@ class KernelVariants(Objective):
         cfg = dict(self.family.default)
         return cfg if self.space.is_valid(cfg) else None
 
+    def start_with(self, texts: list[str]) -> None:
+        """``tune --start``: each text a config (``"PATH=h2,RT=2"``; knobs not given keep the family default),
+        checked against this problem's space (an unknown knob, a bad value or a broken constraint is one line)."""
+        self._start = [self.space.validate(self.space.parse_config(t)) for t in texts]
+
+    def first_configs(self) -> list[Config]:
+        return list(getattr(self, "_start", []))
+
     def warm_start(self, store: Any = None, limit: int = 5) -> list[Config]:
         """Configs of current published artifacts of this family, closest first: same chip and shape,
         same chip, same shape, then the rest (same dtype before others). A broken store never stops a

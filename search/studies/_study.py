@@ -203,6 +203,10 @@ class Objective(ABC):
     def default(self) -> Config | None:
         return None
 
+    def first_configs(self) -> list[Config]:
+        """Configs the user asked to be evaluated first (``tune --start``), before the default and warm start."""
+        return []
+
     def prior(self, configs: list[Config]) -> list[float] | None:
         """Predicted times of ``configs`` (e.g. the chip's performance model), or None: the ``auto``
         strategy starts from the best-predicted configs and learns the prediction's error."""
@@ -605,11 +609,12 @@ class _Search:
         self.shared = any(t.state == TrialState.RUNNING for t in at_start)
         self.next_number = len(at_start)  # a first trial numbered otherwise: another process asked one meanwhile
         self.last_number: int | None = None
-        # The default config first (trial 0 of a new study), then configs of published artifacts. Fixed
+        # The configs the user named first (--start), the default config (trial 0 of a new study), then configs of
+        # published artifacts. Fixed
         # configs are asked for through this process's sampler, not Optuna's shared queue of enqueued trials
         # (two processes popping one queued trial from SQLite at once is a race).
         self.first: list[Config] = []
-        for c in retry + [objective.default()] + objective.warm_start():
+        for c in retry + objective.first_configs() + [objective.default()] + objective.warm_start():
             if c is not None and format_config(c) not in self.known and c not in self.first:
                 self.first.append(c)
         self.first += self._transferred({format_config(c) for c in self.first} | set(self.known))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -84,6 +85,37 @@ def test_publish_creates_versions_and_the_gate_needs_a_gain_beyond_noise(tmp_pat
     assert [e["outcome"] for e in store.journal(key())] == ["published", "rejected", "published"]
     # min_gain is required on top of the noise
     assert not store.publish(candidate(median=0.47, spread=0.02), min_gain=0.05).published
+
+
+def _paired(c: Candidate, lo: float, hi: float, rounds: int = 30) -> Candidate:
+    """``c`` with per-round ratios (op / kernel) spread evenly over [lo, hi] in both consumer modes."""
+    ratios = [lo + (hi - lo) * i / (rounds - 1) for i in range(rounds)]
+    m = c.measurements
+    assert m is not None and m.modes
+    modes = {k: v.model_copy(update={"ratios": ratios}) for k, v in m.modes.items()}
+    return dataclasses.replace(c, measurements=m.model_copy(update={"modes": modes}))
+
+
+def test_a_version_whose_speedup_interval_lies_above_the_currents_replaces_it_whatever_the_spread(
+        tmp_path: Path) -> None:
+    """Each version's speedup over the op was measured against the op in its own run; where the new interval lies
+    wholly above the current's, the new one is faster as consumers call it, even when the medians' p10-p90 spread
+    (39 %: graph mode on the H200) is wider than the gain. Overlapping intervals fall back to the spread rule."""
+    store = ArtifactStore(tmp_path)
+    v1 = _paired(candidate(median=0.1642, spread=0.39, evidence="measured", detected=M2MAX_INFO), 1.0, 1.5)
+    assert store.publish(v1).published
+    overlapping = _paired(candidate(median=0.13, spread=0.39, evidence="measured", detected=M2MAX_INFO,
+                                    config={"BM": 64}), 1.25, 1.75)
+    kept = store.publish(overlapping)
+    assert not kept.published and "not faster than v1 beyond the noise" in kept.reason
+    above = _paired(candidate(median=0.1273, spread=0.39, evidence="measured", detected=M2MAX_INFO,
+                              config={"BM": 64}), 1.6, 1.95)
+    out = store.publish(above)
+    assert out.published and out.version == "v2", out.reason
+    assert "as consumers call it" in out.reason and "graph 1.6" in out.reason
+    # without paired rounds (a version judged before them) the spread rule alone decides
+    plain = candidate(median=0.1, spread=0.39, evidence="measured", detected=M2MAX_INFO, config={"BM": 32})
+    assert not store.publish(plain).published
 
 
 def test_version_holds_source_config_geometry_and_evidence(tmp_path: Path) -> None:

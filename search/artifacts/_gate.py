@@ -14,7 +14,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._rules import DEFAULT_MARGIN, beats_op, consumer_low, consumer_verdict, identity_changes, modes_text
+from .._rules import (
+    DEFAULT_MARGIN,
+    beats_op,
+    consumer_low,
+    consumer_verdict,
+    identity_changes,
+    mode_interval,
+    modes_text,
+)
 from .._vocabulary import CONSUMER_MODES, EVIDENCE_RANK, ConsumerMode, Evidence, Verdict
 from ._manifest import MODELED_POLICY, Manifest, Measurements
 
@@ -85,11 +93,17 @@ def _gate(draft: Draft, current: Manifest | None, invalid: str | None, min_gain:
 
 
 def _faster(draft: Draft, current: Manifest, min_gain: float) -> tuple[bool, str]:
-    """Two results of one evidence kind: the new one replaces the current only beyond the measured noise."""
+    """Two results of one evidence kind: the new one replaces the current when, as consumers call it, its interval of
+    the speedup over the op lies above the current's (each measured against the op in its own run: the ratio
+    carries across runs where absolute times do not); else only beyond the measured noise of the two medians."""
     new, old = draft.measurements, current.measurements
     if new is None or old is None:
         return False, (f"no timing to compare ({draft.evidence} evidence is correctness only); "
                        f"current {current.version} stays")
+    above = _interval_above(new, old) if min_gain == 0 else ""
+    if above:
+        return True, (f"faster than {current.version} as consumers call it: its speedup over the op lies above "
+                      f"{current.version}'s ({above})")
     gain = (old.median_ms - new.median_ms) / old.median_ms
     noise = max(new.spread, old.spread)
     needed = noise + min_gain
@@ -98,6 +112,18 @@ def _faster(draft: Draft, current: Manifest, min_gain: float) -> tuple[bool, str
     if gain > needed:
         return True, f"faster than {current.version} beyond the noise: {figures}"
     return False, f"not faster than {current.version} beyond the noise: {figures}"
+
+
+def _interval_above(new: Measurements, old: Measurements) -> str:
+    """The figures, where in every consumer mode both timed with paired rounds the new interval's lower bound is above
+    the old interval's upper bound; '' otherwise (a mode without per-round ratios, or intervals that overlap)."""
+    said = []
+    for mode in sorted(set(new.modes or {}) & set(old.modes or {})):
+        a, b = mode_interval((new.modes or {})[mode].model_dump()), mode_interval((old.modes or {})[mode].model_dump())
+        if a is None or b is None or not a.low > b.high:
+            return ""
+        said.append(f"{mode} {a.low:.2f}-{a.high:.2f}x vs {b.low:.2f}-{b.high:.2f}x")
+    return "; ".join(said)
 
 
 def _identity_changes(current: Manifest, draft: Draft) -> str:

@@ -70,11 +70,11 @@ def kernel_arrays(inputs: list[np.ndarray], geometry: Geometry, dtype: str) -> l
 
 
 def judge_op(family: Any, problem: Any) -> Callable[..., Any]:
-    """The op a kernel is judged against, a function of the family's input arrays: the baseline expression as the
-    plain MLX ops a user writes (:func:`kernsearch.evaluation._plain_op.plain_op`: planned once, each value
-    computed once), ``mx.compile``d only where the family gives a reason (``compile_baseline``); its parameters
-    and the problem's dimensions bound. Every timing of the op uses it: the search's, the final round's, the
-    gate's and ``rejudge``'s."""
+    """The op a kernel is judged against, a function of the family's input arrays: the baseline expression of the
+    outputs a consumer reads (not the scratch ones) as the plain MLX ops a user writes
+    (:func:`kernsearch.evaluation._plain_op.plain_op`: planned once, each value computed once), ``mx.compile``d only
+    where the family gives a reason (``compile_baseline``); its parameters and the problem's dimensions bound. Every
+    timing of the op uses it: the search's, the final round's, the gate's and ``rejudge``'s."""
     from ..evaluation._plain_op import plain_op
     from ..family._tree import expr_tree
 
@@ -83,7 +83,7 @@ def judge_op(family: Any, problem: Any) -> Callable[..., Any]:
     direct = {"quantized_matmul": mx.quantized_matmul, "rms_norm": mx.fast.rms_norm,
               "layer_norm": mx.fast.layer_norm, "matmul": mx.matmul,
               "softmax": functools.partial(mx.softmax, axis=-1, precise=True)}
-    fn = plain_op(expr_tree(family.baseline), [t.name for t in family.inputs], names,
+    fn = plain_op(expr_tree(family.judged_baseline), [t.name for t in family.inputs], names,
                   {**mlx_namespace(), **direct}, _TRAILING)
     return mx.compile(fn) if family.compile_baseline else fn
 

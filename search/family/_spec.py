@@ -151,6 +151,9 @@ class Tensor(_Model):
     name: str
     shape: Expr
     dtype: TensorDtype = "T"
+    #: An output that is the kernel's working memory (``mlp_block``'s intermediates and counters), not a value its
+    #: consumer reads: verified like any output, but the op the kernel is judged against computes only the others.
+    scratch: bool = False
     _check_shape = field_validator("shape", mode="before")(lambda v: _expr(v))
 
     @field_validator("name")
@@ -224,6 +227,8 @@ class Input(Tensor):
 
     @model_validator(mode="after")
     def _fits_dtype(self) -> Input:
+        if self.scratch:
+            raise ValueError("scratch is for outputs (working memory the kernel writes), not inputs")
         kind, integer = self.distribution.kind, self.dtype in ("uint32", "int32")
         if kind == "packed" and self.dtype != "uint32":
             raise ValueError("a packed distribution needs dtype = \"uint32\"")
@@ -410,15 +415,29 @@ class Family(_Model):
 
     @model_validator(mode="after")
     def _cross_check(self) -> Family:
+        if all(t.scratch for t in self.outputs):
+            raise ValueError("every output is scratch: the op the kernel is judged against would compute nothing")
+        if any(t.scratch for t in self.outputs) and not isinstance(self.baseline, PerOutput):
+            raise ValueError("a family with a scratch output gives its baseline per output (the judged op computes "
+                             "only the others)")
         _check_names(self)
         return self
+
+    @property
+    def judged_baseline(self) -> Expr:
+        """The baseline of the outputs a consumer reads (every output but the scratch ones)."""
+        if not isinstance(self.baseline, PerOutput) or not any(t.scratch for t in self.outputs):
+            return self.baseline
+        kept = [item for item, t in zip(self.baseline.items, self.outputs) if not t.scratch]
+        return Expr(kept[0]) if len(kept) == 1 else PerOutput(kept)
 
     # -- views ------------------------------------------------------------------------------------
     @property
     def baseline_name(self) -> str:
         """The baseline op as users know it (``mx.matmul``, ``mx.fast.rms_norm``), for verdicts and ``explain``;
         one per output, joined, when the baseline gives each output its own expression."""
-        items = self.baseline.items if isinstance(self.baseline, PerOutput) else (self.baseline.text,)
+        judged = self.judged_baseline
+        items = judged.items if isinstance(judged, PerOutput) else (judged.text,)
         name = " and ".join(dict.fromkeys(_op_name(text) for text in items))
         return f"mx.compile({name})" if self.compile_baseline else name
 

@@ -195,22 +195,16 @@ class _Program:
         root = self._operand(tree, top=True)
         n_in, lets = len(self.slots), tuple(self.lets)
         if lets:
-            f = self._fn(root)
-
-            def op(*xs: Any) -> Any:
-                ext = list(xs)
-                for let in lets:
-                    ext.append(let(ext))
-                return f(ext)
-
-            return op
+            ext = _with_lets(lets, self._fn(root))
+            return _with_ext(_entry(ext), ext)
         if self.simple is not None and self.simple[1] == list(range(n_in)):
             fn, _, consts, kw = self.simple
-            return _plain_call(fn, consts, kw)
+            return _plain_call(fn, consts, kw, n_in)
         if root[0] == "const":
             value = root[1]
             return lambda *xs: value
-        return _star_root(self.pieces) or _entry(self._fn(root))
+        f = self._fn(root)
+        return _with_ext(_star_root(self.pieces) or _entry(f), f)
 
     # -- pass 1: what is shared ------------------------------------------------------------------------
     def _count(self, t: Any) -> None:
@@ -245,18 +239,24 @@ class _Program:
         kind = t[0]
         if kind == "call":
             return self._call(t, top)
+        if kind == "bin" and t[1] == "*" and self._silu_once(t[2]):  # silu(a) * b, SwiGLU's gate, in one frame
+            x, g = self._fn(self._operand(t[2][2][0])), self._operand(t[3])
+            if g[0] in ("slot", "fn"):
+                return ("fn", _silu_times(x, self._fn(g), self.mx.sigmoid))
         if kind == "bin" and t[1] in BINARY:
             return self._binary(BINARY[t[1]], self._operand(t[2]), self._operand(t[3]), t, top)
         if kind in ("neg", "pos"):
             f, neg = self._fn(self._operand(t[1])), UNARY[kind]
             return ("fn", lambda ext: neg(f(ext)))
         if kind in ("list", "tuple"):
-            fs = [self._fn(self._operand(item)) for item in t[1]]
-            if top or kind == "tuple":  # a baseline's outputs: one array per output (``_outputs``)
-                return ("fn", lambda ext: tuple([f(ext) for f in fs]))
-            return ("fn", lambda ext: [f(ext) for f in fs])
+            # a baseline's outputs (top) are a tuple: one array per output (``_outputs``)
+            return ("fn", _sequence([self._fn(self._operand(item)) for item in t[1]], top or kind == "tuple"))
         if kind == "item" and not self._reads(t[2]):
-            f, index = self._fn(self._operand(t[1])), evaluate(t[2], self.names, self.functions)
+            base, index = self._operand(t[1]), evaluate(t[2], self.names, self.functions)
+            if base[0] == "slot":
+                i = base[1]
+                return ("fn", lambda ext: ext[i][index])
+            f = self._fn(base)
             return ("fn", lambda ext: f(ext)[index])
         return self._opaque(t)
 
@@ -288,10 +288,18 @@ class _Program:
             return ("fn", _node_then_slots(fn, heads[0][1], [a[1] for a in heads[1:]], consts))
         return ("fn", _arg_call(fn, [self._fn(a) for a in heads], consts, kw))
 
+    def _silu_once(self, t: Any) -> bool:
+        """Whether ``t`` is a call of the vocabulary's silu used once (not a shared value)."""
+        return (t[0] == "call" and t[1] == "silu" and len(t[2]) == 1 and not t[3] and "silu" in self.functions
+                and self.uses.get(json.dumps(t), 0) <= 1)
+
     def _binary(self, op: Callable[[Any, Any], Any], left: Tuple[str, Any], right: Tuple[str, Any],
                 t: Any, top: bool) -> Tuple[str, Any]:
         if any(side[0] == "const" and type(side[1]) not in (int, float, bool) for side in (left, right)):
             return self._opaque(t)  # an operand the evaluator checks (a string, a list): evaluated per call
+        spelled = _spelled_binary(t[1], left, right)
+        if spelled is not None:
+            return ("fn", spelled)
         if left[0] == "const":
             c, g = left[1], self._fn(right)
             return ("fn", lambda ext: op(c, g(ext)))
@@ -346,9 +354,142 @@ def _silu_node(f: Callable[[Any], Any], sigmoid: Callable[[Any], Any]) -> Callab
     return silu
 
 
+def _silu_times(f: Callable[[Any], Any], g: Callable[[Any], Any],
+                sigmoid: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``silu(f) * g`` (the vocabulary's silu, ``x * sigmoid(x)``) in one frame."""
+    def silu_times(ext: Any) -> Any:
+        x = f(ext)
+        return x * sigmoid(x) * g(ext)
+    return silu_times
+
+
+def _with_lets(lets: Tuple[Callable[[Any], Any], ...], f: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The op of a baseline with shared values, as a function of the call's arrays (a sequence): each shared value
+    computed once, in order, after them (spelled out up to three: a loop costs more than the op's own calls)."""
+    if len(lets) == 1:
+        (a,) = lets
+
+        def op1(xs: Any) -> Any:
+            ext = list(xs)
+            ext.append(a(ext))
+            return f(ext)
+        return op1
+    if len(lets) == 2:
+        a, b = lets
+
+        def op2(xs: Any) -> Any:
+            ext = list(xs)
+            ext.append(a(ext))
+            ext.append(b(ext))
+            return f(ext)
+        return op2
+    if len(lets) == 3:
+        a, b, c = lets
+
+        def op3(xs: Any) -> Any:
+            ext = list(xs)
+            ext.append(a(ext))
+            ext.append(b(ext))
+            ext.append(c(ext))
+            return f(ext)
+        return op3
+
+    def op(xs: Any) -> Any:
+        ext = list(xs)
+        for let in lets:
+            ext.append(let(ext))
+        return f(ext)
+    return op
+
+
+def _with_ext(op: Callable[..., Any], ext: Callable[[Any], Any]) -> Callable[..., Any]:
+    """``op`` (a function of the call's arrays) with ``op.ext``, the same op as a function of their tuple: the
+    package's fast paths pass the tuple they hold (no ``*`` call, no frame that takes ``*arrays``)."""
+    op.ext = ext  # type: ignore[attr-defined]
+    return op
+
+
+def _sequence(fs: List[Callable[[Any], Any]], as_tuple: bool) -> Callable[[Any], Any]:
+    """A list (or the outputs' tuple) of sub-expressions, spelled out for two and three items."""
+    if len(fs) == 2:
+        f, g = fs
+        return (lambda ext: (f(ext), g(ext))) if as_tuple else (lambda ext: [f(ext), g(ext)])
+    if len(fs) == 3:
+        f, g, h = fs
+        return (lambda ext: (f(ext), g(ext), h(ext))) if as_tuple else (lambda ext: [f(ext), g(ext), h(ext)])
+    if as_tuple:
+        return lambda ext: tuple([f(ext) for f in fs])
+    return lambda ext: [f(ext) for f in fs]
+
+
+def _spelled_binary(sym: str, left: Tuple[str, Any], right: Tuple[str, Any]) -> Optional[Callable[[Any], Any]]:
+    """``left + right`` or ``left * right`` of inputs, shared values (``ext[i]``), sub-expressions and numbers as
+    Python spells them (no operator call); None for the other forms."""
+    kinds, a, b = (left[0], right[0]), left[1], right[1]
+    if sym == "+":
+        if kinds == ("slot", "fn"):
+            return lambda ext: ext[a] + b(ext)
+        if kinds == ("fn", "slot"):
+            return lambda ext: a(ext) + ext[b]
+        if kinds == ("fn", "fn"):
+            return lambda ext: a(ext) + b(ext)
+        if kinds == ("slot", "slot"):
+            return lambda ext: ext[a] + ext[b]
+    if sym == "*":
+        if kinds == ("const", "fn"):
+            return lambda ext: a * b(ext)
+        if kinds == ("fn", "fn"):
+            return lambda ext: a(ext) * b(ext)
+        if kinds == ("fn", "slot"):
+            return lambda ext: a(ext) * ext[b]
+        if kinds == ("slot", "fn"):
+            return lambda ext: ext[a] * b(ext)
+        if kinds == ("slot", "slot"):
+            return lambda ext: ext[a] * ext[b]
+    return None
+
+
+def _spelled_call(fn: Callable[..., Any], slots: List[int], consts: Tuple[Any, ...]) -> Optional[Callable[[Any], Any]]:
+    """``fn(ext[slots]..., constants...)`` spelled out for the calls the built-in baselines make (a call through
+    ``*`` costs an MLX function ~0.1 us more than a plain positional one); None for the others."""
+    n, k = len(slots), len(consts)
+    c0, c1, c2, c3, c4, c5 = (*consts, None, None, None, None, None, None)[:6]
+    if n == 1:
+        i = slots[0]
+        if k == 0:
+            return lambda ext: fn(ext[i])
+        if k == 1:
+            return lambda ext: fn(ext[i], c0)
+        if k == 2:
+            return lambda ext: fn(ext[i], c0, c1)
+        if k == 3:
+            return lambda ext: fn(ext[i], c0, c1, c2)
+        if k == 6:
+            return lambda ext: fn(ext[i], c0, c1, c2, c3, c4, c5)
+    if n == 2 and k <= 1:
+        i, j = slots
+        if k == 0:
+            return lambda ext: fn(ext[i], ext[j])
+        return lambda ext: fn(ext[i], ext[j], c0)
+    if n == 3 and k == 1:
+        i, j, m = slots
+        return lambda ext: fn(ext[i], ext[j], ext[m], c0)
+    if n == 4 and k == 3:
+        i, j, m, o = slots
+        return lambda ext: fn(ext[i], ext[j], ext[m], ext[o], c0, c1, c2)
+    return None
+
+
 def _node_then_slots(fn: Callable[..., Any], f: Callable[[Any], Any], slots: List[int],
                      consts: Tuple[Any, ...]) -> Callable[[Any], Any]:
     """``fn(f(ext), ext[slots]..., constants...)``: a call of a sub-expression and inputs, one frame."""
+    if len(slots) == 3 and len(consts) == 3:  # qmm(rms_norm(X), W, S, B, transpose, group size, bits)
+        i, j, k = slots
+        c, d, e = consts
+        return lambda ext: fn(f(ext), ext[i], ext[j], ext[k], c, d, e)
+    if not slots and len(consts) == 6:  # the same with the weights bound
+        c, d, e, g, h, m = consts
+        return lambda ext: fn(f(ext), c, d, e, g, h, m)
     if not slots:
         return lambda ext: fn(f(ext), *consts)
     if len(slots) == 1:
@@ -419,10 +560,16 @@ def _direct(name: str, args: List[Tuple[str, Any]], kw: Dict[str, Any],
     return target, full, dict(only_kw)
 
 
-def _plain_call(fn: Callable[..., Any], consts: Tuple[Any, ...], kw: Dict[str, Any]) -> Callable[..., Any]:
+def _plain_call(fn: Callable[..., Any], consts: Tuple[Any, ...], kw: Dict[str, Any], n: int = 0) -> Callable[..., Any]:
     """``fn(inputs in order..., constants...)``: the MLX function itself, or one frame around it."""
     if not consts and not kw:
         return fn
+    if kw == {"precise": True} and n == 1 and len(consts) == 1:  # softmax(x, axis, precise=True), spelled out
+        (axis,) = consts
+
+        def op_precise(x: Any) -> Any:
+            return fn(x, axis, precise=True)
+        return _with_ext(op_precise, lambda xs: fn(xs[0], axis, precise=True))
     if not kw:
         def op(*xs: Any) -> Any:
             return fn(*xs, *consts)
@@ -440,6 +587,9 @@ def _slot_call(fn: Callable[..., Any], slots: List[int], consts: Tuple[Any, ...]
     if kw:
         get = operator.itemgetter(*slots) if len(slots) > 1 else (lambda ext, i=slots[0]: (ext[i],))
         return lambda ext: fn(*get(ext), *consts, **kw)
+    spelled = _spelled_call(fn, slots, consts)
+    if spelled is not None:
+        return spelled
     if len(slots) == 1:
         i = slots[0]
         return (lambda ext: fn(ext[i], *consts)) if consts else (lambda ext: fn(ext[i]))
@@ -456,14 +606,21 @@ def _arg_call(fn: Callable[..., Any], fs: List[Callable[[Any], Any]], consts: Tu
     if len(fs) == 2 and not kw:
         f, g = fs
         return lambda ext: fn(f(ext), g(ext), *consts)
+    if len(fs) == 1 and not consts and list(kw) == ["axis"]:  # concatenate([...], axis=0)
+        f, axis = fs[0], kw["axis"]
+        return lambda ext: fn(f(ext), axis=axis)
     return lambda ext: fn(*[f(ext) for f in fs], *consts, **kw)
 
 
-def _direct_form(op: Callable[..., Any]) -> Tuple[Callable[..., Any], Tuple[Any, ...]]:
+def _direct_form(op: Callable[..., Any]) -> Tuple[Callable[..., Any], Optional[Tuple[Any, ...]]]:
     """(function, constants) with ``function(*arrays, *constants)`` the same call as ``op(*arrays)``: a planned
-    op of one MLX call (:func:`_plain_call`) is called without its frame."""
+    op of one MLX call (:func:`_plain_call`) is called without its frame; or (function, None) with
+    ``function(arrays)`` the same call, the arrays' tuple passed as it is (``op.ext``: no ``*`` call)."""
     direct: Optional[Tuple[Callable[..., Any], Tuple[Any, ...]]] = getattr(op, "direct", None)
-    return direct if direct is not None else (op, ())
+    if direct is not None:
+        return direct
+    ext: Optional[Callable[[Any], Any]] = getattr(op, "ext", None)
+    return (ext, None) if ext is not None else (op, ())
 
 
 def _entry(f: Callable[[Any], Any]) -> Callable[..., Any]:
@@ -550,7 +707,8 @@ class Dispatcher:
                        and not all(spec.get("weight") for spec in fam["inputs"])}
         #: family -> {id of the last weight: [((position, weak reference) of each other weight), ((position, shape,
         #: dtype or None) of each activation last planned with them), that plan as (function, constants appended to
-        #: the call's arrays), weak reference to the last weight]} (a table per family: a call's key is one integer).
+        #: the call's arrays), weak reference to the last weight, the activations' shapes where a call compares those
+        #: alone (one shape, or two; else None)]} (a table per family: a call's key is one integer).
         #: The entry goes when any of its weights dies, so a live entry's key is its last weight's identity: only
         #: the others are compared.
         self._by_weights: Dict[str, Dict[int, List[Any]]] = {}
@@ -801,7 +959,7 @@ class Dispatcher:
             mode, op, consts = self._mode(family)
             if op is not None:  # the op for every call: without building a key
                 try:
-                    return op(*arrays, *consts)
+                    return op(arrays) if consts is None else op(*arrays, *consts)
                 except TypeError:  # not MLX arrays (the op takes only those): the planned path converts them
                     pass
             plain = plain or mode is _OP_PLANNED
@@ -852,12 +1010,15 @@ class Dispatcher:
         arity = len(fam["inputs"])
         last = self._keyed.get(family, -1)  # the last weight's position (-1: no weights-and-activations family)
         how = self._how_cell(family)
+        acts = [i for i, spec in enumerate(fam["inputs"]) if not spec.get("weight")] + [-1, -1]
+        a0, a1 = acts[0], (acts[1] if len(acts) == 4 else -1)  # one or two activations: checked without a loop
 
         def run(*arrays: Any, modeled: bool = False) -> Any:
             mode = how[0]
             if mode is _OP:
+                consts = how[2]
                 try:
-                    return how[1](*arrays, *how[2])
+                    return how[1](arrays) if consts is None else how[1](*arrays, *consts)
                 except TypeError:  # not MLX arrays: the planned path converts them
                     return call(family, *arrays, modeled=modeled)
             if mode is not _OP_PLANNED and (modeled or env.get(env_key) is not None):
@@ -869,12 +1030,19 @@ class Dispatcher:
                         if ref() is not arrays[i]:
                             break
                     else:
+                        shapes = entry[5]
                         try:
-                            for i, shape, dtype in entry[1]:
-                                if arrays[i].shape != shape or (dtype is not None and arrays[i].dtype != dtype):
-                                    break
-                            else:
-                                return entry[2](*arrays, *entry[3])
+                            if shapes is None:  # dtypes too, or more than two activations
+                                for i, shape, dtype in entry[1]:
+                                    if arrays[i].shape != shape or (dtype is not None and arrays[i].dtype != dtype):
+                                        break
+                                else:
+                                    consts = entry[3]
+                                    return entry[2](arrays) if consts is None else entry[2](*arrays, *consts)
+                            elif arrays[a0].shape == shapes if a1 < 0 else \
+                                    arrays[a0].shape == shapes[0] and arrays[a1].shape == shapes[1]:
+                                consts = entry[3]
+                                return entry[2](arrays) if consts is None else entry[2](*arrays, *consts)
                         except AttributeError:
                             pass
             return call(family, *arrays, modeled=modeled)
@@ -908,10 +1076,13 @@ class Dispatcher:
             weights = [i for i, spec in enumerate(fam["inputs"]) if spec.get("weight") and i != last]
             if entry is None or not _same(entry[0], arrays) or entry[4]() is not arrays[last]:
                 entry = table[key] = [tuple((i, weakref.ref(arrays[i], forget)) for i in weights), (), None, (),
-                                      weakref.ref(arrays[last], forget)]
+                                      weakref.ref(arrays[last], forget), None]
             entry[1] = tuple((i, arrays[i].shape, arrays[i].dtype if dtypes else None)
                              for i, spec in enumerate(fam["inputs"]) if not spec.get("weight"))
             entry[2:4] = _direct_form(plan)
+            # Shapes alone (no dtype to check), one or two activations: compared without a loop.
+            one = entry[1][0][1] if len(entry[1]) == 1 else tuple(s for _, s, _ in entry[1])
+            entry[5] = one if not dtypes and 1 <= len(entry[1]) <= 2 else None
         except (TypeError, AttributeError):  # weights that take no weak reference (not MLX arrays): no entry
             pass
 
@@ -1073,7 +1244,8 @@ class _Binding:
             def bound(x: Any) -> Any:
                 try:
                     if x.shape == last[0]:
-                        return last[2](x, *last[3])
+                        consts = last[3]
+                        return last[2]((x,)) if consts is None else last[2](x, *consts)
                 except (AttributeError, TypeError):  # not an MLX array: converted by the planned path
                     pass
                 return planned(x)
@@ -1081,7 +1253,8 @@ class _Binding:
             def bound(x: Any, y: Any) -> Any:  # type: ignore[misc]
                 try:
                     if x.shape == last[0] and y.shape == last[1]:
-                        return last[2](x, y, *last[3])
+                        consts = last[3]
+                        return last[2]((x, y)) if consts is None else last[2](x, y, *consts)
                 except (AttributeError, TypeError):
                     pass
                 return planned(x, y)
@@ -1094,10 +1267,11 @@ class _Binding:
                     fixed: Dict[str, Any]) -> Tuple[List[Any], Callable[..., Any]]:
         """(last, planned) of :meth:`op_bound`: ``planned(*acts)`` checks the activations' shapes with the weights
         (the family's range, refused in the consumer's words), plans the op once per shape and files it in
-        ``last`` = [first activation's shape, second's (or None), function, constants appended to the call]."""
+        ``last`` = [first activation's shape, second's (or None), function, constants appended to the call (None:
+        the function takes the activations' tuple)]."""
         fam, mx, family = self.fam, self.mx, self.family
         last: List[Any] = [None, None, None, ()]
-        plans: Dict[Any, Tuple[Callable[..., Any], Tuple[Any, ...]]] = {}
+        plans: Dict[Any, Tuple[Callable[..., Any], Optional[Tuple[Any, ...]]]] = {}
 
         def planned(*acts: Any) -> Any:
             acts = tuple(_as_mx(mx, acts))
@@ -1114,7 +1288,7 @@ class _Binding:
                     plans.clear()
                 plans[shapes] = plan
             last[:] = [shapes[0], shapes[1] if len(shapes) > 1 else None, *plan]
-            return plan[0](*acts, *plan[1])
+            return plan[0](acts) if plan[1] is None else plan[0](*acts, *plan[1])
 
         return last, planned
 

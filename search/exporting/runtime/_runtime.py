@@ -370,9 +370,7 @@ def _with_lets(lets: Tuple[Callable[[Any], Any], ...], f: Callable[[Any], Any]) 
         (a,) = lets
 
         def op1(xs: Any) -> Any:
-            ext = list(xs)
-            ext.append(a(ext))
-            return f(ext)
+            return f((*xs, a(xs)))
         return op1
     if len(lets) == 2:
         a, b = lets
@@ -571,14 +569,41 @@ def _plain_call(fn: Callable[..., Any], consts: Tuple[Any, ...], kw: Dict[str, A
             return fn(x, axis, precise=True)
         return _with_ext(op_precise, lambda xs: fn(xs[0], axis, precise=True))
     if not kw:
-        def op(*xs: Any) -> Any:
-            return fn(*xs, *consts)
+        op = _spelled_plain(fn, consts, n)
         op.direct = (fn, consts)  # type: ignore[attr-defined]
         return op
 
     def op_kw(*xs: Any) -> Any:
         return fn(*xs, *consts, **kw)
     return op_kw
+
+
+def _spelled_plain(fn: Callable[..., Any], consts: Tuple[Any, ...], n: int) -> Callable[..., Any]:
+    """``fn(arrays..., constants...)`` as a function of the arrays: spelled out for one array and up to three
+    constants (a bound weight, a norm's epsilon), which is what a bound call of a one-call op runs per call."""
+    k = len(consts)
+    if n == 1 and k == 1:
+        (c0,) = consts
+
+        def op1(x: Any) -> Any:
+            return fn(x, c0)
+        return op1
+    if n == 1 and k == 2:
+        c0, c1 = consts
+
+        def op2(x: Any) -> Any:
+            return fn(x, c0, c1)
+        return op2
+    if n == 1 and k == 3:
+        c0, c1, c2 = consts
+
+        def op3(x: Any) -> Any:
+            return fn(x, c0, c1, c2)
+        return op3
+
+    def op(*xs: Any) -> Any:
+        return fn(*xs, *consts)
+    return op
 
 
 def _slot_call(fn: Callable[..., Any], slots: List[int], consts: Tuple[Any, ...],
@@ -1008,22 +1033,23 @@ class Dispatcher:
         call, env, env_key = self.call, _ENV, _ENV_KEY
         table = self._by_weights.setdefault(family, {})
         arity = len(fam["inputs"])
-        last = self._keyed.get(family, -1)  # the last weight's position (-1: no weights-and-activations family)
+        last = self._keyed.get(family, 0)  # the last weight's position (no weights and activations: its table is empty)
         how = self._how_cell(family)
         acts = [i for i, spec in enumerate(fam["inputs"]) if not spec.get("weight")] + [-1, -1]
         a0, a1 = acts[0], (acts[1] if len(acts) == 4 else -1)  # one or two activations: checked without a loop
 
         def run(*arrays: Any, modeled: bool = False) -> Any:
             mode = how[0]
-            if mode is _OP:
-                consts = how[2]
-                try:
-                    return how[1](arrays) if consts is None else how[1](*arrays, *consts)
-                except TypeError:  # not MLX arrays: the planned path converts them
+            if mode is not _OP_PLANNED:
+                if mode is _OP:
+                    consts = how[2]
+                    try:
+                        return how[1](arrays) if consts is None else how[1](*arrays, *consts)
+                    except TypeError:  # not MLX arrays: the planned path converts them
+                        return call(family, *arrays, modeled=modeled)
+                if modeled or env.get(env_key) is not None:
                     return call(family, *arrays, modeled=modeled)
-            if mode is not _OP_PLANNED and (modeled or env.get(env_key) is not None):
-                return call(family, *arrays, modeled=modeled)
-            if last >= 0 and len(arrays) == arity:
+            if len(arrays) == arity:
                 entry = table.get(id(arrays[last]))
                 if entry is not None:  # the weights' identity, then the activations' shapes (and dtypes)
                     for i, ref in entry[0]:
@@ -1039,8 +1065,8 @@ class Dispatcher:
                                 else:
                                     consts = entry[3]
                                     return entry[2](arrays) if consts is None else entry[2](*arrays, *consts)
-                            elif arrays[a0].shape == shapes if a1 < 0 else \
-                                    arrays[a0].shape == shapes[0] and arrays[a1].shape == shapes[1]:
+                            elif (arrays[a0].shape == shapes) if a1 < 0 else \
+                                    (arrays[a0].shape == shapes[0] and arrays[a1].shape == shapes[1]):
                                 consts = entry[3]
                                 return entry[2](arrays) if consts is None else entry[2](*arrays, *consts)
                         except AttributeError:
@@ -1235,7 +1261,7 @@ class _Binding:
         functions = d._functions(fam, mx)
         if shape_free:
             op = op_call(fam, None, functions, mx, fixed)
-            if getattr(op, "__name__", "") in ("op", "op_kw"):
+            if getattr(op, "__name__", "") in ("op", "op_kw", "op1", "op2", "op3", "op_precise"):
                 op.__name__ = f"{self.family}_bound"
             return op
         last, planned = self._op_planner(functions, fixed)

@@ -184,6 +184,9 @@ class _Program:
         self.uses: Dict[str, int] = {}
         self.memo: Dict[str, Tuple[str, Any]] = {}
         self.lets: List[Callable[[Any], Any]] = []
+        #: id of a closure that is one MLX call of values and constants -> (function, slots, constants): a parent
+        #: may make that call itself (:func:`_swiglu_of_calls`, :func:`_plus_call`).
+        self.leaves: Dict[int, Tuple[Callable[..., Any], List[int], Tuple[Any, ...]]] = {}
         #: The root's parts where it is a two-operand node or a call of a node and inputs, so that the op takes the
         #: call's arrays itself (no frame around the root).
         self.pieces: Optional[Tuple[str, Any]] = None
@@ -242,7 +245,8 @@ class _Program:
         if kind == "bin" and t[1] == "*" and self._silu_once(t[2]):  # silu(a) * b, SwiGLU's gate, in one frame
             x, g = self._fn(self._operand(t[2][2][0])), self._operand(t[3])
             if g[0] in ("slot", "fn"):
-                return ("fn", _silu_times(x, self._fn(g), self.mx.sigmoid))
+                both = _swiglu_of_calls(self.leaves.get(id(x)), self.leaves.get(id(g[1])), self.mx.sigmoid)
+                return ("fn", both or _silu_times(x, self._fn(g), self.mx.sigmoid))
         if kind == "bin" and t[1] in BINARY:
             return self._binary(BINARY[t[1]], self._operand(t[2]), self._operand(t[3]), t, top)
         if kind in ("neg", "pos"):
@@ -281,7 +285,10 @@ class _Program:
         if all(a[0] == "slot" for a in heads):
             if top:
                 self.simple = (fn, [a[1] for a in heads], consts, kw)
-            return ("fn", _slot_call(fn, [a[1] for a in heads], consts, kw))
+            leaf = _slot_call(fn, [a[1] for a in heads], consts, kw)
+            if not kw:
+                self.leaves[id(leaf)] = (fn, [a[1] for a in heads], consts)
+            return ("fn", leaf)
         if not kw and heads[0][0] == "fn" and all(a[0] == "slot" for a in heads[1:]):  # qmm(rms_norm(X), W...)
             if top:
                 self.pieces = ("call", (fn, heads[0][1], [a[1] for a in heads[1:]], consts))
@@ -297,7 +304,7 @@ class _Program:
                 t: Any, top: bool) -> Tuple[str, Any]:
         if any(side[0] == "const" and type(side[1]) not in (int, float, bool) for side in (left, right)):
             return self._opaque(t)  # an operand the evaluator checks (a string, a list): evaluated per call
-        spelled = _spelled_binary(t[1], left, right)
+        spelled = _plus_call(t[1], left, right, self.leaves) or _spelled_binary(t[1], left, right)
         if spelled is not None:
             return ("fn", spelled)
         if left[0] == "const":
@@ -361,6 +368,52 @@ def _silu_times(f: Callable[[Any], Any], g: Callable[[Any], Any],
         x = f(ext)
         return x * sigmoid(x) * g(ext)
     return silu_times
+
+
+def _swiglu_of_calls(a: Optional[Tuple[Callable[..., Any], List[int], Tuple[Any, ...]]],
+                     b: Optional[Tuple[Callable[..., Any], List[int], Tuple[Any, ...]]],
+                     sigmoid: Callable[[Any], Any]) -> Optional[Callable[[Any], Any]]:
+    """``silu(A) * B`` of two calls of the same form (SwiGLU's gate and up projections: four values and three
+    constants, or, bound, one value and six) in one frame; None for other forms."""
+    if a is None or b is None or len(a[1]) != len(b[1]) or len(a[2]) != len(b[2]):
+        return None
+    (f, i, c), (g, j, d) = a, b
+    if len(i) == 4 and len(c) == 3:
+        i0, i1, i2, i3, j0, j1, j2, j3 = *i, *j
+        c0, c1, c2, d0, d1, d2 = *c, *d
+
+        def swiglu4(ext: Any) -> Any:
+            x = f(ext[i0], ext[i1], ext[i2], ext[i3], c0, c1, c2)
+            return x * sigmoid(x) * g(ext[j0], ext[j1], ext[j2], ext[j3], d0, d1, d2)
+        return swiglu4
+    if len(i) == 1 and len(c) == 6:
+        i0, j0 = i[0], j[0]
+        c0, c1, c2, c3, c4, c5 = c
+        d0, d1, d2, d3, d4, d5 = d
+
+        def swiglu1(ext: Any) -> Any:
+            x = f(ext[i0], c0, c1, c2, c3, c4, c5)
+            return x * sigmoid(x) * g(ext[j0], d0, d1, d2, d3, d4, d5)
+        return swiglu1
+    return None
+
+
+def _plus_call(sym: str, left: Tuple[str, Any], right: Tuple[str, Any],
+               leaves: Dict[int, Tuple[Callable[..., Any], List[int], Tuple[Any, ...]]]) -> Optional[Callable[[Any], Any]]:
+    """``R + call`` (a residual added to a quantized projection: four values and three constants, or, bound, one
+    value and six) in one frame; None for other forms."""
+    if sym != "+" or left[0] != "slot" or right[0] != "fn" or id(right[1]) not in leaves:
+        return None
+    r, (f, i, c) = left[1], leaves[id(right[1])]
+    if len(i) == 4 and len(c) == 3:
+        i0, i1, i2, i3 = i
+        c0, c1, c2 = c
+        return lambda ext: ext[r] + f(ext[i0], ext[i1], ext[i2], ext[i3], c0, c1, c2)
+    if len(i) == 1 and len(c) == 6:
+        i0 = i[0]
+        c0, c1, c2, c3, c4, c5 = c
+        return lambda ext: ext[r] + f(ext[i0], c0, c1, c2, c3, c4, c5)
+    return None
 
 
 def _with_lets(lets: Tuple[Callable[[Any], Any], ...], f: Callable[[Any], Any]) -> Callable[[Any], Any]:

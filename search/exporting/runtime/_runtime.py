@@ -186,7 +186,7 @@ class _Program:
         self.lets: List[Callable[[Any], Any]] = []
         #: id of a closure that is one MLX call of values and constants -> (function, slots, constants): a parent
         #: may make that call itself (:func:`_swiglu_of_calls`, :func:`_plus_call`).
-        self.leaves: Dict[int, Tuple[Callable[..., Any], List[int], Tuple[Any, ...]]] = {}
+        self.leaves: Dict[int, _Leaf] = {}
         #: The root's parts where it is a two-operand node or a call of a node and inputs, so that the op takes the
         #: call's arrays itself (no frame around the root).
         self.pieces: Optional[Tuple[str, Any]] = None
@@ -370,8 +370,11 @@ def _silu_times(f: Callable[[Any], Any], g: Callable[[Any], Any],
     return silu_times
 
 
-def _swiglu_of_calls(a: Optional[Tuple[Callable[..., Any], List[int], Tuple[Any, ...]]],
-                     b: Optional[Tuple[Callable[..., Any], List[int], Tuple[Any, ...]]],
+#: One MLX call of values (``ext[i]`` of the slots) then constants: (function, slots, constants).
+_Leaf = Tuple[Callable[..., Any], List[int], Tuple[Any, ...]]
+
+
+def _swiglu_of_calls(a: Optional[_Leaf], b: Optional[_Leaf],
                      sigmoid: Callable[[Any], Any]) -> Optional[Callable[[Any], Any]]:
     """``silu(A) * B`` of two calls of the same form (SwiGLU's gate and up projections: four values and three
     constants, or, bound, one value and six) in one frame; None for other forms."""
@@ -399,7 +402,7 @@ def _swiglu_of_calls(a: Optional[Tuple[Callable[..., Any], List[int], Tuple[Any,
 
 
 def _plus_call(sym: str, left: Tuple[str, Any], right: Tuple[str, Any],
-               leaves: Dict[int, Tuple[Callable[..., Any], List[int], Tuple[Any, ...]]]) -> Optional[Callable[[Any], Any]]:
+               leaves: Dict[int, _Leaf]) -> Optional[Callable[[Any], Any]]:
     """``R + call`` (a residual added to a quantized projection: four values and three constants, or, bound, one
     value and six) in one frame; None for other forms."""
     if sym != "+" or left[0] != "slot" or right[0] != "fn" or id(right[1]) not in leaves:

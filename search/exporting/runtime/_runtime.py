@@ -1126,12 +1126,12 @@ class Dispatcher:
                                     (entry[6] is None or _same_dtypes(arrays, a0, a1, entry[6])):
                                 consts = entry[3]
                                 return entry[2](arrays) if consts is None else entry[2](*arrays, *consts)
-                        except AttributeError:
+                        except (AttributeError, TypeError):  # not MLX arrays: converted there
                             pass
             return call(family, *arrays, modeled=modeled)
 
         run.__name__ = family
-        return _fronted(run, how, table, env, env_key, arity if a0 == 0 and a1 < 0 and last == arity - 1 else 0)
+        return _fronted(run, how, table, env, env_key, (a0, a1, last, arity))
 
     def _how_cell(self, family: str) -> List[Any]:
         """The family's ``[mode, op, constants]`` list (:meth:`_mode` fills it in place on the first call)."""
@@ -1472,7 +1472,7 @@ def _front4(how: List[Any], table: Dict[int, List[Any]], general: Callable[..., 
                     if r[0][1]() is w1 and r[1][1]() is w2 and x.shape == e[5] and (e[6] is None or x.dtype == e[6]):
                         c = e[3]
                         return e[2]((x, w1, w2, w3)) if c is None else e[2](x, w1, w2, w3, *c)
-                except AttributeError:
+                except (AttributeError, TypeError):  # not MLX arrays: converted there
                     pass
         return general(*_given(x, w1, w2, w3), *more, modeled=modeled)
     return run
@@ -1492,7 +1492,7 @@ def _front5(how: List[Any], table: Dict[int, List[Any]], general: Callable[..., 
                             (e[6] is None or x.dtype == e[6]):
                         c = e[3]
                         return e[2]((x, w1, w2, w3, w4)) if c is None else e[2](x, w1, w2, w3, w4, *c)
-                except AttributeError:
+                except (AttributeError, TypeError):  # not MLX arrays: converted there
                     pass
         return general(*_given(x, w1, w2, w3, w4), *more, modeled=modeled)
     return run
@@ -1513,7 +1513,7 @@ def _front7(how: List[Any], table: Dict[int, List[Any]], general: Callable[..., 
                         c = e[3]
                         xs = (x, w1, w2, w3, w4, w5, w6)
                         return e[2](xs) if c is None else e[2](*xs, *c)
-                except AttributeError:
+                except (AttributeError, TypeError):  # not MLX arrays: converted there
                     pass
         return general(*_given(x, w1, w2, w3, w4, w5, w6), *more, modeled=modeled)
     return run
@@ -1535,22 +1535,45 @@ def _front8(how: List[Any], table: Dict[int, List[Any]], general: Callable[..., 
                         c = e[3]
                         xs = (x, w1, w2, w3, w4, w5, w6, w7)
                         return e[2](xs) if c is None else e[2](*xs, *c)
-                except AttributeError:
+                except (AttributeError, TypeError):  # not MLX arrays: converted there
                     pass
         return general(*_given(x, w1, w2, w3, w4, w5, w6, w7), *more, modeled=modeled)
     return run
 
 
+def _front_residual(how: List[Any], table: Dict[int, List[Any]], general: Callable[..., Any], env: Any,
+                    env_key: Any) -> Callable[..., Any]:
+    """The front of X, three weights, then the residual R (qmatvec_residual)."""
+    def run(x: Any = _NO, w1: Any = _NO, w2: Any = _NO, w3: Any = _NO, r: Any = _NO, *more: Any,
+            modeled: bool = False) -> Any:
+        mode = how[0]
+        if not more and (mode is _OP_PLANNED or mode is _KERNELS and not modeled and env.get(env_key) is None):
+            e = table.get(id(w3))
+            if e is not None:
+                refs, shapes = e[0], e[5]
+                try:
+                    if refs[0][1]() is w1 and refs[1][1]() is w2 and x.shape == shapes[0] and \
+                            r.shape == shapes[1] and (e[6] is None or x.dtype == e[6][0] and r.dtype == e[6][1]):
+                        c = e[3]
+                        return e[2]((x, w1, w2, w3, r)) if c is None else e[2](x, w1, w2, w3, r, *c)
+                except (AttributeError, TypeError):
+                    pass
+        return general(*_given(x, w1, w2, w3, r), *more, modeled=modeled)
+    return run
+
+
 #: Not given (a front's parameters past the call's arguments).
 _NO: Any = object()
-_FRONTS = {4: _front4, 5: _front5, 7: _front7, 8: _front8}
+#: Fronts by layout: the arity of X then its weights, or -1: X, three weights, R.
+_FRONTS = {4: _front4, 5: _front5, 7: _front7, 8: _front8, -1: _front_residual}
 
 
 def _fronted(run: Callable[..., Any], how: List[Any], table: Dict[int, List[Any]], env: Any, env_key: Any,
-             arity: int) -> Callable[..., Any]:
-    """``run`` behind the front of ``arity`` (0: none; the family's inputs are X, then its weights) where one
-    exists."""
-    make = _FRONTS.get(arity)
+             layout: Tuple[int, int, int, int]) -> Callable[..., Any]:
+    """``run`` behind the front of its layout (first and second activation, last weight, arity) where one exists
+    (:data:`_FRONTS`)."""
+    a0, a1, last, arity = layout
+    make = _FRONTS.get(arity if a0 == 0 and a1 < 0 and last == arity - 1 else -1 if layout == (0, 4, 3, 5) else 0)
     if make is None:
         return run
     front = make(how, table, run, env, env_key)

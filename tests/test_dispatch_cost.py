@@ -56,7 +56,7 @@ def test_a_planned_op_is_the_mlx_function_with_its_constants_bound(pkg) -> None:
     assert mx.array_equal(pkg.qmatvec(*x), want).item()  # planned here
     assert frames(pkg.qmatvec, *x) == ["run"]  # one frame: no evaluate, no plan, no wrapper
     d = pkg._dispatcher
-    _, activations, fn, consts, _, shape, dtype = next(iter(d._by_weights["qmatvec"].values()))  # its last plan
+    _, activations, fn, consts, _, shape, dtype, _ = next(iter(d._by_weights["qmatvec"].values()))  # its last plan
     assert activations == ((0, x[0].shape, None),) and shape == x[0].shape and dtype is None  # no kernel here: any dtype
     assert fn is mx.quantized_matmul and consts == (True, 64, 4)  # called positionally: no keyword merging
     r = arrays("rmsnorm", (4, 256))

@@ -788,8 +788,9 @@ class Dispatcher:
                        and not all(spec.get("weight") for spec in fam["inputs"])}
         #: family -> {id of the last weight: [((position, weak reference) of each other weight), ((position, shape,
         #: dtype or None) of each activation last planned with them), that plan as (function, constants appended to
-        #: the call's arrays), weak reference to the last weight, the activations' shapes where a call compares those
-        #: alone (one shape, or two; else None)]} (a table per family: a call's key is one integer).
+        #: the call's arrays), weak reference to the last weight, the activations' shapes (one, or two; else None),
+        #: their dtypes where a kernel may run (else None), the other weights' references alone, in order (the
+        #: fronts')]} (a table per family: a call's key is one integer).
         #: The entry goes when any of its weights dies, so a live entry's key is its last weight's identity: only
         #: the others are compared.
         self._by_weights: Dict[str, Dict[int, List[Any]]] = {}
@@ -1159,7 +1160,8 @@ class Dispatcher:
             weights = [i for i, spec in enumerate(fam["inputs"]) if spec.get("weight") and i != last]
             if entry is None or not _same(entry[0], arrays) or entry[4]() is not arrays[last]:
                 entry = table[key] = [tuple((i, weakref.ref(arrays[i], forget)) for i in weights), (), None, (),
-                                      weakref.ref(arrays[last], forget), None, None]
+                                      weakref.ref(arrays[last], forget), None, None, ()]
+                entry[7] = tuple(r for _, r in entry[0])
             entry[1] = tuple((i, arrays[i].shape, arrays[i].dtype if dtypes else None)
                              for i, spec in enumerate(fam["inputs"]) if not spec.get("weight"))
             entry[2:4] = _direct_form(plan)
@@ -1458,7 +1460,8 @@ def _same_dtypes(arrays: Sequence[Any], a0: int, a1: int, dtypes: Any) -> bool:
 # A family whose first input is its activation and the others its weights (qmatvec, rmsnorm_qmatvec,
 # swiglu_qmatvec, rmsnorm_swiglu_qmatvec) is called through a front of its own arity: the weights' identities and
 # X's shape compared by name, no ``*arrays`` tuple, no loop (~0.3 us less per call than the general path, which it
-# hands every other call to). An entry of ``Dispatcher._by_weights`` holds the other weights' references in order.
+# hands every other call to). An entry of ``Dispatcher._by_weights`` holds the other weights' references in order
+# (its last field).
 
 def _front4(how: List[Any], table: Dict[int, List[Any]], general: Callable[..., Any], env: Any,
             env_key: Any) -> Callable[..., Any]:
@@ -1467,9 +1470,9 @@ def _front4(how: List[Any], table: Dict[int, List[Any]], general: Callable[..., 
         if not more and (mode is _OP_PLANNED or mode is _KERNELS and not modeled and env.get(env_key) is None):
             e = table.get(id(w3))
             if e is not None:
-                r = e[0]
+                r = e[7]
                 try:
-                    if r[0][1]() is w1 and r[1][1]() is w2 and x.shape == e[5] and (e[6] is None or x.dtype == e[6]):
+                    if r[0]() is w1 and r[1]() is w2 and x.shape == e[5] and (e[6] is None or x.dtype == e[6]):
                         c = e[3]
                         return e[2]((x, w1, w2, w3)) if c is None else e[2](x, w1, w2, w3, *c)
                 except (AttributeError, TypeError):  # not MLX arrays: converted there
@@ -1486,9 +1489,9 @@ def _front5(how: List[Any], table: Dict[int, List[Any]], general: Callable[..., 
         if not more and (mode is _OP_PLANNED or mode is _KERNELS and not modeled and env.get(env_key) is None):
             e = table.get(id(w4))
             if e is not None:
-                r = e[0]
+                r = e[7]
                 try:
-                    if r[0][1]() is w1 and r[1][1]() is w2 and r[2][1]() is w3 and x.shape == e[5] and \
+                    if r[0]() is w1 and r[1]() is w2 and r[2]() is w3 and x.shape == e[5] and \
                             (e[6] is None or x.dtype == e[6]):
                         c = e[3]
                         return e[2]((x, w1, w2, w3, w4)) if c is None else e[2](x, w1, w2, w3, w4, *c)
@@ -1506,10 +1509,10 @@ def _front7(how: List[Any], table: Dict[int, List[Any]], general: Callable[..., 
         if not more and (mode is _OP_PLANNED or mode is _KERNELS and not modeled and env.get(env_key) is None):
             e = table.get(id(w6))
             if e is not None:
-                r = e[0]
+                r = e[7]
                 try:
-                    if r[0][1]() is w1 and r[1][1]() is w2 and r[2][1]() is w3 and r[3][1]() is w4 and \
-                            r[4][1]() is w5 and x.shape == e[5] and (e[6] is None or x.dtype == e[6]):
+                    if r[0]() is w1 and r[1]() is w2 and r[2]() is w3 and r[3]() is w4 and \
+                            r[4]() is w5 and x.shape == e[5] and (e[6] is None or x.dtype == e[6]):
                         c = e[3]
                         xs = (x, w1, w2, w3, w4, w5, w6)
                         return e[2](xs) if c is None else e[2](*xs, *c)
@@ -1527,10 +1530,10 @@ def _front8(how: List[Any], table: Dict[int, List[Any]], general: Callable[..., 
         if not more and (mode is _OP_PLANNED or mode is _KERNELS and not modeled and env.get(env_key) is None):
             e = table.get(id(w7))
             if e is not None:
-                r = e[0]
+                r = e[7]
                 try:
-                    if r[0][1]() is w1 and r[1][1]() is w2 and r[2][1]() is w3 and r[3][1]() is w4 and \
-                            r[4][1]() is w5 and r[5][1]() is w6 and x.shape == e[5] and \
+                    if r[0]() is w1 and r[1]() is w2 and r[2]() is w3 and r[3]() is w4 and \
+                            r[4]() is w5 and r[5]() is w6 and x.shape == e[5] and \
                             (e[6] is None or x.dtype == e[6]):
                         c = e[3]
                         xs = (x, w1, w2, w3, w4, w5, w6, w7)
@@ -1550,9 +1553,9 @@ def _front_residual(how: List[Any], table: Dict[int, List[Any]], general: Callab
         if not more and (mode is _OP_PLANNED or mode is _KERNELS and not modeled and env.get(env_key) is None):
             e = table.get(id(w3))
             if e is not None:
-                refs, shapes = e[0], e[5]
+                refs, shapes = e[7], e[5]
                 try:
-                    if refs[0][1]() is w1 and refs[1][1]() is w2 and x.shape == shapes[0] and \
+                    if refs[0]() is w1 and refs[1]() is w2 and x.shape == shapes[0] and \
                             r.shape == shapes[1] and (e[6] is None or x.dtype == e[6][0] and r.dtype == e[6][1]):
                         c = e[3]
                         return e[2]((x, w1, w2, w3, r)) if c is None else e[2](x, w1, w2, w3, r, *c)

@@ -56,8 +56,8 @@ def test_a_planned_op_is_the_mlx_function_with_its_constants_bound(pkg) -> None:
     assert mx.array_equal(pkg.qmatvec(*x), want).item()  # planned here
     assert frames(pkg.qmatvec, *x) == ["run"]  # one frame: no evaluate, no plan, no wrapper
     d = pkg._dispatcher
-    _, activations, fn, consts, _ = next(iter(d._by_weights["qmatvec"].values()))  # the last activation's plan
-    assert activations == ((0, x[0].shape, None),)  # no kernel can run here: the op whatever the dtype
+    _, activations, fn, consts, _, shape, dtype, _ = next(iter(d._by_weights["qmatvec"].values()))  # its last plan
+    assert activations == ((0, x[0].shape, None),) and shape == x[0].shape and dtype is None  # no kernel here: any dtype
     assert fn is mx.quantized_matmul and consts == (True, 64, 4)  # called positionally: no keyword merging
     r = arrays("rmsnorm", (4, 256))
     assert mx.allclose(pkg.rmsnorm(*r), mx.fast.rms_norm(*r, 1e-5)).item()

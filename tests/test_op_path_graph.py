@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from test_dispatch_cost import frames
 from test_export import H100, H200
@@ -138,3 +139,38 @@ def test_the_op_is_the_baselines_plain_calls(tmp_path: Path) -> None:
         assert graph(bound(*[a for a, w in zip(arrays, weight) if not w])) == graph(want), family
         assert "evaluate" not in frames(bound, *[a for a, w in zip(arrays, weight) if not w])
         assert mx.allclose(got, want).item()  # (evaluated: its graph is gone)
+
+
+#: MLX calls of each fused op as a consumer writes it (qmm, rms_norm, sigmoid, *, +, reshape, slice, concatenate).
+MLX_CALLS = {"rmsnorm_swiglu_qmatvec": 6, "qmatvec_residual": 2, "mlp_block": 15}
+
+
+def test_the_op_path_calls_mlx_as_a_consumer_writes_it(tmp_path: Path) -> None:
+    """The host cost of the op path (issue 37): a plain call with weights seen before and a bound call run the op
+    with at most one Python frame per MLX call plus two (the call's own, the shared values'), no comprehension;
+    they return what the plain ops return, take NumPy activations as the first call does, and, past their fast
+    paths, still refuse activations out of the family's range (17 rows) in the consumer's words."""
+    families = list(MLX_CALLS)
+    result = export(families, tmp_path / "dist", ArtifactStore(tmp_path / "store"), package="ks_calls", version="1.0")
+    d = _runtime.Dispatcher(result.source_dir / "ks_calls")
+    for family in families:
+        arrays, dims, weight = problem_arrays(family)
+        want = by_hand(family, dims)(*arrays)
+        fn = d.function(family)
+        bound = d.bind(family, *[a for a, w in zip(arrays, weight) if w])
+        free = [a for a, w in zip(arrays, weight) if not w]
+        for form, args in ((fn, arrays), (bound, free)):
+            got = form(*args)
+            got = form(*args)  # the fast path: weights seen before, the last activation shapes
+            for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+                assert mx.array_equal(g, w).item(), family
+            seen = frames(form, *args)
+            assert len(seen) <= MLX_CALLS[family] + 2, (family, seen)
+            assert not [name for name in seen if name.startswith("<") and name != "<lambda>"], (family, seen)
+            numpy = [np.array(a) if not w else a for a, w in zip(arrays, weight)]  # a consumer's NumPy activations
+            got = form(*(numpy if form is fn else [a for a, w in zip(numpy, weight) if not w]))
+            assert mx.array_equal(got[0] if isinstance(got, tuple) else got, want[0] if isinstance(want, tuple)
+                                  else want).item(), family  # converted, past the fast path as on the first call
+            rows = [mx.zeros((17, *a.shape[1:]), dtype=a.dtype) if not w else a for a, w in zip(arrays, weight)]
+            with pytest.raises(ValueError, match="has 17 rows; this kernel takes 1 to 16"):
+                form(*(rows if form is fn else [a for a, w in zip(rows, weight) if not w]))

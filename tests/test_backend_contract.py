@@ -48,7 +48,7 @@ def test_a_back_end_that_does_not_declare_consumer_timing_is_timed_by_launches(p
 
     task = _task(planted, "test_backend_contract:LaunchTimed")
     prepare_variant(task)
-    assert measure_variant(task).median_ms == pytest.approx(1.05, abs=0.01)  # launches: 1 ms + the sync
+    assert measure_variant(task).median_ms == pytest.approx(1.0, abs=0.05)  # by launches (TG=64: 1 ms)
     final = final_round(task)
     assert final.modes == {} and final.launches is not None  # no consumer modes: never shipped as a win
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from test_faults import FAMILY, TEMPLATE, SimulatedGPU
 
+from kernsearch._errors import BackendError
 from kernsearch.backends import BACKENDS, backend_class
 from kernsearch.backends._base import CONSUMER_METHODS, BaseBackend
-from kernsearch._errors import BackendError
 
 
 class LaunchTimed(SimulatedGPU):

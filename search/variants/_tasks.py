@@ -196,9 +196,10 @@ def measure_variant(task: VariantTask) -> Measurement:
     """Build, verify (NaN-prefilled outputs against the float64 reference), then time one variant on a
     real GPU. Inputs and the reference are built once per worker and problem, not per variant.
 
-    A back-end that times kernels as consumers call them (``times_as_consumers``) times the variant that way, in graph use
-    with cold weights (10 rounds of 8 calls): a kernel of a few microseconds timed by separate launches is mostly
-    launch overhead, and the search would rank noise. The final round then times the finalists in every mode."""
+    A back-end that times kernels as consumers call them (``times_as_consumers``) times the variant that way, in
+    graph use with cold weights (10 rounds of 8 calls): a kernel of a few microseconds timed by separate launches
+    is mostly launch overhead, and the search would rank noise.
+    The final round then times the finalists in every mode."""
     from ..evaluation._measure import spread
 
     s, kernel, geo = _variant(task)
@@ -269,8 +270,8 @@ def final_round(task: VariantTask) -> FinalTimings:
 
     A back-end that declares ``times_as_consumers`` provides ``consumer_kernel(kernel, geometry, family, problem,
     sets)`` and ``consumer_op(family, problem, sets)`` (each a ``call(i)``), ``evaluate(outputs)`` and ``sync()``
-    (``backends._base``). One that does not (a simulation timing launches) has its finalists timed by separate launches: timings without
-    consumer modes, which the gate records but never ships as a win (docs/artifacts.md).
+    (``backends._base``). One that does not (a simulation timing launches) has its finalists timed by separate
+    launches: timings without consumer modes, which the gate records but never ships as a win (docs/artifacts.md).
     """
     from ..evaluation._consumer import ConsumerPlan, consumer_samples, timed_modes
 

@@ -61,7 +61,7 @@ try:  # an exported package: the shared modules sit beside this file
         speedup_text,
         timing_identity,
     )
-    from ._vocabulary import CONSUMER_MODES, Evidence, Target  # type: ignore[import-not-found,unused-ignore]
+    from ._vocabulary import CONSUMER_MODES, Evidence  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # kernsearch itself: the same modules, at the bottom of its package
     from ..._rules import (
         BINARY,
@@ -90,7 +90,7 @@ except ImportError:  # kernsearch itself: the same modules, at the bottom of its
         speedup_text,
         timing_identity,
     )
-    from ..._vocabulary import CONSUMER_MODES, Evidence, Target
+    from ..._vocabulary import CONSUMER_MODES, Evidence
 
 #: 3: each artifact record carries ``manifest`` and ``content_sha256``, checked before first use.
 FORMAT = 3

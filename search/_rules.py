@@ -22,6 +22,7 @@ Standard library only, Python >= 3.9: the exported package runs on its consumer'
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import math
 import operator
@@ -43,30 +44,47 @@ class TargetInfo:
     vendor: str
     #: File suffix of its sources (``gemm.cu.j2`` renders ``source.cu`` in an exported package).
     suffix: str
-    #: ``mx.fast.<this>`` builds a kernel from a rendered source.
-    mlx_kernel: str
+    #: The kernel factory, ``module:attribute.path`` (``mlx.core:fast.metal_kernel``): called with the source's
+    #: ``name``, ``input_names``, ``output_names``, ``source``, ``header`` (and ``shared_memory`` where the row says
+    #: so), it builds a kernel object. Imported only when a kernel is built (:func:`kernel_factory`).
+    factory: str
     #: The CPU interpreter (``kernsearch.interp``) runs it: modeled winners can be verified without a GPU.
     interpreter: bool
+    #: The language's name in sentences ("a modeled CUDA kernel").
+    language: str
     #: The kernel object fixes its dynamic shared memory when made (``cuda_kernel(shared_memory=...)``).
     shared_memory_at_build: bool = False
+    #: Rendered sources drop comments, indentation and blank lines (the factory re-reads the source every call).
+    compact: bool = False
 
 
 #: One row per target. Adding a target (say, Metal with tensor operations) adds a row here, a member of
 #: ``_vocabulary.Target`` and a back-end whose ``target`` names it; nothing else compares target or vendor names.
 TARGETS: Dict[str, TargetInfo] = {t.name: t for t in (
-    TargetInfo(Target.METAL.value, vendor="apple", suffix=Target.METAL.value, mlx_kernel="metal_kernel",
-               interpreter=True),
-    TargetInfo(Target.CUDA.value, vendor="nvidia", suffix="cu", mlx_kernel="cuda_kernel", interpreter=False,
-               shared_memory_at_build=True),
+    TargetInfo(Target.METAL.value, vendor="apple", suffix=Target.METAL.value, factory="mlx.core:fast.metal_kernel",
+               interpreter=True, language="Metal"),
+    TargetInfo(Target.CUDA.value, vendor="nvidia", suffix="cu", factory="mlx.core:fast.cuda_kernel", interpreter=False,
+               language="CUDA", shared_memory_at_build=True, compact=True),
 )}
 #: Where a chip runs nothing of ours (the ``cpu`` pseudo-chip), commands render for this target.
 DEFAULT_TARGET = Target.METAL.value
+#: The target the CPU interpreter runs (its first row that says so): a CUDA kernel's twin is checked in it.
+INTERPRETER_TARGET = next(t.name for t in TARGETS.values() if t.interpreter)
 #: The target a vendor's GPUs run: its first row (a later row for the same vendor is an alternative, not the default).
 VENDOR_TARGETS: Dict[str, str] = dict(reversed([(t.vendor, t.name) for t in TARGETS.values()]))
-#: The ``mx.fast`` constructor of each target.
-MLX_KERNELS: Dict[str, str] = {t.name: t.mlx_kernel for t in TARGETS.values()}
 #: The targets whose kernel object fixes its shared memory when made.
 SHARED_MEMORY_AT_BUILD = frozenset(t.name for t in TARGETS.values() if t.shared_memory_at_build)
+
+
+def kernel_factory(target: str) -> Callable[..., Any]:
+    """The callable its row names that builds ``target``'s kernel objects (``mx.fast.metal_kernel``...), imported
+    now; an unknown target builds with the default target's (an older package's records name no target)."""
+    row = TARGETS.get(target, TARGETS[DEFAULT_TARGET])
+    module, _, path = row.factory.partition(":")
+    found: Any = importlib.import_module(module)
+    for attribute in path.split("."):
+        found = getattr(found, attribute)
+    return found  # type: ignore[no-any-return]
 
 
 def target_of(vendor: str) -> Optional[str]:

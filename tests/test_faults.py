@@ -193,6 +193,7 @@ class SimulatedGPU(_BaseBackend):
     name = "simulated"
     evidence = _Evidence.MEASURED
     target = "metal"
+    times_as_consumers = True
 
     def __init__(self) -> None:
         self.cpu = _get_backend("cpu")

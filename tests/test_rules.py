@@ -29,7 +29,7 @@ def test_the_core_applies_the_shipped_rules_themselves() -> None:
     assert _runtime.source_sha256 is rules.source_sha256 is _render.source_sha256
     assert _runtime.identify is rules.identify is _chips.identify
     assert _runtime.lineage is rules.lineage is _chips.lineage
-    assert _targets.TARGETS is rules.TARGETS and _runtime.MLX_KERNELS is rules.MLX_KERNELS
+    assert _targets.TARGETS is rules.TARGETS and _runtime.kernel_factory is rules.kernel_factory
     assert _runtime.mlx_vocabulary is rules.mlx_namespace is _vocab.mlx_namespace
     assert _runtime.Evidence is vocabulary.Evidence
 

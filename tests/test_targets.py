@@ -18,7 +18,7 @@ def test_the_table_answers_what_callers_ask() -> None:
     assert target_of("apple") == "metal" and target_of("nvidia") == "cuda" and target_of("cpu") is None
     assert chip_target("cpu") == "metal"  # no GPU here: commands render the default target
     assert interpretable("metal") and not interpretable("cuda")
-    assert get_target("cuda").suffix == "cu" and get_target("metal").mlx_kernel == "metal_kernel"
+    assert get_target("cuda").suffix == "cu" and get_target("metal").factory == "mlx.core:fast.metal_kernel"
     with pytest.raises(KernsearchError, match="unknown target 'vulkan'"):
         get_target("vulkan")
 
@@ -31,3 +31,12 @@ def test_the_validated_type_and_the_registry_name_the_table_s_targets() -> None:
     measured = {backend_class(n).target for n in BACKENDS if backend_class(n).measures_device}
     assert measured == set(TARGETS)
     assert {backend_class(n).target for n in BACKENDS} - {None} <= set(TARGETS)
+
+
+def test_each_row_names_its_kernel_factory_and_callers_build_through_it() -> None:
+    from kernsearch.hardware._targets import kernel_factory
+
+    mx = pytest.importorskip("mlx.core")
+    assert kernel_factory("metal") is mx.fast.metal_kernel and kernel_factory("cuda") is mx.fast.cuda_kernel
+    assert kernel_factory("unknown") is mx.fast.metal_kernel  # a record naming no known target: the default's
+    assert {t.language for t in TARGETS.values()} == {"Metal", "CUDA"}

@@ -199,6 +199,7 @@ class SimulatedDevice(_BaseBackend):
     name = "simulated"
     evidence = _Evidence.MEASURED
     target = "metal"
+    times_as_consumers = True
 
     def __init__(self) -> None:
         self.cpu = get_backend("cpu")

@@ -7,6 +7,7 @@ do: callers ask those (no device is opened to ask) instead of comparing back-end
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,8 +69,20 @@ class Timing:
         return float((hi - lo) / self.median_ms) if self.median_ms > 0 else 0.0
 
 
+#: What a back-end that declares :attr:`BaseBackend.times_as_consumers` must define itself.
+CONSUMER_METHODS = ("consumer_kernel", "consumer_op", "evaluate", "sync")
+
+
 class BaseBackend(ABC):
-    """Runs rendered kernels. Inputs arrive as NumPy arrays whose values are exact in ``dtype``."""
+    """Runs rendered kernels. Inputs arrive as NumPy arrays whose values are exact in ``dtype``.
+
+    The contract: this class declares everything callers use, as class attributes (capabilities, asked without
+    opening a device) and methods (a back-end without one says so plainly). A search times a variant as consumers
+    call it (:meth:`consumer_kernel`...) only where :attr:`times_as_consumers` says so, else by separate launches
+    (:meth:`time`, :meth:`launcher`). A class that defines the consumer methods must declare the capability (True,
+    or False to be timed by launches anyway), and one that declares it must define them: either mistake is a
+    ``TypeError`` when the class is made, never a search routed by a guess.
+    """
 
     name: ClassVar[str]
     evidence: ClassVar[Evidence]
@@ -97,6 +110,22 @@ class BaseBackend(ABC):
     memchecks: ClassVar[bool] = False
     #: The back-end whose runs prove this one's results correct; None: this one (it runs its kernels).
     verified_by: ClassVar[str | None] = None
+    #: Variants are timed as consumers call them (:data:`CONSUMER_METHODS`: the search's samples in the family's
+    #: judging mode, the final round in every mode, paired against the op); False: by separate launches, timings
+    #: the gate records but never ships as a win (docs/artifacts.md). The metal and cuda back-ends.
+    times_as_consumers: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse a class whose consumer methods and declared capability disagree (see the class docstring)."""
+        super().__init_subclass__(**kwargs)
+        missing = [m for m in CONSUMER_METHODS if getattr(cls, m) is getattr(BaseBackend, m)]
+        declared = any("times_as_consumers" in vars(k) for k in cls.__mro__ if k is not BaseBackend)
+        if cls.times_as_consumers and missing:
+            raise TypeError(f"back-end {cls.__name__} declares times_as_consumers but does not define "
+                            f"{', '.join(missing)}")
+        if not declared and len(missing) < len(CONSUMER_METHODS):
+            raise TypeError(f"back-end {cls.__name__} defines consumer timing methods but does not declare "
+                            "times_as_consumers (True to be timed as consumers call it, False by launches)")
 
     @classmethod
     def verifier(cls) -> str:
@@ -132,6 +161,33 @@ class BaseBackend(ABC):
                           sets: int | None = None) -> Launcher:
         """``(launch, sync)`` of the family's MLX baseline op on the same inputs (a GPU back-end)."""
         raise NotImplementedError(f"back-end {self.name} does not run the baseline op")
+
+    def precompile(self, source: KernelSource, geometry: Geometry, shapes: list[tuple[int, ...]], dtype: str) -> bool:
+        """Build the kernel ahead of its timing (a compile worker); True if it compiled here. Default: nothing to
+        build ahead (False)."""
+        return False
+
+    def clock(self) -> float:
+        """Seconds, the clock timings read (a simulated device keeps its own)."""
+        return time.perf_counter()
+
+    # As consumers call it: only where ``times_as_consumers`` (each a ``call(i, previous=None)`` on input set i).
+    def consumer_kernel(self, kernel: KernelSource, geometry: Geometry, family: Any, problem: Any,
+                        sets: list[dict[str, np.ndarray]]) -> Callable[..., Any]:
+        """The variant as consumers call it (the exported package's planned call) on input set ``i``."""
+        raise NotImplementedError(f"back-end {self.name} does not time kernels as consumers call them")
+
+    def consumer_op(self, family: Any, problem: Any, sets: list[dict[str, np.ndarray]]) -> Callable[..., Any]:
+        """The family's op as a consumer writes it, on input set ``i``."""
+        raise NotImplementedError(f"back-end {self.name} does not time the op as consumers call it")
+
+    def evaluate(self, outputs: Any) -> None:
+        """Evaluate a call's (lazy) outputs, as a consumer's graph does."""
+        raise NotImplementedError(f"back-end {self.name} does not time kernels as consumers call them")
+
+    def sync(self) -> None:
+        """Wait for the device."""
+        raise NotImplementedError(f"back-end {self.name} does not time kernels as consumers call them")
 
     def predict_ms(self, space: Space, config: Config) -> float:
         """A predicted kernel time (the model back-end)."""

@@ -10,7 +10,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .._errors import BackendError
-from .._vocabulary import Evidence, Target
+from .._rules import INTERPRETER_TARGET, TARGETS
+from .._vocabulary import Evidence
 from ..family._render import Geometry, KernelSource
 from ._base import BaseBackend, Diagnostic, RunResult
 
@@ -27,7 +28,7 @@ class CpuBackend(BaseBackend):
 
     name: ClassVar[str] = "cpu"
     evidence: ClassVar[Evidence] = Evidence.INTERPRETED
-    target: ClassVar[str | None] = Target.METAL.value
+    target: ClassVar[str | None] = INTERPRETER_TARGET
     interprets: ClassVar[bool] = True
 
     @classmethod
@@ -59,8 +60,9 @@ class CpuBackend(BaseBackend):
         mode = mode or self.mode
         if mode not in MODES:
             raise BackendError(f"unknown cpu back-end mode {mode!r} (known: {', '.join(MODES)})")
-        if kernel.target != Target.METAL:
-            raise BackendError(f"the cpu back-end runs Metal kernels, not {kernel.target}")
+        if kernel.target != INTERPRETER_TARGET:
+            raise BackendError(f"the cpu back-end runs {TARGETS[INTERPRETER_TARGET].language} kernels, "
+                               f"not {kernel.target}")
         limit = getattr(chip, "threadgroup_memory_bytes", None) or DEFAULT_TG_LIMIT
         if input_dtypes is None and geometry.input_dtypes:  # the family's typed inputs and parameters
             input_dtypes = list(geometry.input_dtypes)

@@ -26,7 +26,7 @@ def backend_class(name: str) -> type[BaseBackend]:
         module_name, _, cls_name = name.partition(":")
         try:
             cls: type[BaseBackend] = getattr(import_module(module_name), cls_name)
-        except (ImportError, AttributeError) as exc:
+        except (ImportError, AttributeError, TypeError) as exc:  # TypeError: a class that breaks the contract
             raise BackendError(f"cannot load back-end {name!r}: {exc}") from None
         return cls
     if name not in BACKENDS:

@@ -16,8 +16,7 @@ from jinja2 import Template, TemplateError
 
 from .._errors import KernsearchError
 from .._options import MAX_GRID, MAX_SHARED_MEMORY, MAX_THREADGROUP, geometry_ints
-from .._rules import DEFAULT_TARGET, source_sha256
-from .._vocabulary import Target
+from .._rules import DEFAULT_TARGET, TARGETS, source_sha256
 from ._expr import BUILTINS, ExprError
 from ._space import Config, Space, format_config
 from ._spec import Family, template_env
@@ -141,7 +140,7 @@ def render(family: Family, config: Config, dtype: str, target: str = DEFAULT_TAR
         raise KernsearchError(f"{family.template_path(target)}: cannot render {format_config(config)}: "
                               "recursion too deep") from None
     header, source = header.strip("\n") + "\n", source.rstrip() + "\n"
-    if target == Target.CUDA.value:
+    if TARGETS[target].compact:
         header, source = compact(header), compact(source)
     digest = source_sha256(header, source)[:12]
     return KernelSource(

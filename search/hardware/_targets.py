@@ -9,11 +9,11 @@ Metal with tensor operations) adds a row there, a member of ``_vocabulary.Target
 from __future__ import annotations
 
 from .._errors import KernsearchError
-from .._rules import DEFAULT_TARGET, TARGETS, TargetInfo, target_of
+from .._rules import DEFAULT_TARGET, INTERPRETER_TARGET, TARGETS, TargetInfo, kernel_factory, target_of
 from .._vocabulary import TargetName
 
-__all__ = ["DEFAULT_TARGET", "TARGETS", "TargetInfo", "TargetName", "chip_target", "get_target", "interpretable",
-           "target_of"]
+__all__ = ["DEFAULT_TARGET", "INTERPRETER_TARGET", "TARGETS", "TargetInfo", "TargetName", "chip_target", "get_target",
+           "interpretable", "kernel_factory", "target_of"]
 
 
 def get_target(name: str) -> TargetInfo:

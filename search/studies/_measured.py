@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import KernsearchError, VariantFailure
 from .._records import FinalTimings, Measurement, Proof
-from .._vocabulary import Memcheck, Target, Verifier
+from .._rules import INTERPRETER_TARGET
+from .._vocabulary import Memcheck, Verifier
 from ..backends._memcheck import MemcheckResult
 from ..family._space import Config
 from ._final import BoundsChecks, FinalistCheck, FinalRound, judge
@@ -190,7 +191,7 @@ class MeasuredObjective(KernelVariants):
                     failing_at("a ragged shape on the device", ragged):
                 err = max(err, self.verify_at(t.config, ragged, backend=self.backend).max_abs_err)
         if not bounds.why_not:  # the same checks as a modeled winner's, of the Metal template
-            twin = "" if self.target == Target.METAL else f" (its {Target.METAL} twin)"
+            twin = "" if self.target == INTERPRETER_TARGET else f" (its {INTERPRETER_TARGET} twin)"
             self.interpreter_ragged(t.config, where=f"a ragged shape on the interpreter{twin}")
         if self.backend_class.memchecks:
             bounds = replace(bounds, memcheck=self._memcheck(t, ragged))
@@ -230,7 +231,7 @@ class MeasuredObjective(KernelVariants):
         is one and the interpreter runs here; else ``why_not`` says why they cannot run."""
         from .._errors import BackendError
 
-        metal = Target.METAL.value
+        metal = INTERPRETER_TARGET
         why = ""
         if metal not in self.family.templates:
             why = f"the family has no {metal} template for the interpreter to run"
@@ -248,7 +249,7 @@ class MeasuredObjective(KernelVariants):
     def _no_twin(self, config: Config) -> str:
         """Why a CUDA config has no Metal twin to check ('' where it has one): the family's constraints on an Apple
         chip refuse it (a tensor-core or half2 path is NVIDIA-only), so its Metal template renders no kernel."""
-        if self.target == Target.METAL:
+        if self.target == INTERPRETER_TARGET:
             return ""
         from ..family._space import Space, make_problem
         from ..hardware._chips import default_apple_chip
@@ -258,8 +259,8 @@ class MeasuredObjective(KernelVariants):
             problem = make_problem(self.family, self.problem.shape, self.problem.dtype, apple)
             bad = Space(problem, apple).violations(config)
         except KernsearchError as exc:
-            return f"this config has no {Target.METAL.value} twin to check ({str(exc)[:160]})"
-        return f"this config has no {Target.METAL.value} twin to check ({bad[0]})" if bad else ""
+            return f"this config has no {INTERPRETER_TARGET} twin to check ({str(exc)[:160]})"
+        return f"this config has no {INTERPRETER_TARGET} twin to check ({bad[0]})" if bad else ""
 
     def _proof(self, best: TrialSummary, check: FinalistCheck | None) -> Proof | None:
         """Verified on the device at the tuned shape when it was timed, and at a ragged shape in the final round."""

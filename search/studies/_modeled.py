@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import BackendError, KernsearchError, VariantFailure
 from .._records import Proof
-from .._vocabulary import Target, Verifier
+from .._vocabulary import Verifier
 from ..family._space import Config
-from ..hardware._targets import interpretable
+from ..hardware._targets import get_target, interpretable
 from ._final import BoundsChecks, FinalistCheck, FinalRound
 from ._kernel import PICKS, TUNED_SAMPLE, FailureAt, KernelVariants, failing_at
 from ._study import Record, TrialSummary
@@ -183,8 +183,7 @@ class ModeledObjective(KernelVariants):
         if self.verify != VERIFY_NONE:
             return None
         if not interpretable(self.target):
-            languages: dict[str, str] = {Target.CUDA: "CUDA", Target.METAL: "Metal"}
-            language = languages.get(self.target, self.target)
+            language = get_target(self.target).language
             return (f"a modeled {language} kernel for {self.chip.name} cannot be verified here (the CPU interpreter "
                     f"runs Metal only), so nothing could be published; tune on the {self.chip.name} itself to publish")
         return "--verify none verifies nothing, so nothing could be published"

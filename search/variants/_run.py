@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._errors import KernsearchError
-from .._vocabulary import Evidence, Target
+from .._rules import INTERPRETER_TARGET
+from .._vocabulary import Evidence
 
 if TYPE_CHECKING:
     from ..backends._base import Diagnostic
@@ -86,11 +87,11 @@ def run(family: str | Path | Family, config: str | Mapping[str, Any] | None = No
                                   f"{', '.join(fam.dims)}) too (the default shape {problem.shape_text} was taken)"
                                   ) from None
         raise
-    kernel = render(fam, cfg, problem.dtype, Target.METAL)
+    kernel = render(fam, cfg, problem.dtype, INTERPRETER_TARGET)
     geo = geometry(space, cfg)
     result = CpuBackend(mode=mode, timeout=timeout).run(
         kernel, geo, kernel_inputs(problem, logical, geo), problem.dtype, chip=the_chip,
-        lines=template_lines(fam, cfg, problem.dtype, Target.METAL))
+        lines=template_lines(fam, cfg, problem.dtype, INTERPRETER_TARGET))
     return VariantRun(fam.name, cfg, tuple(problem.shape), problem.dtype, logical,
                       {t.name: out for t, out in zip(fam.outputs, result.outputs)}, dict(fam.param_values),
                       list(result.diagnostics))

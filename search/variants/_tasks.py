@@ -196,14 +196,15 @@ def measure_variant(task: VariantTask) -> Measurement:
     """Build, verify (NaN-prefilled outputs against the float64 reference), then time one variant on a
     real GPU. Inputs and the reference are built once per worker and problem, not per variant.
 
-    A back-end that calls kernels as consumers do (``consumer_kernel``) times the variant that way, in graph use
-    with cold weights (10 rounds of 8 calls): a kernel of a few microseconds timed by separate launches is mostly
-    launch overhead, and the search would rank noise. The final round then times the finalists in every mode."""
+    A back-end that times kernels as consumers call them (``times_as_consumers``) times the variant that way, in
+    graph use with cold weights (10 rounds of 8 calls): a kernel of a few microseconds timed by separate launches
+    is mostly launch overhead, and the search would rank noise.
+    The final round then times the finalists in every mode."""
     from ..evaluation._measure import spread
 
     s, kernel, geo = _variant(task)
     proof = _check(s, kernel, geo, task.seed, task.options)
-    if hasattr(s.backend, "consumer_kernel"):
+    if s.backend.times_as_consumers:
         samples, lost = _consumer_timing(task, s, kernel, geo)
         compiled = getattr(s.backend, "compile_seconds", {}).get(kernel.sha256, 0.0)
         return Measurement(tuple(samples), float(np.median(samples)), spread(samples), compiled, lost, proof)
@@ -220,10 +221,10 @@ def _consumer_timing(task: VariantTask, s: Setup, kernel: KernelSource, geo: Geo
     stopped because it could not win)."""
     from ..evaluation._consumer import ConsumerPlan, consumer_samples
 
-    impl: Any = s.backend
+    impl = s.backend
     sets = PROCESS.data(s.problem, ("consumer sets", task.seed), lambda: _weight_sets(task, s))
     call = impl.consumer_kernel(kernel, geo, s.family, s.problem, sets)
-    clock = getattr(impl, "clock", time.perf_counter)
+    clock = impl.clock
     rounds = task.race.after if task.race is not None else 10
     mode = judging_mode(s.family)
     samples = consumer_samples({"k": call}, impl.evaluate, impl.sync, ConsumerPlan(rounds=rounds, modes=(mode,)),
@@ -254,11 +255,10 @@ def prepare_variant(task: VariantTask) -> Prepared:
     """
     s, kernel, geo = _variant(task)
     start = time.perf_counter()
-    precompile = getattr(s.backend, "precompile", None)
     shapes = [tuple(x.shape) for x in PROCESS.timing_inputs(s.problem, task.seed + 1, geo)]
-    done = bool(precompile(kernel, geo, shapes, s.problem.dtype)) if precompile is not None else False
+    done = bool(s.backend.precompile(kernel, geo, shapes, s.problem.dtype))
     PROCESS.problem_data(s.problem, task.seed)  # the reference the verification compares with
-    if hasattr(s.backend, "consumer_kernel"):  # the weight sets its timing calls the kernel on
+    if s.backend.times_as_consumers:  # the weight sets its timing calls the kernel on
         PROCESS.data(s.problem, ("consumer sets", task.seed), lambda: _weight_sets(task, s))
     return Prepared(done, time.perf_counter() - start)
 
@@ -268,16 +268,16 @@ def final_round(task: VariantTask) -> FinalTimings:
     runs this): through the exported package's own planned calls, in graph and eager use, with cold weights
     (:mod:`kernsearch.evaluation._consumer`).
 
-    The back-end provides ``consumer_kernel(kernel, geometry, family, problem, sets)`` and
-    ``consumer_op(family, problem, sets)`` (each a ``call(i)``), ``evaluate(outputs)`` and ``sync()``. One
-    without them (a simulation timing launches) has its finalists timed by separate launches: timings without
-    consumer modes, which the gate records but never ships as a win (docs/artifacts.md).
+    A back-end that declares ``times_as_consumers`` provides ``consumer_kernel(kernel, geometry, family, problem,
+    sets)`` and ``consumer_op(family, problem, sets)`` (each a ``call(i)``), ``evaluate(outputs)`` and ``sync()``
+    (``backends._base``). One that does not (a simulation timing launches) has its finalists timed by separate
+    launches: timings without consumer modes, which the gate records but never ships as a win (docs/artifacts.md).
     """
     from ..evaluation._consumer import ConsumerPlan, consumer_samples, timed_modes
 
     s = PROCESS.setup(task)
-    impl: Any = s.backend
-    if not hasattr(impl, "consumer_kernel"):
+    impl = s.backend
+    if not impl.times_as_consumers:
         return _final_round_by_launches(task, s)
     sets = _weight_sets(task, s)
     candidates = {}
@@ -290,7 +290,7 @@ def final_round(task: VariantTask) -> FinalTimings:
     except Exception as exc:  # noqa: BLE001 - no baseline is not fatal, and is said
         error = str(exc)
     plan = ConsumerPlan(modes=timed_modes(s.family.consumer_modes))
-    clock = getattr(impl, "clock", time.perf_counter)
+    clock = impl.clock
     samples = consumer_samples(candidates, impl.evaluate, impl.sync, plan, clock=clock)
     n = len(task.finalists)
     modes = {mode: ModeSamples(tuple(tuple(by[f"f{i}"]) for i in range(n)),
@@ -333,7 +333,7 @@ def _final_round_by_launches(task: VariantTask, s: Setup) -> FinalTimings:
         candidates["baseline"] = impl.baseline_launcher(s.family, s.problem, logical)
     except Exception as exc:  # noqa: BLE001 - no baseline is not fatal, and is said
         error = str(exc)
-    samples = interleaved(candidates, clock=getattr(impl, "clock", time.perf_counter))
+    samples = interleaved(candidates, clock=impl.clock)
     launches = ModeSamples(tuple(tuple(samples[f"f{i}"]) for i in range(len(task.finalists))),
                            tuple(samples["baseline"]) if "baseline" in samples else None)
     return FinalTimings({}, baseline_error=error, launches=launches)
@@ -366,4 +366,4 @@ def time_baseline(task: VariantTask) -> float:
     s = PROCESS.setup(task)
     logical = make_inputs(s.problem, task.seed + 2)
     launch, sync = s.backend.baseline_launcher(s.family, s.problem, logical)
-    return float(np.median(measure(launch, sync, clock=getattr(s.backend, "clock", time.perf_counter))))
+    return float(np.median(measure(launch, sync, clock=s.backend.clock)))

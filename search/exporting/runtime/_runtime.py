@@ -39,7 +39,6 @@ try:  # an exported package: the shared modules sit beside this file
         DEFAULT_MARGIN,
         FUNCTIONS,
         KEYWORDS,
-        MLX_KERNELS,
         SHARED_MEMORY_AT_BUILD,
         UNARY,
         VENDOR_TARGETS,
@@ -52,6 +51,7 @@ try:  # an exported package: the shared modules sit beside this file
         evaluate,
         identify,
         identity_changes,
+        kernel_factory,
         lineage,
         mlx_namespace,
         modes_text,
@@ -61,14 +61,13 @@ try:  # an exported package: the shared modules sit beside this file
         speedup_text,
         timing_identity,
     )
-    from ._vocabulary import CONSUMER_MODES, Evidence, Target  # type: ignore[import-not-found,unused-ignore]
+    from ._vocabulary import CONSUMER_MODES, Evidence  # type: ignore[import-not-found,unused-ignore]
 except ImportError:  # kernsearch itself: the same modules, at the bottom of its package
     from ..._rules import (
         BINARY,
         DEFAULT_MARGIN,
         FUNCTIONS,
         KEYWORDS,
-        MLX_KERNELS,
         SHARED_MEMORY_AT_BUILD,
         UNARY,
         VENDOR_TARGETS,
@@ -81,6 +80,7 @@ except ImportError:  # kernsearch itself: the same modules, at the bottom of its
         evaluate,
         identify,
         identity_changes,
+        kernel_factory,
         lineage,
         mlx_namespace,
         modes_text,
@@ -90,14 +90,14 @@ except ImportError:  # kernsearch itself: the same modules, at the bottom of its
         speedup_text,
         timing_identity,
     )
-    from ..._vocabulary import CONSUMER_MODES, Evidence, Target
+    from ..._vocabulary import CONSUMER_MODES, Evidence
 
 #: 3: each artifact record carries ``manifest`` and ``content_sha256``, checked before first use.
 FORMAT = 3
 #: ``off`` (or 0/no/false): every call uses the plain MLX op; ``modeled``: modeled artifacts may be used too.
 DISABLE_VAR = "KERNSEARCH_KERNELS"
 #: Names kernsearch and its tests read off this module (defined in ``_rules``).
-__all__ = ["CONSUMER_MODES", "DEFAULT_MARGIN", "FUNCTIONS", "MLX_KERNELS", "SHARED_MEMORY_AT_BUILD", "VENDOR_TARGETS",
+__all__ = ["CONSUMER_MODES", "DEFAULT_MARGIN", "FUNCTIONS", "SHARED_MEMORY_AT_BUILD", "VENDOR_TARGETS",
            "Decision", "Dispatcher", "ExpressionError", "artifact_mismatch", "beats_op", "consumer_low",
            "content_sha256", "cuda_driver_version", "decision_fields", "evaluate", "identify", "kernel_call",
            "lineage", "mlx_vocabulary", "modes_text", "nvrtc_version", "op_call", "shape_refusal", "source_sha256",
@@ -1860,12 +1860,10 @@ def _device_info() -> Dict[str, Any]:
 
 
 def _mlx_kernel(source: Dict[str, Any], shared_memory: int) -> Any:
-    """``mx.fast.metal_kernel`` or ``mx.fast.cuda_kernel`` for one source record."""
-    import mlx.core as mx
-
+    """The kernel object of one source record, built by its target's factory (the targets table's row)."""
     args = dict(name=source["name"], input_names=list(source["input_names"]),
                 output_names=list(source["output_names"]), source=source["source"], header=source["header"])
-    make = getattr(mx.fast, MLX_KERNELS.get(source["target"], MLX_KERNELS[Target.METAL]))
+    make = kernel_factory(source["target"])
     if source["target"] in SHARED_MEMORY_AT_BUILD:
         return make(**args, shared_memory=shared_memory)
     return make(**args)

@@ -54,7 +54,8 @@ class TargetInfo:
     language: str
     #: The kernel object fixes its dynamic shared memory when made (``cuda_kernel(shared_memory=...)``).
     shared_memory_at_build: bool = False
-    #: Rendered sources drop comments, indentation and blank lines (the factory re-reads the source every call).
+    #: Sources reach the factory without comments, indentation and blank lines (:func:`kernel_text`: the factory
+    #: re-reads the source on every call).
     compact: bool = False
 
 
@@ -85,6 +86,29 @@ def kernel_factory(target: str) -> Callable[..., Any]:
     for attribute in path.split("."):
         found = getattr(found, attribute)
     return found  # type: ignore[no-any-return]
+
+
+def compact(text: str) -> str:
+    """Source text without its comments, indentation and blank lines. MLX's CUDA back-end rebuilds a custom kernel's
+    whole source on every call and hashes it on every eval: on an H200 each KB costs ~0.5 us of host time a call
+    (benchmarks/gpu_host_cost.py), as much as a small kernel's GPU time. A line holding a quote keeps its text after
+    ``//`` (a string may hold one); preprocessor lines keep their own line."""
+    lines = []
+    for line in text.splitlines():
+        kept = line.strip()
+        if "//" in kept and '"' not in kept:
+            kept = kept[:kept.index("//")].rstrip()
+        if kept:
+            lines.append(kept)
+    return "\n".join(lines) + "\n"
+
+
+def kernel_text(target: str, text: str) -> str:
+    """A source (or header) as it is handed to its target's kernel factory: compact where the row says so. The
+    store keeps the source as rendered (readable); the search's device runs and the package's runtime both build
+    from this text, so what was proved is what runs."""
+    row = TARGETS.get(target, TARGETS[DEFAULT_TARGET])
+    return compact(text) if row.compact else text
 
 
 def target_of(vendor: str) -> Optional[str]:

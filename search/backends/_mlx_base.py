@@ -159,6 +159,7 @@ class MLXBackend(BaseBackend):
     # -- what differs between Metal and CUDA ----------------------------------------------------------
     def _make_kernel(self, source: KernelSource, geometry: Geometry) -> Any:
         """The kernel object of a variant: built by its target's factory (``_targets.TARGETS``)."""
+        from .._rules import kernel_text
         from ..hardware._targets import get_target, kernel_factory
 
         target = get_target(source.target)
@@ -166,7 +167,8 @@ class MLXBackend(BaseBackend):
         mx_core()  # MLX missing: its one-line error
         return kernel_factory(target.name)(
             name=source.name, input_names=list(source.input_names), output_names=list(source.output_names),
-            source=source.source, header=source.header, ensure_row_contiguous=True, **extra)
+            source=kernel_text(target.name, source.source), header=kernel_text(target.name, source.header),
+            ensure_row_contiguous=True, **extra)
 
     def classify(self, exc: Exception) -> VariantFailure:
         """An MLX exception while building or running one variant, as that variant's failure."""

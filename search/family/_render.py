@@ -16,7 +16,7 @@ from jinja2 import Template, TemplateError
 
 from .._errors import KernsearchError
 from .._options import MAX_GRID, MAX_SHARED_MEMORY, MAX_THREADGROUP, geometry_ints
-from .._rules import DEFAULT_TARGET, TARGETS, source_sha256
+from .._rules import DEFAULT_TARGET, source_sha256
 from ._expr import BUILTINS, ExprError
 from ._space import Config, Space, format_config
 from ._spec import Family, template_env
@@ -105,21 +105,6 @@ def render_blocks(tmpl: Template, ctx: dict[str, Any]) -> tuple[str, str]:
                 bounded_join(tmpl.blocks["source"](tmpl.new_context(ctx, locals=scope))))
 
 
-def compact(text: str) -> str:
-    """CUDA source without its comments, indentation and blank lines. MLX's CUDA back-end rebuilds a custom
-    kernel's whole source on every call and hashes it on every eval: on an H200 each KB of source costs ~0.5 µs of
-    host time a call (benchmarks/gpu_host_cost.py), as much as a small kernel's GPU time. A line holding a quote
-    keeps its text after ``//`` (a string may hold one); preprocessor lines keep their own line."""
-    lines = []
-    for line in text.splitlines():
-        kept = line.strip()
-        if "//" in kept and '"' not in kept:
-            kept = kept[:kept.index("//")].rstrip()
-        if kept:
-            lines.append(kept)
-    return "\n".join(lines) + "\n"
-
-
 def render(family: Family, config: Config, dtype: str, target: str = DEFAULT_TARGET, *,
            sandbox: TemplateSandbox | None = None) -> KernelSource:
     """Render one variant. Knob-only derived values are available to the template.
@@ -140,8 +125,6 @@ def render(family: Family, config: Config, dtype: str, target: str = DEFAULT_TAR
         raise KernsearchError(f"{family.template_path(target)}: cannot render {format_config(config)}: "
                               "recursion too deep") from None
     header, source = header.strip("\n") + "\n", source.rstrip() + "\n"
-    if TARGETS[target].compact:
-        header, source = compact(header), compact(source)
     digest = source_sha256(header, source)[:12]
     return KernelSource(
         name=f"kernsearch_{family.name}_{digest}",

@@ -52,6 +52,7 @@ try:  # an exported package: the shared modules sit beside this file
         identify,
         identity_changes,
         kernel_factory,
+        kernel_text,
         lineage,
         mlx_namespace,
         modes_text,
@@ -81,6 +82,7 @@ except ImportError:  # kernsearch itself: the same modules, at the bottom of its
         identify,
         identity_changes,
         kernel_factory,
+        kernel_text,
         lineage,
         mlx_namespace,
         modes_text,
@@ -242,11 +244,9 @@ class _Program:
         kind = t[0]
         if kind == "call":
             return self._call(t, top)
-        if kind == "bin" and t[1] == "*" and self._silu_once(t[2]):  # silu(a) * b, SwiGLU's gate, in one frame
-            x, g = self._fn(self._operand(t[2][2][0])), self._operand(t[3])
-            if g[0] in ("slot", "fn"):
-                both = _swiglu_of_calls(self.leaves.get(id(x)), self.leaves.get(id(g[1])), self.mx.sigmoid)
-                return ("fn", both or _silu_times(x, self._fn(g), self.mx.sigmoid))
+        swiglu = self._swiglu(t) if kind == "bin" and t[1] == "*" else None
+        if swiglu is not None:
+            return swiglu
         if kind == "bin" and t[1] in BINARY:
             return self._binary(BINARY[t[1]], self._operand(t[2]), self._operand(t[3]), t, top)
         if kind in ("neg", "pos"):
@@ -276,24 +276,50 @@ class _Program:
         direct = _direct(t[1], args, kw, self.mx)
         if direct is not None:
             fn, args, kw = direct
+        return ("fn", self._closure(fn, args, kw, top))
+
+    def _closure(self, fn: Callable[..., Any], args: List[Tuple[str, Any]], kw: Dict[str, Any],
+                 top: bool) -> Callable[[Any], Any]:
+        """A call's closure, by the shape of its arguments: arrays then constants (the constants bound), a nested
+        call then arrays (``qmm(rms_norm(X), W...)``), or each argument a callable (constants between arrays)."""
         split = next((i for i, a in enumerate(args) if a[0] == "const"), len(args))
         if any(a[0] != "const" for a in args[split:]):  # constants between arrays: each argument a callable
-            fs = [self._fn(a) for a in args]
-            return ("fn", lambda ext: fn(*[f(ext) for f in fs], **kw))
+            return _each_callable(fn, [self._fn(a) for a in args], kw)
         consts = tuple(a[1] for a in args[split:])
         heads = args[:split]
         if all(a[0] == "slot" for a in heads):
-            if top:
-                self.simple = (fn, [a[1] for a in heads], consts, kw)
-            leaf = _slot_call(fn, [a[1] for a in heads], consts, kw)
-            if not kw:
-                self.leaves[id(leaf)] = (fn, [a[1] for a in heads], consts)
-            return ("fn", leaf)
+            return self._leaf(fn, [a[1] for a in heads], consts, kw, top)
         if not kw and heads[0][0] == "fn" and all(a[0] == "slot" for a in heads[1:]):  # qmm(rms_norm(X), W...)
-            if top:
-                self.pieces = ("call", (fn, heads[0][1], [a[1] for a in heads[1:]], consts))
-            return ("fn", _node_then_slots(fn, heads[0][1], [a[1] for a in heads[1:]], consts))
-        return ("fn", _arg_call(fn, [self._fn(a) for a in heads], consts, kw))
+            return self._nested(fn, heads, consts, top)
+        return _arg_call(fn, [self._fn(a) for a in heads], consts, kw)
+
+    def _nested(self, fn: Callable[..., Any], heads: List[Tuple[str, Any]], consts: Tuple[Any, ...],
+                top: bool) -> Callable[[Any], Any]:
+        """A call whose first argument is a call and the rest arrays (``qmm(rms_norm(X), W, S, B)``)."""
+        slots = [a[1] for a in heads[1:]]
+        if top:
+            self.pieces = ("call", (fn, heads[0][1], slots, consts))
+        return _node_then_slots(fn, heads[0][1], slots, consts)
+
+    def _leaf(self, fn: Callable[..., Any], slots: List[int], consts: Tuple[Any, ...], kw: Dict[str, Any],
+              top: bool) -> Callable[[Any], Any]:
+        """A call of arrays only (then constants): the closure a plain call and ``_plus_call`` recognise."""
+        if top:
+            self.simple = (fn, slots, consts, kw)
+        leaf = _slot_call(fn, slots, consts, kw)
+        if not kw:
+            self.leaves[id(leaf)] = (fn, slots, consts)
+        return leaf
+
+    def _swiglu(self, t: Any) -> Tuple[str, Any] | None:
+        """``silu(a) * b`` (SwiGLU's gate) in one frame, or None where ``t`` is another product."""
+        if not self._silu_once(t[2]):
+            return None
+        x, g = self._fn(self._operand(t[2][2][0])), self._operand(t[3])
+        if g[0] not in ("slot", "fn"):
+            return None
+        both = _swiglu_of_calls(self.leaves.get(id(x)), self.leaves.get(id(g[1])), self.mx.sigmoid)
+        return ("fn", both or _silu_times(x, self._fn(g), self.mx.sigmoid))
 
     def _silu_once(self, t: Any) -> bool:
         """Whether ``t`` is a call of the vocabulary's silu used once (not a shared value)."""
@@ -332,6 +358,48 @@ class _Program:
         if kind == "const":
             return lambda ext: value
         return value  # type: ignore[no-any-return]
+
+
+def _each_callable(fn: Callable[..., Any], fs: List[Callable[[Any], Any]], kw: Dict[str, Any]) -> Callable[[Any], Any]:
+    """``fn`` of its arguments' closures, each evaluated per call (constants between arrays)."""
+    return lambda ext: fn(*[f(ext) for f in fs], **kw)
+
+
+#: What :func:`_planned` answers where the call's arrays are not those its entry planned for.
+_MISS = object()
+
+
+def _planned(entry: List[Any], arrays: Sequence[Any], a0: int, a1: int) -> Any:
+    """The planned call's result where the call's weights are the entry's and its activations' shapes (and dtypes)
+    those it was planned for; :data:`_MISS` otherwise (or for arrays that are not MLX's: the call converts them)."""
+    for i, ref in entry[0]:
+        if ref() is not arrays[i]:
+            return _MISS
+    shapes = entry[5]
+    try:
+        if shapes is None:  # more than two activations
+            same = all(arrays[i].shape == shape and (dtype is None or arrays[i].dtype == dtype)
+                       for i, shape, dtype in entry[1])
+        else:
+            same = ((arrays[a0].shape == shapes) if a1 < 0 else
+                    (arrays[a0].shape == shapes[0] and arrays[a1].shape == shapes[1])) and \
+                (entry[6] is None or _same_dtypes(arrays, a0, a1, entry[6]))
+        if not same:
+            return _MISS
+        consts = entry[3]
+        return entry[2](arrays) if consts is None else entry[2](*arrays, *consts)
+    except (AttributeError, TypeError):  # not MLX arrays: converted there
+        return _MISS
+
+
+def _file_activations(entry: List[Any], fam: Dict[str, Any], arrays: Sequence[Any], dtypes: bool) -> None:
+    """An entry's activations: (position, shape, dtype) each, and for one or two of them their shapes (and dtypes,
+    where a kernel may run) as :func:`_planned` compares them without a loop."""
+    entry[1] = tuple((i, arrays[i].shape, arrays[i].dtype if dtypes else None)
+                     for i, spec in enumerate(fam["inputs"]) if not spec.get("weight"))
+    one = len(entry[1]) == 1
+    entry[5] = (entry[1][0][1] if one else tuple(s for _, s, _ in entry[1])) if len(entry[1]) <= 2 else None
+    entry[6] = (entry[1][0][2] if one else tuple(t for _, _, t in entry[1])) if dtypes else None
 
 
 def _children(t: Any) -> List[Any]:
@@ -1109,26 +1177,9 @@ class Dispatcher:
             if len(arrays) == arity:
                 entry = table.get(id(arrays[last]))
                 if entry is not None:  # the weights' identity, then the activations' shapes (and dtypes)
-                    for i, ref in entry[0]:
-                        if ref() is not arrays[i]:
-                            break
-                    else:
-                        shapes = entry[5]
-                        try:
-                            if shapes is None:  # more than two activations
-                                for i, shape, dtype in entry[1]:
-                                    if arrays[i].shape != shape or (dtype is not None and arrays[i].dtype != dtype):
-                                        break
-                                else:
-                                    consts = entry[3]
-                                    return entry[2](arrays) if consts is None else entry[2](*arrays, *consts)
-                            elif ((arrays[a0].shape == shapes) if a1 < 0 else
-                                  (arrays[a0].shape == shapes[0] and arrays[a1].shape == shapes[1])) and \
-                                    (entry[6] is None or _same_dtypes(arrays, a0, a1, entry[6])):
-                                consts = entry[3]
-                                return entry[2](arrays) if consts is None else entry[2](*arrays, *consts)
-                        except (AttributeError, TypeError):  # not MLX arrays: converted there
-                            pass
+                    out = _planned(entry, arrays, a0, a1)
+                    if out is not _MISS:
+                        return out
             return call(family, *arrays, modeled=modeled)
 
         run.__name__ = family
@@ -1162,13 +1213,8 @@ class Dispatcher:
                 entry = table[key] = [tuple((i, weakref.ref(arrays[i], forget)) for i in weights), (), None, (),
                                       weakref.ref(arrays[last], forget), None, None, ()]
                 entry[7] = tuple(r for _, r in entry[0])
-            entry[1] = tuple((i, arrays[i].shape, arrays[i].dtype if dtypes else None)
-                             for i, spec in enumerate(fam["inputs"]) if not spec.get("weight"))
+            _file_activations(entry, fam, arrays, dtypes)
             entry[2:4] = _direct_form(plan)
-            # One or two activations: their shapes (and dtypes, where a kernel may run) compared without a loop.
-            one = len(entry[1]) == 1
-            entry[5] = (entry[1][0][1] if one else tuple(s for _, s, _ in entry[1])) if len(entry[1]) <= 2 else None
-            entry[6] = (entry[1][0][2] if one else tuple(t for _, _, t in entry[1])) if dtypes else None
         except (TypeError, AttributeError):  # weights that take no weak reference (not MLX arrays): no entry
             pass
 
@@ -1861,8 +1907,10 @@ def _device_info() -> Dict[str, Any]:
 
 def _mlx_kernel(source: Dict[str, Any], shared_memory: int) -> Any:
     """The kernel object of one source record, built by its target's factory (the targets table's row)."""
+    target = source["target"]
     args = dict(name=source["name"], input_names=list(source["input_names"]),
-                output_names=list(source["output_names"]), source=source["source"], header=source["header"])
+                output_names=list(source["output_names"]), source=kernel_text(target, source["source"]),
+                header=kernel_text(target, source["header"]))
     make = kernel_factory(source["target"])
     if source["target"] in SHARED_MEMORY_AT_BUILD:
         return make(**args, shared_memory=shared_memory)

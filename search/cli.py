@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from ._progress import Display
     from .artifacts._artifacts import ArtifactStore, PublishOutcome
     from .artifacts._candidate import ArtifactKey
+    from .artifacts._manifest import Manifest
     from .backends._base import BaseBackend
     from .family._space import Problem, Space
     from .family._spec import Family
@@ -157,24 +158,45 @@ def families(folders: list[str] | None = typer.Argument(
     out.print(table)
 
 
+def _print_all_chips() -> None:
+    """``chip --all``: one row a chip of the registry; a matrix figure that is an estimate is starred."""
+    from .hardware._chips import registry
+
+    table = Table("chip", "vendor", "cores", "GB/s", "FP32 TF", "FP16 TF", "matrix TF", "bf16", "tg mem",
+                  box=None)
+    for c in registry().values():
+        matrix = f"{c.tensor_fp16_tflops:g}{'*' if 'tensor_fp16_tflops' in c.estimated else ''}" \
+            if c.tensor_fp16_tflops else "-"
+        table.add_row(c.name, c.vendor, str(c.gpu_cores), f"{c.memory_bandwidth_gbs:g}", f"{c.fp32_tflops:g}",
+                      f"{c.simd_tflops('float16'):g}", matrix, "yes" if c.bfloat16 else "no",
+                      f"{c.threadgroup_memory_bytes // 1024} KiB")
+    out.print(table)
+    out.print("* estimate; `kernsearch chip --chip NAME` shows each figure's source")
+
+
+def _identity_rows(c: Chip) -> list[tuple[str, str, object]]:
+    """What identifies the chip beyond its figures (generation and die, architecture, what the device reported),
+    each only where known; no figure source (they are not figures)."""
+    from .hardware._chips import DIE_CLASSES
+
+    rows: list[tuple[str, str, object]] = []
+    if c.generation is not None:
+        rows.append(("generation / die", "", f"g{c.generation}{c.die} ({DIE_CLASSES.get(c.die or '', '?')})"))
+    if c.architecture:
+        rows.append(("architecture", "", c.architecture))
+    if c.detected:
+        rows.append(("device_info", "", ", ".join(f"{k}={v}" for k, v in c.detected.items()
+                                                 if k in ("architecture", "device_name"))))
+    return rows
+
+
 @app.command()
 def chip(name: str | None = typer.Option(None, "--chip", help="show this chip instead of the detected one",
                                          callback=not_empty),
          all_chips: bool = typer.Option(False, "--all", help="list every chip in the registry")) -> None:
     """Show the detected chip (or --chip NAME) and its figures."""
-    from .hardware._chips import DIE_CLASSES, registry
-
     if all_chips:
-        table = Table("chip", "vendor", "cores", "GB/s", "FP32 TF", "FP16 TF", "matrix TF", "bf16", "tg mem",
-                      box=None)
-        for c in registry().values():
-            matrix = f"{c.tensor_fp16_tflops:g}{'*' if 'tensor_fp16_tflops' in c.estimated else ''}" \
-                if c.tensor_fp16_tflops else "-"
-            table.add_row(c.name, c.vendor, str(c.gpu_cores), f"{c.memory_bandwidth_gbs:g}", f"{c.fp32_tflops:g}",
-                          f"{c.simd_tflops('float16'):g}", matrix, "yes" if c.bfloat16 else "no",
-                          f"{c.threadgroup_memory_bytes // 1024} KiB")
-        out.print(table)
-        out.print("* estimate; `kernsearch chip --chip NAME` shows each figure's source")
+        _print_all_chips()
         return
     c = resolve_chip(name)
     source = "named with --chip" if name else ("detected" if c.known else "detected, unknown: conservative limits")
@@ -191,13 +213,7 @@ def chip(name: str | None = typer.Option(None, "--chip", help="show this chip in
         ("system cache", "system_cache_mb", f"{c.system_cache_mb:g} MB")]
     if c.tensor_fp16_tflops:
         rows.insert(5, ("FP16 matrix peak (accel.)", "tensor_fp16_tflops", f"{c.tensor_fp16_tflops:g} TFLOP/s"))
-    if c.generation is not None:
-        rows.append(("generation / die", "", f"g{c.generation}{c.die} ({DIE_CLASSES.get(c.die or '', '?')})"))
-    if c.architecture:
-        rows.append(("architecture", "", c.architecture))
-    if c.detected:
-        rows.append(("device_info", "", ", ".join(f"{k}={v}" for k, v in c.detected.items()
-                                                 if k in ("architecture", "device_name"))))
+    rows += _identity_rows(c)
     for key, field, value in rows:
         source = c.figure_source(field) if field else ""
         out.print(f"  {key:<28}{value}" + (f"  [dim]({source})[/]" if source else ""), highlight=False)
@@ -268,7 +284,6 @@ def artifacts_list(store: str | None = StoreOpt,
                    ) -> None:
     """Keys of the store with their current version, evidence and speed."""
     from .artifacts._artifacts import ArtifactStore
-    from .artifacts._manifest import ArtifactError
 
     st = ArtifactStore(store)
     _check_store_folder(st)
@@ -279,27 +294,37 @@ def artifacts_list(store: str | None = StoreOpt,
     rows: list[tuple[str, ...]] = [("key", "version", "evidence", "median ms", "speedup", "verifier", "published",
                                      "state")]
     for key in keys:
-        pointer = st.pointer(key) if _readable_pointer(st, key) else None
-        versions = st.versions(key) if all_versions else ([pointer.version] if pointer else [])
-        if not versions:
-            rows.append((str(key), "-", "", "", "", "", "", "no version published (see journal)"))
-        for version in versions:
-            current = pointer is not None and version == pointer.version
-            try:
-                m = st.load(key, version).manifest
-            except ArtifactError as exc:
-                rows.append((str(key), version, "", "", "", "", "", f"unreadable: {exc}"))
-                continue
-            meas = m.measurements
-            state = ("current" + (f", invalidated: {pointer.invalidated}" if pointer.invalidated else "")
-                     if current and pointer else "")
-            rows.append((str(key), version, m.evidence, f"{meas.median_ms:.4g}" if meas else "-",
-                         f"{meas.speedup:.2f}x" if meas and meas.speedup else "-", m.correctness.verifier,
-                         m.published_at.strftime("%Y-%m-%d"), state))
+        rows += _key_rows(st, key, all_versions)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for i, row in enumerate(rows):  # plain columns: never truncated, easy to grep
         line = "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1]
         out.print(f"[bold]{line}[/]" if i == 0 else line, soft_wrap=True, markup=i == 0)
+
+
+def _key_rows(st: ArtifactStore, key: ArtifactKey, all_versions: bool) -> list[tuple[str, ...]]:
+    """``artifacts list``'s rows for one key: its current version (or every version), a version whose manifest
+    cannot be read shown as such rather than failing the whole listing."""
+    from .artifacts._manifest import ArtifactError
+
+    rows: list[tuple[str, ...]] = []
+    pointer = st.pointer(key) if _readable_pointer(st, key) else None
+    versions = st.versions(key) if all_versions else ([pointer.version] if pointer else [])
+    if not versions:
+        rows.append((str(key), "-", "", "", "", "", "", "no version published (see journal)"))
+    for version in versions:
+        current = pointer is not None and version == pointer.version
+        try:
+            m = st.load(key, version).manifest
+        except ArtifactError as exc:
+            rows.append((str(key), version, "", "", "", "", "", f"unreadable: {exc}"))
+            continue
+        meas = m.measurements
+        state = ("current" + (f", invalidated: {pointer.invalidated}" if pointer.invalidated else "")
+                 if current and pointer else "")
+        rows.append((str(key), version, m.evidence, f"{meas.median_ms:.4g}" if meas else "-",
+                     f"{meas.speedup:.2f}x" if meas and meas.speedup else "-", m.correctness.verifier,
+                     m.published_at.strftime("%Y-%m-%d"), state))
+    return rows
 
 
 def _check_store_folder(st: ArtifactStore) -> None:
@@ -345,6 +370,23 @@ def artifacts_show(key: str = KeyArg, store: str | None = StoreOpt,
     state = "current" if pointer and pointer.version == art.version else "not current"
     if pointer and pointer.version == art.version and pointer.invalidated:
         state += f", invalidated: {pointer.invalidated}"
+    rows = _manifest_rows(m)
+    out.print(f"[bold]{k}/{art.version}[/] ({state}; manifest schema {m.schema_version})")
+    for name, value in rows:
+        out.print(f"  {name:<22}{value}", soft_wrap=True)
+    history = st.journal(k)
+    if history:
+        out.print("history:")
+        for h in history[-10:]:
+            out.print(f"  {h.get('time', '')[:19]}  {h.get('outcome', '?'):<11} {h.get('version') or '':<5} "
+                      f"{h.get('reason', '')}", soft_wrap=True)
+    if source:
+        sys.stdout.write(f"// ---- header ----\n{art.kernel.header}// ---- source ----\n{art.kernel.source}")
+
+
+def _manifest_rows(m: Manifest) -> list[tuple[str, str]]:
+    """``artifacts show``'s table: what a version claims (evidence, chip, launch, timing, correctness, gate), one
+    labelled line each."""
     meas, corr, tc = m.measurements, m.correctness, m.toolchain
     detected = ", ".join(f"{a}={b}" for a, b in m.chip.detected.items() if a in ("architecture", "device_name"))
     rows = [("evidence", m.evidence),
@@ -368,17 +410,29 @@ def artifacts_show(key: str = KeyArg, store: str | None = StoreOpt,
             ("created / published", f"{m.created_at.isoformat(timespec='seconds')} / "
                                     f"{m.published_at.isoformat(timespec='seconds')}"),
             ("gate", m.gate.reason + (f" (replaced {m.gate.replaced})" if m.gate.replaced else ""))]
-    out.print(f"[bold]{k}/{art.version}[/] ({state}; manifest schema {m.schema_version})")
-    for name, value in rows:
-        out.print(f"  {name:<22}{value}", soft_wrap=True)
-    history = st.journal(k)
-    if history:
-        out.print("history:")
-        for h in history[-10:]:
-            out.print(f"  {h.get('time', '')[:19]}  {h.get('outcome', '?'):<11} {h.get('version') or '':<5} "
-                      f"{h.get('reason', '')}", soft_wrap=True)
-    if source:
-        sys.stdout.write(f"// ---- header ----\n{art.kernel.header}// ---- source ----\n{art.kernel.source}")
+    return rows
+
+
+def _repair_store(st: ArtifactStore) -> None:
+    """``verify --repair``: finish or roll back what interrupted publishers left, the store's own first, then each
+    key's, printing each fix so the user sees what changed."""
+    for fix in st.repair_store():
+        out.print(f"repaired {escape(str(st.root))}: {escape(fix)}", soft_wrap=True)
+    for k in st.keys():
+        for fix in st.repair(k):
+            out.print(f"repaired {escape(str(k))}: {escape(fix)}", soft_wrap=True)
+
+
+def _print_leftovers(st: ArtifactStore) -> None:
+    """What interrupted publishers left (the store's, then each key's): reported, not failed, with the fix
+    ``--repair`` would make."""
+    for left in st.store_leftovers():
+        out.print(f"[yellow]leftover[/] {escape(str(st.root))}: {escape(left.problem)} (--repair: "
+                  f"{escape(left.fix)})", soft_wrap=True)
+    for k in st.keys():
+        for left in st.crash_leftovers(k):
+            out.print(f"[yellow]leftover[/] {escape(str(k))}: {escape(left.problem)} (--repair: {escape(left.fix)})",
+                      soft_wrap=True)
 
 
 @artifacts_app.command("verify")
@@ -392,23 +446,13 @@ def artifacts_verify(store: str | None = StoreOpt,
     st = ArtifactStore(store)
     _check_store_folder(st)
     if repair:
-        for fix in st.repair_store():
-            out.print(f"repaired {escape(str(st.root))}: {escape(fix)}", soft_wrap=True)
-        for k in st.keys():
-            for fix in st.repair(k):
-                out.print(f"repaired {escape(str(k))}: {escape(fix)}", soft_wrap=True)
+        _repair_store(st)
     results = st.verify()
     bad = [r for r in results if not r.ok]
     for r in results:
         out.print(f"{'ok ' if r.ok else '[red]BAD[/]'} {escape(str(r.where))}"
                   + ("" if r.ok else f": {escape(r.message)}"), soft_wrap=True)
-    for left in st.store_leftovers():
-        out.print(f"[yellow]leftover[/] {escape(str(st.root))}: {escape(left.problem)} (--repair: "
-                  f"{escape(left.fix)})", soft_wrap=True)
-    for k in st.keys():
-        for left in st.crash_leftovers(k):
-            out.print(f"[yellow]leftover[/] {escape(str(k))}: {escape(left.problem)} (--repair: {escape(left.fix)})",
-                      soft_wrap=True)
+    _print_leftovers(st)
     if bad:
         raise ArtifactError(f"{len(bad)} of {len(results)} check(s) failed in {st.root}")
     versions = sum(r.version for r in results)
@@ -716,6 +760,22 @@ def _verified(t: TrialSummary, final: FinalRound | None) -> str:
     return (final.verdict(t.number) if final is not None else None) or t.verified or "-"
 
 
+def _finalist_line(number: int, check: FinalistCheck, final: FinalRound) -> str:
+    """One finalist's verification: pass with its error, or FAIL with the reason and the detail's first line; the
+    extra shapes the winner was also checked at."""
+    detail = f": {escape(check.detail.splitlines()[0][:300])}" if check.detail else ""
+    state = f"[green]pass[/] (max abs err {_fmt(check.max_abs_err, '.2g')})" if check.ok else \
+        f"[red]FAIL ({check.reason})[/]{detail}"
+    also = ""
+    if check.also:
+        sampled = check.threadgroups_checked
+        also = " and " + ", ".join(check.also) + (f" ({sampled} threadgroups sampled at the tuned shape)"
+                                                  if sampled else "")
+    shape = check.shape or final.verify_shape or ()  # each finalist at the smallest shape valid for it
+    return (f"trial {number} on the {final.verified_on or Verifier.INTERPRETER} at {'x'.join(map(str, shape))}"
+            f"{escape(also)}: {state}")
+
+
 def _final_lines(final: FinalRound | None, evidence: str) -> list[str]:
     lines: list[str] = []
     if final is not None and final.speedup is not None:
@@ -733,18 +793,7 @@ def _final_lines(final: FinalRound | None, evidence: str) -> list[str]:
         return lines
     if final.lead_exceeds_noise is False:
         lines.append("[yellow]the winner's lead over the runner-up is within the measured noise[/]")
-    for number, check in final.checks.items():
-        detail = f": {escape(check.detail.splitlines()[0][:300])}" if check.detail else ""
-        state = f"[green]pass[/] (max abs err {_fmt(check.max_abs_err, '.2g')})" if check.ok else \
-            f"[red]FAIL ({check.reason})[/]{detail}"
-        also = ""
-        if check.also:
-            sampled = check.threadgroups_checked
-            also = " and " + ", ".join(check.also) + (f" ({sampled} threadgroups sampled at the tuned shape)"
-                                                      if sampled else "")
-        shape = check.shape or final.verify_shape or ()  # each finalist at the smallest shape valid for it
-        lines.append(f"trial {number} on the {final.verified_on or Verifier.INTERPRETER} at {'x'.join(map(str, shape))}"
-                     f"{escape(also)}: {state}")
+    lines += [_finalist_line(number, check, final) for number, check in final.checks.items()]
     if final.note:
         lines.append(final.note)
     return lines

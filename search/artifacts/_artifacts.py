@@ -606,22 +606,7 @@ class ArtifactStore:
 
     def _migrate_key(self, key: ArtifactKey, families: list[Family], plan: _Rejudge) -> list[str]:
         state = self.index_state()
-        events: list[dict[str, Any]] = []
-        done = []
-        for version in self.versions(key):
-            demote = plan.demotes(key, version)
-            if state is not None and (key.path, version) in state.versions:
-                if demote:
-                    events.append(self._demote_indexed(key, version, state.versions[(key.path, version)].family))
-                    done.append(f"{key}/{version}: not vouched for by the store key: re-judged modeled")
-                continue
-            try:
-                event, note = self._index_version(key, version, families, demote)
-            except KernsearchError as exc:
-                done.append(f"{key}/{version}: not indexed: {exc}")
-                continue
-            events.append(event)
-            done.append(f"{key}/{version}: indexed{note}")
+        events, done = self._migrate_versions(key, families, plan, state)
         try:
             written = self.pointer_file(key)
         except ArtifactError as exc:
@@ -641,11 +626,37 @@ class ArtifactStore:
             why = "migrated: not vouched for by the store key (re-judged invalidated)"
             events.append({"op": "current", "key": key.path, "version": current_version, "invalidated": why})
             done.append(f"{key}/{current_version}: {why}")
+        self._commit_migration(key, events)
+        return done
+
+    def _migrate_versions(self, key: ArtifactKey, families: list[Family], plan: _Rejudge,
+                          state: IndexState | None) -> tuple[list[dict[str, Any]], list[str]]:
+        """Each version of ``key`` the index lacks, indexed after its full check; an indexed one only re-judged
+        modeled where the store key cannot vouch for it. The index events, and a line a version for the user."""
+        events: list[dict[str, Any]] = []
+        done = []
+        for version in self.versions(key):
+            demote = plan.demotes(key, version)
+            if state is not None and (key.path, version) in state.versions:
+                if demote:
+                    events.append(self._demote_indexed(key, version, state.versions[(key.path, version)].family))
+                    done.append(f"{key}/{version}: not vouched for by the store key: re-judged modeled")
+                continue
+            try:
+                event, note = self._index_version(key, version, families, demote)
+            except KernsearchError as exc:
+                done.append(f"{key}/{version}: not indexed: {exc}")
+                continue
+            events.append(event)
+            done.append(f"{key}/{version}: indexed{note}")
+        return events, done
+
+    def _commit_migration(self, key: ArtifactKey, events: list[dict[str, Any]]) -> None:
+        """The migration's events appended to the index; ``CURRENT`` rewritten from it when a current changed."""
         if events:
             self.index.append(events)
             if any(e["op"] == "current" for e in events):
                 self._mirror_pointer(key)
-        return done
 
     def _demote_indexed(self, key: ArtifactKey, version: str, family_sha: str) -> dict[str, Any]:
         """An indexed version's measured claim rewritten as a prediction, and its new content hash's event."""
@@ -785,19 +796,24 @@ class ArtifactStore:
         for v in sorted(published - aborted - set(versions) - recorded, key=lambda v: int(v[1:])):
             found.append(Leftover(f"journal says {v} was published but no such version exists (killed before the "
                                   "move)", Fix.ABORT, v))
-        if state is not None:
-            if self._pointer_lags(key, state):
-                current = state.current(key.path)
-                assert current is not None
-                found.append(Leftover(f"{current.version} was published but {POINTER} still points to "
-                                      f"{pointer.version if pointer else 'nothing'} (killed before the pointer moved)",
-                                      Fix.POINT, current.version))
-        else:
-            found.extend(self._unindexed_pointer_leftovers(key, entries, versions, pointer))
-        for tmp in self.stale_temporaries():
-            if tmp.parent == self.key_dir(key):
-                found.append(Leftover(f"{tmp.name} is a half-written version", Fix.DELETE, tmp.name))
+        found.extend(self._pointer_leftovers(key, state, entries, versions, pointer))
+        found.extend(Leftover(f"{tmp.name} is a half-written version", Fix.DELETE, tmp.name)
+                     for tmp in self.stale_temporaries() if tmp.parent == self.key_dir(key))
         return found
+
+    def _pointer_leftovers(self, key: ArtifactKey, state: IndexState | None, entries: list[dict[str, Any]],
+                           versions: list[str], pointer: Pointer | None) -> list[Leftover]:
+        """``CURRENT`` behind the newest published version: judged by the store index where there is one (it
+        records what was published), else by the journal."""
+        if state is None:
+            return self._unindexed_pointer_leftovers(key, entries, versions, pointer)
+        if not self._pointer_lags(key, state):
+            return []
+        current = state.current(key.path)
+        assert current is not None
+        return [Leftover(f"{current.version} was published but {POINTER} still points to "
+                         f"{pointer.version if pointer else 'nothing'} (killed before the pointer moved)",
+                         Fix.POINT, current.version)]
 
     @staticmethod
     def _unindexed_pointer_leftovers(key: ArtifactKey, entries: list[dict[str, Any]], versions: list[str],

@@ -184,26 +184,32 @@ class Draft:
                         published_at=utcnow(), gate=gate)
 
 
+def _check_timing_chip(c: Candidate) -> None:
+    """A measured claim names the GPU that timed it: detected on that machine (not named, not a CPU), and of
+    the lineage its device info says."""
+    if c.chip.vendor == "cpu" or not c.chip.detected:
+        raise ArtifactError(f"measured evidence needs a GPU detected on the machine that timed it (the Chip "
+                            f"from detect_chip(), carrying mx.device_info()); chip {c.chip.name} was "
+                            f"{'named, not detected' if not c.chip.detected else 'a CPU'}")
+    import warnings
+
+    from ..hardware._chips import chip_from_device_info
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an unknown GPU is fine here; only its lineage matters
+        seen = chip_from_device_info(c.chip.detected)
+    if (seen.vendor, seen.lineage) != (c.chip.vendor, c.chip.lineage):
+        raise ArtifactError(f"chip {c.chip.name} does not match the device that timed it "
+                            f"({c.chip.detected.get('device_name')}, {c.chip.detected.get('architecture')})")
+
+
 def draft_manifest(c: Candidate) -> Draft:
     """Every manifest field but version, gate and published_at; refuses inconsistent candidates."""
     from ..family._space import Space, make_problem
 
     fam, kind = c.family, c.evidence
-    if kind == Evidence.MEASURED and (c.chip.vendor == "cpu" or not c.chip.detected):
-        raise ArtifactError(f"measured evidence needs a GPU detected on the machine that timed it (the Chip "
-                            f"from detect_chip(), carrying mx.device_info()); chip {c.chip.name} was "
-                            f"{'named, not detected' if not c.chip.detected else 'a CPU'}")
     if kind == Evidence.MEASURED:
-        import warnings
-
-        from ..hardware._chips import chip_from_device_info
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # an unknown GPU is fine here; only its lineage matters
-            seen = chip_from_device_info(c.chip.detected)
-        if (seen.vendor, seen.lineage) != (c.chip.vendor, c.chip.lineage):
-            raise ArtifactError(f"chip {c.chip.name} does not match the device that timed it "
-                                f"({c.chip.detected.get('device_name')}, {c.chip.detected.get('architecture')})")
+        _check_timing_chip(c)
     if kind == Evidence.INTERPRETED and c.measurements is not None:
         raise ArtifactError("interpreted evidence is correctness only: drop the measurements or call them modeled")
     if kind != Evidence.INTERPRETED and c.measurements is None:

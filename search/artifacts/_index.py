@@ -129,16 +129,26 @@ class IndexState:
             self.history[key] = [c for c in self.history.get(key, []) if c.version != version]
 
 
+def _required_types_ok(entry: dict[str, Any]) -> bool:
+    """The fields every entry has are strings, and ``seq`` a true int (a bool is not a sequence number)."""
+    strings = ("op", "key", "time", "prev", "mac", "hash")
+    return all(isinstance(entry[k], str) for k in strings) and not isinstance(entry["seq"], bool) \
+        and isinstance(entry["seq"], int)
+
+
+def _names_known(entry: dict[str, Any]) -> bool:
+    """The entry names a known event, a well-formed key and a well-formed version (``key`` is already a string)."""
+    return entry["op"] in OPS and bool(_KEY.fullmatch(entry["key"])) and isinstance(entry["version"], str) \
+        and bool(_VERSION.fullmatch(entry["version"]))
+
+
 def _check_line(entry: Any, where: str) -> dict[str, Any]:
     """One parsed line, every field of the expected type (anything else: the index is corrupted)."""
     if not isinstance(entry, dict) or set(entry) != _FIELDS:
         raise ArtifactError(f"{where}: not an index entry (fields {sorted(entry)[:12] if isinstance(entry, dict) else '?'})")
-    strings = ("op", "key", "time", "prev", "mac", "hash")
-    if not all(isinstance(entry[k], str) for k in strings) or isinstance(entry["seq"], bool) \
-            or not isinstance(entry["seq"], int):
+    if not _required_types_ok(entry):
         raise ArtifactError(f"{where}: an index entry field has the wrong type")
-    if entry["op"] not in OPS or not _KEY.fullmatch(entry["key"]) or not isinstance(entry["version"], str) \
-            or not _VERSION.fullmatch(entry["version"]):
+    if not _names_known(entry):
         raise ArtifactError(f"{where}: an index entry names no known event, key or version")
     for name in ("content", "family", "invalidated", "key_id"):
         if entry[name] is not None and not isinstance(entry[name], str):

@@ -148,17 +148,18 @@ def _geometry_bounds(m: Manifest) -> None:
         raise _fail(m, "a shape is out of bounds")
 
 
-def _against_family(m: Manifest, kernel: KernelSource, fam: Family, chip: Any) -> None:
-    from ._candidate import Candidate, draft_manifest
-
-    if fam.name != m.family:
-        raise _fail(m, f"family {fam.name} is not the manifest's {m.family}")
+def _check_config(m: Manifest, fam: Family) -> None:
+    """Every knob of the manifest's config is the family's, its value in the knob's domain and of its type."""
     for knob, value in m.config.items():
         if knob not in fam.knobs:
             raise _fail(m, f"unknown knob {knob}")
         domain = fam.knobs[knob].values
         if value not in domain or type(value) is not type(domain[0]):
             raise _fail(m, f"{knob}={value!r} is outside its domain {domain}")
+
+
+def _check_kernel_interface(m: Manifest, fam: Family) -> None:
+    """The kernel's buffers are the family's: names, then dtypes (where the manifest records them)."""
     if list(m.kernel.input_names) != list(fam.kernel_input_names) or \
             list(m.kernel.output_names) != [t.name for t in fam.outputs]:
         raise _fail(m, "kernel inputs/outputs differ from the family's")
@@ -166,6 +167,15 @@ def _against_family(m: Manifest, kernel: KernelSource, fam: Family, chip: Any) -
     inputs_differ = list(m.geometry.input_dtypes) != list(fam.kernel_input_dtypes(m.problem.dtype))
     if (m.geometry.output_dtypes and outputs_differ) or (m.geometry.input_dtypes and inputs_differ):
         raise _fail(m, "kernel input/output dtypes differ from the family's")
+
+
+def _against_family(m: Manifest, kernel: KernelSource, fam: Family, chip: Any) -> None:
+    from ._candidate import Candidate, draft_manifest
+
+    if fam.name != m.family:
+        raise _fail(m, f"family {fam.name} is not the manifest's {m.family}")
+    _check_config(m, fam)
+    _check_kernel_interface(m, fam)
     if list(m.problem.dims) != list(fam.dims) or list(m.problem.dims.values()) != list(m.problem.shape):
         raise _fail(m, "problem dimensions differ from the family's")
     # Knobs the family has beyond the manifest's (a version indexed by `artifacts migrate` against a newer

@@ -23,10 +23,11 @@ A family without ``[model]`` gets a plain roofline from its problem FLOPs and by
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from operator import itemgetter
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -38,6 +39,9 @@ from ..family._render import Geometry, KernelSource
 from ..family._space import Config, Space
 from ..hardware._chips import Chip, core_tables, get_chip
 from ._base import BaseBackend, RunResult, Timing
+
+if TYPE_CHECKING:
+    from ..family._spec import Family
 
 #: ``[model]`` keys the model reads; other keys are helpers that some of these must read.
 REQUIRED = ("threadgroups", "flops", "cache_bytes")
@@ -151,6 +155,33 @@ class ModelBackend(BaseBackend):
 
 # -- expression evaluation, memoised per expression on the values it reads -------------------------------
 
+def _check_model_entries(fam: Family) -> None:
+    """``[model]`` names only model inputs or entries another entry reads, and (if present) every required one."""
+    unknown_read = {n for e in fam.model.values() for n in e.names}
+    stray = [k for k in fam.model if k not in KNOWN and k not in unknown_read]
+    if stray:
+        raise SpecError(f"{fam.path}/family.toml: model.{stray[0]}: not a model input "
+                        f"(known: {', '.join(sorted(KNOWN))}) and read by no other entry")
+    missing = [k for k in REQUIRED if fam.model and k not in fam.model]
+    if missing:
+        raise SpecError(f"{fam.path}/family.toml: model: missing entry {missing[0]!r} "
+                        f"(required: {', '.join(REQUIRED)})")
+
+
+def _after_occupancy(fam: Family) -> set[str]:
+    """The ``[model]`` entries that read ``concurrent`` (directly or through another entry): they wait for the
+    occupancy, so none of them may set it."""
+    late: set[str] = set()
+    for name, expr in fam.model.items():
+        if "concurrent" in expr.names or expr.names & late:
+            late.add(name)
+    circular = sorted(late & set(OCCUPANCY_INPUTS))
+    if circular:
+        raise SpecError(f"{fam.path}/family.toml: model.{circular[0]}: sets the occupancy, so it cannot "
+                        "read `concurrent`")
+    return late
+
+
 class _Evaluator:
     """Evaluates derived values, constraints and ``[model]`` entries for one problem on one chip.
 
@@ -164,24 +195,8 @@ class _Evaluator:
         self.base: dict[str, Any] = dict(space.base)
         self.problem_flops, self.problem_bytes = self.problem.flops(), self.problem.bytes()
         fam = self.family
-        unknown_read = {n for e in fam.model.values() for n in e.names}
-        stray = [k for k in fam.model if k not in KNOWN and k not in unknown_read]
-        if stray:
-            raise SpecError(f"{fam.path}/family.toml: model.{stray[0]}: not a model input "
-                            f"(known: {', '.join(sorted(KNOWN))}) and read by no other entry")
-        missing = [k for k in REQUIRED if fam.model and k not in fam.model]
-        if missing:
-            raise SpecError(f"{fam.path}/family.toml: model: missing entry {missing[0]!r} "
-                            f"(required: {', '.join(REQUIRED)})")
-        # Entries that read `concurrent` (directly or through another entry) wait for the occupancy.
-        late: set[str] = set()
-        for name, expr in fam.model.items():
-            if "concurrent" in expr.names or expr.names & late:
-                late.add(name)
-        circular = sorted(late & set(OCCUPANCY_INPUTS))
-        if circular:
-            raise SpecError(f"{fam.path}/family.toml: model.{circular[0]}: sets the occupancy, so it cannot "
-                            "read `concurrent`")
+        _check_model_entries(fam)
+        late = _after_occupancy(fam)
         steps = [(f"derived.{n}", n, e) for n, e in fam.derived.items()]
         self._derived = [self._step(*s) for s in steps]
         self._checks = [self._step(f"constraint {c.name}", c.name, c.expr) for c in fam.constraints]
@@ -267,6 +282,33 @@ def _roofline(ev: _Evaluator) -> dict[str, Any]:
             "predicted_tflops": ev.problem_flops / total / 1e12}
 
 
+def _reachable_peak(chip: Chip, core: CoreFigures, dtype: str, matrix: bool, accelerator: bool) -> float:
+    """TFLOP/s of the inner product in use: the accelerator's rate where it has one for ``dtype``; matrix work
+    without one runs on the SIMD units; the rest at the scalar rate."""
+    tensor_peak = chip.tensor_tflops(dtype)
+    if accelerator and tensor_peak:
+        return tensor_peak * core.accelerator_fraction
+    if matrix or accelerator:  # no accelerated rate for this dtype: matrix work on the SIMD units
+        return chip.simd_tflops(dtype) * core.matrix_fraction
+    return chip.fp32_tflops * core.scalar_fraction
+
+
+def _busiest_core(per_core: int, resident: int, batch: Callable[[int], dict[str, float]]
+                  ) -> tuple[float, float, float, float, float, dict[str, float]]:
+    """The busiest core's seconds (total, compute, memory, threadgroup memory, barrier stalls) over its full
+    batches of ``resident`` threadgroups and the partial last one, and its first batch's figures."""
+    full, rest = divmod(per_core, resident)
+    parts = [(full, batch(resident))] if full else []
+    if rest:
+        parts.append((1, batch(rest)))
+    core_time = sum(n * b["t"] for n, b in parts)
+    compute_time = sum(n * b["tc"] for n, b in parts)
+    memory_time = sum(n * b["tm"] for n, b in parts)
+    tg_time = sum(n * b["tt"] for n, b in parts)
+    stall_time = sum(n * b["stall"] for n, b in parts)
+    return core_time, compute_time, memory_time, tg_time, stall_time, parts[0][1]
+
+
 def _predict(ev: _Evaluator, ctx: dict[str, Any]) -> dict[str, Any]:
     chip, core, p = ev.chip, ev.core, ev.problem
     num = ev.number
@@ -305,13 +347,7 @@ def _predict(ev: _Evaluator, ctx: dict[str, Any]) -> dict[str, Any]:
     traffic = cache_bytes + stream * core.cache_bandwidth_factor
 
     # Compute: the peak of the inner product in use, cut by operand fetches per FMA.
-    tensor_peak = chip.tensor_tflops(p.dtype)
-    if accelerator and tensor_peak:
-        peak = tensor_peak * core.accelerator_fraction
-    elif matrix or accelerator:  # no accelerated rate for this dtype: matrix work on the SIMD units
-        peak = chip.simd_tflops(p.dtype) * core.matrix_fraction
-    else:
-        peak = chip.fp32_tflops * core.scalar_fraction
+    peak = _reachable_peak(chip, core, p.dtype, matrix, accelerator)
     fetch_cost = (1 - device_share) * conflicts + device_share * core.device_fetch_cost
     compute_eff = 1.0 if math.isinf(reuse) else reuse / (reuse + fetch_cost) if reuse > 0 else 0.0
     core_flops = peak * 1e12 / cores * max(compute_eff, 1e-6)
@@ -335,16 +371,7 @@ def _predict(ev: _Evaluator, ctx: dict[str, Any]) -> dict[str, Any]:
                 "hide": hide, "mlp": mlp, "overlap": overlap, "stall": stall}
 
     per_core = math.ceil(tgs / cores)  # the busiest core: threadgroups are dealt round-robin
-    full, rest = divmod(per_core, resident)
-    parts = [(full, batch(resident))] if full else []
-    if rest:
-        parts.append((1, batch(rest)))
-    core_time = sum(n * b["t"] for n, b in parts)
-    compute_time = sum(n * b["tc"] for n, b in parts)
-    memory_time = sum(n * b["tm"] for n, b in parts)
-    tg_time = sum(n * b["tt"] for n, b in parts)
-    stall_time = sum(n * b["stall"] for n, b in parts)
-    main = parts[0][1]
+    core_time, compute_time, memory_time, tg_time, stall_time, main = _busiest_core(per_core, resident, batch)
 
     # DRAM floor: distinct bytes at least, every cache byte at most; a problem that fits in half the
     # system cache is read from DRAM once.

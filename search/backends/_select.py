@@ -78,6 +78,20 @@ def chip_for(cls: type[BaseBackend], chip: str | Chip | None = None, *, detected
     return here if runs else default_apple_chip()
 
 
+def _named_selection(choice: str, wanted: Chip | None, detected: Chip | None) -> Selection:
+    """A back-end the user named: one that measures gives results for the GPU here, refused (``refusal``) when
+    another chip was asked for; one that does not measures nothing, so it takes the chip asked for."""
+    cls = backend_class(choice)
+    if not cls.measures_device:
+        return Selection(choice, chip_for(cls, wanted, detected=detected))
+    here = chip_for(cls, detected=detected)
+    refusal = None
+    if wanted is not None and here.vendor != "cpu" and wanted.name != here.name:
+        refusal = (f"the {choice} back-end measures the GPU here ({here.name}), not {wanted.name}; "
+                   f"use --backend {PREDICTOR} to predict for another chip")
+    return Selection(choice, here, refusal=refusal)
+
+
 def select_backend(choice: str, chip: str | Chip | None = None, *, detected: Chip | None = None,
                    verify: str = "finalists") -> Selection:
     """The back-end for ``choice`` and the chip its results are for (:func:`chip_for`).
@@ -91,15 +105,7 @@ def select_backend(choice: str, chip: str | Chip | None = None, *, detected: Chi
 
     wanted = (chip if isinstance(chip, Chip) else get_chip(chip)) if chip else None
     if choice != AUTO:
-        cls = backend_class(choice)
-        if not cls.measures_device:
-            return Selection(choice, chip_for(cls, wanted, detected=detected))
-        here = chip_for(cls, detected=detected)
-        refusal = None
-        if wanted is not None and here.vendor != "cpu" and wanted.name != here.name:
-            refusal = (f"the {choice} back-end measures the GPU here ({here.name}), not {wanted.name}; "
-                       f"use --backend {PREDICTOR} to predict for another chip")
-        return Selection(choice, here, refusal=refusal)
+        return _named_selection(choice, wanted, detected)
     here = detected if detected is not None else resolve_chip(None)
     measuring = measuring_backend(here)
     if measuring is not None and (wanted is None or wanted.name == here.name):

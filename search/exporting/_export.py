@@ -141,6 +141,25 @@ def _chips() -> list[dict[str, Any]]:
 
 # -- building --------------------------------------------------------------------------------------------
 
+def _check_package_name(package: str) -> None:
+    """The package name is a lower-case Python identifier that shadows no module it would be installed beside."""
+    if not re.fullmatch(r"[a-z_][a-z0-9_]*", package) or keyword.iskeyword(package):
+        raise ExportError(f"package name {package!r} must be a lower-case Python identifier")
+    if package in sys.stdlib_module_names or package in SHADOWED:
+        whose = "Python's standard library" if package in sys.stdlib_module_names else "kernsearch and its packages"
+        raise ExportError(f"package name {package!r} is a module of {whose}: installed, the package would shadow it "
+                          "(choose another --name)")
+
+
+def _normal_version(version: str | None) -> str:
+    """``version`` (default: the UTC time) checked as numbers separated by dots, in PEP 440's normal form (what
+    pip shows and the wheel's name holds): no leading zeros, 2026.05.03 -> 2026.5.3."""
+    version = version or datetime.now(UTC).strftime("%Y.%m.%d.%H%M%S")
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", version):
+        raise ExportError(f"version {version!r} must be numbers separated by dots, e.g. 1.2.0")
+    return ".".join(part.lstrip("0") or "0" for part in version.split("."))
+
+
 def export(families: list[str] | None, out: str | Path, store: ArtifactStore | None = None,
            package: str = DEFAULT_PACKAGE, version: str | None = None) -> ExportResult:
     """Build the package source tree and its wheel under ``out``; returns where they are.
@@ -152,18 +171,9 @@ def export(families: list[str] | None, out: str | Path, store: ArtifactStore | N
     versions of the package are removed). Versions never collide: a default (UTC time) version already in
     ``out`` gets a further ``.N``."""
     store = store or ArtifactStore()
-    if not re.fullmatch(r"[a-z_][a-z0-9_]*", package) or keyword.iskeyword(package):
-        raise ExportError(f"package name {package!r} must be a lower-case Python identifier")
+    _check_package_name(package)
     given = version
-    if package in sys.stdlib_module_names or package in SHADOWED:
-        whose = "Python's standard library" if package in sys.stdlib_module_names else "kernsearch and its packages"
-        raise ExportError(f"package name {package!r} is a module of {whose}: installed, the package would shadow it "
-                          "(choose another --name)")
-    version = version or datetime.now(UTC).strftime("%Y.%m.%d.%H%M%S")
-    if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", version):
-        raise ExportError(f"version {version!r} must be numbers separated by dots, e.g. 1.2.0")
-    # PEP 440's normal form (what pip shows and the wheel's name holds): no leading zeros, 2026.05.03 -> 2026.5.3.
-    version = ".".join(part.lstrip("0") or "0" for part in version.split("."))
+    version = _normal_version(version)
     notes: list[str] = []
     names = list(dict.fromkeys(families)) if families else default_families(store, notes)
     if "\x00" in str(out):

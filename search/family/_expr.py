@@ -355,25 +355,40 @@ def _bound_broadcast(*operands: Any) -> None:
     _bound_size(math.prod(_broadcast_shape(shapes)))
 
 
+def _bound_listed(args: list[Any]) -> None:
+    """The arrays inside list arguments together (``concatenate([A] * 10000)`` is as big as all of them)."""
+    listed = [x for a in args if isinstance(a, (list, tuple)) for x in a if is_array(x)]
+    _bound_size(sum(int(x.size) for x in listed))  # concatenate([A] * 10000)
+
+
+def _bound_matmul(a: tuple[int, ...], b: tuple[int, ...]) -> None:
+    """``matmul``'s result: the broadcast batch times ``a``'s rows times ``b``'s columns."""
+    batch = _broadcast_shape([a[:-2], b[:-2]])
+    _bound_size(math.prod(batch) * (a[-2] if len(a) > 1 else 1) * (b[-1] if len(b) > 1 else 1))
+
+
+def _bound_quantized(name: str, shapes: list[tuple[int, ...]], kwargs: dict[str, Any]) -> None:
+    """``dequantize`` / ``quantized_matmul``: the packed weights unpacked, and the product's rows times its
+    columns."""
+    bits = kwargs.get("bits", 4)
+    per_word = 32 // bits if isinstance(bits, int) and bits in (2, 4, 8) else 32
+    w = shapes[0] if name == "dequantize" else shapes[1] if len(shapes) > 1 else ()
+    _bound_size(math.prod(w) * per_word)  # the weights unpacked
+    if name == "quantized_matmul" and shapes[0] and len(w) == 2:  # rows of x times the product's columns
+        _bound_size(math.prod(shapes[0][:-1]) * max(w[0], w[1] * per_word))
+
+
 def _bound_call(name: str, args: list[Any], kwargs: dict[str, Any]) -> None:
     """Refuse, from the arguments' shapes, an array function whose result (or loop) would be too big, before
     it runs: the functions that can make more than they are given (outer products, broadcasts, expansion)."""
-    listed = [x for a in args if isinstance(a, (list, tuple)) for x in a if is_array(x)]
-    _bound_size(sum(int(x.size) for x in listed))  # concatenate([A] * 10000)
+    _bound_listed(args)
     shapes = [_shape_of(a) for a in args if is_array(a) or isinstance(a, (list, tuple))]
     if name == "einsum" and args and isinstance(args[0], str):
         _bound_einsum(args[0], [_shape_of(a) for a in args[1:]])
     elif name == "matmul" and len(shapes) == 2 and all(shapes):
-        a, b = shapes
-        batch = _broadcast_shape([a[:-2], b[:-2]])
-        _bound_size(math.prod(batch) * (a[-2] if len(a) > 1 else 1) * (b[-1] if len(b) > 1 else 1))
+        _bound_matmul(*shapes)
     elif name in ("dequantize", "quantized_matmul") and shapes:
-        bits = kwargs.get("bits", 4)
-        per_word = 32 // bits if isinstance(bits, int) and bits in (2, 4, 8) else 32
-        w = shapes[0] if name == "dequantize" else shapes[1] if len(shapes) > 1 else ()
-        _bound_size(math.prod(w) * per_word)  # the weights unpacked
-        if name == "quantized_matmul" and shapes[0] and len(w) == 2:  # rows of x times the product's columns
-            _bound_size(math.prod(shapes[0][:-1]) * max(w[0], w[1] * per_word))
+        _bound_quantized(name, shapes, kwargs)
     elif len(shapes) > 1:  # maximum, minimum, where...: elementwise over the broadcast shape
         _bound_size(math.prod(_broadcast_shape(shapes)))
 

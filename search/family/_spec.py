@@ -76,23 +76,28 @@ def value_count(expr: Expr) -> int:
     return len(expr.node.items) if isinstance(expr.node, (nodes.List, nodes.Tuple)) else 1
 
 
+def _by_position(value: dict[Any, Any], outputs: list[str] | None) -> list[Any]:
+    """A table of expressions by output name as the list by position: exactly the outputs' names, in their order
+    (without the names known, the table's own order)."""
+    if outputs is None:
+        return list(value.values())
+    missing = [n for n in outputs if n not in value]
+    unknown = [str(k)[:40] for k in value if k not in outputs]
+    if missing or unknown:
+        raise ValueError("one expression per output, by name: " + "; ".join(
+            ([f"no value for output(s) {', '.join(missing)}"] if missing else [])
+            + ([f"{', '.join(unknown)} is not an output (outputs: {', '.join(outputs)})"] if unknown
+               else [])))
+    return [value[n] for n in outputs]
+
+
 def per_output(value: Any, outputs: list[str] | None) -> Expr:
     """``reference`` / ``baseline`` as one expression: a string as it is; a list of strings (by position) or
     a table of strings by output name (ordered as ``outputs``) as the list literal of its items."""
     if isinstance(value, (str, Expr, int, float)) and not isinstance(value, bool):
         return _expr(value)
     if isinstance(value, dict):
-        if outputs is not None:
-            missing = [n for n in outputs if n not in value]
-            unknown = [str(k)[:40] for k in value if k not in outputs]
-            if missing or unknown:
-                raise ValueError("one expression per output, by name: " + "; ".join(
-                    ([f"no value for output(s) {', '.join(missing)}"] if missing else [])
-                    + ([f"{', '.join(unknown)} is not an output (outputs: {', '.join(outputs)})"] if unknown
-                       else [])))
-            value = [value[n] for n in outputs]
-        else:
-            value = list(value.values())
+        value = _by_position(value, outputs)
     if not isinstance(value, list) or not value:
         raise ValueError("expected an expression string, a list of them (one per output) or a table by output name")
     texts = []
@@ -191,14 +196,18 @@ class Distribution(_Model):
         if self.bits is not None:
             raise ValueError("bits is for packed distributions")
         low, high = self.bounds()
-        if self.kind == "integer" and (self.low is None or self.high is None or abs(low) > 2**31
-                                       or abs(high) > 2**32 or low != int(low) or high != int(high)):
+        if self.kind == "integer" and self._not_whole_32bit(low, high):
             raise ValueError("an integer distribution needs whole low and high (32-bit)")
         if not (low < high) or abs(low) > 1e30 or abs(high) > 1e30:
             raise ValueError(f"need low < high (finite), got [{low}, {high}]")
         if self.kind == "positive" and low <= 0:
             raise ValueError("a positive distribution needs low > 0")
         return self
+
+    def _not_whole_32bit(self, low: float, high: float) -> bool:
+        """An integer distribution's ``low``/``high`` missing, fractional or beyond 32 bits (its values are cast)."""
+        return (self.low is None or self.high is None or abs(low) > 2**31 or abs(high) > 2**32 or low != int(low)
+                or high != int(high))
 
     def bounds(self) -> tuple[float, float]:
         default = {"uniform": (-1.0, 1.0), "positive": (0.5, 1.5), "integer": (0.0, 0.0), "packed": (0.0, 0.0)}

@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 
 from .._errors import VariantFailure
-from ._compile import compile_unit
+from ._compile import Compiled, compile_unit
 from ._linemap import TemplateLines
 from ._lint import lint
 from ._lockstep import needs_lockstep
 from ._run import RawDiag, run_forked, run_sanitized
-from ._source import DTYPES, NUMPY_DTYPES, cpp_unit, from_storage, mlx_source, signature, to_storage
+from ._source import DTYPES, NUMPY_DTYPES, Signature, cpp_unit, from_storage, mlx_source, signature, to_storage
 
 MODES = ("fast", "check", "sanitize")
 #: Schedules of the schedule fuzz: (threadgroup order, thread resume order); 0 in order, 1 reversed, 2 shuffled.
@@ -104,15 +104,7 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
     # builds its own; the detector runs in check mode only, and when it finds such passing elsewhere the kernel
     # runs again with every access in lockstep). Elsewhere threads run one after another: the same results, faster.
     lockstep = mode == "check" or needs_lockstep(kernel.header, kernel.source)
-    try:
-        compiled = compile_unit(cpp_unit(sig, kernel.header, kernel.source, check=mode == "check", lockstep=lockstep),
-                                mode, lockstep)
-    except VariantFailure as exc:  # a compile error names its template file:line first, when known
-        m = re.match(r"line (\d+): (.*)", exc.detail, re.S)
-        tmpl = _template_line(int(m.group(1)), sig, kernel, lines) if m else None
-        if m is None or tmpl is None:
-            raise
-        raise VariantFailure(exc.reason, f"{tmpl}: {m.group(2)} (kernel line {m.group(1)})") from None
+    compiled = _compile(sig, kernel, mode, lockstep, lines)
 
     def launch() -> tuple[list[np.ndarray], list[int]]:
         return _launch_args(sig, inputs, in_dtypes, shapes, output_shapes, output_dtypes, init_value)
@@ -124,16 +116,7 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
     if mode == "sanitize":
         ran = run_sanitized(compiled.path, args, out_index, grid3, tg3, int(tg_limit), stack, timeout)
     else:
-        extra: dict[str, Any] = {}
-        if threadgroups:
-            extra["threadgroups"] = [tuple(int(v) for v in t) for t in threadgroups]
-        if schedule != "in-order":
-            extra["schedule"] = (*SCHEDULES[schedule], int(seed) & 0xFFFFFFFFFFFFFFFF)
-        if lockstep:
-            extra["detect"] = mode == "check"
-        extra["output_names"] = list(kernel.output_names)
-        if getattr(kernel, "persistent", False):
-            extra["persistent"] = True
+        extra = _forked_options(kernel, mode, threadgroups, schedule, seed, lockstep)
         ran = run_forked(compiled.path, args, out_index, grid3, tg3, int(tg_limit), stack, timeout, **extra)
         if ran.unsynced:  # lanes passed values on lines the translator had not marked: all accesses synchronise now
             args, out_index = launch()
@@ -143,6 +126,36 @@ def run_kernel(kernel: Any, grid: tuple[int, int, int], threadgroup: tuple[int, 
                for i, odt, shape in zip(out_index, output_dtypes, output_shapes)]
     return InterpResult(outputs, [_diagnostic(d, sig, kernel, text, lines) for d in ran.diags], compiled.seconds,
                         compiled.cached, text, lockstep)
+
+
+def _compile(sig: Signature, kernel: Any, mode: str, lockstep: bool, lines: TemplateLines | None) -> Compiled:
+    """The kernel's unit compiled for ``mode``; a compile error names its template file:line first, when known."""
+    try:
+        return compile_unit(cpp_unit(sig, kernel.header, kernel.source, check=mode == "check", lockstep=lockstep),
+                            mode, lockstep)
+    except VariantFailure as exc:
+        m = re.match(r"line (\d+): (.*)", exc.detail, re.S)
+        tmpl = _template_line(int(m.group(1)), sig, kernel, lines) if m else None
+        if m is None or tmpl is None:
+            raise
+        raise VariantFailure(exc.reason, f"{tmpl}: {m.group(2)} (kernel line {m.group(1)})") from None
+
+
+def _forked_options(kernel: Any, mode: str, threadgroups: list[tuple[int, int, int]] | None, schedule: str,
+                    seed: int, lockstep: bool) -> dict[str, Any]:
+    """:func:`run_forked`'s options beyond the launch: the sampled threadgroups, the schedule, the lockstep
+    detector (check mode), the output names, a persistent kernel's co-residency."""
+    extra: dict[str, Any] = {}
+    if threadgroups:
+        extra["threadgroups"] = [tuple(int(v) for v in t) for t in threadgroups]
+    if schedule != "in-order":
+        extra["schedule"] = (*SCHEDULES[schedule], int(seed) & 0xFFFFFFFFFFFFFFFF)
+    if lockstep:
+        extra["detect"] = mode == "check"
+    extra["output_names"] = list(kernel.output_names)
+    if getattr(kernel, "persistent", False):
+        extra["persistent"] = True
+    return extra
 
 
 def _check_arguments(kernel: Any, mode: str, schedule: str, threadgroups: list[tuple[int, int, int]] | None,

@@ -107,19 +107,10 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
             argv = (ctypes.c_void_p * len(call_args))(*[a.ctypes.data for a in call_args])
             slots = (_Diag * MAX_DIAGS).from_buffer(diag_mem, 16)
             nd = ctypes.c_int(0)
-            if detect is not None:
-                lib.ks_detect(ctypes.c_int(1 if detect else 0))
-                lib.ks_sync_all(ctypes.c_int(1 if sync_all else 0))
-            if persistent:
-                lib.ks_pool(ctypes.c_int(1))
-            if schedule != (0, 0, 0):
-                lib.ks_order(ctypes.c_int(schedule[0]), ctypes.c_int(schedule[1]), ctypes.c_uint64(schedule[2]))
-            if threadgroups:
-                flat = [int(v) for t in threadgroups for v in t]
-                selection = (ctypes.c_uint32 * len(flat))(*flat)
-                lib.ks_select(selection, ctypes.c_int(len(threadgroups)))
+            selection = _configure_run(lib, threadgroups, schedule, detect, sync_all, persistent)
             rc = lib.ks_run(argv, (ctypes.c_uint32 * 3)(*grid), (ctypes.c_uint32 * 3)(*tg), ctypes.c_int64(tg_limit),
                             ctypes.c_int(stack_kb), slots, ctypes.c_int(MAX_DIAGS), ctypes.byref(nd))
+            del selection  # held until here: ks_run read the sampled threadgroups through ks_select's pointer
             unsynced = lib.ks_unsynced() if detect is not None else 0
             diag_mem[0:12] = struct.pack("iii", rc, nd.value, unsynced)
             code = 0 if rc == 0 else 3
@@ -145,6 +136,28 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
     for v, i in zip(views, outputs):
         args[i].reshape(-1)[:] = v
     return RunOutcome(diags + _guard_diags(shared, [args[i].nbytes for i in outputs], output_names), bool(unsynced))
+
+
+def _configure_run(lib: ctypes.CDLL, threadgroups: list[tuple[int, int, int]] | None,
+                   schedule: tuple[int, int, int], detect: bool | None, sync_all: bool,
+                   persistent: bool) -> ctypes.Array[ctypes.c_uint32] | None:
+    """The child's interpreter set up before ``ks_run`` (see :func:`run_forked`): the detector and lane sync
+    (lockstep builds only), the resident pool, the schedule, the sampled threadgroups; each only where asked.
+    Returns the sampled threadgroups' buffer: the interpreter keeps a pointer to it, so the caller must hold it
+    until ``ks_run`` returns."""
+    if detect is not None:
+        lib.ks_detect(ctypes.c_int(1 if detect else 0))
+        lib.ks_sync_all(ctypes.c_int(1 if sync_all else 0))
+    if persistent:
+        lib.ks_pool(ctypes.c_int(1))
+    if schedule != (0, 0, 0):
+        lib.ks_order(ctypes.c_int(schedule[0]), ctypes.c_int(schedule[1]), ctypes.c_uint64(schedule[2]))
+    if threadgroups:
+        flat = [int(v) for t in threadgroups for v in t]
+        selection = (ctypes.c_uint32 * len(flat))(*flat)
+        lib.ks_select(selection, ctypes.c_int(len(threadgroups)))
+        return selection
+    return None
 
 
 def _guard_diags(shared: list[mmap.mmap], sizes: list[int], names: list[str] | None) -> list[RawDiag]:

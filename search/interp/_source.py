@@ -166,6 +166,29 @@ def _template_value(value: Any) -> str:
     raise ValueError(f"unsupported template argument {value!r}")
 
 
+def _input_params(i: int, inp: str, dt: str, shape: tuple[int, ...], source: str) -> tuple[list[Param], str]:
+    """Input ``i``'s buffers as MLX declares them (a scalar by reference, a small array in constant memory; its
+    shape, strides and ndim only where the source reads them) and its part of the kernel name."""
+    ctype = DTYPES[dt][0]
+    size = int(np.prod(shape)) if shape else 1
+    params: list[Param] = []
+    if len(shape) == 0:
+        params.append(Param(inp, f"const constant {ctype}& {inp}", "input", i, f"*(const {ctype}*)"))
+        name_part = f"_{ctype}s"
+    else:
+        space = "constant" if size < 8 else "device"
+        params.append(Param(inp, f"const {space} {ctype}* {inp}", "input", i, f"(const {ctype}*)"))
+        name_part = f"_{ctype}{'c' if space == 'constant' else ''}"
+    if f"{inp}_shape" in source:
+        params.append(Param(f"{inp}_shape", f"const constant int* {inp}_shape", "shape", i, "(const int*)"))
+    if f"{inp}_strides" in source:
+        params.append(Param(f"{inp}_strides", f"const constant int64_t* {inp}_strides", "strides", i,
+                            "(const int64_t*)"))
+    if f"{inp}_ndim" in source:
+        params.append(Param(f"{inp}_ndim", f"const constant int& {inp}_ndim", "ndim", i, "*(const int*)"))
+    return params, name_part
+
+
 def signature(name: str, input_names: tuple[str, ...], output_names: tuple[str, ...], source: str,
               input_dtypes: list[str], input_shapes: list[tuple[int, ...]], output_dtypes: list[str],
               template: tuple[tuple[str, Any], ...] = (), atomic_outputs: bool = False) -> Signature:
@@ -177,22 +200,9 @@ def signature(name: str, input_names: tuple[str, ...], output_names: tuple[str, 
     if tmpl:
         name_parts.append("_" + "".join(f"_{v}" for _, v, _ in tmpl))
     for i, (inp, dt, shape) in enumerate(zip(input_names, input_dtypes, input_shapes)):
-        ctype = DTYPES[dt][0]
-        size = int(np.prod(shape)) if shape else 1
-        if len(shape) == 0:
-            params.append(Param(inp, f"const constant {ctype}& {inp}", "input", i, f"*(const {ctype}*)"))
-            name_parts.append(f"_{ctype}s")
-        else:
-            space = "constant" if size < 8 else "device"
-            params.append(Param(inp, f"const {space} {ctype}* {inp}", "input", i, f"(const {ctype}*)"))
-            name_parts.append(f"_{ctype}{'c' if space == 'constant' else ''}")
-        if f"{inp}_shape" in source:
-            params.append(Param(f"{inp}_shape", f"const constant int* {inp}_shape", "shape", i, "(const int*)"))
-        if f"{inp}_strides" in source:
-            params.append(Param(f"{inp}_strides", f"const constant int64_t* {inp}_strides", "strides", i,
-                                "(const int64_t*)"))
-        if f"{inp}_ndim" in source:
-            params.append(Param(f"{inp}_ndim", f"const constant int& {inp}_ndim", "ndim", i, "*(const int*)"))
+        input_params, name_part = _input_params(i, inp, dt, shape, source)
+        params += input_params
+        name_parts.append(name_part)
     for i, (out, dt) in enumerate(zip(output_names, output_dtypes)):
         ctype = DTYPES[dt][0]
         ptype = f"atomic<{ctype}>" if atomic_outputs else ctype
@@ -328,6 +338,37 @@ def _checked_casts(code: str) -> str:
     return "".join(out)
 
 
+def _member_chain(code: str, end: int) -> tuple[int, str | None]:
+    """The member / component / index chain after an element ending at ``end``: where it ends, and its first
+    member's name (``"member"`` for an unnamed one; None: no member, so an index alone is not part of it)."""
+    chain_end, first = end, None
+    while True:
+        member = _MEMBER.match(code, chain_end)
+        if member is not None:
+            first = first or member[1] or "member"
+            chain_end = member.end()
+        elif first is not None and _OPEN.match(code, chain_end):
+            after = _brackets_end(code, chain_end)
+            if after is None:
+                break
+            chain_end = after
+        else:
+            break
+    return chain_end, first
+
+
+def _kept_as_reference(before: str, first: str | None, assigned: re.Match[str] | None) -> bool:
+    """An element :func:`_wrap_elements` leaves as the checked reference, from the tokens ``before`` it and its
+    member chain: its address taken, incremented, an operand or a declaration, swizzled, or assigned directly."""
+    word = re.search(r"\w+$", before)
+    operand = before[:-1].rstrip()
+    unary_amp = before.endswith("&") and not before.endswith("&&") and (
+        not re.search(r"[\w)\]]$", operand) or re.search(r"\breturn$", operand) is not None)
+    return bool(unary_amp or before.endswith(("++", "--")) or (before.endswith((">", "*")) and first is None)
+                or first in ("swz", "swv")
+                or (word is not None and word[0] not in _EXPRESSION_WORDS) or (first is None and assigned is not None))
+
+
 def _wrap_elements(code: str, names: set[str]) -> str:
     """Check mode: each threadgroup element ``name[i]...`` wrapped for the way it is used (``ks::rd`` read,
     ``ks::wr`` / ``ks::rw`` a member assigned; see ks_shim.h). Left as the checked reference: an element
@@ -346,28 +387,9 @@ def _wrap_elements(code: str, names: set[str]) -> str:
             break
         element = m[0] + _wrap_elements(code[m.end():end], names)
         before = code[max(0, m.start() - 256):m.start()].rstrip()  # its last tokens (bounded: linear time)
-        word = re.search(r"\w+$", before)
-        operand = before[:-1].rstrip()
-        unary_amp = before.endswith("&") and not before.endswith("&&") and (
-            not re.search(r"[\w)\]]$", operand) or re.search(r"\breturn$", operand) is not None)
-        chain_end, first = end, None
-        while True:  # the member / component / index chain after the element
-            member = _MEMBER.match(code, chain_end)
-            if member is not None:
-                first = first or member[1] or "member"
-                chain_end = member.end()
-            elif first is not None and _OPEN.match(code, chain_end):
-                after = _brackets_end(code, chain_end)
-                if after is None:
-                    break
-                chain_end = after
-            else:
-                break
+        chain_end, first = _member_chain(code, end)
         assigned = _ASSIGNED.match(code, chain_end)
-        keep = (unary_amp or before.endswith(("++", "--")) or (before.endswith((">", "*")) and first is None)
-                or first in ("swz", "swv")
-                or (word is not None and word[0] not in _EXPRESSION_WORDS) or (first is None and assigned is not None))
-        if keep:
+        if _kept_as_reference(before, first, assigned):
             wrapped = element
         elif first is None or assigned is None:
             wrapped = f"ks::rd({element})"

@@ -60,6 +60,18 @@ def _finite_time(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
+def _check_cache(path: Path, cache: dict[str, Any], keys: list[Any]) -> None:
+    """Every cache entry an object naming a value for each knob, its times well-formed (in the file's order, so
+    the first bad entry is the one named)."""
+    for name, entry in cache.items():
+        if not isinstance(entry, dict):
+            raise KernsearchError(f"{path}: cache entry {name!r} is not an object")
+        lacking = [k for k in keys if k not in entry]
+        if lacking:
+            raise KernsearchError(f"{path}: cache entry {name!r} lacks knob(s) {', '.join(lacking)}")
+        _check_times(path, name, entry)
+
+
 def _check_times(path: Path, name: str, entry: dict[str, Any]) -> None:
     """A measured entry's ``time`` (and ``times``) are positive finite milliseconds; a failure is a string.
     A NaN or infinite time would otherwise win or lose every comparison (a search that ended "best nan ms")."""
@@ -99,13 +111,7 @@ class Landscape:
         if missing:
             raise KernsearchError(f"{path}: tune_params has no list of values for {', '.join(map(str, missing))}")
         knobs = {k: list(data["tune_params"][k]) for k in keys}
-        for name, entry in data["cache"].items():
-            if not isinstance(entry, dict):
-                raise KernsearchError(f"{path}: cache entry {name!r} is not an object")
-            lacking = [k for k in keys if k not in entry]
-            if lacking:
-                raise KernsearchError(f"{path}: cache entry {name!r} lacks knob(s) {', '.join(lacking)}")
-            _check_times(path, name, entry)
+        _check_cache(path, data["cache"], keys)
         extra = {k: v for k, v in data.items() if k not in
                  ("tune_params_keys", "tune_params", "cache", "device_name", "kernel_name", "problem_size",
                   "objective")}

@@ -102,12 +102,7 @@ class ModeledObjective(KernelVariants):
                 sha = self.rendered_sha256(t.config) or ""
                 checks[t.number] = FinalistCheck(True, c.max_abs_err, shape, sha256=sha)
                 if winner is None:  # the one to publish: also at the tuned shape and a ragged one
-                    extra = self.verify_for_publishing(t.config)
-                    err = max(c.max_abs_err, extra.max_abs_err if extra is not None else 0.0)
-                    checks[t.number] = FinalistCheck(True, err, shape, extra.shapes if extra is not None else (),
-                                                     extra.threadgroups_checked if extra is not None else None,
-                                                     sha256=sha, bounds=BoundsChecks(interpreter=self.target,
-                                                                                     target=self.target))
+                    checks[t.number] = self._winner_check(t.config, c.max_abs_err, shape, sha)
                     winner = t.number
             except VariantFailure as exc:  # the shape that failed: the finalist's own, or one of the winner's
                 failed = exc.shape if isinstance(exc, FailureAt) else shape
@@ -122,6 +117,15 @@ class ModeledObjective(KernelVariants):
         return FinalRound(winner, verified_on=Verifier.INTERPRETER,
                           verify_shape=self.verify_shape(shown) if shown is not None else None, checks=checks,
                           note=note)
+
+    def _winner_check(self, config: Config, err: float, shape: tuple[int, ...], sha: str) -> FinalistCheck:
+        """The first finalist to pass is the one published: checked also at the tuned shape and a ragged one
+        (raising :class:`VariantFailure` where it fails there), its error the worst of all its shapes."""
+        extra = self.verify_for_publishing(config)
+        err = max(err, extra.max_abs_err if extra is not None else 0.0)
+        return FinalistCheck(True, err, shape, extra.shapes if extra is not None else (),
+                             extra.threadgroups_checked if extra is not None else None,
+                             sha256=sha, bounds=BoundsChecks(interpreter=self.target, target=self.target))
 
     def _diagnose(self, config: Config, shape: tuple[int, ...], failure: VariantFailure) -> VariantFailure:
         """A wrong, NaN or unwritten result found in fast mode, run again in check mode at the shape that failed: a

@@ -12,12 +12,15 @@ import os
 import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._rules import modes_text
 from .._vocabulary import Evidence
 from ..artifacts._manifest import MODELED_POLICY
-from ._history import StudyHistory
+from ._history import StudyHistory, TrialPoint
+
+if TYPE_CHECKING:
+    from ._study import TrialSummary
 
 # Evidence kinds never mix: each has its own colour and words on every figure.
 EVIDENCE_STYLE = {
@@ -66,15 +69,8 @@ def _config_cell(config: dict[str, Any]) -> str:
     return ",<wbr>".join(html.escape(f"{k}={v}") for k, v in config.items())
 
 
-def convergence_figure(h: StudyHistory) -> Any:
-    import plotly.graph_objects as go
-
-    fig = _figure_base("Convergence: every trial and the best so far", h.evidence)
-    ok = [t for t in h.trials if t.time_ms is not None]
-    fig.add_trace(go.Scatter(x=[t.number for t in ok], y=[t.time_ms for t in ok], mode="markers", name="trial",
-                             marker={"color": "#4c78a8", "size": 6, "opacity": 0.7},
-                             text=[_config_text(t.config) for t in ok],
-                             hovertemplate="trial %{x}: %{y:.4g} ms<br>%{text}"))
+def _best_so_far(ok: list[TrialPoint]) -> tuple[list[int], list[float]]:
+    """The convergence line: after each timed trial (in trial order), the best time so far."""
     best: float | None = None
     xs: list[int] = []
     ys: list[float] = []
@@ -84,8 +80,13 @@ def convergence_figure(h: StudyHistory) -> Any:
             best = t.time_ms
         xs.append(t.number)
         ys.append(best)
-    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"shape": "hv", "color": "#e45756", "width": 2},
-                             name="best so far"))
+    return xs, ys
+
+
+def _add_failures(fig: Any, h: StudyHistory, ok: list[TrialPoint]) -> None:
+    """The failed trials, one trace a failure reason (most common first), drawn above the slowest timed one."""
+    import plotly.graph_objects as go
+
     failed = [t for t in h.trials if t.time_ms is None]
     top = max((t.time_ms for t in ok if t.time_ms is not None), default=1.0)
     symbols = ["x", "triangle-up", "square", "diamond", "cross", "star"]
@@ -96,6 +97,21 @@ def convergence_figure(h: StudyHistory) -> Any:
                                  marker={"symbol": symbols[i % len(symbols)], "size": 9, "color": "#888"},
                                  text=[_config_text(t.config) for t in ts],
                                  hovertemplate=f"trial %{{x}} failed ({html.escape(reason)})<br>%{{text}}"))
+
+
+def convergence_figure(h: StudyHistory) -> Any:
+    import plotly.graph_objects as go
+
+    fig = _figure_base("Convergence: every trial and the best so far", h.evidence)
+    ok = [t for t in h.trials if t.time_ms is not None]
+    fig.add_trace(go.Scatter(x=[t.number for t in ok], y=[t.time_ms for t in ok], mode="markers", name="trial",
+                             marker={"color": "#4c78a8", "size": 6, "opacity": 0.7},
+                             text=[_config_text(t.config) for t in ok],
+                             hovertemplate="trial %{x}: %{y:.4g} ms<br>%{text}"))
+    xs, ys = _best_so_far(ok)
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"shape": "hv", "color": "#e45756", "width": 2},
+                             name="best so far"))
+    _add_failures(fig, h, ok)
     fig.update_xaxes(title="trial")
     fig.update_yaxes(title=_time_axis(h.evidence), type="log")
     return fig
@@ -167,6 +183,29 @@ def _table(h: StudyHistory) -> str:
             f"<th>GFLOP/s</th><th>evidence</th><th>verified</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
+def _speedup_lines(h: StudyHistory, best: TrialSummary | None) -> list[str]:
+    """The summary's speedup: measured against the baseline op (and per consumer mode), or why there is none
+    (modeled times; a study that did not time the baseline); nothing for interpreted evidence or no winner."""
+    final = h.final
+    lines: list[str] = []
+    if final is not None and final.speedup is not None:
+        beats = final.beats_baseline
+        spread = "" if final.modes else f"range {final.speedup_low or 0:.2f}-{final.speedup_high or 0:.2f}; "
+        lines.append(f"<p>Speedup over the baseline op: {final.speedup:.2f}x "
+                     f"({spread}baseline {final.baseline_median_ms or 0:.4g} ms)"
+                     + ("" if beats else " — <b>within the measured noise: not a win, the MLX op runs</b>") + "</p>")
+        if final.modes:  # every consumer mode timed; the family's declared ones judged (docs/timing.md)
+            figures = {m: f.to_dict() for m, f in final.modes.items()}
+            lines.append(f"<p>As consumers call it: {html.escape(modes_text(figures, list(figures)))} "
+                         "(graph: a chain of dependent calls, as a decode step runs)</p>")
+    elif h.evidence == Evidence.MODELED:
+        lines.append("<p>Speedup over the baseline op: not available (modeled times; the baseline is not modeled): "
+                     f"{html.escape(MODELED_POLICY)}.</p>")
+    elif h.evidence != Evidence.INTERPRETED and best is not None:
+        lines.append("<p>Speedup over the baseline op: not measured in this study.</p>")
+    return lines
+
+
 def _summary(h: StudyHistory) -> str:
     a, final = h.attrs, h.final
     colour, words = evidence_badge(h.evidence)
@@ -187,21 +226,7 @@ def _summary(h: StudyHistory) -> str:
     else:
         lines.append(f"<p>Winner: trial {best.number} <code>{_config_text(best.config)}</code> "
                      f"{best.time_ms:.4g} ms ({html.escape(h.evidence)})</p>")
-    if final is not None and final.speedup is not None:
-        beats = final.beats_baseline
-        spread = "" if final.modes else f"range {final.speedup_low or 0:.2f}-{final.speedup_high or 0:.2f}; "
-        lines.append(f"<p>Speedup over the baseline op: {final.speedup:.2f}x "
-                     f"({spread}baseline {final.baseline_median_ms or 0:.4g} ms)"
-                     + ("" if beats else " — <b>within the measured noise: not a win, the MLX op runs</b>") + "</p>")
-        if final.modes:  # every consumer mode timed; the family's declared ones judged (docs/timing.md)
-            figures = {m: f.to_dict() for m, f in final.modes.items()}
-            lines.append(f"<p>As consumers call it: {html.escape(modes_text(figures, list(figures)))} "
-                         "(graph: a chain of dependent calls, as a decode step runs)</p>")
-    elif h.evidence == Evidence.MODELED:
-        lines.append("<p>Speedup over the baseline op: not available (modeled times; the baseline is not modeled): "
-                     f"{html.escape(MODELED_POLICY)}.</p>")
-    elif h.evidence != Evidence.INTERPRETED and best is not None:
-        lines.append("<p>Speedup over the baseline op: not measured in this study.</p>")
+    lines += _speedup_lines(h, best)
     if final is not None and final.note:
         lines.append(f"<p>{html.escape(final.note)}</p>")
     return "\n".join(lines)

@@ -78,15 +78,7 @@ def run(family: str | Path | Family, config: str | Mapping[str, Any] | None = No
     problem = make_problem(fam, shape if shape is not None else implied, dtype, the_chip)
     space = Space(problem, the_chip)
     cfg = space.validate(space.parse_config(dict(config) if isinstance(config, Mapping) else config))
-    try:
-        logical = _logical_inputs(problem, given, seed)
-    except KernsearchError as exc:
-        missing = [d for d in fam.dims if d not in _carried(fam, given)]
-        if shape is None and given and missing:  # the default shape was taken for a dim no input carries
-            raise KernsearchError(f"{exc}; no input given carries {', '.join(missing)}: pass shape=("
-                                  f"{', '.join(fam.dims)}) too (the default shape {problem.shape_text} was taken)"
-                                  ) from None
-        raise
+    logical = _inputs_for(fam, problem, given, seed, shape_given=shape is not None)
     kernel = render(fam, cfg, problem.dtype, INTERPRETER_TARGET)
     geo = geometry(space, cfg)
     result = CpuBackend(mode=mode, timeout=timeout).run(
@@ -101,6 +93,21 @@ def _implied_shape(fam: Family, given: dict[str, Any]) -> tuple[int, ...] | None
     """The problem shape the given inputs imply (inputs shaped by plain dimension names), or None."""
     dims = _carried(fam, given)
     return tuple(dims[d] for d in fam.dims) if set(dims) == set(fam.dims) else None
+
+
+def _inputs_for(fam: Family, problem: Problem, given: dict[str, Any], seed: int,
+                shape_given: bool) -> dict[str, np.ndarray]:
+    """:func:`_logical_inputs`; where the given inputs do not fit a default shape taken for a dimension none of
+    them carries, the error says to pass the shape too."""
+    try:
+        return _logical_inputs(problem, given, seed)
+    except KernsearchError as exc:
+        missing = [d for d in fam.dims if d not in _carried(fam, given)]
+        if not shape_given and given and missing:  # the default shape was taken for a dim no input carries
+            raise KernsearchError(f"{exc}; no input given carries {', '.join(missing)}: pass shape=("
+                                  f"{', '.join(fam.dims)}) too (the default shape {problem.shape_text} was taken)"
+                                  ) from None
+        raise
 
 
 def _carried(fam: Family, given: dict[str, Any]) -> dict[str, int]:

@@ -76,7 +76,8 @@ class KernelVariants(Objective):
         self.timeout = timeout
         self._valid: list[Config] | None = None
         self._ranking: tuple[Ranking, list[Config]] | None = None
-        self._ranked = False  # _ranking computed
+        self._ranked = False
+        self._start: list[Config] = []  # tune --start: configs evaluated first (start_with)  # _ranking computed
         self._worker: Any = None
         self._family_sha: str | None = None
 
@@ -147,7 +148,7 @@ class KernelVariants(Objective):
         self._start = [self.space.validate(self.space.parse_config(t)) for t in texts]
 
     def first_configs(self) -> list[Config]:
-        return list(getattr(self, "_start", []))
+        return list(self._start)
 
     def warm_start(self, store: Any = None, limit: int = 5) -> list[Config]:
         """Configs of current published artifacts of this family, closest first: same chip and shape,

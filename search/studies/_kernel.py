@@ -76,8 +76,8 @@ class KernelVariants(Objective):
         self.timeout = timeout
         self._valid: list[Config] | None = None
         self._ranking: tuple[Ranking, list[Config]] | None = None
-        self._ranked = False
-        self._start: list[Config] = []  # tune --start: configs evaluated first (start_with)  # _ranking computed
+        self._ranked = False  # _ranking computed
+        self._start: list[Config] = []  # tune --start: configs evaluated first (start_with)
         self._worker: Any = None
         self._family_sha: str | None = None
 

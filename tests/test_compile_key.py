@@ -36,6 +36,7 @@ def test_the_compile_the_verification_and_the_consumer_call_build_one_kernel(fam
     from kernsearch import Space, geometry, get_chip, load_family, make_problem, render
     from kernsearch.backends import _mlx_base
     from kernsearch.backends._mlx_cuda import CudaBackend
+    from kernsearch.hardware import _targets
     from kernsearch.evaluation._verify import kernel_inputs, make_inputs
 
     seen: list[tuple] = []
@@ -43,6 +44,8 @@ def test_the_compile_the_verification_and_the_consumer_call_build_one_kernel(fam
     shim = SimpleNamespace(**{n: getattr(mx, n) for n in dir(mx) if not n.startswith("__")})
     shim.fast = fast
     monkeypatch.setattr(_mlx_base, "mx_core", lambda: shim)
+    # the kernel is built by its target row's factory (``_targets.kernel_factory``): the recorder stands in for it
+    monkeypatch.setattr(_targets, "kernel_factory", lambda target: fast.cuda_kernel)
     monkeypatch.setattr(CudaBackend, "check_available", lambda self: None)
 
     chip = get_chip("H100")

@@ -36,8 +36,8 @@ def test_the_compile_the_verification_and_the_consumer_call_build_one_kernel(fam
     from kernsearch import Space, geometry, get_chip, load_family, make_problem, render
     from kernsearch.backends import _mlx_base
     from kernsearch.backends._mlx_cuda import CudaBackend
-    from kernsearch.hardware import _targets
     from kernsearch.evaluation._verify import kernel_inputs, make_inputs
+    from kernsearch.hardware import _targets
 
     seen: list[tuple] = []
     fast = SimpleNamespace(cuda_kernel=lambda **spec: _Recorder(mx, seen, **spec))

@@ -41,7 +41,7 @@ H2: dict[str, Any] = {"PATH": "h2", "KS": 1, "MB": 1, "TW": 1}
 VARIANTS: dict[str, list[dict[str, Any]]] = {
     role: [{}, *({**H2, "RT": rt, "UNROLL": u} for rt, u in ((1, 2), (1, 4), (2, 2), (2, 4)))]
     for role in ("qkv", "o", "gate_up", "down")}
-VARIANTS["mlp"] = [{}, *({**H2, "RT": rt, "UNROLL": u, "BPS": 1} for rt, u in ((1, 2), (1, 4), (2, 2)))]
+VARIANTS["mlp"] = [{}, *({**H2, "RT": rt, "UNROLL": u, "BPS": b} for rt, u, b in ((1, 4, 3), (1, 2, 4), (2, 2, 2)))]
 
 
 def candidates(role: str) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@
 # On the device, from the repository root (or a copy of it), after the wheel install of ../shared/device/README.md:
 #   PHASE=tune  TUNE_GROUPS="fused1" BUDGET=480 TUNE=60s OUT=$OUT bash benchmarks/gpu_decode_step.sh
 #   PHASE=bench STORE=artifacts OUT=$OUT bash benchmarks/gpu_decode_step.sh
+# H2START=1 evaluates the h2 core's configs first in each tune (tune --start).
 # PHASE=tune publishes into $KERNSEARCH_ARTIFACTS (default: ./artifacts) and writes $OUT/artifacts_<group>.tgz;
 # PHASE=bench writes $OUT/gpu_decode_step_<chip>.json (and .out.txt). Here (no GPU) DRY=1 runs both on the CPU
 # with a small step: it checks the commands, not the kernels.
@@ -26,10 +27,10 @@ case "$PHASE" in
   tune)
     for group in ${TUNE_GROUPS:-fused1}; do
       if [[ -n ${DRY:-} ]]; then
-        "$PY" benchmarks/gpu_tune_decode.py --group "$group" --out "$OUT" --budget "${BUDGET:-480}" --dry-run
+        "$PY" benchmarks/gpu_tune_decode.py --group "$group" --out "$OUT" --budget "${BUDGET:-480}" --dry-run ${H2START:+--h2-start}
       else
         "$PY" benchmarks/gpu_tune_decode.py --group "$group" --out "$OUT" --budget "${BUDGET:-480}" \
-          --trials "${TRIALS:-200}" --time-budget "${TUNE:-60s}"
+          --trials "${TRIALS:-200}" --time-budget "${TUNE:-60s}" ${H2START:+--h2-start}
       fi
       tail -30 "$OUT/tunes_$group.log" | grep -E "^\\$|beats|keep|published|winner|exit" | tee -a "$OUT/summary.txt"
     done ;;

@@ -11,6 +11,7 @@ fused kernels of ``gpu_decode_probe.py`` (a few times each, on two layers' weigh
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import mlx.core as mx
@@ -34,9 +35,11 @@ def main() -> int:
     variants = []
     for arg in picked:
         role, _, over = arg.partition(":")
+        role, _, family = role.partition("@")   # qkv@qmatvec: the role's matrix through another family (no norm)
         cfg = {**TUNED[role], **{k: (v if k == "PATH" else int(v))
                                  for k, v in (kv.split("=") for kv in over.split(",") if kv)}}
-        got = build_call(mx, backend, calls[role], shape, 1, cfg, chip, False)
+        call = dataclasses.replace(calls[role], family=family) if family else calls[role]
+        got = build_call(mx, backend, call, shape, 1, cfg, chip, False)
         assert not isinstance(got, str), got
         variants.append((role, got))
     read = stream_reader(mx, "cuda")

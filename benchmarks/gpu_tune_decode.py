@@ -49,6 +49,19 @@ for _m in (1, 4):
                             ("qmatvec_residual", q(_m, 4096, 4096))]
 
 
+def h2_starts(family: str, shape: str) -> list[str]:
+    """``--start`` configs of the h2 core for a tune (evaluated first: a short tune may not sample the path)."""
+    m = int(shape.split(",")[0])
+    mb = 1 if m == 1 else 4 if m <= 4 else 0
+    two = family in ("mlp_block", "rmsnorm_swiglu_qmatvec", "swiglu_qmatvec")   # two matrices a pass
+    if not mb:
+        return []
+    pairs = [(1, 2), (1, 4)] + ([(2, 2)] if not (two and mb > 1) and mb <= 2 else [])
+    bps = {(1, 2): 4, (1, 4): 3, (2, 2): 2}   # mlp_block: as many blocks an SM as registers allow (H200, ptxas)
+    return [f"PATH=h2,KS=1,TW=1,MB={mb},RT={rt},UNROLL={u}" + (f",BPS={bps[rt, u]}" if family == "mlp_block" else "")
+            for rt, u in pairs]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--group", choices=sorted(GROUPS), required=True)
@@ -57,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=12)
     ap.add_argument("--time-budget", default=None, help="each tune's --time-budget (e.g. 60s); default: none")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--h2-start", action="store_true", help="evaluate the h2 core's configs first (tune --start)")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     log = (a.out / f"tunes_{a.group}.log").open("w")
@@ -71,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, "-m", "kernsearch.cli", "tune", family, "--shape", shape, "--dtype", "float16",
                "--trials", str(a.trials), "--finalists", "3"]
         cmd += ["--time-budget", a.time_budget] if a.time_budget else []
+        for cfg in h2_starts(family, shape) if a.h2_start else []:
+            cmd += ["--start", cfg]
         cmd += ["--backend", "model", "--chip", "H100", "--trials", "3"] if a.dry_run else ["--backend", "cuda",
                                                                                              "--publish"]
         print(f"$ {' '.join(cmd[1:])}", file=log, flush=True)

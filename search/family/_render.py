@@ -12,6 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from jinja2 import Template, TemplateError
 
 from .._errors import KernsearchError
@@ -80,9 +81,27 @@ def _template(folder: Path, filename: str) -> Template:
     return template_env(folder).get_template(filename)
 
 
+def param_literals(family: Family) -> dict[str, str]:
+    """The family's parameters as C literals (``PARAMS.eps`` in a template: ``1.000000000e-05f``).
+
+    A kernel that reads a parameter from its 1-element input array reads it, on MLX's CUDA back-end, from host
+    memory (arrays of at most 8 bytes live in a managed pool the GPU reaches over the bus): every thread's read is a
+    round trip over it (measured on an H200: +18 µs in a 30 µs kernel). The values are the spec's, as the arrays
+    are, so a template may compile them in instead. Formatted here from validated numbers: no text of the spec
+    reaches the code."""
+    out = {}
+    for name, p in family.params.items():
+        if p.dtype == "float32":
+            out[name] = f"{float(np.float32(p.value)):.9e}f"
+        else:
+            out[name] = f"{int(p.value)}{'u' if p.dtype == 'uint32' else ''}"
+    return out
+
+
 def render_context(family: Family, config: Config, dtype: str) -> dict[str, Any]:
-    """The names a template sees: the config, knob-only derived values, ``family`` and ``dtype``."""
-    ctx: dict[str, Any] = {"family": family.name, "dtype": dtype, **config}
+    """The names a template sees: the config, knob-only derived values, ``family``, ``dtype`` and ``PARAMS`` (the
+    parameters as literals)."""
+    ctx: dict[str, Any] = {"family": family.name, "dtype": dtype, "PARAMS": param_literals(family), **config}
     for name in family.static_derived:
         try:
             ctx[name] = family.derived[name](ctx | BUILTINS)

@@ -89,14 +89,13 @@ def _warn_line(message: warnings.WarningMessage | str) -> None:
     err.print(f"[yellow]warning:[/] {escape(str(text))}")
 
 
-def resolve_chip(name: str | None, target: bool = False) -> Chip:
-    """``--chip`` or detection; an unknown detected chip warns on one line. ``target``: the chip commands
-    work for (``_chips.target_chip``: with no GPU here, the default M-series chip, not the cpu pseudo-chip)."""
+def resolve_chip(name: str | None, **rule: Any) -> Chip:
+    """The chip a command works for (``hardware.resolve_chip``, the one chip rule, with its options ``rule``); an
+    unknown detected chip warns on one line."""
     from ..hardware._chips import resolve_chip as _resolve
-    from ..hardware._chips import target_chip
 
     with _warnings_as_lines():
-        return target_chip(name) if target else _resolve(name)
+        return _resolve(name, **rule)
 
 
 @contextlib.contextmanager
@@ -117,7 +116,7 @@ def problem_and_space(family: str, shape: str | None, dtype: str | None,
     from ..family._spec import load_family
 
     fam = load_family(family)
-    chip = resolve_chip(chip_name, target=True)
+    chip = resolve_chip(chip_name, default=True)
     problem = make_problem(fam, shape, dtype, chip)
     return fam, chip, problem, Space(problem, chip)
 

@@ -11,14 +11,7 @@ from .._console import err, out
 from .._errors import KernsearchError, VariantFailure
 from .._rules import DEFAULT_TARGET
 from .._vocabulary import Severity
-from ._app import (
-    FAMILY_HELP,
-    ChipOpt,
-    DtypeOpt,
-    ShapeOpt,
-    _warnings_as_lines,
-    app,
-)
+from ._app import FAMILY_HELP, ChipOpt, DtypeOpt, ShapeOpt, app, resolve_chip
 
 if TYPE_CHECKING:
     from ..backends._base import BaseBackend
@@ -55,7 +48,12 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
     _options.check(_options.Timeout, timeout, "--timeout")
     if check and sanitize:
         raise KernsearchError("--check and --sanitize are separate runs: give one of them")
-    be, c = _verifier(backend, chip_name, check or sanitize)
+    be_class = _verifying_backend(backend, check or sanitize)
+    # The chip it verifies for: the one named even on a GPU back-end (a check is not a timing: another chip's space
+    # may be checked on the GPU here), else the GPU here where it runs the back-end's kernels, else the default.
+    c = resolve_chip(chip_name, target=be_class.target, default=True)
+    be = be_class()
+    be.check_available()
     fam = load_family(family)
     problem = make_problem(fam, shape, dtype, c)
     sp = Space(problem, c)
@@ -76,20 +74,14 @@ def verify(family: str = typer.Argument(..., help=FAMILY_HELP),
     _print_verified(result, diagnostics, problem)
 
 
-def _verifier(backend: str, chip_name: str | None, diagnoses: bool) -> tuple[BaseBackend, Chip]:
-    """The back-end `verify` runs on (available here) and the chip it verifies for: the one named (a check is not a
-    timing: another chip's space may be checked on the GPU here), else ``backends.chip_for``'s."""
-    from ..backends import backend_class, chip_for
-    from ..hardware._chips import get_chip
+def _verifying_backend(backend: str, diagnoses: bool) -> type[BaseBackend]:
+    """The class of the back-end `verify` runs on (``--check`` and ``--sanitize`` are the interpreter's)."""
+    from ..backends import backend_class
 
     be_class = backend_class(backend)
     if diagnoses and not be_class.interprets:
         raise KernsearchError("--check and --sanitize need --backend cpu")
-    with _warnings_as_lines():  # an unknown detected chip warns on one line
-        chip = get_chip(chip_name) if chip_name else chip_for(be_class)
-    be = be_class()
-    be.check_available()
-    return be, chip
+    return be_class
 
 
 def _interpreter_options(be: BaseBackend, fam: Family, cfg: dict[str, Any], problem: Problem, geo: Any, mode: str,

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -40,6 +39,7 @@ try:  # an exported package: the shared modules sit beside this file
         VENDOR_TARGETS,
         ExpressionError,
         beats_op,
+        choose_chip,
         consumer_low,
         content_sha256,
         cuda_driver_version,
@@ -50,6 +50,7 @@ try:  # an exported package: the shared modules sit beside this file
         lineage,
         mlx_namespace,
         modes_text,
+        named_chip,
         names_in,
         nvrtc_version,
         source_sha256,
@@ -65,6 +66,7 @@ except ImportError:  # kernsearch itself: the same modules, at the bottom of its
         VENDOR_TARGETS,
         ExpressionError,
         beats_op,
+        choose_chip,
         consumer_low,
         content_sha256,
         cuda_driver_version,
@@ -75,6 +77,7 @@ except ImportError:  # kernsearch itself: the same modules, at the bottom of its
         lineage,
         mlx_namespace,
         modes_text,
+        named_chip,
         names_in,
         nvrtc_version,
         source_sha256,
@@ -194,22 +197,21 @@ class Dispatcher(Chooser):
 
     # -- the running chip --------------------------------------------------------------------------------
     def running_chip(self, chip: Any = None) -> Tuple[Dict[str, Any], str]:
-        """(chip record, target) for an injected identity or the device MLX runs on; target "" = none."""
+        """(chip record, target) of the chip a call runs on, by kernsearch's own chip rule (``_rules.choose_chip``):
+        the chip named (``named_chip``: an unknown name is a ``ValueError``), else the device MLX runs on here (or an
+        injected identity: ``mx.device_info()`` output); target "" = none."""
         registry = self.table["chips"]
-        if isinstance(chip, dict):
-            record = identify(chip, registry)
-        elif isinstance(chip, str):
-            wanted = re.sub(r"[\s_\-]+", "", chip).lower()
-            found = next((dict(c) for c in registry
-                          if re.sub(r"[\s_\-]+", "", c["name"]).lower() == wanted), None)
-            if found is None:
-                raise ValueError(f"unknown chip {chip!r}")
-            record = found
-        else:
-            info = self._device_info
+        identity = chip if isinstance(chip, dict) else None
+
+        def here() -> Dict[str, Any]:
+            info = identity if identity is not None else self._device_info
             if info is None:
                 info = _device_info()
-            record = identify(info if _gpu_available() else {}, registry)
+            found: Dict[str, Any] = identify(info if identity is not None or _gpu_available() else {}, registry)
+            return found
+
+        record = choose_chip(None if identity is not None else chip, lambda name: named_chip(name, registry), here,
+                             lambda c: str(c.get("vendor", "")))
         target = VENDOR_TARGETS.get(record.get("vendor", ""), "")
         return record, target
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,18 +20,6 @@ if TYPE_CHECKING:
     from ._report import NightlyReport
 
 DEFAULT_CRON = "0 2 * * *"
-
-
-def machine_chip(chip: str | None) -> str:
-    """The chip whose jobs this machine runs: ``--chip`` or the detected one (registry name)."""
-    from kernsearch import get_chip
-    from kernsearch.hardware._chips import resolve_chip
-
-    if chip:
-        return get_chip(chip).name
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return resolve_chip(None).name
 
 
 def deployment_name(chip: str) -> str:
@@ -60,7 +47,9 @@ def serve(job_file: str | Path, *, chip: str | None = None, cron: str = DEFAULT_
 
     jobs = load_jobs(job_file)
     check_schedule(cron, timezone)
-    machine = machine_chip(chip)
+    from kernsearch.hardware._chips import resolve_chip
+
+    machine = resolve_chip(chip, quiet=True).name  # the chip whose jobs this machine runs
     if not jobs.units(machine):
         raise KernsearchError(f"{job_file}: no job is for {machine} (jobs are for: {', '.join(jobs.chips())}); "
                               "pass --chip to serve another chip's jobs")
@@ -176,10 +165,12 @@ def _ensure_process_pool(name: str, chip: str) -> None:
 
 def run_once(job_file: str | Path, *, chip: str | None = None) -> NightlyReport:
     """Run the nightly flow now, in this process, without a schedule; returns its report."""
+    from kernsearch.hardware._chips import resolve_chip
+
     from ._jobs import load_jobs
 
     jobs = load_jobs(job_file)  # a bad file is one line, before Prefect starts
-    machine = machine_chip(chip)
+    machine = resolve_chip(chip, quiet=True).name  # the chip whose jobs this machine runs
     if not jobs.units(machine):  # say so now, not after a temporary Prefect server has started
         raise KernsearchError(f"{job_file}: no job is for {machine} (jobs are for: {', '.join(jobs.chips())}); "
                               "pass --chip to run another chip's jobs")

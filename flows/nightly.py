@@ -65,7 +65,7 @@ def refusal(chip: str | None) -> str | None:
     variable a machine runs what it is asked (``kernsearch flows run --chip X`` models X anywhere).
     """
     declared = os.environ.get("KERNSEARCH_CHIP")
-    if not declared or not chip:
+    if not declared or chip is None:
         return None
     from kernsearch import get_chip
 
@@ -150,13 +150,15 @@ def publish_task(unit: Unit, backend: str, tuned: Tuned, verified: Verified, art
     """Offer the verified winner to the store's regression gate (``Candidate.from_winner``, as `tune --publish`
     does); returns the outcome and the old time."""
     from kernsearch import ArtifactStore, Candidate, Space, load_family, make_problem
-    from kernsearch.backends import backend_class, chip_for
+    from kernsearch.backends import backend_class
+    from kernsearch.hardware._chips import resolve_chip
     from kernsearch.hardware._targets import chip_target
 
     fam = load_family(unit.family)
     winner = tuned.winner if verified.proof is None else tuned.winner.proven_also(verified.proof)
     measured = winner.evidence == Evidence.MEASURED  # a measurement belongs to the device detected here
-    chip = chip_for(backend_class(backend), unit.chip, detected=_machine(None)[1] if measured else None)
+    cls = backend_class(backend)
+    chip = resolve_chip(unit.chip, measures=cls.measures_device, target=cls.target, default=True, quiet=True)
     if measured and chip.name != unit.chip:
         raise KernsearchError(f"measured on {chip.name}, but the job is for {unit.chip}")
     space = Space(make_problem(fam, unit.shape, unit.dtype, chip), chip)
@@ -191,8 +193,11 @@ def nightly(job_file: str, chip: str | None = None) -> NightlyReport:
     if refused:
         logger.error(refused)
         raise KernsearchError(refused)
+    from kernsearch.hardware._chips import resolve_chip
+
     jobs = load_jobs(job_file)
-    machine, detected = _machine(chip)
+    detected = resolve_chip(quiet=True)
+    machine = resolve_chip(chip, detected=detected)  # the chip whose jobs run here
     units = jobs.units(machine.name)
     if not units:
         logger.warning("no job in %s is for %s (jobs are for: %s)", job_file, machine.name, ", ".join(jobs.chips()))
@@ -204,19 +209,6 @@ def nightly(job_file: str, chip: str | None = None) -> NightlyReport:
     logger.info("%s on machine %s: %d published, %d rejected, %d failed", machine.name, machine_name(),
                 report.published, report.rejected, report.failed)
     return report
-
-
-def _machine(chip: str | None) -> tuple[Any, Any]:
-    """(the chip whose jobs run here, the chip detected here)."""
-    import warnings
-
-    from kernsearch import get_chip
-    from kernsearch.hardware._chips import resolve_chip
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        detected = resolve_chip(None)
-    return (get_chip(chip) if chip else detected), detected
 
 
 def _backend(choice: str, detected: Any, chip: str) -> str:

@@ -8,7 +8,8 @@ compares the bytes):
 - whether a measured result beats the MLX op (:func:`beats_op`, the margin, the consumer modes' lower bound), and
   the statistic that bound is (:func:`decide`: an interval of the median per-round ratio that narrows with rounds);
 - the timing identity (what, when it changes, voids a measured time);
-- a chip's lineage and its identification from ``mx.device_info()``;
+- a chip's lineage, its identification from ``mx.device_info()``, its name, and which chip results are for
+  (:func:`choose_chip`, the one chip rule);
 - the hashes a kernel and a published version are known by;
 - the array vocabulary of a baseline (the MLX meaning of each name);
 - the expression-tree evaluator: spec expressions as small JSON trees, evaluated by a closed set of operators
@@ -28,7 +29,7 @@ import math
 import operator
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, TypeVar
 
 from ._vocabulary import CONSUMER_MODES, ConsumerMode, Target, Verdict
 
@@ -413,6 +414,57 @@ def _stand_in(registry: List[Dict[str, Any]], vendor: str, name: str, **identity
     if vendor == "nvidia":
         record["threadgroup_memory_bytes"] = UNKNOWN_NVIDIA_SHARED_MEMORY
     return record
+
+
+#: The longest chip name looked up: a longer one is no chip's, and is not echoed whole.
+MAX_CHIP_NAME = 64
+
+_Chip = TypeVar("_Chip")
+
+
+class UnknownChip(ValueError):
+    """A chip name no chip of the registry has (its message is one line: the name, bounded, and the known ones)."""
+
+
+def chip_key(name: str) -> str:
+    """A chip name as every caller compares it: case, white space, ``-``, ``_`` and a leading "apple" ignored
+    (``M2 Max``, ``m2max``, ``Apple M2-Max`` name one chip)."""
+    return re.sub(r"[\s_\-]+", "", name).lower().removeprefix("apple")
+
+
+def named_chip(name: Any, registry: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """The registry's record of the chip ``name`` names (:func:`chip_key`); :class:`UnknownChip` for any other name,
+    one too long to be a chip's, or a value that is not a string."""
+    fits = isinstance(name, str) and len(name) <= MAX_CHIP_NAME
+    if fits:
+        wanted = chip_key(name)
+        for chip in registry:
+            if chip_key(str(chip.get("name", ""))) == wanted:
+                return dict(chip)
+    shown = repr(name) if fits else repr(name)[:MAX_CHIP_NAME] + "..."
+    raise UnknownChip(f"unknown chip {shown} (known: {', '.join(str(c.get('name')) for c in registry)})")
+
+
+def choose_chip(named: Any, lookup: Callable[[Any], _Chip], here: Callable[[], _Chip], vendor: Callable[[_Chip], str],
+                *, measures: bool = False, target: Optional[str] = None,
+                default: Optional[Callable[[], _Chip]] = None) -> _Chip:
+    """The one chip rule: the chip results are for, for kernsearch's commands, library and flows and for the exported
+    package's calls alike (each passes its own registry's ``lookup``, detection ``here`` and records' ``vendor``).
+
+    A back-end that ``measures`` gives results for the chip ``here``, whatever is named (a measurement belongs to the
+    GPU it ran on). Otherwise the chip ``named`` (``lookup`` refuses an unknown name: never replaced by another
+    chip). Otherwise the chip here; where a ``default`` is given, only if it is a GPU that runs ``target`` (None: any
+    GPU's kernels), else ``default()`` (what a command works for with no such GPU here). ``here`` is called only
+    where it is needed (detection imports MLX and may warn)."""
+    if measures:
+        return here()
+    if named is not None:
+        return lookup(named)
+    chip = here()
+    if default is None:
+        return chip
+    runs = target_of(vendor(chip))
+    return chip if runs is not None and (target is None or runs == target) else default()
 
 
 # -- hashes ----------------------------------------------------------------------------------------------

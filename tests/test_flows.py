@@ -327,6 +327,7 @@ def test_measured_winner_is_published_with_the_detected_device(tmp_path: Path, m
     from kernsearch.artifacts._artifacts import ArtifactKey
     from kernsearch.flows import nightly
     from kernsearch.flows._steps import Tuned, Verified
+    from kernsearch.hardware import _chips
     from kernsearch.hardware._chips import chip_from_device_info
 
     (unit,) = load_jobs(write(tmp_path / "jobs.toml", """
@@ -343,7 +344,7 @@ chips = ["H100"]
     tuned = Tuned(winner.study, Evidence.MEASURED, 1, {}, "trial budget reached", winner)
     verified = Verified(Proof(Verifier.DEVICE, ("68x68x68",), 0.002, 0.001))
     here = chip_from_device_info({"architecture": "sm_90", "device_name": "NVIDIA H100 80GB HBM3"})  # MLX's report
-    monkeypatch.setattr(nightly, "_machine", lambda chip: (here, here))
+    monkeypatch.setattr(_chips, "detect_chip", lambda: here)  # the GPU here
     out = nightly.publish_task.fn(unit, "cuda", tuned, verified, str(tmp_path / "store"))
     assert out.published and out.version == "v1", out
     m = ArtifactStore(tmp_path / "store").load(ArtifactKey("gemm", "H100", "float16", (64, 64, 64))).manifest
@@ -352,7 +353,7 @@ chips = ["H100"]
     assert m.correctness.verifier == "device" and m.correctness.shapes_checked == ["64x64x64", "68x68x68"]
 
     elsewhere = chip_from_device_info({"architecture": "sm_90", "device_name": "NVIDIA H200"})
-    monkeypatch.setattr(nightly, "_machine", lambda chip: (elsewhere, elsewhere))
+    monkeypatch.setattr(_chips, "detect_chip", lambda: elsewhere)
     with pytest.raises(KernsearchError, match="measured on H200, but the job is for H100"):
         nightly.publish_task.fn(unit, "cuda", tuned, verified, str(tmp_path / "store"))
 

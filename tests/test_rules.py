@@ -39,16 +39,26 @@ def test_an_exported_package_holds_the_core_s_rules_byte_for_byte_and_imports_it
 
     result = export(["softmax"], tmp_path / "dist", ArtifactStore(tmp_path / "store"), package="ks_rules_pkg")
     pkg = result.source_dir / result.package
+    runtime = Path(_runtime.__file__).parent
+    modules = sorted(f.name for f in runtime.glob("_*.py") if f.name != "__init__.py")
+    assert {"_runtime.py", "_patch.py"} < set(modules)  # the dispatcher is several modules: each one ships
     with zipfile.ZipFile(result.wheel) as wheel:
-        for name, module in (("_rules.py", rules), ("_vocabulary.py", vocabulary), ("_runtime.py", _runtime)):
-            core = Path(module.__file__).read_bytes()
+        shipped = [(n, runtime / n) for n in modules] + [("_rules.py", Path(rules.__file__)),
+                                                        ("_vocabulary.py", Path(vocabulary.__file__))]
+        for name, core_file in shipped:
+            core = core_file.read_bytes()
             assert (pkg / name).read_bytes() == core, name
             assert wheel.read(f"{result.package}/{name}") == core, name
-    # The package's dispatcher uses the rules beside it, with kernsearch not importable at all.
+    # The package's dispatcher uses the rules beside it, with kernsearch not importable at all: every module of it
+    # is the package's own.
+    names = [n.removesuffix(".py") for n in modules]
     probe = ("import sys; sys.modules['kernsearch'] = None; import mlx.core as mx; "
-             "import ks_rules_pkg as p, ks_rules_pkg._runtime as r; "
+             f"import importlib, ks_rules_pkg as p, ks_rules_pkg._runtime as r; names = {names!r}; "
              "assert r.evaluate.__module__ == 'ks_rules_pkg._rules', r.evaluate.__module__; "
              "assert r.Evidence.__module__ == 'ks_rules_pkg._vocabulary', r.Evidence.__module__; "
+             "mods = [importlib.import_module('ks_rules_pkg.' + n) for n in names]; "
+             "assert all(m.__file__.startswith(p.__path__[0]) for m in mods), [m.__file__ for m in mods]; "
+             "assert not [m for m, v in sys.modules.items() if m.startswith('kernsearch') and v], 'kernsearch imported'; "
              "print(round(float(p.softmax(mx.ones((2, 8))).sum()), 3))")
     done = subprocess.run([sys.executable, "-c", probe], cwd=result.source_dir, capture_output=True, text=True,
                           timeout=120)

@@ -10,7 +10,6 @@ from ._registry import BACKENDS, backend_class
 
 if TYPE_CHECKING:
     from ..hardware._chips import Chip
-    from ._base import BaseBackend
 
 #: ``--backend auto``: measure on the GPU here when results are wanted for it, else predict.
 AUTO = "auto"
@@ -58,33 +57,16 @@ def measuring_backend(chip: Chip) -> str | None:
     return None
 
 
-def chip_for(cls: type[BaseBackend], chip: str | Chip | None = None, *, detected: Chip | None = None) -> Chip:
-    """The chip the results of a back-end of class ``cls`` are for: a measuring back-end's, the GPU here (whatever
-    is named: a measurement belongs to the GPU it ran on); any other's, the chip named, else the GPU here where it
-    runs what the back-end runs (the model: any GPU; the interpreter: one that runs its target), else the default
-    M-series chip. ``detected``: the chip here, when the caller has detected it already (else detection runs
-    only where needed; it may warn). ``tune``, ``verify``, the library's ``tune`` and the nightly flow resolve
-    chips here; the commands that only look at a space (``space``, ``render``, ``predict``) use
-    ``hardware.target_chip``, the same chip for the model back-end."""
-    from ..hardware._chips import Chip, default_apple_chip, get_chip, resolve_chip
-    from ..hardware._targets import target_of
-
-    if cls.measures_device:
-        return detected if detected is not None else resolve_chip(None)
-    if chip:
-        return chip if isinstance(chip, Chip) else get_chip(chip)
-    here = detected if detected is not None else resolve_chip(None)
-    runs = here.vendor != "cpu" and (cls.target is None or target_of(here.vendor) == cls.target)
-    return here if runs else default_apple_chip()
-
-
 def _named_selection(choice: str, wanted: Chip | None, detected: Chip | None) -> Selection:
     """A back-end the user named: one that measures gives results for the GPU here, refused (``refusal``) when
     another chip was asked for; one that does not measures nothing, so it takes the chip asked for."""
+    from ..hardware._chips import resolve_chip
+
     cls = backend_class(choice)
+    chip = resolve_chip(wanted, measures=cls.measures_device, target=cls.target, default=True, detected=detected)
     if not cls.measures_device:
-        return Selection(choice, chip_for(cls, wanted, detected=detected))
-    here = chip_for(cls, detected=detected)
+        return Selection(choice, chip)
+    here = chip
     refusal = None
     if wanted is not None and here.vendor != "cpu" and wanted.name != here.name:
         refusal = (f"the {choice} back-end measures the GPU here ({here.name}), not {wanted.name}; "
@@ -94,23 +76,23 @@ def _named_selection(choice: str, wanted: Chip | None, detected: Chip | None) ->
 
 def select_backend(choice: str, chip: str | Chip | None = None, *, detected: Chip | None = None,
                    verify: str = "finalists") -> Selection:
-    """The back-end for ``choice`` and the chip its results are for (:func:`chip_for`).
+    """The back-end for ``choice`` and the chip its results are for (``hardware.resolve_chip``: the one chip rule).
 
     ``auto``: measure (metal on Apple GPUs, cuda on NVIDIA) when ``chip`` is the GPU here or none is named,
     else predict with the performance model for ``chip`` (default: an M-series chip), with a note. A back-end
     that measures gives results for the GPU here (``refusal`` says so when ``chip`` names another). ``verify``
     (``all``, ``finalists``, ``none``): what the model's note says the interpreter checks."""
-    from ..hardware._chips import Chip, default_apple_chip, get_chip, resolve_chip
+    from ..hardware._chips import resolve_chip
     from ..hardware._targets import chip_target, interpretable
 
-    wanted = (chip if isinstance(chip, Chip) else get_chip(chip)) if chip else None
+    wanted = resolve_chip(chip, detected=detected) if chip is not None else None  # an unknown name: refused here
     if choice != AUTO:
         return _named_selection(choice, wanted, detected)
-    here = detected if detected is not None else resolve_chip(None)
+    here = resolve_chip(detected=detected)
     measuring = measuring_backend(here)
     if measuring is not None and (wanted is None or wanted.name == here.name):
         return Selection(measuring, here)
-    target = wanted or default_apple_chip()
+    target = resolve_chip(wanted, target=backend_class(PREDICTOR).target, default=True, detected=here)
     why = f"{here.name} is not the chip to tune for" if here.vendor != "cpu" else "no GPU here"
     checked = [] if interpretable(chip_target(target.vendor)) else [
         "its CUDA kernels cannot run on the CPU Metal interpreter, so nothing is verified or published"]

@@ -408,9 +408,21 @@ for _family, _entry in _dispatcher.table.get("families", {}).items():
 '''
 
 
+#: Where the dispatcher's own modules live in kernsearch: every ``_*.py`` there ships (a module added there ships
+#: without being listed; each imports its siblings and the shared modules relatively, as they sit in the package).
+RUNTIME_PACKAGE = "kernsearch.exporting.runtime"
+#: The shared modules the dispatcher imports, by file name: where kernsearch keeps each.
+SHARED = {"_rules.py": "kernsearch", "_vocabulary.py": "kernsearch"}
+
+
+def _shipped() -> dict[str, str]:
+    runtime = sorted(f.name for f in resources.files(RUNTIME_PACKAGE).iterdir()
+                     if f.name.startswith("_") and f.name.endswith(".py") and f.name != "__init__.py")
+    return {**dict.fromkeys(runtime, RUNTIME_PACKAGE), **SHARED}
+
+
 #: The modules of the package's dispatcher, by file name: where kernsearch keeps each (copied byte for byte).
-SHIPPED = {"_runtime.py": "kernsearch.exporting.runtime", "_rules.py": "kernsearch", "_vocabulary.py": "kernsearch",
-           "_patch.py": "kernsearch.exporting.runtime"}
+SHIPPED = _shipped()
 
 
 def shipped_modules() -> dict[str, bytes]:

@@ -8,7 +8,6 @@ chip gets conservative limits and a warning, never a crash; ``--chip NAME`` over
 
 from __future__ import annotations
 
-import re
 import tomllib
 import warnings
 from functools import lru_cache
@@ -18,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .._errors import ChipError
-from .._rules import identify, lineage
+from .._rules import UnknownChip, choose_chip, identify, lineage, named_chip
 
 DIE_CLASSES = {"g": "base", "s": "Pro", "c": "Max", "d": "Ultra"}
 
@@ -84,10 +83,6 @@ class Chip(BaseModel):
                         "architecture": self.architecture})
 
 
-def _normalise(name: str) -> str:
-    return re.sub(r"[\s_\-]+", "", name).lower().removeprefix("apple")
-
-
 @lru_cache(maxsize=1)
 def _data() -> dict[str, Any]:
     return tomllib.loads(resources.files("kernsearch.hardware").joinpath("chips.toml").read_text())
@@ -114,13 +109,13 @@ def registry() -> dict[str, Chip]:
 
 
 def get_chip(name: str) -> Chip:
-    """Look a chip up by name (``"M2 Max"``, ``m2max``, ``M2-Max``, ``H100`` all work)."""
-    wanted = _normalise(name)
-    for chip in registry().values():
-        if _normalise(chip.name) == wanted:
-            return chip
-    known = ", ".join(registry())
-    raise ChipError(f"unknown chip {name!r} (known: {known})")
+    """Look a chip up by name (``"M2 Max"``, ``m2max``, ``Apple M2-Max``, ``H100`` all work: ``_rules.named_chip``,
+    the exported package's own lookup); an unknown name is a one-line error."""
+    chips = registry()
+    try:
+        return chips[named_chip(name, [{"name": n} for n in chips])["name"]]
+    except UnknownChip as exc:
+        raise ChipError(str(exc)) from None
 
 
 def chip_from_device_info(info: dict[str, Any]) -> Chip:
@@ -147,20 +142,29 @@ def detect_chip() -> Chip:
     return chip_from_device_info(info)
 
 
-def resolve_chip(name: str | None) -> Chip:
-    """``--chip NAME`` if given, else detection."""
-    return get_chip(name) if name else detect_chip()
+def resolve_chip(name: str | Chip | None = None, *, measures: bool = False, target: str | None = None,
+                 default: bool = False, detected: Chip | None = None, quiet: bool = False) -> Chip:
+    """The chip results are for: kernsearch's one chip resolution (``_rules.choose_chip``, the rule the exported
+    package applies too), for every command, the library and the flows.
 
+    Without options: ``--chip NAME`` if given, else the chip detected here (the ``cpu`` pseudo-chip where there is
+    no GPU). ``measures``/``target``: those of the back-end the results come from (``BaseBackend.measures_device``,
+    ``.target``): one that measures gives results for the GPU here whatever is named. ``default``: with nothing
+    named and no GPU here that runs ``target`` (any GPU's, for None), the default M-series chip: what the commands
+    work for (``space``, ``render``, ``predict``, ``verify``, ``tune``). ``detected``: the chip here, when the caller
+    has detected it already (else detection runs only where needed). ``quiet``: an unknown detected chip does not
+    warn (a flow's worker reports its chip itself)."""
+    def here() -> Chip:
+        if detected is not None:
+            return detected
+        if not quiet:
+            return detect_chip()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return detect_chip()
 
-def target_chip(name: str | None) -> Chip:
-    """The chip every command works for: ``--chip NAME``, else the GPU detected here, else (no GPU: the
-    ``cpu`` pseudo-chip) :func:`default_apple_chip`. ``space``, ``render`` and ``predict`` use it; ``tune`` and
-    ``verify`` resolve through ``backends.chip_for``, which gives the same chip for the model back-end (and the
-    GPU here for one that measures), so their defaults agree."""
-    if name:
-        return get_chip(name)
-    here = detect_chip()
-    return here if here.vendor != "cpu" else default_apple_chip()
+    return choose_chip(name, lambda n: n if isinstance(n, Chip) else get_chip(n), here, lambda c: c.vendor,
+                       measures=measures, target=target, default=default_apple_chip if default else None)
 
 
 def default_apple_chip() -> Chip:

@@ -56,19 +56,20 @@ def run(family: str | Path | Family, config: str | Mapping[str, Any] | None = No
     ``inputs`` (by input name, the reference's layout) are converted to each input's dtype; inputs not given are
     drawn from the spec's distributions with ``seed``. ``shape`` defaults to the one ``inputs`` imply (else the
     family's default shape). ``mode``: ``fast``, ``check`` (threadgroup races, uninitialised and out-of-bounds
-    threadgroup memory: ``diagnostics``) or ``sanitize``. ``chip`` decides which configs are valid (default:
-    M2 Max). Bad input is a :class:`KernsearchError`; a variant that fails to compile, crashes or hangs raises
+    threadgroup memory: ``diagnostics``) or ``sanitize``. ``chip`` decides which configs are valid (default: the GPU
+    here where it runs Metal, else M2 Max, as ``kernsearch verify``). Bad input is a :class:`KernsearchError`; a
+    variant that fails to compile, crashes or hangs raises
     :class:`~kernsearch.VariantFailure`."""
     from ..backends._cpu import CpuBackend
     from ..evaluation._verify import kernel_inputs
     from ..family._render import geometry, render
     from ..family._space import Space, make_problem
     from ..family._spec import Family, load_family
-    from ..hardware._chips import default_apple_chip, get_chip
+    from ..hardware._chips import resolve_chip
     from ..interp import template_lines
 
     fam = family if isinstance(family, Family) else load_family(family)
-    the_chip = get_chip(chip) if isinstance(chip, str) else chip or default_apple_chip()
+    the_chip = resolve_chip(chip, target=CpuBackend.target, default=True)  # as `kernsearch verify` resolves it
     given = dict(inputs or {})
     unknown = sorted(set(given) - {t.name for t in fam.inputs})
     if unknown:

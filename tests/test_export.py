@@ -535,14 +535,15 @@ def test_one_wording_for_modeled_results_in_the_docs_and_the_verdict() -> None:
     tune's verdict and the docs (README, docs/artifacts.md, docs/api.md)."""
     from kernsearch.artifacts._manifest import MODELED_POLICY
     from kernsearch.studies._storage import StudyKey
-    from kernsearch.studies._study import Stop, StopReason, StudyResult, TrialSummary
+    from kernsearch._vocabulary import TrialStatus
+    from kernsearch.studies._study import Record, Stop, StopReason, StudyResult, Trial
     from kernsearch.studies._tune import verdict
 
     repo = Path(__file__).resolve().parents[1]
     for doc in ("README.md", "docs/artifacts.md", "docs/api.md"):
         text = " ".join((repo / doc).read_text().replace("`", "").split())
         assert MODELED_POLICY in text, doc
-    best = TrialSummary(0, {}, 1.0, "modeled")
+    best = Trial(0, {}, TrialStatus.OK, Record(1.0, "modeled"), 1.0)
     result = StudyResult("s", "", "model", "modeled", {}, best, [best], 1, __import__("collections").Counter(), 0,
                          1.0, Stop(StopReason.BUDGET))
     key = StudyKey("gemm", "M2 Max", "float16", "64x64x64", "model")

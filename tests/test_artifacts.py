@@ -92,7 +92,7 @@ def _paired(c: Candidate, lo: float, hi: float, rounds: int = 30) -> Candidate:
     ratios = [lo + (hi - lo) * i / (rounds - 1) for i in range(rounds)]
     m = c.measurements
     assert m is not None and m.modes
-    modes = {k: v.model_copy(update={"ratios": ratios}) for k, v in m.modes.items()}
+    modes = {k: v.model_copy(update={"ratios": tuple(ratios)}) for k, v in m.modes.items()}
     return dataclasses.replace(c, measurements=m.model_copy(update={"modes": modes}))
 
 

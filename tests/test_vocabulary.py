@@ -26,7 +26,7 @@ OTHER_MEANINGS = {
     ("search/interp/_compile.py", "error"): "a search in the C compiler's stderr",
     ("search/interp/_source.py", "device"): "Metal's device address space",
     ("search/studies/_storage.py", "ok"): "SQLite's answer to `PRAGMA quick_check`",
-    ("search/studies/_study.py", "interrupted"): "StopReason.INTERRUPTED, why a search ended",
+    ("search/studies/_result.py", "interrupted"): "StopReason.INTERRUPTED, why a search ended",
     ("flows/_steps.py", "error"): "a step's failure reason when its result names none",
     ("flows/_report.py", "failed"): "a nightly job's outcome (Outcome.FAILED) and the export's (ExportStatus.FAILED)",
 }

@@ -16,7 +16,7 @@ from ._objective_base import Objective
 from ._samplers import make_sampler, stale_for
 from ._storage import StudyKey, make_storage, retry_collisions
 from ._trial import Trial
-from ._trials import known as read_known
+from ._trials import evaluated_configs as read_known
 
 if TYPE_CHECKING:
     import optuna

@@ -62,7 +62,7 @@ from ._samplers import SAMPLERS, distributions, fill, make_sampler, neighbour, o
 from ._storage import Heartbeat, StudyKey, default_storage, make_storage, redact
 from ._trial import Record, StoredTrialError, Trial, read_trial, trial_attrs
 from ._trials import claimed_elsewhere, race, record, top, write_trial
-from ._trials import known as _known
+from ._trials import evaluated_configs as _known
 from ._trials import progress as _progress
 from ._trials import top as _top
 

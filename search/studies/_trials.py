@@ -1,4 +1,4 @@
-"""A study's trials as the search loop reads and writes them: what the study has evaluated (:func:`known`), a config
+"""A study's trials as the search loop reads and writes them: what the study has evaluated (:func:`evaluated_configs`), a config
 another process holds (:func:`claimed_elsewhere`), the leaders (:func:`top`), the incumbent a timing races
 (:func:`race`), an evaluated proposal recorded (:func:`record`) and the progress display's line (:func:`progress`).
 Every stored trial is read through :func:`~kernsearch.studies._trial.read_trial` and written through
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ..evaluation._race import Race
     from ._inflight import InFlight
 
-__all__ = ["claimed_elsewhere", "known", "progress", "race", "record", "top", "trials_of", "write_trial"]
+__all__ = ["claimed_elsewhere", "evaluated_configs", "progress", "race", "record", "top", "trials_of", "write_trial"]
 
 
 def trials_of(study: optuna.Study) -> list[Trial]:
@@ -41,7 +41,7 @@ def write_trial(trial: optuna.Trial, record: Trial) -> None:
         trial.set_user_attr(name, value)
 
 
-def known(study: optuna.Study) -> dict[str, Trial]:
+def evaluated_configs(study: optuna.Study) -> dict[str, Trial]:
     """Every config the study has evaluated (timed, or failed), by its key: the first trial of each."""
     out: dict[str, Trial] = {}
     for t in trials_of(study):

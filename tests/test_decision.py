@@ -364,8 +364,7 @@ def test_the_final_round_judges_the_winner_on_its_paired_rounds() -> None:
 
 
 def test_ratios_travel_through_the_stored_round_and_the_winner_json() -> None:
-    from kernsearch import FinalRound
-    from kernsearch import FinalistTime
+    from kernsearch import FinalistTime, FinalRound
     from kernsearch._records import Figures, ModeFigures, Winner
 
     mode = ModeFigures(median_ms=1.0, baseline_median_ms=1.3, speedup=1.3, low=0.8, high=2.0, ratios=(1.2, 1.3, 1.4))

@@ -533,9 +533,9 @@ def test_export_warns_when_a_family_ships_only_modeled_artifacts(tmp_path: Path)
 def test_one_wording_for_modeled_results_in_the_docs_and_the_verdict() -> None:
     """What happens to a modeled result is said in one wording: the gate's reason, export's warning, the report,
     tune's verdict and the docs (README, docs/artifacts.md, docs/api.md)."""
+    from kernsearch._vocabulary import TrialStatus
     from kernsearch.artifacts._manifest import MODELED_POLICY
     from kernsearch.studies._storage import StudyKey
-    from kernsearch._vocabulary import TrialStatus
     from kernsearch.studies._study import Record, Stop, StopReason, StudyResult, Trial
     from kernsearch.studies._tune import verdict
 

@@ -14,8 +14,8 @@ from rich.console import Console
 
 from kernsearch import _progress, _steps
 from kernsearch._vocabulary import TrialStatus
-from kernsearch.studies._trial import Trial
 from kernsearch.studies._study import _progress as study_progress
+from kernsearch.studies._trial import Trial
 
 
 def _pipe() -> tuple[Console, io.StringIO]:

@@ -156,8 +156,8 @@ def _timings(finalists: list[list[float]], baseline: list[float]) -> Any:
 
 
 def test_judge_picks_the_fastest_finalist_and_reports_the_speedup():
-    from kernsearch.studies._final import judge
     from kernsearch._vocabulary import Evidence, TrialStatus
+    from kernsearch.studies._final import judge
     from kernsearch.studies._trial import Record, Trial
 
     top = [Trial(n, c, TrialStatus.OK, Record(t, Evidence.MEASURED), t) for n, c, t in ((5, {"a": 1}, 1.0),

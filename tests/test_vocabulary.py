@@ -20,7 +20,7 @@ WORDS = {str(w) for enum in (Evidence, TrialStatus, Verifier, Target, Severity, 
 
 #: (file, word): the same letters naming something else, said here so a new one is a decision, not a slip.
 OTHER_MEANINGS = {
-    ("search/artifacts/_artifacts.py", "ok"): "`artifacts verify`'s line for an intact version",
+    ("search/artifacts/_repair.py", "ok"): "`artifacts verify`'s line for an intact version",
     ("search/cli.py", "interrupted"): "the one-line message of a Ctrl-C",
     ("search/evaluation/_worker.py", "error"): "a variant's failure reason when it raised an unexpected exception",
     ("search/interp/_compile.py", "error"): "a search in the C compiler's stderr",

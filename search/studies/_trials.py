@@ -1,8 +1,8 @@
-"""A study's trials as the search loop reads and writes them: what the study has evaluated (:func:`evaluated_configs`), a config
-another process holds (:func:`claimed_elsewhere`), the leaders (:func:`top`), the incumbent a timing races
-(:func:`race`), an evaluated proposal recorded (:func:`record`) and the progress display's line (:func:`progress`).
-Every stored trial is read through :func:`~kernsearch.studies._trial.read_trial` and written through
-:func:`~kernsearch.studies._trial.trial_attrs`."""
+"""A study's trials as the search loop reads and writes them: what the study has evaluated
+(:func:`evaluated_configs`), a config another process holds (:func:`claimed_elsewhere`), the leaders (:func:`top`),
+the incumbent a timing races (:func:`race`), an evaluated proposal recorded (:func:`record`) and the progress
+display's line (:func:`progress`). Every stored trial is read through
+:func:`~kernsearch.studies._trial.read_trial` and written through :func:`~kernsearch.studies._trial.trial_attrs`."""
 
 from __future__ import annotations
 

@@ -43,10 +43,10 @@ sys.path.insert(0, str(REPO / "tests"))  # tests/pgserver.py: a real PostgreSQL 
 
 def worker(url: str, study: str, budget: int, eval_s: float, sampler: str, liar: bool, seed: int,
            landscape: str) -> None:
-    from kernsearch.studies import _study
+    from kernsearch.studies import _samplers, _study
     from kernsearch.studies._replay import Replay
 
-    _study.CONSTANT_LIAR = liar
+    _samplers.CONSTANT_LIAR = liar  # read by make_sampler
     objective = Replay(landscape, seed=seed).objective()
     evaluate = objective.evaluate_against
 
@@ -136,11 +136,11 @@ def sampler_only(landscape: Any, n: int, liar: bool, seed: int, budget: int, che
     evaluated is told its value and not counted, as the loop does."""
     import optuna
 
-    from kernsearch.studies import _study
+    from kernsearch.studies import _samplers, _study
     from kernsearch.studies._replay import Replay
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    _study.CONSTANT_LIAR = liar
+    _samplers.CONSTANT_LIAR = liar  # read by make_sampler
     objective = Replay(landscape=landscape, seed=seed).objective()
     knobs = objective.knobs
     study = optuna.create_study(sampler=_study.make_sampler("tpe", seed, knobs), direction="minimize")

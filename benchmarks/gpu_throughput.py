@@ -134,8 +134,8 @@ def run_arm(arm: Arm, problem: Any, chip: Any, configs: list[dict], args: argpar
            "winner_search_ms": best.time_ms if best else None,
            "winner_final_ms": timed.median_ms if timed else None,
            "winner_final_spread": timed.spread if timed else None,
-           "speedup_vs_baseline": final.speedup if final else None,
-           "baseline_median_ms": final.baseline_median_ms if final else None}
+           "speedup_vs_baseline": final.figures.speedup if final and final.figures else None,
+           "baseline_median_ms": final.figures.baseline_median_ms if final and final.figures else None}
     print(f"{arm.name:>9}: {result.evaluated} configs in {result.elapsed_s:.0f} s = {per_min:.1f}/min "
           f"({row['not_winning']} stopped early, failures {dict(result.failures)}); winner {row['winner']} "
           f"{row['winner_final_ms'] or float('nan'):.4f} ms (final round); timing worker's mean first launch "

@@ -254,7 +254,7 @@ def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) ->
 
 def _tuned(row: JobRow, tuned: Tuned, window: tuple[float, float], report: str | None) -> None:
     """The row of a job whose search found a winner: its study, evidence and time."""
-    row.evidence, row.new_ms, row.study = tuned.evidence, tuned.winner.median_ms, tuned.study
+    row.evidence, row.new_ms, row.study = tuned.evidence, tuned.winner.figures.median_ms, tuned.study
     row.evaluated, row.tune_window, row.report = tuned.evaluated, window, report
 
 
@@ -265,7 +265,7 @@ def _published(row: JobRow, tuned: Tuned, verified: Verified, outcome: Published
     row.outcome = Outcome.PUBLISHED if outcome.published else Outcome.REJECTED
     row.reason = outcome.reason
     # a speedup only between figures of one evidence kind (measured vs modeled never mix)
-    row.speedup = (old.ms / tuned.winner.median_ms) if old.ms and old.evidence == tuned.evidence else None
+    row.speedup = (old.ms / tuned.winner.figures.median_ms) if old.ms and old.evidence == tuned.evidence else None
     if verified.skipped:
         row.reason += "; not verified at " + ", ".join(
             f"{'x'.join(map(str, s.shape))} ({s.why})" for s in verified.skipped)

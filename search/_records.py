@@ -3,15 +3,19 @@
 One fact, one shape: a worker returns a :class:`Proof` (where and at which shapes a variant was verified) and a
 :class:`Measurement` (its timing); the final round returns :class:`FinalTimings` (every finalist and the MLX op
 timed as consumers call them, by mode) and yields a :class:`Winner` (the winning config with its proof and
-figures), from which ``Candidate.from_winner`` drafts the manifest. Each is a frozen dataclass; the ones that
-travel as JSON (a flow's steps run in their own processes) read it back with ``from_json``, trusting nothing.
+:class:`Figures`), from which ``Candidate.from_winner`` drafts the manifest. :class:`Figures` is the one record
+of a result's figures: the final round's, the winner's and the manifest's (``Measurements`` extends it), validated
+wherever it is read (a pydantic model). The others are frozen dataclasses; the ones that travel as JSON (a flow's
+steps run in their own processes) read it back with ``from_json``, trusting nothing.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ._vocabulary import ConsumerMode, Evidence, Verifier
 
@@ -149,38 +153,75 @@ class FinalTimings:
                        paired=self.paired if paired is not None else {}, paired_finalist=paired)
 
 
-@dataclass(frozen=True)
-class ModeFigures:
-    """The winner and the op in one consumer mode (``graph``, ``eager``): per-call medians (ms) and the speedup
-    with its range (op p10 / winner p90 .. op p90 / winner p10: the spread shown), and the per-round ratios (op /
-    winner, timed back to back) whose interval decides (``_rules.ratio_interval``)."""
+#: One round's ratio (op / kernel): a positive finite number (``_rules.valid_ratios``, as the dispatcher reads it).
+Ratio = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
 
-    median_ms: float
-    baseline_median_ms: float
-    speedup: float
-    low: float
-    high: float
-    ratios: tuple[float, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"median_ms": self.median_ms, "baseline_median_ms": self.baseline_median_ms,
-                             "speedup": self.speedup, "low": self.low, "high": self.high}
-        if self.ratios:
-            d["ratios"] = list(self.ratios)
-        return d
+class ModeFigures(BaseModel):
+    """The winner and the op in one consumer mode (``graph``, ``eager``, ``batch``: docs/timing.md), called through
+    the exported package's own planned calls: per-call medians (ms), the speedup with its range (op p10 / winner p90
+    .. op p90 / winner p10: the spread shown), and the per-round ratios (op / winner, timed back to back) whose
+    interval the gate and the dispatcher act on (``_rules.ratio_interval``; a result judged before paired rounds has
+    none and is judged by ``low``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    median_ms: float = Field(gt=0)
+    baseline_median_ms: float = Field(gt=0)
+    speedup: float = Field(gt=0)
+    low: float = Field(gt=0)
+    high: float = Field(gt=0)
+    ratios: tuple[Ratio, ...] | None = Field(None, min_length=1, max_length=10_000)
+
+
+class Figures(BaseModel):
+    """What a result measured (or predicted) against the op: the one record of figures that the final round
+    (``FinalRound.figures``), the winner (``Winner.figures``) and the manifest (``Measurements``, which adds the raw
+    samples) hold, and whose every field the exported package's dispatch record carries (``_rules.dispatch_figures``).
+    A figure is added here, once (``tests/test_figures.py`` fails on a second declaration).
+
+    ``median_ms``, ``spread``: the result's own per-call median and relative spread ((p90 - p10) / median: the noise
+    the gate must beat); ``baseline_*``: the MLX op's in the same interleaved run; ``speedup`` (baseline median / its
+    median) with its range ``speedup_low`` .. ``speedup_high`` (baseline p10 / p90 .. baseline p90 / p10); ``modes``:
+    the consumer modes it was timed in (``_rules.consumer_low``: what the gate and the dispatcher act on);
+    ``weight_sets``: the rotating copies of the weights those modes called with (cold weights)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    median_ms: float = Field(gt=0)
+    spread: float = Field(ge=0)
+    baseline_median_ms: float | None = Field(None, gt=0)
+    baseline_spread: float | None = Field(None, ge=0)
+    speedup: float | None = Field(None, gt=0)
+    speedup_low: float | None = Field(None, gt=0)
+    speedup_high: float | None = Field(None, gt=0)
+    modes: dict[ConsumerMode, ModeFigures] | None = None
+    weight_sets: int | None = Field(None, ge=1)
+
+    @field_validator("modes")
+    @classmethod
+    def _no_modes(cls, v: dict[ConsumerMode, ModeFigures] | None) -> dict[ConsumerMode, ModeFigures] | None:
+        return v or None  # none timed: None, as a manifest has always said it
+
+    def consumer(self) -> dict[str, dict[str, Any]]:
+        """The consumer modes' figures as the shared rules read them (``_rules.consumer_low``, ``modes_text``)."""
+        return {str(m): f.model_dump(mode="json", exclude_none=True) for m, f in (self.modes or {}).items()}
+
+    def to_json(self) -> dict[str, Any]:
+        """Its stored form: every figure that applies (None left out)."""
+        return self.model_dump(mode="json", exclude_none=True)
 
     @classmethod
-    def from_dict(cls, data: object) -> ModeFigures | None:
+    def read(cls, data: object) -> Figures | None:
+        """Its figures read back from a mapping that holds them among other keys (a stored final round, a winner
+        handed between a flow's steps); None where it holds none or they are not valid figures (never trusted)."""
         if not isinstance(data, dict):
             return None
-        values = [_number(data.get(k)) for k in ("median_ms", "baseline_median_ms", "speedup", "low", "high")]
-        raw = data.get("ratios") or []
-        ratios = [_number(r) for r in raw] if isinstance(raw, list) else [None]
-        numbers = [v for v in values + ratios if v is not None and math.isfinite(v) and v > 0]
-        if len(numbers) != len(values) + len(ratios):
+        given = {k: data[k] for k in cls.model_fields if data.get(k) is not None}
+        try:
+            return cls.model_validate(given)
+        except ValidationError:
             return None
-        median_ms, baseline_ms, speedup, low, high = numbers[:5]
-        return cls(median_ms, baseline_ms, speedup, low, high, tuple(numbers[5:]))
 
 
 @dataclass(frozen=True)
@@ -191,17 +232,10 @@ class Winner:
     number: int
     config: dict[str, Any]
     evidence: Evidence
-    median_ms: float
-    spread: float
+    figures: Figures
     study: str | None = None
     proof: Proof | None = None
     unproven: str = ""
-    baseline_median_ms: float | None = None
-    baseline_spread: float | None = None
-    speedup_low: float | None = None
-    speedup_high: float | None = None
-    modes: dict[str, ModeFigures] = field(default_factory=dict)
-    weight_sets: int | None = None
     #: the rendered source the proof is of ("": not recorded): a publish of another rendering is refused
     sha256: str = ""
 
@@ -210,33 +244,24 @@ class Winner:
         return replace(self, proof=self.proof.also(proof) if self.proof is not None else proof)
 
     def to_json(self) -> dict[str, Any]:
-        """As a flow's tune step hands it to the publish step."""
+        """As a flow's tune step hands it to the publish step (its figures beside its other fields)."""
         return {"number": self.number, "config": dict(self.config), "evidence": self.evidence.value,
-                "median_ms": self.median_ms, "spread": self.spread, "study": self.study,
-                "proof": self.proof.to_json() if self.proof is not None else None, "unproven": self.unproven,
-                "baseline_median_ms": self.baseline_median_ms, "baseline_spread": self.baseline_spread,
-                "speedup_low": self.speedup_low, "speedup_high": self.speedup_high,
-                "modes": {m: f.to_dict() for m, f in self.modes.items()}, "weight_sets": self.weight_sets,
-                "sha256": self.sha256}
+                "study": self.study, "proof": self.proof.to_json() if self.proof is not None else None,
+                "unproven": self.unproven, "sha256": self.sha256, **self.figures.to_json()}
 
     @classmethod
     def from_json(cls, data: Any) -> Winner:
         """A winner read back; anything malformed is a ``ValueError``."""
         if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
             raise ValueError("not a winner")
+        figures = Figures.read(data)
+        if figures is None:
+            raise ValueError("not a winner: no valid figures")
         number = data.get("number")
-        modes = data.get("modes")
-        figures = {m: f for m, f in ((m, ModeFigures.from_dict(v)) for m, v in
-                                     (modes.items() if isinstance(modes, dict) else ())) if f is not None}
-        weight_sets = data.get("weight_sets")
         return cls(number if isinstance(number, int) else -1, dict(data["config"]), Evidence(data.get("evidence")),
-                   _finite(data.get("median_ms")), _finite(data.get("spread")),
-                   data.get("study") if isinstance(data.get("study"), str) else None,
+                   figures, data.get("study") if isinstance(data.get("study"), str) else None,
                    Proof.from_json(data["proof"]) if data.get("proof") is not None else None,
-                   str(data.get("unproven") or ""), _finite_or_none(data.get("baseline_median_ms")),
-                   _finite_or_none(data.get("baseline_spread")), _finite_or_none(data.get("speedup_low")),
-                   _finite_or_none(data.get("speedup_high")), figures,
-                   weight_sets if isinstance(weight_sets, int) and not isinstance(weight_sets, bool) else None,
+                   str(data.get("unproven") or ""),
                    str(data["sha256"]) if isinstance(data.get("sha256"), str) else "")
 
 

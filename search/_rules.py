@@ -288,6 +288,19 @@ def consumer_figures(measurements: Optional[Dict[str, Any]]) -> Optional[Dict[st
     return modes
 
 
+#: What of a manifest's ``measurements`` a dispatch record does not carry: the raw samples (its figures sum them up)
+#: and the chain's length (by which :func:`consumer_figures` reads its modes).
+NOT_DISPATCHED = ("samples_ms", "chain_calls")
+
+
+def dispatch_figures(measurements: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """A manifest's figures as its dispatch record carries them (``decision_fields``): every figure its
+    ``measurements`` hold (kernsearch's one ``Figures`` record, validated by the store), the consumer modes as they
+    read today. Not a list of names: a figure added to the record is carried, and checked before first use."""
+    meas = measurements or {}
+    return {**{k: v for k, v in meas.items() if k not in NOT_DISPATCHED}, "modes": consumer_figures(meas)}
+
+
 def modes_text(figures: Optional[Dict[str, Any]], modes: Sequence[str] = CONSUMER_MODES) -> str:
     """``1.45x (range 1.30-1.60; 99% interval 1.38-1.52 over 22 rounds) graph, 1.20x (range 1.10-1.30) eager``."""
     parts = []

@@ -92,7 +92,7 @@ def _paired(c: Candidate, lo: float, hi: float, rounds: int = 30) -> Candidate:
     ratios = [lo + (hi - lo) * i / (rounds - 1) for i in range(rounds)]
     m = c.measurements
     assert m is not None and m.modes
-    modes = {k: v.model_copy(update={"ratios": ratios}) for k, v in m.modes.items()}
+    modes = {k: v.model_copy(update={"ratios": tuple(ratios)}) for k, v in m.modes.items()}
     return dataclasses.replace(c, measurements=m.model_copy(update={"modes": modes}))
 
 
@@ -358,14 +358,15 @@ KILLED_PUBLISHER = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from test_artifacts import candidate
     import kernsearch.artifacts._artifacts as A
-    real_write = A._write_atomic
+    import kernsearch.artifacts._store as S  # where a version's files are written
+    real_write = S.write_atomic
     def slow_write(path, text):
         if path.name == "manifest.json":  # half the manifest on disk, then hang until killed
             real_write(path, text[: len(text) // 2])
             open({marker!r}, "w").close()
             time.sleep(120)
         real_write(path, text)
-    A._write_atomic = slow_write
+    S.write_atomic = slow_write
     A.ArtifactStore({root!r}).publish(candidate(median=0.1, config={{"BM": 64}}))
 """)
 

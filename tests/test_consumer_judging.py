@@ -141,7 +141,7 @@ def _tune_and_publish(folder, backend, tmp_path):
 def test_a_kernel_faster_only_when_launched_alone_is_not_published(judged, tmp_path):
     result, store, outcome = _tune_and_publish(judged, "test_consumer_judging:AloneOnly", tmp_path)
     assert all(t.time_ms >= 2.5 for t in result.top)  # the search times as consumers call too: no 1 ms anywhere
-    final = result.final
+    final = result.final.figures
     assert final.speedup is not None and final.speedup < 1.0  # in the package's call path it loses
     assert set(final.modes) == {"graph", "eager"} and all(f.speedup < 1.0 for f in final.modes.values())
     assert not outcome.published and "not dispatched" in outcome.reason
@@ -152,7 +152,7 @@ def test_a_kernel_faster_only_when_launched_alone_is_not_published(judged, tmp_p
 def test_a_layout_faster_only_when_packed_outside_the_timed_call_is_not_published(judged, tmp_path):
     result, store, outcome = _tune_and_publish(judged, "test_consumer_judging:PackedOutside", tmp_path)
     assert result.top[0].config["LAYOUT"] == "n"  # packing paid in every timing: the packed layout ranks last
-    final = result.final
+    final = result.final.figures
     assert result.best.config["LAYOUT"] == "n" and all(t.time_ms >= 2.5 for t in result.top)
     assert final.speedup_low < 1.0 and not outcome.published
     assert not list(store.current_artifacts("judged"))  # recorded in the journal, no version made
@@ -168,7 +168,7 @@ def test_a_win_is_decided_by_paired_rounds_and_their_ratios_travel_to_the_manife
     from kernsearch._rules import consumer_low, looks
 
     result, store, outcome = _tune_and_publish(judged, "test_consumer_judging:Faster", tmp_path)
-    final = result.final
+    final = result.final.figures
     assert all(len(f.ratios) == looks()[0] for f in final.modes.values())  # decided at the first look
     assert final.speedup_low == pytest.approx(2.0 / 1.5, rel=0.01) and outcome.published
     (current,) = store.current_artifacts("judged")

@@ -38,7 +38,7 @@ from kernsearch._rules import (
     modes_text,
     ratio_interval,
 )
-from kernsearch._vocabulary import Evidence, Verdict
+from kernsearch._vocabulary import Evidence, TrialStatus, Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = 1000
@@ -343,31 +343,35 @@ def test_a_manifest_refuses_ratios_that_are_not_positive_numbers() -> None:
 def test_the_final_round_judges_the_winner_on_its_paired_rounds() -> None:
     from kernsearch._records import FinalTimings, ModeSamples
     from kernsearch.studies._final import judge
-    from kernsearch.studies._study import TrialSummary
+    from kernsearch.studies._trial import Record, Trial
 
     fast, slow, op = (1.0,) * 15, (1.1,) * 15, tuple(0.7 + 0.1 * (i % 7) for i in range(15))  # op's range spans 1
     modes = {m: ModeSamples((fast, slow), op) for m in ("graph", "eager")}
     paired = {m: tuple(1.3 + 0.001 * i for i in range(10)) for m in ("graph", "eager")}
     timings = FinalTimings(modes, 4, paired=paired, paired_finalist=0)
-    top = [TrialSummary(5, {"a": 1}, 1.0, "measured"), TrialSummary(9, {"a": 2}, 1.1, "measured")]
+    top = [Trial(n, c, TrialStatus.OK, Record(t, Evidence.MEASURED), t) for n, c, t in ((5, {"a": 1}, 1.0),
+                                                                                       (9, {"a": 2}, 1.1))]
     final = judge(top, timings)
-    assert final.winner == 5 and final.modes["graph"].ratios == paired["graph"]
-    assert final.modes["graph"].low < 1.0 < final.speedup_low == pytest.approx(1.3) and final.beats_baseline
+    f = final.figures
+    assert final.winner == 5 and f is not None and f.modes is not None and f.modes["graph"].ratios == paired["graph"]
+    assert f.modes["graph"].low < 1.0 < f.speedup_low == pytest.approx(1.3) and final.beats_baseline
     # the fastest refused at a ragged shape: the runner-up is judged on its own rounds with the op (15: undecided)
     runner_up = judge(top[1:], timings.keep([1]))
-    assert runner_up.winner == 9 and len(runner_up.modes["graph"].ratios) == 15
-    assert runner_up.speedup_low == pytest.approx(ratio_interval([o / 1.1 for o in op]).low)
+    g = runner_up.figures
+    assert runner_up.winner == 9 and g is not None and g.modes is not None and len(g.modes["graph"].ratios or ()) == 15
+    assert g.speedup_low == pytest.approx(ratio_interval([o / 1.1 for o in op]).low)
     assert timings.keep([1, 0]).paired_finalist == 1
 
 
 def test_ratios_travel_through_the_stored_round_and_the_winner_json() -> None:
-    from kernsearch import FinalRound
-    from kernsearch._records import ModeFigures, Winner
+    from kernsearch import FinalistTime, FinalRound
+    from kernsearch._records import Figures, ModeFigures, Winner
 
-    figures = ModeFigures(1.0, 1.3, 1.3, 0.8, 2.0, (1.2, 1.3, 1.4))
-    final = FinalRound(0, speedup=1.3, modes={"graph": figures})
-    assert FinalRound.from_dict(final.to_dict()) == final
-    winner = Winner(0, {}, Evidence.MEASURED, 1.0, 0.1, modes={"graph": figures})
-    assert Winner.from_json(json.loads(json.dumps(winner.to_json()))).modes == {"graph": figures}
-    assert ModeFigures.from_dict({**figures.to_dict(), "ratios": [1.2, "x"]}) is None  # never trusted
-    assert ModeFigures.from_dict({**figures.to_dict(), "ratios": [1.2, -1.0]}) is None
+    mode = ModeFigures(median_ms=1.0, baseline_median_ms=1.3, speedup=1.3, low=0.8, high=2.0, ratios=(1.2, 1.3, 1.4))
+    figures = Figures(median_ms=1.0, spread=0.1, speedup=1.3, modes={"graph": mode})
+    final = FinalRound(0, finalists={0: FinalistTime(1.0, 0.1)}, figures=figures)
+    assert FinalRound.from_dict(json.loads(json.dumps(final.to_dict()))) == final
+    winner = Winner(0, {}, Evidence.MEASURED, figures)
+    assert Winner.from_json(json.loads(json.dumps(winner.to_json()))).figures.modes == {"graph": mode}
+    for ratios in ([1.2, "x"], [1.2, -1.0], [1.2, True]):  # never trusted
+        assert Figures.read({**figures.to_json(), "modes": {"graph": {**mode.model_dump(), "ratios": ratios}}}) is None

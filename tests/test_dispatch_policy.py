@@ -145,17 +145,20 @@ def test_tune_verdict_says_plainly_when_nothing_beats_the_op() -> None:
     from types import SimpleNamespace
 
     from kernsearch import FinalRound
+    from kernsearch._records import Figures
     from kernsearch.studies._storage import StudyKey
     from kernsearch.studies._tune import verdict
 
     key = StudyKey("gemm", "H100", "float16", "2048x2048x2048", "cuda")
     lost: Any = SimpleNamespace(best=object(), evidence="measured",
-                                final=FinalRound(0, speedup=0.47, speedup_low=0.45, speedup_high=0.49))
+                                final=FinalRound(0, figures=Figures(median_ms=1.0, spread=0.0, speedup=0.47,
+                                                                    speedup_low=0.45, speedup_high=0.49)))
     said = verdict(lost, key, "mx.matmul", 0.03)
     assert said.beats is False and said.text == ("no variant beats mx.matmul on H100 at 2048x2048x2048 float16 "
                                                  "(best: 0.47x (range 0.45-0.49)); keep the MLX op")
     won: Any = SimpleNamespace(best=object(), evidence="measured",
-                               final=FinalRound(0, speedup=1.4, speedup_low=1.3, speedup_high=1.5))
+                               final=FinalRound(0, figures=Figures(median_ms=1.0, spread=0.0, speedup=1.4,
+                                                                   speedup_low=1.3, speedup_high=1.5)))
     assert verdict(won, key, "mx.matmul", 0.03).beats is True
     assert verdict(won, key, "mx.matmul", 0.5).beats is False  # the margin is the user's
     modeled: Any = SimpleNamespace(best=object(), evidence="modeled", final=None)

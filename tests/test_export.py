@@ -533,16 +533,17 @@ def test_export_warns_when_a_family_ships_only_modeled_artifacts(tmp_path: Path)
 def test_one_wording_for_modeled_results_in_the_docs_and_the_verdict() -> None:
     """What happens to a modeled result is said in one wording: the gate's reason, export's warning, the report,
     tune's verdict and the docs (README, docs/artifacts.md, docs/api.md)."""
+    from kernsearch._vocabulary import TrialStatus
     from kernsearch.artifacts._manifest import MODELED_POLICY
     from kernsearch.studies._storage import StudyKey
-    from kernsearch.studies._study import Stop, StopReason, StudyResult, TrialSummary
+    from kernsearch.studies._study import Record, Stop, StopReason, StudyResult, Trial
     from kernsearch.studies._tune import verdict
 
     repo = Path(__file__).resolve().parents[1]
     for doc in ("README.md", "docs/artifacts.md", "docs/api.md"):
         text = " ".join((repo / doc).read_text().replace("`", "").split())
         assert MODELED_POLICY in text, doc
-    best = TrialSummary(0, {}, 1.0, "modeled")
+    best = Trial(0, {}, TrialStatus.OK, Record(1.0, "modeled"), 1.0)
     result = StudyResult("s", "", "model", "modeled", {}, best, [best], 1, __import__("collections").Counter(), 0,
                          1.0, Stop(StopReason.BUDGET))
     key = StudyKey("gemm", "M2 Max", "float16", "64x64x64", "model")

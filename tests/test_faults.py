@@ -274,13 +274,14 @@ def test_measured_pipeline_verifies_times_and_judges_against_the_baseline(plante
     assert final.winner == best.number and final.lead_exceeds_noise and final.beats_baseline
     # the final round times calls as consumers make them: 8 calls and one evaluation per graph (its 0.05 ms sync
     # spread over 8 calls), or an evaluation after every call (eager): 3.0x in graph use, 2.9x eager
-    assert final.speedup == pytest.approx(3.0, rel=1e-2)
-    assert set(final.modes) == {"graph", "eager"} and final.modes["eager"].speedup == pytest.approx(3.0, rel=5e-2)
+    f = final.figures
+    assert f.speedup == pytest.approx(3.0, rel=1e-2)
+    assert set(f.modes) == {"graph", "eager"} and f.modes["eager"].speedup == pytest.approx(3.0, rel=5e-2)
     # the bound acted on: the interval of the median per-round ratio of the paired rounds, decided at the first look
     from kernsearch._rules import consumer_low, looks
 
-    assert all(len(f.ratios) == looks()[0] for f in final.modes.values())
-    assert final.speedup_low == consumer_low({m: f.to_dict() for m, f in final.modes.items()})
+    assert all(len(m.ratios) == looks()[0] for m in f.modes.values())
+    assert f.speedup_low == consumer_low(f.consumer())
 
 
 @pytest.mark.slow
@@ -327,7 +328,7 @@ def test_a_measured_winner_wrong_at_a_ragged_shape_is_refused_and_the_next_faste
     assert not final.checks[fastest].ok and final.checks[fastest].reason == "wrong"
     assert final.checks[correct].ok and final.checks[correct].also == ("63",)  # odd: off every tile
     assert final.winner == correct and result.best.config == {"FAULT": "none", "TG": 32}
-    assert final.speedup == pytest.approx(1.5, rel=3e-3) and final.beats_baseline  # 3 ms op / 2 ms kernel
+    assert final.figures.speedup == pytest.approx(1.5, rel=3e-3) and final.beats_baseline  # 3 ms op / 2 ms kernel
     assert final.verdict(fastest) == "FAIL (wrong)" and final.verdict(correct) == "device"
     stored = final.to_dict()
     assert stored["verified_on"] == "device" and "baseline" not in stored

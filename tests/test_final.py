@@ -31,7 +31,9 @@ def test_stored_rounds_read_back_typed_and_write_back_unchanged():
     assert interpreted.checks[9].also is None and interpreted.verify_shape == (64, 64, 64)
     measured = FinalRound.from_dict(MEASURED)
     assert measured.finalists == {2: FinalistTime(0.5, 0.01), 0: FinalistTime(0.6, 0.02)}
-    assert (measured.speedup, measured.speedup_low, measured.speedup_high) == (2.0, 1.9, 2.1)
+    f = measured.figures
+    assert f is not None and (f.median_ms, f.spread, f.speedup, f.speedup_low, f.speedup_high) == (0.5, 0.01, 2.0, 1.9,
+                                                                                                   2.1)
     assert FinalRound.from_dict(REPLAYED).finalists[3].spread is None
 
 

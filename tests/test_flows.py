@@ -322,7 +322,7 @@ def test_a_job_can_have_every_trial_verified_on_the_interpreter(tmp_path: Path) 
 def test_measured_winner_is_published_with_the_detected_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The publish task (called as a plain function): measured evidence carries this machine's device_info."""
     from kernsearch import ArtifactStore, KernsearchError, load_family
-    from kernsearch._records import ModeFigures, Proof, Winner
+    from kernsearch._records import Figures, ModeFigures, Proof, Winner
     from kernsearch._vocabulary import Evidence, Verifier
     from kernsearch.artifacts._artifacts import ArtifactKey
     from kernsearch.flows import nightly
@@ -337,10 +337,11 @@ shapes = ["64,64,64"]
 dtypes = ["float16"]
 chips = ["H100"]
 """)).units("H100")
-    winner = Winner(0, dict(load_family("gemm").default), Evidence.MEASURED, 0.02, 0.01,
-                    "gemm/H100/float16/64x64x64/cuda", Proof(Verifier.DEVICE, ("64x64x64",), 0.001),
-                    baseline_median_ms=0.03, baseline_spread=0.01, speedup_low=1.45, speedup_high=1.55,
-                    modes={m: ModeFigures(0.02, 0.03, 1.5, 1.45, 1.55) for m in ("graph", "eager")}, weight_sets=4)
+    mode = ModeFigures(median_ms=0.02, baseline_median_ms=0.03, speedup=1.5, low=1.45, high=1.55)
+    figures = Figures(median_ms=0.02, spread=0.01, baseline_median_ms=0.03, baseline_spread=0.01, speedup_low=1.45,
+                      speedup_high=1.55, modes={m: mode for m in ("graph", "eager")}, weight_sets=4)
+    winner = Winner(0, dict(load_family("gemm").default), Evidence.MEASURED, figures,
+                    "gemm/H100/float16/64x64x64/cuda", Proof(Verifier.DEVICE, ("64x64x64",), 0.001))
     tuned = Tuned(winner.study, Evidence.MEASURED, 1, {}, "trial budget reached", winner)
     verified = Verified(Proof(Verifier.DEVICE, ("68x68x68",), 0.002, 0.001))
     here = chip_from_device_info({"architecture": "sm_90", "device_name": "NVIDIA H100 80GB HBM3"})  # MLX's report

@@ -13,8 +13,9 @@ import pytest
 from rich.console import Console
 
 from kernsearch import _progress, _steps
-from kernsearch.studies._study import Seen
+from kernsearch._vocabulary import TrialStatus
 from kernsearch.studies._study import _progress as study_progress
+from kernsearch.studies._trial import Trial
 
 
 def _pipe() -> tuple[Console, io.StringIO]:
@@ -64,7 +65,8 @@ def test_the_search_estimate_counts_the_trials_that_can_still_run() -> None:
     """Issue 24: '~2888 s left' 30 s before the end: the estimate divided the set-up into the trials and ignored the
     patience that ends a search early. It is the loop's own pace times the trials left to the budget or, if no new
     best comes, to the patience."""
-    known = {f"c{i}": Seen(1.0 if i == 0 else 2.0, i, {"x": i}) for i in range(20)}  # best at trial 0, 19 stale
+    known = {f"c{i}": Trial(i, {"x": i}, TrialStatus.OK, value=1.0 if i == 0 else 2.0)
+             for i in range(20)}  # best at trial 0, 19 stale
     p = study_progress(known, 150, None, 60.0, Counter(), 0, "", 20, None, pace=0.5, patience=60)
     assert p.remaining_s == pytest.approx((60 - 19) * 0.5)
     p = study_progress(known, 25, None, 60.0, Counter(), 0, "", 20, None, pace=0.5, patience=60)

@@ -13,7 +13,7 @@ import pytest
 
 from kernsearch import KernsearchError, Space, get_chip, load_family, make_problem
 from kernsearch._errors import SpecError
-from kernsearch._records import Proof, Winner
+from kernsearch._records import Figures, Proof, Winner
 from kernsearch._vocabulary import Evidence, Verifier
 from kernsearch.studies._final import FinalistCheck
 
@@ -47,10 +47,11 @@ def test_a_winner_proven_as_another_kernel_than_its_config_renders_to_is_refused
     config = {"TG": 64, "ROWS": 4}
     proof = Proof(Verifier.INTERPRETER, ("3x100x256",), 0.01)
     now = render(space.family, config, "float16", "metal").sha256
-    winner = Winner(1, config, Evidence.MODELED, 0.01, 0.0, "S", proof, sha256=now)
+    figures = Figures(median_ms=0.01, spread=0.0)
+    winner = Winner(1, config, Evidence.MODELED, figures, "S", proof, sha256=now)
     assert Winner.from_json(winner.to_json()) == winner
     assert Candidate.from_winner(winner, space, target="metal").kernel.sha256 == now
-    stale = Winner(1, config, Evidence.MODELED, 0.01, 0.0, "S", proof, sha256="0" * 64)
+    stale = Winner(1, config, Evidence.MODELED, figures, "S", proof, sha256="0" * 64)
     with pytest.raises(ArtifactError, match="stale proof: the winner .trial 1. was proven as kernel 000000000000"):
         Candidate.from_winner(stale, space, target="metal")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernsearch._records import Proof, Winner
+from kernsearch._records import Figures, Proof, Winner
 from kernsearch._vocabulary import Evidence, Verifier
 
 
@@ -24,8 +24,8 @@ def test_checks_of_two_verifiers_are_not_one_proof() -> None:
 
 
 def test_a_winner_read_back_is_the_winner_and_a_malformed_one_is_refused() -> None:
-    winner = Winner(3, {"BM": 64}, Evidence.MEASURED, 0.02, 0.01, "gemm/H100/float16/64x64x64/cuda",
-                    Proof(Verifier.DEVICE, ("64x64x64",), 0.001, 0.0001), baseline_median_ms=0.03)
+    winner = Winner(3, {"BM": 64}, Evidence.MEASURED, Figures(median_ms=0.02, spread=0.01, baseline_median_ms=0.03),
+                    "gemm/H100/float16/64x64x64/cuda", Proof(Verifier.DEVICE, ("64x64x64",), 0.001, 0.0001))
     assert Winner.from_json(winner.to_json()) == winner
     for bad in ({"config": {}, "evidence": "guessed", "median_ms": 1, "spread": 0},
                 {"config": {}, "evidence": "measured", "median_ms": float("nan"), "spread": 0}, {"config": []}):

@@ -156,19 +156,22 @@ def _timings(finalists: list[list[float]], baseline: list[float]) -> Any:
 
 
 def test_judge_picks_the_fastest_finalist_and_reports_the_speedup():
+    from kernsearch._vocabulary import Evidence, TrialStatus
     from kernsearch.studies._final import judge
-    from kernsearch.studies._study import TrialSummary
+    from kernsearch.studies._trial import Record, Trial
 
-    top = [TrialSummary(5, {"a": 1}, 1.0, "measured"), TrialSummary(9, {"a": 2}, 1.1, "measured")]
+    top = [Trial(n, c, TrialStatus.OK, Record(t, Evidence.MEASURED), t) for n, c, t in ((5, {"a": 1}, 1.0),
+                                                                                       (9, {"a": 2}, 1.1))]
     judged = judge(top, _timings([[1.30, 1.31, 1.29, 1.30], [1.00, 1.01, 0.99, 1.00]], [2.0, 2.02, 1.98, 2.0]))
     assert judged.winner == 9  # re-measured, the second leader is faster
     assert judged.lead_exceeds_noise and judged.beats_baseline
-    assert judged.speedup == pytest.approx(2.0) and judged.speedup_low <= 2.0 <= judged.speedup_high
+    f = judged.figures
+    assert f is not None and f.speedup == pytest.approx(2.0) and f.speedup_low <= 2.0 <= f.speedup_high
     tie = judge(top, _timings([[1.0, 1.1, 0.9], [1.0, 1.05, 0.95]], [1.0, 1.1, 0.9]))
     assert tie.lead_exceeds_noise is False and tie.beats_baseline is False
     stored = judged.to_dict()  # the form stored on the study and printed by `tune --json`, as it always was
     assert list(stored) == ["winner", "finalists", "lead_exceeds_noise", "baseline_median_ms", "baseline_spread",
-                            "speedup", "speedup_low", "speedup_high", "beats_baseline", "modes"]
+                            "speedup", "speedup_low", "speedup_high", "modes", "beats_baseline"]
     assert stored["winner"] == 9 and set(stored["finalists"]) == {"5", "9"}
     assert set(stored["finalists"]["9"]) == {"median_ms", "spread"}
 

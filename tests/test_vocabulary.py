@@ -20,13 +20,13 @@ WORDS = {str(w) for enum in (Evidence, TrialStatus, Verifier, Target, Severity, 
 
 #: (file, word): the same letters naming something else, said here so a new one is a decision, not a slip.
 OTHER_MEANINGS = {
-    ("search/artifacts/_artifacts.py", "ok"): "`artifacts verify`'s line for an intact version",
+    ("search/artifacts/_repair.py", "ok"): "`artifacts verify`'s line for an intact version",
     ("search/cli.py", "interrupted"): "the one-line message of a Ctrl-C",
     ("search/evaluation/_worker.py", "error"): "a variant's failure reason when it raised an unexpected exception",
     ("search/interp/_compile.py", "error"): "a search in the C compiler's stderr",
     ("search/interp/_source.py", "device"): "Metal's device address space",
     ("search/studies/_storage.py", "ok"): "SQLite's answer to `PRAGMA quick_check`",
-    ("search/studies/_study.py", "interrupted"): "StopReason.INTERRUPTED, why a search ended",
+    ("search/studies/_result.py", "interrupted"): "StopReason.INTERRUPTED, why a search ended",
     ("flows/_steps.py", "error"): "a step's failure reason when its result names none",
     ("flows/_report.py", "failed"): "a nightly job's outcome (Outcome.FAILED) and the export's (ExportStatus.FAILED)",
 }

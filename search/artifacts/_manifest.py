@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .._errors import KernsearchError
-from .._records import Proof, Winner
-from .._rules import consumer_figures, valid_ratios
+from .._records import Figures, ModeFigures, Proof, Winner
+from .._rules import consumer_figures
 from .._vocabulary import EVIDENCE_RANK, ConsumerMode, Dtype, Evidence, TargetName, Verifier
 
 if TYPE_CHECKING:
@@ -176,28 +176,13 @@ class ProblemInfo(_Model):
     bytes: float = Field(ge=0)
 
 
-class ModeTiming(_Model):
-    """One consumer mode of the final round (docs/timing.md): the kernel and the op called through the exported
-    package's own planned calls, per call in ms (medians), the speedup with its p10/p90 range (the spread shown),
-    and the per-round ratios (op / kernel, timed back to back) whose interval the gate and the dispatcher act on
-    (``_rules.ratio_interval``). A version without ``ratios`` (judged before paired rounds) is judged by ``low``."""
-
-    median_ms: float = Field(gt=0)
-    baseline_median_ms: float = Field(gt=0)
-    speedup: float = Field(gt=0)
-    low: float = Field(gt=0)
-    high: float = Field(gt=0)
-    ratios: list[float] | None = Field(None, max_length=10_000)
-
-    @model_validator(mode="after")
-    def _ratios(self) -> ModeTiming:
-        if self.ratios is not None and valid_ratios(self.ratios) is None:
-            raise ValueError("ratios must be positive finite numbers")
-        return self
+#: One consumer mode's figures in a manifest: the search's own record (``_records.ModeFigures``).
+ModeTiming = ModeFigures
 
 
-class Measurements(_Model):
-    """Timing of the variant (and of the baseline MLX op on the same inputs), in milliseconds.
+class Measurements(Figures):
+    """Timing of the variant (and of the baseline MLX op on the same inputs), in milliseconds: its
+    :class:`~kernsearch._records.Figures` (the final round's, the winner's: one declaration) and the samples.
 
     ``modes``: the consumer modes (``graph``, ``eager``, ``batch``) the final round timed through the package's
     call path, with cold weights (``weight_sets`` rotating copies of the weights) where the family has weights; the
@@ -207,20 +192,7 @@ class Measurements(_Model):
     read as ``batch`` (``_rules.consumer_figures``). Results without ``modes`` were timed by
     separate launches (before consumer judging): recorded, never dispatched."""
 
-    median_ms: float = Field(gt=0)
-    #: Relative spread of the samples, (p90 - p10) / median: the noise the regression gate must beat.
-    spread: float = Field(ge=0)
     samples_ms: list[float] = Field(default_factory=list)
-    baseline_median_ms: float | None = Field(None, gt=0)
-    #: The baseline op's relative spread in the same interleaved run.
-    baseline_spread: float | None = Field(None, ge=0)
-    #: Baseline median / kernel median, and its range: baseline p10 / kernel p90 .. baseline p90 / kernel p10.
-    #: The gate and the exported dispatcher act on ``speedup_low`` (see docs/artifacts.md).
-    speedup: float | None = Field(None, gt=0)
-    speedup_low: float | None = Field(None, gt=0)
-    speedup_high: float | None = Field(None, gt=0)
-    modes: dict[ConsumerMode, ModeTiming] | None = None
-    weight_sets: int | None = Field(None, ge=1)
     #: The length of the chain the ``graph`` figures timed (None: before chains, ``graph`` read as ``batch``).
     chain_calls: int | None = Field(None, ge=2)
 
@@ -242,13 +214,8 @@ class Measurements(_Model):
 
     @classmethod
     def of(cls, winner: Winner) -> Measurements:
-        """A search winner's figures: the final round's where it ran (medians, the speedup's range, each consumer
-        mode), else the trial's own."""
-        return cls(median_ms=winner.median_ms, spread=winner.spread, baseline_median_ms=winner.baseline_median_ms,
-                   baseline_spread=winner.baseline_spread, speedup_low=winner.speedup_low,
-                   speedup_high=winner.speedup_high,
-                   modes={m: f.to_dict() for m, f in winner.modes.items()} or None,  # type: ignore[misc,unused-ignore]
-                   weight_sets=winner.weight_sets)
+        """A search winner's figures: the final round's where it ran, else the trial's own."""
+        return cls.model_validate(winner.figures.model_dump())
 
     @classmethod
     def from_timing(cls, timing: Timing, baseline: Timing | None = None) -> Measurements:

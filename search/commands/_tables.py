@@ -84,15 +84,15 @@ def _finalist_line(number: int, check: FinalistCheck, final: FinalRound) -> str:
 
 def _final_lines(final: FinalRound | None, evidence: str) -> list[str]:
     lines: list[str] = []
-    if final is not None and final.speedup is not None:
+    f = final.figures if final is not None else None
+    if final is not None and f is not None and f.speedup is not None:
         beats = "" if final.beats_baseline else " [yellow](lead within the measured noise)[/]"
-        spread = "" if final.modes else \
-            f"range {_fmt(final.speedup_low, '.2f')}-{_fmt(final.speedup_high, '.2f')}; "
-        lines.append(f"speedup over the baseline op: {final.speedup:.2f}x ({spread}baseline "
-                     f"{_fmt(final.baseline_median_ms, '.4g')} ms){beats}")
-        if final.modes:
-            figures = {m: f.to_dict() for m, f in final.modes.items()}
-            lines.append(f"as consumers call it: {modes_text(figures, tuple(final.modes))}")
+        spread = "" if f.modes else \
+            f"range {_fmt(f.speedup_low, '.2f')}-{_fmt(f.speedup_high, '.2f')}; "
+        lines.append(f"speedup over the baseline op: {f.speedup:.2f}x ({spread}baseline "
+                     f"{_fmt(f.baseline_median_ms, '.4g')} ms){beats}")
+        if f.modes:
+            lines.append(f"as consumers call it: {modes_text(f.consumer(), tuple(f.consumer()))}")
     elif evidence == Evidence.MODELED:
         lines.append("speedup over the baseline op: not available (modeled times; the baseline is not modeled)")
     if final is None:

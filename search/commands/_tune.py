@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
@@ -249,7 +249,7 @@ def _print_tune(result: StudyResult, objective: Objective, margin: float, outcom
                      margin, tuple(family.consumer_modes) if family else None)
     if as_json:
         data = result.to_dict()
-        data["winner"] = asdict_or_none(result.best)
+        data["winner"] = result.best.summary() if result.best is not None else None
         data["beats_baseline"] = judged.beats
         data["verdict"] = judged.text
         if outcome is not None:
@@ -283,11 +283,6 @@ def _say_if_the_model_cannot_rank(objective: Objective) -> None:
     if text:
         _warn_line(text)
 
-
-def asdict_or_none(obj: Any) -> dict[str, Any] | None:
-    from dataclasses import asdict
-
-    return None if obj is None else asdict(obj)
 
 
 def _run_with_progress(display: Display, objective: Objective, trials: int | None, time_budget: str | None,

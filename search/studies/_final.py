@@ -13,15 +13,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._records import FinalTimings, ModeFigures
+from .._records import Figures, FinalTimings, ModeFigures
 from .._rules import beats_op, consumer_low
 from .._vocabulary import CONSUMER_MODES, Memcheck, Verifier
 from ..backends._memcheck import MemcheckResult
 
 if TYPE_CHECKING:
-    from ._study import TrialSummary
+    from ._trial import Trial
 
-__all__ = ["BoundsChecks", "FinalRound", "FinalistCheck", "FinalistTime", "ModeFigures", "judge"]
+__all__ = ["BoundsChecks", "FinalRound", "FinalistCheck", "FinalistTime", "Figures", "ModeFigures", "judge"]
 
 
 @dataclass(frozen=True)
@@ -139,17 +139,16 @@ class FinalistTime:
             {"median_ms": self.median_ms, "spread": self.spread}
 
 
-#: Optional figures of a measured final round, in their stored order (absent when None).
-_FIGURES = ("lead_exceeds_noise", "baseline_median_ms", "baseline_spread", "speedup", "speedup_low", "speedup_high",
-            "beats_baseline", "baseline_error", "weight_sets")
+#: The figures of the winner's own time: stored once, as its finalist time (``finalists``).
+_OWN = ("median_ms", "spread")
 
 
 @dataclass(frozen=True)
 class FinalRound:
     """What the final round decided. ``winner`` None: no finalist is correct (or the round was interrupted).
 
-    Measured: ``finalists`` re-timed; ``speedup`` (baseline median / winner median) with its ``speedup_low`` -
-    ``speedup_high`` range when the baseline op was timed; ``lead_exceeds_noise`` whether the winner's lead over
+    Measured: ``finalists`` re-timed; ``figures`` the winner's (its speedup over the baseline op with its range
+    when the op was timed, each consumer mode's); ``lead_exceeds_noise`` whether the winner's lead over
     the runner-up exceeds the noise, ``beats_baseline`` whether its lead over the baseline does (where the consumer
     modes were timed: whether their lower bound clears the margin, ``_rules.beats_op``).
     Modeled: ``verified_on`` is ``"interpreter"``, ``checks`` per finalist at ``verify_shape``. Measured:
@@ -163,17 +162,12 @@ class FinalRound:
     checks: dict[int, FinalistCheck] = field(default_factory=dict)
     finalists: dict[int, FinalistTime] = field(default_factory=dict)
     lead_exceeds_noise: bool | None = None
-    baseline_median_ms: float | None = None
-    baseline_spread: float | None = None
-    speedup: float | None = None
-    speedup_low: float | None = None
-    speedup_high: float | None = None
     beats_baseline: bool | None = None
     baseline_error: str | None = None
     note: str | None = None
-    #: The consumer modes the round timed (winner against the op); ``speedup_low`` is the smallest of their lows.
-    modes: dict[str, ModeFigures] = field(default_factory=dict)
-    weight_sets: int | None = None
+    #: The winner's figures as the round timed it against the op (None: the round timed no figures); its
+    #: ``speedup_low`` is the smallest lower bound of the consumer modes the family is judged in.
+    figures: Figures | None = None
 
     def verdict(self, number: int) -> str | None:
         """Where trial ``number`` was proven in this round (``interpreter``, ``device``), ``FAIL (reason)``, or
@@ -196,13 +190,13 @@ class FinalRound:
             d["checks"] = {str(n): c.to_dict() for n, c in self.checks.items()}
         if self.finalists:
             d["finalists"] = {str(n): t.to_dict() for n, t in self.finalists.items()}
-        for name in _FIGURES:
+        if self.lead_exceeds_noise is not None:
+            d["lead_exceeds_noise"] = self.lead_exceeds_noise
+        if self.figures is not None:  # beside the round's fields, as they have always been stored; the winner's own
+            d.update({k: v for k, v in self.figures.to_json().items() if k not in _OWN})  # time is its finalist's
+        for name in ("beats_baseline", "baseline_error", "note"):
             if getattr(self, name) is not None:
                 d[name] = getattr(self, name)
-        if self.note is not None:
-            d["note"] = self.note
-        if self.modes:
-            d["modes"] = {m: f.to_dict() for m, f in self.modes.items()}
         return d
 
     @classmethod
@@ -222,18 +216,16 @@ class FinalRound:
             if number is not None and median is not None:
                 finalists[number] = FinalistTime(median, _number(raw.get("spread")))
         shape = data.get("verify_shape")
-        return cls(_int(data.get("winner")), _text(data.get("verified_on")),
+        winner = _int(data.get("winner"))
+        return cls(winner, _text(data.get("verified_on")),
                    _ints(shape) if isinstance(shape, list) else None, checks, finalists,
                    lead_exceeds_noise=_flag(data.get("lead_exceeds_noise")),
-                   baseline_median_ms=_number(data.get("baseline_median_ms")),
-                   baseline_spread=_number(data.get("baseline_spread")), speedup=_number(data.get("speedup")),
-                   speedup_low=_number(data.get("speedup_low")), speedup_high=_number(data.get("speedup_high")),
                    beats_baseline=_flag(data.get("beats_baseline")), baseline_error=_text(data.get("baseline_error")),
-                   note=_text(data.get("note")), modes=_modes(data.get("modes")),
-                   weight_sets=_int(data.get("weight_sets")))
+                   note=_text(data.get("note")), figures=_figures(data, finalists.get(winner) if winner is not None
+                                                                  else None))
 
 
-def judge(top: Sequence[TrialSummary], timings: FinalTimings, judged: tuple[str, ...] = CONSUMER_MODES
+def judge(top: Sequence[Trial], timings: FinalTimings, judged: tuple[str, ...] = CONSUMER_MODES
           ) -> FinalRound:
     """The winner of the re-timed finalists (``timings``: ``top``'s in order; ranked in graph mode, as consumers
     mostly call) and its speedup over the baseline in every consumer mode, with its per-round ratios (the paired
@@ -250,33 +242,36 @@ def judge(top: Sequence[TrialSummary], timings: FinalTimings, judged: tuple[str,
     decisive = len(order) < 2 or lead_exceeds_noise(samples[first], samples[order[1]])
     times = {top[i].number: FinalistTime(medians[i], spread(samples[i])) for i in range(len(top))}
     error = timings.baseline_error or None
+    own = {"median_ms": medians[first], "spread": spread(samples[first])}
     if not base:
-        return FinalRound(top[first].number, finalists=times, lead_exceeds_noise=decisive, baseline_error=error)
+        return FinalRound(top[first].number, finalists=times, lead_exceeds_noise=decisive, baseline_error=error,
+                          figures=Figures.model_validate(own))
     s = speedup(samples[first], list(base))
     modes: dict[str, ModeFigures] = {}
     ratios = timings.ratios(first)
     for mode, by in timings.modes.items():
         if by.baseline:
             ms = speedup(list(by.finalists[first]), list(by.baseline))
-            modes[mode] = ModeFigures(float(np.median(by.finalists[first])), float(np.median(by.baseline)),
-                                      ms.median, ms.low, ms.high, tuple(ratios.get(mode, ())))
-    bound = consumer_low({m: f.to_dict() for m, f in modes.items()}, judged) if modes else None
-    low = s.low if bound is None else bound
+            modes[mode] = ModeFigures(median_ms=float(np.median(by.finalists[first])),
+                                      baseline_median_ms=float(np.median(by.baseline)), speedup=ms.median, low=ms.low,
+                                      high=ms.high, ratios=tuple(ratios.get(mode, ())) or None)
+    bound = consumer_low({m: f.model_dump(exclude_none=True) for m, f in modes.items()}, judged) if modes else None
+    figures = Figures.model_validate({**own, "baseline_median_ms": float(np.median(base)),
+                                      "baseline_spread": spread(list(base)), "speedup": s.median,
+                                      "speedup_low": s.low if bound is None else bound, "speedup_high": s.high,
+                                      "modes": modes, "weight_sets": timings.weight_sets})
     return FinalRound(top[first].number, finalists=times, lead_exceeds_noise=decisive,
-                      baseline_median_ms=float(np.median(base)), baseline_spread=spread(list(base)), speedup=s.median,
-                      speedup_low=low, speedup_high=s.high,
                       beats_baseline=beats_op(bound) if bound is not None else lead_exceeds_noise(samples[first],
                                                                                                   list(base)),
-                      baseline_error=error, modes=modes, weight_sets=timings.weight_sets)
+                      baseline_error=error, figures=figures)
 
 
-def _modes(v: object) -> dict[str, ModeFigures]:
-    out = {}
-    for mode, raw in _mapping(v).items():
-        figures = ModeFigures.from_dict(raw)
-        if isinstance(mode, str) and figures is not None:
-            out[mode] = figures
-    return out
+def _figures(data: dict[str, Any], timed: FinalistTime | None) -> Figures | None:
+    """A stored round's winner figures: its own time is its finalist time, the others stored beside the round's
+    fields (None: no winner timed, or figures that are not valid ones: never trusted)."""
+    if timed is None:
+        return None
+    return Figures.read({**data, "median_ms": timed.median_ms, "spread": timed.spread or 0.0})
 
 
 def _mapping(v: object) -> dict[Any, Any]:

@@ -10,7 +10,8 @@ from typing import Any
 from .._errors import KernsearchError
 from .._vocabulary import TrialStatus
 from ._final import FinalRound
-from ._study import STATUS_FAILED, STATUS_NOT_WINNING, STATUS_OK, TrialSummary, _top
+from ._trial import Trial
+from ._trials import top, trials_of
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class StudyHistory:
     name: str
     attrs: dict[str, Any]
     trials: list[TrialPoint]
-    top: list[TrialSummary]
+    top: list[Trial]
     invalid: int
     known: int
     importances: dict[str, float] = field(default_factory=dict)
@@ -68,27 +69,21 @@ def load_history(study_name: str, storage: str | None = None, importances: bool 
     if study_name not in {s.study_name for s in optuna.get_all_study_summaries(store)}:
         raise KernsearchError(f"no study {study_name!r} in this storage (see `kernsearch studies`)")
     study = optuna.load_study(study_name=study_name, storage=store)
-    frozen = study.get_trials(deepcopy=False)
     points, invalid, known, ok = [], 0, 0, []
-    for t in frozen:
-        status = t.user_attrs.get("status")
-        config = t.user_attrs.get("config")
-        if not isinstance(config, dict):
-            continue
-        if status == STATUS_OK and t.value is not None:
-            points.append(TrialPoint(t.number, config, float(t.value)))
-            ok.append(t)
-        elif status == STATUS_NOT_WINNING and t.value is not None:
-            points.append(TrialPoint(t.number, config, float(t.value), STATUS_NOT_WINNING))
-        elif status == STATUS_FAILED:
-            failure = t.user_attrs.get("failure")
-            reason = str(failure.get("reason", "?")) if isinstance(failure, dict) else "?"
-            points.append(TrialPoint(t.number, config, None, reason))
-        elif status == TrialStatus.INVALID:
+    frozen = {t.number: t for t in study.get_trials(deepcopy=False)}
+    for t in trials_of(study):
+        if t.evaluated:
+            points.append(TrialPoint(t.number, t.config, t.time_ms,
+                                     None if t.status == TrialStatus.OK else TrialStatus.NOT_WINNING.value))
+            if t.status == TrialStatus.OK:
+                ok.append(frozen[t.number])
+        elif t.status == TrialStatus.FAILED:
+            points.append(TrialPoint(t.number, t.config, None, t.reason or "?"))
+        elif t.status == TrialStatus.INVALID:
             invalid += 1
-        elif status == TrialStatus.KNOWN:
+        elif t.status == TrialStatus.KNOWN:
             known += 1
-    history = StudyHistory(study_name, dict(study.user_attrs), points, _top(study, 10), invalid, known)
+    history = StudyHistory(study_name, dict(study.user_attrs), points, top(study, 10), invalid, known)
     if importances:
         history.importances, history.importance_note = _importances(ok)
     return history

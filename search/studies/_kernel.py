@@ -7,16 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .._errors import BackendError, KernsearchError, VariantFailure
-from .._records import Proof, Winner
+from .._records import Figures, Proof, Winner
 from .._vocabulary import Evidence, Verifier
 from ..family._space import Config
 from ..hardware._targets import chip_target
 from ._final import FinalistCheck, FinalRound
+from ._objective_base import Objective
 from ._storage import StudyKey
-from ._study import Objective, Record, TrialSummary
+from ._trial import Record, Trial
 
 #: Configs of its own a search evaluates where the performance model cannot rank the space: the best-predicted
 #: ones, as many as the final round verifies by default.
@@ -134,9 +136,8 @@ class KernelVariants(Objective):
     def with_figures(self, rec: Record) -> Record:
         """``rec`` with the throughput and the share of the roofline its time means on this problem and chip."""
         flops = self.problem.flops()
-        rec.gflops = flops / (rec.time_ms * 1e-3) / 1e9 if rec.time_ms > 0 else None
-        rec.peak_pct = roofline_pct(self.chip, self.problem, rec.time_ms)
-        return rec
+        return replace(rec, gflops=flops / (rec.time_ms * 1e-3) / 1e9 if rec.time_ms > 0 else None,
+                       peak_pct=roofline_pct(self.chip, self.problem, rec.time_ms))
 
     def default(self) -> Config | None:
         cfg = dict(self.family.default)
@@ -323,15 +324,15 @@ class KernelVariants(Objective):
         if proof is None:
             why = self.unpublishable() or "no check of it passed there"
             raise KernsearchError(f"the winner was not verified at its tuned shape ({why}): refusing to publish it")
-        timed = final.finalists.get(best.number)
-        return Winner(best.number, dict(best.config), Evidence(self.evidence),
-                      timed.median_ms if timed else best.time_ms,
-                      timed.spread if timed and timed.spread is not None else best.spread, result.study_name, proof,
-                      baseline_median_ms=final.baseline_median_ms, baseline_spread=final.baseline_spread,
-                      speedup_low=final.speedup_low, speedup_high=final.speedup_high, modes=dict(final.modes),
-                      weight_sets=final.weight_sets, sha256=self.rendered_sha256(best.config) or "")
+        figures = final.figures if final.winner == best.number else None
+        if figures is None:  # no figures against the op: its final re-timing, else the trial's own time
+            timed = final.finalists.get(best.number)
+            figures = Figures(median_ms=timed.median_ms if timed else best.time_ms,
+                              spread=timed.spread if timed and timed.spread is not None else best.spread)
+        return Winner(best.number, dict(best.config), Evidence(self.evidence), figures, result.study_name, proof,
+                      sha256=self.rendered_sha256(best.config) or "")
 
-    def _same_kernel(self, best: TrialSummary, check: FinalistCheck | None) -> None:
+    def _same_kernel(self, best: Trial, check: FinalistCheck | None) -> None:
         """Refuse (one line) a winner whose config renders now to another kernel than the one its trial evaluated or
         its final check proved: a proof is of one exact kernel (the family changed under a resumed study)."""
         now = self.rendered_sha256(best.config)
@@ -346,7 +347,7 @@ class KernelVariants(Objective):
                     f"({sha[:12]}, now {(now or 'unrenderable')[:12]}): {template} or its family changed since; "
                     "refusing to publish it (run the search again: a changed family is a new study)")
 
-    def _proof(self, best: TrialSummary, check: FinalistCheck | None) -> Proof | None:
+    def _proof(self, best: Trial, check: FinalistCheck | None) -> Proof | None:
         """Where the winner was proven at its tuned shape (the interpreter's final check, by default)."""
         if check is None or not check.ok or check.max_abs_err is None:
             return None

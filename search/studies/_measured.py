@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 from .._errors import KernsearchError, VariantFailure
 from .._records import FinalTimings, Measurement, Proof
 from .._rules import INTERPRETER_TARGET
-from .._vocabulary import Memcheck, Verifier
+from .._vocabulary import Evidence, Memcheck, Verifier
 from ..backends._memcheck import MemcheckResult
 from ..family._space import Config
 from ._final import BoundsChecks, FinalistCheck, FinalRound, judge
 from ._kernel import FailureAt, KernelVariants, failing_at
-from ._study import Record, TrialSummary
+from ._trial import Record, Trial
 
 if TYPE_CHECKING:
     from ..backends._base import BaseBackend
@@ -109,11 +109,8 @@ class MeasuredObjective(KernelVariants):
         finally:
             if lease is not None:
                 lease.release()
-        proof = m.proof
-        rec = Record(m.median_ms, self.evidence, list(m.samples_ms), m.spread, m.compile_seconds, kernel.sha256,
-                     max_abs_err=proof.max_abs_err if proof else None, max_rel_err=proof.max_rel_err if proof else None,
-                     verified=Verifier.DEVICE, not_winning=True if m.not_winning else None)
-        return self.with_figures(rec)
+        return self.with_figures(Record(m.median_ms, Evidence(self.evidence), m.samples_ms, m.spread, m.compile_seconds,
+                                        kernel.sha256, proof=m.proof, not_winning=m.not_winning))
 
     def baseline_ms(self) -> float | None:
         """The family's baseline MLX op timed in the worker; None if it fails."""
@@ -127,7 +124,7 @@ class MeasuredObjective(KernelVariants):
             return None
 
     # -- the end ------------------------------------------------------------------------------------
-    def finalize(self, top: list[TrialSummary]) -> FinalRound:
+    def finalize(self, top: list[Trial]) -> FinalRound:
         """Fresh worker; finalists and the baseline MLX op interleaved; a lead must exceed the noise."""
         from .._steps import step
         from ..variants._tasks import final_round
@@ -143,7 +140,7 @@ class MeasuredObjective(KernelVariants):
             return FinalRound(top[0].number, note=f"final round failed ({exc.reason}): {exc.detail[:300]}")
         return self._prove_on_a_ragged_shape(top, timings)
 
-    def _prove_on_a_ragged_shape(self, top: list[TrialSummary], timings: FinalTimings) -> FinalRound:
+    def _prove_on_a_ragged_shape(self, top: list[Trial], timings: FinalTimings) -> FinalRound:
         """The fastest re-timed finalist that is also correct on the device at a ragged shape wins.
 
         Each variant was verified on the device at the tuned shape only, and a published kernel also runs at
@@ -176,7 +173,7 @@ class MeasuredObjective(KernelVariants):
         final = judge([top[i] for i in keep], timings.keep(keep), tuple(self.family.consumer_modes))
         return replace(final, verified_on=Verifier.DEVICE, verify_shape=shape, checks=checks)
 
-    def _check_finalist(self, t: TrialSummary) -> FinalistCheck:
+    def _check_finalist(self, t: Trial) -> FinalistCheck:
         """A finalist's checks before publishing (raises :class:`VariantFailure` naming the shape): on the device at a
         ragged shape, the interpreter's of its Metal template, then (the cuda back-end) its own launches under
         memcheck."""
@@ -199,7 +196,7 @@ class MeasuredObjective(KernelVariants):
         return FinalistCheck(True, err, tuple(self.problem.shape), also,
                              sha256=self.rendered_sha256(t.config) or "", bounds=bounds)
 
-    def _memcheck(self, t: TrialSummary, ragged: tuple[int, ...] | None) -> MemcheckResult:
+    def _memcheck(self, t: Trial, ragged: tuple[int, ...] | None) -> MemcheckResult:
         """The finalist's verification launches (the ragged shape's, the tuned shape's) under memcheck in a child
         process (:mod:`kernsearch.backends._memcheck`): its verdict; a reported error raises, naming its shape."""
         from .._steps import step
@@ -262,13 +259,15 @@ class MeasuredObjective(KernelVariants):
             return f"this config has no {INTERPRETER_TARGET} twin to check ({str(exc)[:160]})"
         return f"this config has no {INTERPRETER_TARGET} twin to check ({bad[0]})" if bad else ""
 
-    def _proof(self, best: TrialSummary, check: FinalistCheck | None) -> Proof | None:
-        """Verified on the device at the tuned shape when it was timed, and at a ragged shape in the final round."""
-        if best.verified != Verifier.DEVICE or best.max_abs_err is None:
+    def _proof(self, best: Trial, check: FinalistCheck | None) -> Proof | None:
+        """The worker's proof of the winner when it was timed (on the device at the tuned shape), and the final
+        round's check of it at a ragged shape."""
+        proof = best.proof
+        if proof is None or proof.verifier != Verifier.DEVICE or self.problem.shape_text not in proof.shapes:
             return None
-        further = tuple(check.also or ()) if check else ()
-        errors = [best.max_abs_err] + ([check.max_abs_err] if check and check.max_abs_err is not None else [])
-        return Proof(Verifier.DEVICE, (self.problem.shape_text, *further), max(errors))
+        if check is None or check.max_abs_err is None or not check.also:
+            return proof
+        return proof.also(Proof(Verifier.DEVICE, tuple(check.also), check.max_abs_err))
 
     def _close_pool(self) -> None:
         if self._pool is not None:

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import BackendError, KernsearchError, VariantFailure
 from .._records import Proof
-from .._vocabulary import Verifier
+from .._vocabulary import Evidence, Verifier
 from ..family._space import Config
 from ..hardware._targets import get_target, interpretable
 from ._final import BoundsChecks, FinalistCheck, FinalRound
 from ._kernel import PICKS, TUNED_SAMPLE, FailureAt, KernelVariants, failing_at
-from ._study import Record, TrialSummary
+from ._trial import Record, Trial
 
 if TYPE_CHECKING:
     from ..backends._base import BaseBackend
@@ -73,12 +73,8 @@ class ModeledObjective(KernelVariants):
         except KernsearchError as exc:
             raise VariantFailure("model", str(exc)) from None
         ms = predicted.time_ms
-        rec = Record(ms, self.evidence, [ms], sha256=kernel.sha256,
-                     tie_break=predicted.tie_break)  # equal times: more headroom first
-        if proof is not None:
-            rec.verified = Verifier.INTERPRETER
-            rec.max_abs_err, rec.max_rel_err = proof.max_abs_err, proof.max_rel_err
-        return self.with_figures(rec)
+        return self.with_figures(Record(ms, Evidence(self.evidence), (ms,), sha256=kernel.sha256, proof=proof,
+                                        tie_break=predicted.tie_break))  # equal times: more headroom first
 
     def interpret(self, config: Config) -> Proof:
         """Verify ``config`` on the CPU interpreter (small problem); raises VariantFailure."""
@@ -86,7 +82,7 @@ class ModeledObjective(KernelVariants):
                               timeout=max(1.0, self.timeout - 5))
 
     # -- the end ------------------------------------------------------------------------------------
-    def finalize(self, top: list[TrialSummary]) -> FinalRound:
+    def finalize(self, top: list[Trial]) -> FinalRound:
         """Modeled leaders are only predictions: the winner is the best-predicted one the interpreter passes."""
         from .._steps import step
 

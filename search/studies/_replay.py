@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import BackendError, VariantFailure
-from .._vocabulary import Evidence, TrialStatus, Verifier
+from .._vocabulary import Evidence, TrialStatus
 from ..backends._select import REPLAY
 from ..evaluation._measure import spread
 from ..evaluation._race import Race
@@ -71,7 +71,8 @@ class Replay:
     def objective(self, name: str | None = None) -> Any:
         """This landscape as a study objective (see ``_study.run_study``)."""
         from ._final import FinalistTime, FinalRound
-        from ._study import Objective, Record
+        from ._objective_base import Objective
+        from ._trial import Record
 
         backend = self
         land = self.landscape
@@ -110,9 +111,9 @@ class Replay:
 
             def evaluate_against(self, config: dict[str, Any], race: Race | None) -> Record:
                 samples, lost = backend.sample_against(config, race if backend.racing else None)
-                return Record(float(np.median(samples)), self.evidence, samples, spread(samples),
-                              verified=Verifier.RECORDED,
-                              not_winning=True if lost else None)
+                # recorded on the file's GPU and never run here: no proof (a replayed study publishes nothing)
+                return Record(float(np.median(samples)), self.evidence, tuple(samples), spread(samples),
+                              not_winning=lost)
 
             def prior(self, configs: list[dict[str, Any]]) -> list[float] | None:
                 return _family_prior(land, configs)

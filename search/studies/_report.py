@@ -20,7 +20,7 @@ from ..artifacts._manifest import MODELED_POLICY
 from ._history import StudyHistory, TrialPoint
 
 if TYPE_CHECKING:
-    from ._study import TrialSummary
+    from ._trial import Trial
 
 # Evidence kinds never mix: each has its own colour and words on every figure.
 EVIDENCE_STYLE = {
@@ -150,13 +150,13 @@ def speedup_figure(h: StudyHistory) -> Any | None:
     """The winner against the baseline op with the measured range; None when there is no measured speedup."""
     import plotly.graph_objects as go
 
-    final = h.final
-    if final is None or final.speedup is None:
+    f = h.final.figures if h.final is not None else None
+    if f is None or f.speedup is None:
         return None
     fig = _figure_base("Winner's speedup over the baseline op (with its measured range)", h.evidence)
-    s = final.speedup
-    low = final.speedup_low if final.speedup_low is not None else s
-    high = final.speedup_high if final.speedup_high is not None else s
+    s = f.speedup
+    low = f.speedup_low if f.speedup_low is not None else s
+    high = f.speedup_high if f.speedup_high is not None else s
     fig.add_trace(go.Bar(x=["baseline op", "winner"], y=[1.0, s], marker={"color": ["#999", "#1b7f3b"]},
                          error_y={"type": "data", "array": [0, high - s], "arrayminus": [0, s - low]},
                          text=["1.00x", f"{s:.2f}x ({low:.2f}-{high:.2f})"], textposition="outside"))
@@ -183,19 +183,20 @@ def _table(h: StudyHistory) -> str:
             f"<th>GFLOP/s</th><th>evidence</th><th>verified</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
-def _speedup_lines(h: StudyHistory, best: TrialSummary | None) -> list[str]:
+def _speedup_lines(h: StudyHistory, best: Trial | None) -> list[str]:
     """The summary's speedup: measured against the baseline op (and per consumer mode), or why there is none
     (modeled times; a study that did not time the baseline); nothing for interpreted evidence or no winner."""
     final = h.final
     lines: list[str] = []
-    if final is not None and final.speedup is not None:
+    f = final.figures if final is not None else None
+    if final is not None and f is not None and f.speedup is not None:
         beats = final.beats_baseline
-        spread = "" if final.modes else f"range {final.speedup_low or 0:.2f}-{final.speedup_high or 0:.2f}; "
-        lines.append(f"<p>Speedup over the baseline op: {final.speedup:.2f}x "
-                     f"({spread}baseline {final.baseline_median_ms or 0:.4g} ms)"
+        spread = "" if f.modes else f"range {f.speedup_low or 0:.2f}-{f.speedup_high or 0:.2f}; "
+        lines.append(f"<p>Speedup over the baseline op: {f.speedup:.2f}x "
+                     f"({spread}baseline {f.baseline_median_ms or 0:.4g} ms)"
                      + ("" if beats else " — <b>within the measured noise: not a win, the MLX op runs</b>") + "</p>")
-        if final.modes:  # every consumer mode timed; the family's declared ones judged (docs/timing.md)
-            figures = {m: f.to_dict() for m, f in final.modes.items()}
+        if f.modes:  # every consumer mode timed; the family's declared ones judged (docs/timing.md)
+            figures = f.consumer()
             lines.append(f"<p>As consumers call it: {html.escape(modes_text(figures, list(figures)))} "
                          "(graph: a chain of dependent calls, as a decode step runs)</p>")
     elif h.evidence == Evidence.MODELED:

@@ -57,17 +57,18 @@ def verdict(result: StudyResult, key: StudyKey, op: str, margin: float = DEFAULT
     if result.evidence == Evidence.MODELED:
         return Verdict(None, f"modeled result: {op} is not modeled, so nothing says this variant beats it; measure "
                              f"it on {key.chip} to know; {MODELED_POLICY}")
-    if final is None or final.speedup_low is None:
+    f = final.figures if final is not None else None
+    if f is None or f.speedup_low is None:
         return Verdict(None, f"{op} was not timed in this run: no verdict on the baseline {where}")
-    text = speedup_text(final.speedup, final.speedup_low, final.speedup_high)
+    text = speedup_text(f.speedup, f.speedup_low, f.speedup_high)
     why = ""
-    if final.modes:  # judged as consumers call it: each mode with its interval, and what the intervals say
-        figures = {m: f.to_dict() for m, f in final.modes.items()}
-        text = modes_text(figures, tuple(final.modes))
-        said = consumer_verdict(figures, judged or tuple(final.modes), margin)
+    if f.modes:  # judged as consumers call it: each mode with its interval, and what the intervals say
+        figures = f.consumer()
+        text = modes_text(figures, tuple(figures))
+        said = consumer_verdict(figures, judged or tuple(figures), margin)
         why = {Decision.SLOWER: "; slower than the op",
                Decision.UNDECIDED: "; not decided: an interval spans the margin"}.get(said, "")
-    if beats_op(final.speedup_low, margin):
+    if beats_op(f.speedup_low, margin):
         return Verdict(True, f"the winner beats {op} {where}: {text} (lower bound above {1 + margin:.2f}x)")
     return Verdict(False, f"no variant beats {op} {where} (best: {text}{why}); keep the MLX op")
 

@@ -14,8 +14,8 @@ try:  # an exported package: the shared modules sit beside this file
     from ._rules import (  # type: ignore[import-not-found,unused-ignore]
         FUNCTIONS,
         ExpressionError,
-        consumer_figures,
         content_sha256,
+        dispatch_figures,
         evaluate,
         names_in,
         timing_identity,
@@ -24,8 +24,8 @@ except ImportError:  # kernsearch itself: the same modules, at the bottom of its
     from ..._rules import (
         FUNCTIONS,
         ExpressionError,
-        consumer_figures,
         content_sha256,
+        dispatch_figures,
         evaluate,
         names_in,
         timing_identity,
@@ -60,14 +60,13 @@ def _read_inside(root: Path, rel: str, limit: int = 4 << 20) -> str:
 def decision_fields(m: Dict[str, Any]) -> Dict[str, Any]:
     """The fields of an artifact's dispatch record that come from its manifest (a parsed ``manifest.json``):
     export writes them from the manifest, and the dispatcher checks them against it before first use."""
-    meas = m.get("measurements") or {}
+    meas = m.get("measurements")
     tc, kernel, problem, chip = m["toolchain"], m["kernel"], m["problem"], m["chip"]
     return {
         "key": m["key"], "version": m["version"], "chip": chip["name"], "vendor": chip["vendor"],
         "lineage": list(chip["lineage"]), "dtype": problem["dtype"], "shape": list(problem["shape"]),
         "config": dict(m["config"]), "target": kernel["target"], "evidence": m["evidence"],
-        "median_ms": meas.get("median_ms"), "speedup": meas.get("speedup"), "speedup_low": meas.get("speedup_low"),
-        "speedup_high": meas.get("speedup_high"), "modes": consumer_figures(meas),
+        **dispatch_figures(meas),
         "timing_identity": timing_identity(tc.get("mlx_version"), tc.get("os"), tc.get("macos_version"),
                                            tc.get("cuda_driver"), tc.get("nvrtc_version")),
         "kernel": {"name": kernel["name"], "target": kernel["target"], "input_names": list(kernel["input_names"]),

@@ -22,7 +22,7 @@ SKIP = (ROOT / "search" / "backends", ROOT / "search" / "exporting" / "runtime")
 #: about back-ends.
 OTHER_VOCABULARIES = {"vendor", "sampler"}
 #: Functions whose argument is another vocabulary's name (module relative to ROOT, function).
-OTHER_FUNCTIONS = {("search/studies/_study.py", "make_sampler")}
+OTHER_FUNCTIONS = {("search/studies/_samplers.py", "make_sampler")}
 
 
 def _strings(node: ast.expr) -> set[str]:

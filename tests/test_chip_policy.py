@@ -152,7 +152,7 @@ def test_no_caller_restates_the_chip_rule() -> None:
     gone = ("target_chip", "chip_for", "machine_chip", "_machine", "_verifier", "_normalise")
     assert not {name: _calls(name, defines=True) for name in gone if _calls(name, defines=True)}
     normalising = [path for path, text in _sources().items() if r"[\s_\-]+" in text or 'removeprefix("apple")' in text]
-    assert normalising == ["search/_rules.py"]
+    assert normalising == ["search/_rules_chips.py"]
     entries = {"search/hardware/_chips.py", "search/exporting/runtime/_runtime.py"}
     assert _calls("choose_chip") == entries and _calls("named_chip") <= entries and _calls("identify") == entries
     assert _calls("detect_chip") == {"search/hardware/_chips.py"}

@@ -130,10 +130,13 @@ def test_no_import_cycles() -> None:
 
 def floor(module: str, known: dict[str, Path]) -> str:
     """The unit a module belongs to in the floors: its subpackage (``kernsearch.studies``), or itself for a module
-    at the top (``kernsearch._rules``, ``kernsearch.cli``)."""
+    at the top (``kernsearch._rules``, ``kernsearch.cli``). The rules' own modules (``kernsearch._rules_expr``...)
+    are one unit with ``kernsearch._rules``: one floor, shipped together."""
     parts = module.split(".")
     if len(parts) > 2 or (len(parts) == 2 and known[module].stem == "__init__"):
         return ".".join(parts[:2])
+    if len(parts) == 2 and parts[1].startswith("_rules_"):
+        return "kernsearch._rules"
     return module
 
 

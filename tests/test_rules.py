@@ -1,8 +1,9 @@
 """The shared rules (issue 30): kernsearch and its exported packages apply one file of rules, not two copies.
 
 ``kernsearch._rules`` (targets, beating the op, the timing identity, chip identification, hashes, the expression
-evaluator, the baseline vocabulary) and ``kernsearch._vocabulary`` are imported by the core and shipped byte for
-byte into every exported package, whose dispatcher imports them from beside itself.
+evaluator, the baseline vocabulary; with the ``_rules_*`` modules it reads them from) and ``kernsearch._vocabulary``
+are imported by the core and shipped byte for byte into every exported package, whose dispatcher imports them from
+beside itself.
 """
 
 from __future__ import annotations
@@ -42,9 +43,13 @@ def test_an_exported_package_holds_the_core_s_rules_byte_for_byte_and_imports_it
     runtime = Path(_runtime.__file__).parent
     modules = sorted(f.name for f in runtime.glob("_*.py") if f.name != "__init__.py")
     assert {"_runtime.py", "_patch.py"} < set(modules)  # the dispatcher is several modules: each one ships
+    core_root = Path(rules.__file__).parent
+    rule_modules = sorted(f.name for f in core_root.glob("_rules*.py"))
+    assert {"_rules.py", "_rules_expr.py", "_rules_decision.py"} < set(rule_modules)  # the rules are several modules
+    modules += rule_modules
     with zipfile.ZipFile(result.wheel) as wheel:
-        shipped = [(n, runtime / n) for n in modules] + [("_rules.py", Path(rules.__file__)),
-                                                        ("_vocabulary.py", Path(vocabulary.__file__))]
+        shipped = ([(n, runtime / n) for n in modules if n not in rule_modules]
+                   + [(n, core_root / n) for n in rule_modules] + [("_vocabulary.py", Path(vocabulary.__file__))])
         for name, core_file in shipped:
             core = core_file.read_bytes()
             assert (pkg / name).read_bytes() == core, name
@@ -54,7 +59,7 @@ def test_an_exported_package_holds_the_core_s_rules_byte_for_byte_and_imports_it
     names = [n.removesuffix(".py") for n in modules]
     probe = ("import sys; sys.modules['kernsearch'] = None; import mlx.core as mx; "
              f"import importlib, ks_rules_pkg as p, ks_rules_pkg._runtime as r; names = {names!r}; "
-             "assert r.evaluate.__module__ == 'ks_rules_pkg._rules', r.evaluate.__module__; "
+             "assert r.evaluate.__module__ == 'ks_rules_pkg._rules_expr', r.evaluate.__module__; "
              "assert r.Evidence.__module__ == 'ks_rules_pkg._vocabulary', r.Evidence.__module__; "
              "mods = [importlib.import_module('ks_rules_pkg.' + n) for n in names]; "
              "assert all(m.__file__.startswith(p.__path__[0]) for m in mods), [m.__file__ for m in mods]; "

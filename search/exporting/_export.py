@@ -3,7 +3,7 @@
 The package needs only ``mlx`` and ``numpy`` at run time. It holds the current artifact versions (source,
 manifest) of the families exported, each family's default-config kernels, a dispatch table
 (``dispatch.json``) and the run-time dispatcher (``exporting/runtime/_runtime.py`` with the shared rules it
-applies, ``_rules.py`` and ``_vocabulary.py``: all three copied verbatim), and
+applies, ``_rules.py`` with its ``_rules_*.py`` and ``_vocabulary.py``: all copied verbatim), and
 exposes one function per family (``gemm(a, b)``) plus ``explain(...)``. Geometry and constraints for
 shapes nobody tuned are computed at run time: the family's expressions are parsed here with Jinja's
 parser and shipped as small JSON trees that the dispatcher evaluates without ``eval`` and without Jinja.
@@ -411,14 +411,17 @@ for _family, _entry in _dispatcher.table.get("families", {}).items():
 #: Where the dispatcher's own modules live in kernsearch: every ``_*.py`` there ships (a module added there ships
 #: without being listed; each imports its siblings and the shared modules relatively, as they sit in the package).
 RUNTIME_PACKAGE = "kernsearch.exporting.runtime"
-#: The shared modules the dispatcher imports, by file name: where kernsearch keeps each.
-SHARED = {"_rules.py": "kernsearch", "_vocabulary.py": "kernsearch"}
+#: Where kernsearch keeps the shared modules the dispatcher imports: ``_vocabulary.py`` and the rules, ``_rules.py``
+#: and every ``_rules_*.py`` beside it (a rules module added there ships without being listed).
+SHARED_PACKAGE = "kernsearch"
 
 
 def _shipped() -> dict[str, str]:
     runtime = sorted(f.name for f in resources.files(RUNTIME_PACKAGE).iterdir()
                      if f.name.startswith("_") and f.name.endswith(".py") and f.name != "__init__.py")
-    return {**dict.fromkeys(runtime, RUNTIME_PACKAGE), **SHARED}
+    rules = sorted(f.name for f in resources.files(SHARED_PACKAGE).iterdir()
+                   if re.fullmatch(r"_rules(_[a-z0-9_]+)?\.py", f.name))
+    return {**dict.fromkeys(runtime, RUNTIME_PACKAGE), **dict.fromkeys([*rules, "_vocabulary.py"], SHARED_PACKAGE)}
 
 
 #: The modules of the package's dispatcher, by file name: where kernsearch keeps each (copied byte for byte).

@@ -15,7 +15,7 @@ concept each: ``_decision`` (the fallback chain and its rules), ``_checks`` (sha
 ``_oppath`` and ``_opforms`` (the op path), ``_fronts`` (the per-call fast paths), ``_binding`` (``bind``) and
 ``_patch`` (mlx-lm models); export ships every one of them. The rules they apply (targets, beating the op, the
 timing identity, chip identification, hashes, the expression evaluator, the baseline vocabulary) are kernsearch's
-own: ``_rules.py`` and ``_vocabulary.py`` ship beside them, byte for byte the modules kernsearch itself imports, so
+own: ``_rules*.py`` and ``_vocabulary.py`` ship beside them, byte for byte the modules kernsearch itself imports, so
 nothing here restates them.
 
 Every kernel file's hash is checked before it is used; each kernel is built once per process. Before an

@@ -17,9 +17,6 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten, tree_map
-from mlx_lm.generate import generate_step
-from mlx_lm.models import llama, qwen2
-from mlx_lm.utils import quantize_model
 from test_export import import_package
 
 from kernsearch import ArtifactStore, export
@@ -27,6 +24,34 @@ from kernsearch.bench._mlx_lm import FAMILIES  # the families patch() calls (not
 from kernsearch.family._spec import builtin_family_names
 
 pytestmark = pytest.mark.slow  # mlx-lm's import alone takes seconds here
+
+
+class _Lazy:
+    """A module of mlx-lm imported on first use: collecting this file (every pytest process does, the fast lane
+    too, which deselects it) does not pay mlx-lm's import (~2 s of CPU)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str):  # noqa: ANN204
+        import importlib
+
+        return getattr(importlib.import_module(self._name), attr)
+
+
+llama, qwen2 = _Lazy("mlx_lm.models.llama"), _Lazy("mlx_lm.models.qwen2")
+
+
+def generate_step(*args, **kw):  # noqa: ANN002, ANN003, ANN201
+    from mlx_lm.generate import generate_step
+
+    return generate_step(*args, **kw)
+
+
+def quantize_model(*args, **kw):  # noqa: ANN002, ANN003, ANN201
+    from mlx_lm.utils import quantize_model
+
+    return quantize_model(*args, **kw)
 
 PROMPT = [1, 5, 9, 20, 33, 7]
 

@@ -563,8 +563,8 @@ def test_real_server_serves_the_cron_deployment_and_runs_it_by_name(tmp_path: Pa
 
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, **TELEMETRY_OFF, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": api,
-           "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_UI_ENABLED": "false",
+    env = {**os.environ, **TELEMETRY_OFF, "PREFECT_HOME": str(prefect_api.migrated_home(tmp_path / "prefect-home")),
+           "PREFECT_API_URL": api, "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_UI_ENABLED": "false",
            "KERNSEARCH_HOME": str(tmp_path / "home"), "PREFECT_RUNNER_POLL_FREQUENCY": "2",
            "PREFECT_WORKER_QUERY_SECONDS": "2"}
     # the "square" job only, for two chips: this machine serves M2 Max, no one serves M3 Max

@@ -414,11 +414,22 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
     saved = {k: os.environ.get(k) for k in (*TELEMETRY_OFF, "PREFECT_HOME")}
     os.environ.update(TELEMETRY_OFF)
     os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
+    import prefect_api
+    from prefect.testing import utilities
     from prefect.testing.utilities import prefect_test_harness
 
+    def migrated_temp_dir() -> str:
+        """The harness's database folder, holding a database already at Prefect's schema (prefect_api): the
+        server skips its migrations."""
+        folder = tmp_path_factory.mktemp("prefect-harness-db")
+        shutil.copyfile(prefect_api.migrated_home(folder / "home") / "prefect.db", folder / "prefect-test.db")
+        return str(folder)
+
     try:
-        with prefect_test_harness(server_startup_timeout=180):
-            yield
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(utilities, "mkdtemp", migrated_temp_dir)  # the harness names its database folder so
+            with prefect_test_harness(server_startup_timeout=180):
+                yield
     finally:
         for k, v in saved.items():
             if v is None:

@@ -117,8 +117,8 @@ def test_three_workers_two_chips_one_study_per_chip_one_store(tmp_path: Path) ->
 
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, **TELEMETRY_OFF, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": api,
-           "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_UI_ENABLED": "false",
+    env = {**os.environ, **TELEMETRY_OFF, "PREFECT_HOME": str(prefect_api.migrated_home(tmp_path / "prefect-home")),
+           "PREFECT_API_URL": api, "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_UI_ENABLED": "false",
            "KERNSEARCH_HOME": str(tmp_path / "home"), "PREFECT_WORKER_QUERY_SECONDS": "2",
            "KERNSEARCH_HEARTBEAT_S": "2"}
     procs: list[subprocess.Popen] = []

@@ -416,11 +416,22 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
     saved = {k: os.environ.get(k) for k in (*TELEMETRY_OFF, "PREFECT_HOME")}
     os.environ.update(TELEMETRY_OFF)
     os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
+    import prefect_api
+    from prefect.testing import utilities
     from prefect.testing.utilities import prefect_test_harness
 
+    def migrated_temp_dir() -> str:
+        """The harness's database folder, holding a database already at Prefect's schema (prefect_api): the
+        server skips its migrations."""
+        folder = tmp_path_factory.mktemp("prefect-harness-db")
+        shutil.copyfile(prefect_api.migrated_home(folder / "home") / "prefect.db", folder / "prefect-test.db")
+        return str(folder)
+
     try:
-        with prefect_test_harness(server_startup_timeout=180):
-            yield
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(utilities, "mkdtemp", migrated_temp_dir)  # the harness names its database folder so
+            with prefect_test_harness(server_startup_timeout=180):
+                yield
     finally:
         for k, v in saved.items():
             if v is None:
@@ -565,8 +576,8 @@ def test_real_server_serves_the_cron_deployment_and_runs_it_by_name(tmp_path: Pa
 
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, **TELEMETRY_OFF, "PREFECT_HOME": str(tmp_path / "prefect-home"), "PREFECT_API_URL": api,
-           "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_UI_ENABLED": "false",
+    env = {**os.environ, **TELEMETRY_OFF, "PREFECT_HOME": str(prefect_api.migrated_home(tmp_path / "prefect-home")),
+           "PREFECT_API_URL": api, "PREFECT_UI_ENABLED": "false", "PREFECT_SERVER_UI_ENABLED": "false",
            "KERNSEARCH_HOME": str(tmp_path / "home"), "PREFECT_RUNNER_POLL_FREQUENCY": "2",
            "PREFECT_WORKER_QUERY_SECONDS": "2"}
     # the "square" job only, for two chips: this machine serves M2 Max, no one serves M3 Max

@@ -11,14 +11,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.gpu
-
 FAMILIES = {"rmsnorm": "4096,4096", "layernorm": "4096,4096", "softmax": "4096,4096", "swiglu": "4096,11008",
             # the fused decode families on the quantized matrix-vector core (4-bit, group 64), at their defaults
             "rmsnorm_qmatvec": "1,12288,4096,512,64", "qmatvec_residual": "1,4096,4096,512,64",
             "rmsnorm_swiglu_qmatvec": "1,11008,4096,512,64"}
 #: The row families win with a held row in registers; the others run their default config.
 ROW_FAMILIES = ("rmsnorm", "layernorm", "softmax")
+#: The built-in families this file does not take through the package, and where their GPU runs are instead.
+ELSEWHERE = {"gemm": "tests/test_gpu_cuda.py (ragged shapes, timing, published artifacts through the package)",
+             "gemv": "benchmarks/gpu_consumer.py", "qmatvec": "benchmarks/gpu_consumer.py",
+             "swiglu_qmatvec": "benchmarks/gpu_consumer.py", "mlp_block": "benchmarks/gpu_tune_decode.py"}
+
+
+def test_every_builtin_family_is_taken_through_the_package_here_or_has_its_gpu_runs_named() -> None:
+    """The families are found in the family folders (conftest.builtin_families): a new one fails here until it has
+    a shape above (and runs through the package on the GPU) or names where its GPU runs are."""
+    from conftest import builtin_families
+
+    assert not set(FAMILIES) & set(ELSEWHERE)
+    assert sorted({*FAMILIES, *ELSEWHERE}) == builtin_families()
+    assert set(ROW_FAMILIES) <= set(FAMILIES)
 
 
 def _cuda() -> bool:
@@ -30,6 +42,7 @@ def _cuda() -> bool:
         return False
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not _cuda(), reason="needs MLX with its CUDA back-end on an NVIDIA GPU")
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_family_through_the_exported_package(name: str, tmp_path: Path) -> None:

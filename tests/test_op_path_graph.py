@@ -34,6 +34,14 @@ SHAPES = {"qmatvec": (2, 256, 256, 32, 4), "swiglu_qmatvec": (2, 256, 256, 32, 4
           "rmsnorm_swiglu_qmatvec": (2, 128, 256, 32, 4), "mlp_block": (2, 256, 512, 32, 4, 64, 8)}
 
 
+def test_every_builtin_family_has_a_shape_and_an_op_by_hand_here() -> None:
+    """The families are found in the family folders: a new one fails here until its shape (and its op written by
+    hand, below) lets the graph tests take it through the package too."""
+    from conftest import builtin_families
+
+    assert sorted(SHAPES) == builtin_families()
+
+
 def by_hand(family: str, dims: dict[str, int]) -> Any:
     """The family's op as a consumer writes it without kernsearch: plain MLX calls, each value computed once."""
     q = ("K", "NG", "KW") if "NG" in dims else ("H", "NGH", "KWH")  # qmatvec's quantization, or mlp_block's along H

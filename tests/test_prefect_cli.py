@@ -29,12 +29,13 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     import httpx
+    import prefect_api
 
     tmp = tmp_path_factory.mktemp("prefect")
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_HOME": str(tmp / "home"), "PREFECT_API_URL": api, "PREFECT_SERVER_UI_ENABLED": "false",
+           "PREFECT_HOME": str(prefect_api.migrated_home(tmp / "home")), "PREFECT_API_URL": api, "PREFECT_SERVER_UI_ENABLED": "false",
            "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2", "COLUMNS": "250"}
     log = open(tmp / "server.log", "w")  # noqa: SIM115
     proc = subprocess.Popen([*PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,

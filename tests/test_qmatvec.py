@@ -17,6 +17,8 @@ from kernsearch import Space, geometry, get_backend, get_chip, load_family, make
 from kernsearch._errors import SpecError
 
 REPO = Path(__file__).resolve().parents[1]
+#: The cores on MLX's quantization tested here; every other family built on qmatvec is a fused decode family
+#: (tests/test_fused_decode.py finds them).
 FAMILIES = ("qmatvec", "swiglu_qmatvec")
 M2 = get_chip("M2 Max")
 H100 = get_chip("H100")

@@ -55,6 +55,12 @@ def canary_tree() -> Iterator[Path]:
     assert not changed["canary"] and not changed["repo"], f"files changed outside output folders: {changed}"
 
 
+#: For a tune that only sets up what a test is about (a study, a store, a search that must publish nothing): the
+#: random sampler skips the ``auto`` start, which ranks every valid config with the model (~9 s of CPU for GEMM at
+#: 64^3, in every such process), and proposes configs the test does not depend on.
+RANDOM = ("--sampler", "random")
+
+
 def ks(*args: str, cwd: Path | None = None, timeout: float = 120, env: dict[str, str] | None = None
        ) -> subprocess.CompletedProcess[str]:
     """``python -m kernsearch ARGS`` in a fresh process (what a user or a nightly job runs)."""

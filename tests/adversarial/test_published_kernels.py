@@ -11,7 +11,7 @@ import pytest
 from kernsearch import ArtifactStore, Space, geometry, get_backend, get_chip, load_family, make_problem, render
 from kernsearch.evaluation._verify import sample_threadgroups, threadgroup_counts, verify_kernel
 
-from .conftest import ks
+from .conftest import RANDOM, ks
 
 
 def _wrong_where(condition: str, text: str) -> str:
@@ -35,7 +35,7 @@ def test_a_kernel_wrong_at_the_tuned_shape_is_never_published(hostile_family, tm
     small = ks("verify", str(folder), "--shape", "96,96,96", "--dtype", "float32", "--chip", "M2 Max")
     assert small.returncode == 0, small.stdout + small.stderr  # the trap: right on the stand-in problem
     proc = ks("tune", str(folder), "--backend", "model", "--chip", "M2 Max", "--shape", "512,512,512",
-              "--dtype", "float32", "--trials", "3", "--finalists", "2", "--storage", ":memory:", "--publish",
+              "--dtype", "float32", "--trials", "3", "--finalists", "2", "--storage", ":memory:", "--publish", *RANDOM,
               env={"KERNSEARCH_ARTIFACTS": str(store)}, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "512x512x512" in proc.stdout and "FAIL" in proc.stdout
@@ -91,7 +91,7 @@ def test_a_kernel_wrong_only_on_ragged_shapes_is_never_published(hostile_family,
         proc = ks("verify", str(folder), "--shape", shape, "--dtype", "float32", "--chip", "M2 Max")
         assert proc.returncode == rc, (shape, proc.stdout + proc.stderr)
     proc = ks("tune", str(folder), "--backend", "model", "--chip", "M2 Max", "--shape", "256,256,256",
-              "--dtype", "float32", "--trials", "3", "--finalists", "2", "--storage", ":memory:", "--publish",
+              "--dtype", "float32", "--trials", "3", "--finalists", "2", "--storage", ":memory:", "--publish", *RANDOM,
               env={"KERNSEARCH_ARTIFACTS": str(store)}, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAIL" in proc.stdout, proc.stdout

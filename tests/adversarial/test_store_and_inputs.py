@@ -13,7 +13,7 @@ import pytest
 from kernsearch import ArtifactStore
 from kernsearch.artifacts._manifest import ArtifactError
 
-from .conftest import CANARY, KEY, assert_one_line_error, candidate, key, ks
+from .conftest import CANARY, KEY, RANDOM, assert_one_line_error, candidate, key, ks
 
 READERS = [["artifacts", "list"], ["artifacts", "show", KEY], ["artifacts", "verify"], ["export", "gemm", "--out", "{out}"]]
 
@@ -56,7 +56,7 @@ def test_fifo_in_the_store_never_blocks_tunes_warm_start(store: Path, victim: st
     path.unlink()
     os.mkfifo(path)
     proc = ks("tune", "gemm", "--backend", "model", "--chip", "M2 Max", "--shape", "64,64,64", "--dtype", "float32",
-              "--trials", "2", "--verify", "none", "--storage", ":memory:",
+              "--trials", "2", "--verify", "none", "--storage", ":memory:", *RANDOM,
               env={"KERNSEARCH_ARTIFACTS": str(store)}, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -185,7 +185,7 @@ def test_tune_publish_to_an_unusable_store_is_one_line_before_the_search(tmp_pat
 def test_tune_on_a_study_made_for_another_problem_is_one_line_before_the_search(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'studies.db'}"
     first = ks("tune", "gemm", "--backend", "model", "--chip", "M2 Max", "--shape", "64,64,64", "--trials", "1",
-               "--verify", "none", "--storage", db, "--study", "x", timeout=120)
+               "--verify", "none", "--storage", db, "--study", "x", *RANDOM, timeout=120)
     assert first.returncode == 0, first.stderr
     proc = ks("tune", "gemm", "--backend", "model", "--chip", "M2 Max", "--shape", "32,32,32", "--trials", "1",
               "--verify", "none", "--storage", db, "--study", "x", timeout=120)
@@ -276,7 +276,7 @@ def test_bad_threadgroup_is_one_line(hostile_family, tg: str) -> None:
 def test_corrupted_sqlite_storage_is_one_line(tmp_path: Path) -> None:
     db = tmp_path / "studies.db"
     ok = ks("tune", "gemm", "--backend", "model", "--chip", "M2 Max", "--shape", "64,64,64", "--trials", "2",
-            "--verify", "none", "--storage", f"sqlite:///{db}", timeout=300)
+            "--verify", "none", "--storage", f"sqlite:///{db}", *RANDOM, timeout=300)
     assert ok.returncode == 0, ok.stderr
     with sqlite3.connect(db) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")

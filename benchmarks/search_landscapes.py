@@ -71,9 +71,18 @@ TUNED_ON = ("convolution_A100", "dedispersion_A100", "gemm_clblast_RTX_3090", "p
             "gemm_H100_float16_16x4096x4096", "gemm_H100_float16_2048x2048x2048", "gemv_H100_float16_4x4096x4096",
             "layernorm_H100_float16_4096x4096", "qmatvec_H100_float16_4x4096x4096x512x64",
             "rmsnorm_H100_float16_4096x4096", "softmax_H100_float16_4096x4096",
-            "swiglu_H100_float16_4096x11008")  # benchmarks/data (kernsearch's own, small)
+            "swiglu_H100_float16_4096x11008",  # benchmarks/data (kernsearch's own, small)
+            # third round: the hub's older KernelTuner landscapes (currently_unused/), the RTX 3060 laptop GPU's and
+            # the older convolution kernel's RTX 3090 file tuned on (the rule: the 3060 laptop of every kernel, and
+            # the RTX 3090 where ../shared has not got that kernel's file already)
+            "convolution_kt_RTX_3060_laptop", "convolution_kt_RTX_3090", "gemm_clblast_RTX_3060_laptop",
+            "pnpoly_RTX_3060_laptop")
 HELD_OUT = ("convolution_A4000", "convolution_MI250X", "convolution_W7800",
             "dedispersion_A4000", "dedispersion_MI250X", "dedispersion_W7800")  # benchmark hub, commit 8eeb99e
+#: The third round's second held-out group (other kernels than HELD_OUT's: the RTX 2080 Ti's and TITAN RTX's files of
+#: the hub's currently_unused/cachefiles/KernelTuner data/{convolution,gemm,pnpoly}), fixed before any result.
+HELD_OUT_2 = ("convolution_kt_RTX_2080_Ti", "convolution_kt_RTX_Titan", "gemm_clblast_RTX_2080_Ti",
+              "gemm_clblast_RTX_Titan", "pnpoly_RTX_2080_Ti", "pnpoly_RTX_Titan")
 TRANSFER_ARMS = ("default", "default+transfer", "default-noprior", "default-noprior+transfer")
 HIT = 1 / 1.03  # a pick within 3 % of the optimum
 

@@ -71,7 +71,7 @@ if TYPE_CHECKING:
 STATUS_OK, STATUS_FAILED, STATUS_INVALID, STATUS_KNOWN = (TrialStatus.OK, TrialStatus.FAILED, TrialStatus.INVALID,
                                                           TrialStatus.KNOWN)
 STATUS_CANCELLED, STATUS_NOT_WINNING = TrialStatus.CANCELLED, TrialStatus.NOT_WINNING
-SAMPLERS = ("default", "tpe", "random", "grid", "auto", "forest")
+SAMPLERS = ("default", "tpe", "random", "grid", "auto", "forest", "hybrid")
 #: ``default``: ``auto`` when the objective has a prior (the chip's performance model ranks the family's
 #: configs), else ``tpe``. Measured on the held-out H100 GEMM landscape (benchmarks/search_landscapes.txt):
 #: with the prior, auto scores 0.999 at 1 % of the space where TPE scores 0.61; without one, auto is not
@@ -401,10 +401,17 @@ LOCAL_EVERY = 3
 CONSTANT_LIAR = False
 
 
+def _switch() -> int:
+    """The trial from which ``hybrid`` asks the forest (``_forest.HYBRID_SWITCH``)."""
+    from ._forest import HYBRID_SWITCH
+
+    return HYBRID_SWITCH
+
+
 def make_sampler(name: str, seed: int | None, knobs: dict[str, list[Any]]) -> optuna.samplers.BaseSampler:
     import optuna
 
-    if name in ("tpe", "default"):
+    if name in ("tpe", "default", "hybrid"):  # hybrid: TPE, then the forest (``_fixed``)
         # constant liar: configs proposed but not timed yet (pipelined, or other processes') repel proposals
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -770,7 +777,8 @@ class _Search:
         busy = {k for _, _, k in self.ahead}
         if self.first:
             return self.first.pop(0)
-        if self.sampler in ("auto", "forest"):  # only valid, unevaluated configs are proposed
+        queued = self.new + len(self.ahead)
+        if self.sampler in ("auto", "forest") or (self.sampler == "hybrid" and queued >= _switch()):
             if self.strategy is None:
                 self.strategy = self._valid_set_strategy()
             fixed: Config | None = self.strategy.propose(self.known, busy) or _fill(
@@ -779,18 +787,17 @@ class _Search:
         if self.skips >= 5:  # the sampler keeps proposing invalid or known configs: spend on a new one
             self.skips = 0
             return _fill(self.known, self.objective, self.rng, busy)
-        queued = self.new + len(self.ahead)
         if self.sampler == "tpe" and LOCAL_EVERY and queued >= 10 and queued % LOCAL_EVERY == LOCAL_EVERY - 1:
             return _neighbour(self.known, self.objective, self.rng, busy)  # one knob from a leader
         return None
 
     def _valid_set_strategy(self) -> Any:
         """The strategy that proposes from the enumerated valid set: ``auto``'s GP (with the prior) or ``forest``."""
-        if self.sampler == "forest":
+        if self.sampler in ("forest", "hybrid"):
             from ._forest import ForestSearch
 
             return ForestSearch(self.objective.knobs, self.objective.valid_configs(), seed=self.seed,
-                                budget=self.trials)
+                                budget=self.trials, start=0 if self.sampler == "hybrid" else None)
         from ._strategy import ValidSetSearch
 
         prior = self.prior

@@ -15,7 +15,8 @@ outliers that inflate the mean KernelTuner records as ``time``; the summary also
 
 Strategies: ``default`` (what ``kernsearch tune`` uses: ``run_study``'s default sampler), ``plain-tpe``
 (Optuna's TPE alone: no local steps), ``tpe`` (kernsearch's TPE, with one-knob local steps), ``random``, ``auto``,
-``forest`` (the tree-ensemble surrogate over the valid configs, ``studies/_forest.py``).
+``forest`` (the tree-ensemble surrogate over the valid configs, ``studies/_forest.py``), ``hybrid`` (Optuna's TPE for
+the first ``_forest.HYBRID_SWITCH`` trials, then the forest).
 
 Printed per file and budget: median, p10 and hit rate per strategy; then per budget and strategy the mean over
 files of the per-file medians and of the p10s, the smallest p10, and the files where fewer than 90 % of seeds
@@ -35,6 +36,11 @@ benchmark_hub, MIT licence, commit 8eeb99e), not kept in this repository; put th
     git clone https://github.com/AutoTuningAssociation/benchmark_hub hub && mkdir -p held_out && \
     for k in convolution dedispersion; do for g in A4000 MI250X W7800; do \
       cp hub/cachefiles/${k}_milo/$g.json.gz held_out/${k}_$g.json.gz; done; done
+
+``HELD_OUT_2`` (third round) is a second held-out group of other kernels: the hub's older KernelTuner landscapes
+(``currently_unused/cachefiles/KernelTuner data/{convolution,gemm,pnpoly}/{RTX_2080_Ti,RTX_Titan}.json.gz`` copied as
+``convolution_kt_GPU``, ``gemm_clblast_GPU``, ``pnpoly_GPU``); their RTX_3060_laptop files (and the convolution
+kernel's RTX_3090 file) are tuned on.
 
 Files whose 1 % budget is fewer than ``SMALL_BUDGET`` trials (kernsearch's own H100 files in benchmarks/data:
 8-664 configs) get their own mean line ("small"): 5 trials out of 8 say little about a strategy.

@@ -262,6 +262,7 @@ def section(title: str, files: list[Path], strategies: list[str], budgets: list[
     print("-" * len(head))
     rows: dict[tuple[float, str], list[tuple[float, float, float, float, float]]] = {}
     misses: dict[tuple[float, str], list[str]] = {}
+    picks: dict[tuple[float, str], list[list[float]]] = {}
     for path in files:
         size = len(Landscape.load(path))
         for pct in budgets:
@@ -269,6 +270,8 @@ def section(title: str, files: list[Path], strategies: list[str], budgets: list[
             for strategy in strategies:
                 runs = [results[Job(str(path), strategy, pct, s).key] for s in range(seeds)]
                 picked, by_mean = [r[0] for r in runs], [r[1] for r in runs]
+                if budget_for(size, 1) >= SMALL_BUDGET:
+                    picks.setdefault((pct, strategy), []).append(picked)
                 med, p10 = float(np.median(picked)), float(np.percentile(picked, 10))
                 hit = float(np.mean([p >= HIT for p in picked]))
                 rows.setdefault((pct, strategy), []).append((med, p10, hit, float(np.median(by_mean)),
@@ -283,6 +286,29 @@ def section(title: str, files: list[Path], strategies: list[str], budgets: list[
     for label, keep in groups:
         if any(keep):
             _summary(label, {k: [r for r, m in zip(v, keep) if m] for k, v in rows.items()}, misses, files, keep)
+    _intervals(picks)
+
+
+def bootstrap_interval(per_file: list[list[float]], reps: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """The 5th and 95th percentiles of the mean over files of the per-file median, each file's seeds resampled
+    with replacement: how far the group's figure moves with the luck of the seeds (on a needle file a seed hits
+    or misses, and the median of 20 flips with one or two seeds)."""
+    rng = np.random.default_rng(seed)
+    means = np.zeros(reps)
+    for runs in per_file:
+        a = np.asarray(runs)
+        means += np.median(a[rng.integers(0, len(a), size=(reps, len(a)))], axis=1)
+    means /= max(1, len(per_file))
+    return float(np.percentile(means, 5)), float(np.percentile(means, 95))
+
+
+def _intervals(picks: dict[tuple[float, str], list[list[float]]]) -> None:
+    if picks:
+        print("90 % bootstrap interval of the mean of per-file medians (files where 1 % is >= "
+              f"{SMALL_BUDGET} trials; seeds resampled per file):")
+    for (pct, strategy), per_file in sorted(picks.items()):
+        lo, hi = bootstrap_interval(per_file)
+        print(f"  {pct:g}%  {strategy:<18} {lo:.3f} - {hi:.3f}")
 
 
 def _summary(label: str, rows: dict[tuple[float, str], list[tuple[float, float, float, float, float]]],

@@ -15,7 +15,8 @@ outliers that inflate the mean KernelTuner records as ``time``; the summary also
 
 Strategies: ``default`` (what ``kernsearch tune`` uses: ``run_study``'s default sampler), ``plain-tpe``
 (Optuna's TPE alone: no local steps), ``tpe`` (kernsearch's TPE, with one-knob local steps), ``random``, ``auto``,
-``forest`` (the tree-ensemble surrogate over the valid configs, ``studies/_forest.py``).
+``forest`` (the tree-ensemble surrogate over the valid configs, ``studies/_forest.py``), ``hybrid`` (Optuna's TPE for
+the first ``_forest.HYBRID_SWITCH`` trials, then the forest).
 
 Printed per file and budget: median, p10 and hit rate per strategy; then per budget and strategy the mean over
 files of the per-file medians and of the p10s, the smallest p10, and the files where fewer than 90 % of seeds
@@ -35,6 +36,11 @@ benchmark_hub, MIT licence, commit 8eeb99e), not kept in this repository; put th
     git clone https://github.com/AutoTuningAssociation/benchmark_hub hub && mkdir -p held_out && \
     for k in convolution dedispersion; do for g in A4000 MI250X W7800; do \
       cp hub/cachefiles/${k}_milo/$g.json.gz held_out/${k}_$g.json.gz; done; done
+
+``HELD_OUT_2`` (third round) is a second held-out group of other kernels: the hub's older KernelTuner landscapes
+(``currently_unused/cachefiles/KernelTuner data/{convolution,gemm,pnpoly}/{RTX_2080_Ti,RTX_Titan}.json.gz`` copied as
+``convolution_kt_GPU``, ``gemm_clblast_GPU``, ``pnpoly_GPU``); their RTX_3060_laptop files (and the convolution
+kernel's RTX_3090 file) are tuned on.
 
 Files whose 1 % budget is fewer than ``SMALL_BUDGET`` trials (kernsearch's own H100 files in benchmarks/data:
 8-664 configs) get their own mean line ("small"): 5 trials out of 8 say little about a strategy.
@@ -71,9 +77,18 @@ TUNED_ON = ("convolution_A100", "dedispersion_A100", "gemm_clblast_RTX_3090", "p
             "gemm_H100_float16_16x4096x4096", "gemm_H100_float16_2048x2048x2048", "gemv_H100_float16_4x4096x4096",
             "layernorm_H100_float16_4096x4096", "qmatvec_H100_float16_4x4096x4096x512x64",
             "rmsnorm_H100_float16_4096x4096", "softmax_H100_float16_4096x4096",
-            "swiglu_H100_float16_4096x11008")  # benchmarks/data (kernsearch's own, small)
+            "swiglu_H100_float16_4096x11008",  # benchmarks/data (kernsearch's own, small)
+            # third round: the hub's older KernelTuner landscapes (currently_unused/), the RTX 3060 laptop GPU's and
+            # the older convolution kernel's RTX 3090 file tuned on (the rule: the 3060 laptop of every kernel, and
+            # the RTX 3090 where ../shared has not got that kernel's file already)
+            "convolution_kt_RTX_3060_laptop", "convolution_kt_RTX_3090", "gemm_clblast_RTX_3060_laptop",
+            "pnpoly_RTX_3060_laptop")
 HELD_OUT = ("convolution_A4000", "convolution_MI250X", "convolution_W7800",
             "dedispersion_A4000", "dedispersion_MI250X", "dedispersion_W7800")  # benchmark hub, commit 8eeb99e
+#: The third round's second held-out group (other kernels than HELD_OUT's: the RTX 2080 Ti's and TITAN RTX's files of
+#: the hub's currently_unused/cachefiles/KernelTuner data/{convolution,gemm,pnpoly}), fixed before any result.
+HELD_OUT_2 = ("convolution_kt_RTX_2080_Ti", "convolution_kt_RTX_Titan", "gemm_clblast_RTX_2080_Ti",
+              "gemm_clblast_RTX_Titan", "pnpoly_RTX_2080_Ti", "pnpoly_RTX_Titan")
 TRANSFER_ARMS = ("default", "default+transfer", "default-noprior", "default-noprior+transfer")
 HIT = 1 / 1.03  # a pick within 3 % of the optimum
 
@@ -247,6 +262,7 @@ def section(title: str, files: list[Path], strategies: list[str], budgets: list[
     print("-" * len(head))
     rows: dict[tuple[float, str], list[tuple[float, float, float, float, float]]] = {}
     misses: dict[tuple[float, str], list[str]] = {}
+    picks: dict[tuple[float, str], list[list[float]]] = {}
     for path in files:
         size = len(Landscape.load(path))
         for pct in budgets:
@@ -254,6 +270,8 @@ def section(title: str, files: list[Path], strategies: list[str], budgets: list[
             for strategy in strategies:
                 runs = [results[Job(str(path), strategy, pct, s).key] for s in range(seeds)]
                 picked, by_mean = [r[0] for r in runs], [r[1] for r in runs]
+                if budget_for(size, 1) >= SMALL_BUDGET:
+                    picks.setdefault((pct, strategy), []).append(picked)
                 med, p10 = float(np.median(picked)), float(np.percentile(picked, 10))
                 hit = float(np.mean([p >= HIT for p in picked]))
                 rows.setdefault((pct, strategy), []).append((med, p10, hit, float(np.median(by_mean)),
@@ -268,6 +286,29 @@ def section(title: str, files: list[Path], strategies: list[str], budgets: list[
     for label, keep in groups:
         if any(keep):
             _summary(label, {k: [r for r, m in zip(v, keep) if m] for k, v in rows.items()}, misses, files, keep)
+    _intervals(picks)
+
+
+def bootstrap_interval(per_file: list[list[float]], reps: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """The 5th and 95th percentiles of the mean over files of the per-file median, each file's seeds resampled
+    with replacement: how far the group's figure moves with the luck of the seeds (on a needle file a seed hits
+    or misses, and the median of 20 flips with one or two seeds)."""
+    rng = np.random.default_rng(seed)
+    means = np.zeros(reps)
+    for runs in per_file:
+        a = np.asarray(runs)
+        means += np.median(a[rng.integers(0, len(a), size=(reps, len(a)))], axis=1)
+    means /= max(1, len(per_file))
+    return float(np.percentile(means, 5)), float(np.percentile(means, 95))
+
+
+def _intervals(picks: dict[tuple[float, str], list[list[float]]]) -> None:
+    if picks:
+        print("90 % bootstrap interval of the mean of per-file medians (files where 1 % is >= "
+              f"{SMALL_BUDGET} trials; seeds resampled per file):")
+    for (pct, strategy), per_file in sorted(picks.items()):
+        lo, hi = bootstrap_interval(per_file)
+        print(f"  {pct:g}%  {strategy:<18} {lo:.3f} - {hi:.3f}")
 
 
 def _summary(label: str, rows: dict[tuple[float, str], list[tuple[float, float, float, float, float]]],

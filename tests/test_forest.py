@@ -141,3 +141,36 @@ def test_forest_never_proposes_a_config_it_did_not_propose_itself_but_the_study_
         proposed.append(key)
         known[key] = SimpleNamespace(value=time[key], config=c)
     assert sorted(proposed) == sorted(format_config(c) for c in valid[10:])
+
+
+@pytest.mark.slow
+def test_run_study_hybrid_asks_tpe_first_then_only_the_forest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hybrid``: Optuna's TPE proposes the first HYBRID_SWITCH trials, the forest (no random start of its own:
+    TPE's points are its data) every later one."""
+    from kernsearch import run_study
+    from kernsearch.studies import _forest
+    from kernsearch.studies._replay import Replay
+
+    knobs, configs, time = _needle_space()
+    writer = LandscapeWriter(tmp_path / "needle.json", knobs, device_name="test GPU")
+    for c in configs[::2]:
+        writer.add(c, [time[format_config(c)]] * 3)
+    calls: list[int] = []
+    starts: list[int] = []
+    propose, init = ForestSearch.propose, ForestSearch.__init__
+
+    def counted(self: ForestSearch, known: dict[str, Any], busy: set[str]) -> Any:
+        calls.append(len(known))
+        return propose(self, known, busy)
+
+    def recorded(self: ForestSearch, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        starts.append(self.n_start)
+
+    monkeypatch.setattr(ForestSearch, "propose", counted)
+    monkeypatch.setattr(ForestSearch, "__init__", recorded)
+    monkeypatch.setattr(_forest, "HYBRID_SWITCH", 12)
+    result = run_study(Replay(writer.save(), seed=0).objective(), trials=30, sampler="hybrid", seed=0,
+                       storage=":memory:")
+    assert result.evaluated == 30 and result.best is not None
+    assert starts == [0] and len(calls) == 30 - 12 and min(calls) >= 12  # the forest: trials 12..29 only

@@ -35,6 +35,18 @@ def _tiny(path: Path) -> Path:
 def test_split_is_disjoint() -> None:
     bench = _bench()
     assert not set(bench.TUNED_ON) & set(bench.HELD_OUT)
+    assert not set(bench.TUNED_ON) & set(bench.HELD_OUT_2) and not set(bench.HELD_OUT) & set(bench.HELD_OUT_2)
+
+
+def test_bootstrap_interval_is_wide_on_a_needle_file_and_a_point_on_a_steady_one() -> None:
+    """Half the seeds hit a needle (1.0), half stop in the basin (0.7): the median of 20 can land anywhere between;
+    a file where every seed scores 0.99 moves the group's mean by nothing."""
+    bench = _bench()
+    lo, hi = bench.bootstrap_interval([[1.0] * 10 + [0.7] * 10])
+    assert lo <= 0.75 and hi >= 0.95
+    assert bench.bootstrap_interval([[0.99] * 20]) == pytest.approx((0.99, 0.99))
+    lo2, hi2 = bench.bootstrap_interval([[1.0] * 10 + [0.7] * 10, [0.99] * 20])
+    assert lo2 == pytest.approx((lo + 0.99) / 2) and hi2 == pytest.approx((hi + 0.99) / 2)
 
 
 def test_held_out_refuses_a_tuned_on_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

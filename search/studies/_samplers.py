@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["CONSTANT_LIAR", "SAMPLERS", "distributions", "fill", "leaders", "make_sampler", "neighbour", "ordinal",
            "stale_for"]
 
-SAMPLERS = ("default", "tpe", "random", "grid", "auto", "forest")
+SAMPLERS = ("default", "tpe", "random", "grid", "auto", "forest", "hybrid")
 #: ``default``: ``auto`` when the objective has a prior (the chip's performance model ranks the family's
 #: configs), else ``tpe``. Measured on the held-out H100 GEMM landscape (benchmarks/search_landscapes.txt):
 #: with the prior, auto scores 0.999 at 1 % of the space where TPE scores 0.61; without one, auto is not
@@ -48,7 +48,7 @@ CONSTANT_LIAR = False
 def make_sampler(name: str, seed: int | None, knobs: dict[str, list[Any]]) -> optuna.samplers.BaseSampler:
     import optuna
 
-    if name in ("tpe", "default"):
+    if name in ("tpe", "default", "hybrid"):  # hybrid: TPE, then the forest (``_fixed``)
         # constant liar: configs proposed but not timed yet (pipelined, or other processes') repel proposals
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

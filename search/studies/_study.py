@@ -149,6 +149,13 @@ def first_ctrl_c_stops() -> Iterator[threading.Event]:
         signal.signal(signal.SIGINT, previous)
 
 
+def _switch() -> int:
+    """The trial from which ``hybrid`` asks the forest (``_forest.HYBRID_SWITCH``)."""
+    from ._forest import HYBRID_SWITCH
+
+    return HYBRID_SWITCH
+
+
 class _Search:
     """The loop's state and its steps: :meth:`_propose` asks the sampler for a new trial and records what is
     not evaluated (invalid, known); :meth:`_start_oldest` starts evaluating the oldest queued proposal and
@@ -344,7 +351,8 @@ class _Search:
         busy = {k for _, _, k in self.ahead}
         if self.first:
             return self.first.pop(0)
-        if self.sampler in ("auto", "forest"):  # only valid, unevaluated configs are proposed
+        queued = self.new + len(self.ahead)
+        if self.sampler in ("auto", "forest") or (self.sampler == "hybrid" and queued >= _switch()):
             if self.strategy is None:
                 self.strategy = self._valid_set_strategy()
             fixed: Config | None = self.strategy.propose(self.known, busy) or fill(
@@ -353,18 +361,17 @@ class _Search:
         if self.skips >= 5:  # the sampler keeps proposing invalid or known configs: spend on a new one
             self.skips = 0
             return fill(self.known, self.objective, self.rng, busy)
-        queued = self.new + len(self.ahead)
         if self.sampler == "tpe" and LOCAL_EVERY and queued >= 10 and queued % LOCAL_EVERY == LOCAL_EVERY - 1:
             return neighbour(self.known, self.objective, self.rng, busy)  # one knob from a leader
         return None
 
     def _valid_set_strategy(self) -> Any:
         """The strategy that proposes from the enumerated valid set: ``auto``'s GP (with the prior) or ``forest``."""
-        if self.sampler == "forest":
+        if self.sampler in ("forest", "hybrid"):
             from ._forest import ForestSearch
 
             return ForestSearch(self.objective.knobs, self.objective.valid_configs(), seed=self.seed,
-                                budget=self.trials)
+                                budget=self.trials, start=0 if self.sampler == "hybrid" else None)
         from ._strategy import ValidSetSearch
 
         prior = self.prior

@@ -13,6 +13,8 @@ whose values look bad on average). ``ForestSearch`` therefore
    spread: with probability ``LOCAL_SHARE`` among the configs one knob (any value) away from the three
    best so far, else among all (a random ``MAX_CANDIDATES`` of them when there are more).
 
+The ``hybrid`` strategy asks Optuna's TPE for the first ``HYBRID_SWITCH`` trials and this search (``start=0``) after.
+
 Chosen by measurement on the tuned-on landscapes of ``benchmarks/search_landscapes.py`` (docs/search.md has
 the figures and what was tried). NumPy only; a proposal costs a few milliseconds.
 """

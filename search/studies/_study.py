@@ -10,8 +10,9 @@ Python API (what the CLI, the nightly flows and the GPU scripts call)::
     result.best.config, result.best.time_ms, result.evidence, result.top, result.failures
 
 ``run_study`` takes any :class:`Objective` (a replayed landscape's ``Replay(path).objective()`` is
-another) and keyword options: ``sampler`` (``default`` | ``tpe`` | ``random`` | ``grid`` | ``auto`` | ``forest``:
-the last two propose only valid configs, ``_strategy`` and ``_forest``), ``patience`` (stop after that
+another) and keyword options: ``sampler`` (``default`` | ``tpe`` | ``random`` | ``grid`` | ``auto`` | ``forest`` |
+``hybrid``: auto and forest propose only valid configs, ``_strategy`` and ``_forest``; hybrid is TPE, then the
+forest), ``patience`` (stop after that
 many evaluated trials without a new best), ``finalists``, ``progress`` (a callback receiving
 :class:`Progress`), ``stop`` (a callable; true ends the search). What a trial does (``verify``: ``all`` |
 ``finalists`` | ``none``, ``timeout`` seconds per variant) is the objective's.

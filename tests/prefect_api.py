@@ -49,11 +49,14 @@ def migrated_home(home: Path) -> Path:
     makes it once), so a test's `prefect server` skips the migrations, about half of its start (~10 s of CPU). The
     server still runs its migrations on start (none are left) and owns its copy."""
     home.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(_migrated_database(), home / "prefect.db")
+    shutil.copyfile(migrated_database(), home / "prefect.db")
     return home
 
 
-def _migrated_database() -> Path:
+def migrated_database() -> Path:
+    """The kept database at Prefect's schema (made on first use; copy it, never open it)."""
+    import sqlite3
+
     root = Path(os.environ.get("KERNSEARCH_CACHE") or REPO / ".kernsearch" / "test-cache") / "prefect-db"
     db = root / f"prefect-{version('prefect')}.db"
     if db.is_file():
@@ -65,5 +68,8 @@ def _migrated_database() -> Path:
         done = subprocess.run([sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"], env=env,
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        with sqlite3.connect(Path(tmp) / "prefect.db") as made:  # everything in the one file: a copy is whole
+            made.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        made.close()
         os.replace(Path(tmp) / "prefect.db", db)  # whole or absent for a worker that reads it meanwhile
     return db

@@ -424,12 +424,12 @@ def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
         """The harness's database folder, holding a database already at Prefect's schema (prefect_api): the
         server skips its migrations."""
         folder = tmp_path_factory.mktemp("prefect-harness-db")
-        shutil.copyfile(prefect_api.migrated_home(folder / "home") / "prefect.db", folder / "prefect-test.db")
+        shutil.copyfile(prefect_api.migrated_database(), folder / "prefect-test.db")
         return str(folder)
 
     try:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(utilities, "mkdtemp", migrated_temp_dir)  # the harness names its database folder so
+            mp.setattr(utilities, "mkdtemp", migrated_temp_dir)  # where the harness puts its database
             with prefect_test_harness(server_startup_timeout=180):
                 yield
     finally:

@@ -121,7 +121,7 @@ def sweep(family: str, shape: str, args: argparse.Namespace, deadline: float) ->
             writer.add(config, failure=_FAILURE_KIND.get(exc.reason, "RuntimeFailedConfig"),
                        failure_detail=f"{exc.reason}: {exc.detail}"[:500])
             raise
-        writer.add(config, rec.samples_ms, compile_time=rec.compile_seconds * 1e3, max_abs_err=rec.max_abs_err,
+        writer.add(config, rec.samples_ms, compile_time=rec.compile_seconds * 1e3, max_abs_err=rec.proof.max_abs_err if rec.proof is not None else None,
                    spread=rec.spread)
         if len(writer.cache) % SAVE_EVERY == 0:
             writer.save()

@@ -4,7 +4,7 @@ display shows after each trial (:class:`Progress`)."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -89,12 +89,10 @@ class StudyResult:
 
     def to_dict(self) -> dict[str, Any]:
         """As ``tune --json`` prints it: ``stop_reason`` the text, ``final`` its stored form."""
-        d = {"stop_reason" if k == "stop" else k: v for k, v in asdict(self).items() if k not in ("best", "top")}
-        d["key"] = self.key.as_dict()
-        d.update(best=self.best.summary() if self.best is not None else None, top=[t.summary() for t in self.top])
-        d.update(stop_reason=self.stop.text, final=self.final.to_dict() if self.final is not None else {},
-                 failures=dict(self.failures))
-        return d
+        views = {"key": self.key.as_dict(), "best": self.best.summary() if self.best is not None else None,
+                 "top": [t.summary() for t in self.top], "stop": self.stop.text,
+                 "final": self.final.to_dict() if self.final is not None else {}, "failures": dict(self.failures)}
+        return {"stop_reason" if k == "stop" else k: views.get(k, getattr(self, k)) for k in self.__dataclass_fields__}
 
 
 @dataclass

@@ -317,7 +317,9 @@ def test_a_publisher_killed_at_any_step_leaves_a_consistent_repairable_store(sto
     if step == "journal":
         monkeypatch.setattr(arts._safeio, "append_line", killed)
     elif step == "index":  # the journal says published; the index never recorded it
-        monkeypatch.setattr(arts.StoreIndex, "append", killed)
+        from kernsearch.artifacts._index import StoreIndex
+
+        monkeypatch.setattr(StoreIndex, "append", killed)
     elif step == "rename":  # the index recorded v2 as current; it never moved in place
         monkeypatch.setattr(arts.os, "rename", killed)
     else:

@@ -33,8 +33,19 @@ from ._manifest import (
 from ._store import StoreBase
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ..family._spec import Family
 
+
+
+def _manifest_in(folder: Path) -> tuple[str, Manifest]:
+    """A version folder's manifest text, read bounded, and its parse (an unsafe file is the store's error)."""
+    try:
+        text = _safeio.read_text(folder / "manifest.json", _safeio.SOURCE_LIMIT)
+    except _safeio.UnsafeFile as exc:
+        raise ArtifactError(str(exc)) from None
+    return text, parse_manifest(text, str(folder))
 
 class StoreMigration(StoreBase):
     """Migrating and rejudging a store (module docstring)."""
@@ -160,11 +171,7 @@ class StoreMigration(StoreBase):
     def _demote_indexed(self, key: ArtifactKey, version: str, family_sha: str) -> dict[str, Any]:
         """An indexed version's measured claim rewritten as a prediction, and its new content hash's event."""
         folder = self.key_dir(key) / version
-        try:
-            text = _safeio.read_text(folder / "manifest.json", _safeio.SOURCE_LIMIT)
-        except _safeio.UnsafeFile as exc:
-            raise ArtifactError(str(exc)) from None
-        manifest = parse_manifest(text, str(folder))
+        text, manifest = _manifest_in(folder)
         kernel = read_kernel(folder, manifest)
         text = _as_modeled(manifest)
         write_atomic(folder / "manifest.json", text)
@@ -178,11 +185,7 @@ class StoreMigration(StoreBase):
         from ._snapshot import family_files, load_snapshot, write_snapshot
 
         folder = self.key_dir(key) / version
-        try:
-            text = _safeio.read_text(folder / "manifest.json", _safeio.SOURCE_LIMIT)
-        except _safeio.UnsafeFile as exc:
-            raise ArtifactError(str(exc)) from None
-        manifest = parse_manifest(text, str(folder))
+        text, manifest = _manifest_in(folder)
         if manifest.key != key.path or manifest.version != version:
             raise ArtifactError(f"manifest describes {manifest.key}/{manifest.version}, not this folder")
         kernel = read_kernel(folder, manifest)

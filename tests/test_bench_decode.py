@@ -69,7 +69,8 @@ def test_bench_decode_on_the_cpu_checks_the_package_against_plain_mlx(tmp_path: 
     report = json.loads(r.stdout)
     assert report["device"] == "cpu" and report["evidence"] is None
     assert any("not a GPU" in n for n in report["notes"])
-    assert [row["M"] for row in report["rows"]] == [1, 3]
+    assert [(row["M"], row["loop"]) for row in report["rows"]] == [(1, "sync"), (1, "pipelined"), (3, "sync"),
+                                                                   (3, "pipelined")]
     for row in report["rows"]:
         assert row["rel_err"] < 1e-2
         assert row["mlx_form"] in ("separate", "concatenated")

@@ -95,6 +95,43 @@ def interleaved(mx: Any, forms: dict[str, Callable[[], Any]], rounds: int, warmu
     return out
 
 
+#: How the consumer's loop evaluates tokens: ``sync``, one ``mx.eval`` per token (the host builds a token, then
+#: waits for it); ``pipelined``, mlx-lm's generate loop (the next token's graph is built and sent with
+#: ``mx.async_eval`` before the current one is waited on, so the host's work on token t+1 overlaps the GPU's on t).
+LOOPS = ("sync", "pipelined")
+
+
+def pipelined(mx: Any, steps: dict[str, Callable[[Any], list[Any]]], x0: Any, rounds: int, tokens: int,
+              warmup: int = 1) -> dict[str, list[float]]:
+    """ms per token of each step run as mlx-lm's decode loop runs it: ``tokens`` dependent tokens (each token's
+    input is the previous token's output), the next one sent before the current one is waited on; the forms in
+    turn each round, the order reversed every other round."""
+
+    def run(step: Callable[[Any], list[Any]], n: int) -> float:
+        mx.synchronize()
+        t0 = time.perf_counter()
+        y = step(x0)
+        mx.async_eval(y)
+        for _ in range(n - 1):
+            nxt = step(y[0])
+            mx.async_eval(nxt)
+            mx.eval(y)
+            y = nxt
+        mx.eval(y)
+        mx.synchronize()
+        return (time.perf_counter() - t0) * 1e3 / n
+
+    for step in steps.values():
+        for _ in range(warmup):
+            run(step, 2)
+    names = list(steps)
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            out[name].append(run(steps[name], tokens))
+    return out
+
+
 def median(xs: Sequence[float]) -> float:
     s = sorted(xs)
     mid = len(s) // 2
@@ -127,6 +164,7 @@ class StepRow:
     ffn: int
     layers: int
     M: int
+    loop: str  # LOOPS: one eval per token, or mlx-lm's pipelined loop
     mlx_ms: float
     mlx_form: str
     mlx_separate_ms: float
@@ -272,17 +310,16 @@ def pct(part: float | None, whole: float) -> float | None:
     return None if part is None or whole <= 0 else 100.0 * part / whole
 
 
-def token_row(shape: StepShape, m: int, t: dict[str, list[float]], errs: tuple[float, float],
-              spec_gbs: float | None) -> StepRow:
-    """The row of one M from the interleaved ms per token of each form (``errs``: the two package forms' output
-    errors against plain MLX)."""
+def token_row(shape: StepShape, m: int, loop: str, t: dict[str, list[float]], errs: tuple[float, float],
+              spec_gbs: float | None, stream: float | None) -> StepRow:
+    """The row of one M and loop from the interleaved ms per token of each form (``errs``: the two package forms'
+    output errors against plain MLX; ``stream``: the streaming read's ms in this run)."""
     sep, cat = median(t["separate"]), median(t["concatenated"])
     form = "separate" if sep <= cat else "concatenated"
     p, p4 = Paired.of(t[form], t["package"]), Paired.of(t[form], t["package4"])
-    stream = median(t["stream"]) if "stream" in t else None
     ideal = shape.layers * shape.layer_bytes() / (spec_gbs * 1e6) if spec_gbs else None
-    return StepRow(shape.hidden, shape.ffn, shape.layers, m, p.ref_ms, form, sep, cat, p.new_ms, stream, p.speedup,
-                   p.low, p.high, errs[0], p4.new_ms, p4.speedup, p4.low, p4.high, errs[1], 1e3 / p.ref_ms,
+    return StepRow(shape.hidden, shape.ffn, shape.layers, m, loop, p.ref_ms, form, sep, cat, p.new_ms, stream,
+                   p.speedup, p.low, p.high, errs[0], p4.new_ms, p4.speedup, p4.low, p4.high, errs[1], 1e3 / p.ref_ms,
                    1e3 / p.new_ms, pct(stream, p.new_ms), pct(ideal, p.new_ms), len(t["package"]))
 
 

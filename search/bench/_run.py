@@ -11,6 +11,7 @@ import importlib
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,8 @@ from ._decode import (
     evidence_for,
     interleaved,
     kernel_row,
+    median,
+    pipelined,
     rel_err,
     stream_reader,
     token_row,
@@ -120,7 +123,7 @@ def run_decode(shape: StepShape, ms: Sequence[int], rounds: int, store: Artifact
         for m in ms:
             decisions = explain_calls(mx, pkg, shape, families, layers[0], m)
             report.explain.update({k: str(d) for k, d in decisions.items()})
-            report.rows.append(_step_row(mx, shape, layers, bound, flats, read, m, rounds, spec, say))
+            report.rows.extend(_step_rows(mx, shape, layers, bound, flats, read, m, rounds, spec, say))
             if kernels:
                 chains = KernelChains(mx, shape, layers, bound, flats, read)
                 for call in shape.all_calls():
@@ -129,18 +132,19 @@ def run_decode(shape: StepShape, ms: Sequence[int], rounds: int, store: Artifact
     return report
 
 
-def _step_row(mx: Any, shape: StepShape, layers: Sequence[Layer], bound: Sequence[Any],
-              flats: Sequence[dict[str, Any]] | None, read: Any, m: int, rounds: int, spec_gbs: float | None,
-              say: Say) -> Any:
+def _step_rows(mx: Any, shape: StepShape, layers: Sequence[Layer], bound: Sequence[Any],
+               flats: Sequence[dict[str, Any]] | None, read: Any, m: int, rounds: int, spec_gbs: float | None,
+               say: Say, tokens: int = 8) -> list[Any]:
+    """The step at ``m`` rows in each consumer loop (:data:`LOOPS`): one eval per token, and mlx-lm's pipelined
+    loop over ``tokens`` dependent tokens; plain MLX's faster form is the reference in each."""
     dt = getattr(mx, shape.dtype)
     x0 = (0.5 * mx.random.normal((m, shape.hidden), key=mx.random.key(100 + m))).astype(dt)
     mx.eval(x0)
-    sep, cat = plain_step(mx, layers, False), plain_step(mx, layers, True)
-    pkg, pkg4 = package_step(bound, shape.hidden, 2), package_step(bound, shape.hidden, 4)
-    want = cat(x0)[0]
-    errs = (rel_err(mx, pkg(x0)[0], want), rel_err(mx, pkg4(x0)[0], want))
-    forms: dict[str, Callable[[], Any]] = {"separate": lambda: sep(x0), "concatenated": lambda: cat(x0),
-                                           "package": lambda: pkg(x0), "package4": lambda: pkg4(x0)}
+    steps = {"separate": plain_step(mx, layers, False), "concatenated": plain_step(mx, layers, True),
+             "package": package_step(bound, shape.hidden, 2), "package4": package_step(bound, shape.hidden, 4)}
+    want = steps["concatenated"](x0)[0]
+    errs = (rel_err(mx, steps["package"](x0)[0], want), rel_err(mx, steps["package4"](x0)[0], want))
+    forms: dict[str, Callable[[], Any]] = {name: partial(step, x0) for name, step in steps.items()}
     if read is not None and flats is not None:
         def stream() -> Any:
             d = mx.zeros((1,), dtype=mx.uint32)
@@ -150,13 +154,19 @@ def _step_row(mx: Any, shape: StepShape, layers: Sequence[Layer], bound: Sequenc
             return d
 
         forms["stream"] = stream
-    say(f"M={m}: timing the step ({len(forms)} forms, {rounds} rounds, interleaved)")
-    row = token_row(shape, m, interleaved(mx, forms, rounds), errs, spec_gbs)
-    say(f"M={m}: plain MLX ({row.mlx_form}) {row.mlx_ms:.3f} ms/token; package, 2 launches a layer "
-        f"{row.package_ms:.3f} ms/token: {row.speedup:.2f}x ({row.low:.2f}-{row.high:.2f}), 4 launches "
-        f"{row.package4_ms:.3f}: {row.speedup4:.2f}x ({row.low4:.2f}-{row.high4:.2f}); output rel. error "
-        f"{row.rel_err:.1e} / {row.rel_err4:.1e}")
-    return row
+    say(f"M={m}: timing the step, one eval per token ({len(forms)} forms, {rounds} rounds, interleaved)")
+    t = interleaved(mx, forms, rounds)
+    stream_ms = median(t["stream"]) if "stream" in t else None
+    rows = [token_row(shape, m, "sync", t, errs, spec_gbs, stream_ms)]
+    say(f"M={m}: timing the step in mlx-lm's pipelined loop ({len(steps)} forms, {rounds} rounds of {tokens} tokens)")
+    rows.append(token_row(shape, m, "pipelined", pipelined(mx, steps, x0, rounds, tokens), errs, spec_gbs,
+                          stream_ms))
+    for row in rows:
+        say(f"M={m} {row.loop}: plain MLX ({row.mlx_form}) {row.mlx_ms:.3f} ms/token; package, 2 launches a layer "
+            f"{row.package_ms:.3f} ms/token: {row.speedup:.2f}x ({row.low:.2f}-{row.high:.2f}), 4 launches "
+            f"{row.package4_ms:.3f}: {row.speedup4:.2f}x ({row.low4:.2f}-{row.high4:.2f}); output rel. error "
+            f"{row.rel_err:.1e} / {row.rel_err4:.1e}")
+    return rows
 
 
 def _kernel_row(chains: KernelChains, call: Call, shape: StepShape, m: int, rounds: int, chose: str,

@@ -30,5 +30,9 @@ run rmsnorm_swiglu_qmatvec 1,11008,4096,512,64 $H,MB=1,TW=1,RT=2,UNROLL=2
 run qmatvec_residual 2,4095,11008,1376,172 $H,MB=2,TW=1,RT=2,UNROLL=2
 run mlp_block 1,4096,11008,512,64,1376,172 $H,MB=1,TW=1,RT=2,UNROLL=2,BPS=1
 run mlp_block 2,4032,1984,504,63,248,31 $H,MB=2,TW=1,RT=2,UNROLL=2,BPS=1
+# X past 48 KB of shared memory (the opt-in): M = 4 against K = 11008, 2 threadgroups an SM
+run qmatvec_residual 4,4096,11008,1376,172 $H,MB=4,TW=1,RT=1,UNROLL=2
+run qmatvec_residual 3,4091,10944,1368,171 $H,MB=4,TW=1,RT=1,UNROLL=4
+run mlp_block 4,4096,11008,512,64,1376,172 $H,MB=4,TW=1,RT=1,UNROLL=2,BPS=2
 echo "h2 verify: $fails failed"
 exit $fails

@@ -122,6 +122,29 @@ def timed(mx: Any, step: Callable[[Any], list[Any]], x0: Any, pipe: bool, tokens
     return (time.perf_counter() - t0) * 1e3 / tokens
 
 
+def host_split(mx: Any, step: Callable[[Any], list[Any]], x0: Any, tokens: int) -> dict[str, float]:
+    """The pipelined loop's host time per token split three ways: building the graph (Python and MLX's array
+    objects), ``mx.async_eval`` (MLX encodes the launches and sends the commits) and waiting for the previous token;
+    a loop whose wait is ~0 is host-bound."""
+    build = send = wait = 0.0
+    mx.synchronize()
+    y = step(x0)
+    mx.async_eval(y)
+    for _ in range(tokens):
+        t0 = time.perf_counter()
+        nxt = step(y[0])
+        t1 = time.perf_counter()
+        mx.async_eval(nxt)
+        t2 = time.perf_counter()
+        mx.eval(y)
+        t3 = time.perf_counter()
+        build, send, wait = build + t1 - t0, send + t2 - t1, wait + t3 - t2
+        y = nxt
+    mx.eval(y)
+    mx.synchronize()
+    return {"build_ms": build * 1e3 / tokens, "send_ms": send * 1e3 / tokens, "wait_ms": wait * 1e3 / tokens}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--store", default="artifacts")
@@ -174,6 +197,12 @@ def main() -> int:
             for n in names if r % 2 == 0 else names[::-1]:
                 step, pipe = forms[n]
                 times[n].append(timed(mx, step, x0, pipe, a.tokens))
+        split = {}
+        for side, fn in sides.items():
+            parts = [host_split(mx, layer_step(fn, mx, "sync"), x0, a.tokens) for _ in range(5)]
+            split[side] = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
+            print(f"{side:8s} pipelined host per token: " + ", ".join(f"{k} {v:.3f}" for k, v in split[side].items()),
+                  flush=True)
     ref = times["plain/sync"]
     rows = {}
     for n, t in times.items():
@@ -186,7 +215,7 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if k.startswith("MLX_")}
     (out / f"gpu_pipeline_probe_{a.tag}.json").write_text(json.dumps(
         {"env": env, "M": a.m, "layers": shape.layers, "tokens": a.tokens, "rounds": a.rounds, "rel_err": errs,
-         "rows": rows, "times": times}, indent=1))
+         "rows": rows, "times": times, "host_split": split}, indent=1))
     return 0
 
 

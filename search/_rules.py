@@ -99,15 +99,16 @@ from ._rules_targets import (
 #: Every rule's name, read from here by kernsearch and by the exported dispatcher alike.
 __all__ = [
     "ARRAY_ATTRIBUTES", "ARRAY_FUNCTIONS", "BINARY", "COMPARE", "CONFIDENCE", "DEFAULT_MARGIN", "DEFAULT_TARGET",
-    "ExpressionError", "FIRST_LOOK", "KernelTexts", "FUNCTIONS", "FUSED", "Guard", "IDENTITY_FIELDS", "INTERPRETER_TARGET",
+    "ExpressionError", "FIRST_LOOK", "FUNCTIONS", "FUSED", "Guard", "IDENTITY_FIELDS", "INTERPRETER_TARGET",
     "Interval", "KEYWORDS", "LOOK_GROWTH", "MAX_CHIP_NAME", "MAX_INT_BITS", "MAX_ROUNDS", "NODES", "NOT_DISPATCHED",
     "NO_GUARD", "PLAIN", "SHARED_MEMORY_AT_BUILD", "TARGETS", "TargetInfo", "UNARY", "UNKNOWN_NVIDIA_SHARED_MEMORY",
     "UnknownChip", "VENDOR_TARGETS", "beats_op", "ceil_div", "chip_key", "choose_chip", "compact",
     "consumer_figures", "consumer_low", "consumer_verdict", "content_sha256", "cuda_driver_version", "decide",
-    "dispatch_figures", "evaluate", "factory_texts", "identify", "identity_changes", "interval_text", "is_array", "is_pow2",
+    "dispatch_figures", "evaluate", "identify", "identity_changes", "interval_text", "is_array", "is_pow2",
     "kernel_factory", "kernel_text", "lineage", "looks", "median_rank", "mlx_namespace", "mode_interval",
     "modes_text", "named_chip", "names_in", "nvrtc_version", "ratio_interval", "round_up", "source_sha256",
     "speedup_text", "target_of", "timing_identity", "valid_ratios",
+    "KernelTexts", "factory_texts",
 ]
 
 

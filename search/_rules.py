@@ -5,6 +5,8 @@ What is decided here is decided once, for the search, the store's gate and the e
 ``_vocabulary.py``; ``tests/test_rules.py`` compares the bytes). One concept a module, every name read from here:
 
 - ``_rules_targets``: the targets table (what each kind of kernel source is, which GPUs run it, how MLX builds it);
+- ``_rules_include``: a CUDA text handed to MLX as an ``#include`` of a content-addressed file in a private cache
+  folder (MLX rebuilds and hashes a custom kernel's whole text on every call);
 - ``_rules_decision``: whether a measured result beats the MLX op (:func:`beats_op`, the margin, the consumer modes'
   lower bound), and the statistic that bound is (:func:`decide`: an interval of the median per-round ratio that
   narrows with rounds);
@@ -85,8 +87,10 @@ from ._rules_targets import (
     SHARED_MEMORY_AT_BUILD,
     TARGETS,
     VENDOR_TARGETS,
+    KernelTexts,
     TargetInfo,
     compact,
+    factory_texts,
     kernel_factory,
     kernel_text,
     target_of,
@@ -104,6 +108,7 @@ __all__ = [
     "kernel_factory", "kernel_text", "lineage", "looks", "median_rank", "mlx_namespace", "mode_interval",
     "modes_text", "named_chip", "names_in", "nvrtc_version", "ratio_interval", "round_up", "source_sha256",
     "speedup_text", "target_of", "timing_identity", "valid_ratios",
+    "KernelTexts", "factory_texts",
 ]
 
 

@@ -10,6 +10,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
+from ._rules_include import included
 from ._vocabulary import Target
 
 
@@ -35,6 +36,9 @@ class TargetInfo:
     #: Sources reach the factory without comments, indentation and blank lines (:func:`kernel_text`: the factory
     #: re-reads the source on every call).
     compact: bool = False
+    #: The factory gets each (compact) text as one ``#include`` line of a content-addressed file that holds it
+    #: (:func:`factory_texts`, ``_rules_include``): MLX's CUDA back-end rebuilds and hashes the text on every call.
+    include: bool = False
 
 
 #: One row per target. Adding a target (say, Metal with tensor operations) adds a row here, a member of
@@ -43,7 +47,7 @@ TARGETS: Dict[str, TargetInfo] = {t.name: t for t in (
     TargetInfo(Target.METAL.value, vendor="apple", suffix=Target.METAL.value, factory="mlx.core:fast.metal_kernel",
                interpreter=True, language="Metal"),
     TargetInfo(Target.CUDA.value, vendor="nvidia", suffix="cu", factory="mlx.core:fast.cuda_kernel", interpreter=False,
-               language="CUDA", shared_memory_at_build=True, compact=True),
+               language="CUDA", shared_memory_at_build=True, compact=True, include=True),
 )}
 #: Where a chip runs nothing of ours (the ``cpu`` pseudo-chip), commands render for this target.
 DEFAULT_TARGET = Target.METAL.value
@@ -87,6 +91,26 @@ def kernel_text(target: str, text: str) -> str:
     from this text, so what was proved is what runs."""
     row = TARGETS.get(target, TARGETS[DEFAULT_TARGET])
     return compact(text) if row.compact else text
+
+
+@dataclass(frozen=True)
+class KernelTexts:
+    """A kernel's header and source as its target's kernel factory is handed them (:func:`factory_texts`)."""
+
+    header: str
+    source: str
+
+
+def factory_texts(target: str, header: str, source: str) -> KernelTexts:
+    """What a target's kernel factory builds from: the texts as :func:`kernel_text` makes them and, where the row
+    says ``include``, each as an ``#include`` of a file holding it (the text itself where no safe file can be
+    written: ``_rules_include``). The search's device runs and the package's runtime both build through here, so
+    what was proved is what runs."""
+    row = TARGETS.get(target, TARGETS[DEFAULT_TARGET])
+    header, source = kernel_text(target, header), kernel_text(target, source)
+    if row.include:
+        return KernelTexts(included(header), included(source))
+    return KernelTexts(header, source)
 
 
 def target_of(vendor: str) -> Optional[str]:

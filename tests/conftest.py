@@ -1,4 +1,5 @@
-"""Shared fixtures. Tests never touch the user's data directories: KERNSEARCH_HOME/CACHE point at tmp."""
+"""Shared fixtures. Tests never touch the user's data directories: KERNSEARCH_HOME/CACHE/KERNEL_CACHE point at
+tmp."""
 
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     home = tmp_path_factory.getbasetemp() / "kernsearch-home"
     monkeypatch.setenv("KERNSEARCH_HOME", str(home))
     monkeypatch.setenv("DO_NOT_TRACK", "1")
+    # CUDA kernel texts handed to MLX as an #include of a file (_rules_include) go to the session's tmp, not ~/.cache
+    monkeypatch.setenv("KERNSEARCH_KERNEL_CACHE", str(tmp_path_factory.getbasetemp() / "kernel-cache"))
     if "KERNSEARCH_CACHE" not in os.environ:
         # Compiled interpreter objects are keyed by source, flags, shim and compiler version, so the cache
         # is safe to keep across runs (the fast lane reuses it); CI starts from a clean clone anyway.

@@ -159,16 +159,16 @@ class MLXBackend(BaseBackend):
     # -- what differs between Metal and CUDA ----------------------------------------------------------
     def _make_kernel(self, source: KernelSource, geometry: Geometry) -> Any:
         """The kernel object of a variant: built by its target's factory (``_targets.TARGETS``)."""
-        from .._rules import kernel_text
+        from .._rules import factory_texts
         from ..hardware._targets import get_target, kernel_factory
 
         target = get_target(source.target)
         extra = {"shared_memory": int(geometry.shared_memory)} if target.shared_memory_at_build else {}
         mx_core()  # MLX missing: its one-line error
+        texts = factory_texts(target.name, source.header, source.source)
         return kernel_factory(target.name)(
             name=source.name, input_names=list(source.input_names), output_names=list(source.output_names),
-            source=kernel_text(target.name, source.source), header=kernel_text(target.name, source.header),
-            ensure_row_contiguous=True, **extra)
+            source=texts.source, header=texts.header, ensure_row_contiguous=True, **extra)
 
     def classify(self, exc: Exception) -> VariantFailure:
         """An MLX exception while building or running one variant, as that variant's failure."""

@@ -44,9 +44,9 @@ try:  # an exported package: the shared modules sit beside this file
         content_sha256,
         cuda_driver_version,
         evaluate,
+        factory_texts,
         identify,
         kernel_factory,
-        kernel_text,
         lineage,
         mlx_namespace,
         modes_text,
@@ -71,9 +71,9 @@ except ImportError:  # kernsearch itself: the same modules, at the bottom of its
         content_sha256,
         cuda_driver_version,
         evaluate,
+        factory_texts,
         identify,
         kernel_factory,
-        kernel_text,
         lineage,
         mlx_namespace,
         modes_text,
@@ -452,10 +452,9 @@ def _device_info() -> Dict[str, Any]:
 
 def _mlx_kernel(source: Dict[str, Any], shared_memory: int) -> Any:
     """The kernel object of one source record, built by its target's factory (the targets table's row)."""
-    target = source["target"]
+    texts = factory_texts(source["target"], source["header"], source["source"])
     args = dict(name=source["name"], input_names=list(source["input_names"]),
-                output_names=list(source["output_names"]), source=kernel_text(target, source["source"]),
-                header=kernel_text(target, source["header"]))
+                output_names=list(source["output_names"]), source=texts.source, header=texts.header)
     make = kernel_factory(source["target"])
     if source["target"] in SHARED_MEMORY_AT_BUILD:
         return make(**args, shared_memory=shared_memory)

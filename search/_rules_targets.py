@@ -101,15 +101,23 @@ class KernelTexts:
     source: str
 
 
-def factory_texts(target: str, header: str, source: str) -> KernelTexts:
+def factory_texts(target: str, header: str, source: str, shared_memory: int = 0) -> KernelTexts:
     """What a target's kernel factory builds from: the texts as :func:`kernel_text` makes them and, where the row
     says ``include``, each as an ``#include`` of a file holding it (the text itself where no safe file can be
     written: ``_rules_include``). The search's device runs and the package's runtime both build through here, so
-    what was proved is what runs."""
+    what was proved is what runs.
+
+    Where the row fixes dynamic shared memory at build, a nonzero ``shared_memory`` is named in the header: MLX keys
+    a compiled module by the kernel's name and source and opts it into more than 48 KB only when it first loads it,
+    so two kernel objects of one source with different sizes would share the first one's limit (the larger then
+    fails to launch: seen on the H200, seventh session)."""
     row = TARGETS.get(target, TARGETS[DEFAULT_TARGET])
     header, source = kernel_text(target, header), kernel_text(target, source)
     if row.include:
-        return KernelTexts(included(header), included(source))
+        header, source = included(header), included(source)
+    if row.shared_memory_at_build and shared_memory > 0:
+        sep = "" if not header or header.endswith("\n") else "\n"
+        header = f"{header}{sep}// dynamic shared memory: {int(shared_memory)} bytes\n"
     return KernelTexts(header, source)
 
 

@@ -369,3 +369,24 @@ def test_the_include_form_compiles_to_the_same_ptx_as_the_text_inline(cache: Pat
         # internal-linkage symbols (cuda::std's objects) carry a hash of the main file's text: named alike here
         ptx.append(re.sub(r"_INTERNAL_[0-9a-f]{8}_", "_INTERNAL_", (folder / "unit.ptx").read_text()))
     assert ".entry" in ptx[0] and ptx[0] == ptx[1]
+
+
+def test_two_shared_memory_sizes_of_one_source_are_two_modules_for_mlx(cache: Path) -> None:
+    """MLX keys a compiled module by name and source and opts it into > 48 KB only on first load: a kernel object
+    of the same source with more shared memory must reach MLX as another text (seen failing on the H200)."""
+    small, large = (factory_texts("cuda", "int h;\n", BODY, n) for n in (93024, 93568))
+    assert small.source == large.source and small.header != large.header
+    assert "93568" in large.header and factory_texts("cuda", "int h;\n", BODY, 0).header == included("int h;\n")
+    assert factory_texts("metal", "int h;\n", BODY, 93568).header == "int h;\n"  # Metal fixes none at build
+
+
+def test_the_runtime_names_the_kernel_s_shared_memory_in_what_mlx_hashes(cache: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernsearch.exporting.runtime import _runtime
+
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(_runtime, "kernel_factory", lambda t: lambda **kw: seen.append(kw) or len(seen))
+    dispatcher = _runtime.Dispatcher.__new__(_runtime.Dispatcher)
+    dispatcher._kernels, dispatcher.kernel_factory = {}, _runtime._mlx_kernel
+    assert dispatcher._kernel(_record("cuda"), 60000) != dispatcher._kernel(_record("cuda"), 90000)
+    assert seen[0]["header"] != seen[1]["header"] and "90000" in seen[1]["header"]

@@ -165,7 +165,7 @@ class MLXBackend(BaseBackend):
         target = get_target(source.target)
         extra = {"shared_memory": int(geometry.shared_memory)} if target.shared_memory_at_build else {}
         mx_core()  # MLX missing: its one-line error
-        texts = factory_texts(target.name, source.header, source.source)
+        texts = factory_texts(target.name, source.header, source.source, int(geometry.shared_memory))
         return kernel_factory(target.name)(
             name=source.name, input_names=list(source.input_names), output_names=list(source.output_names),
             source=texts.source, header=texts.header, ensure_row_contiguous=True, **extra)

@@ -452,7 +452,7 @@ def _device_info() -> Dict[str, Any]:
 
 def _mlx_kernel(source: Dict[str, Any], shared_memory: int) -> Any:
     """The kernel object of one source record, built by its target's factory (the targets table's row)."""
-    texts = factory_texts(source["target"], source["header"], source["source"])
+    texts = factory_texts(source["target"], source["header"], source["source"], shared_memory)
     args = dict(name=source["name"], input_names=list(source["input_names"]),
                 output_names=list(source["output_names"]), source=texts.source, header=texts.header)
     make = kernel_factory(source["target"])

@@ -11,4 +11,4 @@ ls /tmp/ks-kernel-cache | head -3; ls /tmp/ks-kernel-cache | wc -l
 PHASE=bench STORE=/tmp/store MS=1,4 ROUNDS=12 LIMIT=240 OUT=$OUT bash benchmarks/gpu_decode_step.sh 2>&1 | grep -v "^built" | grep -E "exit|M=" 
 timeout 100 python3 benchmarks/gpu_pipeline_probe.py --store /tmp/store --out $OUT --tag m1inc --m 1 --rounds 8 > $OUT/probe_m1inc.txt 2>&1
 echo "probe exit $?"; grep -v "^built" $OUT/probe_m1inc.txt | tail -16
-STORE=/tmp/store ROUNDS=3 timeout 200 bash benchmarks/gpu_mlx_lm.sh > $OUT/mlx_lm.txt 2>&1; echo "mlx-lm exit $?"; grep -iE "tok|x \(|speedup|error" $OUT/mlx_lm.txt | tail -12
+[[ -n ${MLXLM:-} ]] && STORE=/tmp/store ROUNDS=3 timeout 200 bash benchmarks/gpu_mlx_lm.sh > $OUT/mlx_lm.txt 2>&1; echo "mlx-lm exit $?"; grep -iE "tok|x \(|speedup|error" $OUT/mlx_lm.txt | tail -12

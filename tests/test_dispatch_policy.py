@@ -254,3 +254,41 @@ def test_another_chips_kernel_keeps_the_op_path_only_where_a_level_could_take_it
         d.table["families"]["gemm"]["transfer"] = transfer
         assert (d._mode("gemm")[0] is _runtime._KERNELS) == kernels
         assert (d._mode("gemm")[1] is mx.matmul) != kernels  # the op itself, for every call
+
+
+def test_a_bound_call_with_two_activations_repeats_its_kernel_plan_without_planning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``qmatvec_residual.bind(W, S, Bq)(X, R)``, the O and down projections of a decode layer: a call with the
+    last call's activation shapes and dtypes runs the kept plan (no key built, no argument list merged); another
+    shape or dtype, or the switch, goes through planning again."""
+    from test_dispatch_cost import frames
+
+    shape = (1, 256, 256, 32, 4)
+    store = ArtifactStore(tmp_path / "store")
+    store.publish(candidate("H100", shape, "float16", target="cuda", family="qmatvec_residual"), margin=-1.0)
+    result = export(["qmatvec_residual"], tmp_path / "dist", store, package="ks_two", version="1.0")
+    monkeypatch.setattr(_runtime, "_gpu_available", lambda: True)
+    d = _runtime.Dispatcher(result.source_dir / "ks_two", device_info=H100)
+    d.toolchain = dict(HERE)
+    names: list[list[str]] = []
+
+    def kernel(**kw):  # the inputs in the family's order (X, W, S, Bq, R): R + 2 X stands in for the product
+        names.append([str(a.shape) for a in kw["inputs"]])
+        return [kw["inputs"][4] + 2 * kw["inputs"][0]]
+
+    d.kernel_factory = lambda source, shm: kernel
+    w = mx.zeros((256, 32), dtype=mx.uint32)
+    s, b = mx.zeros((256, 4), dtype=mx.float16), mx.zeros((256, 4), dtype=mx.float16)
+    bound = d.bind("qmatvec_residual", w, s, b)
+    x, r = mx.ones((1, 256), dtype=mx.float16), mx.full((1, 256), 3.0, dtype=mx.float16)
+    assert mx.array_equal(bound(x, r), r + 2 * x).item() and names  # planned: the kernel was traced
+    seen = frames(bound, x, r)
+    assert "planned" not in seen and "merged" not in seen and seen[0] == "bound"  # the kept plan, called at once
+    x2 = mx.full((1, 256), 5.0, dtype=mx.float16)
+    assert mx.array_equal(bound(x2, r), r + 2 * x2).item()  # new values, same shapes: the same plan
+    r32 = r.astype(mx.float32)
+    assert "planned" in frames(bound, x, r32)  # another dtype: planned again (here the op: float32 was not tuned)
+    assert "planned" in frames(bound, x, r)  # back to float16: its plan is kept (not made again), filed as the last
+    assert "planned" not in frames(bound, x, r) and len(names) == 1  # the fast path again; traced once in all
+    monkeypatch.setenv("KERNSEARCH_KERNELS", "off")
+    assert "planned" in frames(bound, x, r)  # the switch is read on every call

@@ -47,9 +47,9 @@ DETECTED = {"M2 Max": M2MAX, "M2 Pro": M2PRO, "M3 Max": M3MAX, "H100": H100, "H2
 
 def candidate(chip: str, shape: tuple[int, ...], dtype: str = "float32", config: dict | None = None,
               median: float = 1.0, target: str = "metal", evidence: str = "measured",
-              speedup: float = 1.5) -> Candidate:
+              speedup: float = 1.5, family: str = "gemm") -> Candidate:
     """A measured candidate (detected on ``chip``) that beats the op by ``speedup`` (range +-1 %)."""
-    fam = load_family("gemm")
+    fam = load_family(family)
     c = get_chip(chip)
     if evidence == "measured":
         c = c.model_copy(update={"detected": DETECTED[chip]})

@@ -39,6 +39,10 @@ class _Binding:
         self.last: List[Any] = [None, None, None, ()]
         #: Plans of all inputs with their weights, by activation signature (single-activation bindings).
         self.whole: Dict[Any, Tuple[Callable[..., Any], Tuple[Any, ...]]] = {}
+        #: Two-activation bindings (``qmatvec_residual.bind(W, S, Bq)(X, R)``): the last call's shapes and dtypes
+        #: and its plan as a function of the two activations, and those plans by activation signature.
+        self.last2: List[Any] = [None, None, None, None, None]
+        self.whole2: Dict[Any, Callable[[Any, Any], Any]] = {}
 
     def merged(self, acts: Sequence[Any], ws: Sequence[Any]) -> List[Any]:
         out: List[Any] = [None] * len(self.fam["inputs"])
@@ -145,7 +149,20 @@ class _Binding:
             if key is not None:
                 self.whole[key] = (plan, rest)
             return lambda x: plan(x, *rest)
+        if len(self.free) == 2:
+            two = self._two(plan, ws)
+            if key is not None:
+                self.whole2[key] = two
+            return two
         return lambda *xs: plan(*self.merged(xs, ws))
+
+    def _two(self, plan: Callable[..., Any], ws: Sequence[Any]) -> Callable[[Any, Any], Any]:
+        """``plan`` as a function of the two activations, the weights in place: the activations first and last
+        (X ... R: the residual families) without building the argument list per call."""
+        if self.free == [0, len(self.fam["inputs"]) - 1]:
+            mid = tuple(ws)
+            return lambda x, y: plan(x, *mid, y)
+        return lambda x, y: plan(*self.merged((x, y), ws))
 
     def planned(self, *acts: Any) -> Any:
         try:
@@ -158,8 +175,20 @@ class _Binding:
             if len(self.plans) >= MAX_DECISIONS:
                 self.plans.clear()
                 self.whole.clear()
+                self.whole2.clear()
             plan = self.plans[key] = self.make(acts, key)
-        whole = self.whole.get(key)
-        if len(acts) == 1 and key[0] is None and whole is not None:
-            self.last[:] = [key[1], key[2], whole[0], whole[1]]
+        if key[0] is None:
+            self._remember(key, len(acts))
         return plan(*acts)
+
+    def _remember(self, key: Any, acts: int) -> None:
+        """File the plan of ``key`` (no switch set) as the last one: the next call with the same activation shapes
+        and dtypes takes it without planning (:meth:`Dispatcher.bind`'s fast paths)."""
+        if acts == 1:
+            whole = self.whole.get(key)
+            if whole is not None:
+                self.last[:] = [key[1], key[2], whole[0], whole[1]]
+        elif acts == 2:
+            two = self.whole2.get(key)
+            if two is not None:
+                self.last2[:] = [key[1], key[2], key[3], key[4], two]

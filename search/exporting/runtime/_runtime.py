@@ -405,14 +405,19 @@ class Dispatcher(Chooser):
         binding = _Binding(self, family, weights, chip, modeled)
         if chip is None and self._mode(family)[0] is not _KERNELS:
             return binding.op_bound(self._mode(family)[0] is _OP)
-        env, env_key, last, planned = _ENV, _ENV_KEY, binding.last, binding.planned
+        env, env_key, last, last2, planned = _ENV, _ENV_KEY, binding.last, binding.last2, binding.planned
 
         def bound(*acts: Any) -> Any:
-            if len(acts) == 1 and env.get(env_key) is None:
-                x = acts[0]
+            if env.get(env_key) is None:
                 try:
-                    if x.shape == last[0] and x.dtype == last[1]:  # decode repeats the last activation shape
-                        return last[2](x, *last[3])  # the plan of all inputs, the weights appended: no frame
+                    if len(acts) == 1:
+                        x = acts[0]
+                        if x.shape == last[0] and x.dtype == last[1]:  # decode repeats the last activation shape
+                            return last[2](x, *last[3])  # the plan of all inputs, the weights appended: no frame
+                    elif len(acts) == 2:  # X and the residual R (qmatvec_residual, mlp_block)
+                        x, y = acts
+                        if x.shape == last2[0] and x.dtype == last2[1] and y.shape == last2[2] and y.dtype == last2[3]:
+                            return last2[4](x, y)
                 except AttributeError:
                     pass
             return planned(*acts)

@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from kernsearch.artifacts._artifacts import ArtifactStore
-from kernsearch.bench._decode import Paired
+from kernsearch.bench._decode import Paired, pipelined_ms
 from kernsearch.bench._run import fused_families, import_package
-from kernsearch.bench._step import StepShape, bind_layer, build_layers, plain_step
+from kernsearch.bench._step import StepShape, bind_layer, build_layers, package_step, plain_step
 
 
 def include_factory(mx: Any, folder: Path, make: Callable[..., Any]) -> Callable[[dict[str, Any], int], Any]:
@@ -86,38 +86,20 @@ def plain_layers(mx: Any, layers: list[Any]) -> Callable[[Any, Callable[[Any], N
 
 
 def package_layers(bound: list[dict[str, Any]], hidden: int) -> Callable[[Any, Callable[[Any], None]], list[Any]]:
-    def run(x: Any, hook: Callable[[Any], None]) -> list[Any]:
-        kept: list[Any] = []
-        for b in bound:
-            qkv = b["qkv"].fn(x)
-            x = b["o"].fn(qkv[:, :hidden], x)
-            x = b["down"].fn(b["gate_up"].fn(x), x)
-            kept.append(qkv[:, hidden:])
-            hook(x)
-        return [x, *kept]
-
-    return run
+    return lambda x, hook: package_step(bound, hidden, 4, hook)(x)
 
 
 def timed(mx: Any, step: Callable[[Any], list[Any]], x0: Any, pipe: bool, tokens: int) -> float:
     """ms per token over ``tokens`` dependent tokens (each token's input is the previous token's output)."""
+    if pipe:
+        return pipelined_ms(mx, step, x0, tokens)
     mx.synchronize()
     t0 = time.perf_counter()
-    if pipe:
-        y = step(x0)
-        mx.async_eval(y)
-        for _ in range(tokens - 1):
-            nxt = step(y[0])
-            mx.async_eval(nxt)
-            mx.eval(y)
-            y = nxt
+    x = x0
+    for _ in range(tokens):
+        y = step(x)
         mx.eval(y)
-    else:
-        x = x0
-        for _ in range(tokens):
-            y = step(x)
-            mx.eval(y)
-            x = y[0]
+        x = y[0]
     mx.synchronize()
     return (time.perf_counter() - t0) * 1e3 / tokens
 

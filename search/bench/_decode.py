@@ -101,34 +101,35 @@ def interleaved(mx: Any, forms: dict[str, Callable[[], Any]], rounds: int, warmu
 LOOPS = ("sync", "pipelined")
 
 
+def pipelined_ms(mx: Any, step: Callable[[Any], list[Any]], x0: Any, tokens: int) -> float:
+    """ms per token of ``tokens`` dependent tokens (each token's input is the previous token's output) run as
+    mlx-lm's decode loop runs them: the next token built and sent before the current one is waited on."""
+    mx.synchronize()
+    t0 = time.perf_counter()
+    y = step(x0)
+    mx.async_eval(y)
+    for _ in range(tokens - 1):
+        nxt = step(y[0])
+        mx.async_eval(nxt)
+        mx.eval(y)
+        y = nxt
+    mx.eval(y)
+    mx.synchronize()
+    return (time.perf_counter() - t0) * 1e3 / tokens
+
+
 def pipelined(mx: Any, steps: dict[str, Callable[[Any], list[Any]]], x0: Any, rounds: int, tokens: int,
               warmup: int = 1) -> dict[str, list[float]]:
-    """ms per token of each step run as mlx-lm's decode loop runs it: ``tokens`` dependent tokens (each token's
-    input is the previous token's output), the next one sent before the current one is waited on; the forms in
-    turn each round, the order reversed every other round."""
-
-    def run(step: Callable[[Any], list[Any]], n: int) -> float:
-        mx.synchronize()
-        t0 = time.perf_counter()
-        y = step(x0)
-        mx.async_eval(y)
-        for _ in range(n - 1):
-            nxt = step(y[0])
-            mx.async_eval(nxt)
-            mx.eval(y)
-            y = nxt
-        mx.eval(y)
-        mx.synchronize()
-        return (time.perf_counter() - t0) * 1e3 / n
-
+    """ms per token of each step in mlx-lm's loop (:func:`pipelined_ms`), the forms in turn each round, the order
+    reversed every other round."""
     for step in steps.values():
         for _ in range(warmup):
-            run(step, 2)
+            pipelined_ms(mx, step, x0, 2)
     names = list(steps)
     out: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            out[name].append(run(steps[name], tokens))
+            out[name].append(pipelined_ms(mx, steps[name], x0, tokens))
     return out
 
 

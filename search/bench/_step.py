@@ -239,9 +239,11 @@ def bind_layer(pkg: Any, families: dict[str, Any], layer: Layer, calls: Sequence
     return out
 
 
-def package_step(bound: Sequence[dict[str, Bound]], hidden: int, launches: int = 4) -> Callable[[Any], list[Any]]:
+def package_step(bound: Sequence[dict[str, Bound]], hidden: int, launches: int = 4,
+                 after_layer: Callable[[Any], Any] | None = None) -> Callable[[Any], list[Any]]:
     """The layer as four package calls (norm + Q/K/V, O + residual, norm + gate/up SwiGLU, down + residual) or as
-    two (norm + Q/K/V, and ``mlp_block``: O, norm, gate/up, down and both residuals in one persistent kernel)."""
+    two (norm + Q/K/V, and ``mlp_block``: O, norm, gate/up, down and both residuals in one persistent kernel).
+    ``after_layer`` (four launches): called with each layer's output (a probe's ``mx.async_eval``)."""
 
     def step4(x: Any) -> list[Any]:
         kept: list[Any] = []
@@ -250,6 +252,8 @@ def package_step(bound: Sequence[dict[str, Bound]], hidden: int, launches: int =
             x = b["o"].fn(qkv[:, :hidden], x)
             x = b["down"].fn(b["gate_up"].fn(x), x)
             kept.append(qkv[:, hidden:])
+            if after_layer is not None:
+                after_layer(x)
         return [x, *kept]
 
     def step2(x: Any) -> list[Any]:

@@ -144,3 +144,29 @@ assert err < 1e-5, err
                        env={**__import__("os").environ, "PYTHONPATH": str(built.source_dir)})
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.splitlines()[0] == "(1, 256)", r.stdout
+
+
+def test_the_pipelined_loop_sends_the_next_token_before_it_waits_for_the_current() -> None:
+    """mlx-lm's generate loop: token t+1's graph is built from token t's (lazy) output and sent with async_eval
+    before token t is waited on; every token's input is the previous token's output."""
+    from kernsearch.bench._decode import pipelined_ms
+
+    log: list[str] = []
+
+    class FakeMx:
+        def synchronize(self) -> None:
+            log.append("sync")
+
+        def async_eval(self, y: list[str]) -> None:
+            log.append(f"send {y[0]}")
+
+        def eval(self, y: list[str]) -> None:
+            log.append(f"wait {y[0]}")
+
+    def step(x: str) -> list[str]:
+        log.append(f"build from {x}")
+        return [f"t{int(x[1:]) + 1}"]
+
+    assert pipelined_ms(FakeMx(), step, "t0", 3) > 0
+    assert log == ["sync", "build from t0", "send t1", "build from t1", "send t2", "wait t1", "build from t2",
+                   "send t3", "wait t2", "wait t3", "sync"]

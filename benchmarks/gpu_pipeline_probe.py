@@ -104,6 +104,13 @@ def timed(mx: Any, step: Callable[[Any], list[Any]], x0: Any, pipe: bool, tokens
     return (time.perf_counter() - t0) * 1e3 / tokens
 
 
+def compiled_side(mx: Any, fn: Callable[[Any, Callable[[Any], None]], list[Any]]
+                  ) -> Callable[[Any, Callable[[Any], None]], list[Any]]:
+    """The step under ``mx.compile`` (traced once per input shape, then replayed: no Python per call)."""
+    step = mx.compile(lambda x: fn(x, lambda y: None))
+    return lambda x, hook: step(x)
+
+
 def host_split(mx: Any, step: Callable[[Any], list[Any]], x0: Any, tokens: int) -> dict[str, float]:
     """The pipelined loop's host time per token split three ways: building the graph (Python and MLX's array
     objects), ``mx.async_eval`` (MLX encodes the launches and sends the commits) and waiting for the previous token;
@@ -137,6 +144,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--m", type=int, default=1)
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--compiled", action="store_true", help="also each side's whole step under mx.compile")
     a = ap.parse_args()
     import mlx.core as mx
 
@@ -160,15 +168,19 @@ def main() -> int:
         mx.eval(x0)
         sides = {"plain": plain_layers(mx, layers), "pkg": package_layers(bound, shape.hidden),
                  "pkg_inc": package_layers(bound_inc, shape.hidden)}
+        if a.compiled:  # the whole step under mx.compile, both sides (a consumer may compile its step)
+            del sides["pkg_inc"]
+            for name in ("plain", "pkg"):
+                sides[f"{name}_c"] = compiled_side(mx, sides[name])
         want = sides["plain"](x0, lambda x: None)[0]
         errs = {}
-        for name in ("pkg", "pkg_inc"):
+        for name in (n for n in sides if n != "plain"):
             got = sides[name](x0, lambda x: None)[0]
             errs[name] = float(mx.max(mx.abs(got - want)).item() / (mx.max(mx.abs(want)).item() + 1e-12))
         print("rel err vs plain:", errs, flush=True)
         forms: dict[str, tuple[Callable[[Any], list[Any]], bool]] = {}
         for side, fn in sides.items():
-            for mode in ("sync", "layer", "pipe", "layerpipe"):
+            for mode in ("sync", "pipe") if side.endswith("_c") else ("sync", "layer", "pipe", "layerpipe"):
                 forms[f"{side}/{mode}"] = (layer_step(fn, mx, "layer" if mode.startswith("layer") else "sync"),
                                            mode.endswith("pipe"))
         for step, pipe in forms.values():
@@ -190,7 +202,7 @@ def main() -> int:
     for n, t in times.items():
         p = Paired.of(ref, t)
         rows[n] = {"ms": statistics.median(t), "vs_plain_sync": p.speedup, "low": p.low, "high": p.high}
-        best_plain = min(statistics.median(times[f"plain/{m}"]) for m in ("sync", "layer", "pipe", "layerpipe"))
+        best_plain = min(statistics.median(t) for k, t in times.items() if k.startswith("plain"))
         rows[n]["vs_best_plain"] = best_plain / statistics.median(t)
         print(f"{n:14s} {rows[n]['ms']:7.3f} ms/token  vs plain/sync {p.speedup:.2f}x ({p.low:.2f}-{p.high:.2f})"
               f"  vs best plain {rows[n]['vs_best_plain']:.2f}x", flush=True)

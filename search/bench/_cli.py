@@ -115,12 +115,12 @@ def _print(report: DecodeReport) -> None:
     for r in report.rows:
         stream = "" if r.stream_ms is None else (f"; stream {r.stream_ms:.3f} ms: package at {r.pct_of_stream:.0f} % "
                                                  f"of the streaming read, {r.pct_of_spec:.0f} % of spec bandwidth")
+        every = ", ".join(f"{f} {ms:.3f}" for f, ms in r.forms_ms.items())
         out.print(f"M={r.M}, {r.loop} loop: plain MLX ({r.mlx_form}) {r.mlx_ms:.3f} ms/token "
-                  f"({r.tokens_per_s_mlx:.0f} tok/s), "
-                  f"package (2 launches a layer) {r.package_ms:.3f} ms/token ({r.tokens_per_s_package:.0f} tok/s): "
-                  f"{r.speedup:.2f}x (99 % interval {r.low:.2f}-{r.high:.2f}){stream}; output rel. error "
-                  f"{r.rel_err:.1e}; 4 launches a layer {r.package4_ms:.3f} ms/token: {r.speedup4:.2f}x "
-                  f"({r.low4:.2f}-{r.high4:.2f})", soft_wrap=True, markup=False)
+                  f"({r.tokens_per_s_mlx:.0f} tok/s), {r.package_form} {r.package_ms:.3f} ms/token "
+                  f"({r.tokens_per_s_package:.0f} tok/s): {r.speedup:.2f}x (99 % interval {r.low:.2f}-{r.high:.2f})"
+                  f"{stream}; output rel. error {r.rel_err:.1e}; ms/token of every form: {every}",
+                  soft_wrap=True, markup=False)
     for line in report.explain.values():
         out.print(f"  {line}", soft_wrap=True, markup=False)
     for note in report.notes:

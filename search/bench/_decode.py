@@ -157,9 +157,18 @@ class Paired:
         return cls(median(ref), median(new), iv.median, iv.low, iv.high)
 
 
+#: The step's forms. Plain MLX as a user writes it, Q/K/V and gate/up separate or concatenated; the package with
+#: two launches a layer (norm + Q/K/V, mlp_block) or four; each also with the whole step under ``mx.compile`` (a
+#: consumer may compile its step: traced once, then replayed without Python). The reference is plain MLX's fastest.
+PLAIN_FORMS = ("separate", "concatenated")
+PACKAGE_FORMS = ("package, 2 launches", "package, 4 launches")
+COMPILED = ", compiled"
+
+
 @dataclass(frozen=True)
 class StepRow:
-    """One M: the step through plain MLX (its faster form) and through the package."""
+    """One M in one consumer loop: plain MLX's fastest form against the package's fastest, paired round by round,
+    and every form's ms per token."""
 
     hidden: int
     ffn: int
@@ -168,19 +177,14 @@ class StepRow:
     loop: str  # LOOPS: one eval per token, or mlx-lm's pipelined loop
     mlx_ms: float
     mlx_form: str
-    mlx_separate_ms: float
-    mlx_concatenated_ms: float
-    package_ms: float  # two launches per layer: rmsnorm_qmatvec and mlp_block
+    package_ms: float
+    package_form: str
     stream_ms: float | None
     speedup: float
     low: float
     high: float
-    rel_err: float
-    package4_ms: float  # four launches per layer: rmsnorm_qmatvec, qmatvec_residual, rmsnorm_swiglu_qmatvec, ...
-    speedup4: float
-    low4: float
-    high4: float
-    rel_err4: float
+    rel_err: float  # the package's output against plain MLX's (its worst form)
+    forms_ms: dict[str, float]
     tokens_per_s_mlx: float
     tokens_per_s_package: float
     pct_of_stream: float | None
@@ -311,17 +315,23 @@ def pct(part: float | None, whole: float) -> float | None:
     return None if part is None or whole <= 0 else 100.0 * part / whole
 
 
-def token_row(shape: StepShape, m: int, loop: str, t: dict[str, list[float]], errs: tuple[float, float],
+def fastest(t: dict[str, list[float]], forms: Sequence[str]) -> str:
+    """The form (of ``forms``, compiled or not) with the lowest median ms per token."""
+    return min((f for f in t if f.removesuffix(COMPILED) in forms), key=lambda f: median(t[f]))
+
+
+def token_row(shape: StepShape, m: int, loop: str, t: dict[str, list[float]], rel: float,
               spec_gbs: float | None, stream: float | None) -> StepRow:
-    """The row of one M and loop from the interleaved ms per token of each form (``errs``: the two package forms'
-    output errors against plain MLX; ``stream``: the streaming read's ms in this run)."""
-    sep, cat = median(t["separate"]), median(t["concatenated"])
-    form = "separate" if sep <= cat else "concatenated"
-    p, p4 = Paired.of(t[form], t["package"]), Paired.of(t[form], t["package4"])
+    """The row of one M and loop from the interleaved ms per token of each form: plain MLX's fastest form against
+    the package's fastest (``rel``: the package's worst output error against plain MLX; ``stream``: the streaming
+    read's ms in this run)."""
+    ref, new = fastest(t, PLAIN_FORMS), fastest(t, PACKAGE_FORMS)
+    p = Paired.of(t[ref], t[new])
     ideal = shape.layers * shape.layer_bytes() / (spec_gbs * 1e6) if spec_gbs else None
-    return StepRow(shape.hidden, shape.ffn, shape.layers, m, loop, p.ref_ms, form, sep, cat, p.new_ms, stream,
-                   p.speedup, p.low, p.high, errs[0], p4.new_ms, p4.speedup, p4.low, p4.high, errs[1], 1e3 / p.ref_ms,
-                   1e3 / p.new_ms, pct(stream, p.new_ms), pct(ideal, p.new_ms), len(t["package"]))
+    forms = {f: median(v) for f, v in t.items() if f != "stream"}
+    return StepRow(shape.hidden, shape.ffn, shape.layers, m, loop, p.ref_ms, ref, p.new_ms, new, stream, p.speedup,
+                   p.low, p.high, rel, forms, 1e3 / p.ref_ms, 1e3 / p.new_ms, pct(stream, p.new_ms),
+                   pct(ideal, p.new_ms), len(t[new]))
 
 
 def kernel_row(call: Call, shape: StepShape, m: int, t: dict[str, list[float]], layers: int, chose: str) -> KernelRow:

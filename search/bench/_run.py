@@ -19,6 +19,9 @@ from ..artifacts._artifacts import ArtifactStore
 from ..exporting._export import export
 from ..family._spec import Family, load_family
 from ._decode import (
+    COMPILED,
+    PACKAGE_FORMS,
+    PLAIN_FORMS,
     DecodeReport,
     KernelChains,
     device_kind,
@@ -132,18 +135,27 @@ def run_decode(shape: StepShape, ms: Sequence[int], rounds: int, store: Artifact
     return report
 
 
+def _step_forms(mx: Any, shape: StepShape, layers: Sequence[Layer],
+                bound: Sequence[Any]) -> dict[str, Callable[[Any], list[Any]]]:
+    """Every form of the step (:data:`PLAIN_FORMS`, :data:`PACKAGE_FORMS`), each also under ``mx.compile``."""
+    steps = {PLAIN_FORMS[0]: plain_step(mx, layers, False), PLAIN_FORMS[1]: plain_step(mx, layers, True),
+             PACKAGE_FORMS[0]: package_step(bound, shape.hidden, 2),
+             PACKAGE_FORMS[1]: package_step(bound, shape.hidden, 4)}
+    return {**steps, **{name + COMPILED: mx.compile(step) for name, step in steps.items()}}
+
+
 def _step_rows(mx: Any, shape: StepShape, layers: Sequence[Layer], bound: Sequence[Any],
                flats: Sequence[dict[str, Any]] | None, read: Any, m: int, rounds: int, spec_gbs: float | None,
                say: Say, tokens: int = 8) -> list[Any]:
     """The step at ``m`` rows in each consumer loop (:data:`LOOPS`): one eval per token, and mlx-lm's pipelined
-    loop over ``tokens`` dependent tokens; plain MLX's faster form is the reference in each."""
+    loop over ``tokens`` dependent tokens; plain MLX's fastest form is the reference in each."""
     dt = getattr(mx, shape.dtype)
     x0 = (0.5 * mx.random.normal((m, shape.hidden), key=mx.random.key(100 + m))).astype(dt)
     mx.eval(x0)
-    steps = {"separate": plain_step(mx, layers, False), "concatenated": plain_step(mx, layers, True),
-             "package": package_step(bound, shape.hidden, 2), "package4": package_step(bound, shape.hidden, 4)}
-    want = steps["concatenated"](x0)[0]
-    errs = (rel_err(mx, steps["package"](x0)[0], want), rel_err(mx, steps["package4"](x0)[0], want))
+    steps = _step_forms(mx, shape, layers, bound)
+    want = steps[PLAIN_FORMS[1]](x0)[0]
+    rel = max(rel_err(mx, step(x0)[0], want) for name, step in steps.items()
+              if name.removesuffix(COMPILED) in PACKAGE_FORMS)
     forms: dict[str, Callable[[], Any]] = {name: partial(step, x0) for name, step in steps.items()}
     if read is not None and flats is not None:
         def stream() -> Any:
@@ -157,15 +169,15 @@ def _step_rows(mx: Any, shape: StepShape, layers: Sequence[Layer], bound: Sequen
     say(f"M={m}: timing the step, one eval per token ({len(forms)} forms, {rounds} rounds, interleaved)")
     t = interleaved(mx, forms, rounds)
     stream_ms = median(t["stream"]) if "stream" in t else None
-    rows = [token_row(shape, m, "sync", t, errs, spec_gbs, stream_ms)]
+    rows = [token_row(shape, m, "sync", t, rel, spec_gbs, stream_ms)]
     say(f"M={m}: timing the step in mlx-lm's pipelined loop ({len(steps)} forms, {rounds} rounds of {tokens} tokens)")
-    rows.append(token_row(shape, m, "pipelined", pipelined(mx, steps, x0, rounds, tokens), errs, spec_gbs,
+    rows.append(token_row(shape, m, "pipelined", pipelined(mx, steps, x0, rounds, tokens), rel, spec_gbs,
                           stream_ms))
     for row in rows:
-        say(f"M={m} {row.loop}: plain MLX ({row.mlx_form}) {row.mlx_ms:.3f} ms/token; package, 2 launches a layer "
-            f"{row.package_ms:.3f} ms/token: {row.speedup:.2f}x ({row.low:.2f}-{row.high:.2f}), 4 launches "
-            f"{row.package4_ms:.3f}: {row.speedup4:.2f}x ({row.low4:.2f}-{row.high4:.2f}); output rel. error "
-            f"{row.rel_err:.1e} / {row.rel_err4:.1e}")
+        every = ", ".join(f"{f} {ms:.3f}" for f, ms in row.forms_ms.items())
+        say(f"M={m} {row.loop}: plain MLX ({row.mlx_form}) {row.mlx_ms:.3f} ms/token; {row.package_form} "
+            f"{row.package_ms:.3f} ms/token: {row.speedup:.2f}x ({row.low:.2f}-{row.high:.2f}); output rel. error "
+            f"{row.rel_err:.1e}; every form: {every}")
     return rows
 
 

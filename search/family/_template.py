@@ -92,7 +92,9 @@ class FolderLoader(BaseLoader):
         except UnicodeDecodeError:
             raise TemplateNotFound(template, f"template {template[:100]!r}: not UTF-8 text") from None
         self.loaded[template] = text
-        return text, str(root.joinpath(*inner)), lambda: False
+        # Up to date for the sandbox's life: a template is read and compiled once per sandbox (Jinja re-read and
+        # recompiled every ``{% import ... with context %}`` on every render when this said False).
+        return text, str(root.joinpath(*inner)), lambda: True
 
 
 def text_size(value: Any, limit: int = MAX_OUTPUT) -> int:

@@ -229,7 +229,11 @@ PINNED = (("qmatvec", "float16", {"PATH": "fma", "QBITS": 4, "TW": 4, "KS": 4, "
 #: An mma config ptxas puts more than 10 % over the estimate (156 registers, estimated 136; no spill, it launches),
 #: found by the 2-way covering sample (every 37th config missed it): for the lead, as the fma ones above.
 MMA_OVER = (("rmsnorm_qmatvec", "bfloat16", {"PATH": "mma", "QBITS": 4, "TW": 4, "KS": 1, "RT": 2, "UNROLL": 2,
-                                             "MB": 16}),)
+                                             "MB": 16}),
+            # the covering sample drew it once the h2 path's shared-memory opt-in changed the valid set: ptxas 151,
+            # estimated 128 (the same low bfloat16 estimate as the config above)
+            ("rmsnorm_qmatvec", "bfloat16", {"PATH": "mma", "QBITS": 4, "TW": 1, "KS": 1, "RT": 1, "UNROLL": 4,
+                                             "MB": 16}))
 
 
 @pytest.fixture(scope="module")
@@ -270,8 +274,8 @@ def test_a_sample_compiles_for_sm90_as_mlx_wraps_it(compiled) -> None:  # noqa: 
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="rmsnorm_qmatvec's mma register estimate is low for a bfloat16 config "
-                   "(ptxas 156, estimated 136); for the lead")
+@pytest.mark.xfail(strict=True, reason="rmsnorm_qmatvec's mma register estimate is low for bfloat16 configs "
+                   "(ptxas 156, estimated 136; ptxas 151, estimated 128); for the lead")
 def test_the_mma_kernels_known_over_the_estimate_are_within_it(compiled) -> None:  # noqa: ANN001
     rows = [row for row in compiled if row[:3] in MMA_OVER]
     assert len(rows) == len(MMA_OVER) and all(not spill and regs <= 1.1 * est for *_, regs, spill, est in rows)

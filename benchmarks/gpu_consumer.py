@@ -157,40 +157,49 @@ def timed(fns: dict[str, Any], sets: Any, mode: str, rounds: int, calls: int = 8
 
 
 def host_us(fn: Any, args: Any, calls: int = 2000) -> float:
-    """Microseconds of host time per call building the graph (nothing evaluated), best of 5."""
+    """Microseconds of host time per call building the graph (nothing evaluated), one batch of ``calls``."""
     import mlx.core as mx
 
-    fn(*args)
-    best = math.inf
-    for _ in range(5):
-        outs = []
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            outs.append(fn(*args))
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-        del outs
-        mx.eval([])
+    outs = []
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        outs.append(fn(*args))
+    spent = (time.perf_counter() - t0) / calls * 1e6
+    del outs
+    mx.eval([])
+    return spent
+
+
+def interleaved_host_us(forms: dict[str, tuple[Any, Any]], batches: int = 15) -> dict[str, float]:
+    """Each form's host µs per call, the best of ``batches`` batches taken in turn (form after form, the order
+    rotating): a slow spell of the machine, a warm-up or the memory a batch leaves behind then weighs on every form
+    alike, not on whichever was timed third."""
+    for fn, args in forms.values():
+        fn(*args)
+    best = {name: math.inf for name in forms}
+    names = list(forms)
+    for b in range(batches):
+        for name in names[b % len(names):] + names[:b % len(names)]:
+            fn, args = forms[name]
+            best[name] = min(best[name], host_us(fn, args))
     return best
 
 
 def host_costs(pkg: Any, family: str, sets: Any, dims: dict[str, int], weighted: bool) -> dict[str, float]:
+    """Host µs per call of the op, the package's plain call and (weighted families) its bound call, interleaved."""
     import mlx.core as mx
 
     args = sets[0]
-    op = consumer_op(family, mx, dims)
     fn = getattr(pkg, family)
-    cost = {"op": host_us(op, args), "package": host_us(fn, args)}
+    forms = {"op": (consumer_op(family, mx, dims), args), "package": (fn, args)}
     if weighted:
         from kernsearch.family._spec import load_family
 
         fam = load_family(family)
         slots = [i for i, t in enumerate(fam.inputs) if t.weight]
         bound = fn.bind(*[args[i] for i in slots])
-        free = [args[i] for i in range(len(args)) if i not in slots]
-        cost["bound"] = host_us(bound, free)
-    cost["op_again"] = host_us(op, args)
-    cost["op"] = min(cost["op"], cost.pop("op_again"))
-    return cost
+        forms["bound"] = (bound, [args[i] for i in range(len(args)) if i not in slots])
+    return interleaved_host_us(forms)
 
 
 def copy_bandwidth() -> float:
@@ -332,6 +341,8 @@ def drop_in_decode(pkg: Any, rounds: int, hidden: int, ffn: int, layers: int) ->
     step, interleaved step by step (order alternating)."""
     import mlx.core as mx
 
+    from kernsearch._rules import ratio_interval
+
     weights = decode_weights(hidden, ffn, layers, mx)
     x = mx.random.normal((1, hidden)).astype(mx.float16)
     mx.eval(x)
@@ -354,9 +365,11 @@ def drop_in_decode(pkg: Any, rounds: int, hidden: int, ffn: int, layers: int) ->
             mx.synchronize()
             times[name].append((time.perf_counter() - t0) * 1e3)
     pk, op = times["package"], times["mlx"]
+    interval = ratio_interval([o / k for k, o in zip(pk, op)])  # paired: one ratio per round
     return {"hidden": hidden, "ffn": ffn, "layers": layers, "calls": 7 * layers, "bits": 4, "group": 64,
             "chose": chose, "package_ms": pct(pk, 50), "mlx_ms": pct(op, 50), "speedup": pct(op, 50) / pct(pk, 50),
-            "low": pct(op, 10) / pct(pk, 90), "high": pct(op, 90) / pct(pk, 10), "rounds": rounds,
+            "low": pct(op, 10) / pct(pk, 90), "high": pct(op, 90) / pct(pk, 10), "median_ratio": interval.median,
+            "interval_low": interval.low, "interval_high": interval.high, "rounds": rounds,
             "max_abs_err_one_layer": err}
 
 

@@ -16,7 +16,8 @@ outliers that inflate the mean KernelTuner records as ``time``; the summary also
 Strategies: ``default`` (what ``kernsearch tune`` uses: ``run_study``'s default sampler), ``plain-tpe``
 (Optuna's TPE alone: no local steps), ``tpe`` (kernsearch's TPE, with one-knob local steps), ``random``, ``auto``,
 ``forest`` (the tree-ensemble surrogate over the valid configs, ``studies/_forest.py``), ``hybrid`` (Optuna's TPE for
-the first ``_forest.HYBRID_SWITCH`` trials, then the forest).
+the first ``_forest.HYBRID_SWITCH`` trials, then the forest), ``thompson`` (the forest with Thompson sampling in place of
+expected improvement: fourth round).
 
 Printed per file and budget: median, p10 and hit rate per strategy; then per budget and strategy the mean over
 files of the per-file medians and of the p10s, the smallest p10, and the files where fewer than 90 % of seeds

@@ -16,6 +16,10 @@ repetitions, as ``benchmarks/search_landscapes.py`` scores it; score = optimum /
   to an adjacent value; others: to any value) divided by the standard deviation of log time (0: the knob alone
   changes nothing; about 1.1: as if the two configs were drawn at random); ``opt@`` the optimum's value and its
   position in the knob's list (edge or inside);
+* ``additive R2`` and ``pairs R2``: the share of the variance of log time a least-squares fit explains with each knob's
+  value as a term (main effects), and with every pair of knobs' values too (all two-knob interactions), fitted to
+  every working config; ``rank`` is where the optimum ranks among the configs by the pairwise fit (0: first): a model
+  of two-knob interactions that had seen every config would still not put it first where this is large;
 * under one-step moves (each knob to an adjacent value, two-valued and categorical knobs to any value): the number of
   local optima (no neighbour faster), how many score >= 0.97, and the share of configs whose steepest descent ends at
   a hit (``basin``: a hill climber started at a random config reaches a hit with about that chance, at a cost of
@@ -114,7 +118,33 @@ def describe(path: Path, pct: float) -> None:
         where = "edge" if i in (0, len(values) - 1) else "inside"
         print(f"    {k:<16} {len(values):>3} values  eta2 {eta2:.2f}  rough {rough:.2f}  opt@ {values[i]} "
               f"({i + 1}/{len(values)}, {where})")
+    _interactions(knobs, codes[ok], y[ok], int(np.flatnonzero(ok).tolist().index(opt)))
     _descents(score, moves, hits, n)
+
+
+def _design(knobs: dict[str, list[object]], codes: np.ndarray, pairs: bool) -> np.ndarray:
+    """One-hot columns of every knob's values (the first value dropped), and of every pair's when ``pairs``."""
+    sizes = [len(v) for v in knobs.values()]
+    main = [(codes[:, j][:, None] == np.arange(1, m)[None, :]).astype(float) for j, m in enumerate(sizes)]
+    cols = [np.ones((len(codes), 1)), *main]
+    if pairs:
+        for a in range(len(main)):
+            for b in range(a + 1, len(main)):
+                cols.append((main[a][:, :, None] * main[b][:, None, :]).reshape(len(codes), -1))
+    return np.concatenate(cols, axis=1)
+
+
+def _interactions(knobs: dict[str, list[object]], codes: np.ndarray, y: np.ndarray, opt: int) -> None:
+    """How much of log time main effects and two-knob interactions explain, and where the pairwise fit ranks the
+    optimum."""
+    out = []
+    for pairs in (False, True):
+        A = _design(knobs, codes, pairs)
+        coef, *_ = np.linalg.lstsq(A, y, rcond=None)
+        pred = A @ coef
+        out.append(1 - float(((y - pred) ** 2).mean()) / float(y.var()))
+    rank = int((pred < pred[opt]).sum())
+    print(f"  additive R2 {out[0]:.2f}, pairs R2 {out[1]:.2f}; rank of the optimum by the pairwise fit {rank}")
 
 
 def _descents(score: np.ndarray, moves: list[tuple[int, np.ndarray, np.ndarray]], hits: np.ndarray, n: int) -> None:

@@ -12,7 +12,9 @@ Strategies: ``random``; ``tpe`` (Optuna's TPE, multivariate, 10 startup trials, 
 ``plain-tpe``: an invalid or known proposal is told and asked again, the fifth in a row replaced by a random valid
 config); ``forest`` and ``thompson`` (``studies/_forest.py`` itself: expected improvement, Thompson sampling);
 ``thompsonK`` (Thompson over the mean of K drawn trees); ``thompson-global`` (no one-knob candidates: every proposal
-from a random sample of all free configs).
+from a random sample of all free configs). ``--warm FILES``: every strategy first evaluates the configs transfer
+(``studies/_transfer.py``) takes from those landscapes (another GPU's, same kernel: what a family's other studies give a
+real tune): ``TRANSFER_LIMIT`` of them, the sources' fastest, round-robin.
 
 ``table`` prints per file the median, p10, mean and hit rate (share of seeds within 3 % of the optimum) of the best
 visited config and, per strategy, the mean over files of each. ``curve``: median / hit rate per budget. ``near``: per
@@ -168,13 +170,37 @@ def strategy(name: str) -> Callable[[Space, int, int], Proposer]:
     raise SystemExit(f"unknown strategy {name!r}")
 
 
+#: ``--warm``: the spaces whose best configs are evaluated first (transfer from another GPU of the same kernel), as
+#: ``studies/_transfer.py`` picks them for a real tune from a family's other studies: ``transfer_configs``' limit,
+#: round-robin over the sources, fastest first.
+WARM: list[Space] = []
+
+
+def warm_rows(space: Space) -> list[int]:
+    """Rows of ``space`` holding the configs transfer would evaluate first (the sources' best, those valid here)."""
+    from kernsearch.family._space import format_config
+    from kernsearch.studies._transfer import TRANSFER_LIMIT
+
+    index = {format_config(c): i for i, c in enumerate(space.configs)}
+    ranked = [np.argsort(-source.score) for source in WARM]
+    rows: list[int] = []
+    for rank in range(max(len(r) for r in ranked)):
+        for source, order in zip(WARM, ranked):
+            if rank < len(order) and len(rows) < TRANSFER_LIMIT:
+                i = index.get(format_config({k: source.configs[order[rank]].get(k) for k in space.knobs}))
+                if i is not None and i not in rows:
+                    rows.append(i)
+    return rows
+
+
 def run(space: Space, make: Callable[[Space, int, int], Proposer], seed: int, budget: int) -> list[int]:
     """The configs a seeded search visits, in order (a failed config's value None, as the study records it)."""
     propose = make(space, seed, budget)
     seen: list[int] = []
     values: list[float | None] = []
+    first = warm_rows(space) if WARM else []
     for _ in range(min(budget, len(space.time))):
-        i = propose(seen, values)
+        i = first.pop(0) if first else propose(seen, values)
         assert i not in seen
         seen.append(i)
         values.append(float(space.time[i]) if np.isfinite(space.time[i]) else None)
@@ -263,7 +289,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pct", type=float, default=1.0)
     ap.add_argument("--trials", default="44,88,131,218", help="curve: budgets; learn: random sample sizes")
     ap.add_argument("--seeds", type=int, default=40)
+    ap.add_argument("--warm", type=Path, nargs="*", default=[], help="landscapes of the same kernel on other GPUs: "
+                    "their best configs are evaluated first, as transfer picks them (studies/_transfer.py)")
     args = ap.parse_args(argv)
+    WARM.extend(load(p) for p in args.warm)
     names = [s for s in args.strategies.split(",") if s]
     for n in names:
         strategy(n)

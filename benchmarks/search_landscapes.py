@@ -16,7 +16,8 @@ outliers that inflate the mean KernelTuner records as ``time``; the summary also
 Strategies: ``default`` (what ``kernsearch tune`` uses: ``run_study``'s default sampler), ``plain-tpe``
 (Optuna's TPE alone: no local steps), ``tpe`` (kernsearch's TPE, with one-knob local steps), ``random``, ``auto``,
 ``forest`` (the tree-ensemble surrogate over the valid configs, ``studies/_forest.py``), ``hybrid`` (Optuna's TPE for
-the first ``_forest.HYBRID_SWITCH`` trials, then the forest).
+the first ``_forest.HYBRID_SWITCH`` trials, then the forest), ``thompson`` (the forest with Thompson sampling in place of
+expected improvement: fourth round).
 
 Printed per file and budget: median, p10 and hit rate per strategy; then per budget and strategy the mean over
 files of the per-file medians and of the p10s, the smallest p10, and the files where fewer than 90 % of seeds
@@ -36,6 +37,12 @@ benchmark_hub, MIT licence, commit 8eeb99e), not kept in this repository; put th
     git clone https://github.com/AutoTuningAssociation/benchmark_hub hub && mkdir -p held_out && \
     for k in convolution dedispersion; do for g in A4000 MI250X W7800; do \
       cp hub/cachefiles/${k}_milo/$g.json.gz held_out/${k}_$g.json.gz; done; done
+
+``--transfer-from FOLDERS`` (fourth round): each strategy also warm-started (``strategy+transfer``) from the tuned-on
+files (``TUNED_ON``) among FOLDERS of the same kernel (``kernel_name`` and knobs) on other GPUs, as a real tune is from
+its family's studies on other chips (``studies/_transfer.py``: the sources' best configs, ``TRANSFER_LIMIT`` of them,
+evaluated first); the sources are not scored themselves, and a held-out file never informs another. Not the issue's
+figure (a landscape "never seen" has no sources).
 
 ``HELD_OUT_2`` (third round) is a second held-out group of other kernels: the hub's older KernelTuner landscapes
 (``currently_unused/cachefiles/KernelTuner data/{convolution,gemm,pnpoly}/{RTX_2080_Ti,RTX_Titan}.json.gz`` copied as
@@ -234,6 +241,26 @@ def sources_for(path: Path, pool: list[Path]) -> tuple[str, ...]:
     return tuple(str(p) for p in pool if p != path and fam is not None and family_of(p) == fam)
 
 
+_KERNELS: dict[Path, tuple[str, tuple[str, ...]]] = {}
+
+
+def kernel_of(path: Path) -> tuple[str, tuple[str, ...]]:
+    """A landscape's kernel: its ``kernel_name`` and knob names (the hub's two convolution kernels share a name)."""
+    from kernsearch.studies._landscape import Landscape
+
+    if path not in _KERNELS:
+        land = Landscape.load(path)
+        _KERNELS[path] = (land.kernel_name, tuple(sorted(land.knobs)))
+    return _KERNELS[path]
+
+
+def tuned_sources(path: Path, tuning: list[Path]) -> tuple[str, ...]:
+    """``--transfer-from``: the tuned-on files of the same kernel on other GPUs, transfer's sources for ``path`` (a
+    held-out file never informs another)."""
+    return tuple(str(p) for p in tuning if p != path and p.name.split(".json")[0] in TUNED_ON
+                 and kernel_of(p) == kernel_of(path))
+
+
 def run_all(jobs: list[Job], results: dict[str, list[float]], workers: int, save: Any) -> None:
     todo = [j for j in jobs if j.key not in results]
     if not todo:
@@ -336,6 +363,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--results", type=Path, help="JSON file of every run's score (resumed when it exists)")
     ap.add_argument("--transfer", action="store_true", help="also: the default strategy warm-started from the "
                     "other landscapes of the same family")
+    ap.add_argument("--transfer-from", type=Path, nargs="*", default=[], help="also: each strategy warm-started from "
+                    "the tuned-on files in these folders of the same kernel on other GPUs (not scored themselves)")
     ap.add_argument("--overhead", type=Path, help="only: overhead per trial of each strategy on this file")
     ap.add_argument("--overhead-trials", type=int, default=200)
     args = ap.parse_args(argv)
@@ -373,6 +402,11 @@ def main(argv: list[str] | None = None) -> None:
                 for name in TRANSFER_ARMS:
                     jobs += [Job(str(p), name, pct, seed, src if name.endswith("+transfer") else ())
                              for pct in budgets for seed in range(args.seeds)]
+    source_pool = files_in(args.transfer_from)
+    sources = {p: tuned_sources(p, source_pool) for p in tuning + held} if source_pool else {}
+    for p, src in sources.items():
+        jobs += [Job(str(p), f"{s}+transfer", pct, seed, src) for pct in budgets for s in strategies if src
+                 for seed in range(args.seeds)]
     run_all(list(dict.fromkeys(jobs)), results, args.jobs, save)
     print(f"score = optimum / recorded median time of the config picked after the final round (1.000 = optimum); "
           f"{args.seeds} seeds; budget = max({MIN_TRIALS}, ceil(pct x configs)) trials; racing on; "
@@ -380,6 +414,12 @@ def main(argv: list[str] | None = None) -> None:
     section("TUNING files (the strategy was tuned on these: not evidence of generalisation)", tuning, strategies,
             budgets, args.seeds, results)
     section("HELD-OUT files (not tuned on)", held, strategies, budgets, args.seeds, results)
+    if sources:
+        arms = [a for s in strategies for a in (s, f"{s}+transfer")]
+        section("TRANSFER to TUNING files from the other tuned-on files of the same kernel (other GPUs)",
+                [p for p in tuning if sources[p]], arms, budgets, args.seeds, results)
+        section("TRANSFER to HELD-OUT files from the tuned-on files of the same kernel (other GPUs)",
+                [p for p in held if sources[p]], arms, budgets, args.seeds, results)
     if args.transfer:
         pool = tuning + held
         with_src = [p for p in pool if sources_for(p, pool)]

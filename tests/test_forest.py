@@ -174,3 +174,62 @@ def test_run_study_hybrid_asks_tpe_first_then_only_the_forest(tmp_path: Path, mo
                        storage=":memory:")
     assert result.evaluated == 30 and result.best is not None
     assert starts == [0] and len(calls) == 30 - 12 and min(calls) >= 12  # the forest: trials 12..29 only
+
+
+@pytest.mark.slow
+def test_thompson_finds_the_needle_far_more_often_than_random() -> None:
+    knobs, configs, time = _needle_space()
+    best = min(time.values())
+    found = random_found = 0
+    for seed in range(6):
+        known = _search(ForestSearch(knobs, configs, seed=seed, budget=40, acquisition="thompson"), time, 40)
+        found += min(s.value for s in known.values()) <= best * 1.05
+        rng = np.random.default_rng(seed)
+        picks = rng.choice(len(configs), 40, replace=False)
+        random_found += min(time[format_config(configs[i])] for i in picks) <= best * 1.05
+    assert found >= 5 and found > random_found + 2
+
+
+class _Disagreeing:
+    """Four trees over a one-knob space of 8 widths (feature 0 is the width's position, /7): tree t ranks width
+    t + 1 far best (-3), every tree gives width 0 a middling 0.4 and the rest 1."""
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        pos = np.rint(X[:, 0] * 7).astype(int)
+        out = np.where(pos == 0, 0.4, 1.0)[None, :].repeat(4, axis=0)
+        for t in range(4):
+            out[t, pos == t + 1] = -3.0
+        return out
+
+
+def test_thompson_proposes_what_a_draw_of_trees_ranks_best_and_spreads_over_their_disagreement(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Expected improvement ranks by the ensemble's mean and spread: the same width every time. Thompson sampling
+    ranks by the mean of THOMPSON_TREES trees drawn at random: a width one of the drawn trees ranks best, a
+    different one as the draws differ (three of four trees drawn: the first width that is any drawn tree's best)."""
+    from kernsearch.studies import _forest
+
+    monkeypatch.setattr(_trees, "fit", lambda *args, **kwargs: _Disagreeing())
+    knobs: dict[str, list[Any]] = {"w": [16, 32, 48, 64, 80, 96, 112, 128], "fixed": [1]}
+    configs = [{"w": w, "fixed": 1} for w in knobs["w"]]
+    known = {format_config(c): SimpleNamespace(value=1.0 + i, config=c) for i, c in enumerate(configs[6:])}
+    picks = {a: [ForestSearch(knobs, configs, seed=seed, start=0, acquisition=a).propose(known, set())["w"]
+                 for seed in range(20)] for a in _forest.ACQUISITIONS}
+    assert set(picks["ei"]) == {picks["ei"][0]}
+    assert set(picks["thompson"]) <= {32, 48, 64, 80} and len(set(picks["thompson"])) >= 2
+    with pytest.raises(ValueError, match="acquisition"):
+        ForestSearch(knobs, configs, acquisition="ucb")
+
+
+@pytest.mark.slow
+def test_run_study_thompson_evaluates_only_valid_configs(tmp_path: Path) -> None:
+    from kernsearch import run_study
+    from kernsearch.studies._replay import Replay
+
+    knobs, configs, time = _needle_space()
+    writer = LandscapeWriter(tmp_path / "needle.json", knobs, device_name="test GPU")
+    for c in configs[::2]:
+        writer.add(c, [time[format_config(c)]] * 3)
+    result = run_study(Replay(writer.save(), seed=0).objective(), trials=30, sampler="thompson", seed=0,
+                       storage=":memory:")
+    assert result.evaluated == 30 and result.invalid == 0 and result.best is not None

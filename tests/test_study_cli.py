@@ -81,7 +81,7 @@ def test_the_cli_choices_are_the_library_s() -> None:
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--sampler", "anneal"], "'anneal' is not one of 'default', 'tpe', 'random', 'grid', 'auto', 'forest', 'hybrid'"),
+    (["--sampler", "anneal"], "'anneal' is not one of 'default', 'tpe', 'random', 'grid', 'auto', 'forest', 'hybrid', 'thompson'"),
     (["--time-budget", "soon"], "bad duration"),
     (["--backend", "metal"], "no Metal device"),
     (["--backend", "cpu"], "correctness only"),

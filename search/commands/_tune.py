@@ -55,6 +55,7 @@ class SamplerChoice(str, Enum):
     auto = "auto"
     forest = "forest"
     hybrid = "hybrid"
+    thompson = "thompson"
 
 
 def _pick_backend(backend: str, chip_name: str | None, verify: str = "finalists") -> tuple[str, Chip, str | None]:
@@ -84,7 +85,8 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
          sampler: SamplerChoice = typer.Option(
              SamplerChoice.default, "--sampler", help="default (auto when the chip's performance model ranks the "
              "family, else tpe), auto (valid configs only: the model's ranking, then a GP), forest (valid configs "
-             "only: a tree surrogate; docs/search.md), hybrid (tpe, then forest), tpe, random or grid"),
+             "only: a tree surrogate; docs/search.md), thompson (forest, Thompson sampling), hybrid (tpe, then "
+             "forest), tpe, random or grid"),
          storage: str | None = StorageOpt,
          study: str | None = typer.Option(None, "--study", help="study name (default: family/chip/dtype/"
                                              "shape/backend)", callback=not_empty),

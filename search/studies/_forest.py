@@ -14,6 +14,10 @@ whose values look bad on average). ``ForestSearch`` therefore
    best so far, else among all (a random ``MAX_CANDIDATES`` of them when there are more).
 
 The ``hybrid`` strategy asks Optuna's TPE for the first ``HYBRID_SWITCH`` trials and this search (``start=0``) after.
+The ``thompson`` strategy is this search with Thompson sampling in place of expected improvement
+(``acquisition="thompson"``): each proposal is the candidate of lowest predicted time under the mean of
+``THOMPSON_TREES`` trees drawn at random from the ensemble, one plausible landscape rather than the average of all;
+the draws spread the proposals over the modes the trees disagree on (docs/search.md, fourth round).
 
 Chosen by measurement on the tuned-on landscapes of ``benchmarks/search_landscapes.py`` (docs/search.md has
 the figures and what was tried). NumPy only; a proposal costs a few milliseconds.
@@ -50,13 +54,20 @@ REFIT_ALWAYS = 60
 #: to them (pnpoly at 1 %, 41 trials: TPE 0.988, forest 0.961 on the tuned-on files); the forest proposes only valid,
 #: new configs and costs a third of TPE's time a proposal past that (docs/search.md, third round).
 HYBRID_SWITCH = 40
+#: The ``thompson`` strategy: trees drawn (without replacement) from the ensemble per proposal; their mean is the
+#: landscape sampled. One tree explored more and exploited less, five behaved as expected improvement (docs/search.md).
+THOMPSON_TREES = 3
+ACQUISITIONS = ("ei", "thompson")
 
 
 class ForestSearch:
     """Proposes valid, unevaluated configs: random first, then tree-ensemble expected improvement."""
 
     def __init__(self, knobs: dict[str, list[Any]], valid: Sequence[Config], *, seed: int | None = None,
-                 budget: int | None = None, start: int | None = None) -> None:
+                 budget: int | None = None, start: int | None = None, acquisition: str = "ei") -> None:
+        if acquisition not in ACQUISITIONS:
+            raise ValueError(f"unknown acquisition {acquisition!r} (known: {', '.join(ACQUISITIONS)})")
+        self.acquisition = acquisition
         self.valid = list(valid)
         varying = {k: list(v) for k, v in knobs.items() if len(v) > 1}
         self.X = knob_features(varying, self.valid)
@@ -140,6 +151,9 @@ class ForestSearch:
                                                     feature_share=FEATURE_SHARE)][-(TREES // FIT_TREES):]
         Xc = self.X[cand]
         pred = np.concatenate([m.predict(Xc) for m in self.models])
+        if self.acquisition == "thompson":
+            drawn = self.rng.choice(len(pred), min(THOMPSON_TREES, len(pred)), replace=False)
+            return int(cand[int(np.argmin(pred[drawn].mean(axis=0)))])
         return int(cand[int(np.argmax(expected_improvement(pred.mean(axis=0), pred.std(axis=0), float(y.min()))))])
 
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["CONSTANT_LIAR", "SAMPLERS", "distributions", "fill", "leaders", "make_sampler", "neighbour", "ordinal",
            "stale_for"]
 
-SAMPLERS = ("default", "tpe", "random", "grid", "auto", "forest", "hybrid")
+SAMPLERS = ("default", "tpe", "random", "grid", "auto", "forest", "hybrid", "thompson")
 #: ``default``: ``auto`` when the objective has a prior (the chip's performance model ranks the family's
 #: configs), else ``tpe``. Measured on the held-out H100 GEMM landscape (benchmarks/search_landscapes.txt):
 #: with the prior, auto scores 0.999 at 1 % of the space where TPE scores 0.61; without one, auto is not
@@ -54,7 +54,8 @@ def make_sampler(name: str, seed: int | None, knobs: dict[str, list[Any]]) -> op
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10,
                                               constant_liar=CONSTANT_LIAR)
-    if name in ("random", "auto", "forest"):  # auto, forest: every config comes from the strategy, Optuna only stores
+    if name in ("random", "auto", "forest", "thompson"):  # auto, forest, thompson: every config comes from the
+        # strategy, Optuna only stores
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
         class Grid(optuna.samplers.GridSampler):

@@ -11,8 +11,8 @@ Python API (what the CLI, the nightly flows and the GPU scripts call)::
 
 ``run_study`` takes any :class:`Objective` (a replayed landscape's ``Replay(path).objective()`` is
 another) and keyword options: ``sampler`` (``default`` | ``tpe`` | ``random`` | ``grid`` | ``auto`` | ``forest`` |
-``hybrid``: auto and forest propose only valid configs, ``_strategy`` and ``_forest``; hybrid is TPE, then the
-forest), ``patience`` (stop after that
+``hybrid`` | ``thompson``: auto, forest and thompson propose only valid configs, ``_strategy`` and ``_forest``; hybrid
+is TPE, then the forest; thompson is the forest with Thompson sampling), ``patience`` (stop after that
 many evaluated trials without a new best), ``finalists``, ``progress`` (a callback receiving
 :class:`Progress`), ``stop`` (a callable; true ends the search). What a trial does (``verify``: ``all`` |
 ``finalists`` | ``none``, ``timeout`` seconds per variant) is the objective's.
@@ -353,7 +353,7 @@ class _Search:
         if self.first:
             return self.first.pop(0)
         queued = self.new + len(self.ahead)
-        if self.sampler in ("auto", "forest") or (self.sampler == "hybrid" and queued >= _switch()):
+        if self.sampler in ("auto", "forest", "thompson") or (self.sampler == "hybrid" and queued >= _switch()):
             if self.strategy is None:
                 self.strategy = self._valid_set_strategy()
             fixed: Config | None = self.strategy.propose(self.known, busy) or fill(
@@ -367,12 +367,14 @@ class _Search:
         return None
 
     def _valid_set_strategy(self) -> Any:
-        """The strategy that proposes from the enumerated valid set: ``auto``'s GP (with the prior) or ``forest``."""
-        if self.sampler in ("forest", "hybrid"):
+        """The strategy that proposes from the enumerated valid set: ``auto``'s GP (with the prior), ``forest`` or
+        ``thompson``."""
+        if self.sampler in ("forest", "hybrid", "thompson"):
             from ._forest import ForestSearch
 
             return ForestSearch(self.objective.knobs, self.objective.valid_configs(), seed=self.seed,
-                                budget=self.trials, start=0 if self.sampler == "hybrid" else None)
+                                budget=self.trials, start=0 if self.sampler == "hybrid" else None,
+                                acquisition="thompson" if self.sampler == "thompson" else "ei")
         from ._strategy import ValidSetSearch
 
         prior = self.prior

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,11 +65,13 @@ def test_the_job_file_tunes_every_shape_the_step_calls_and_loads(tmp_path: Path)
 @pytest.mark.slow
 def test_bench_decode_on_the_cpu_checks_the_package_against_plain_mlx(tmp_path: Path) -> None:
     r = _run(["bench", "decode", "--hidden", "256", "--ffn", "512", "--layers", "2", "--m", "1,3", "--rounds", "3",
-              "--store", str(tmp_path / "store"), "--json"])
+              "--store", str(tmp_path / "store"), "--json"],
+             env={**os.environ, "MLX_MAX_OPS_PER_BUFFER": "8"})
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(r.stdout)
     assert report["device"] == "cpu" and report["evidence"] is None
     assert any("not a GPU" in n for n in report["notes"])
+    assert any("MLX_MAX_OPS_PER_BUFFER='8'" in n for n in report["notes"])  # the figures say how MLX was set
     assert [(row["M"], row["loop"]) for row in report["rows"]] == [(1, "sync"), (1, "pipelined"), (3, "sync"),
                                                                    (3, "pipelined")]
     plain = ("separate", "concatenated", "separate, compiled", "concatenated, compiled")

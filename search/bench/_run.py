@@ -8,6 +8,7 @@ dispatcher exactly as in the user's process.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -111,6 +112,10 @@ def run_decode(shape: StepShape, ms: Sequence[int], rounds: int, store: Artifact
     spec = float(chip.memory_bandwidth_gbs) if kind is not None else None
     report = DecodeReport(chip.name, kind or "cpu", evidence_for(kind), str(getattr(mx, "__version__", "?")), shape,
                           shape.layers * shape.layer_bytes(), spec)
+    buffer = os.environ.get("MLX_MAX_OPS_PER_BUFFER")
+    if buffer is not None:  # MLX reads it at start: it sizes both sides' command buffers (docs/decode.md)
+        report.notes.append(f"MLX_MAX_OPS_PER_BUFFER={buffer[:20]!r} in the environment: MLX's command buffers, "
+                            "plain MLX's and the package's alike, commit after that many ops")
     if kind is None:
         report.notes.append("MLX's CPU back-end: the timings are the CPU's, not a GPU's; the run checks the "
                             "package's output against plain MLX's")

@@ -32,9 +32,10 @@ def test_a_config_the_families_cannot_take_is_refused(config: LmConfig, says: st
 def test_the_dry_run_generates_the_same_tokens_patched_and_times_both_interleaved(tmp_path) -> None:
     lines: list[str] = []
     report = run_mlx_lm(TINY, prompt_tokens=12, tokens=34, rounds=2, store=ArtifactStore(tmp_path / "store"),
-                        say=lines.append)
+                        say=lines.append, always=True)  # no kernel runs on the CPU: route the steps all the same
     assert report.device == "cpu" and report.evidence is None
     assert any("CPU's, not a GPU's" in n for n in report.notes)
+    assert any("always=True" in n for n in report.notes)
     assert len(report.plain) == len(report.patched) == 2
     assert all(r.decode_tps > 0 and r.prefill_tps > 0 for r in report.plain + report.patched)
     c = report.comparison

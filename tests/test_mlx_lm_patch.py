@@ -1,8 +1,9 @@
 """An mlx-lm model decodes through the exported package with one line (issue 43): ``patch(model)``.
 
-On MLX's CPU back-end every family runs its MLX op (no kernel can run here), so these tests check what the patch
-itself must get right — the block's forward rebuilt around the package's fused calls (Q/K/V concatenated, GQA,
-biases, the residuals, mlx-lm's RoPE, cache and attention), greedy decoding through mlx-lm's own generation loop,
+On MLX's CPU back-end every family runs its MLX op (no kernel can run here), so ``patch(model)`` leaves every block
+to mlx-lm (nothing measured to win), and these tests route the decode steps through the package all the same
+(``patch(model, always=True)``) to check what the patch itself must get right — the block's forward rebuilt around
+the package's fused calls (Q/K/V concatenated, GQA, biases, the residuals, mlx-lm's RoPE, cache and attention), greedy decoding through mlx-lm's own generation loop,
 ``unpatch`` — on small random models built from mlx-lm's own model classes and quantized by mlx-lm (nothing
 downloaded).
 """
@@ -118,7 +119,7 @@ def test_patched_and_unpatched_decode_the_same_greedy_tokens(pkg, monkeypatch, n
     want, want_lp = greedy(model)
     assert len(set(want)) > 8  # a decoding that wanders: a wrong step would show
     calls = counting(pkg, monkeypatch)
-    report = pkg.patch(model)
+    report = pkg.patch(model, always=True)
     assert report.patched == 2, str(report)
     got, got_lp = greedy(model)
     assert got == want
@@ -136,7 +137,7 @@ def test_unpatch_restores_bit_identical_outputs_and_the_same_parameters(pkg) -> 
     before = dict(tree_flatten(model.parameters()))
     tokens = mx.array([PROMPT])
     want = model(tokens)
-    pkg.patch(model)
+    pkg.patch(model, always=True)
     assert {k: id(v) for k, v in tree_flatten(model.parameters())} == {k: id(v) for k, v in before.items()}
     patched = model(tokens[:, :1])
     assert pkg.unpatch(model) == 2
@@ -147,10 +148,52 @@ def test_unpatch_restores_bit_identical_outputs_and_the_same_parameters(pkg) -> 
     assert pkg.unpatch(model) == 0
 
 
+def test_where_no_kernel_was_measured_to_win_every_block_is_left_to_mlx_lm_and_it_says_so(pkg, monkeypatch) -> None:
+    """Routed through the package a block would run the same MLX ops plus the package's per-call cost (measured
+    0.90-1.02x on an H200 for a config nothing was tuned for): left alone, it runs mlx-lm's own forward."""
+    model = build(llama)
+    calls = counting(pkg, monkeypatch)
+    with pytest.warns(RuntimeWarning, match="2 of 2 layers left alone .no kernel of the package was measured"):
+        report = pkg.patch(model)
+    assert report.patched == 0 and all(type(b) is llama.TransformerBlock for b in model.layers)
+    assert all("measured to beat the MLX op on this chip" in r.left_alone for r in report.layers)
+    greedy(model, 4)
+    assert sum(calls.values()) == 0
+    assert pkg.patch(model, always=True).patched == 2  # asked to, it routes them all the same
+    assert pkg.unpatch(model) == 2
+    assert "not patched (call patch(model))" in str(pkg.explain(model))
+
+
+def test_row_counts_with_a_kernel_run_the_package_the_others_mlx_lm(pkg, monkeypatch) -> None:
+    """A kernel measured to win at one row (say the chip's store holds M = 1 only): one-row decode steps run through
+    the package, five-row ones mlx-lm's own forward."""
+    import dataclasses
+
+    model = build(llama)
+    want = [model(mx.array([[3]])), model(mx.array([[3, 4, 5, 6, 7]]))]
+    explain = pkg._patcher.d.explain
+
+    def one_row_wins(family, *arrays, **kw):
+        d = explain(family, *arrays, **kw)
+        return dataclasses.replace(d, entry={"config": {}}) if family == "rmsnorm_qmatvec" and \
+            arrays[0].shape[0] == 1 else d
+
+    monkeypatch.setattr(pkg._patcher.d, "explain", one_row_wins)
+    calls = counting(pkg, monkeypatch)
+    report = pkg.patch(model)
+    assert report.patched == 2 and all(r.rows == (1,) for r in report.layers)
+    assert "decode steps of 1 rows run through the package" in str(report)
+    got = model(mx.array([[3]]))
+    assert sum(calls.values()) == 8  # two layers, four steps each
+    assert mx.allclose(got, want[0], atol=1e-4).item()
+    assert mx.allclose(model(mx.array([[3, 4, 5, 6, 7]])), want[1], atol=1e-4).item()
+    assert sum(calls.values()) == 8  # five rows: nothing measured there, mlx-lm's own forward
+
+
 def test_a_one_token_step_runs_the_package_a_prompt_runs_mlx_lm(pkg, monkeypatch) -> None:
     model = build(llama)
     calls = counting(pkg, monkeypatch)
-    pkg.patch(model)
+    pkg.patch(model, always=True)
     model(mx.array([list(range(17))]))  # 17 rows: a prompt, mlx-lm's own forward
     assert sum(calls.values()) == 0
     model(mx.array([[3] * 16]))  # 16 rows: the families' largest decode step
@@ -161,7 +204,7 @@ def test_explain_says_what_each_layer_runs_and_why(pkg) -> None:
     model = build(llama)
     before = pkg.explain(model)
     assert before.patched == 0 and "not patched" in str(before)
-    text = str(pkg.patch(model))
+    text = str(pkg.patch(model, always=True))
     assert text == str(pkg.explain(model))
     assert text.startswith("2 of 2 layers patched")
     for step in ("norm + Q/K/V", "O + residual", "norm + gate/up SwiGLU", "down + residual"):
@@ -173,7 +216,7 @@ def test_an_eps_other_than_the_families_runs_the_norm_then_the_plain_family(pkg,
     model = build(llama, eps=1e-6)
     want, _ = greedy(model, 8)
     calls = counting(pkg, monkeypatch)
-    text = str(pkg.patch(model))
+    text = str(pkg.patch(model, always=True))
     assert greedy(model, 8)[0] == want
     assert calls["rmsnorm_qmatvec"] == calls["rmsnorm_swiglu_qmatvec"] == 0
     assert calls["swiglu_qmatvec"] == (1 + 1 + 8) * 2
@@ -191,12 +234,12 @@ def test_blocks_it_does_not_reproduce_are_left_alone_and_it_says_so(pkg) -> None
     model.layers[1].__class__ = Other
     unquantized = llama.Model(llama.ModelArgs("llama", 64, 1, 128, 2, 1e-5, 50))
     with pytest.warns(RuntimeWarning, match="1 of 2 layers left alone"):
-        report = pkg.patch(model)
+        report = pkg.patch(model, always=True)
     assert [r.patched for r in report.layers] == [True, False]
     assert "Other is not a block of mlx-lm's Llama family" in report.layers[1].left_alone
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        text = str(pkg.patch(unquantized))
+        text = str(pkg.patch(unquantized, always=True))
     assert "attention: mlx-lm's own modules (q_proj is Linear, not a QuantizedLinear" not in text  # left alone whole
     assert "0 of 1 layers patched" in text and "left alone" in text
 
@@ -259,12 +302,15 @@ def test_the_docs_example_loads_patches_explains_and_generates_what_mlx_lm_gener
         assert r.returncode == 0, r.stderr
         return r.stdout
 
-    patched = run(script)
-    assert "2 of 2 layers patched" in patched and "norm + gate/up SwiGLU" in patched
+    as_written = run(script)  # here no kernel can run: every block is left to mlx-lm, and explain says why
+    assert "0 of 2 layers patched" in as_written and "measured to beat the MLX op on this chip" in as_written
+    routed = run(script.replace("kernsearch_kernels.patch(model)", "kernsearch_kernels.patch(model, always=True)"))
+    assert "2 of 2 layers patched" in routed and "norm + gate/up SwiGLU" in routed
     plain = run(script.replace("kernsearch_kernels.patch(model)", "pass"))
-    assert "0 of 2 layers patched" in plain
-    text = patched.strip().splitlines()[-1]
-    assert len(set(text.split())) > 4 and text == plain.strip().splitlines()[-1]
+    assert "0 of 2 layers patched" in plain and "not patched (call patch(model))" in plain
+    text = routed.strip().splitlines()[-1]
+    assert len(set(text.split())) > 4
+    assert text == plain.strip().splitlines()[-1] == as_written.strip().splitlines()[-1]
 
 
 def test_a_batch_of_four_with_and_without_a_cache_computes_what_mlx_lm_computes(pkg) -> None:
@@ -274,7 +320,7 @@ def test_a_batch_of_four_with_and_without_a_cache_computes_what_mlx_lm_computes(
     tokens = mx.array([[3, 7, 11], [5, 2, 9], [1, 1, 4], [8, 6, 2]])  # 4 rows of 3: 12 rows per step
     caches = [make_prompt_cache(model), make_prompt_cache(model)]
     want = [model(tokens), model(tokens[:, :2], cache=caches[0]), model(tokens[:, 2:], cache=caches[0])]
-    pkg.patch(model)
+    pkg.patch(model, always=True)
     got = [model(tokens), model(tokens[:, :2], cache=caches[1]), model(tokens[:, 2:], cache=caches[1])]
     for g, w in zip(got, want):
         assert mx.allclose(g, w, atol=1e-4).item()
@@ -285,7 +331,7 @@ def test_an_mlp_with_biases_runs_mlx_lm_s_modules_and_the_attention_is_still_pat
     model = build(llama, mlp_bias=True)
     want, _ = greedy(model, 8)
     calls = counting(pkg, monkeypatch)
-    report = pkg.patch(model)
+    report = pkg.patch(model, always=True)
     assert report.patched == 2
     assert "MLP: mlx-lm's own modules (gate_proj or up_proj has a bias" in str(report)
     assert greedy(model, 8)[0] == want
@@ -303,7 +349,7 @@ def test_weights_the_package_refuses_leave_that_half_to_mlx_lm(pkg, monkeypatch)
         return bind(family, *weights, **kw)
 
     monkeypatch.setattr(pkg._patcher.d, "bind", refusing)
-    text = str(pkg.patch(model))
+    text = str(pkg.patch(model, always=True))
     assert "MLP: mlx-lm's own modules" in text and "refused the block's weights: shapes out of" in text
     assert "norm + Q/K/V" in text and greedy(model, 8)[0] == want
 

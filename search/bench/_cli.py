@@ -57,7 +57,9 @@ def decode(hidden: int = typer.Option(4096, "--hidden", help="model width"),
            kv_heads: int = typer.Option(32, "--kv-heads", help="--mlx-lm: key/value heads (fewer: GQA)"),
            vocab: int = typer.Option(32000, "--vocab", help="--mlx-lm: vocabulary size"),
            prompt: int = typer.Option(128, "--prompt", help="--mlx-lm: prompt tokens"),
-           tokens: int = typer.Option(128, "--tokens", help="--mlx-lm: generated tokens")) -> None:
+           tokens: int = typer.Option(128, "--tokens", help="--mlx-lm: generated tokens"),
+           always_patch: bool = typer.Option(False, "--always-patch", help="--mlx-lm: patch(model, always=True), "
+                                             "every decode step through the package, kernels or not")) -> None:
     """A Llama-shaped decode step (attention left out) through plain MLX and through the exported package.
 
     Prints ms per token, tokens/s, the share of the streaming-read bandwidth measured in the same run and of the
@@ -75,7 +77,7 @@ def decode(hidden: int = typer.Option(4096, "--hidden", help="model width"),
         from ._mlx_lm import LmConfig, run_mlx_lm
 
         config = LmConfig(hidden, ffn, layers, heads, kv_heads, vocab, bits, group, dtype)
-        lm = run_mlx_lm(config, prompt, tokens, min(rounds, 100), st, _say)
+        lm = run_mlx_lm(config, prompt, tokens, min(rounds, 100), st, _say, always=always_patch)
         print(json.dumps(lm.to_json(), indent=1) if as_json else "\n".join(lm.lines()))
         return
     chip = resolve_chip(chip_name)

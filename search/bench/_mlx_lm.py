@@ -258,21 +258,31 @@ def compare(mx: Any, plain: _Generation, patched: _Generation, dtype: str) -> Co
     return Comparison(n, same, len(set(plain.tokens)), diff, LOGPROB_TOL[dtype])
 
 
-def _patched(pkg: Any, model: Any, notes: list[str]) -> Any:
+def _patched(pkg: Any, model: Any, notes: list[str], always: bool = False) -> Any:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        report = pkg.patch(model)
+        report = pkg.patch(model, always=always)
     for w in caught:
         if str(w.message) not in notes:
             notes.append(str(w.message))
     return report
 
 
+def _setting_notes(kind: Any, always: bool) -> list[str]:
+    """What the report's figures must be read with: a CPU's timings, the patch routing every step."""
+    notes = ["MLX's CPU back-end: the timings are the CPU's, not a GPU's (a dry run)"] if kind is None else []
+    if always:
+        notes.append("patch(model, always=True): every decode step runs through the package, kernels or not")
+    return notes
+
+
 def run_mlx_lm(config: LmConfig, prompt_tokens: int = 128, tokens: int = 128, rounds: int = 3,
-               store: ArtifactStore | None = None, say: Say = lambda line: None, seed: int = 0) -> MlxLmReport:
+               store: ArtifactStore | None = None, say: Say = lambda line: None, seed: int = 0,
+               always: bool = False) -> MlxLmReport:
     """Build the model, export and import the store's package, then ``rounds`` interleaved pairs of generations
     (mlx-lm's model, then patched; the order reversed every other round), after one untimed pair (warm-up, and the
-    pair whose tokens and log-probabilities are compared)."""
+    pair whose tokens and log-probabilities are compared). ``always``: ``patch(model, always=True)``, every decode
+    step through the package whether or not a kernel runs (a dry run of the rebuilt forward on the CPU)."""
     import mlx.core as mx
 
     config.check()
@@ -283,8 +293,7 @@ def run_mlx_lm(config: LmConfig, prompt_tokens: int = 128, tokens: int = 128, ro
     report = MlxLmReport(kind or "cpu", evidence_for(kind),
                          str(getattr(mx, "__version__", "?")), version("mlx-lm") if _has_mlx_lm() else "?", config,
                          prompt_tokens, tokens)
-    if kind is None:
-        report.notes.append("MLX's CPU back-end: the timings are the CPU's, not a GPU's (a dry run)")
+    report.notes.extend(_setting_notes(kind, always))
     with tempfile.TemporaryDirectory(prefix="kernsearch-bench-lm-") as tmp:
         say("exporting the store's package (the families patch(model) calls)")
         pkg = import_package(store or ArtifactStore(), Path(tmp))
@@ -293,7 +302,7 @@ def run_mlx_lm(config: LmConfig, prompt_tokens: int = 128, tokens: int = 128, ro
         prompt = mx.random.randint(0, config.vocab, (prompt_tokens,), key=mx.random.key(seed + 1))
         say("generating once each, untimed (warm-up; the tokens compared)")
         plain = generate(model, prompt, tokens, keep=True)
-        explained = _patched(pkg, model, report.notes)
+        explained = _patched(pkg, model, report.notes, always)
         patched = generate(model, prompt, tokens, keep=True)
         pkg.unpatch(model)
         report.comparison = compare(mx, plain, patched, config.dtype)
@@ -304,7 +313,7 @@ def run_mlx_lm(config: LmConfig, prompt_tokens: int = 128, tokens: int = 128, ro
         for r in range(rounds):
             for form in (("plain", "patched") if r % 2 == 0 else ("patched", "plain")):
                 if form == "patched":
-                    _patched(pkg, model, report.notes)
+                    _patched(pkg, model, report.notes, always)
                     # A fresh patch plans each layer's calls at their first decode step (a one-time cost of ~1 ms a
                     # call, once per patch): a user patches once, so it is paid here, untimed, not in the prompt's.
                     generate(model, prompt, 2, keep=False)
@@ -342,11 +351,13 @@ def _main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dtype", default="float16")
     p.add_argument("--store", default=None)
     p.add_argument("--json", default=None, help="write the report's JSON to this file")
+    p.add_argument("--always-patch", action="store_true",
+                   help="patch(model, always=True): every decode step through the package, kernels or not")
     a = p.parse_args(argv)
     config = LmConfig(a.hidden, a.ffn, a.layers, a.heads, a.kv_heads, a.vocab, a.bits, a.group, a.dtype)
     try:
         report = run_mlx_lm(config, a.prompt, a.tokens, a.rounds, ArtifactStore(a.store) if a.store else None,
-                            lambda line: print(line, file=sys.stderr, flush=True))
+                            lambda line: print(line, file=sys.stderr, flush=True), always=a.always_patch)
     except KernsearchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

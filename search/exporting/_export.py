@@ -362,9 +362,10 @@ def explain(family, *arrays, chip=None, modeled=False):
 _patcher = _Patcher(_dispatcher)
 
 
-def patch(model):
-    """Run an mlx-lm model of the Llama family through this package's fused families (see ``_patch.py``)."""
-    return _patcher.patch(model)
+def patch(model, always=False):
+    """Run an mlx-lm model of the Llama family through this package's fused families where a kernel was measured to
+    win on this chip (``always=True``: every decode step, kernels or not; see ``_patch.py``)."""
+    return _patcher.patch(model, always=always)
 
 
 def unpatch(model):

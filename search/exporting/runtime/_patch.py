@@ -11,6 +11,11 @@ runs, for a decode step (at most :data:`DECODE_ROWS` rows), norm + Q/K/V (one ma
 residual, norm + gate/up SwiGLU and down + residual through the package (each a kernel where one was measured to win,
 the MLX op otherwise), and mlx-lm's own RoPE, KV cache and attention in between; a prompt (more rows) runs mlx-lm's
 own forward. ``unpatch`` swaps the class back and drops the concatenated copies.
+
+Where the package runs no kernel (nothing was measured to beat the MLX op on this chip at a block's shapes), the
+block, or the decode step's row count, runs mlx-lm's own forward: routed through the package it would compute the
+same ops with the package's per-call cost on top. ``patch(model, always=True)`` routes every decode step through the
+package all the same (what checks the rebuilt forward on MLX's CPU back-end, where no kernel runs).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import sys
 import textwrap
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
 #: Rows of a decode step the fused families take (their ``decode_rows`` constraint: M <= 16); more is a prompt.
 DECODE_ROWS = 16
@@ -35,6 +40,11 @@ FORWARDS = {("112fe90a7ceb416a", "cdf1e40748cdc023", "aa742e68e3341e3a")}
 BITS = (4, 8)
 GROUPS = (32, 64, 128)
 _ATTR = "_kernsearch_patch"
+#: Why a recognised block was left to mlx-lm by the last ``patch`` (no kernel measured to win at its shapes).
+_ALONE = "_kernsearch_alone"
+NOTHING_WINS = ("no kernel of the package was measured to beat the MLX op on this chip at this block's shapes (1 to "
+                f"{DECODE_ROWS} rows): mlx-lm's own forward runs, which the package would only call through "
+                "(patch(model, always=True) routes it through the package all the same)")
 
 
 def fingerprint(fn: Any) -> str:
@@ -88,12 +98,17 @@ class LayerReport:
     patched: bool
     parts: Tuple[Part, ...] = ()
     left_alone: str = ""
+    #: The decode steps' row counts that run through the package (a kernel was measured to win at one of their
+    #: calls); empty: every count up to DECODE_ROWS (``patch(model, always=True)``).
+    rows: Tuple[int, ...] = ()
 
     def __str__(self) -> str:
         if not self.patched:
             return f"layer {self.index} ({self.kind}): left alone: {self.left_alone}"
-        lines = [f"layer {self.index} ({self.kind}): patched; a prompt (more than {DECODE_ROWS} rows) runs mlx-lm's "
-                 "own forward"]
+        which = (f"decode steps of {_spans(self.rows)} rows run through the package (a kernel measured to win at "
+                 "their shapes), others" if self.rows else "a prompt (more than "
+                 f"{DECODE_ROWS} rows)")
+        lines = [f"layer {self.index} ({self.kind}): patched; {which} runs mlx-lm's own forward"]
         for p in self.parts:
             lines.append(f"  {p.step}: {' + '.join(p.runs)} ({p.why})")
             lines.extend(f"    {line}" for d in p.decisions for line in d.splitlines())
@@ -131,6 +146,8 @@ class _State:
     arrays: List[Any] = field(default_factory=list)
     #: per step, (family, a one-row call's arrays) for each family it binds: what explain asks the package about
     probes: Dict[str, List[Tuple[str, List[Any]]]] = field(default_factory=dict)
+    #: The decode row counts that run through the package (None: every count up to DECODE_ROWS).
+    rows: Optional[FrozenSet[int]] = None
 
 
 class Unsupported(Exception):
@@ -320,30 +337,14 @@ class Patcher:
         return [part, dpart]
 
     # -- the public hooks --------------------------------------------------------------------------------
-    def patch(self, model: Any) -> ModelReport:
-        """Patch every block of ``model`` this module reproduces (see the module's docstring); returns
-        :meth:`explain`'s report. Patching a patched model again is a no-op for its patched blocks."""
-        import mlx.core as mx
-
+    def patch(self, model: Any, always: bool = False) -> ModelReport:
+        """Patch every block of ``model`` this module reproduces (see the module's docstring) where a kernel of the
+        package was measured to win at its shapes on this chip (``always``: every such block, kernels or not);
+        returns :meth:`explain`'s report. Patching a patched model again is a no-op for its patched blocks."""
+        decisions: Dict[Any, bool] = {}  # (family, rows, shapes, dtype) -> a kernel runs: layers share their shapes
         for index, block in enumerate(_layers(model)):
-            if _ATTR in getattr(block, "__dict__", {}):
-                continue
-            why = recognise(block)
-            if why:
-                continue
-            state = _State(type(block), LayerReport(index, type(block).__module__.rsplit(".", 1)[-1], True))
-            parts: List[Part] = []
-            for half, name in ((self._attention, "attention"), (self._mlp, "MLP")):
-                try:
-                    parts.extend(half(block, state))
-                except Unsupported as exc:
-                    parts.append(Part(name, ("mlx-lm's own modules",), str(exc)))
-            if not any(p.runs != ("mlx-lm's own modules",) for p in parts):
-                continue
-            mx.eval(state.arrays)
-            state.report = LayerReport(index, state.report.kind, True, tuple(parts))
-            object.__setattr__(block, _ATTR, state)
-            block.__class__ = _patched_class(type(block))
+            if _ATTR not in getattr(block, "__dict__", {}) and not recognise(block):
+                self._patch_block(index, block, always, decisions)
         report = self.explain(model)
         alone = [r for r in report.layers if not r.patched]
         if alone or not report.layers:
@@ -352,10 +353,57 @@ class Patcher:
                           "explain(model) says why for each", RuntimeWarning, stacklevel=2)
         return report
 
+    def _patch_block(self, index: int, block: Any, always: bool, decisions: Dict[Any, bool]) -> None:
+        """Patch one recognised block, or leave it alone: no half the package can take, or (unless ``always``) no
+        row count at which a kernel runs (the reason is kept for :meth:`explain`)."""
+        import mlx.core as mx
+
+        state = _State(type(block), LayerReport(index, type(block).__module__.rsplit(".", 1)[-1], True))
+        parts: List[Part] = []
+        for half, name in ((self._attention, "attention"), (self._mlp, "MLP")):
+            try:
+                parts.extend(half(block, state))
+            except Unsupported as exc:
+                parts.append(Part(name, ("mlx-lm's own modules",), str(exc)))
+        if not any(p.runs != ("mlx-lm's own modules",) for p in parts):
+            return
+        state.rows = None if always else self._kernel_rows(state, decisions)
+        if state.rows is not None and not state.rows:
+            object.__setattr__(block, _ALONE, NOTHING_WINS)
+            return
+        mx.eval(state.arrays)
+        rows = tuple(sorted(state.rows)) if state.rows is not None else ()
+        state.report = LayerReport(index, state.report.kind, True, tuple(parts), rows=rows)
+        getattr(block, "__dict__", {}).pop(_ALONE, None)
+        object.__setattr__(block, _ATTR, state)
+        block.__class__ = _patched_class(type(block))
+
+    def _kernel_rows(self, state: _State, seen: Dict[Any, bool]) -> FrozenSet[int]:
+        """The decode row counts (1 to DECODE_ROWS) at which the package runs a kernel for one of the block's calls:
+        its decision for each family the block binds, asked with that many rows of zeros (``seen``: decisions
+        already asked, by family, shapes and dtype)."""
+        import mlx.core as mx
+
+        rows: Set[int] = set()
+        for m in range(1, DECODE_ROWS + 1):
+            for fam, arrays in (pair for pairs in state.probes.values() for pair in pairs):
+                acts = [i for i, spec in enumerate((self._family(fam) or {}).get("inputs", []))
+                        if not spec.get("weight")]
+                key = (fam, m, tuple(tuple(a.shape) for a in arrays), str(arrays[0].dtype))
+                if key not in seen:
+                    at_m = [mx.zeros((m, *a.shape[1:]), dtype=a.dtype) if i in acts else a
+                            for i, a in enumerate(arrays)]
+                    seen[key] = self.d.explain(fam, *at_m).entry is not None
+                if seen[key]:
+                    rows.add(m)
+                    break
+        return frozenset(rows)
+
     def unpatch(self, model: Any) -> int:
         """Restore every patched block of ``model`` (its class; the concatenated copies dropped); returns how many."""
         n = 0
         for block in _layers(model):
+            getattr(block, "__dict__", {}).pop(_ALONE, None)
             state = getattr(block, "__dict__", {}).get(_ATTR)
             if state is not None:
                 block.__class__ = state.original
@@ -373,7 +421,8 @@ class Patcher:
             state = getattr(block, "__dict__", {}).get(_ATTR)
             kind = type(block).__module__.rsplit(".", 1)[-1]
             if state is None:
-                why = recognise(block) or _unquantized(block) or "not patched (call patch(model))"
+                why = (recognise(block) or _unquantized(block) or getattr(block, "__dict__", {}).get(_ALONE)
+                       or "not patched (call patch(model))")
                 rows.append(LayerReport(index, kind, False, left_alone=why))
             else:
                 rows.append(self._with_decisions(state))
@@ -384,10 +433,21 @@ class Patcher:
         report = state.report
         return LayerReport(report.index, report.kind, True, tuple(
             Part(p.step, p.runs, p.why, tuple(self._decisions(p, state))) for p in report.parts),
-            report.left_alone)
+            report.left_alone, report.rows)
 
     def _decisions(self, part: Part, state: _State) -> List[str]:
         return [str(self.d.explain(fam, *arrays)) for fam, arrays in state.probes.get(part.step, [])]
+
+
+def _spans(rows: Tuple[int, ...]) -> str:
+    """Row counts as runs: (1, 2, 3, 5) -> '1-3, 5'."""
+    spans: List[List[int]] = []
+    for r in rows:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _unquantized(block: Any) -> str:
@@ -427,7 +487,7 @@ def _forward(self: Any, x: Any, mask: Any = None, cache: Any = None) -> Any:
     """mlx-lm's ``TransformerBlock.__call__`` (0.32) with its projections through the package at decode."""
     state: _State = self.__dict__[_ATTR]
     b, length, dim = x.shape
-    if b * length > DECODE_ROWS:
+    if b * length > DECODE_ROWS or (state.rows is not None and b * length not in state.rows):
         return state.original.__call__(self, x, mask, cache)
     x2 = x.reshape(b * length, dim)
     if state.qkv is not None and state.out is not None:

@@ -13,6 +13,7 @@ On MLX's CPU back-end the same code runs (a dry run); its timings are the CPU's,
 
 from __future__ import annotations
 
+import gc
 import importlib
 import statistics
 import sys
@@ -317,6 +318,7 @@ def run_mlx_lm(config: LmConfig, prompt_tokens: int = 128, tokens: int = 128, ro
                     # A fresh patch plans each layer's calls at their first decode step (a one-time cost of ~1 ms a
                     # call, once per patch): a user patches once, so it is paid here, untimed, not in the prompt's.
                     generate(model, prompt, 2, keep=False)
+                gc.collect()  # the last round's patch and unpatch left cycles: collected here, not mid-generation
                 run = generate(model, prompt, tokens, keep=False).run
                 if form == "patched":
                     pkg.unpatch(model)

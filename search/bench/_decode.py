@@ -208,6 +208,12 @@ class KernelRow:
     stream_us: float | None
     pct_of_stream: float | None
     chose: str
+    #: The same chains under ``mx.compile`` (traced once, replayed: the host's graph building mostly gone, MLX's
+    #: encoding of each launch left), as docs/decode.md tells a consumer to run a step: how much of the plain
+    #: chain's gap to the streaming read is the host's.
+    us_compiled: float | None = None
+    stream_us_compiled: float | None = None
+    pct_of_stream_compiled: float | None = None
 
 
 @dataclass(frozen=True)
@@ -300,14 +306,17 @@ class KernelChains:
         forms = {"op": op, "package": package}
         if self.read is not None and self.flats is not None:
             read, flats = self.read, self.flats
+            d0 = mx.zeros((1,), dtype=mx.uint32)
 
             def stream() -> Any:
-                d = mx.zeros((1,), dtype=mx.uint32)
+                d = d0
                 for f in flats:
                     d = read(f[call.role], d)
                 return d
 
             forms["stream"] = stream
+            forms["stream" + COMPILED] = mx.compile(stream)
+            forms["package" + COMPILED] = mx.compile(package)
         return forms
 
 
@@ -339,8 +348,11 @@ def kernel_row(call: Call, shape: StepShape, m: int, t: dict[str, list[float]], 
     dims = shape.dims(m, call)
     stream = median(t["stream"]) * 1e3 / layers if "stream" in t else None
     us = p.new_ms * 1e3 / layers
+    compiled = {f: median(t[f + COMPILED]) * 1e3 / layers if f + COMPILED in t else None for f in ("package", "stream")}
+    cu, cs = compiled["package"], compiled["stream"]
     return KernelRow(call.family, call.role, ",".join(str(v) for v in dims.values()), m, us, p.ref_ms * 1e3 / layers,
-                     p.speedup, p.low, p.high, stream, pct(stream, us), chose)
+                     p.speedup, p.low, p.high, stream, pct(stream, us), chose, cu, cs,
+                     pct(cs, cu) if cu is not None else None)
 
 
 def evidence_for(kind: str | None) -> str | None:

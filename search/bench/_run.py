@@ -191,6 +191,9 @@ def _kernel_row(chains: KernelChains, call: Call, shape: StepShape, m: int, roun
     t = interleaved(chains.mx, chains.forms(call, m), rounds)
     row = kernel_row(call, shape, m, t, len(chains.layers), chose)
     stream = "" if row.stream_us is None else f", stream {row.stream_us:.1f} us ({row.pct_of_stream:.0f} %)"
+    if row.us_compiled is not None and row.stream_us_compiled is not None:
+        stream += (f"; compiled chains {row.us_compiled:.1f} us vs stream {row.stream_us_compiled:.1f} us "
+                   f"({row.pct_of_stream_compiled:.0f} %)")
     say(f"M={m} {call.role} ({call.family} {row.shape}): {row.us:.1f} us/call vs op {row.op_us:.1f} "
         f"({row.speedup:.2f}x){stream}; runs {row.chose}")
     return row

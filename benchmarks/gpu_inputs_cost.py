@@ -15,32 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpu_call_cost import split as chain_split  # (benchmarks/ is the script's folder: on sys.path)
+
 
 def split(mx: Any, fn: Callable[[Any], Any], r0: Any, calls: int, rounds: int) -> dict[str, float]:
-    """Median µs per call: building a chain of ``calls`` dependent calls, sending it, waiting for it."""
-    parts: dict[str, list[float]] = {"build": [], "send": [], "wait": []}
-    for i in range(rounds + 2):
-        mx.synchronize()
-        t0 = time.perf_counter()
-        r = r0
-        for _ in range(calls):
-            r = fn(r)
-        t1 = time.perf_counter()
-        mx.async_eval(r)
-        t2 = time.perf_counter()
-        mx.eval(r)
-        mx.synchronize()
-        t3 = time.perf_counter()
-        if i >= 2:
-            for name, a, b in (("build", t0, t1), ("send", t1, t2), ("wait", t2, t3)):
-                parts[name].append((b - a) * 1e6 / calls)
-    return {k: round(statistics.median(v), 2) for k, v in parts.items()}
+    """Median µs per call of a chain of ``calls`` dependent calls: building, sending, waiting (gpu_call_cost's)."""
+    return {k: round(v, 2) for k, v in chain_split(mx, lambda _x, r: fn(r), None, r0, calls, rounds).items()}
 
 
 def kernel_chain(mx: Any, n: int, init: bool, big: bool) -> tuple[Callable[[Any], Any], Any]:

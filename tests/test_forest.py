@@ -114,7 +114,8 @@ def test_expected_improvement_prefers_a_lower_mean_then_a_wider_spread() -> None
 
 
 @pytest.mark.slow
-def test_run_study_forest_evaluates_only_valid_configs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sampler", ["forest", "thompson"])
+def test_run_study_evaluates_only_valid_configs(tmp_path: Path, sampler: str) -> None:
     from kernsearch import run_study
     from kernsearch.studies._replay import Replay
 
@@ -122,7 +123,7 @@ def test_run_study_forest_evaluates_only_valid_configs(tmp_path: Path) -> None:
     writer = LandscapeWriter(tmp_path / "needle.json", knobs, device_name="test GPU")
     for c in configs[::2]:
         writer.add(c, [time[format_config(c)]] * 3)
-    result = run_study(Replay(writer.save(), seed=0).objective(), trials=30, sampler="forest", seed=0,
+    result = run_study(Replay(writer.save(), seed=0).objective(), trials=30, sampler=sampler, seed=0,
                        storage=":memory:")
     assert result.evaluated == 30 and result.invalid == 0 and result.best is not None
 
@@ -219,17 +220,3 @@ def test_thompson_proposes_what_a_draw_of_trees_ranks_best_and_spreads_over_thei
     assert set(picks["thompson"]) <= {32, 48, 64, 80} and len(set(picks["thompson"])) >= 2
     with pytest.raises(ValueError, match="acquisition"):
         ForestSearch(knobs, configs, acquisition="ucb")
-
-
-@pytest.mark.slow
-def test_run_study_thompson_evaluates_only_valid_configs(tmp_path: Path) -> None:
-    from kernsearch import run_study
-    from kernsearch.studies._replay import Replay
-
-    knobs, configs, time = _needle_space()
-    writer = LandscapeWriter(tmp_path / "needle.json", knobs, device_name="test GPU")
-    for c in configs[::2]:
-        writer.add(c, [time[format_config(c)]] * 3)
-    result = run_study(Replay(writer.save(), seed=0).objective(), trials=30, sampler="thompson", seed=0,
-                       storage=":memory:")
-    assert result.evaluated == 30 and result.invalid == 0 and result.best is not None

@@ -4,6 +4,7 @@ without ``patch``, on MLX's CPU back-end (a dry run: the timings are the CPU's).
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -46,6 +47,7 @@ def test_the_dry_run_generates_the_same_tokens_patched_and_times_both_interleave
     data = json.loads(json.dumps(report.to_json()))
     assert data["summary"]["tokens_ok"] is True
     assert data["summary"]["decode_speedup"] == pytest.approx(report.decode_speedup)
+    assert data["summary"]["decode_interval"] == [0.0, math.inf]  # two rounds bound nothing, and it says so
     assert data["config"]["kv_heads"] == 2
     assert [line.startswith("round") for line in lines].count(True) == 2
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import KernsearchError
+from .._rules import ratio_interval
 from ..artifacts._artifacts import ArtifactStore
 from ..exporting._export import export
 from ._decode import device_kind, evidence_for
@@ -136,6 +137,13 @@ class MlxLmReport:
     def prefill_speedup(self) -> float:
         return statistics.median(self._ratios("prefill_tps")) if self.plain else float("nan")
 
+    @property
+    def decode_interval(self) -> tuple[float, float]:
+        """The 99 % interval of the median decode ratio (the rules' order-statistic interval, as the gate's): 0 to
+        infinity with too few rounds to bound anything, which says so."""
+        interval = ratio_interval(self._ratios("decode_tps"))
+        return interval.low, interval.high
+
     def median(self, form: str, attr: str) -> float:
         runs = self.plain if form == "plain" else self.patched
         return statistics.median(getattr(r, attr) for r in runs) if runs else float("nan")
@@ -149,6 +157,7 @@ class MlxLmReport:
             "prefill_tps": {"plain": self.median("plain", "prefill_tps"),
                             "patched": self.median("patched", "prefill_tps")},
             "decode_speedup": self.decode_speedup, "decode_speedup_range": [min(ratios), max(ratios)] if ratios else [],
+            "decode_interval": list(self.decode_interval),
             "prefill_speedup": self.prefill_speedup,
             "tokens_ok": self.comparison.ok if self.comparison else None}
         return out
@@ -160,7 +169,8 @@ class MlxLmReport:
                f"{c.bits}-bit g{c.group}, {c.dtype}, on {self.device} (mlx {self.mlx}, mlx-lm {self.mlx_lm}); "
                f"prompt {self.prompt_tokens}, {self.tokens} tokens, {len(self.plain)} rounds",
                f"decode tokens/s: mlx-lm {self.median('plain', 'decode_tps'):.1f}, patched "
-               f"{self.median('patched', 'decode_tps'):.1f}: {self.decode_speedup:.2f}x",
+               f"{self.median('patched', 'decode_tps'):.1f}: {self.decode_speedup:.2f}x (99 % interval of the median "
+               f"ratio {self.decode_interval[0]:.2f}-{self.decode_interval[1]:.2f})",
                f"prefill tokens/s: mlx-lm {self.median('plain', 'prefill_tps'):.1f}, patched "
                f"{self.median('patched', 'prefill_tps'):.1f}: {self.prefill_speedup:.2f}x"]
         if self.comparison is not None:

@@ -106,9 +106,9 @@ class LayerReport:
         if not self.patched:
             return f"layer {self.index} ({self.kind}): left alone: {self.left_alone}"
         which = (f"decode steps of {_spans(self.rows)} rows run through the package (a kernel measured to win at "
-                 "their shapes), others" if self.rows else "a prompt (more than "
-                 f"{DECODE_ROWS} rows)")
-        lines = [f"layer {self.index} ({self.kind}): patched; {which} runs mlx-lm's own forward"]
+                 "their shapes); other steps and a prompt run" if self.rows else
+                 f"a prompt (more than {DECODE_ROWS} rows) runs")
+        lines = [f"layer {self.index} ({self.kind}): patched; {which} mlx-lm's own forward"]
         for p in self.parts:
             lines.append(f"  {p.step}: {' + '.join(p.runs)} ({p.why})")
             lines.extend(f"    {line}" for d in p.decisions for line in d.splitlines())

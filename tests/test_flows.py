@@ -468,6 +468,7 @@ def _artifact_table(key: str, kind: str = "table") -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_nightly_publishes_then_rejects_and_a_hanging_job_fails_alone(prefect_harness, farm: Path) -> None:
     from kernsearch import ArtifactStore
     from kernsearch.artifacts._artifacts import ArtifactKey
@@ -528,6 +529,7 @@ def test_nightly_publishes_then_rejects_and_a_hanging_job_fails_alone(prefect_ha
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_two_runs_on_one_machine_take_turns_on_the_gpu(prefect_harness, farm: Path) -> None:
     """Two nightly runs at once (say a manual one during the nightly): their tune steps never overlap."""
     from concurrent.futures import ThreadPoolExecutor
@@ -547,6 +549,7 @@ def test_two_runs_on_one_machine_take_turns_on_the_gpu(prefect_harness, farm: Pa
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_nightly_skips_jobs_for_other_chips(prefect_harness, farm: Path) -> None:
     from kernsearch.flows.nightly import nightly
 
@@ -570,6 +573,7 @@ def _wait(check, timeout: float, what: str, procs: list[subprocess.Popen]):  # n
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_real_server_serves_the_cron_deployment_and_runs_it_by_name(tmp_path: Path) -> None:
     import httpx
     import prefect_api

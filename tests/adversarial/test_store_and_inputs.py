@@ -350,6 +350,10 @@ def test_a_publisher_killed_at_any_step_leaves_a_consistent_repairable_store(sto
 
 
 @pytest.mark.slow
+# Four whole `tune` processes (~50 s of CPU): the e2e lane. make test holds the same lines: two processes share one
+# SQLite study without measuring a config twice (tests/test_replay.py), a process joining a new study late skips
+# what another measured (below), and rerunning `tune` with a larger budget resumes its study (tests/test_study_cli.py).
+@pytest.mark.e2e
 def test_two_tune_processes_on_one_new_study_never_measure_a_config_twice(tmp_path: Path) -> None:
     """Two `tune` processes start together on a new study, then resume it together with twice the budget (the
     budget counts the study's evaluated configs: a second round at the same budget would propose nothing).

@@ -251,7 +251,8 @@ def test_make_test_is_the_suite_on_two_workers(tmp_path: Path) -> None:
     (tmp_path / ".installed").touch()  # not older than pyproject.toml: make would not set the venv up again
     r = _run(["make", "--no-print-directory", "-n", "test", f"VENV={tmp_path}"], cwd=REPO)  # make may call us
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == f"{tmp_path}/bin/python -m pytest -q -n 2 --dist worksteal --durations=30", r.stdout
+    assert r.stdout.strip() == f'{tmp_path}/bin/python -m pytest -q -n 2 --dist worksteal --durations=30 -m "not e2e"', \
+        r.stdout
 
 
 def _store_is_the_listing(store: Path, key: Path) -> None:
@@ -404,6 +405,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_farm_and_prefect_commands_on_a_real_postgresql(tmp_path: Path) -> None:
     """docs/farm.md's database set-up and shared-study command, and docs/flows.md's Prefect server on PostgreSQL,
     on a real PostgreSQL cluster (tests/pgserver.py): the role and database made as written (``sudo -u postgres``:

@@ -52,6 +52,7 @@ def _evaluated(log: Path) -> list[tuple[str, str]]:
 
 
 @pytest.mark.slow  # worker processes on a real server: CI runs it, the fast lane does not
+@pytest.mark.e2e
 def test_three_processes_share_one_study_without_measuring_a_config_twice(pg, tmp_path):
     log = tmp_path / "evals.log"
     workers = [_worker(pg, "shared", 24, 0.05, log) for _ in range(3)]
@@ -67,6 +68,7 @@ def test_three_processes_share_one_study_without_measuring_a_config_twice(pg, tm
 
 
 @pytest.mark.slow  # worker processes on a real server: CI runs it, the fast lane does not
+@pytest.mark.e2e
 def test_a_worker_killed_mid_trial_has_its_trial_failed_and_retried_and_the_study_goes_on(pg, tmp_path):
     from optuna.trial import TrialState
 
@@ -95,6 +97,7 @@ def test_a_worker_killed_mid_trial_has_its_trial_failed_and_retried_and_the_stud
 
 
 @pytest.mark.slow  # two `kernsearch tune` processes on a real server
+@pytest.mark.e2e
 def test_two_tune_commands_add_to_one_postgresql_study(pg, tmp_path):
     """What an operator runs on two machines: `kernsearch tune ... --storage postgresql://...` at once."""
     import json

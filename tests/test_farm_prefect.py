@@ -106,6 +106,7 @@ def _signal_tree(root: int, sig: signal.Signals) -> list[int]:
 
 
 @pytest.mark.slow  # a Prefect server, three workers and three flow runs: minutes; CI runs it
+@pytest.mark.e2e
 @pytest.mark.skipif(pg_bin() is None and not IN_CI, reason="PostgreSQL is not installed (.ci/run installs it)")
 def test_three_workers_two_chips_one_study_per_chip_one_store(tmp_path: Path) -> None:
     import httpx

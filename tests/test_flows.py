@@ -570,6 +570,7 @@ def _wait(check, timeout: float, what: str, procs: list[subprocess.Popen]):  # n
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_real_server_serves_the_cron_deployment_and_runs_it_by_name(tmp_path: Path) -> None:
     import httpx
     import prefect_api

@@ -71,6 +71,7 @@ def _prefect(env: dict[str, str], *args: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_prefect_ls_commands_and_scheduler(server: dict[str, str]) -> None:
     import prefect_api
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from kernsearch import Space, geometry, get_chip, make_problem, render
@@ -25,17 +27,30 @@ def valid_configs(gemm) -> dict[str, list[dict]]:  # noqa: ANN001
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dtype", list(DTYPES))
-def test_every_valid_config_renders_to_distinct_source(gemm, valid_configs, dtype: str) -> None:  # noqa: ANN001
-    configs = valid_configs[dtype]
-    assert len(configs) > 10000
-    digests = set()
-    for cfg in configs:
-        kernel = render(gemm, cfg, dtype)
-        assert kernel.template == (("T", dtype),)
-        assert "C[" in kernel.source and "A_shape[0]" in kernel.source
-        digests.add(kernel.sha256)
-    assert len(digests) == len(configs)  # distinct knob values -> distinct source
+def test_every_valid_config_renders_to_distinct_source(gemm, valid_configs) -> None:  # noqa: ANN001
+    """Every config valid in some dtype renders once (in the first dtype where it is valid), and distinct configs
+    give distinct source. The Metal source does not depend on the dtype (MLX's template argument T carries it):
+    every 25th config of each dtype, rendered in that dtype, is the same source with T set to it. Rendering all
+    ~45,000 configs in each of the three dtypes (85 s of CPU) proved nothing more than this (~35 s)."""
+    def code(kernel) -> str:  # noqa: ANN001  (the text itself: KernelSource.sha256 also hashes T, the dtype)
+        return hashlib.sha256(f"{kernel.header}\0{kernel.source}".encode()).hexdigest()
+
+    rendered: dict[tuple, str] = {}
+    for dtype in DTYPES:
+        for cfg in valid_configs[dtype]:
+            key = tuple(cfg.items())
+            if key in rendered:
+                continue
+            kernel = render(gemm, cfg, dtype)
+            assert kernel.template == (("T", dtype),)
+            assert "C[" in kernel.source and "A_shape[0]" in kernel.source
+            rendered[key] = code(kernel)
+    assert all(len(valid_configs[dtype]) > 10000 for dtype in DTYPES)
+    assert len(set(rendered.values())) == len(rendered)  # distinct knob values -> distinct source
+    for dtype in DTYPES:
+        for cfg in valid_configs[dtype][::25]:
+            kernel = render(gemm, cfg, dtype)
+            assert kernel.template == (("T", dtype),) and code(kernel) == rendered[tuple(cfg.items())], (dtype, cfg)
 
 
 def test_each_knob_changes_the_source(gemm) -> None:  # noqa: ANN001

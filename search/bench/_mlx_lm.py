@@ -279,7 +279,7 @@ def _patched(pkg: Any, model: Any, notes: list[str], always: bool = False) -> An
     return report
 
 
-def _setting_notes(kind: Any, always: bool) -> list[str]:
+def _setting_notes(kind: str | None, always: bool) -> list[str]:
     """What the report's figures must be read with: a CPU's timings, the patch routing every step."""
     notes = ["MLX's CPU back-end: the timings are the CPU's, not a GPU's (a dry run)"] if kind is None else []
     if always:

@@ -384,17 +384,18 @@ class Patcher:
         already asked, by family, shapes and dtype)."""
         import mlx.core as mx
 
+        calls = [(fam, arrays, {i for i, spec in enumerate((self._family(fam) or {}).get("inputs", []))
+                                if not spec.get("weight")}, (fam, tuple(tuple(a.shape) for a in arrays),
+                                                             str(arrays[0].dtype)))
+                 for pairs in state.probes.values() for fam, arrays in pairs]
         rows: Set[int] = set()
         for m in range(1, DECODE_ROWS + 1):
-            for fam, arrays in (pair for pairs in state.probes.values() for pair in pairs):
-                acts = [i for i, spec in enumerate((self._family(fam) or {}).get("inputs", []))
-                        if not spec.get("weight")]
-                key = (fam, m, tuple(tuple(a.shape) for a in arrays), str(arrays[0].dtype))
-                if key not in seen:
+            for fam, arrays, acts, key in calls:
+                if (m, key) not in seen:
                     at_m = [mx.zeros((m, *a.shape[1:]), dtype=a.dtype) if i in acts else a
                             for i, a in enumerate(arrays)]
-                    seen[key] = self.d.explain(fam, *at_m).entry is not None
-                if seen[key]:
+                    seen[(m, key)] = self.d.explain(fam, *at_m).entry is not None
+                if seen[(m, key)]:
                     rows.add(m)
                     break
         return frozenset(rows)

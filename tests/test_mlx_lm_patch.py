@@ -132,6 +132,29 @@ def test_patched_and_unpatched_decode_the_same_greedy_tokens(pkg, monkeypatch, n
     assert calls["rmsnorm_swiglu_qmatvec"] + calls["swiglu_qmatvec"] == steps, calls
 
 
+@pytest.mark.parametrize("name", ["llama", "gqa"])
+def test_one_rope_call_a_layer_turns_the_queries_and_the_keys_heads(pkg, monkeypatch, name: str) -> None:
+    """One sequence: RoPE runs once a layer on the queries' and the keys' heads together (a dependent launch fewer
+    a layer than mlx-lm's two), and decodes the same greedy tokens."""
+    module, kw = CONFIGS[name]
+    model = build(module, **kw)
+    want, want_lp = greedy(model, 8)
+    pkg.patch(model, always=True)
+    shapes: list = []
+    rope = nn.RoPE.__call__
+
+    def counted(self, x, offset=0):  # noqa: ANN001, ANN202
+        shapes.append(x.shape)
+        return rope(self, x, offset)
+
+    monkeypatch.setattr(nn.RoPE, "__call__", counted)
+    got, got_lp = greedy(model, 8)
+    assert got == want and mx.allclose(got_lp, want_lp, atol=1e-4).item()
+    heads = model.args.num_attention_heads + (model.args.num_key_value_heads or model.args.num_attention_heads)
+    assert len(shapes) == (1 + 1 + 8) * 2, shapes  # the prompt's 5 tokens, its last, 8 steps; two layers
+    assert all(s[0] == 1 and s[1] == heads for s in shapes), shapes
+
+
 def test_unpatch_restores_bit_identical_outputs_and_the_same_parameters(pkg) -> None:
     model = build(llama, num_key_value_heads=2)
     before = dict(tree_flatten(model.parameters()))

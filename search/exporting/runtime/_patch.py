@@ -510,17 +510,18 @@ def _attention(attn: Any, state: _State, x2: Any, b: int, length: int, mask: Any
     if state.qkv_bias is not None:
         qkv = qkv + state.qkv_bias
     nq, nqk = state.split
-    queries, keys, values = qkv[:, :nq], qkv[:, nq:nqk], qkv[:, nqk:]
-    queries = queries.reshape(b, length, attn.n_heads, -1).transpose(0, 2, 1, 3)
-    keys = keys.reshape(b, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-    values = values.reshape(b, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-    if cache is not None:
-        queries = attn.rope(queries, offset=cache.offset)
-        keys = attn.rope(keys, offset=cache.offset)
-        keys, values = cache.update_and_fetch(keys, values)
+    values = qkv[:, nqk:].reshape(b, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    rope = (lambda t: attn.rope(t, offset=cache.offset)) if cache is not None else attn.rope
+    if b == 1 and nq * attn.n_kv_heads == (nqk - nq) * attn.n_heads:
+        # One RoPE launch for the queries' and the keys' heads together (RoPE treats heads as a batch; one
+        # sequence: the two halves stay contiguous views): a dependent launch fewer a layer.
+        qk = rope(qkv[:, :nqk].reshape(b, length, attn.n_heads + attn.n_kv_heads, -1).transpose(0, 2, 1, 3))
+        queries, keys = qk[:, :attn.n_heads], qk[:, attn.n_heads:]
     else:
-        queries = attn.rope(queries)
-        keys = attn.rope(keys)
+        queries = rope(qkv[:, :nq].reshape(b, length, attn.n_heads, -1).transpose(0, 2, 1, 3))
+        keys = rope(qkv[:, nq:nqk].reshape(b, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3))
+    if cache is not None:
+        keys, values = cache.update_and_fetch(keys, values)
     sdpa = sys.modules[type(attn).__module__].scaled_dot_product_attention
     output = sdpa(queries, keys, values, cache=cache, scale=attn.scale, mask=mask)
     output = output.transpose(0, 2, 1, 3).reshape(b * length, -1)

@@ -119,7 +119,7 @@ def test_patched_and_unpatched_decode_the_same_greedy_tokens(pkg, monkeypatch, n
     want, want_lp = greedy(model)
     assert len(set(want)) > 8  # a decoding that wanders: a wrong step would show
     calls = counting(pkg, monkeypatch)
-    report = pkg.patch(model, always=True)
+    report = pkg.patch(model, always=True, compiled=False)  # each call through the package on every step: counted
     assert report.patched == 2, str(report)
     got, got_lp = greedy(model)
     assert got == want
@@ -130,6 +130,25 @@ def test_patched_and_unpatched_decode_the_same_greedy_tokens(pkg, monkeypatch, n
     steps = (1 + 1 + 32) * 2
     assert calls["rmsnorm_qmatvec"] + calls["qmatvec"] + calls["qmatvec_residual"] == 3 * steps, calls
     assert calls["rmsnorm_swiglu_qmatvec"] + calls["swiglu_qmatvec"] == steps, calls
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "8-bit"])
+def test_compiled_blocks_decode_the_same_tokens_and_call_the_package_once_a_shape(pkg, monkeypatch, name: str) -> None:
+    """patch(model)'s default: each block's package calls and the Python between them traced by mx.compile once per
+    row count and replayed (a decode token's host time is MLX's replay, not the package's fronts one by one)."""
+    module, kw = CONFIGS[name]
+    model = build(module, **kw)
+    want, want_lp = greedy(model, 12)
+    calls = counting(pkg, monkeypatch)
+    assert pkg.patch(model, always=True).patched == 2
+    got, got_lp = greedy(model, 12)
+    assert got == want and mx.allclose(got_lp, want_lp, atol=1e-4).item()
+    # Two row counts (the prompt's first 5 tokens, then one), two layers: each traced once, then replayed.
+    assert calls["rmsnorm_qmatvec"] + calls["qmatvec"] == 2 * 2, calls
+    assert calls["rmsnorm_swiglu_qmatvec"] + calls["swiglu_qmatvec"] == 2 * 2, calls
+    model(mx.array([[3, 4, 5]]))  # a third row count: traced anew
+    assert calls["rmsnorm_swiglu_qmatvec"] + calls["swiglu_qmatvec"] == 3 * 2, calls
+    assert pkg.unpatch(model) == 2 and greedy(model, 12)[0] == want
 
 
 @pytest.mark.parametrize("name", ["llama", "gqa"])
@@ -239,7 +258,7 @@ def test_an_eps_other_than_the_families_runs_the_norm_then_the_plain_family(pkg,
     model = build(llama, eps=1e-6)
     want, _ = greedy(model, 8)
     calls = counting(pkg, monkeypatch)
-    text = str(pkg.patch(model, always=True))
+    text = str(pkg.patch(model, always=True, compiled=False))
     assert greedy(model, 8)[0] == want
     assert calls["rmsnorm_qmatvec"] == calls["rmsnorm_swiglu_qmatvec"] == 0
     assert calls["swiglu_qmatvec"] == (1 + 1 + 8) * 2
@@ -354,7 +373,7 @@ def test_an_mlp_with_biases_runs_mlx_lm_s_modules_and_the_attention_is_still_pat
     model = build(llama, mlp_bias=True)
     want, _ = greedy(model, 8)
     calls = counting(pkg, monkeypatch)
-    report = pkg.patch(model, always=True)
+    report = pkg.patch(model, always=True, compiled=False)
     assert report.patched == 2
     assert "MLP: mlx-lm's own modules (gate_proj or up_proj has a bias" in str(report)
     assert greedy(model, 8)[0] == want

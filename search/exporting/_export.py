@@ -362,10 +362,11 @@ def explain(family, *arrays, chip=None, modeled=False):
 _patcher = _Patcher(_dispatcher)
 
 
-def patch(model, always=False):
+def patch(model, always=False, compiled=True):
     """Run an mlx-lm model of the Llama family through this package's fused families where a kernel was measured to
-    win on this chip (``always=True``: every decode step, kernels or not; see ``_patch.py``)."""
-    return _patcher.patch(model, always=always)
+    win on this chip (``always=True``: every decode step, kernels or not; ``compiled=False``: each call through the
+    package's front on every step, not replayed by ``mx.compile``; see ``_patch.py``)."""
+    return _patcher.patch(model, always=always, compiled=compiled)
 
 
 def unpatch(model):

@@ -143,6 +143,12 @@ class _State:
     out: Optional[Callable[[Any, Any], Any]] = None
     gate_up: Optional[Callable[[Any], Any]] = None
     down: Optional[Callable[[Any, Any], Any]] = None
+    #: The package's calls with the Python between them traced once per shape and replayed by ``mx.compile``
+    #: (:func:`_trace`): ``heads(x)`` the projection to the heads; ``tail(o, x2)`` O + residual then the MLP (both
+    #: halves patched); ``mlp(h2)`` the MLP (attention left to mlx-lm). None: called one by one.
+    heads: Optional[Callable[[Any], Any]] = None
+    tail: Optional[Callable[[Any, Any], Any]] = None
+    mlp: Optional[Callable[[Any], Any]] = None
     arrays: List[Any] = field(default_factory=list)
     #: per step, (family, a one-row call's arrays) for each family it binds: what explain asks the package about
     probes: Dict[str, List[Tuple[str, List[Any]]]] = field(default_factory=dict)
@@ -337,14 +343,16 @@ class Patcher:
         return [part, dpart]
 
     # -- the public hooks --------------------------------------------------------------------------------
-    def patch(self, model: Any, always: bool = False) -> ModelReport:
+    def patch(self, model: Any, always: bool = False, compiled: bool = True) -> ModelReport:
         """Patch every block of ``model`` this module reproduces (see the module's docstring) where a kernel of the
         package was measured to win at its shapes on this chip (``always``: every such block, kernels or not);
-        returns :meth:`explain`'s report. Patching a patched model again is a no-op for its patched blocks."""
+        returns :meth:`explain`'s report. Patching a patched model again is a no-op for its patched blocks.
+        ``compiled``: each block's package calls replayed by ``mx.compile`` (:func:`_trace`); False: called one by
+        one, each through the package's front, on every step."""
         decisions: Dict[Any, bool] = {}  # (family, rows, shapes, dtype) -> a kernel runs: layers share their shapes
         for index, block in enumerate(_layers(model)):
             if _ATTR not in getattr(block, "__dict__", {}) and not recognise(block):
-                self._patch_block(index, block, always, decisions)
+                self._patch_block(index, block, always, decisions, compiled)
         report = self.explain(model)
         alone = [r for r in report.layers if not r.patched]
         if alone or not report.layers:
@@ -353,7 +361,8 @@ class Patcher:
                           "explain(model) says why for each", RuntimeWarning, stacklevel=2)
         return report
 
-    def _patch_block(self, index: int, block: Any, always: bool, decisions: Dict[Any, bool]) -> None:
+    def _patch_block(self, index: int, block: Any, always: bool, decisions: Dict[Any, bool],
+                     compiled: bool = True) -> None:
         """Patch one recognised block, or leave it alone: no half the package can take, or (unless ``always``) no
         row count at which a kernel runs (the reason is kept for :meth:`explain`)."""
         import mlx.core as mx
@@ -374,6 +383,8 @@ class Patcher:
         mx.eval(state.arrays)
         rows = tuple(sorted(state.rows)) if state.rows is not None else ()
         state.report = LayerReport(index, state.report.kind, True, tuple(parts), rows=rows)
+        if compiled:
+            _trace(state, block.self_attn)
         getattr(block, "__dict__", {}).pop(_ALONE, None)
         object.__setattr__(block, _ATTR, state)
         block.__class__ = _patched_class(type(block))
@@ -492,10 +503,15 @@ def _forward(self: Any, x: Any, mask: Any = None, cache: Any = None) -> Any:
         return state.original.__call__(self, x, mask, cache)
     x2 = x.reshape(b * length, dim)
     if state.qkv is not None and state.out is not None:
-        h2 = _attention(self.self_attn, state, x2, b, length, mask, cache)
+        output = _attention(self.self_attn, state, x, mask, cache)
+        if state.tail is not None:
+            return state.tail(output, x2).reshape(b, length, dim)
+        h2 = state.out(output, x2)
     else:
         h2 = (x + self.self_attn(self.input_layernorm(x), mask, cache)).reshape(b * length, dim)
-    if state.gate_up is not None and state.down is not None:
+    if state.mlp is not None:
+        out = state.mlp(h2)
+    elif state.gate_up is not None and state.down is not None:
         out = state.down(state.gate_up(h2), h2)
     else:
         h = h2.reshape(b, length, dim)
@@ -503,29 +519,64 @@ def _forward(self: Any, x: Any, mask: Any = None, cache: Any = None) -> Any:
     return out.reshape(b, length, dim)
 
 
-def _attention(attn: Any, state: _State, x2: Any, b: int, length: int, mask: Any, cache: Any) -> Any:
-    """mlx-lm's ``Attention.__call__`` (0.32) from the concatenated projection on: its RoPE, cache and attention."""
-    assert state.qkv is not None and state.out is not None
-    qkv = state.qkv(x2)
+def _heads(attn: Any, state: _State, x: Any) -> Tuple[Any, ...]:
+    """The concatenated projection of ``x`` [b, L, dim] cut into heads [b, heads, L, D]: (queries and keys together,
+    values) for one sequence, whose RoPE then runs once for both (RoPE treats heads as a batch; the two halves of
+    its output stay contiguous views: a dependent launch fewer a layer); else (queries, keys, values)."""
+    assert state.qkv is not None
+    b, length, dim = x.shape
+    qkv = state.qkv(x.reshape(b * length, dim))
     if state.qkv_bias is not None:
         qkv = qkv + state.qkv_bias
     nq, nqk = state.split
-    values = qkv[:, nqk:].reshape(b, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-    rope = (lambda t: attn.rope(t, offset=cache.offset)) if cache is not None else attn.rope
+
+    def heads(t: Any, n: int) -> Any:
+        return t.reshape(b, length, n, -1).transpose(0, 2, 1, 3)
+
+    values = heads(qkv[:, nqk:], attn.n_kv_heads)
     if b == 1 and nq * attn.n_kv_heads == (nqk - nq) * attn.n_heads:
-        # One RoPE launch for the queries' and the keys' heads together (RoPE treats heads as a batch; one
-        # sequence: the two halves stay contiguous views): a dependent launch fewer a layer.
-        qk = rope(qkv[:, :nqk].reshape(b, length, attn.n_heads + attn.n_kv_heads, -1).transpose(0, 2, 1, 3))
-        queries, keys = qk[:, :attn.n_heads], qk[:, attn.n_heads:]
+        return heads(qkv[:, :nqk], attn.n_heads + attn.n_kv_heads), values
+    return heads(qkv[:, :nq], attn.n_heads), heads(qkv[:, nq:nqk], attn.n_kv_heads), values
+
+
+def _attention(attn: Any, state: _State, x: Any, mask: Any, cache: Any) -> Any:
+    """mlx-lm's ``Attention.__call__`` (0.32) up to the O projection: the package's Q/K/V projection (:func:`_heads`),
+    then mlx-lm's RoPE, cache and attention; the attention's output [b * L, heads * D]."""
+    parts = state.heads(x) if state.heads is not None else _heads(attn, state, x)
+    rope = (lambda t: attn.rope(t, offset=cache.offset)) if cache is not None else attn.rope
+    if len(parts) == 2:
+        qk = rope(parts[0])
+        queries, keys, values = qk[:, :attn.n_heads], qk[:, attn.n_heads:], parts[1]
     else:
-        queries = rope(qkv[:, :nq].reshape(b, length, attn.n_heads, -1).transpose(0, 2, 1, 3))
-        keys = rope(qkv[:, nq:nqk].reshape(b, length, attn.n_kv_heads, -1).transpose(0, 2, 1, 3))
+        queries, keys, values = rope(parts[0]), rope(parts[1]), parts[2]
     if cache is not None:
         keys, values = cache.update_and_fetch(keys, values)
     sdpa = sys.modules[type(attn).__module__].scaled_dot_product_attention
     output = sdpa(queries, keys, values, cache=cache, scale=attn.scale, mask=mask)
-    output = output.transpose(0, 2, 1, 3).reshape(b * length, -1)
-    return state.out(output, x2)
+    b, length = x.shape[:2]
+    return output.transpose(0, 2, 1, 3).reshape(b * length, -1)
+
+
+def _trace(state: _State, attn: Any) -> None:
+    """Fill ``state``'s compiled halves: the package's calls and the Python between them traced by ``mx.compile``
+    once per shape (a decode step's rows) and replayed after. A decode token's host time is then MLX's replay, not
+    the package's fronts and mlx-lm's ops one by one, and mlx-lm's pipelined loop builds token t + 1 on the host
+    while the GPU runs token t: the slower of the two sets the rate. RoPE (its offset changes every token), the
+    cache and the attention run outside, as mlx-lm runs them. The weights are the trace's constants (a patched
+    block's weights are not updated; ``unpatch`` then ``patch`` traces anew)."""
+    import mlx.core as mx
+
+    out, gate_up, down = state.out, state.gate_up, state.down
+    if state.qkv is not None and out is not None:
+        state.heads = mx.compile(lambda x: _heads(attn, state, x))
+        if gate_up is not None and down is not None:
+            def tail(o: Any, x2: Any) -> Any:
+                h = out(o, x2)
+                return down(gate_up(h), h)
+
+            state.tail = mx.compile(tail)
+    elif gate_up is not None and down is not None:
+        state.mlp = mx.compile(lambda h2: down(gate_up(h2), h2))
 
 
 __all__ = ["DECODE_ROWS", "LayerReport", "ModelReport", "Part", "Patcher", "fingerprint", "recognise"]

@@ -1,0 +1,133 @@
+"""Where a patched mlx-lm decode spends its host time (issue 43): the patched model's decode rate was two-valued on
+an H200 (224-253 tokens/s in most rounds, 324-352 in others, plain mlx-lm steady), and the plain model is GPU-bound.
+
+Two copies of the same random Llama model (mlx-lm's own, quantized by mlx-lm): one left as mlx-lm runs it, one
+patched once (``--forms`` names the patched forms: ``compiled`` is ``patch(model)``, ``eager`` is
+``patch(model, compiled=False)``; each its own copy, patched once). Rounds interleave the forms (order rotating);
+each round runs mlx-lm's ``generate_step`` for ``--tokens`` greedy tokens and records, per decoded token: the wall
+time, the host time inside the model's forward (building the step's graph), and the garbage collector's passes
+and time. ``--gc-off`` disables the collector during each timed generation.
+
+    python3 benchmarks/gpu_mlx_lm_probe.py --store S --out $OUT [--rounds 8] [--forms compiled,eager] [--gc-off]
+
+``--dry`` runs a tiny config on MLX's CPU back-end (it checks the script, not the GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+class _Clock:
+    """Host seconds inside each model's forward and the collector's passes, for the generation being timed."""
+
+    def __init__(self) -> None:
+        self.forward = 0.0
+        self.gc_s = 0.0
+        self.gc_n = 0
+        self._gc_t = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_t = time.perf_counter()
+        else:
+            self.gc_s += time.perf_counter() - self._gc_t
+            self.gc_n += 1
+
+    def reset(self) -> None:
+        self.forward = self.gc_s = 0.0
+        self.gc_n = 0
+
+
+def _timed_call(cls: type, clock: _Clock) -> None:
+    original = cls.__call__
+
+    def call(self: Any, *args: Any, **kw: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return original(self, *args, **kw)
+        finally:
+            clock.forward += time.perf_counter() - t
+
+    cls.__call__ = call  # type: ignore[method-assign]
+
+
+def _generate(model: Any, prompt: Any, tokens: int, clock: _Clock, gc_off: bool) -> dict[str, float]:
+    from mlx_lm.generate import generate_step
+
+    gc.collect()
+    if gc_off:
+        gc.disable()
+    n, t1 = 0, 0.0
+    t0 = time.perf_counter()
+    try:
+        for i, _ in enumerate(generate_step(prompt, model, max_tokens=tokens)):
+            if i == 0:
+                t1 = time.perf_counter()
+                clock.reset()
+            n += 1
+    finally:
+        gc.enable()
+    wall = time.perf_counter() - t1
+    steps = max(1, n - 1)
+    return {"tps": steps / wall, "ms_token": 1e3 * wall / steps, "forward_ms_token": 1e3 * clock.forward / steps,
+            "gc_passes": clock.gc_n, "gc_ms": 1e3 * clock.gc_s, "prompt_s": t1 - t0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--store", type=Path, default=Path("artifacts"))
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--forms", default="compiled,eager")
+    ap.add_argument("--gc-off", action="store_true")
+    ap.add_argument("--dry", action="store_true")
+    a = ap.parse_args(argv)
+    import mlx.core as mx
+
+    from kernsearch import ArtifactStore
+    from kernsearch.bench._mlx_lm import LmConfig, build_model, import_package
+
+    cfg = (LmConfig(hidden=256, ffn=512, layers=2, heads=4, kv_heads=4, vocab=512) if a.dry else LmConfig())
+    clock = _Clock()
+    models: dict[str, Any] = {"plain": build_model(cfg, 0)}
+    _timed_call(type(models["plain"]), clock)
+    with tempfile.TemporaryDirectory() as tmp:
+        pkg = import_package(ArtifactStore(a.store), Path(tmp))
+        for form in a.forms.split(","):
+            models[form] = build_model(cfg, 0)
+            print(str(pkg.patch(models[form], always=a.dry, compiled=form == "compiled")).splitlines()[0], flush=True)
+        prompt = mx.random.randint(0, cfg.vocab, (128,), key=mx.random.key(1))
+        for m in models.values():  # warm-up: traces, plans, kernels built
+            _generate(m, prompt, 4, clock, a.gc_off)
+        rows: dict[str, list[dict[str, float]]] = {name: [] for name in models}
+        names = list(models)
+        for r in range(a.rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                row = _generate(models[name], prompt, a.tokens, clock, a.gc_off)
+                rows[name].append(row)
+                print(f"round {r + 1} {name}: {row['tps']:.1f} tokens/s, {row['ms_token']:.3f} ms a token, forward "
+                      f"(host) {row['forward_ms_token']:.3f} ms, gc {row['gc_passes']} passes {row['gc_ms']:.1f} ms",
+                      flush=True)
+    for name, rs in rows.items():
+        print(f"{name}: median {statistics.median(x['tps'] for x in rs):.1f} tokens/s, forward "
+              f"{statistics.median(x['forward_ms_token'] for x in rs):.3f} ms a token (host)")
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "gpu_mlx_lm_probe.json").write_text(json.dumps({"gc_off": a.gc_off, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

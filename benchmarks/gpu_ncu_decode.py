@@ -7,11 +7,13 @@ fused kernels of ``gpu_decode_probe.py`` (a few times each, on two layers' weigh
         python3 benchmarks/gpu_ncu_decode.py > $OUT/ncu_decode.csv
 
 (PYTHONPATH as for ``gpu_decode_probe.py``; needs CuPy for the profiler calls, which the GPU machine has.)
+``NCU_M=4`` builds the calls for 4 rows of X (default 1).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 
 import mlx.core as mx
@@ -27,6 +29,7 @@ def main() -> int:
     import cupy  # the profiler's start and stop (MLX has no binding for them)
 
     shape = StepShape(layers=2)
+    m = int(os.environ.get("NCU_M", "1"))
     chip, backend = detect_chip(), get_backend("cuda")
     layers = build_layers(mx, shape, 0, print)
     calls = {c.role: c for c in shape.all_calls()}
@@ -39,15 +42,15 @@ def main() -> int:
         cfg = {**TUNED[role], **{k: (v if k == "PATH" else int(v))
                                  for k, v in (kv.split("=") for kv in over.split(",") if kv)}}
         call = dataclasses.replace(calls[role], family=family) if family else calls[role]
-        got = build_call(mx, backend, call, shape, 1, cfg, chip, False)
+        got = build_call(mx, backend, call, shape, m, cfg, chip, False)
         assert not isinstance(got, str), got
         variants.append((role, got))
     read = stream_reader(mx, "cuda")
     flat = mx.zeros((calls["qkv"].n * calls["qkv"].k // 8,), dtype=mx.uint32) + 1
-    x = mx.ones((1, shape.hidden), dtype=mx.float16)
-    r = mx.ones((1, shape.hidden), dtype=mx.float16)
+    x = mx.ones((m, shape.hidden), dtype=mx.float16)
+    r = mx.ones((m, shape.hidden), dtype=mx.float16)
     for role, (fn, names) in variants:  # compile and warm each outside the profiled range
-        arrays = {**call_inputs(layers[0], role), "X": x if role != "down" else mx.ones((1, shape.ffn), mx.float16),
+        arrays = {**call_inputs(layers[0], role), "X": x if role != "down" else mx.ones((m, shape.ffn), mx.float16),
                   "R": r}
         mx.eval(fn(*[arrays[n] for n in names]))
     mx.eval(read(flat, mx.zeros((1,), dtype=mx.uint32)))
@@ -57,7 +60,7 @@ def main() -> int:
         mx.eval(read(flat, mx.zeros((1,), dtype=mx.uint32)))
         for role, (fn, names) in variants:
             arrays = {**call_inputs(layers[i % 2], role), "R": r,
-                      "X": x if role != "down" else mx.ones((1, shape.ffn), mx.float16)}
+                      "X": x if role != "down" else mx.ones((m, shape.ffn), mx.float16)}
             mx.eval(fn(*[arrays[n] for n in names]))
             mx.synchronize()
     cupy.cuda.runtime.profilerStop()

@@ -233,23 +233,29 @@ class Space:
         summary = SpaceSummary(total=self.total, valid=[])
         value_of = self._evaluator()
 
-        def walk(depth: int, ctx: dict[str, Any], start: int) -> None:
+        ctx = dict(self.base)  # one context, set in place: what depth d binds reads only what depths <= d set
+        last = len(names) - 1
+
+        def walk(depth: int, start: int) -> None:
             """``start``: how many configs of the product come before this subtree's first one."""
-            if depth == len(names):
-                summary.valid.append({n: ctx[n] for n in names})
-                return
-            for n, value in enumerate(fam.knobs[names[depth]].values):
-                c = {**ctx, names[depth]: value}
-                failed = self._bind(depth, c, value_of)
+            name, below = names[depth], remaining[depth]
+            for n, value in enumerate(fam.knobs[name].values):
+                ctx[name] = value
+                failed = self._bind(depth, ctx, value_of)
                 if failed is not None:
-                    summary.rejected[fam.constraints[failed].name] += remaining[depth]
+                    summary.rejected[fam.constraints[failed].name] += below
+                elif depth == last:
+                    summary.valid.append({k: ctx[k] for k in names})
                 else:
-                    walk(depth + 1, c, start + n * remaining[depth])
+                    walk(depth + 1, start + n * below)
                 if depth < 3:  # this value's whole subtree is walked (or pruned): say how far the walk is
-                    progress.advance(start + (n + 1) * remaining[depth])
+                    progress.advance(start + (n + 1) * below)
 
         with step(f"enumerating the {self.total:,} configs of {fam.name}", total=self.total) as progress:
-            walk(0, dict(self.base), 0)
+            if names:
+                walk(0, 0)
+            else:
+                summary.valid.append({})
         return summary
 
     def sample(self, n: int, rng: random.Random, found: Callable[[int], None] | None = None) -> list[Config]:

@@ -442,7 +442,8 @@ def predict_many(backend: ModelBackend, space: Space, configs: list[Config]) -> 
 
 def _column(ev: _Evaluator, step: tuple[str, str, Any, Any, dict[Any, Any]], cols: dict[str, list[Any]],
             n: int) -> list[Any]:
-    """One entry's value for every config (``_Evaluator._run``'s, its memo shared)."""
+    """One entry's value for every config (``_Evaluator._run``'s, its memo shared; evaluated in a context of what it
+    reads: one that reads anything else is an expression error, and the batch goes config by config)."""
     where, _, expr, _, memo = step
     varying = sorted(name for name in expr.names if name not in ev.base)
     keys: Any = (cols[varying[0]] if len(varying) == 1 else zip(*(cols[v] for v in varying))) if varying \
@@ -452,7 +453,7 @@ def _column(ev: _Evaluator, step: tuple[str, str, Any, Any, dict[Any, Any]], col
         for i, key in enumerate(keys):
             value = memo.get(key, _MISSING)
             if value is _MISSING:
-                value = memo[key] = ev._eval(where, expr, {**ev.base, **{k: col[i] for k, col in cols.items()}})
+                value = memo[key] = ev._eval(where, expr, {**ev.base, **{v: cols[v][i] for v in varying}})
             out.append(value)
     except (TypeError, KernsearchError, KeyError):  # unhashable, an expression error, an unbound name
         raise _Unusual from None

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from covering import covering_sample as tway_sample
 from test_gemv import _run_all
 
 from kernsearch import Space, geometry, get_backend, get_chip, load_family, make_problem
@@ -128,27 +129,31 @@ def test_a_config_of_each_family_matches_the_reference_at_ragged_n_and_k() -> No
         assert runs == 1 and not failures, failures
 
 
-def _sweep_plan(fam) -> list[tuple[dict, str, str]]:  # noqa: ANN001
-    """Every valid Apple config once, each at an M of its compiled row count, with a group size, an N and a dtype
-    taken in turn (every dtype meets every group size at both widths)."""
-    plan, turn = [], 0
-    for bits in (4, 8):
-        for ms in M_OF_MB.values():
-            for i, m in enumerate(ms):
-                configs = _valid(fam, qshape(m, 64, bits, 64, 8))[i::len(ms)]
-                for cfg in configs:
-                    group, groups = GROUPS[turn % 3]
-                    plan.append((cfg, DTYPES[(turn + turn // 3) % 3], qshape(m, NS[turn // 3 % 3], bits, group, groups)))
-                    turn += 1
+def _sweep_candidates(fam) -> list[dict]:  # noqa: ANN001
+    """Every valid Apple config at each M of its compiled row count, with every group size, N and dtype (M, group,
+    N and dtype as knobs of the candidate)."""
+    return [{**cfg, "M": m, "group": group, "N": n, "dtype": dtype}
+            for bits in (4, 8) for ms in M_OF_MB.values() for m in ms
+            for cfg in _valid(fam, qshape(m, 64, bits, 64, 8))
+            for group in (g for g, _ in GROUPS) for n in NS for dtype in DTYPES]
+
+
+def _sweep_plan(fam, strength: int = 3, seed: int = 5) -> list[tuple[dict, str, str]]:  # noqa: ANN001
+    """(config, dtype, shape) of a ``strength``-way covering sample of :func:`_sweep_candidates`: every combination
+    of three values of the knobs, M, the group size, N and the dtype that the Apple space has, in ~85 qmatvec and
+    ~60 swiglu_qmatvec variants (the whole space once, every group, N and dtype in turn, was ~310 and ~200)."""
+    groups = dict(GROUPS)
+    plan = []
+    for c in tway_sample(_sweep_candidates(fam), strength, seed=seed):
+        cfg = {k: v for k, v in c.items() if k in fam.knobs}
+        plan.append((cfg, c["dtype"], qshape(c["M"], c["N"], cfg["QBITS"], c["group"], groups[c["group"]])))
     return plan
 
 
-def test_the_sweep_covers_every_valid_apple_config_every_m_group_n_and_dtype(fam) -> None:  # noqa: ANN001
+def test_the_sweep_covers_every_3_way_interaction_of_the_apple_space_ms_groups_ns_and_dtypes(fam) -> None:  # noqa: ANN001
+    candidates = _sweep_candidates(fam)
     plan = _sweep_plan(fam)
-    configs = {tuple(sorted(c.items())) for c, _, _ in plan}
-    expected = {tuple(sorted(c.items())) for bits in (4, 8) for ms in M_OF_MB.values() for m in ms
-                for c in _valid(fam, qshape(m, 64, bits, 64, 8))}
-    assert configs == expected and len(plan) == len(expected)
+    assert len(plan) < len(candidates) // 50, len(plan)
     for cfg, dtype, shape in plan:
         assert Space(make_problem(fam, shape, dtype, M2), M2).is_valid(cfg), (cfg, shape)
     sizes = [tuple(map(int, s.split(","))) for _, _, s in plan]
@@ -159,19 +164,25 @@ def test_the_sweep_covers_every_valid_apple_config_every_m_group_n_and_dtype(fam
     for name, knob in fam.knobs.items():
         unused = {"mma", "h2"} | ({16} if name == "MB" and fam.name == "swiglu_qmatvec" else set())  # NVIDIA-only paths
         assert {c[name] for c, _, _ in plan} == set(knob.values) - unused, name
+    keys = sorted(candidates[0])  # every 3 of the candidates' dimensions: each combination of values they hold
+    chosen = [{**c, "M": m, "group": k // ng, "N": n, "dtype": d} for (c, d, _), (m, n, k, _, ng) in zip(plan, sizes)]
+    for trio in ((a, b, c) for i, a in enumerate(keys) for j, b in enumerate(keys[i + 1:], i + 1) for c in keys[j + 1:]):
+        assert {tuple(x[k] for k in trio) for x in chosen} == {tuple(x[k] for k in trio) for x in candidates}, trio
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("quarter", range(4))
-def test_every_valid_apple_config_matches_the_reference(fam, quarter: int) -> None:  # noqa: ANN001
-    """The whole Apple space of the family, each config once (about 310 qmatvec and 220 swiglu_qmatvec
-    variants, ~0.5 s each), in four quarters so test workers share it; every ninth also in check mode (races,
-    reads of unwritten threadgroup memory)."""
-    plan = _sweep_plan(fam)[quarter::4]
+def test_every_3_way_interaction_of_the_apple_space_matches_the_reference(fam) -> None:  # noqa: ANN001
+    """A 3-way covering sample of the family's Apple space (every combination of three values of the knobs, M,
+    the group size, N and the dtype that the space has; ~0.2 s a variant) in fast mode, a 2-way one also in check
+    mode (races, reads of unwritten threadgroup memory). Before: every valid config once (~310 qmatvec and ~200
+    swiglu_qmatvec variants, 108 s of CPU), which ran no 3-way interaction of the rotated group, N and dtype that
+    this misses."""
+    plan = _sweep_plan(fam)
     runs, failures = _run_all(fam, plan, "fast")
     assert runs == len(plan) and not failures, failures[:5]
-    runs, failures = _run_all(fam, plan[::9], "check")
-    assert not failures, failures[:5]
+    checked = _sweep_plan(fam, 2, seed=6)
+    runs, failures = _run_all(fam, checked, "check")
+    assert runs == len(checked) >= 10 and not failures, failures[:5]
 
 
 def _mutated(fam, tmp_path: Path, *edits: tuple[str, str]):  # noqa: ANN001, ANN202

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from conftest import builtin_families
-from rowfamilies import H100, M2, NVCC, covering_sample, nvcc_compiles, run_all, valid
+from covering import covering_sample as tway_sample
+from rowfamilies import DTYPES, H100, M2, NVCC, covering_sample, nvcc_compiles, run_all, valid
 
 from kernsearch import Space, get_backend, get_chip, load_family, make_problem
 
@@ -70,10 +71,17 @@ def test_sample_is_race_free_in_check_mode(family) -> None:  # noqa: ANN001
 
 @pytest.mark.slow
 def test_wider_sweep_fast_mode(family) -> None:  # noqa: ANN001
-    """Every shape (a single row, ragged rows, several rows per threadgroup, aligned rows), more configs."""
-    plan = covering_sample(family, SHAPES[family.name], per_shape=16, seed=11)
+    """Every shape (a single row, ragged rows, several rows per threadgroup, aligned rows): a 2-way covering sample
+    of the valid configs at every shape in every dtype (each pair of values of two knobs, a knob and the shape or
+    the dtype, the shape and the dtype, that the space has; ~36 variants). Before: every knob value at each shape
+    and random others, 16 a shape (64 variants), which ran no pair this misses by design."""
+    candidates = [{**c, "shape": shape, "dtype": dtype} for shape in SHAPES[family.name] for dtype in DTYPES
+                  for c in valid(family, shape, M2, dtype)]
+    plan = [({k: v for k, v in c.items() if k in family.knobs}, c["dtype"], c["shape"])
+            for c in tway_sample(candidates, 2, seed=11)]
+    assert {(d, s) for _, d, s in plan} == {(c["dtype"], c["shape"]) for c in candidates}
     runs, failures = run_all(family, plan, "fast")
-    assert not failures, failures[:3]
+    assert runs == len(plan) >= 20 and not failures, failures[:3]
 
 
 @pytest.mark.slow

@@ -133,7 +133,7 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
     from ..studies._study import first_ctrl_c_stops
 
     with Display(err, quiet=as_json) as display, first_ctrl_c_stops() as ctrl_c:
-        _say_if_the_model_cannot_rank(objective)  # ranking the space takes seconds: a step of the display
+        _say_if_the_model_cannot_rank(objective, sampler.value)  # ranking the space: seconds, a step of the display
         result = _run_with_progress(display, objective, trials, time_budget, patience or None, sampler.value, seed,
                                     storage, study, finalists, ctrl_c.is_set)
         outcome = None
@@ -278,11 +278,13 @@ def _bounds_text(result: StudyResult) -> str:
     return check.bounds.text()
 
 
-def _say_if_the_model_cannot_rank(objective: Objective) -> None:
-    """A family the performance model predicts flat: one warning line before the search (``model_note``)."""
+def _say_if_the_model_cannot_rank(objective: Objective, sampler: str) -> None:
+    """A family the performance model predicts flat: one warning line before the search (``model_note``). The
+    ``auto`` sampler's prior ranks every valid config: the note's verdict is then of all of them, predicted once."""
     from ..studies._kernel import KernelVariants
 
-    text = objective.model_note() if isinstance(objective, KernelVariants) else None
+    whole = sampler in ("default", "auto")
+    text = objective.model_note(whole=whole) if isinstance(objective, KernelVariants) else None
     if text:
         _warn_line(text)
 

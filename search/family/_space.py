@@ -26,8 +26,6 @@ from ._spec import DTYPES, Family, KnobValue
 MAX_DIM = 2**31 - 1
 
 Config = dict[str, KnobValue]
-#: An evaluator of a space's expressions: (expression, context, where it is declared) -> its value.
-Evaluate = Callable[[Any, dict[str, Any], str], Any]
 #: Draws of the product a sample may take per new valid config it has found (and ten more) before it enumerates
 #: the space instead (valid configs rarer than that, or a sample near the whole of them: the pruned walk is then
 #: the cheaper way to them).
@@ -231,25 +229,31 @@ class Space:
         sizes = [len(fam.knobs[n].values) for n in names]
         remaining = [math.prod(sizes[i + 1:]) for i in range(len(names))]
         summary = SpaceSummary(total=self.total, valid=[])
-        value_of = self._evaluator()
+        bind = self._binder()
 
-        def walk(depth: int, ctx: dict[str, Any], start: int) -> None:
+        ctx = dict(self.base)  # one context, set in place: what depth d binds reads only what depths <= d set
+        last = len(names) - 1
+
+        def walk(depth: int, start: int) -> None:
             """``start``: how many configs of the product come before this subtree's first one."""
-            if depth == len(names):
-                summary.valid.append({n: ctx[n] for n in names})
-                return
-            for n, value in enumerate(fam.knobs[names[depth]].values):
-                c = {**ctx, names[depth]: value}
-                failed = self._bind(depth, c, value_of)
+            name, below = names[depth], remaining[depth]
+            for n, value in enumerate(fam.knobs[name].values):
+                ctx[name] = value
+                failed = bind(depth, ctx)
                 if failed is not None:
-                    summary.rejected[fam.constraints[failed].name] += remaining[depth]
+                    summary.rejected[fam.constraints[failed].name] += below
+                elif depth == last:
+                    summary.valid.append({k: ctx[k] for k in names})
                 else:
-                    walk(depth + 1, c, start + n * remaining[depth])
+                    walk(depth + 1, start + n * below)
                 if depth < 3:  # this value's whole subtree is walked (or pruned): say how far the walk is
-                    progress.advance(start + (n + 1) * remaining[depth])
+                    progress.advance(start + (n + 1) * below)
 
         with step(f"enumerating the {self.total:,} configs of {fam.name}", total=self.total) as progress:
-            walk(0, dict(self.base), 0)
+            if names:
+                walk(0, 0)
+            else:
+                summary.valid.append({})
         return summary
 
     def sample(self, n: int, rng: random.Random, found: Callable[[int], None] | None = None) -> list[Config]:
@@ -258,16 +262,17 @@ class Space:
         first constraint it fails: the same distribution as checking whole configs, for a fraction of the
         evaluations. A space whose new valid configs come too rarely for that is enumerated and sampled.
         ``found`` hears how many are drawn so far."""
-        value_of = self._evaluator()
+        bind = self._binder()
         names = list(self.family.knobs)
+        levels = [(depth, name, self.family.knobs[name].values) for depth, name in enumerate(names)]
         out: dict[tuple[KnobValue, ...], Config] = {}
         draws = 0
+        ctx = dict(self.base)  # set in place, as the walk's: what depth d binds reads only what depths <= d set
         while len(out) < n and draws < DRAWS_PER_NEW_CONFIG * (len(out) + 10):
             draws += 1
-            ctx = dict(self.base)
-            for depth, name in enumerate(names):
-                ctx[name] = rng.choice(self.family.knobs[name].values)
-                if self._bind(depth, ctx, value_of) is not None:
+            for depth, name, values in levels:
+                ctx[name] = rng.choice(values)
+                if bind(depth, ctx) is not None:
                     break
             else:
                 key = tuple(ctx[k] for k in names)
@@ -280,37 +285,45 @@ class Space:
         valid = self.enumerate().valid
         return rng.sample(valid, min(n, len(valid)))
 
-    def _evaluator(self) -> Evaluate:
-        """An evaluator that computes each derived value and constraint once per combination of the knobs and
-        derived values it reads (the rest is fixed for this problem), not once per config of a walk."""
+    def _binder(self) -> Callable[[int, dict[str, Any]], int | None]:
+        """``bind(depth, ctx)``, with the knob at ``depth`` just set in ``ctx``: adds the derived values computable
+        from there on and returns the first constraint (its index) that then fails, or None. Each derived value and
+        constraint is computed once per combination of the knobs and derived values it reads (the rest is fixed for
+        this problem), not once per config of a walk."""
         fam = self.family
         varying = set(fam.knobs) | set(fam.derived)
-        memo: dict[tuple[int, Any], Any] = {}
-        reads: dict[int, Any] = {}  # id(expr) -> the values of what it reads that vary, from a context
-        for expr in [*fam.derived.values(), *(con.expr for con in fam.constraints)]:
-            read = sorted(n for n in expr.names if n in varying)
-            reads[id(expr)] = operator.itemgetter(*read) if read else (lambda c: ())
+        memos: dict[int, dict[Any, Any]] = {}  # id(expr) -> its values by the values of what it reads that vary
 
-        def value_of(expr: Any, c: dict[str, Any], where: str) -> Any:
-            key = (id(expr), reads[id(expr)](c))
+        def entry(expr: Any, where: str) -> tuple[Any, str, Callable[[dict[str, Any]], Any], dict[Any, Any]]:
+            read = sorted(n for n in expr.names if n in varying)
+            return (expr, where, operator.itemgetter(*read) if read else (lambda c: ()),
+                    memos.setdefault(id(expr), {}))
+
+        levels = [([(d, *entry(fam.derived[d], f"derived.{d}")) for d in derived],
+                   [(i, *entry(fam.constraints[i].expr, fam.constraints[i].name)) for i in checks])
+                  for derived, checks in self._plan]
+
+        def value(expr: Any, where: str, get: Callable[[dict[str, Any]], Any], memo: dict[Any, Any],
+                  ctx: dict[str, Any]) -> Any:
+            key = get(ctx)
             try:
                 return memo[key]
             except KeyError:
-                memo[key] = value = self._eval(expr, c, where)
-                return value
+                memo[key] = found = self._eval(expr, ctx, where)
+                return found
             except TypeError:  # an unhashable derived value (a list): evaluated every time
-                return self._eval(expr, c, where)
+                return self._eval(expr, ctx, where)
 
-        return value_of
+        def bind(depth: int, ctx: dict[str, Any]) -> int | None:
+            derived, checks = levels[depth]
+            for name, expr, where, get, memo in derived:
+                ctx[name] = value(expr, where, get, memo, ctx)
+            for i, expr, where, get, memo in checks:
+                if not value(expr, where, get, memo, ctx):
+                    return i
+            return None
 
-    def _bind(self, depth: int, ctx: dict[str, Any], value_of: Evaluate) -> int | None:
-        """With the knob at ``depth`` just set in ``ctx``: adds the derived values computable from there on and
-        returns the first constraint (its index) that then fails, or None."""
-        fam = self.family
-        derived, checks = self._plan[depth]
-        for d in derived:
-            ctx[d] = value_of(fam.derived[d], ctx, f"derived.{d}")
-        return next((i for i in checks if not value_of(fam.constraints[i].expr, ctx, fam.constraints[i].name)), None)
+        return bind
 
     def iter_all(self) -> Iterator[Config]:
         """Every config of the product, valid or not (for tests and brute force)."""

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .._errors import BackendError, KernsearchError, VariantFailure
-from .._records import Figures, Proof, Winner
+from .._records import Figures, Prediction, Proof, Winner
 from .._vocabulary import Evidence, Verifier
 from ..family._space import Config
 from ..hardware._targets import chip_target
@@ -79,6 +79,7 @@ class KernelVariants(Objective):
         self._valid: list[Config] | None = None
         self._ranking: tuple[Ranking, list[Config]] | None = None
         self._ranked = False  # _ranking computed
+        self._valid_predictions: list[Prediction] | None = None  # the model's, of every valid config (prior's too)
         self._start: list[Config] = []  # tune --start: configs evaluated first (start_with)
         self._worker: Any = None
         self._family_sha: str | None = None
@@ -190,19 +191,24 @@ class KernelVariants(Objective):
         ranked = self.model_ranking()
         if ranked is not None and ranked[0].flat:
             return None
+        if configs is self._valid and self._valid_predictions is not None:  # ranked already: predicted once
+            return [p.time_ms for p in self._valid_predictions]
         return model_prior(self.space, configs)
 
-    def model_ranking(self) -> tuple[Ranking, list[Config]] | None:
+    def model_ranking(self, *, whole: bool = False) -> tuple[Ranking, list[Config]] | None:
         """Whether the chip's performance model can rank this space, and its picks (the best-predicted valid
         configs, ties broken by headroom, then by closeness to the default: ``_ranking``), over every valid config
-        (a sample of a space too big to enumerate); None where the model has nothing to say. Computed once."""
+        (a sample of a space too big to enumerate, unless ``whole``: the search enumerates it anyway, for the
+        ``auto`` prior, which then reuses these predictions); None where the model has nothing to say. Computed
+        once."""
         if not self._ranked:
-            from ._ranking import predict, ranking
+            from ._ranking import ranking
 
             self._ranked = True
-            sampled = self._valid is None and self.space.total > 20000
+            sampled = not whole and self._valid is None and self.space.total > 20000
             configs = self._sample(1000) if sampled else self.valid_configs()
-            predictions = predict(self.space, configs) if configs else None
+            predictions = (model_predictions(self.space, configs) if sampled else self._predict_valid()) \
+                if configs else None
             if predictions is not None:
                 default = self.family.default
                 order = sorted(range(len(configs)), key=lambda i: (
@@ -210,6 +216,12 @@ class KernelVariants(Objective):
                 self._ranking = (ranking(predictions, sampled=sampled, roofline=not self.family.model),
                                  [configs[i] for i in order[:PICKS]])
         return self._ranking
+
+    def _predict_valid(self) -> list[Prediction] | None:
+        """The model's predictions of every valid config (once: the ranking and the prior share them)."""
+        if self._valid_predictions is None:
+            self._valid_predictions = model_predictions(self.space, self.valid_configs())
+        return self._valid_predictions
 
     def _sample(self, n: int) -> list[Config]:
         """Up to ``n`` distinct valid configs, uniform over the valid ones (a fixed seed: the verdict is the same
@@ -222,9 +234,10 @@ class KernelVariants(Objective):
                   total=n) as progress:
             return self.space.sample(n, random.Random(0), progress.advance)
 
-    def model_note(self) -> str | None:
-        """What `tune` says before searching when the model cannot rank this space (None when it can)."""
-        ranked = self.model_ranking()
+    def model_note(self, *, whole: bool = False) -> str | None:
+        """What `tune` says before searching when the model cannot rank this space (None when it can); ``whole``:
+        see :meth:`model_ranking`."""
+        ranked = self.model_ranking(whole=whole)
         if ranked is None or not ranked[0].flat:
             return None
         return self._flat_note(ranked[0].text())
@@ -414,13 +427,18 @@ def roofline_pct(chip: Chip, problem: Problem, time_ms: float) -> float | None:
 def model_prior(space: Space, configs: list[Config]) -> list[float] | None:
     """Modeled times of ``configs`` on ``space``'s problem and chip (inf where the model cannot say), or
     None when the model has nothing for this family or chip. Never raises: a prior is optional."""
+    predictions = model_predictions(space, configs)
+    return None if predictions is None else [p.time_ms for p in predictions]
+
+
+def model_predictions(space: Space, configs: list[Config]) -> list[Prediction] | None:
+    """The model's predictions of ``configs`` (``_ranking.predict``), as a step of the display."""
     from .._steps import step
     from ._ranking import predict
 
     with step(f"ranking {len(configs):,} valid configs with the {space.chip.name} model"):
-        predictions = predict(space, configs)
-    return None if predictions is None else [p.time_ms for p in predictions]
+        return predict(space, configs)
 
 
-__all__ = ["INTERPRETER_BACKEND", "PICKS", "TUNED_SAMPLE", "FailureAt", "KernelVariants", "failing_at", "model_prior",
-           "roofline", "roofline_pct"]
+__all__ = ["INTERPRETER_BACKEND", "PICKS", "TUNED_SAMPLE", "FailureAt", "KernelVariants", "failing_at",
+           "model_predictions", "model_prior", "roofline", "roofline_pct"]

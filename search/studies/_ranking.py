@@ -59,18 +59,14 @@ class Ranking:
 def predict(space: Space, configs: list[Config]) -> list[Prediction] | None:
     """The chip's performance model's predictions for ``configs`` (inf where it cannot say), or None when it has
     nothing for this family or chip. Never raises: a prediction is optional."""
-    from .._errors import KernsearchError
-
     try:
         from ..backends import get_backend
+        from ..backends._model import ModelBackend
 
         model = get_backend("model", chip=space.chip)
-        out = []
-        for c in configs:
-            try:
-                out.append(model.predict(space, c))
-            except KernsearchError:
-                out.append(Prediction(math.inf, math.inf))
+        if not isinstance(model, ModelBackend):
+            return None
+        out = model.predict_many(space, configs)  # inf where the model cannot say
         return out if any(math.isfinite(p.time_ms) for p in out) else None
     except Exception:  # noqa: BLE001 - no model for this family or chip: no prediction
         return None

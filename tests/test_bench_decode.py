@@ -179,3 +179,38 @@ def test_the_pipelined_loop_sends_the_next_token_before_it_waits_for_the_current
     assert pipelined_ms(FakeMx(), step, "t0", 3) > 0
     assert log == ["sync", "build from t0", "send t1", "build from t1", "send t2", "wait t1", "build from t2",
                    "send t3", "wait t2", "wait t3", "sync"]
+
+
+def test_each_kernel_chain_feeds_x_and_the_residual_from_the_previous_output() -> None:
+    """A kernel row's chain is a decode's: every call's X (and R, for the residual calls) comes from the call before,
+    for the op and the package alike (with X fixed, the op's projections could run ahead of the chain)."""
+    import mlx.core as mx
+
+    from kernsearch.bench._decode import KernelChains
+    from kernsearch.bench._step import Call, StepShape
+
+    seen: dict[str, list[tuple[object, object]]] = {"op": [], "package": []}
+
+    def fake(form: str):  # noqa: ANN202
+        def call(X, R):  # noqa: ANN001, ANN202, N803
+            seen[form].append((X, R))
+            return R + 1 + mx.sum(X)
+        return call
+
+    class Chains(KernelChains):
+        def op(self, call, lay, x, r):  # noqa: ANN001, ANN202
+            return fake("op")(x, r)
+
+    for role, n, k in (("o", 8, 8), ("down", 8, 16), ("mlp", 8, 8)):
+        for form in seen.values():
+            form.clear()
+        chains = Chains(mx, StepShape(hidden=8, ffn=16, layers=3), [None] * 3, [{role: fake("package")}] * 3, None,
+                        None)
+        forms = chains.forms(Call(role, "qmatvec_residual", n, k), 2)
+        mx.eval(forms["op"](), forms["package"]())
+        for name, calls in seen.items():
+            assert len(calls) == 3, (role, name)
+            for (x0, r0), (x1, r1) in zip(calls, calls[1:]):
+                y = r0 + 1 + mx.sum(x0)
+                assert mx.array_equal(r1, y).item(), (role, name)
+                assert x1.shape == (2, k) and mx.array_equal(x1, derive(mx, y, k)).item(), (role, name)

@@ -287,21 +287,25 @@ class KernelChains:
         r0 = (0.5 * mx.random.normal((m, call.n), key=mx.random.key(m + 1))).astype(dt)
         mx.eval(x0, r0)
 
-        residual = call.role in ("o", "down", "mlp")  # chained through R, as the residual stream of a decode runs
+        # Chained as a decode runs: R is the residual stream (the previous output) and X, in a decode the attention's
+        # or the MLP's output, derives from it too, so no call's projection can start before the previous call ends
+        # (with X fixed the op's X·Wᵀ would run ahead of the chain, a freedom a decode never has).
+        residual = call.role in ("o", "down", "mlp")
+
+        def link(y: Any, r: Any) -> tuple[Any, Any]:
+            return derive(mx, y, call.k), (y if residual else r)
 
         def op() -> Any:
             x, r = x0, r0
             for lay in self.layers:
-                y = self.op(call, lay, x, r)
-                x, r = (x, y) if residual else (derive(mx, y, call.k), r)
-            return r if residual else x
+                x, r = link(self.op(call, lay, x, r), r)
+            return x
 
         def package() -> Any:
             x, r = x0, r0
             for b in self.bound:
-                y = b[call.role](X=x, R=r)
-                x, r = (x, y) if residual else (derive(mx, y, call.k), r)
-            return r if residual else x
+                x, r = link(b[call.role](X=x, R=r), r)
+            return x
 
         forms = {"op": op, "package": package}
         if self.read is not None and self.flats is not None:

@@ -24,24 +24,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _sets(problem: Any, family: Any, chip: Any, seed: int = 7) -> list[dict[str, Any]]:
-    """One activation set and enough weight copies to total more than twice the chip's last-level cache."""
-    from kernsearch.evaluation._consumer import weight_sets
-    from kernsearch.evaluation._verify import make_inputs
-
-    first = make_inputs(problem, seed)
-    weights = [t.name for t in family.inputs if t.weight]
-    wbytes = sum(first[n].nbytes for n in weights)
-    n = weight_sets(wbytes, float(getattr(chip, "system_cache_mb", 0) or 50) * 2**20)
-    return [first] + [{**first, **{w: make_inputs(problem, seed + k)[w] for w in weights}} for k in range(1, n)]
-
-
 def _time(cuda: Any, old: Any, new: Any, geo: Any, fam: Any, problem: Any, chip: Any, rounds: int,
           calls: int) -> dict[str, Any]:
     from kernsearch._rules_decision import ratio_interval
-    from kernsearch.evaluation._consumer import PairedPlan, paired_rounds
+    from kernsearch.evaluation._consumer import PairedPlan, input_sets, paired_rounds
 
-    sets = _sets(problem, fam, chip)
+    sets = input_sets(problem, fam, chip, cuda, 7)
     k_new = cuda.consumer_kernel(new, geo, fam, problem, sets)
     k_old = cuda.consumer_kernel(old, geo, fam, problem, sets)
     plan = PairedPlan(calls=calls, max_rounds=rounds, max_seconds=60.0, modes=("graph",))

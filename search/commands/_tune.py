@@ -282,8 +282,9 @@ def _say_if_the_model_cannot_rank(objective: Objective, sampler: str) -> None:
     """A family the performance model predicts flat: one warning line before the search (``model_note``). The
     ``auto`` sampler's prior ranks every valid config: the note's verdict is then of all of them, predicted once."""
     from ..studies._kernel import KernelVariants
+    from ..studies._samplers import PRIOR_SAMPLERS
 
-    whole = sampler in ("default", "auto")
+    whole = sampler in PRIOR_SAMPLERS
     text = objective.model_note(whole=whole) if isinstance(objective, KernelVariants) else None
     if text:
         _warn_line(text)

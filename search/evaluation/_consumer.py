@@ -54,6 +54,24 @@ def weight_sets(weight_bytes: float, cache_bytes: float, memory_budget_bytes: fl
     return max(1, min(wanted, int(memory_budget_bytes // weight_bytes), most))
 
 
+def input_sets(problem: Any, family: Any, chip: Any, backend: Any, seed: int) -> list[dict[str, Any]]:
+    """Input sets for consumer timing: one set of activations, and enough copies of the weight inputs that they
+    total more than twice the chip's last-level cache (the others share the first set's arrays), so that no call
+    finds its weights in cache."""
+    from ._verify import make_inputs
+
+    first = make_inputs(problem, seed)
+    weights = [t.name for t in family.inputs if t.weight]
+    wbytes = sum(first[n].nbytes for n in weights)
+    cache = float(getattr(chip, "system_cache_mb", 0) or 0) * 2**20 or getattr(backend, "cache_bytes", 48e6)
+    n = weight_sets(wbytes, cache, getattr(backend, "memory_budget_bytes", 4e9))
+    sets = [first]
+    for k in range(1, n):
+        more = make_inputs(problem, seed + k)
+        sets.append({**first, **{name: more[name] for name in weights}})
+    return sets
+
+
 def consumer_samples(calls: dict[str, Call], evaluate: Callable[[Any], None], sync: Callable[[], None],
                      plan: ConsumerPlan = ConsumerPlan(), clock: Callable[[], float] = time.perf_counter
                      ) -> dict[str, dict[str, list[float]]]:
@@ -142,5 +160,5 @@ def timed_modes(declared: Sequence[str]) -> tuple[str, ...]:
     return tuple(CONSUMER_MODES) + tuple(m for m in declared if m not in CONSUMER_MODES)
 
 
-__all__ = ["Call", "ConsumerPlan", "PairedPlan", "chain", "consumer_samples", "paired_rounds", "timed_modes",
-           "weight_sets"]
+__all__ = ["Call", "ConsumerPlan", "PairedPlan", "chain", "consumer_samples", "input_sets", "paired_rounds",
+           "timed_modes", "weight_sets"]

@@ -16,14 +16,16 @@ from ._trial import Trial
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["CONSTANT_LIAR", "SAMPLERS", "distributions", "fill", "leaders", "make_sampler", "neighbour", "ordinal",
-           "stale_for"]
+__all__ = ["CONSTANT_LIAR", "PRIOR_SAMPLERS", "SAMPLERS", "distributions", "fill", "leaders", "make_sampler",
+           "neighbour", "ordinal", "stale_for"]
 
 SAMPLERS = ("default", "tpe", "random", "grid", "auto", "forest", "hybrid", "thompson")
 #: ``default``: ``auto`` when the objective has a prior (the chip's performance model ranks the family's
 #: configs), else ``tpe``. Measured on the held-out H100 GEMM landscape (benchmarks/search_landscapes.txt):
 #: with the prior, auto scores 0.999 at 1 % of the space where TPE scores 0.61; without one, auto is not
 #: reliably better than TPE on the tuning landscapes.
+#: The samplers that rank every valid config with the model's prior before the search (``default`` may become auto).
+PRIOR_SAMPLERS = ("default", "auto")
 
 
 def ordinal(values: list[Any]) -> bool:

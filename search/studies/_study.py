@@ -59,7 +59,7 @@ from ._final import FinalRound
 from ._objective_base import Objective
 from ._place import StudyPlace, check_study, earlier_final, finished, metric_name, open_study, study_for
 from ._result import Progress, Stop, StopReason, StudyResult
-from ._samplers import SAMPLERS, distributions, fill, make_sampler, neighbour, ordinal, stale_for
+from ._samplers import PRIOR_SAMPLERS, SAMPLERS, distributions, fill, make_sampler, neighbour, ordinal, stale_for
 from ._storage import Heartbeat, StudyKey, default_storage, make_storage, redact
 from ._trial import Record, StoredTrialError, Trial, read_trial, trial_attrs
 from ._trials import claimed_elsewhere, race, record, top, write_trial
@@ -172,7 +172,7 @@ class _Search:
         self.seed, self.storage, self.progress, self.stop_requested = seed, storage, progress, stop
         study_name = study_for(objective, storage, study_name).name
         self.prior = None
-        if sampler in ("default", "auto") and not finished(objective, storage, study_name, trials, patience):
+        if sampler in PRIOR_SAMPLERS and not finished(objective, storage, study_name, trials, patience):
             valid = objective.valid_configs()
             self.prior = objective.prior(valid) if valid else None
         if sampler == "default":

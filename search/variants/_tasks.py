@@ -340,22 +340,10 @@ def _final_round_by_launches(task: VariantTask, s: Setup) -> FinalTimings:
 
 
 def _weight_sets(task: VariantTask, s: Setup) -> list[dict[str, Any]]:
-    """Input sets for the final round: one set of activations, and enough copies of the weight inputs that
-    they total more than twice the chip's last-level cache (the others share the first set's arrays)."""
-    from ..evaluation._consumer import weight_sets
-    from ..evaluation._verify import make_inputs
+    """Input sets for the final round (:func:`~kernsearch.evaluation._consumer.input_sets`)."""
+    from ..evaluation._consumer import input_sets
 
-    first = make_inputs(s.problem, task.seed + 2)
-    weights = [t.name for t in s.family.inputs if t.weight]
-    wbytes = sum(first[n].nbytes for n in weights)
-    impl: Any = s.backend
-    cache = float(getattr(s.space.chip, "system_cache_mb", 0) or 0) * 2**20 or getattr(impl, "cache_bytes", 48e6)
-    n = weight_sets(wbytes, cache, getattr(impl, "memory_budget_bytes", 4e9))
-    sets = [first]
-    for k in range(1, n):
-        more = make_inputs(s.problem, task.seed + 2 + k)
-        sets.append({**first, **{name: more[name] for name in weights}})
-    return sets
+    return input_sets(s.problem, s.family, s.space.chip, s.backend, task.seed + 2)
 
 
 def time_baseline(task: VariantTask) -> float:

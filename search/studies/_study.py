@@ -184,10 +184,11 @@ class _Search:
         self.size = objective.size()
         self.beat = Heartbeat(study)  # this process's running trial stays alive; dead processes' trials are failed
         retry = self.beat.fail_stale()
-        self.known = _known(study)  # key -> Trial: every config the study has evaluated (ok or failed)
         # Another process working on this study (running trials now, or gaps in trial numbers later) means
-        # claims must be checked against the shared storage; alone, the local view is complete.
+        # claims must be checked against the shared storage; alone, the local view is complete. One read: a trial
+        # told between two reads would be neither known nor running, and its config asked for again.
         at_start = study.get_trials(deepcopy=False)
+        self.known = _known(study, at_start)  # key -> Trial: every config the study has evaluated (ok or failed)
         self.shared = any(t.state == TrialState.RUNNING for t in at_start)
         self.next_number = len(at_start)  # a first trial numbered otherwise: another process asked one meanwhile
         self.last_number: int | None = None

@@ -7,6 +7,7 @@ display's line (:func:`progress`). Every stored trial is read through
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .._errors import VariantFailure
@@ -19,6 +20,7 @@ from ._trial import Record, StoredTrialError, Trial, read_trial, trial_attrs
 
 if TYPE_CHECKING:
     import optuna
+    from optuna.trial import FrozenTrial
 
     from ..evaluation._race import Race
     from ._inflight import InFlight
@@ -26,11 +28,13 @@ if TYPE_CHECKING:
 __all__ = ["claimed_elsewhere", "evaluated_configs", "progress", "race", "record", "top", "trials_of", "write_trial"]
 
 
-def trials_of(study: optuna.Study) -> list[Trial]:
-    """Every trial of ``study``, read and validated (a malformed one is a ``StoredTrialError``, one line)."""
+def trials_of(study: optuna.Study, frozen: Sequence[FrozenTrial] | None = None) -> list[Trial]:
+    """Every trial of ``study`` (or of ``frozen``, one read of it already made), read and validated (a malformed
+    one is a ``StoredTrialError``, one line)."""
     shape = study.user_attrs.get("shape")
+    frozen = study.get_trials(deepcopy=False) if frozen is None else frozen
     try:
-        return [read_trial(t, shape if isinstance(shape, str) else None) for t in study.get_trials(deepcopy=False)]
+        return [read_trial(t, shape if isinstance(shape, str) else None) for t in frozen]
     except StoredTrialError as exc:
         raise StoredTrialError(f"study {study.study_name!r}: {exc}") from None
 
@@ -41,10 +45,10 @@ def write_trial(trial: optuna.Trial, record: Trial) -> None:
         trial.set_user_attr(name, value)
 
 
-def evaluated_configs(study: optuna.Study) -> dict[str, Trial]:
+def evaluated_configs(study: optuna.Study, frozen: Sequence[FrozenTrial] | None = None) -> dict[str, Trial]:
     """Every config the study has evaluated (timed, or failed), by its key: the first trial of each."""
     out: dict[str, Trial] = {}
-    for t in trials_of(study):
+    for t in trials_of(study, frozen):
         if t.evaluated or t.status == TrialStatus.FAILED:
             out.setdefault(format_config(t.config), t)
     return out

@@ -388,59 +388,122 @@ def test_two_tune_processes_on_one_new_study_never_measure_a_config_twice(tmp_pa
     assert len(measured) >= 48 and len(measured) == len(set(measured)), sorted(measured)
 
 
+class _Toy:
+    """A 12-config objective whose evaluations are logged as (who, config); hooks let a test interleave two."""
+
+    backend, evidence = "model", "modeled"
+
+    def __init__(self, who: str, log: list[tuple[str, str]], on_warm_start=None, on_evaluate=None) -> None:  # noqa: ANN001
+        self.who, self.log, self.on_warm_start, self.on_evaluate = who, log, on_warm_start, on_evaluate
+
+    knobs = property(lambda self: {"X": list(range(12))})
+    study_key = property(lambda self: {"family": "toy", "chip": "c", "dtype": "d", "shape": "1", "backend": "model"})
+
+    def violation(self, config):  # noqa: ANN001, ANN201
+        return None
+
+    def valid_configs(self):  # noqa: ANN201
+        return [{"X": i} for i in range(12)]
+
+    def default(self):  # noqa: ANN201
+        return {"X": 0}
+
+    def warm_start(self):  # noqa: ANN201
+        if self.on_warm_start is not None:
+            self.on_warm_start()
+        return []
+
+    def evaluate(self, config):  # noqa: ANN001, ANN201
+        from kernsearch.studies._study import Record
+
+        self.log.append((self.who, json.dumps(config)))
+        if self.on_evaluate is not None:
+            self.on_evaluate()
+        return Record(1.0 + config["X"], "modeled", [1.0])
+
+
+def _toy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - an Objective of the toy's class
+    from kernsearch.studies._study import Objective
+
+    return type("Toy", (_Toy, Objective), {})(*args, **kwargs)
+
+
 @pytest.mark.slow
 def test_a_process_joining_a_new_study_late_does_not_remeasure_its_first_configs(tmp_path: Path) -> None:
     """B opens the study, A measures the default config meanwhile, then B asks its first trial: B must see
     that another process is on the study (its first trial number is not the next one it saw) and skip."""
     import threading
+    import time
+
+    import optuna
 
     from kernsearch import run_study
-    from kernsearch.studies._study import Objective, Record
 
     evaluated: list[tuple[str, str]] = []
     a_done = threading.Event()
-
-    class Toy(Objective):
-        backend, evidence = "model", "modeled"
-
-        def __init__(self, who: str) -> None:
-            self.who = who
-
-        knobs = property(lambda self: {"X": list(range(12))})
-        study_key = property(lambda self: {"family": "toy", "chip": "c", "dtype": "d", "shape": "1", "backend": "model"})
-
-        def violation(self, config):  # noqa: ANN001, ANN201
-            return None
-
-        def valid_configs(self):  # noqa: ANN201
-            return [{"X": i} for i in range(12)]
-
-        def default(self):  # noqa: ANN201
-            return {"X": 0}
-
-        def warm_start(self):  # noqa: ANN201 - B is slow to start: A finishes the default meanwhile
-            if self.who == "B":
-                a_done.wait(30)
-            return []
-
-        def evaluate(self, config):  # noqa: ANN001, ANN201
-            evaluated.append((self.who, json.dumps(config)))
-            return Record(1.0 + config["X"], "modeled", [1.0])
-
     db = f"sqlite:///{tmp_path / 'toy.db'}"
-    run_study(Toy("A"), trials=1, storage=db, study_name="toy", sampler="random", seed=1, finalists=1)
+    run_study(_toy("A", evaluated), trials=1, storage=db, study_name="toy", sampler="random", seed=1, finalists=1)
     # A has measured X=0; now B, which opened the study when it was empty, starts asking
-    import optuna
-
     optuna.delete_study(study_name="toy", storage=db)
-    b = threading.Thread(target=lambda: run_study(Toy("B"), trials=3, storage=db, study_name="toy",
-                                                   sampler="random", seed=2, finalists=1))
+    b = threading.Thread(target=lambda: run_study(_toy("B", evaluated, on_warm_start=lambda: a_done.wait(30)),
+                                                   trials=3, storage=db, study_name="toy", sampler="random", seed=2,
+                                                   finalists=1))
     b.start()
-    import time
-
-    time.sleep(1.0)  # B has its (empty) snapshot and waits in warm_start
-    run_study(Toy("A"), trials=1, storage=db, study_name="toy", sampler="random", seed=1, finalists=1)
+    time.sleep(1.0)  # B has its (empty) snapshot and waits in warm_start (B is slow to start)
+    run_study(_toy("A", evaluated), trials=1, storage=db, study_name="toy", sampler="random", seed=1, finalists=1)
     a_done.set()
     b.join(60)
     configs = [c for who, c in evaluated[1:]]  # the first run above was a warm-up on a deleted study
     assert len(configs) == len(set(configs)), evaluated
+
+
+@pytest.mark.slow
+def test_a_trial_told_while_a_joining_process_reads_the_study_is_not_measured_again(tmp_path: Path,
+                                                                                     monkeypatch) -> None:  # noqa: ANN001
+    """A is evaluating the default config when B opens the study; A tells it just after B's first read of
+    the study. B's view at start must be one read (what it knows, how many trials there are, which run):
+    read as two, the trial was running in the first and told in the second, B thought itself alone, and
+    asked the default config again (CI of 2026-11-29: two `tune` processes on PostgreSQL measured a config
+    twice)."""
+    import threading
+
+    import optuna
+
+    from kernsearch import run_study
+    from kernsearch.studies import _storage
+
+    evaluated: list[tuple[str, str]] = []
+    a_evaluating, b_read = threading.Event(), threading.Event()
+    db = f"sqlite:///{tmp_path / 'toy.db'}"
+    armed: dict[str, bool] = {}
+    fail_stale, get_trials = _storage.Heartbeat.fail_stale, optuna.Study.get_trials
+
+    def arm(beat):  # noqa: ANN001, ANN202 - B's first read of the study comes next
+        if threading.current_thread().name == "B" and not b_read.is_set():
+            armed["B"] = True
+        return fail_stale(beat)
+
+    def read(study, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        trials = get_trials(study, *args, **kwargs)
+        if armed.pop(threading.current_thread().name, False):
+            b_read.set()  # A tells its trial now, between this read and any later one
+            for _ in range(600):
+                if all(t.state != optuna.trial.TrialState.RUNNING for t in get_trials(study, deepcopy=False)):
+                    break
+                threading.Event().wait(0.05)
+        return trials
+
+    monkeypatch.setattr(_storage.Heartbeat, "fail_stale", arm)
+    monkeypatch.setattr(optuna.Study, "get_trials", read)
+    a = threading.Thread(target=lambda: run_study(
+        _toy("A", evaluated, on_evaluate=lambda: (a_evaluating.set(), b_read.wait(30))), trials=1, storage=db,
+        study_name="toy", sampler="random", seed=1, finalists=1))
+    b = threading.Thread(name="B", target=lambda: (a_evaluating.wait(30), run_study(
+        _toy("B", evaluated), trials=3, storage=db, study_name="toy", sampler="random", seed=2, finalists=1)))
+    a.start()
+    b.start()
+    a.join(60)
+    b.join(60)
+    configs = [c for who, c in evaluated if who == "B"]
+    assert ("A", json.dumps({"X": 0})) in evaluated and json.dumps({"X": 0}) not in configs, evaluated
+    assert len(configs) >= 2, evaluated  # B went on with its own budget

@@ -25,13 +25,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _time(cuda: Any, old: Any, new: Any, geo: Any, fam: Any, problem: Any, chip: Any, rounds: int,
-          calls: int) -> dict[str, Any]:
+          calls: int, old_geo: Any = None) -> dict[str, Any]:
+    """``old``/``new`` per paired round (above 1: ``new`` is faster); ``old_geo``: the old kernel's launch geometry
+    where its config differs (else ``geo``)."""
     from kernsearch._rules_decision import ratio_interval
     from kernsearch.evaluation._consumer import PairedPlan, input_sets, paired_rounds
 
     sets = input_sets(problem, fam, chip, cuda, 7)
     k_new = cuda.consumer_kernel(new, geo, fam, problem, sets)
-    k_old = cuda.consumer_kernel(old, geo, fam, problem, sets)
+    k_old = cuda.consumer_kernel(old, old_geo or geo, fam, problem, sets)
     plan = PairedPlan(calls=calls, max_rounds=rounds, max_seconds=60.0, modes=("graph",))
     ratios = paired_rounds(k_new, k_old, cuda.evaluate, cuda.sync, lambda r: False, plan)["graph"]
     iv = ratio_interval(ratios)

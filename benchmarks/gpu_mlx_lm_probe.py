@@ -5,8 +5,9 @@ Two copies of the same random Llama model (mlx-lm's own, quantized by mlx-lm): o
 patched once (``--forms`` names the patched forms: ``compiled`` is ``patch(model)``, ``eager`` is
 ``patch(model, compiled=False)``; each its own copy, patched once). Rounds interleave the forms (order rotating);
 each round runs mlx-lm's ``generate_step`` for ``--tokens`` greedy tokens and records, per decoded token: the wall
-time, the host time inside the model's forward (building the step's graph), and the garbage collector's passes
-and time. ``--gc-off`` disables the collector during each timed generation.
+time, the host time inside the model's forward (building the step's graph), inside ``mx.async_eval`` (MLX sending the
+step's kernels: on the GPU back-ends the encoding runs on the calling thread) and the garbage collector's passes and
+time. ``--gc-off`` disables the collector during each timed generation.
 
     python3 benchmarks/gpu_mlx_lm_probe.py --store S --out $OUT [--rounds 8] [--forms compiled,eager] [--gc-off]
 
@@ -33,6 +34,7 @@ class _Clock:
 
     def __init__(self) -> None:
         self.forward = 0.0
+        self.send = 0.0
         self.gc_s = 0.0
         self.gc_n = 0
         self._gc_t = 0.0
@@ -46,7 +48,7 @@ class _Clock:
             self.gc_n += 1
 
     def reset(self) -> None:
-        self.forward = self.gc_s = 0.0
+        self.forward = self.send = self.gc_s = 0.0
         self.gc_n = 0
 
 
@@ -61,6 +63,22 @@ def _timed_call(cls: type, clock: _Clock) -> None:
             clock.forward += time.perf_counter() - t
 
     cls.__call__ = call  # type: ignore[method-assign]
+
+
+def _timed_async_eval(clock: _Clock) -> None:
+    """``mx.async_eval`` timed (mlx-lm's loop looks it up on ``mlx.core`` at each call)."""
+    import mlx.core as mx
+
+    original = mx.async_eval
+
+    def send(*args: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return original(*args)
+        finally:
+            clock.send += time.perf_counter() - t
+
+    mx.async_eval = send
 
 
 def _generate(model: Any, prompt: Any, tokens: int, clock: _Clock, gc_off: bool) -> dict[str, float]:
@@ -82,6 +100,7 @@ def _generate(model: Any, prompt: Any, tokens: int, clock: _Clock, gc_off: bool)
     wall = time.perf_counter() - t1
     steps = max(1, n - 1)
     return {"tps": steps / wall, "ms_token": 1e3 * wall / steps, "forward_ms_token": 1e3 * clock.forward / steps,
+            "send_ms_token": 1e3 * clock.send / steps,
             "gc_passes": clock.gc_n, "gc_ms": 1e3 * clock.gc_s, "prompt_s": t1 - t0}
 
 
@@ -104,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     clock = _Clock()
     models: dict[str, Any] = {"plain": build_model(cfg, 0)}
     _timed_call(type(models["plain"]), clock)
+    _timed_async_eval(clock)
     with tempfile.TemporaryDirectory() as tmp:
         pkg = import_package(ArtifactStore(a.store), Path(tmp))
         for form in a.forms.split(","):
@@ -119,11 +139,12 @@ def main(argv: list[str] | None = None) -> int:
                 row = _generate(models[name], prompt, a.tokens, clock, a.gc_off)
                 rows[name].append(row)
                 print(f"round {r + 1} {name}: {row['tps']:.1f} tokens/s, {row['ms_token']:.3f} ms a token, forward "
-                      f"(host) {row['forward_ms_token']:.3f} ms, gc {row['gc_passes']} passes {row['gc_ms']:.1f} ms",
+                      f"(host) {row['forward_ms_token']:.3f} ms, async_eval {row['send_ms_token']:.3f} ms, gc {row['gc_passes']} passes {row['gc_ms']:.1f} ms",
                       flush=True)
     for name, rs in rows.items():
         print(f"{name}: median {statistics.median(x['tps'] for x in rs):.1f} tokens/s, forward "
-              f"{statistics.median(x['forward_ms_token'] for x in rs):.3f} ms a token (host)")
+              f"{statistics.median(x['forward_ms_token'] for x in rs):.3f} ms a token (host), async_eval "
+              f"{statistics.median(x['send_ms_token'] for x in rs):.3f} ms")
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "gpu_mlx_lm_probe.json").write_text(json.dumps({"gc_off": a.gc_off, "rows": rows}, indent=1))
     return 0

@@ -171,7 +171,7 @@ class Verified:
 
 def tune(p: dict[str, Any]) -> dict[str, Any]:
     """Run (or resume) the unit's study; return its winner (a :class:`Tuned`), or fail with the reason."""
-    from kernsearch import get_chip, load_family, make_problem, run_study
+    from kernsearch import ArtifactStore, get_chip, load_family, make_problem, run_study
     from kernsearch.studies._objective import KernelObjective
 
     fam = load_family(p["family"])
@@ -184,6 +184,7 @@ def tune(p: dict[str, Any]) -> dict[str, Any]:
         trials = tonight if trials is None else min(trials, tonight)
     objective = KernelObjective(problem, chip, p["backend"], seed=o["seed"] or 0, timeout=o["timeout"],
                                 verify=o.get("verify", "finalists"))
+    objective.against_current(ArtifactStore(p.get("artifacts")))  # the store the winner is offered to
     result = run_study(objective, trials=trials, time_budget=o["time_budget"], patience=o["patience"],
                        sampler=o["sampler"], seed=o["seed"], storage=p["storage"], finalists=o["finalists"])
     failures = dict(result.failures)

@@ -120,11 +120,13 @@ def _say(line: str) -> None:
 # -- tasks --------------------------------------------------------------------------------------------
 
 @task(name="tune", retries=1, retry_delay_seconds=10, retry_condition_fn=_retry_on_crash)
-def tune_task(unit: Unit, backend: str, storage: str | None, gpu_limit: str) -> tuple[Tuned, tuple[float, float]]:
+def tune_task(unit: Unit, backend: str, storage: str | None, gpu_limit: str,
+              artifacts: str | None = None) -> tuple[Tuned, tuple[float, float]]:
     """Run or resume the unit's study in a subprocess, holding this machine's GPU slot; returns its result and the
-    window (start, end) while this run held the slot."""
+    window (start, end) while this run held the slot. Its final round times the leader against the current version
+    in ``artifacts`` too (the store it publishes to), as `tune --publish` does."""
     payload = {"family": unit.family, "shape": list(unit.shape), "dtype": unit.dtype, "chip": unit.chip,
-               "backend": backend, "storage": storage, "options": unit.options.model_dump()}
+               "backend": backend, "storage": storage, "artifacts": artifacts, "options": unit.options.model_dump()}
     with gpu_slot(gpu_limit, _say):
         started = time.time()
         tuned = Tuned.from_json(run_step("tune", payload, timeout=unit.step_timeout()))
@@ -231,7 +233,9 @@ def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) ->
         logger.error("%s: %s", unit.name, row.reason)
         return row
     timeout = unit.step_timeout() + 120.0
-    tuning = tune_task.with_options(timeout_seconds=timeout)(unit, backend, jobs.storage, limit, return_state=True)
+    store = str(jobs.artifacts) if jobs.artifacts else None
+    tuning = tune_task.with_options(timeout_seconds=timeout)(unit, backend, jobs.storage, limit, store,
+                                                             return_state=True)
     if _failed(tuning, row, "tune"):
         logger.error("%s: tune failed: %s", unit.name, row.reason)
         return row
@@ -244,8 +248,7 @@ def _run_unit(unit: Unit, jobs: Jobs, detected: Any, limit: str, logger: Any) ->
         logger.error("%s: verification failed: %s", unit.name, row.reason)
         return row
     verified = verifying.result()
-    publishing = publish_task(unit, backend, tuned, verified, str(jobs.artifacts) if jobs.artifacts else None,
-                              return_state=True)
+    publishing = publish_task(unit, backend, tuned, verified, store, return_state=True)
     if not _failed(publishing, row, "publish"):
         _published(row, tuned, verified, publishing.result())
         logger.info("%s: %s: %s", unit.name, row.outcome, row.reason)

@@ -114,6 +114,9 @@ class FinalTimings:
     #: (op / kernel) by mode, of the finalist at index ``paired_finalist`` (the ranking's fastest).
     paired: dict[str, tuple[float, ...]] = field(default_factory=dict)
     paired_finalist: int | None = None
+    #: The same finalist against the key's current version (``VariantTask.incumbent``) in fresh paired rounds:
+    #: per-round ratios (current / finalist) by mode; empty where no current version was timed.
+    against_current: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
     def ratios(self, index: int) -> dict[str, tuple[float, ...]]:
         """Finalist ``index``'s per-round ratios by mode: the paired rounds where it had them, else the ranking
@@ -150,7 +153,12 @@ class FinalTimings:
         paired = indices.index(self.paired_finalist) if self.paired_finalist in indices else None
         return replace(self, modes={m: pick(s) for m, s in self.modes.items()},
                        launches=pick(self.launches) if self.launches is not None else None,
-                       paired=self.paired if paired is not None else {}, paired_finalist=paired)
+                       paired=self.paired if paired is not None else {}, paired_finalist=paired,
+                       against_current=self.against_current if paired is not None else {})
+
+    def against_current_of(self, index: int) -> dict[str, tuple[float, ...]]:
+        """Finalist ``index``'s ratios against the current version (empty: it was not the one timed against it)."""
+        return dict(self.against_current) if index == self.paired_finalist else {}
 
 
 #: One round's ratio (op / kernel): a positive finite number (``_rules.valid_ratios``, as the dispatcher reads it).
@@ -174,6 +182,19 @@ class ModeFigures(BaseModel):
     ratios: tuple[Ratio, ...] | None = Field(None, min_length=1, max_length=10_000)
 
 
+class Versus(BaseModel):
+    """The winner against the key's current version, both called as consumers call them in fresh paired rounds of one
+    final round: per-round ratios (the current version's time / the winner's) by consumer mode. The gate decides a
+    replacement on them (``_rules.decide``): two kernels timed back to back in one run, where the two versions'
+    speedups over the op come from two runs whose hosts differ by 10 % and more (docs/artifacts.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: str = Field(pattern=r"^v[1-9][0-9]{0,8}$")
+    modes: dict[ConsumerMode, Annotated[tuple[Ratio, ...], Field(min_length=1, max_length=10_000)]] = Field(
+        min_length=1)
+
+
 class Figures(BaseModel):
     """What a result measured (or predicted) against the op: the one record of figures that the final round
     (``FinalRound.figures``), the winner (``Winner.figures``) and the manifest (``Measurements``, which adds the raw
@@ -184,7 +205,8 @@ class Figures(BaseModel):
     the gate must beat); ``baseline_*``: the MLX op's in the same interleaved run; ``speedup`` (baseline median / its
     median) with its range ``speedup_low`` .. ``speedup_high`` (baseline p10 / p90 .. baseline p90 / p10); ``modes``:
     the consumer modes it was timed in (``_rules.consumer_low``: what the gate and the dispatcher act on);
-    ``weight_sets``: the rotating copies of the weights those modes called with (cold weights)."""
+    ``weight_sets``: the rotating copies of the weights those modes called with (cold weights); ``versus``: the
+    winner against the key's current version in the same round (:class:`Versus`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -197,6 +219,9 @@ class Figures(BaseModel):
     speedup_high: float | None = Field(None, gt=0)
     modes: dict[ConsumerMode, ModeFigures] | None = None
     weight_sets: int | None = Field(None, ge=1)
+    #: The winner timed against the current version of its key in the same final round (None: there was none to
+    #: time, or the search was not publishing).
+    versus: Versus | None = None
 
     @field_validator("modes")
     @classmethod

@@ -182,9 +182,10 @@ def consumer_figures(measurements: Optional[Dict[str, Any]]) -> Optional[Dict[st
     return modes
 
 
-#: What of a manifest's ``measurements`` a dispatch record does not carry: the raw samples (its figures sum them up)
-#: and the chain's length (by which :func:`consumer_figures` reads its modes).
-NOT_DISPATCHED = ("samples_ms", "chain_calls")
+#: What of a manifest's ``measurements`` a dispatch record does not carry: the raw samples (its figures sum them up),
+#: the chain's length (by which :func:`consumer_figures` reads its modes) and the rounds against the version it
+#: replaced (``versus``: the gate's evidence; the dispatcher acts on the figures against the op).
+NOT_DISPATCHED = ("samples_ms", "chain_calls", "versus")
 
 
 def dispatch_figures(measurements: Optional[Dict[str, Any]]) -> Dict[str, Any]:

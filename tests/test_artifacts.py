@@ -133,6 +133,46 @@ def test_version_holds_source_config_geometry_and_evidence(tmp_path: Path) -> No
     assert (art.path / "header.metal").read_text() == c.kernel.header
 
 
+def _versus(c: Candidate, version: str, lo: float, hi: float, rounds: int = 30) -> Candidate:
+    """``c`` timed against ``version`` in paired rounds: per-round ratios (current / new) spread evenly over [lo, hi]
+    in both consumer modes."""
+    from kernsearch._records import Versus
+
+    ratios = tuple(lo + (hi - lo) * i / (rounds - 1) for i in range(rounds))
+    m = c.measurements
+    assert m is not None
+    versus = Versus(version=version, modes={"graph": ratios, "eager": ratios})
+    return dataclasses.replace(c, measurements=m.model_copy(update={"versus": versus}))
+
+
+def test_paired_rounds_against_the_current_version_decide_alone_whatever_the_two_runs_say(tmp_path: Path) -> None:
+    """A new result timed against the current version itself in its final round (two kernels back to back in one
+    run) is judged on those rounds: faster when their interval lies above 1 + the margin, else kept out, whatever
+    the two runs' speedups over the op say; rounds against another version say nothing of this one."""
+    store = ArtifactStore(tmp_path)
+    v1 = _paired(candidate(median=0.1642, spread=0.39, evidence="measured", detected=M2MAX_INFO), 1.0, 1.5)
+    assert store.publish(v1).published
+
+    def new(config: dict) -> Candidate:  # its speedup over the op overlaps v1's: the two runs decide nothing
+        return _paired(candidate(median=0.13, spread=0.39, evidence="measured", detected=M2MAX_INFO, config=config),
+                       1.25, 1.75)
+
+    assert not store.publish(new({"BM": 64})).published  # as before: overlapping, within the noise
+    stale = store.publish(_versus(new({"BM": 64}), "v7", 1.2, 1.3))  # rounds against a version that is not current
+    assert not stale.published and "beyond the noise" in stale.reason
+    slow = _paired(candidate(median=0.1, spread=0.39, evidence="measured", detected=M2MAX_INFO, config={"BM": 32}),
+                   1.6, 1.95)  # its interval over the op lies above v1's, but against v1 itself it is no faster
+    kept = store.publish(_versus(slow, "v1", 0.97, 1.05))
+    assert not kept.published and "not faster than v1 by more than 3% in paired rounds" in kept.reason, kept.reason
+    assert not store.publish(_versus(new({"BM": 64}), "v1", 1.02, 1.025)).published  # 2 %: within the margin
+    assert not store.publish(_versus(new({"BM": 64}), "v1", 1.2, 1.3), min_gain=0.25).published
+    out = store.publish(_versus(new({"BM": 64}), "v1", 1.2, 1.3))
+    assert out.published and out.version == "v2" and "faster than v1 in paired rounds of one run" in out.reason
+    assert "graph 99% interval 1.2" in out.reason, out.reason
+    versus = store.load(key()).manifest.measurements.versus
+    assert versus is not None and versus.version == "v1" and len(versus.modes["graph"]) == 30  # kept in the manifest
+
+
 def test_modeled_never_replaces_measured_but_measured_replaces_modeled(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path)
     assert store.publish(candidate(median=1.0, evidence="measured", detected=M2MAX_INFO)).published

@@ -175,3 +175,52 @@ def test_a_win_is_decided_by_paired_rounds_and_their_ratios_travel_to_the_manife
     modes = {m: t.model_dump() for m, t in current.manifest.measurements.modes.items()}
     assert all(len(t["ratios"]) == looks()[0] for t in modes.values())
     assert consumer_low(modes) == pytest.approx(2.0 / 1.5, rel=0.01)
+
+
+#: TG=64 20 % faster than TG=32 as consumers call them; both beat the op (2 ms).
+Improved = _costs({("n", 32): 1.5, ("n", 64): 1.2, ("t", 32): 2.5, ("t", 64): 2.5},
+                  {("n", 32): 1.5, ("n", 64): 1.2, ("t", 32): 2.5, ("t", 64): 2.5})
+
+
+@pytest.mark.slow
+def test_a_publishing_search_times_its_leader_against_the_current_version_and_the_gate_reads_those_rounds(
+        judged, tmp_path):
+    """v1 (TG=32) is published; a later search that publishes to the same store times its leader (TG=64) against v1
+    in paired rounds of its final round, and the gate replaces v1 on those rounds, which the manifest keeps. A
+    current version this template no longer renders to its published source is not timed (it cannot be)."""
+    import optuna
+
+    from kernsearch._rules import looks
+
+    chip = chip_from_device_info({"architecture": "applegpu_g14c", "device_name": "Apple M2 Max"})
+    store = ArtifactStore(tmp_path / "store")
+    backend = "test_consumer_judging:Improved"
+
+    def objective():
+        return KernelObjective(make_problem(load_family(str(judged)), "16,32", None, chip), chip, backend,
+                               timeout=30.0)
+
+    first = objective()
+    assert first.against_current(store) is None  # nothing published yet
+    result = run_study(first, trials=1, sampler="grid", finalists=1, seed=0, storage=f"sqlite:///{tmp_path / 'a.db'}")
+    assert result.best.config == {"LAYOUT": "n", "TG": 32} and first.publish(result, store).published
+    first.close()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    second = objective()
+    current = second.against_current(store)
+    assert current is not None and (current.version, current.config) == ("v1", {"LAYOUT": "n", "TG": 32})
+    result = run_study(second, trials=4, sampler="grid", finalists=4, seed=0, storage=f"sqlite:///{tmp_path / 'b.db'}")
+    versus = result.final.figures.versus
+    assert result.best.config == {"LAYOUT": "n", "TG": 64} and versus is not None and versus.version == "v1"
+    assert set(versus.modes) == {"graph", "eager"}
+    assert all(len(r) == looks()[0] and min(r) == pytest.approx(1.5 / 1.2, rel=0.01) for r in versus.modes.values())
+    outcome = second.publish(result, store)
+    second.close()
+    assert outcome.published and outcome.version == "v2" and "in paired rounds of one run" in outcome.reason
+    assert store.load(store.keys()[0]).manifest.measurements.versus == versus
+    changed = tmp_path / "changed" / "judged"  # the same family, its template changed since v2 was published
+    changed.mkdir(parents=True)
+    (changed / "family.toml").write_text((judged / "family.toml").read_text())
+    (changed / "judged.metal.j2").write_text(TEMPLATE.replace("2 * A", "A + A"))
+    later = KernelObjective(make_problem(load_family(str(changed)), "16,32", None, chip), chip, backend, timeout=30.0)
+    assert later.family.name == "judged" and later.against_current(store) is None

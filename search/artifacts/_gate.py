@@ -19,9 +19,12 @@ from .._rules import (
     beats_op,
     consumer_low,
     consumer_verdict,
+    decide,
     identity_changes,
+    interval_text,
     mode_interval,
     modes_text,
+    ratio_interval,
 )
 from .._vocabulary import CONSUMER_MODES, EVIDENCE_RANK, ConsumerMode, Evidence, Verdict
 from ._manifest import MODELED_POLICY, Manifest, Measurements
@@ -83,8 +86,9 @@ def _gate(draft: Draft, current: Manifest | None, invalid: str | None, min_gain:
         if new is not None and new.modes and not (current.measurements and current.measurements.modes):
             return True, (f"judged as consumers call it; replaces {current.version}, which was timed by separate "
                           "launches only")
+        old_modes = current.measurements.modes if current.measurements else None
         if new is not None and new.modes and ConsumerMode.GRAPH in new.modes and not (
-                current.measurements and current.measurements.modes and ConsumerMode.GRAPH in current.measurements.modes):
+                old_modes and ConsumerMode.GRAPH in old_modes):
             return True, (f"judged in the chain (graph mode: dependent calls); replaces {current.version}, whose "
                           "consumer figures predate chains")
     if new_rank > old_rank:
@@ -93,13 +97,18 @@ def _gate(draft: Draft, current: Manifest | None, invalid: str | None, min_gain:
 
 
 def _faster(draft: Draft, current: Manifest, min_gain: float) -> tuple[bool, str]:
-    """Two results of one evidence kind: the new one replaces the current when, as consumers call it, its interval of
-    the speedup over the op lies above the current's (each measured against the op in its own run: the ratio
-    carries across runs where absolute times do not); else only beyond the measured noise of the two medians."""
+    """Two results of one evidence kind. Where the new one was timed against the current version itself, in paired
+    rounds of its final round (``Figures.versus``), those decide alone (:func:`_versus`). Else the new one replaces the
+    current when, as consumers call it, its interval of the speedup over the op lies above the current's (each
+    measured against the op in its own run: the ratio carries across runs where absolute times do not); else only
+    beyond the measured noise of the two medians."""
     new, old = draft.measurements, current.measurements
     if new is None or old is None:
         return False, (f"no timing to compare ({draft.evidence} evidence is correctness only); "
                        f"current {current.version} stays")
+    paired = _versus(new, current.version, min_gain)
+    if paired is not None:
+        return paired
     above = _interval_above(new, old) if min_gain == 0 else ""
     if above:
         return True, (f"faster than {current.version} as consumers call it: its speedup over the op lies above "
@@ -112,6 +121,24 @@ def _faster(draft: Draft, current: Manifest, min_gain: float) -> tuple[bool, str
     if gain > needed:
         return True, f"faster than {current.version} beyond the noise: {figures}"
     return False, f"not faster than {current.version} beyond the noise: {figures}"
+
+
+def _versus(new: Measurements, version: str, min_gain: float) -> tuple[bool, str] | None:
+    """The decision of the new result's paired rounds against ``version`` (the current one), where it was timed
+    against that very version: faster when every mode's interval of the median ratio (current / new) lies above
+    1 + the margin (``min_gain`` where larger), as ``_rules.decide`` judges a kernel against the op; None where it was
+    not timed against it (another version, or none)."""
+    vs = new.versus
+    if vs is None or vs.version != version:
+        return None
+    ratios = {str(m): r for m, r in vs.modes.items()}
+    margin = max(DEFAULT_MARGIN, min_gain)
+    said = "; ".join(f"{m} {interval_text(ratio_interval(r))} (median {ratio_interval(r).median:.2f}x)"
+                     for m, r in sorted(ratios.items()))
+    if decide(ratios, tuple(ratios), margin) == Verdict.FASTER:
+        return True, f"faster than {version} in paired rounds of one run, as consumers call them: {said}"
+    return False, (f"not faster than {version} by more than {margin:.0%} in paired rounds of one run, as consumers "
+                   f"call them: {said}")
 
 
 def _interval_above(new: Measurements, old: Measurements) -> str:

@@ -116,14 +116,11 @@ def tune(family: str = typer.Argument(..., help=FAMILY_HELP), shape: str | None 
                                       verify_choice.value)
     _refuse_before_searching(objective, storage, study, publish, store)
     if start:
-        if not isinstance(objective, KernelVariants):
-            raise KernsearchError("--start names configs of a family's variants; a replayed landscape has none")
-        try:
-            objective.start_with(start)
-        except KernsearchError as exc:
-            raise KernsearchError(f"--start: {exc}") from None
+        _start_with(objective, start)
     if note:
         err.print(note, soft_wrap=True)
+    if publish:
+        _against_current(objective, store)
     key = StudyKey.of(objective.study_key)
     study, where = _study_place(objective, storage, study)
     err.print(f"tuning [bold]{key.family}[/] {key.shape} {key.dtype} on {key.chip} "
@@ -214,6 +211,30 @@ def _study_place(objective: Objective, storage: str | None, study: str | None) -
         return place.name, (f"; resuming study {place.name!r} ({place.trials} trials, counted by --trials) in "
                             f"{url}")
     return place.name, f"; new study {place.name!r} in {url}"
+
+
+def _start_with(objective: Objective, start: list[str]) -> None:
+    """``--start``: the configs the search proposes first."""
+    from ..studies._kernel import KernelVariants
+
+    if not isinstance(objective, KernelVariants):
+        raise KernsearchError("--start names configs of a family's variants; a replayed landscape has none")
+    try:
+        objective.start_with(start)
+    except KernsearchError as exc:
+        raise KernsearchError(f"--start: {exc}") from None
+
+
+def _against_current(objective: Objective, store: str | None) -> None:
+    """A publishing search times its leader against the key's current version too (the gate then compares the two in
+    paired rounds of one run), and says so."""
+    from ..artifacts._artifacts import ArtifactStore
+    from ..studies._kernel import KernelVariants
+
+    current = objective.against_current(ArtifactStore(store)) if isinstance(objective, KernelVariants) else None
+    if current is not None:
+        err.print(f"the final round times its leader against the current version {current.version} too: the gate "
+                  "compares the two in paired rounds of this run", soft_wrap=True)
 
 
 def _refuse_before_searching(objective: Objective, storage: str | None, study: str | None, publish: bool,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .._records import Figures, FinalTimings, ModeFigures
+from .._records import Figures, FinalTimings, ModeFigures, Versus
 from .._rules import beats_op, consumer_low
 from .._vocabulary import CONSUMER_MODES, Memcheck, Verifier
 from ..backends._memcheck import MemcheckResult
@@ -225,12 +225,13 @@ class FinalRound:
                                                                   else None))
 
 
-def judge(top: Sequence[Trial], timings: FinalTimings, judged: tuple[str, ...] = CONSUMER_MODES
-          ) -> FinalRound:
+def judge(top: Sequence[Trial], timings: FinalTimings, judged: tuple[str, ...] = CONSUMER_MODES,
+          current: str | None = None) -> FinalRound:
     """The winner of the re-timed finalists (``timings``: ``top``'s in order; ranked in graph mode, as consumers
     mostly call) and its speedup over the baseline in every consumer mode, with its per-round ratios (the paired
     rounds' where it had them); ``speedup_low`` is the smallest lower bound over the modes the family is ``judged``
-    in (``_rules.consumer_low``: the interval of the median ratio; every mode is recorded)."""
+    in (``_rules.consumer_low``: the interval of the median ratio; every mode is recorded). Where the winner was also
+    timed against the key's ``current`` version, its ratios are its ``versus`` figures."""
     import numpy as np
 
     from ..evaluation._measure import lead_exceeds_noise, speedup, spread
@@ -259,11 +260,17 @@ def judge(top: Sequence[Trial], timings: FinalTimings, judged: tuple[str, ...] =
     figures = Figures.model_validate({**own, "baseline_median_ms": float(np.median(base)),
                                       "baseline_spread": spread(list(base)), "speedup": s.median,
                                       "speedup_low": s.low if bound is None else bound, "speedup_high": s.high,
-                                      "modes": modes, "weight_sets": timings.weight_sets})
+                                      "modes": modes, "weight_sets": timings.weight_sets,
+                                      "versus": _versus(current, timings.against_current_of(first))})
     return FinalRound(top[first].number, finalists=times, lead_exceeds_noise=decisive,
                       beats_baseline=beats_op(bound) if bound is not None else lead_exceeds_noise(samples[first],
                                                                                                   list(base)),
                       baseline_error=error, figures=figures)
+
+
+def _versus(current: str | None, ratios: dict[str, tuple[float, ...]]) -> Versus | None:
+    """The winner's ratios against the current version, where it was timed against one."""
+    return Versus(version=current, modes=ratios) if current is not None and ratios else None
 
 
 def _figures(data: dict[str, Any], timed: FinalistTime | None) -> Figures | None:

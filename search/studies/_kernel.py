@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .._errors import BackendError, KernsearchError, VariantFailure
@@ -38,6 +38,15 @@ if TYPE_CHECKING:
     from ..variants._tasks import VariantTask
     from ._ranking import Ranking
     from ._study import StudyResult
+
+
+@dataclass(frozen=True)
+class Incumbent:
+    """The key's current version, which a measured final round times its leader against: its version, and its config
+    (which the objective renders to the very source the store holds)."""
+
+    version: str
+    config: Config
 
 
 class KernelVariants(Objective):
@@ -152,6 +161,17 @@ class KernelVariants(Objective):
     def first_configs(self) -> list[Config]:
         return list(self._start)
 
+    def against_current(self, store: ArtifactStore) -> Incumbent | None:
+        """Have the final round time its leader against the key's current version in ``store`` (a measured search's,
+        :class:`~kernsearch.studies._measured.MeasuredObjective`); a modeled or interpreted search times none."""
+        return None
+
+    def in_domain(self, config: Config) -> bool:
+        """A stored config (a published version's) names this family's knobs with values of their domains: the
+        family's domains may have changed since it was stored."""
+        return set(config) == set(self.knobs) and all(
+            type(config[k]) is type(values[0]) and config[k] in values for k, values in self.knobs.items())
+
     def warm_start(self, store: Any = None, limit: int = 5) -> list[Config]:
         """Configs of current published artifacts of this family, closest first: same chip and shape,
         same chip, same shape, then the rest (same dtype before others). A broken store never stops a
@@ -173,9 +193,7 @@ class KernelVariants(Objective):
         out: list[Config] = []
         for a in sorted(artifacts, key=distance):
             cfg = dict(a.manifest.config)
-            in_domain = set(cfg) == set(self.knobs) and all(  # the family's domains may have changed since
-                type(cfg[k]) is type(values[0]) and cfg[k] in values for k, values in self.knobs.items())
-            if in_domain and self.space.is_valid(cfg) and cfg not in out:
+            if self.in_domain(cfg) and self.space.is_valid(cfg) and cfg not in out:
                 out.append(cfg)
         out = out[:limit]
         ranked = self.model_ranking() if self.unrankable() else None

@@ -22,10 +22,11 @@ from .._vocabulary import Evidence, Memcheck, Verifier
 from ..backends._memcheck import MemcheckResult
 from ..family._space import Config
 from ._final import BoundsChecks, FinalistCheck, FinalRound, judge
-from ._kernel import FailureAt, KernelVariants, failing_at
+from ._kernel import FailureAt, Incumbent, KernelVariants, failing_at
 from ._trial import Record, Trial
 
 if TYPE_CHECKING:
+    from ..artifacts._artifacts import ArtifactStore
     from ..backends._base import BaseBackend
     from ..evaluation._measure import TimingPlan
     from ..evaluation._race import Race
@@ -53,6 +54,31 @@ class MeasuredObjective(KernelVariants):
         self._pool: Any = None
         self._prepared: dict[str, Any] = {}  # config key -> the Lease of the worker that compiles it
         self.compile_wait_s = 0.0  # how long the timing process waited for compile workers (see _wait_prepared)
+        self.incumbent: Incumbent | None = None  # the current version the final round times its leader against
+
+    def against_current(self, store: ArtifactStore) -> Incumbent | None:
+        """Have the final round time its leader against the key's current version in ``store`` too, in paired rounds
+        (``Figures.versus``), so that the gate compares two kernels of one run rather than two runs' speedups over the
+        op. Only a measured, valid current version is taken, and only when this template renders its config to the
+        published source byte for byte: the published kernel is what is timed, and no text of the store runs here
+        (a template changed since cannot time it; the gate then compares the runs' figures, as before)."""
+        from ..artifacts._candidate import ArtifactKey, chip_slug
+
+        self.incumbent = None
+        try:
+            key = ArtifactKey(self.family.name, chip_slug(self.chip.name), self.problem.dtype,
+                              tuple(self.problem.shape))
+            pointer = store.pointer(key)
+            art = store.load(key, pointer.version) if pointer is not None and not pointer.invalidated else None
+        except KernsearchError:  # no readable current version: nothing to time against
+            return None
+        if art is None or art.manifest.evidence != Evidence.MEASURED:
+            return None
+        config = dict(art.manifest.config)
+        if self.in_domain(config) and self.space.is_valid(config) and \
+                self.rendered_sha256(config) == art.manifest.source_sha256:
+            self.incumbent = Incumbent(art.version, config)
+        return self.incumbent
 
     def _make_backend(self) -> BaseBackend:
         if self.backend_class.rotates_inputs:  # inputs are rotated when the working set fits the last-level cache
@@ -132,7 +158,8 @@ class MeasuredObjective(KernelVariants):
         self._close_pool()  # compiles still running ahead would load the CPU and GPU during the final round
         worker = self.worker()
         worker.restart()
-        task = self._task(top[0].config, self.backend, finalists=[t.config for t in top])
+        task = self._task(top[0].config, self.backend, finalists=[t.config for t in top],
+                          incumbent=self.incumbent.config if self.incumbent is not None else None)
         try:
             with step(f"re-timing {len(top)} finalist(s) against the baseline op"):
                 timings: FinalTimings = worker.call(final_round, task, timeout=self.timeout * (len(top) + 1))
@@ -170,7 +197,8 @@ class MeasuredObjective(KernelVariants):
                               note="no finalist passed the checks before publishing (on the device at a ragged shape, "
                                    "guard zones; the interpreter's out-of-bounds checks; memcheck on the cuda "
                                    "back-end)")
-        final = judge([top[i] for i in keep], timings.keep(keep), tuple(self.family.consumer_modes))
+        final = judge([top[i] for i in keep], timings.keep(keep), tuple(self.family.consumer_modes),
+                      current=self.incumbent.version if self.incumbent is not None else None)
         return replace(final, verified_on=Verifier.DEVICE, verify_shape=shape, checks=checks)
 
     def _check_finalist(self, t: Trial) -> FinalistCheck:

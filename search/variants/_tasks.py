@@ -48,6 +48,9 @@ class VariantTask:
     finalists: list[dict[str, Any]] = field(default_factory=list)
     plan: TimingPlan | None = None  # the timing plan of a search trial (None: the back-end's, the full one)
     race: Race | None = None  # the incumbent this trial's timing races against (None: timed to the end)
+    # the final round: the config of the key's current version, rendered to its published source (the objective
+    # checked it), timed against the leading finalist in paired rounds (None: no current version to time)
+    incumbent: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -299,22 +302,49 @@ def final_round(task: VariantTask) -> FinalTimings:
     timings = FinalTimings(modes, len(sets), error, rank_mode=judging_mode(s.family))
     if "baseline" not in candidates:
         return timings
-    return _decide_paired(timings, candidates, impl, tuple(s.family.consumer_modes), clock)
+    timings = _decide_paired(timings, candidates, impl, tuple(s.family.consumer_modes), clock)
+    return _versus_current(timings, task, s, sets, candidates, clock)
 
 
 def _decide_paired(timings: FinalTimings, candidates: dict[str, Any], impl: Any, judged: tuple[str, ...],
                    clock: Callable[[], float]) -> FinalTimings:
     """The ranking's fastest finalist and the op in fresh paired rounds, added until the interval of the median
     per-round ratio decides in the modes the family is judged in, or a cap (docs/timing.md)."""
+    medians = [float(np.median(f)) for f in timings.finalists]
+    first = int(np.argmin(medians))
+    ratios = _paired(candidates[f"f{first}"], candidates["baseline"], impl, judged, clock)
+    return replace(timings, paired=ratios, paired_finalist=first)
+
+
+def _paired(kernel: Any, other: Any, impl: Any, judged: tuple[str, ...], clock: Callable[[], float]
+            ) -> dict[str, tuple[float, ...]]:
+    """Per-round ratios (``other``'s time / ``kernel``'s) by mode, in fresh paired rounds added until their interval
+    decides in the ``judged`` modes (``_rules.decide``), or a cap."""
     from .._rules import decide
     from ..evaluation._consumer import PairedPlan, paired_rounds, timed_modes
 
-    medians = [float(np.median(f)) for f in timings.finalists]
-    first = int(np.argmin(medians))
-    ratios = paired_rounds(candidates[f"f{first}"], candidates["baseline"], impl.evaluate, impl.sync,
-                           lambda r: decide(r, judged) != Verdict.UNDECIDED, PairedPlan(modes=timed_modes(judged)),
-                           clock=clock)
-    return replace(timings, paired={m: tuple(r) for m, r in ratios.items()}, paired_finalist=first)
+    ratios = paired_rounds(kernel, other, impl.evaluate, impl.sync, lambda r: decide(r, judged) != Verdict.UNDECIDED,
+                           PairedPlan(modes=timed_modes(judged)), clock=clock)
+    return {m: tuple(r) for m, r in ratios.items()}
+
+
+def _versus_current(timings: FinalTimings, task: VariantTask, s: Setup, sets: list[dict[str, Any]],
+                    candidates: dict[str, Any], clock: Callable[[], float]) -> FinalTimings:
+    """The paired finalist against the key's current version (``task.incumbent``) in fresh paired rounds, added until
+    the interval decides as the gate will read it, or a cap: the gate then compares two kernels timed back to back
+    in one run. Nothing is timed where the finalist is the current version's config, and a current version that
+    cannot be called is not timed (the gate falls back to the two runs' figures)."""
+    first = timings.paired_finalist
+    if task.incumbent is None or first is None or task.finalists[first] == task.incumbent:
+        return timings
+    impl = s.backend
+    try:
+        _, kernel, geo = _variant(task, task.incumbent)
+        current = impl.consumer_kernel(kernel, geo, s.family, s.problem, sets)
+        ratios = _paired(candidates[f"f{first}"], current, impl, tuple(s.family.consumer_modes), clock)
+    except Exception:  # noqa: BLE001 - a current version that cannot be called here is not timed (and not a failure)
+        return timings
+    return replace(timings, against_current=ratios)
 
 
 def _final_round_by_launches(task: VariantTask, s: Setup) -> FinalTimings:

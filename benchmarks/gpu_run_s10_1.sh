@@ -1,5 +1,13 @@
-# The tenth session's first GPU run (prepared on the CPU; the tenth session had no device time): the figures of
-# record with the bench's chain feeding X from the previous output (a5a09a1), the check of issue 38 (mlp_block at
-# M = 1 against its gate bound 1.53), then mlx-lm's generation; the same as gpu_run_s9_3.sh.
+# Issue 35: is each published decode config the fastest as a decode calls it, or did the tune's noise (48-67 % on
+# these hosts) pick it? (The ninth session's Nsight pass: M = 4 kernels at 14-22 % of DRAM peak, O and down on 128
+# threadgroups for 132 SMs.) gpu_ab_configs.py: the published config's one-knob neighbours and the model's best of
+# each PATH, verified against float64, each timed against the published config in paired chains (24 rounds, 32
+# calls). The JSON is kept in /tmp/ab for gpu_run_s10_2.sh (the machine stays warm between calls).
 set -u
-bash benchmarks/gpu_run_s9_3.sh
+export PYTHONUNBUFFERED=1 KERNSEARCH_HOME=$(mktemp -d) KERNSEARCH_KERNEL_CACHE=/tmp/ks-kernel-cache
+rm -rf /tmp/store /tmp/ab; mkdir -p /tmp/store /tmp/ab; cp -r .gpustore7b/store/. /tmp/store/
+MS=${MS:-4}
+timeout "${LIMIT:-500}" python3 benchmarks/gpu_ab_configs.py --store /tmp/store --out "$OUT" ${MS:+--m ${MS//,/ --m }} \
+  --per "${PER:-8}" --rounds "${ROUNDS:-24}" --max-seconds "${MAXS:-430}" 2>&1 | cut -c1-400
+echo "ab exit ${PIPESTATUS[0]}"
+cp "$OUT"/gpu_ab_configs_*.json /tmp/ab/

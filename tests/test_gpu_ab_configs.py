@@ -34,3 +34,21 @@ def test_candidates_are_valid_distinct_neighbours_and_each_paths_best_never_the_
             assert moved == [why.split("=")[0]], (why, cfg)
     few = candidates(space, published, 3)
     assert len(few) == 3 and {c["PATH"] for _, c in few} >= {"h2", "fma"}  # each path's best kept first
+
+
+def test_only_a_candidate_whose_interval_clears_the_line_is_offered_and_the_best_of_them():
+    from gpu_ab_publish import command, picks
+
+    ab = {"rows": [
+        {"family": "qmatvec_residual", "shape": [4, 4096, 4096, 512, 64], "rows": [
+            {"config": {"RT": 1}, "median": 1.30, "low": 1.21, "high": 1.40},
+            {"config": {"RT": 2}, "median": 1.50, "low": 1.04, "high": 1.90},  # wide: its low is below the line
+            {"config": {"KS": 2}, "median": 1.25, "low": 1.23, "high": 1.27},
+            {"config": {"KS": 1}, "verified": "wrong"}]},  # not timed
+        {"family": "rmsnorm_qmatvec", "shape": [4, 12288, 4096, 512, 64], "rows": [
+            {"config": {"RT": 2}, "median": 1.02, "low": 0.99, "high": 1.05}]}]}
+    (pick,) = picks(ab, 1.05)
+    assert pick == ("qmatvec_residual", [4, 4096, 4096, 512, 64], {"KS": 2}, 1.23)
+    cmd = command(*pick[:3], "/tmp/store", 6)
+    assert cmd[cmd.index("--start") + 1] == "KS=2" and "--publish" in cmd and cmd[cmd.index("--store") + 1] == "/tmp/store"
+    assert picks(ab, 1.3) == []

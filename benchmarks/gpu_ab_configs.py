@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--m", type=int, action="append", default=[], help="rows of the artifacts taken (default: all)")
+    ap.add_argument("--m", type=int, action="append", default=[],
+                    help="rows of the artifacts taken, the first given first (default: all)")
     ap.add_argument("--family", action="append", default=[])
     ap.add_argument("--per", type=int, default=8, help="candidates per artifact")
     ap.add_argument("--rounds", type=int, default=24)
@@ -104,10 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     out = a.out / f"gpu_ab_configs_{chip.name.replace(' ', '-')}.json"
     a.out.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
-    for art in ArtifactStore(a.store).current_artifacts():
-        if art.key.chip != chip.name.replace(" ", "-") or (a.family and art.key.family not in a.family) or \
-                (a.m and art.key.shape[0] not in a.m):
-            continue
+    arts = [art for art in ArtifactStore(a.store).current_artifacts()
+            if art.key.chip == chip.name.replace(" ", "-") and (not a.family or art.key.family in a.family)
+            and (not a.m or art.key.shape[0] in a.m)]
+    for art in sorted(arts, key=lambda art: a.m.index(art.key.shape[0]) if a.m else 0):  # the first --m first
         fam = load_family(art.key.family)
         space = Space(make_problem(fam, ",".join(map(str, art.key.shape)), art.key.dtype, chip), chip)
         published = dict(art.manifest.config)

@@ -261,14 +261,14 @@ def judge(top: Sequence[Trial], timings: FinalTimings, judged: tuple[str, ...] =
                                       "baseline_spread": spread(list(base)), "speedup": s.median,
                                       "speedup_low": s.low if bound is None else bound, "speedup_high": s.high,
                                       "modes": modes, "weight_sets": timings.weight_sets,
-                                      "versus": _versus(current, timings.against_current_of(first))})
+                                      "versus": _versus_figures(current, timings.against_current_of(first))})
     return FinalRound(top[first].number, finalists=times, lead_exceeds_noise=decisive,
                       beats_baseline=beats_op(bound) if bound is not None else lead_exceeds_noise(samples[first],
                                                                                                   list(base)),
                       baseline_error=error, figures=figures)
 
 
-def _versus(current: str | None, ratios: dict[str, tuple[float, ...]]) -> Versus | None:
+def _versus_figures(current: str | None, ratios: dict[str, tuple[float, ...]]) -> Versus | None:
     """The winner's ratios against the current version, where it was timed against one."""
     return Versus(version=current, modes=ratios) if current is not None and ratios else None
 

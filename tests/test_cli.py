@@ -13,6 +13,16 @@ def ks(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=120)
 
 
+def test_the_cli_starts_without_numpy_or_the_back_ends() -> None:
+    """`kernsearch --help` and the commands that need no family (store, flows, chip...) start in ~0.25 s of CPU,
+    not ~0.65 (issue 42: the suite starts hundreds of them): numpy, the back-ends and the study's records load
+    with the command that uses them (`show` imports the final round's record when it reads a study)."""
+    code = ("import sys, kernsearch.cli; "
+            "print(sorted(m for m in ('numpy', 'kernsearch.backends', 'kernsearch.studies._final') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 def test_families_lists_gemm() -> None:
     res = ks("families")
     assert res.returncode == 0, res.stderr

@@ -12,7 +12,6 @@ from rich.table import Table
 from .._console import err, out
 from .._errors import KernsearchError
 from .._vocabulary import TrialStatus
-from ..studies._final import FinalRound
 from ._app import (
     StorageOpt,
     _evidence_label,
@@ -80,6 +79,8 @@ def show(study: str = typer.Argument(..., help="study name (see `kernsearch stud
                       if t.user_attrs.get("status") == TrialStatus.FAILED)
     rows = _top(s, top)
     attrs = s.user_attrs
+    from ..studies._final import FinalRound
+
     final = FinalRound.from_dict(attrs.get("final"))
     if as_json:
         from dataclasses import asdict

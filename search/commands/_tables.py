@@ -10,13 +10,13 @@ from rich.table import Table
 
 from .._rules import modes_text
 from .._vocabulary import Evidence, Verifier
-from ..studies._final import FinalistCheck, FinalRound
 from ._app import (
     _fmt,
     _wide,
 )
 
 if TYPE_CHECKING:
+    from ..studies._final import FinalistCheck, FinalRound
     from ..studies._study import TrialSummary
 
 

@@ -119,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
             if cuda is None or time.monotonic() - started > a.max_seconds:
                 entry["rows"].append({"why": why, "config": cfg, "timed": False})
             else:
-                entry["rows"].append(_row(cuda, art, fam, space, why, cfg, a))
+                try:
+                    entry["rows"].append(_row(cuda, art, fam, space, why, cfg, a))
+                except Exception as exc:  # noqa: BLE001 - a candidate that fails to build or run is a row, not the end
+                    entry["rows"].append({"why": why, "config": cfg, "error": f"{type(exc).__name__}: {exc}"[:300]})
             print(json.dumps({"family": art.key.family, "M": art.key.shape[0], **entry["rows"][-1]}), flush=True)
             out.write_text(json.dumps({"chip": chip.name, "rows": results}, indent=1))
     out.write_text(json.dumps({"chip": chip.name, "rows": results}, indent=1))

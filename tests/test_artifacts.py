@@ -173,6 +173,29 @@ def test_paired_rounds_against_the_current_version_decide_alone_whatever_the_two
     assert versus is not None and versus.version == "v1" and len(versus.modes["graph"]) == 30  # kept in the manifest
 
 
+def test_paired_rounds_against_the_current_version_are_judged_in_the_familys_modes(tmp_path: Path) -> None:
+    """A decode family is judged by the chain (graph) alone: its final round stops the rounds against the current
+    version when graph decides, so an eager interval still spanning the margin must not keep the new version out."""
+    from kernsearch._records import Versus
+    from kernsearch.artifacts._candidate import draft_manifest
+    from kernsearch.artifacts._gate import gate
+
+    store = ArtifactStore(tmp_path)
+    assert store.publish(candidate(median=1.0, spread=0.39, evidence="measured", detected=M2MAX_INFO)).published
+    current = store.load(key()).manifest
+    c = candidate(median=0.9, spread=0.39, evidence="measured", detected=M2MAX_INFO, config={"BM": 64})
+    graph = tuple(1.2 + 0.1 * i / 29 for i in range(30))
+    eager = tuple(0.97 + 0.08 * i / 29 for i in range(30))
+    m = c.measurements
+    assert m is not None
+    c = dataclasses.replace(c, measurements=m.model_copy(update={
+        "versus": Versus(version="v1", modes={"graph": graph, "eager": eager})}))
+    draft = draft_manifest(c)
+    judged_by_chain = gate(draft, current, None, 0.0, ("graph",))
+    assert judged_by_chain[0] and "in paired rounds of one run" in judged_by_chain[1] and "eager" in judged_by_chain[1]
+    assert not gate(draft, current, None, 0.0, ("graph", "eager"))[0]  # judged in both: eager has not decided
+
+
 def test_modeled_never_replaces_measured_but_measured_replaces_modeled(tmp_path: Path) -> None:
     store = ArtifactStore(tmp_path)
     assert store.publish(candidate(median=1.0, evidence="measured", detected=M2MAX_INFO)).published

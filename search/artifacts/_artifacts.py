@@ -117,7 +117,7 @@ class ArtifactStore(StoreMigration, StoreRepair):
             if loses:
                 return self._reject(key, draft, f"recorded, not dispatched: {loses}")
             current, invalid = self._current_for_gate(key)
-            ok, reason = gate(draft, current, invalid, min_gain)
+            ok, reason = gate(draft, current, invalid, min_gain, candidate.family.consumer_modes)
             if not ok:
                 return self._reject(key, draft, reason, current.version if current else None)
             version = f"v{next_number(self.versions(key) + self.misplaced(key) + self._recorded(key))}"

@@ -59,16 +59,19 @@ def loses_to_baseline(evidence: str, measurements: Measurements | None, op: str,
             f"bound above {1 + margin:.2f}x)")
 
 
-def gate(draft: Draft, current: Manifest | None, invalid: str | None, min_gain: float = 0.0) -> tuple[bool, str]:
-    """Decide whether a (correct) candidate replaces the current version; returns (publish, reason). A modeled
-    candidate that becomes current says what that means (:data:`MODELED_POLICY`)."""
-    publish, reason = _gate(draft, current, invalid, min_gain)
+def gate(draft: Draft, current: Manifest | None, invalid: str | None, min_gain: float = 0.0,
+         modes: Sequence[str] = CONSUMER_MODES) -> tuple[bool, str]:
+    """Decide whether a (correct) candidate replaces the current version; returns (publish, reason). ``modes``: the
+    consumer modes the family is judged in. A modeled candidate that becomes current says what that means
+    (:data:`MODELED_POLICY`)."""
+    publish, reason = _gate(draft, current, invalid, min_gain, modes)
     if publish and draft.evidence == Evidence.MODELED:
         reason += f"; {MODELED_POLICY}"
     return publish, reason
 
 
-def _gate(draft: Draft, current: Manifest | None, invalid: str | None, min_gain: float = 0.0) -> tuple[bool, str]:
+def _gate(draft: Draft, current: Manifest | None, invalid: str | None, min_gain: float,
+          modes: Sequence[str]) -> tuple[bool, str]:
     evidence, new = draft.evidence, draft.measurements
     if current is None:
         return True, f"{invalid}; replaced by a correct {evidence} result" if invalid else \
@@ -93,10 +96,10 @@ def _gate(draft: Draft, current: Manifest | None, invalid: str | None, min_gain:
                           "consumer figures predate chains")
     if new_rank > old_rank:
         return True, f"{evidence} result replaces {current.evidence} {current.version}"
-    return _faster(draft, current, min_gain)
+    return _faster(draft, current, min_gain, modes)
 
 
-def _faster(draft: Draft, current: Manifest, min_gain: float) -> tuple[bool, str]:
+def _faster(draft: Draft, current: Manifest, min_gain: float, modes: Sequence[str]) -> tuple[bool, str]:
     """Two results of one evidence kind. Where the new one was timed against the current version itself, in paired
     rounds of its final round (``Figures.versus``), those decide alone (:func:`_versus`). Else the new one replaces the
     current when, as consumers call it, its interval of the speedup over the op lies above the current's (each
@@ -106,7 +109,7 @@ def _faster(draft: Draft, current: Manifest, min_gain: float) -> tuple[bool, str
     if new is None or old is None:
         return False, (f"no timing to compare ({draft.evidence} evidence is correctness only); "
                        f"current {current.version} stays")
-    paired = _versus(new, current.version, min_gain)
+    paired = _versus(new, current.version, min_gain, modes)
     if paired is not None:
         return paired
     above = _interval_above(new, old) if min_gain == 0 else ""
@@ -123,11 +126,12 @@ def _faster(draft: Draft, current: Manifest, min_gain: float) -> tuple[bool, str
     return False, f"not faster than {current.version} beyond the noise: {figures}"
 
 
-def _versus(new: Measurements, version: str, min_gain: float) -> tuple[bool, str] | None:
+def _versus(new: Measurements, version: str, min_gain: float, modes: Sequence[str]) -> tuple[bool, str] | None:
     """The decision of the new result's paired rounds against ``version`` (the current one), where it was timed
-    against that very version: faster when every mode's interval of the median ratio (current / new) lies above
-    1 + the margin (``min_gain`` where larger), as ``_rules.decide`` judges a kernel against the op; None where it was
-    not timed against it (another version, or none)."""
+    against that very version: faster when, in every mode the family is judged in (``modes``, as its win over the op
+    is judged and its final round stopped), the interval of the median ratio (current / new) lies above 1 + the
+    margin (``min_gain`` where larger), as ``_rules.decide`` judges a kernel against the op; None where it was not
+    timed against it (another version, or none). Every mode timed is said."""
     vs = new.versus
     if vs is None or vs.version != version:
         return None
@@ -135,7 +139,7 @@ def _versus(new: Measurements, version: str, min_gain: float) -> tuple[bool, str
     margin = max(DEFAULT_MARGIN, min_gain)
     said = "; ".join(f"{m} {interval_text(ratio_interval(r))} (median {ratio_interval(r).median:.2f}x)"
                      for m, r in sorted(ratios.items()))
-    if decide(ratios, tuple(ratios), margin) == Verdict.FASTER:
+    if decide(ratios, tuple(modes), margin) == Verdict.FASTER:
         return True, f"faster than {version} in paired rounds of one run, as consumers call them: {said}"
     return False, (f"not faster than {version} by more than {margin:.0%} in paired rounds of one run, as consumers "
                    f"call them: {said}")

@@ -52,16 +52,22 @@ def candidates(space: Any, published: dict[str, Any], per: int) -> list[tuple[st
     for cfg in ranked:
         best_of_path.setdefault(cfg.get("PATH"), cfg)
     ntimes = [p.time_ms for p in model.predict_many(space, [c for _, c in neighbours])]
-    picks = [neighbours[i] for i in sorted(range(len(neighbours)), key=ntimes.__getitem__)]
-    picks += [(f"model's best {path}", cfg) for path, cfg in best_of_path.items()] + [("model's best", ranked[0])]
-    seen, out = {format_config(published)}, []
-    for why, cfg in picks:
-        if format_config(cfg) not in seen:
-            seen.add(format_config(cfg))
-            out.append((why, cfg))
-    # the neighbours fill what the per-PATH picks leave; every PATH's best is kept when ``per`` allows
-    keep = [p for p in out if p[0].startswith("model's")][:per]
-    return [p for p in out if not p[0].startswith("model's")][:per - len(keep)] + keep
+    seen = {format_config(published)}
+
+    def fresh(picks: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+        """``picks`` without a config taken before (or twice)."""
+        out = []
+        for why, cfg in picks:
+            if format_config(cfg) not in seen:
+                seen.add(format_config(cfg))
+                out.append((why, cfg))
+        return out
+
+    near = fresh([neighbours[i] for i in sorted(range(len(neighbours)), key=ntimes.__getitem__)])
+    best = fresh([(f"model's best {path}", cfg) for path, cfg in best_of_path.items()] + [("model's best", ranked[0])])
+    # every PATH's best is kept when ``per`` allows; the neighbours, in the model's order, fill what it leaves
+    best = best[:per]
+    return near[:per - len(best)] + best
 
 
 def _row(cuda: Any, art: Any, fam: Any, space: Any, why: str, cfg: dict[str, Any], a: argparse.Namespace) -> dict[str, Any]:

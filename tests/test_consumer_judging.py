@@ -188,8 +188,6 @@ def test_a_publishing_search_times_its_leader_against_the_current_version_and_th
     """v1 (TG=32) is published; a later search that publishes to the same store times its leader (TG=64) against v1
     in paired rounds of its final round, and the gate replaces v1 on those rounds, which the manifest keeps. A
     current version this template no longer renders to its published source is not timed (it cannot be)."""
-    import optuna
-
     from kernsearch._rules import looks
 
     chip = chip_from_device_info({"architecture": "applegpu_g14c", "device_name": "Apple M2 Max"})
@@ -205,7 +203,6 @@ def test_a_publishing_search_times_its_leader_against_the_current_version_and_th
     result = run_study(first, trials=1, sampler="grid", finalists=1, seed=0, storage=f"sqlite:///{tmp_path / 'a.db'}")
     assert result.best.config == {"LAYOUT": "n", "TG": 32} and first.publish(result, store).published
     first.close()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     second = objective()
     current = second.against_current(store)
     assert current is not None and (current.version, current.config) == ("v1", {"LAYOUT": "n", "TG": 32})

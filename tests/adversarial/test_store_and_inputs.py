@@ -12,6 +12,7 @@ import pytest
 
 from kernsearch import ArtifactStore
 from kernsearch.artifacts._manifest import ArtifactError
+from kernsearch.studies._study import Objective, Record
 
 from .conftest import CANARY, KEY, RANDOM, assert_one_line_error, candidate, key, ks
 
@@ -388,7 +389,7 @@ def test_two_tune_processes_on_one_new_study_never_measure_a_config_twice(tmp_pa
     assert len(measured) >= 48 and len(measured) == len(set(measured)), sorted(measured)
 
 
-class _Toy:
+class _Toy(Objective):
     """A 12-config objective whose evaluations are logged as (who, config); hooks let a test interleave two."""
 
     backend, evidence = "model", "modeled"
@@ -414,18 +415,10 @@ class _Toy:
         return []
 
     def evaluate(self, config):  # noqa: ANN001, ANN201
-        from kernsearch.studies._study import Record
-
         self.log.append((self.who, json.dumps(config)))
         if self.on_evaluate is not None:
             self.on_evaluate()
         return Record(1.0 + config["X"], "modeled", [1.0])
-
-
-def _toy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - an Objective of the toy's class
-    from kernsearch.studies._study import Objective
-
-    return type("Toy", (_Toy, Objective), {})(*args, **kwargs)
 
 
 @pytest.mark.slow
@@ -442,15 +435,15 @@ def test_a_process_joining_a_new_study_late_does_not_remeasure_its_first_configs
     evaluated: list[tuple[str, str]] = []
     a_done = threading.Event()
     db = f"sqlite:///{tmp_path / 'toy.db'}"
-    run_study(_toy("A", evaluated), trials=1, storage=db, study_name="toy", sampler="random", seed=1, finalists=1)
+    run_study(_Toy("A", evaluated), trials=1, storage=db, study_name="toy", sampler="random", seed=1, finalists=1)
     # A has measured X=0; now B, which opened the study when it was empty, starts asking
     optuna.delete_study(study_name="toy", storage=db)
-    b = threading.Thread(target=lambda: run_study(_toy("B", evaluated, on_warm_start=lambda: a_done.wait(30)),
+    b = threading.Thread(target=lambda: run_study(_Toy("B", evaluated, on_warm_start=lambda: a_done.wait(30)),
                                                    trials=3, storage=db, study_name="toy", sampler="random", seed=2,
                                                    finalists=1))
     b.start()
     time.sleep(1.0)  # B has its (empty) snapshot and waits in warm_start (B is slow to start)
-    run_study(_toy("A", evaluated), trials=1, storage=db, study_name="toy", sampler="random", seed=1, finalists=1)
+    run_study(_Toy("A", evaluated), trials=1, storage=db, study_name="toy", sampler="random", seed=1, finalists=1)
     a_done.set()
     b.join(60)
     configs = [c for who, c in evaluated[1:]]  # the first run above was a warm-up on a deleted study
@@ -496,10 +489,10 @@ def test_a_trial_told_while_a_joining_process_reads_the_study_is_not_measured_ag
     monkeypatch.setattr(_storage.Heartbeat, "fail_stale", arm)
     monkeypatch.setattr(optuna.Study, "get_trials", read)
     a = threading.Thread(target=lambda: run_study(
-        _toy("A", evaluated, on_evaluate=lambda: (a_evaluating.set(), b_read.wait(30))), trials=1, storage=db,
+        _Toy("A", evaluated, on_evaluate=lambda: (a_evaluating.set(), b_read.wait(30))), trials=1, storage=db,
         study_name="toy", sampler="random", seed=1, finalists=1))
     b = threading.Thread(name="B", target=lambda: (a_evaluating.wait(30), run_study(
-        _toy("B", evaluated), trials=3, storage=db, study_name="toy", sampler="random", seed=2, finalists=1)))
+        _Toy("B", evaluated), trials=3, storage=db, study_name="toy", sampler="random", seed=2, finalists=1)))
     a.start()
     b.start()
     a.join(60)

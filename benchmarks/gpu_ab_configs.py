@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         fam = load_family(art.key.family)
         space = Space(make_problem(fam, ",".join(map(str, art.key.shape)), art.key.dtype, chip), chip)
         published = dict(art.manifest.config)
-        entry: dict[str, Any] = {"family": art.key.family, "shape": list(art.key.shape), "published": published,
+        entry: dict[str, Any] = {"family": art.key.family, "shape": list(art.key.shape), "dtype": art.key.dtype,
+                                 "published": published,
                                  "rows": []}
         results.append(entry)
         for why, cfg in candidates(space, published, a.per):

@@ -21,21 +21,23 @@ from pathlib import Path
 from typing import Any
 
 
-def picks(ab: dict[str, Any], above: float) -> list[tuple[str, list[int], dict[str, Any], float]]:
-    """(family, shape, config, interval low) of each artifact's best timed candidate whose interval's low end
+def picks(ab: dict[str, Any], above: float) -> list[tuple[str, list[int], str, dict[str, Any], float]]:
+    """(family, shape, dtype, config, interval low) of each artifact's best timed candidate whose interval's low end
     against the published config exceeds ``above``."""
     out = []
     for entry in ab.get("rows", []):
         timed = [r for r in entry.get("rows", []) if isinstance(r.get("low"), (int, float)) and r["low"] > above]
         if timed:
             best = max(timed, key=lambda r: (r["low"], r["median"]))
-            out.append((str(entry["family"]), [int(d) for d in entry["shape"]], dict(best["config"]), float(best["low"])))
+            out.append((str(entry["family"]), [int(d) for d in entry["shape"]], str(entry.get("dtype", "float16")),
+                        dict(best["config"]), float(best["low"])))
     return out
 
 
-def command(family: str, shape: list[int], config: dict[str, Any], store: str, trials: int) -> list[str]:
+def command(family: str, shape: list[int], dtype: str, config: dict[str, Any], store: str, trials: int) -> list[str]:
     start = ",".join(f"{k}={v}" for k, v in config.items())
-    return [sys.executable, "-m", "kernsearch", "tune", family, "--shape", ",".join(map(str, shape)), "--backend",
+    return [sys.executable, "-m", "kernsearch", "tune", family, "--shape", ",".join(map(str, shape)), "--dtype", dtype,
+            "--backend",
             "cuda", "--start", start, "--trials", str(trials), "--publish", "--store", store, "--json"]
 
 
@@ -48,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds for each tune")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args(argv)
-    for family, shape, config, low in picks(json.loads(a.ab.read_text()), a.above):
-        cmd = command(family, shape, config, a.store, a.trials)
+    for family, shape, dtype, config, low in picks(json.loads(a.ab.read_text()), a.above):
+        cmd = command(family, shape, dtype, config, a.store, a.trials)
         print(f"{family} {shape}: candidate {config} (interval low {low:.2f} against the published config)", flush=True)
         print(" ".join(cmd[1:]), flush=True)
         if a.dry_run:

@@ -40,7 +40,7 @@ def test_only_a_candidate_whose_interval_clears_the_line_is_offered_and_the_best
     from gpu_ab_publish import command, picks
 
     ab = {"rows": [
-        {"family": "qmatvec_residual", "shape": [4, 4096, 4096, 512, 64], "rows": [
+        {"family": "qmatvec_residual", "shape": [4, 4096, 4096, 512, 64], "dtype": "float16", "rows": [
             {"config": {"RT": 1}, "median": 1.30, "low": 1.21, "high": 1.40},
             {"config": {"RT": 2}, "median": 1.50, "low": 1.04, "high": 1.90},  # wide: its low is below the line
             {"config": {"KS": 2}, "median": 1.25, "low": 1.23, "high": 1.27},
@@ -48,7 +48,7 @@ def test_only_a_candidate_whose_interval_clears_the_line_is_offered_and_the_best
         {"family": "rmsnorm_qmatvec", "shape": [4, 12288, 4096, 512, 64], "rows": [
             {"config": {"RT": 2}, "median": 1.02, "low": 0.99, "high": 1.05}]}]}
     (pick,) = picks(ab, 1.05)
-    assert pick == ("qmatvec_residual", [4, 4096, 4096, 512, 64], {"KS": 2}, 1.23)
-    cmd = command(*pick[:3], "/tmp/store", 6)
-    assert cmd[cmd.index("--start") + 1] == "KS=2" and "--publish" in cmd and cmd[cmd.index("--store") + 1] == "/tmp/store"
+    assert pick == ("qmatvec_residual", [4, 4096, 4096, 512, 64], "float16", {"KS": 2}, 1.23)
+    cmd = command(*pick[:4], "/tmp/store", 6)
+    assert cmd[cmd.index("--start") + 1] == "KS=2" and cmd[cmd.index("--dtype") + 1] == "float16" and "--publish" in cmd and cmd[cmd.index("--store") + 1] == "/tmp/store"
     assert picks(ab, 1.3) == []

@@ -3,7 +3,7 @@
 # with MLX_MAX_OPS_PER_BUFFER=8 (the sync loop's best buffer size in bench decode).
 set -u
 export PYTHONUNBUFFERED=1 KERNSEARCH_HOME=$(mktemp -d) KERNSEARCH_KERNEL_CACHE=/tmp/ks-kernel-cache HF_HUB_OFFLINE=1
-rm -rf /tmp/store; mkdir -p /tmp/store; cp -r .gpustore7b/store/. /tmp/store/
+[ -d /tmp/store ] || { mkdir -p /tmp/store; cp -r .gpustore7b/store/. /tmp/store/; }  # the store of this machine's tunes where there is one
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site4 .whl/mlx_lm-*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site4
 timeout "${L1:-220}" python3 benchmarks/gpu_mlx_lm_probe.py --store /tmp/store --out "$OUT/default" --forms compiled \
   --rounds "${ROUNDS:-10}" 2>&1 | grep -vE "^\[INFO\]|^built"

@@ -95,3 +95,26 @@ def test_another_error_named_like_a_storage_one_stays_a_bug(monkeypatch: pytest.
     monkeypatch.setattr(cli, "app", broken)
     with pytest.raises(OperationalError):
         cli.main(["studies"])
+
+
+@pytest.mark.parametrize(("module", "url", "said"), [
+    ("tenacity", "sqlite:///{tmp}/s.db", "tenacity is missing"),
+    ("psycopg", "postgresql://u:pw@127.0.0.1:9/k", "the PostgreSQL driver is missing"),
+])
+def test_a_missing_module_is_named_as_it_is(monkeypatch: pytest.MonkeyPatch, tmp_path: object, module: str, url: str,
+                                           said: str) -> None:
+    """A storage that cannot open because a module is missing says which one: a SQLite study on a host without
+    tenacity was told that the PostgreSQL driver was missing (eleventh session, on the GPU host)."""
+    import sys
+
+    from kernsearch._errors import KernsearchError
+    from kernsearch.studies._storage import make_storage
+
+    monkeypatch.setitem(sys.modules, module, None)  # `import module` raises ImportError(name=module)
+    if module == "psycopg":  # SQLAlchemy imports the driver by its dialect's name
+        for name in [n for n in sys.modules if n.startswith("psycopg.")]:
+            monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(KernsearchError) as err:
+        make_storage(url.format(tmp=tmp_path))
+    assert said in str(err.value) and (module == "psycopg") == ("PostgreSQL" in str(err.value))
+    assert "pw" not in str(err.value)

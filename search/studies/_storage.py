@@ -156,9 +156,25 @@ def make_storage(url: str | None) -> Any:
     except Exception as exc:  # noqa: BLE001 - bad URL, missing driver, unreachable server
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if isinstance(exc, ImportError):
-            detail = "the PostgreSQL driver is missing (pip install 'psycopg[binary]')"
+            detail = missing_module(exc)
         shown = detail.replace(url, redact(url))[:300]
         raise KernsearchError(f"cannot open study storage {redact(url)!r}: {shown}") from None
+
+
+def missing_module(exc: ImportError) -> str:
+    """What a failed import while opening a storage says: the PostgreSQL driver only when psycopg is what is
+    missing (a GPU host without tenacity was told to install psycopg, eleventh session), else the module's name."""
+    seen: BaseException | None = exc
+    name = ""
+    for _ in range(8):  # optuna re-raises the driver's ImportError as its own, without the module's name
+        if seen is None or name:
+            break
+        name = (getattr(seen, "name", None) or "").split(".")[0]
+        seen = seen.__cause__ or seen.__context__
+    if name == "psycopg":
+        return "the PostgreSQL driver is missing (pip install 'psycopg[binary]')"
+    shown = name if name.isidentifier() else "a module"
+    return f"{shown} is missing (kernsearch's dependencies are not all installed: pip install kernsearch)"
 
 
 def retry_collisions(call: Callable[[], T]) -> T:

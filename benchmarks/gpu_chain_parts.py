@@ -46,7 +46,9 @@ PUBLISHED: dict[int, dict[str, dict[str, Any]]] = {
         "gate_up": {**MMA, "TW": 1, "KS": 2, "RT": 1, "UNROLL": 2},
         "down": {**MMA, "TW": 2, "KS": 4, "RT": 1, "UNROLL": 4}},
 }
-FORMS = ("kernel", "null", "null_direct", "null_x", "null_xk")
+FORMS = ("kernel", "null", "null_direct", "null_x", "null_xk", "null_packed")
+#: The quantized matrices' arrays, which ``null_packed`` takes as one array (``P``).
+MATS = ("W", "S", "Bq", "Wu", "Su", "Bu")
 STREAM_NULL = "if (blockIdx.x == 0 && threadIdx.x == 0) { Y[0] = D[0]; }"
 
 
@@ -55,7 +57,8 @@ def built(mx: Any, backend: Any, call: Call, shape: StepShape, m: int, cfg: dict
     """``fn(*arrays)`` of the config and the input names it takes. ``form``: ``kernel``; ``null``: its twin with
     the same launch whose body copies one value; ``null_direct``: that twin called without ``kernel_call``'s
     ``mx.compile`` wrapper; ``null_x``: the twin taking X alone; ``null_xk``: the twin whose output is X's shape
-    (chained without the link's view ops)."""
+    (chained without the link's view ops); ``null_packed``: the twin taking the quantized matrices' arrays as one
+    (what a packed weight layout would pass)."""
     null = form != "kernel"
     fam = load_family(call.family)
     dims = shape.dims(m, call)
@@ -73,12 +76,15 @@ def built(mx: Any, backend: Any, call: Call, shape: StepShape, m: int, cfg: dict
         if form == "null_x":
             names = ["X"]
             source = replace(source, input_names=("X",))
+        elif form == "null_packed":
+            names = [n for n in names if n not in MATS] + ["P"]
+            source = replace(source, input_names=(*names, *source.input_names[len(fam.inputs):]))
         body = f"if (blockIdx.x == 0 && threadIdx.x == 0) {{ {source.output_names[0]}[0] = X[0]; }}"
         # built as the back-end builds the real one (backends/_mlx_base._make_kernel), its body the only change
         texts = factory_texts("cuda", source.header, body, int(geo.shared_memory))
         extra = {"shared_memory": int(geo.shared_memory)} if get_target("cuda").shared_memory_at_build else {}
         kern = kernel_factory("cuda")(
-            name=source.name + ("_nullx" if form == "null_x" else "_null"), input_names=list(source.input_names), output_names=list(source.output_names),
+            name=f"{source.name}_{form if form in ('null_x', 'null_packed') else 'null'}", input_names=list(source.input_names), output_names=list(source.output_names),
             source=texts.source, header=texts.header, ensure_row_contiguous=True, **extra)
     else:
         kern = backend.kernel(source, geo)
@@ -94,7 +100,7 @@ def built(mx: Any, backend: Any, call: Call, shape: StepShape, m: int, cfg: dict
         return direct, names
     fn = kernel_call(kern, [(k, getattr(mx, v) if isinstance(v, str) else v) for k, v in source.template],
                      geo.grid, geo.threadgroup, outs, [getattr(mx, d) for d in geo.output_dtypes],
-                     params, [] if form == "null_x" else [t.name in geo.transposed_inputs for t in fam.inputs],
+                     params, [] if form in ("null_x", "null_packed") else [t.name in geo.transposed_inputs for t in fam.inputs],
                      geo.init_value)
     return fn, names
 
@@ -106,7 +112,7 @@ def chains(mx: Any, shape: StepShape, layers: list[Any], call: Call, m: int, fns
     r0 = (0.5 * mx.random.normal((m, call.n), key=mx.random.key(m + 1))).astype(dt)
     mx.eval(x0, r0)
     residual = call.role in ("o", "down")
-    named = [call_inputs(lay, call.role) for lay in layers]
+    named = [packed(mx, call_inputs(lay, call.role)) for lay in layers]
     forms: dict[str, Any] = {}
     for label, (fn, names) in fns.items():
         def run(fn: Any = fn, names: list[str] = names) -> Any:
@@ -127,6 +133,13 @@ def chains(mx: Any, shape: StepShape, layers: list[Any], call: Call, m: int, fns
     for label in list(forms):
         forms[label + " compiled"] = mx.compile(forms[label])
     return forms
+
+
+def packed(mx: Any, named: dict[str, Any]) -> dict[str, Any]:
+    """The call's arrays and ``P``: its quantized matrices' arrays as one byte array (made once, before timing)."""
+    pk = mx.concatenate([mx.view(named[n].reshape(-1), mx.uint8) for n in MATS if n in named])
+    mx.eval(pk)
+    return {**named, "P": pk}
 
 
 def null_reader(mx: Any) -> Any:

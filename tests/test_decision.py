@@ -253,6 +253,15 @@ def test_consumer_low_uses_ratios_where_recorded_and_the_recorded_low_otherwise(
     assert "99% interval 1.10-1.19 over 10 rounds" in modes_text(new, ("graph",))
 
 
+def test_the_headline_and_the_paired_rounds_median_are_both_said() -> None:
+    """The final round's ratio of medians (the headline) and the paired rounds' median ratio come from different
+    rounds: an H200 tune printed `1.22x (range 0.69-2.67; 99% interval 1.31-8.97 over 10 rounds)`, a headline
+    below the interval's lower end, as if the bound were wrong. The paired median is said beside its interval."""
+    ratios = [1.31, 1.35, 1.4, 1.42, 1.44, 1.46, 1.5, 1.6, 2.0, 8.97]
+    text = modes_text({"graph": {"speedup": 1.22, "low": 0.69, "high": 2.67, "ratios": ratios}}, ("graph",))
+    assert text == "1.22x (range 0.69-2.67; paired rounds 1.45x, 99% interval 1.31-8.97 over 10 rounds) graph"
+
+
 # -- the round loop ---------------------------------------------------------------------------------------------
 
 class _Clock:

@@ -5,7 +5,8 @@ reference) and through the exported package's fused families, interleaved round 
 (graph mode: the layers of a token are dependent calls, as a decode runs). Beside them, the same bytes read by a
 streaming kernel in the same chain of launches: the limit a step can approach. Each fused kernel is also timed alone,
 as a chain of dependent calls over every layer's weights (cold: the weights of 32 layers do not fit any cache),
-against its op and the streaming read of its bytes.
+against its op, the streaming read of its bytes and that read called as the package's call is
+(:mod:`kernsearch.bench._call_stream`).
 
 On MLX's CPU back-end the same code checks the package's output against plain MLX's; its timings are the CPU's,
 never a GPU's (the report says so and carries no measured evidence).
@@ -21,7 +22,7 @@ from typing import Any
 
 from .._rules import ratio_interval
 from .._vocabulary import Evidence, Target
-from ._step import EPS, Bound, Call, Layer, StepShape, qmm
+from ._step import EPS, Bound, Call, Layer, StepShape, call_inputs, qmm
 
 #: The streaming read (CUDA): every 16-byte word of A once, XOR-folded so the loads are not dead; ``D`` (the previous
 #: read's result) is an input only to order the reads as dependent launches.
@@ -214,6 +215,12 @@ class KernelRow:
     us_compiled: float | None = None
     stream_us_compiled: float | None = None
     pct_of_stream_compiled: float | None = None
+    #: The streaming read called and chained as the package's call is (:mod:`kernsearch.bench._call_stream`): what a
+    #: kernel exactly as fast as the streaming read would take as the package calls it; the kernel against it.
+    call_stream_us: float | None = None
+    pct_of_call_stream: float | None = None
+    call_stream_us_compiled: float | None = None
+    pct_of_call_stream_compiled: float | None = None
 
 
 @dataclass(frozen=True)
@@ -256,13 +263,22 @@ def derive(mx: Any, y: Any, k: int) -> Any:
     return mx.concatenate([y] * math.ceil(k / n), axis=1)[:, :k]
 
 
+#: ``(call, M) -> (input names, parameter arrays, read)``: the streaming read called as the call is
+#: (:mod:`kernsearch.bench._call_stream`), made per call where the device runs custom kernels.
+CallStreams = Callable[[Call, int], tuple[tuple[str, ...], dict[str, Any], Callable[[Sequence[Any]], Any]]]
+
+
 class KernelChains:
-    """Each fused call of the layer alone: the op (what a user writes), the package's bound call and the streaming
-    read of its bytes, each a chain of dependent calls over the layers' weights."""
+    """Each fused call of the layer alone: the op (what a user writes), the package's bound call, the streaming
+    read of its bytes and, where ``call_streams`` is given, the streaming read called and chained as the package's
+    call is (its inputs, its output's shape, the same link), each a chain of dependent calls over the layers'
+    weights."""
 
     def __init__(self, mx: Any, shape: StepShape, layers: Sequence[Layer], bound: Sequence[dict[str, Bound]],
-                 flats: Sequence[dict[str, Any]] | None, read: Callable[[Any, Any], Any] | None) -> None:
+                 flats: Sequence[dict[str, Any]] | None, read: Callable[[Any, Any], Any] | None,
+                 call_streams: CallStreams | None = None) -> None:
         self.mx, self.shape, self.layers, self.bound, self.flats, self.read = mx, shape, layers, bound, flats, read
+        self.call_streams = call_streams
         self.mm = qmm(mx, shape)
 
     def op(self, call: Call, lay: Layer, x: Any, r: Any) -> Any:
@@ -308,6 +324,19 @@ class KernelChains:
             return x
 
         forms = {"op": op, "package": package}
+        if self.call_streams is not None:
+            names, params, stream_call = self.call_streams(call, m)
+            named = [{**call_inputs(lay, call.role), **params} for lay in self.layers]
+
+            def call_stream() -> Any:
+                x, r = x0, r0
+                for arrays in named:
+                    fed = {**arrays, "X": x, "R": r}
+                    x, r = link(stream_call([fed[n] for n in names]), r)
+                return x
+
+            forms["call_stream"] = call_stream
+            forms["call_stream" + COMPILED] = mx.compile(call_stream)
         if self.read is not None and self.flats is not None:
             read, flats = self.read, self.flats
             d0 = mx.zeros((1,), dtype=mx.uint32)
@@ -352,11 +381,13 @@ def kernel_row(call: Call, shape: StepShape, m: int, t: dict[str, list[float]], 
     dims = shape.dims(m, call)
     stream = median(t["stream"]) * 1e3 / layers if "stream" in t else None
     us = p.new_ms * 1e3 / layers
-    compiled = {f: median(t[f + COMPILED]) * 1e3 / layers if f + COMPILED in t else None for f in ("package", "stream")}
-    cu, cs = compiled["package"], compiled["stream"]
+    per = {f: median(t[f]) * 1e3 / layers if f in t else None
+           for f in ("call_stream", *(g + COMPILED for g in ("package", "stream", "call_stream")))}
+    cu, cs, cc = per["package" + COMPILED], per["stream" + COMPILED], per["call_stream" + COMPILED]
     return KernelRow(call.family, call.role, ",".join(str(v) for v in dims.values()), m, us, p.ref_ms * 1e3 / layers,
                      p.speedup, p.low, p.high, stream, pct(stream, us), chose, cu, cs,
-                     pct(cs, cu) if cu is not None else None)
+                     pct(cs, cu) if cu is not None else None, per["call_stream"], pct(per["call_stream"], us), cc,
+                     pct(cc, cu) if cu is not None else None)
 
 
 def evidence_for(kind: str | None) -> str | None:

@@ -19,6 +19,7 @@ from typing import Any
 from ..artifacts._artifacts import ArtifactStore
 from ..exporting._export import export
 from ..family._spec import Family, load_family
+from ._call_stream import call_streams
 from ._decode import (
     COMPILED,
     PACKAGE_FORMS,
@@ -62,9 +63,9 @@ def fused_families(shape: StepShape) -> dict[str, Family]:
         if call.family in out:
             continue
         fam = load_family(call.family)
-        eps = fam.params.get("eps")
-        if isinstance(eps, (int, float)) and abs(float(eps) - EPS) > 1e-12:
-            raise BenchError(f"{call.family}: its eps {eps} is not the step's {EPS}")
+        eps = fam.param_values.get("eps")  # the value (``params`` holds the spec's Param records)
+        if eps is not None and abs(float(eps) - EPS) > 1e-12:
+            raise BenchError(f"{call.family}: its eps {float(eps):g} is not the step's {EPS:g}")
         out[call.family] = fam
     return out
 
@@ -133,7 +134,8 @@ def run_decode(shape: StepShape, ms: Sequence[int], rounds: int, store: Artifact
             report.explain.update({k: str(d) for k, d in decisions.items()})
             report.rows.extend(_step_rows(mx, shape, layers, bound, flats, read, m, rounds, spec, say))
             if kernels:
-                chains = KernelChains(mx, shape, layers, bound, flats, read)
+                streams = call_streams(mx, kind, families, layers[0]) if read is not None and kind else None
+                chains = KernelChains(mx, shape, layers, bound, flats, read, streams)
                 for call in shape.all_calls():
                     chose = str(decisions[f"M={m} {call.role}"].artifact or "op")
                     report.kernels.append(_kernel_row(chains, call, shape, m, rounds, chose, say))
@@ -191,6 +193,8 @@ def _kernel_row(chains: KernelChains, call: Call, shape: StepShape, m: int, roun
     t = interleaved(chains.mx, chains.forms(call, m), rounds)
     row = kernel_row(call, shape, m, t, len(chains.layers), chose)
     stream = "" if row.stream_us is None else f", stream {row.stream_us:.1f} us ({row.pct_of_stream:.0f} %)"
+    if row.call_stream_us is not None:
+        stream += f", stream as the call is called {row.call_stream_us:.1f} us ({row.pct_of_call_stream:.0f} %)"
     if row.us_compiled is not None and row.stream_us_compiled is not None:
         stream += (f"; compiled chains {row.us_compiled:.1f} us vs stream {row.stream_us_compiled:.1f} us "
                    f"({row.pct_of_stream_compiled:.0f} %)")

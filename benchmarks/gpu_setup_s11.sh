@@ -1,8 +1,8 @@
 # The eleventh session's install on a warm machine after `install-gpu-wheels.sh stage` (../shared/device/README.md):
 # MLX from .gpuwheels/b; the package's pure-Python dependencies the machine lacks from .gpuwheels/c (pydantic,
-# tenacity, typer, rich, flit_core: `pip download --no-deps --only-binary=:all: --python-version 3.12` of each) and
-# plotly from .gpuwheels/d where carried (b, c and the tree fit in a call's 64 MiB only without it); kernsearch
-# itself; and the store this session tuned (gpu_run_s11_tune.sh's tarball, kept in benchmarks/data) in /tmp/store.
+# tenacity, typer, rich, flit_core) and plotly from .gpuwheels/d where carried (both fetched here by
+# benchmarks/gpu_fetch_deps.sh; b, c and the tree fit in a call's 64 MiB only without d); kernsearch itself; and
+# the store this session tuned (gpu_run_s11_tune.sh's tarball, kept in benchmarks/data) in /tmp/store.
 # Then: export PYTHONPATH=/tmp/site:/tmp/site3:/tmp/site5 PATH=$PATH:/usr/local/cuda/bin
 [ -d /tmp/site/mlx ] || bash /tmp/gpuwheels/install-gpu-wheels.sh install >/dev/null 2>&1
 rm -rf /tmp/site3 /tmp/site5

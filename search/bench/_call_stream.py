@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._errors import KernsearchError
+from .._vocabulary import Target
 
 #: 16-byte words of one weight input read once by the grid, four in flight a thread, then its tail bytes.
 _READ_CUDA = """    {{
@@ -80,7 +81,7 @@ def call_stream_source(kind: str, call: CallShape) -> str:
             raise KernsearchError(f"bench decode: input name {name[:40]!r} is not a plain identifier")
     if "X" not in call.names or call.x_size <= 0:
         raise KernsearchError("bench decode: a call's streaming read needs its input X")
-    cuda = kind == "cuda"
+    cuda = kind == Target.CUDA
     read, head, tail = (_READ_CUDA, _HEAD_CUDA, _TAIL_CUDA) if cuda else (_READ_METAL, _HEAD_METAL, _TAIL_METAL)
     body = [head]
     for name in call.names:
@@ -97,7 +98,7 @@ def call_stream_source(kind: str, call: CallShape) -> str:
 def call_stream_reader(mx: Any, kind: str, call: CallShape, cores: int) -> Callable[[Sequence[Any]], Any]:
     """``read(arrays)``: one launch of the call's streaming read on ``arrays`` (in ``call.names``' order); its
     output has the call's shape and X's dtype."""
-    cuda = kind == "cuda"
+    cuda = kind == Target.CUDA
     make = mx.fast.cuda_kernel if cuda else mx.fast.metal_kernel
     source = call_stream_source(kind, call)
     name = "ks_bench_call_stream_" + "_".join(call.names) + "_" + "x".join(str(d) for d in call.out_shape)

@@ -46,9 +46,11 @@ PUBLISHED: dict[int, dict[str, dict[str, Any]]] = {
         "gate_up": {**MMA, "TW": 1, "KS": 2, "RT": 1, "UNROLL": 2},
         "down": {**MMA, "TW": 2, "KS": 4, "RT": 1, "UNROLL": 4}},
 }
-FORMS = ("kernel", "null", "null_direct", "null_x", "null_xk", "null_packed")
+FORMS = ("kernel", "null", "null_direct", "null_x", "null_xk", "null_packed", "null_cat")
 #: The quantized matrices' arrays, which ``null_packed`` takes as one array (``P``).
 MATS = ("W", "S", "Bq", "Wu", "Su", "Bu")
+#: ``null_cat``'s inputs for the gate/up call: each of W, S, Bq with the up matrix's rows after the gate's.
+CAT = {"W": "Wcat", "S": "Scat", "Bq": "Bcat"}
 STREAM_NULL = "if (blockIdx.x == 0 && threadIdx.x == 0) { Y[0] = D[0]; }"
 
 
@@ -58,7 +60,8 @@ def built(mx: Any, backend: Any, call: Call, shape: StepShape, m: int, cfg: dict
     the same launch whose body copies one value; ``null_direct``: that twin called without ``kernel_call``'s
     ``mx.compile`` wrapper; ``null_x``: the twin taking X alone; ``null_xk``: the twin whose output is X's shape
     (chained without the link's view ops); ``null_packed``: the twin taking the quantized matrices' arrays as one
-    (what a packed weight layout would pass)."""
+    (what a packed weight layout would pass); ``null_cat``: for the gate/up call, the twin taking gate and up as
+    one matrix of 2N rows (three arrays, not six)."""
     null = form != "kernel"
     fam = load_family(call.family)
     dims = shape.dims(m, call)
@@ -79,12 +82,15 @@ def built(mx: Any, backend: Any, call: Call, shape: StepShape, m: int, cfg: dict
         elif form == "null_packed":
             names = [n for n in names if n not in MATS] + ["P"]
             source = replace(source, input_names=(*names, *source.input_names[len(fam.inputs):]))
+        elif form == "null_cat":  # gate and up as one matrix of 2N rows (as Q/K/V are): three arrays, not six
+            names = [CAT.get(n, n) for n in names if n not in ("Wu", "Su", "Bu")]
+            source = replace(source, input_names=(*names, *source.input_names[len(fam.inputs):]))
         body = f"if (blockIdx.x == 0 && threadIdx.x == 0) {{ {source.output_names[0]}[0] = X[0]; }}"
         # built as the back-end builds the real one (backends/_mlx_base._make_kernel), its body the only change
         texts = factory_texts("cuda", source.header, body, int(geo.shared_memory))
         extra = {"shared_memory": int(geo.shared_memory)} if get_target("cuda").shared_memory_at_build else {}
         kern = kernel_factory("cuda")(
-            name=f"{source.name}_{form if form in ('null_x', 'null_packed') else 'null'}", input_names=list(source.input_names), output_names=list(source.output_names),
+            name=f"{source.name}_{form if form in ('null_x', 'null_packed', 'null_cat') else 'null'}", input_names=list(source.input_names), output_names=list(source.output_names),
             source=texts.source, header=texts.header, ensure_row_contiguous=True, **extra)
     else:
         kern = backend.kernel(source, geo)
@@ -100,7 +106,7 @@ def built(mx: Any, backend: Any, call: Call, shape: StepShape, m: int, cfg: dict
         return direct, names
     fn = kernel_call(kern, [(k, getattr(mx, v) if isinstance(v, str) else v) for k, v in source.template],
                      geo.grid, geo.threadgroup, outs, [getattr(mx, d) for d in geo.output_dtypes],
-                     params, [] if form in ("null_x", "null_packed") else [t.name in geo.transposed_inputs for t in fam.inputs],
+                     params, [] if form in ("null_x", "null_packed", "null_cat") else [t.name in geo.transposed_inputs for t in fam.inputs],
                      geo.init_value)
     return fn, names
 
@@ -138,8 +144,10 @@ def chains(mx: Any, shape: StepShape, layers: list[Any], call: Call, m: int, fns
 def packed(mx: Any, named: dict[str, Any]) -> dict[str, Any]:
     """The call's arrays and ``P``: its quantized matrices' arrays as one byte array (made once, before timing)."""
     pk = mx.concatenate([mx.view(named[n].reshape(-1), mx.uint8) for n in MATS if n in named])
-    mx.eval(pk)
-    return {**named, "P": pk}
+    cat = {CAT[a]: mx.concatenate([named[a], named[b]]) for a, b in (("W", "Wu"), ("S", "Su"), ("Bq", "Bu"))
+           if b in named}
+    mx.eval(pk, *cat.values())
+    return {**named, "P": pk, **cat}
 
 
 def null_reader(mx: Any) -> Any:
@@ -191,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     by_role = {c.role: c for c in shape.all_calls()}
     for role in a.roles.split(","):
         call, cfg = by_role[role], PUBLISHED[a.m][role]
-        fns = {label: built(mx, backend, call, shape, a.m, cfg, chip, label) for label in FORMS}
+        fns = {label: built(mx, backend, call, shape, a.m, cfg, chip, label) for label in FORMS
+               if label != "null_cat" or role == "gate_up"}
         if dry:
             mx.eval(chains(mx, shape, layers, call, a.m, {"kernel": fns["kernel"]}, None, {})["kernel"]())
             print(f"{role}: {cfg} renders; dry run", flush=True)

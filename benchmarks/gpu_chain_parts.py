@@ -29,7 +29,7 @@ from typing import Any
 
 from kernsearch import Space, get_backend, load_family, make_problem, render
 from kernsearch._rules import factory_texts
-from kernsearch.bench._decode import derive, device_kind, interleaved, median, stream_reader
+from kernsearch.bench._decode import derive, device_kind, interleaved, median, stream_grid, stream_reader
 from kernsearch.bench._step import Call, StepShape, build_layers, call_inputs
 from kernsearch.exporting.runtime._runtime import kernel_call
 from kernsearch.family._render import geometry
@@ -153,7 +153,7 @@ def packed(mx: Any, named: dict[str, Any]) -> dict[str, Any]:
 def null_reader(mx: Any) -> Any:
     kernel = mx.fast.cuda_kernel(name="ks_bench_stream_null", input_names=["A", "D"], output_names=["Y"],
                                  source=STREAM_NULL)
-    grid = ((int(mx.device_info().get("multi_processor_count", 0) or 0) or 132) * 4 * 512, 1, 1)
+    grid = stream_grid(mx)
 
     def read(a: Any, d: Any) -> Any:
         return kernel(inputs=[a, d], template=[], grid=grid, threadgroup=(512, 1, 1), output_shapes=[(1,)],

@@ -137,8 +137,8 @@ def _versus(new: Measurements, version: str, min_gain: float, modes: Sequence[st
         return None
     ratios = {str(m): r for m, r in vs.modes.items()}
     margin = max(DEFAULT_MARGIN, min_gain)
-    said = "; ".join(f"{m} {interval_text(ratio_interval(r))} (median {ratio_interval(r).median:.2f}x)"
-                     for m, r in sorted(ratios.items()))
+    intervals = {m: ratio_interval(r) for m, r in sorted(ratios.items())}
+    said = "; ".join(f"{m} {interval_text(i)} (median {i.median:.2f}x)" for m, i in intervals.items())
     if decide(ratios, tuple(modes), margin) == Verdict.FASTER:
         return True, f"faster than {version} in paired rounds of one run, as consumers call them: {said}"
     return False, (f"not faster than {version} by more than {margin:.0%} in paired rounds of one run, as consumers "

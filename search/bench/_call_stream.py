@@ -16,12 +16,15 @@ hostile, and no text from it reaches generated code unchecked) and the arrays' b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .._errors import KernsearchError
 from .._vocabulary import Target
+from ..family._spec import Family
+from ._decode import CallStreams, stream_grid
+from ._step import Call, Layer, call_inputs
 
 #: 16-byte words of one weight input read once by the grid, four in flight a thread, then its tail bytes.
 _READ_CUDA = """    {{
@@ -95,15 +98,15 @@ def call_stream_source(kind: str, call: CallShape) -> str:
     return "".join(body)
 
 
-def call_stream_reader(mx: Any, kind: str, call: CallShape, cores: int) -> Callable[[Sequence[Any]], Any]:
-    """``read(arrays)``: one launch of the call's streaming read on ``arrays`` (in ``call.names``' order); its
-    output has the call's shape and X's dtype."""
+def call_stream_reader(mx: Any, kind: str, call: CallShape) -> Callable[[Sequence[Any]], Any]:
+    """``read(arrays)``: one launch of the call's streaming read on ``arrays`` (in ``call.names``' order), on the
+    plain streaming read's grid; its output has the call's shape and X's dtype."""
     cuda = kind == Target.CUDA
     make = mx.fast.cuda_kernel if cuda else mx.fast.metal_kernel
     source = call_stream_source(kind, call)
     name = "ks_bench_call_stream_" + "_".join(call.names) + "_" + "x".join(str(d) for d in call.out_shape)
     kernel = make(name=name, input_names=list(call.names), output_names=[call.out], source=source)
-    grid = (max(cores, 1) * 4 * 512, 1, 1)
+    grid = stream_grid(mx)
     x_at = call.names.index("X")
 
     def read(arrays: Sequence[Any]) -> Any:
@@ -113,16 +116,13 @@ def call_stream_reader(mx: Any, kind: str, call: CallShape, cores: int) -> Calla
     return read
 
 
-def call_streams(mx: Any, kind: str, families: dict[str, Any], layer: Any) -> Callable[[Any, int], Any]:
+def call_streams(mx: Any, kind: str, families: Mapping[str, Family], layer: Layer) -> CallStreams:
     """``(call, M) -> (names, parameter arrays, read)`` for :class:`kernsearch.bench._decode.KernelChains`: the
     call's family's kernel inputs (tensor inputs, then parameters, as the package passes them), its weights' byte
     counts from ``layer`` (every layer's arrays have the same shapes) and a reader per call and M, made once."""
-    from ._step import call_inputs
+    made: dict[tuple[str, int], tuple[tuple[str, ...], dict[str, Any], Callable[[Sequence[Any]], Any]]] = {}
 
-    cores = int(mx.device_info().get("multi_processor_count", 0) or 0) or 132
-    made: dict[tuple[str, int], Any] = {}
-
-    def make(call: Any, m: int) -> Any:
+    def make(call: Call, m: int) -> tuple[tuple[str, ...], dict[str, Any], Callable[[Sequence[Any]], Any]]:
         key = (call.role, m)
         if key not in made:
             fam = families[call.family]
@@ -131,7 +131,7 @@ def call_streams(mx: Any, kind: str, families: dict[str, Any], layer: Any) -> Ca
             shape = CallShape(tuple(fam.kernel_input_names),
                               {t.name: int(named[t.name].nbytes) for t in fam.inputs if t.weight},
                               m * call.k, fam.outputs[0].name, (m, call.n))
-            made[key] = (shape.names, params, call_stream_reader(mx, kind, shape, cores))
+            made[key] = (shape.names, params, call_stream_reader(mx, kind, shape))
         return made[key]
 
     return make

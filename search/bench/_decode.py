@@ -60,6 +60,13 @@ def device_kind(mx: Any) -> str | None:
     return None
 
 
+def stream_grid(mx: Any) -> tuple[int, int, int]:
+    """The streaming reads' grid (threads, in threadgroups of 512): four threadgroups an SM (132 where the device
+    does not say how many it has)."""
+    cores = int(mx.device_info().get("multi_processor_count", 0) or 0) or 132
+    return (cores * 4 * 512, 1, 1)
+
+
 def stream_reader(mx: Any, kind: str | None) -> Callable[[Any, Any], Any] | None:
     """``read(A, D)``: one launch reading all of A; None on the CPU (a CPU has no streaming yardstick here)."""
     if kind is None:
@@ -68,8 +75,7 @@ def stream_reader(mx: Any, kind: str | None) -> Callable[[Any, Any], Any] | None
     make = mx.fast.cuda_kernel if cuda else mx.fast.metal_kernel
     kernel = make(name="ks_bench_stream", input_names=["A", "D"], output_names=["Y"],
                   source=STREAM_CUDA if cuda else STREAM_METAL)
-    cores = int(mx.device_info().get("multi_processor_count", 0) or 0) or 132
-    grid = (cores * 4 * 512, 1, 1)
+    grid = stream_grid(mx)
 
     def read(a: Any, d: Any) -> Any:
         return kernel(inputs=[a, d], template=[], grid=grid, threadgroup=(512, 1, 1), output_shapes=[(1,)],

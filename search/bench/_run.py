@@ -134,7 +134,7 @@ def run_decode(shape: StepShape, ms: Sequence[int], rounds: int, store: Artifact
             report.explain.update({k: str(d) for k, d in decisions.items()})
             report.rows.extend(_step_rows(mx, shape, layers, bound, flats, read, m, rounds, spec, say))
             if kernels:
-                streams = call_streams(mx, kind, families, layers[0]) if read is not None and kind else None
+                streams = call_streams(mx, kind, families, layers[0]) if kind is not None else None
                 chains = KernelChains(mx, shape, layers, bound, flats, read, streams)
                 for call in shape.all_calls():
                     chose = str(decisions[f"M={m} {call.role}"].artifact or "op")

@@ -164,13 +164,13 @@ def make_storage(url: str | None) -> Any:
 def missing_module(exc: ImportError) -> str:
     """What a failed import while opening a storage says: the PostgreSQL driver only when psycopg is what is
     missing (a GPU host without tenacity was told to install psycopg, eleventh session), else the module's name."""
-    seen: BaseException | None = exc
-    name = ""
-    for _ in range(8):  # optuna re-raises the driver's ImportError as its own, without the module's name
-        if seen is None or name:
+    chain: list[BaseException] = [exc]  # optuna re-raises the driver's ImportError as its own, without the name
+    while len(chain) < 8:
+        cause = chain[-1].__cause__ or chain[-1].__context__
+        if cause is None:
             break
-        name = (getattr(seen, "name", None) or "").split(".")[0]
-        seen = seen.__cause__ or seen.__context__
+        chain.append(cause)
+    name = next((str(n).split(".")[0] for n in (getattr(e, "name", None) for e in chain) if n), "")
     if name == "psycopg":
         return "the PostgreSQL driver is missing (pip install 'psycopg[binary]')"
     shown = name if name.isidentifier() else "a module"

@@ -38,6 +38,7 @@ def test_a_chained_activation_depends_on_the_previous_output_and_keeps_its_shape
     y = mx.arange(6).reshape(2, 3).astype(mx.float32)
     assert derive(mx, y, 2).tolist() == [[0, 1], [2, 3]]  # the output's first M·K values: a view, no copy
     assert derive(mx, y, 7).tolist() == [[0, 1, 2, 0, 1, 2, 0], [3, 4, 5, 3, 4, 5, 3]]
+    assert derive(mx, y, 3) is y  # the output itself where shapes agree: no view ops for either side to pay
 
 
 @pytest.mark.parametrize("bad", [dict(bits=5), dict(group=48), dict(hidden=100), dict(layers=0), dict(dtype="int8")])

@@ -261,10 +261,15 @@ def rel_err(mx: Any, got: Any, want: Any) -> float:
 
 def derive(mx: Any, y: Any, k: int) -> Any:
     """The next call's activation [M, K] from this call's output [M, N], by the cheapest op that keeps the chain
-    dependent: the output's first M·K values as a view (no copy, no launch) where it holds enough, else the
-    output repeated (a copy); the op and the package pay the same."""
+    dependent: the output itself where it has the activation's shape (no op, as the gate's link, and as a decode
+    feeds its residual stream; three view primitives there cost both sides 3-5 us a call in MLX and read O at M = 1
+    on the H200 1.10x against 1.23x without them, one process: benchmarks/gpu_link_ab.py), else its first M·K values
+    as a view (no copy, no launch) where it holds enough, else the output repeated (a copy); the op and the package
+    pay the same."""
     m, n = y.shape
-    if n >= k:
+    if n == k:
+        return y
+    if n > k:
         return y.reshape(-1)[: m * k].reshape(m, k)
     return mx.concatenate([y] * math.ceil(k / n), axis=1)[:, :k]
 

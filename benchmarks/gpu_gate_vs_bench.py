@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,20 @@ def _ratios(cuda: Any, art: Any, fam: Any, problem: Any, chip: Any, calls: int, 
     iv = ratio_interval(got)
     return {"calls": calls, "rounds": len(got), "sets": len(sets), "median": got[len(got) // 2], "low": iv.low,
             "high": iv.high}
+
+
+def _with_sets(n: int, run: Any) -> Any:
+    """``run()`` with the final round's rotation of ``n`` copies of the weights (0: the gate's own count)."""
+    from kernsearch.evaluation import _consumer
+
+    if not n:
+        return run()
+    kept = _consumer.weight_sets
+    _consumer.weight_sets = lambda *args, **kw: n  # type: ignore[assignment]
+    try:
+        return run()
+    finally:
+        _consumer.weight_sets = kept
 
 
 def _low(m: Any) -> float | None:
@@ -56,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--family", action="append", default=[])
     ap.add_argument("--m", type=int, default=0, help="only artifacts of this many rows (0: all)")
     ap.add_argument("--tag", default="")
+    ap.add_argument("--sets", default="", help="copies of the weights to rotate, e.g. 10,32 (default: the gate's)")
     a = ap.parse_args(argv)
     from kernsearch import ArtifactStore, get_backend, load_family, make_problem
     from kernsearch.hardware._chips import detect_chip
@@ -76,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
                                "ops_per_buffer": os.environ.get("MLX_MAX_OPS_PER_BUFFER", "default"),
                                "gate": bound, "chains": []}
         for calls in (int(c) for c in a.calls.split(",")):
-            row["chains"].append(_ratios(cuda, art, fam, problem, chip, calls, a.rounds))
+            for sets in [int(n) for n in a.sets.split(",") if n] or [0]:
+                got = _with_sets(sets, partial(_ratios, cuda, art, fam, problem, chip, calls, a.rounds))
+                row["chains"].append({**got, "sets_forced": sets})
         rows.append(row)
         print(json.dumps(row), flush=True)
     a.out.mkdir(parents=True, exist_ok=True)

@@ -18,9 +18,11 @@ def test_variant_names_parse_into_their_knobs() -> None:
     assert ring.Ring.parse("r2u1s4b256p4m4") == ring.Ring("r2u1s4b256p4m4", 2, 1, 4, 256, 4, 4)
     assert ring.Ring.parse("r1u2s6b128p8").mb == 1
     assert lean.Lean.parse("l16u2m8") == lean.Lean("l16u2m8", 16, 2, 8)
-    for bad in ("r1u1s4b256", "l4u2", "l4u2m"):
+    assert lean.Persistent.parse("p8u2m4b2") == lean.Persistent("p8u2m4b2", 8, 2, 4, 2)
+    kinds = {"r": ring.Ring, "l": lean.Lean, "p": lean.Persistent}
+    for bad in ("r1u1s4b256", "l4u2", "l4u2m", "p8u2m4"):
         with pytest.raises(SystemExit):
-            (ring.Ring if bad.startswith("r") else lean.Lean).parse(bad)
+            kinds[bad[0]].parse(bad)
 
 
 def test_shared_memory_covers_what_the_kernels_index() -> None:
@@ -31,7 +33,8 @@ def test_shared_memory_covers_what_the_kernels_index() -> None:
 
 
 def test_the_lean_core_compiles_for_sm90() -> None:
-    """One compile (~8 s): the lean core, the lead for the next session; the ring was measured slower."""
+    """One compile (~8 s) of the lean cores' source (lean and its persistent form lean2, the M = 4 figures of the
+    twelfth session's notes); the ring, measured slower everywhere, is only parsed."""
     from nvcc import NVCC, nvcc
 
     if NVCC is None:

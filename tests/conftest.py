@@ -4,12 +4,35 @@ tmp."""
 from __future__ import annotations
 
 import os
+import sys
 from functools import cache
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+#: Where the suite keeps compiled bytecode when the environment asks for none beside the sources.
+PYCACHE = REPO / ".kernsearch" / "pycache"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    keep_bytecode_outside_the_sources()
+
+
+def keep_bytecode_outside_the_sources() -> None:
+    """Where ``PYTHONDONTWRITEBYTECODE`` is set (containers often set it; this project's development machine does),
+    every Python process the suite starts compiled kernsearch's modules and the tests again from their sources:
+    the xdist workers, hundreds of ``kernsearch`` commands and search workers, ~0.15 s of CPU each and several
+    seconds a worker (issue 42). The suite writes their bytecode to :data:`PYCACHE` instead (``PYTHONPYCACHEPREFIX``,
+    for this process and every process it starts), never beside the sources, which the variable keeps clean; a
+    prefix the environment names is kept. Called before the workers start (pytest_configure)."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        return
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    prefix = os.environ.setdefault("PYTHONPYCACHEPREFIX", str(PYCACHE))
+    sys.dont_write_bytecode = False
+    sys.pycache_prefix = prefix
 
 
 @cache

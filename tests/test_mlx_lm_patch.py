@@ -37,6 +37,8 @@ class _Lazy:
     def __getattr__(self, attr: str):  # noqa: ANN204
         import importlib
 
+        if attr.startswith("_"):  # pytest looks for fixtures behind every module-level name (__wrapped__,
+            raise AttributeError(attr)  # _mock_name): not a reason to import mlx-lm (~2 s a pytest process)
         return getattr(importlib.import_module(self._name), attr)
 
 

@@ -9,7 +9,7 @@ import pytest
 from kernsearch import KernsearchError, load_family
 from kernsearch.family._expr import Expr, ExprError
 
-from .conftest import CANARY, assert_one_line_error, ks, set_key
+from .conftest import CANARY, assert_one_line_error, ks, ks_here, set_key
 
 TEMPLATE_ATTACKS = [
     "{{% set x = cycler.__init__.__globals__.os.system('touch {m}') %}}",
@@ -28,7 +28,10 @@ def test_template_cannot_run_python(hostile_family, tmp_path: Path, attack: str)
     marker = CANARY / "pwned"
     payload = attack.format(m=marker)
     folder = hostile_family(metal=lambda t: t.replace("{% block source %}", "{% block source %}" + payload, 1))
-    proc = ks("render", str(folder), "--chip", "M2 Max", timeout=60)
+    # the loop a bound must stop runs in a process (its timeout ends a hang), as does the first escape; the other
+    # escapes go through the same entry point in this process (issue 42), where a way out would reach this one
+    proc = ks("render", str(folder), "--chip", "M2 Max", timeout=60) if attack in TEMPLATE_ATTACKS[::6] else \
+        ks_here("render", str(folder), "--chip", "M2 Max")
     assert not marker.exists()
     assert_one_line_error(proc, "gemm.metal.j2")
 
@@ -176,7 +179,8 @@ def test_family_name_must_be_an_identifier(hostile_family, name: str) -> None:
     folder = hostile_family(toml=lambda t: set_key(t, "name", name))
     with pytest.raises(KernsearchError, match="name"):
         load_family(str(folder))
-    assert_one_line_error(ks("render", str(folder), "--chip", "M2 Max", timeout=30))
+    run = ks if name == '"../../x"' else ks_here  # the first in a process of its own
+    assert_one_line_error(run("render", str(folder), "--chip", "M2 Max"))
 
 
 def test_knob_names_must_be_identifiers(hostile_family) -> None:

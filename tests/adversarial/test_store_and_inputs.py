@@ -6,6 +6,7 @@ import json
 import os
 import re
 import sqlite3
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from kernsearch import ArtifactStore
 from kernsearch.artifacts._manifest import ArtifactError
 from kernsearch.studies._study import Objective, Record
 
-from .conftest import CANARY, KEY, RANDOM, assert_one_line_error, candidate, key, ks
+from .conftest import CANARY, KEY, RANDOM, assert_one_line_error, candidate, key, ks, ks_here
 
 READERS = [["artifacts", "list"], ["artifacts", "show", KEY], ["artifacts", "verify"], ["export", "gemm", "--out", "{out}"]]
 
@@ -26,11 +27,15 @@ def store(tmp_path: Path) -> Path:
     return root
 
 
-def _run_readers(root: Path, tmp_path: Path, allowed=(0, 1, 2)) -> None:  # noqa: ANN001
+def _run_readers(root: Path, tmp_path: Path, allowed=(0, 1, 2), *, here: bool = False) -> None:  # noqa: ANN001
+    """Every reader of the store on ``root``: each in a process of its own, or (``here``) through the same entry point
+    in this process (issue 42: four processes a test). The FIFO tests keep processes, where a reader that blocks is
+    ended by the timeout."""
+    run = ks_here if here else partial(ks, timeout=60)
     for args in READERS:
         args = [a.format(out=tmp_path / "dist") for a in args]
-        proc = ks(*args, "--store", str(root), timeout=60) if args[0] != "export" else \
-            ks(*args, env={"KERNSEARCH_ARTIFACTS": str(root)}, timeout=60)
+        proc = run(*args, "--store", str(root)) if args[0] != "export" else \
+            run(*args, env={"KERNSEARCH_ARTIFACTS": str(root)})
         assert proc.returncode in allowed, (args, proc.stderr)
         assert "Traceback" not in proc.stderr, (args, proc.stderr)
         if proc.returncode == 2:
@@ -71,7 +76,7 @@ def test_directory_where_a_file_belongs(store: Path, tmp_path: Path, victim: str
     with pytest.raises(ArtifactError):
         s = ArtifactStore(store)
         s.pointer_file(key()) if victim == "CURRENT" else s.load(key())
-    _run_readers(store, tmp_path)
+    _run_readers(store, tmp_path, here=True)
 
 
 @pytest.mark.slow
@@ -85,7 +90,7 @@ def test_version_as_a_file_and_non_utf8_pointer_and_journal(store: Path, tmp_pat
     assert not {r.where: r for r in ArtifactStore(store).verify()}[f"{KEY}/CURRENT"].ok
     (store / KEY / "journal.jsonl").write_bytes(b"\xff\xff\n[1,2]\n\"str\"\n{\"outcome\": 5}\n")
     assert ArtifactStore(store).journal(key()) == []
-    _run_readers(store, tmp_path)
+    _run_readers(store, tmp_path, here=True)
 
 
 @pytest.mark.slow
@@ -93,7 +98,7 @@ def test_deep_json_manifest_is_one_line(store: Path, tmp_path: Path) -> None:
     (store / KEY / "v1" / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ArtifactError, match="nested deeper"):
         ArtifactStore(store).load(key())
-    _run_readers(store, tmp_path)
+    _run_readers(store, tmp_path, here=True)
 
 
 def test_huge_manifest_is_refused_not_read(store: Path, tmp_path: Path) -> None:
@@ -195,7 +200,7 @@ def test_tune_on_a_study_made_for_another_problem_is_one_line_before_the_search(
 
 # -- numeric options: one place for the CLI and job files ----------------------------------------------------
 
-@pytest.mark.parametrize(("args", "flag"), [
+NUMERIC_OPTIONS = [
     (["verify", "gemm", "--timeout", "nan"], "--timeout"),
     (["verify", "gemm", "--timeout", "inf"], "--timeout"),
     (["verify", "gemm", "--timeout", "1e309"], "--timeout"),
@@ -210,10 +215,14 @@ def test_tune_on_a_study_made_for_another_problem_is_one_line_before_the_search(
     (["tune", "gemm", "--finalists", str(2**70)], "--finalists"),
     (["show", "x", "--top", "-5"], "--top"),
     (["tune", "gemm", "--seed", "2**32"], "--seed"),
-])
+]
+
+
+@pytest.mark.parametrize(("args", "flag"), NUMERIC_OPTIONS)
 @pytest.mark.slow
 def test_numeric_options_are_checked_before_anything_starts(args: list[str], flag: str) -> None:
-    assert_one_line_error(ks(*args, "--chip", "M2 Max") if args[0] != "show" else ks(*args), flag)
+    run = ks if (args, flag) == NUMERIC_OPTIONS[7] else ks_here  # a tune refused in a process of its own
+    assert_one_line_error(run(*args, "--chip", "M2 Max") if args[0] != "show" else run(*args), flag)
 
 
 JOB = """
@@ -258,19 +267,25 @@ def _set_line(text: str, key: str, value: str) -> str:
     return head + sep + new
 
 
-@pytest.mark.parametrize("grid", ['"\'abc\'"', '"{1: 2}"', '"[1e999, 1, 1]"', '"[-1, 1, 1]"', '"[0, 1, 1]"',
-                                  '"[2**70, 1, 1]"', '"[1, 1]"', '"[1.5, 1, 1]"'])
+BAD_GRIDS = ['"\'abc\'"', '"{1: 2}"', '"[1e999, 1, 1]"', '"[-1, 1, 1]"', '"[0, 1, 1]"', '"[2**70, 1, 1]"', '"[1, 1]"',
+             '"[1.5, 1, 1]"']
+
+
+@pytest.mark.parametrize("grid", BAD_GRIDS)
 @pytest.mark.slow
 def test_bad_launch_grid_is_one_line(hostile_family, grid: str) -> None:
+    """The first grid in a process of its own, the others through the same entry point in this process."""
     folder = hostile_family(toml=lambda t: _set_line(t, "grid", grid))
-    assert_one_line_error(ks("render", str(folder), "--chip", "M2 Max", timeout=60), "launch.grid")
+    run = ks if grid == BAD_GRIDS[0] else ks_here
+    assert_one_line_error(run("render", str(folder), "--chip", "M2 Max"), "launch.grid")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tg", ['"[0, 1, 1]"', '"[-32, 1, 1]"', '"[2**40, 1, 1]"'])
 def test_bad_threadgroup_is_one_line(hostile_family, tg: str) -> None:
     folder = hostile_family(toml=lambda t: _set_line(t, "threadgroup", tg))
-    assert_one_line_error(ks("render", str(folder), "--chip", "M2 Max", timeout=60), "launch.threadgroup")
+    run = ks if tg == '"[0, 1, 1]"' else ks_here  # the first in a process of its own
+    assert_one_line_error(run("render", str(folder), "--chip", "M2 Max"), "launch.threadgroup")
 
 
 @pytest.mark.slow
@@ -295,7 +310,7 @@ def test_corrupted_sqlite_storage_is_one_line(tmp_path: Path) -> None:
                                   ["verify"], ["artifacts", "show"]])
 @pytest.mark.slow
 def test_usage_errors_are_one_line(args: list[str]) -> None:
-    proc = ks(*args)
+    proc = ks(*args) if args in ([], ["tune", "gemm", "--bogus"]) else ks_here(*args)  # two in processes of their own
     if not args:
         assert proc.returncode == 0 and "Usage" in proc.stdout
         return

@@ -379,7 +379,7 @@ def dry(leans: list[Lean | Persistent], group: int) -> int:
                    str(src)]
             got = subprocess.run(cmd, capture_output=True, text=True, check=False)
             kernel = "lean2" if isinstance(v, Persistent) else "lean"
-            regs = re.findall(rf"Function properties for {kernel}[\s\S]*?Used (\d+) registers", got.stderr)
+            regs = re.findall(rf"Function properties for {kernel}\n[\s\S]*?Used (\d+) registers", got.stderr)
             spill = re.findall(r"(\d+) bytes spill stores", got.stderr)
             print(v.name, "ok" if got.returncode == 0 else got.stderr[-3000:], "registers", regs, "spills", spill,
                   "smem K=11008", v.smem(11008, group))

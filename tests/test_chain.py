@@ -106,6 +106,26 @@ def test_graph_mode_is_one_path_through_the_calls(shape: str) -> None:
         assert not one_path(labels, succ, primitive)
 
 
+def test_a_kernel_with_weights_is_timed_through_the_packages_bound_front(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The final round times a candidate as a consumer of ``family.bind(*weights)`` calls it (issue 38: the planned
+    call alone skipped the front a decode pays every call): one binding per input set, planned by the package's
+    own code on the set's first call, its fast path after (no planning: each call one launch of the kernel)."""
+    from kernsearch.exporting.runtime import _binding
+
+    planned: list[int] = []
+    real = _binding._Binding.planned
+
+    def counted(self: Any, *acts: Any) -> Any:
+        planned.append(len(acts))
+        return real(self, *acts)
+
+    monkeypatch.setattr(_binding._Binding, "planned", counted)
+    _, _, kernel, _ = consumer_calls()
+    labels, _ = dot_graph(chain(kernel, 0, K_CALLS))
+    assert sum(lab == "Sign" for lab in labels.values()) == K_CALLS
+    assert planned == [1]  # X alone (the weights are bound), planned once: the rest took the front's fast path
+
+
 def test_the_derivation_is_the_same_op_for_candidate_and_baseline() -> None:
     backend, fam, kernel, op = consumer_calls()
     derived: list[tuple[str, tuple[int, ...]]] = []

@@ -9,6 +9,7 @@ import io
 import re
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -224,3 +225,38 @@ def test_the_cli_says_a_bad_chain_link_in_one_line_and_exits_2(tmp_path: Any) ->
                           timeout=120, env={**os.environ, "KERNSEARCH_HOME": str(tmp_path)})
     assert done.returncode == 2 and "chain_link: '../../etc/passwd' is not an input" in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
+
+
+FAMILIES = sorted(p.parent.name for p in (Path(__file__).resolve().parents[1] / "templates").glob("*/family.toml"))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_judges_op_is_one_function_written_from_names_made_here(family: str) -> None:
+    """The op is the plan written out as one function (a call costs what hand-written calls cost, not a loop over
+    the plan): its code reads only names made from numbers (inputs ``v*``, functions ``f*``, constants ``c*``)
+    and the keyword names of the vocabulary's tables; no text of the family's expression reaches it."""
+    from kernsearch._rules_expr import KEYWORDS
+    from kernsearch.backends._mlx_base import _TRAILING, judge_op
+
+    fam = load_family(family)
+    op = judge_op(fam, make_problem(fam, None, fam.problem.default_dtype))
+    code = getattr(op, "__code__", None)
+    if code is None:  # compiled where the family gives a reason: the written function inside
+        assert fam.compile_baseline
+        return
+    assert code.co_filename == "<kernsearch plain op>"
+    made = re.compile(r"[vfc]\d+")
+    assert all(made.fullmatch(n) for n in code.co_varnames), code.co_varnames
+    allowed = KEYWORDS | {k for ks in _TRAILING.values() for k in ks} | {"tuple", "list", "__class__"}
+    assert all(made.fullmatch(n) or n in allowed for n in code.co_names), code.co_names
+    assert code.co_argcount == len(fam.inputs)
+
+
+def test_a_keyword_that_is_not_a_name_never_reaches_the_written_op() -> None:
+    from kernsearch._rules_expr import ExpressionError
+    from kernsearch.evaluation._plain_op import plain_op
+
+    tree = ["call", "f", [["name", "X"], ["const", 2]], {}]
+    with pytest.raises(ExpressionError, match="not a name"):
+        plain_op(tree, ["X"], {}, {"f": abs}, {"f": ("a=1)\nimport os\n(",)})
+    assert plain_op(tree, ["X"], {}, {"f": lambda x, k: x * k}, {"f": ("k",)})(3) == 6

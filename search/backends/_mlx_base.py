@@ -296,9 +296,13 @@ class MLXBackend(BaseBackend):
     # -- as consumers call it (the final round: kernsearch.evaluation._consumer) ------------------------
     def consumer_kernel(self, kernel: KernelSource, geometry: Geometry, family: Any, problem: Any,
                         sets: list[dict[str, np.ndarray]]) -> Callable[[int], Any]:
-        """``call(i, previous=None)``: the exported package's planned kernel call (``_runtime.kernel_call``,
-        layout packing inside it) on input set ``i``, its activation chained from ``previous`` where given."""
+        """``call(i, previous=None)``: the kernel as the exported package calls it on input set ``i``, its activation
+        chained from ``previous`` where given: its planned call (``_runtime.kernel_call``, layout packing inside it,
+        so paid), and for a family with weights behind the package's own bound front (``family.bind(*weights)``,
+        one binding per input set: :func:`~kernsearch.exporting.runtime._binding.bind_plan`), what a decode
+        consumer calls."""
         from ..evaluation._chain import chained
+        from ..exporting.runtime._binding import bind_plan
         from ..exporting.runtime._runtime import kernel_call
 
         mx = mx_core()
@@ -310,7 +314,13 @@ class MLXBackend(BaseBackend):
                            geometry.grid, geometry.threadgroup, geometry.output_shapes,
                            [getattr(mx, d) for d in geometry.output_dtypes], params,
                            [t.name in geometry.transposed_inputs for t in family.inputs], geometry.init_value)
-        return chained(call, arrays, self.consumer_link(family))
+        weights = [i for i, t in enumerate(family.inputs) if t.weight]
+        if not weights:
+            return chained(call, arrays, self.consumer_link(family))
+        inputs = [(t.name, t.weight) for t in family.inputs]
+        fronts = [bind_plan(family.name, inputs, call, [row[i] for i in weights]) for row in arrays]
+        acts = [i for i in range(len(inputs)) if i not in weights]
+        return chained(fronts, arrays, self.consumer_link(family), acts)
 
     def consumer_op(self, family: Any, problem: Any, sets: list[dict[str, np.ndarray]]) -> Callable[[int], Any]:
         """``call(i, previous=None)``: the op as a consumer writes it (:func:`judge_op`: the baseline's plain MLX

@@ -65,20 +65,27 @@ def mlx_link(inputs: Sequence[Any], feeds: Sequence[str] = ()) -> Link:
     return Link(chain_positions(inputs, feeds), derive)
 
 
-def chained(run: Callable[..., Any], arrays: Sequence[Sequence[Any]], link: Link) -> Callable[..., Any]:
+def chained(run: Callable[..., Any] | Sequence[Callable[..., Any]], arrays: Sequence[Sequence[Any]], link: Link,
+            passed: Sequence[int] | None = None) -> Callable[..., Any]:
     """``call(i, previous=None)``: ``run`` on input set ``i``; given ``previous`` (the last call's outputs), the
-    fed inputs are derived from them by ``link``."""
+    fed inputs are derived from them by ``link``. ``run`` may be one function per input set (a bound call holds
+    its set's weights) and ``passed`` the positions of the inputs it takes (default: all): the op and a bound
+    kernel go through this same code, so the harness costs both sides the same."""
     sets = [list(row) for row in arrays]
+    runs = list(run) if isinstance(run, Sequence) else [run] * len(sets)
+    if len(runs) != len(sets):
+        raise ValueError(f"{len(runs)} functions for {len(sets)} input sets")
+    take = list(range(len(sets[0]))) if passed is None else list(passed)
     fed_at = link.positions
 
     def call(i: int, previous: Any = None) -> Any:
-        row = sets[i % len(sets)]
-        if previous is None:
-            return run(*row)
-        fed = list(row)
-        for at in fed_at:
-            fed[at] = link.derive(previous, row[at])
-        return run(*fed)
+        k = i % len(sets)
+        row = sets[k]
+        if previous is not None:
+            row = list(row)
+            for at in fed_at:
+                row[at] = link.derive(previous, sets[k][at])
+        return runs[k](*[row[p] for p in take])
 
     return call
 

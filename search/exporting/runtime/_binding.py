@@ -192,3 +192,65 @@ class _Binding:
             two = self.whole2.get(key)
             if two is not None:
                 self.last2[:] = [key[1], key[2], key[3], key[4], two]
+
+
+def bound_front(binding: _Binding, family: str) -> Callable[..., Any]:
+    """What ``family.bind(*weights)`` returns where a kernel may run: a call whose activations have the last call's
+    shapes and dtypes runs that call's plan with the weights appended (no switch read past the raw table, no
+    frame of the binding's); any other call is planned (:meth:`_Binding.planned`)."""
+    env, env_key, last, last2, planned = _ENV, _ENV_KEY, binding.last, binding.last2, binding.planned
+
+    def bound(*acts: Any) -> Any:
+        if env.get(env_key) is None:
+            try:
+                if len(acts) == 1:
+                    x = acts[0]
+                    if x.shape == last[0] and x.dtype == last[1]:  # decode repeats the last activation shape
+                        return last[2](x, *last[3])  # the plan of all inputs, the weights appended: no frame
+                elif len(acts) == 2:  # X and the residual R (qmatvec_residual, mlp_block)
+                    x, y = acts
+                    if x.shape == last2[0] and x.dtype == last2[1] and y.shape == last2[2] and y.dtype == last2[3]:
+                        return last2[4](x, y)
+            except AttributeError:
+                pass
+        return planned(*acts)
+
+    bound.__name__ = f"{family}_bound"
+    return bound
+
+
+class _Fixed:
+    """The planner of a binding whose every plan is one given call (:func:`bind_plan`): nothing decided, nothing
+    packed (the call takes the weights as given)."""
+
+    def __init__(self, inputs: Sequence[Tuple[str, bool]], plan: Callable[..., Any]) -> None:
+        self.fam = {"inputs": [{"name": name, "weight": weight} for name, weight in inputs]}
+        self.plan = plan
+
+    def _family(self, _family: str) -> Dict[str, Any]:
+        return self.fam
+
+    def explain(self, _family: str, *_arrays: Any, chip: Any = None, modeled: bool = False) -> Any:
+        return _NOTHING_CHOSEN
+
+    def _plan(self, _family: str, _arrays: Sequence[Any], _chip: Any, _modeled: bool,
+              prepacked: Sequence[int] = ()) -> Callable[..., Any]:
+        return self.plan
+
+
+class _NothingChosen:
+    """A decision with no artifact: :meth:`_Binding.packed` keeps the weights as they are."""
+
+    entry = None
+
+
+_NOTHING_CHOSEN = _NothingChosen()
+
+
+def bind_plan(family: str, inputs: Sequence[Tuple[str, bool]], plan: Callable[..., Any],
+              weights: Sequence[Any]) -> Callable[..., Any]:
+    """``plan`` (a function of all the family's inputs, in order; ``inputs``: their names and whether each is a
+    weight) behind the exported package's own bound front, its weights fixed: the search times a candidate kernel
+    as a consumer of ``family.bind(*weights)`` calls it — the same front, the same planning on the first call of an
+    activation signature, the same fast path after — before any store holds the kernel."""
+    return bound_front(_Binding(_Fixed(inputs, plan), family, weights, None, False), family)  # type: ignore[arg-type]

@@ -86,7 +86,7 @@ except ImportError:  # kernsearch itself: the same modules, at the bottom of its
     )
     from ..._vocabulary import CONSUMER_MODES, Evidence
 
-from ._binding import _Binding
+from ._binding import _Binding, bound_front
 from ._checks import (
     _bind_dims,
     _context,
@@ -405,25 +405,7 @@ class Dispatcher(Chooser):
         binding = _Binding(self, family, weights, chip, modeled)
         if chip is None and self._mode(family)[0] is not _KERNELS:
             return binding.op_bound(self._mode(family)[0] is _OP)
-        env, env_key, last, last2, planned = _ENV, _ENV_KEY, binding.last, binding.last2, binding.planned
-
-        def bound(*acts: Any) -> Any:
-            if env.get(env_key) is None:
-                try:
-                    if len(acts) == 1:
-                        x = acts[0]
-                        if x.shape == last[0] and x.dtype == last[1]:  # decode repeats the last activation shape
-                            return last[2](x, *last[3])  # the plan of all inputs, the weights appended: no frame
-                    elif len(acts) == 2:  # X and the residual R (qmatvec_residual, mlp_block)
-                        x, y = acts
-                        if x.shape == last2[0] and x.dtype == last2[1] and y.shape == last2[2] and y.dtype == last2[3]:
-                            return last2[4](x, y)
-                except AttributeError:
-                    pass
-            return planned(*acts)
-
-        bound.__name__ = f"{family}_bound"
-        return bound
+        return bound_front(binding, family)
 
     def _kernel(self, source: Dict[str, Any], shared_memory: int) -> Any:
         key = (source["sha256"], shared_memory if source["target"] in SHARED_MEMORY_AT_BUILD else 0)

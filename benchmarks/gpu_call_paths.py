@@ -2,10 +2,12 @@
 pairings of the two kernel calls and the two op calls, timed in one process, as the gate's chain times them (32
 dependent calls, the output fed as the next X and R, the gate's rotating copies of the weights):
 
-- ``planned``: the package's planned kernel call (``_runtime.kernel_call``), what the final round times;
+- ``gate``: the kernel as the final round times it (``consumer_kernel``): until the thirteenth session the package's
+  planned kernel call (``_runtime.kernel_call``) alone, since then that call behind the package's own bound front;
 - ``bound``: the exported package's bound family (``FAMILY.bind(W, S, Bq)(X, R)``), what `bench decode` and a
   consumer call;
-- ``judge``: the op as the gate writes it (``judge_op``: the spec's baseline expression, its constants bound);
+- ``judge``: the op as the gate writes it (``judge_op``: the spec's baseline expression, its constants bound; since
+  the thirteenth session written out as one function of its calls);
 - ``direct``: the op as `bench decode` writes it (``R + mx.quantized_matmul(X, W, S, Bq, transpose=True,
   group_size=G, bits=B)``).
 
@@ -51,7 +53,7 @@ def _paths(mx: Any, cuda: Any, pkg: Any, art: Any, chip: Any, rounds: int, n_cal
         return row[-1] + mx.quantized_matmul(row[0], row[iw], row[i_s], row[ib], transpose=True, group_size=group,
                                              bits=bits)
 
-    calls = {"planned": cuda.consumer_kernel(art.kernel, art.geometry, fam, problem, sets),
+    calls = {"gate": cuda.consumer_kernel(art.kernel, art.geometry, fam, problem, sets),
              "bound": chained(bound, arrays, link), "judge": cuda.consumer_op(fam, problem, sets),
              "direct": chained(direct, arrays, link)}
     for c in calls.values():
@@ -67,7 +69,7 @@ def _paths(mx: Any, cuda: Any, pkg: Any, art: Any, chip: Any, rounds: int, n_cal
             times[n].append((time.perf_counter() - t0) * 1e6 / n_calls)
             turn += n_calls
     med = {n: sorted(v)[len(v) // 2] for n, v in times.items()}
-    ratios = {f"{o}/{kk}": med[o] / med[kk] for o in ("judge", "direct") for kk in ("planned", "bound")}
+    ratios = {f"{o}/{kk}": med[o] / med[kk] for o in ("judge", "direct") for kk in ("gate", "bound")}
     return {"family": art.key.family, "shape": list(art.key.shape), "sets": len(sets), "us": med, "ratios": ratios}
 
 

@@ -93,8 +93,9 @@ def test_a_kernel_row_chains_the_call_stream_as_it_chains_the_package() -> None:
     previous output; its arrays are the layer's own weights and the family's parameters; the row reads its time."""
     import mlx.core as mx
 
-    from kernsearch.bench._decode import COMPILED, KernelChains, derive, kernel_row
+    from kernsearch.bench._decode import COMPILED, KernelChains, kernel_row
     from kernsearch.bench._step import Call, StepShape, build_layers, call_inputs
+    from kernsearch.evaluation._chain import fed_from
 
     shape = StepShape(hidden=64, ffn=128, layers=3)
     layers = build_layers(mx, shape, 0, lambda s: None)
@@ -122,7 +123,7 @@ def test_a_kernel_row_chains_the_call_stream_as_it_chains_the_package() -> None:
         assert len(calls) == 3
         for (x0, r0), (x1, r1) in zip(calls, calls[1:]):
             y = r0 + 1 + mx.sum(x0)
-            assert mx.array_equal(r1, y).item() and mx.array_equal(x1, derive(mx, y, call.k)).item()
+            assert mx.array_equal(r1, y).item() and mx.array_equal(x1, fed_from(mx, y, calls[0][0])).item()
     for lay, arrays in zip(layers, given):
         own = call_inputs(lay, "down")
         assert all(arrays[i] is own[n] for i, n in enumerate(names) if n in own)  # the layer's own weights

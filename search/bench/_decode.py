@@ -22,6 +22,7 @@ from typing import Any
 
 from .._rules import ratio_interval
 from .._vocabulary import Evidence, Target
+from ..evaluation._chain import fed_from
 from ._step import EPS, Bound, Call, Layer, StepShape, call_inputs, qmm
 
 #: The streaming read (CUDA): every 16-byte word of A once, XOR-folded so the loads are not dead; ``D`` (the previous
@@ -260,7 +261,10 @@ def rel_err(mx: Any, got: Any, want: Any) -> float:
 
 
 def derive(mx: Any, y: Any, k: int) -> Any:
-    """The next call's activation [M, K] from this call's output [M, N], by the cheapest op that keeps the chain
+    """The kernel rows' link until the thirteenth session (the GPU probes in ``benchmarks/`` that made the earlier
+    data chain with it; the rows now derive as the gate does, :func:`~kernsearch.evaluation._chain.fed_from`: an
+    output shorter than X is followed by the rest of X, one copy, where this repeats it).
+    The next call's activation [M, K] from this call's output [M, N], by the cheapest op that keeps the chain
     dependent: the output itself where it has the activation's shape (no op, as the gate's link, and as a decode
     feeds its residual stream; three view primitives there cost both sides 3-5 us a call in MLX and read O at M = 1
     on the H200 1.10x against 1.23x without them, one process: benchmarks/gpu_link_ab.py), else its first M·K values
@@ -319,8 +323,8 @@ class KernelChains:
         # (with X fixed the op's X·Wᵀ would run ahead of the chain, a freedom a decode never has).
         residual = call.role in ("o", "down", "mlp")
 
-        def link(y: Any, r: Any) -> tuple[Any, Any]:
-            return derive(mx, y, call.k), (y if residual else r)
+        def link(y: Any, r: Any) -> tuple[Any, Any]:  # the gate's derivation (the judge and this row agree)
+            return fed_from(mx, y, x0), (y if residual else r)
 
         def op() -> Any:
             x, r = x0, r0

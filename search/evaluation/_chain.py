@@ -44,23 +44,31 @@ def chain_positions(inputs: Sequence[Any], feeds: Sequence[str] = ()) -> tuple[i
     return tuple(names.index(name) for name in feeds)
 
 
+def fed_from(mx: Any, previous: Any, own: Any) -> Any:
+    """The next call's array for an input whose own array is ``own``, from the previous call's outputs: the output
+    itself where shape and dtype agree (no op), else flattened (a view), cut to ``own``'s size (a view) or followed
+    by the rest of ``own`` (one small copy), cast where the dtypes differ, shaped as ``own``. The gate's link and
+    ``bench decode``'s kernel rows both derive this way, so their figures differ only by the call path."""
+    y = previous[0] if isinstance(previous, (tuple, list)) else previous
+    if y.shape == own.shape and y.dtype == own.dtype:
+        return y  # the residual stream itself: no op
+    flat, size = y.reshape(-1), own.size
+    if flat.size > size:
+        flat = flat[:size]
+    elif flat.size < size:
+        flat = mx.concatenate([flat, own.reshape(-1)[flat.size:]])
+    if flat.dtype != own.dtype:
+        flat = flat.astype(own.dtype)
+    return flat.reshape(own.shape)
+
+
 def mlx_link(inputs: Sequence[Any], feeds: Sequence[str] = ()) -> Link:
     """The chain's link for a family's inputs (their specs, in order) and its declared ``chain_link``, derived
-    with MLX ops."""
+    with MLX ops (:func:`fed_from`)."""
     import mlx.core as mx
 
     def derive(previous: Any, own: Any) -> Any:
-        y = previous[0] if isinstance(previous, (tuple, list)) else previous
-        if y.shape == own.shape and y.dtype == own.dtype:
-            return y  # the residual stream itself: no op
-        flat, size = y.reshape(-1), own.size
-        if flat.size > size:
-            flat = flat[:size]
-        elif flat.size < size:
-            flat = mx.concatenate([flat, own.reshape(-1)[flat.size:]])
-        if flat.dtype != own.dtype:
-            flat = flat.astype(own.dtype)
-        return flat.reshape(own.shape)
+        return fed_from(mx, previous, own)
 
     return Link(chain_positions(inputs, feeds), derive)
 
@@ -90,4 +98,4 @@ def chained(run: Callable[..., Any] | Sequence[Callable[..., Any]], arrays: Sequ
     return call
 
 
-__all__ = ["Link", "chain_position", "chain_positions", "chained", "mlx_link"]
+__all__ = ["Link", "chain_position", "chain_positions", "chained", "fed_from", "mlx_link"]

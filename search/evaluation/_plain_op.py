@@ -8,10 +8,10 @@ intermediates); evaluated as written, each repetition would be computed again, a
 would cost host time no hand-written layer pays. So the tree is planned once: constant parts (parameters,
 dimensions) evaluated here, identical subtrees merged, and the rest a straight list of calls, one per operation,
 written out as one Python function (``v5 = f0(v0, v1, transpose=c0)``...) so that a call costs what the same
-calls written by hand cost: a loop over the plan cost ~1.2 µs of host time a call more (qmatvec_residual, CPU),
-and a decode call's chain figure moves by that much (``benchmarks/gpu_call_paths.py``). The function's text holds
-only names made here from numbers and keyword names checked as identifiers of the vocabulary's tables: no text of
-the expression reaches it.
+calls written by hand cost: a loop over the plan cost 1.2–2.8 µs of host time a call more (qmatvec_residual, CPU:
+``benchmarks/host_plain_op.py``), and a decode call's chain figure moves by that much
+(``benchmarks/gpu_call_paths.py``). The function's text holds only names made here from numbers and keyword names
+checked as identifiers of the vocabulary's tables: no text of the expression reaches it.
 
 Nothing here knows MLX: the caller hands in the array functions (``_rules.mlx_namespace``).
 """

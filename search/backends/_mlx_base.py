@@ -88,6 +88,22 @@ def judge_op(family: Any, problem: Any) -> Callable[..., Any]:
     return mx.compile(fn) if family.compile_baseline else fn
 
 
+def _bound_chain(family: Any, call: Callable[..., Any], arrays: list[list[Any]], link: Any) -> Callable[..., Any]:
+    """``call`` (a function of all the family's inputs) behind the exported package's bound front, one binding per
+    input set (:func:`~kernsearch.exporting.runtime._binding.bind_plan`), each planned once here, untimed, as a
+    decoder's first token is; chained as the op is, the activations passed."""
+    from ..evaluation._chain import chained
+    from ..exporting.runtime._binding import bind_plan
+
+    inputs = [(t.name, t.weight) for t in family.inputs]
+    weights = [i for i, (_, weight) in enumerate(inputs) if weight]
+    acts = [i for i, (_, weight) in enumerate(inputs) if not weight]
+    fronts = [bind_plan(family.name, inputs, call, [row[i] for i in weights]) for row in arrays]
+    for front, row in zip(fronts, arrays):
+        front(*[row[i] for i in acts])
+    return chained(fronts, arrays, link, acts)
+
+
 #: The vocabulary functions :func:`judge_op` calls as the MLX function itself (as a user does, no wrapper frame):
 #: the keyword names of their trailing constant arguments (``_rules.mlx_namespace`` has the same meanings).
 _TRAILING = {"quantized_matmul": ("transpose", "group_size", "bits"), "rms_norm": ("eps",),
@@ -302,7 +318,6 @@ class MLXBackend(BaseBackend):
         one binding per input set: :func:`~kernsearch.exporting.runtime._binding.bind_plan`), what a decode
         consumer calls."""
         from ..evaluation._chain import chained
-        from ..exporting.runtime._binding import bind_plan
         from ..exporting.runtime._runtime import kernel_call
 
         mx = mx_core()
@@ -314,15 +329,9 @@ class MLXBackend(BaseBackend):
                            geometry.grid, geometry.threadgroup, geometry.output_shapes,
                            [getattr(mx, d) for d in geometry.output_dtypes], params,
                            [t.name in geometry.transposed_inputs for t in family.inputs], geometry.init_value)
-        weights = [i for i, t in enumerate(family.inputs) if t.weight]
-        if not weights:
+        if not any(t.weight for t in family.inputs):
             return chained(call, arrays, self.consumer_link(family))
-        inputs = [(t.name, t.weight) for t in family.inputs]
-        fronts = [bind_plan(family.name, inputs, call, [row[i] for i in weights]) for row in arrays]
-        acts = [i for i in range(len(inputs)) if i not in weights]
-        for front, row in zip(fronts, arrays):  # each binding planned once, untimed, as a decoder's first token is
-            front(*[row[i] for i in acts])
-        return chained(fronts, arrays, self.consumer_link(family), acts)
+        return _bound_chain(family, call, arrays, self.consumer_link(family))
 
     def consumer_op(self, family: Any, problem: Any, sets: list[dict[str, np.ndarray]]) -> Callable[[int], Any]:
         """``call(i, previous=None)``: the op as a consumer writes it (:func:`judge_op`: the baseline's plain MLX

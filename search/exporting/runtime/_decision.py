@@ -54,6 +54,21 @@ LEVELS = ("exact chip", "same generation and die", "same generation", "family de
 # timed it changed.
 
 
+@dataclass(frozen=True)
+class _Ask:
+    """What a decision is asked for: the family's record, the call's dimensions and shape, the running chip's record,
+    the dtype, the target, the op's name (for the reasons) and the consumer's opt-in to modeled artifacts."""
+
+    fam: Dict[str, Any]
+    dims: Dict[str, int]
+    shape: Tuple[int, ...]
+    chip: Dict[str, Any]
+    dtype: str
+    target: str
+    op: str
+    modeled: bool
+
+
 @dataclass
 class Decision:
     """Which kernel (or fallback) a call uses, and why."""
@@ -164,24 +179,32 @@ class Chooser:
 
     def _decide(self, fam: Dict[str, Any], family: str, shapes: Sequence[Sequence[int]], dtype: str,
                 chip: Dict[str, Any], target: str, modeled: bool = False) -> Decision:
+        """The fallback chain (:data:`LEVELS`): an artifact of this chip, of its die, of its generation
+        (:meth:`_take_tuned`), the family default (:meth:`_take_default`), else the op; each step's why recorded."""
         dims, problem = _bind_dims(fam, shapes)
         shape = tuple(dims[d] for d in fam["dims"]) if dims else tuple()
         decision = Decision(family, LEVELS[4], chip["name"], shape, dtype)
-        why = decision.why
         if dims is None:
-            why.append(f"inputs do not match the family's inputs ({problem})")
-            return decision
-        if dtype not in fam["dtypes"]:
-            why.append(f"dtype {dtype} is not one the family supports ({', '.join(fam['dtypes'])})")
-            return decision
-        if not target:
-            why.append(f"no GPU back-end here (chip {chip['name']}): custom kernels need Metal or CUDA")
-            return decision
-        op = fam.get("baseline_name", "the MLX op")
-        pool = [a for a in fam["artifacts"] if a["dtype"] == dtype and a["target"] == target]
-        running = lineage(chip)
+            decision.why.append(f"inputs do not match the family's inputs ({problem})")
+        elif dtype not in fam["dtypes"]:
+            decision.why.append(f"dtype {dtype} is not one the family supports ({', '.join(fam['dtypes'])})")
+        elif not target:
+            decision.why.append(f"no GPU back-end here (chip {chip['name']}): custom kernels need Metal or CUDA")
+        else:
+            ask = _Ask(fam, dims, shape, chip, dtype, target, fam.get("baseline_name", "the MLX op"), modeled)
+            pool = [a for a in fam["artifacts"] if a["dtype"] == dtype and a["target"] == target]
+            if self._take_tuned(decision, ask, pool) or self._take_default(decision, ask, pool):
+                self._layout_note(decision, fam, dims, chip)
+            else:
+                decision.why.append(f"mlx op: {ask.op}")
+        return decision
+
+    def _take_tuned(self, decision: Decision, ask: _Ask, pool: List[Dict[str, Any]]) -> bool:
+        """The first of the three artifact levels with a usable artifact (the fastest there) taken into
+        ``decision``; True if one was."""
+        running = lineage(ask.chip)
         tests: Tuple[Callable[[Dict[str, Any]], bool], ...] = (
-            lambda a: bool(a["chip"] == chip["name"]),
+            lambda a: bool(a["chip"] == ask.chip["name"]),
             lambda a: running[1] is not None and tuple(a["lineage"])[1] == running[1],
             lambda a: running[0] is not None and tuple(a["lineage"])[0] == running[0])
         seen: Set[int] = set()
@@ -189,47 +212,53 @@ class Chooser:
             here = [a for a in pool if matches(a) and id(a) not in seen]
             seen.update(id(a) for a in here)
             if not here:
-                why.append(f"{level}: no {target} {dtype} artifact")
-                continue
-            if level != LEVELS[0] and not fam.get("transfer"):
-                why.append(f"{level}: {len(here)} artifact(s) of other chips skipped: the family does not allow "
-                           "transferring a kernel between chips")
-                continue
-            valid, reasons = [], []
-            for a in here:
-                bad = self._unusable(a, fam, dims, shape, chip, dtype, op, modeled)
-                (reasons.append(f"{a['key']}/{a['version']} skipped: {bad}") if bad else valid.append(a))
-            if not valid:
-                why.append(f"{level}: " + "; ".join(reasons))
-                continue
-            best = min(valid, key=lambda a: a.get("median_ms") or math.inf)
-            decision.level, decision.entry = level, best
-            why.append(f"{level}: {best['key']}/{best['version']} taken: {self._evidence_text(best, op, fam)}, tuned "
-                       f"for {'x'.join(map(str, best['shape']))}, nearest valid of {len(valid)}"
-                       + (f"; passed over: {'; '.join(reasons)}" if reasons else ""))
-            self._layout_note(decision, fam, dims, chip)
-            return decision
-        # The untuned default config runs only where a measured artifact shows it beating the op here.
-        default = fam["default"]["kernels"].get(f"{target}:{dtype}")
+                decision.why.append(f"{level}: no {ask.target} {ask.dtype} artifact")
+            elif level != LEVELS[0] and not ask.fam.get("transfer"):
+                decision.why.append(f"{level}: {len(here)} artifact(s) of other chips skipped: the family does not "
+                                    "allow transferring a kernel between chips")
+            elif self._take_level(decision, ask, level, here):
+                return True
+        return False
+
+    def _take_level(self, decision: Decision, ask: _Ask, level: str, here: List[Dict[str, Any]]) -> bool:
+        """The fastest usable artifact of ``here`` taken at ``level``; True if one was (else why none was)."""
+        valid, reasons = [], []
+        for a in here:
+            bad = self._unusable(a, ask.fam, ask.dims, ask.shape, ask.chip, ask.dtype, ask.op, ask.modeled)
+            (reasons.append(f"{a['key']}/{a['version']} skipped: {bad}") if bad else valid.append(a))
+        if not valid:
+            decision.why.append(f"{level}: " + "; ".join(reasons))
+            return False
+        best = min(valid, key=lambda a: a.get("median_ms") or math.inf)
+        decision.level, decision.entry = level, best
+        decision.why.append(f"{level}: {best['key']}/{best['version']} taken: "
+                            f"{self._evidence_text(best, ask.op, ask.fam)}, tuned for "
+                            f"{'x'.join(map(str, best['shape']))}, nearest valid of {len(valid)}"
+                            + (f"; passed over: {'; '.join(reasons)}" if reasons else ""))
+        return True
+
+    def _take_default(self, decision: Decision, ask: _Ask, pool: List[Dict[str, Any]]) -> bool:
+        """The family's untuned default config taken into ``decision`` where a measured artifact shows it beating
+        the op on this chip at this shape; True if it was (else why not)."""
+        fam, chip, op, why = ask.fam, ask.chip, ask.op, decision.why
+        default = fam["default"]["kernels"].get(f"{ask.target}:{ask.dtype}")
         proof = [a for a in pool if a["chip"] == chip["name"] and a["config"] == fam["default"]["config"]
-                 and not self._unusable(a, fam, None, shape, chip, dtype, op, False)]  # at this shape
+                 and not self._unusable(a, fam, None, ask.shape, chip, ask.dtype, op, False)]  # at this shape
         if default is None:
-            why.append(f"family default: no {target} {dtype} kernel in this package")
-        elif not proof:
+            why.append(f"family default: no {ask.target} {ask.dtype} kernel in this package")
+            return False
+        if not proof:
             why.append(f"family default: skipped: no measured evidence that the default config beats {op} on "
                        f"{chip['name']}")
-        else:
-            bad = violation(fam, fam["default"]["config"], dims, chip, dtype) or self._refusal(default)
-            if bad:
-                why.append(f"family default: skipped: {bad}")
-            else:
-                decision.level, decision.entry = LEVELS[3], default
-                why.append(f"family default: taken: {proof[0]['key']}/{proof[0]['version']} measured the default "
-                           f"config at {self._evidence_text(proof[0], op, fam)}")
-                self._layout_note(decision, fam, dims, chip)
-                return decision
-        why.append(f"mlx op: {op}")
-        return decision
+            return False
+        bad = violation(fam, fam["default"]["config"], ask.dims, chip, ask.dtype) or self._refusal(default)
+        if bad:
+            why.append(f"family default: skipped: {bad}")
+            return False
+        decision.level, decision.entry = LEVELS[3], default
+        why.append(f"family default: taken: {proof[0]['key']}/{proof[0]['version']} measured the default config at "
+                   f"{self._evidence_text(proof[0], op, fam)}")
+        return True
 
     @staticmethod
     def _layout_note(decision: Decision, fam: Dict[str, Any], dims: Optional[Dict[str, int]],
@@ -254,42 +283,47 @@ class Chooser:
 
     def _unusable(self, a: Dict[str, Any], fam: Dict[str, Any], dims: Optional[Dict[str, int]],
                   shape: Tuple[int, ...], chip: Dict[str, Any], dtype: str, op: str, modeled: bool) -> str:
-        """'' if artifact ``a`` may run this call, else why not (the rules of docs/artifacts.md)."""
+        """'' if artifact ``a`` may run this call, else why not (the rules of docs/artifacts.md), in this order:
+        invalidated, tampered, its evidence (:meth:`_evidence_refusal`), its shape and config here."""
         if a.get("invalidated"):  # declined before anything is read: its kernel files were never shipped
             return f"invalidated: {a['invalidated']}"
         tampered = self._integrity(a)
         if tampered:
             return f"refused: {tampered}"
-        evidence = a.get("evidence")
-        if evidence == Evidence.INTERPRETED:
-            return "interpreted (correctness only): never dispatched"
-        if evidence == Evidence.MODELED and not modeled:
-            return (f"modeled, not measured: never shown to beat {op} (opt in with {DISABLE_VAR}=modeled)")
-        if evidence == Evidence.MEASURED:
-            low = consumer_low(a.get("modes"), fam.get("modes") or CONSUMER_MODES)
-            if low is None and a.get("modes"):
-                judged = " and ".join(fam.get("modes") or CONSUMER_MODES)
-                return (f"not timed in {judged} mode, which judges this family (it has "
-                        f"{modes_text(a['modes'], sorted(a['modes']))}): re-time it (benchmarks/gpu_rejudge.py)")
-            if low is None:
-                old = speedup_text(a.get("speedup"), a.get("speedup_low"), a.get("speedup_high"))
-                return (f"measured by separate launches, not as consumers call it ({old}): re-judge it "
-                        "(kernsearch artifacts rejudge)")
-            if not beats_op(low, self.margin):
-                return self._evidence_text(a, op, fam)
-            changed = self._toolchain_change(a.get("timing_identity") or {})
-            if changed:
-                return f"measured with another toolchain ({changed}): its timing no longer holds"
-        elif evidence != Evidence.MODELED:
-            return f"unknown evidence kind {evidence!r}"
+        bad = self._evidence_refusal(a, fam, op, modeled)
+        if bad:
+            return bad
         if shape and tuple(a["shape"]) != tuple(shape):
             return (f"judged at {'x'.join(map(str, a['shape']))}, not at {'x'.join(map(str, shape))} (a kernel runs "
                     "only at a shape it was measured to win at)")
         if dims is not None:
-            bad = violation(fam, a["config"], dims, chip, dtype) or self._refusal(a)
-            if bad:
-                return bad
+            return violation(fam, a["config"], dims, chip, dtype) or self._refusal(a)
         return ""
+
+    def _evidence_refusal(self, a: Dict[str, Any], fam: Dict[str, Any], op: str, modeled: bool) -> str:
+        """'' where ``a``'s evidence lets it run (measured to beat the op as consumers call it, with this
+        toolchain; modeled where the consumer opted in), else why not."""
+        evidence = a.get("evidence")
+        if evidence == Evidence.INTERPRETED:
+            return "interpreted (correctness only): never dispatched"
+        if evidence == Evidence.MODELED:
+            return "" if modeled else \
+                f"modeled, not measured: never shown to beat {op} (opt in with {DISABLE_VAR}=modeled)"
+        if evidence != Evidence.MEASURED:
+            return f"unknown evidence kind {evidence!r}"
+        low = consumer_low(a.get("modes"), fam.get("modes") or CONSUMER_MODES)
+        if low is None and a.get("modes"):
+            judged = " and ".join(fam.get("modes") or CONSUMER_MODES)
+            return (f"not timed in {judged} mode, which judges this family (it has "
+                    f"{modes_text(a['modes'], sorted(a['modes']))}): re-time it (benchmarks/gpu_rejudge.py)")
+        if low is None:
+            old = speedup_text(a.get("speedup"), a.get("speedup_low"), a.get("speedup_high"))
+            return (f"measured by separate launches, not as consumers call it ({old}): re-judge it "
+                    "(kernsearch artifacts rejudge)")
+        if not beats_op(low, self.margin):
+            return self._evidence_text(a, op, fam)
+        changed = self._toolchain_change(a.get("timing_identity") or {})
+        return f"measured with another toolchain ({changed}): its timing no longer holds" if changed else ""
 
     @staticmethod
     def _evidence_text(a: Dict[str, Any], op: str, fam: Optional[Dict[str, Any]] = None) -> str:

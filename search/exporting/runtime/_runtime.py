@@ -366,26 +366,34 @@ class Dispatcher(Chooser):
         if decision.entry is None:
             dims, _ = _bind_dims(fam, [tuple(a.shape) for a in arrays])
             return _native(mx, op_call(fam, dims, self._functions(fam, mx), mx), native)
+        return _native(mx, self._launch(fam, decision, chip, prepacked), native)
+
+    def _launch(self, fam: Dict[str, Any], decision: Decision, chip: Any,
+                prepacked: Sequence[int]) -> Callable[..., Any]:
+        """The chosen kernel's launch as a function of the call's arrays (:func:`kernel_call`): its geometry, output
+        shapes and parameters evaluated for the decision's config and shape, its built kernel object."""
+        import mlx.core as mx
+
+        entry = decision.entry
+        assert entry is not None  # a kernel was chosen
         record, _ = self.running_chip(chip)
         dims = dict(zip(fam["dims"], decision.shape))
-        names = _context(fam, decision.entry["config"], dims, record, decision.dtype)
+        names = _context(fam, entry["config"], dims, record, decision.dtype)
         launch = fam["launch"]
         shared = int(evaluate(launch["shared_memory"], names)) if launch.get("shared_memory") else 0
         # A kernel that accumulates into its outputs (split-K) needs them zero-filled.
         zero = launch.get("zero_outputs") and bool(evaluate(launch["zero_outputs"], names))
         transpose = [t and i not in prepacked for i, t in enumerate(self._transposes(fam, names))]
-        source = self._source(decision.entry)
+        source = self._source(entry)
         assert source is not None  # checked while deciding
-        call = kernel_call(
-            self._kernel(source, shared),
-            [(k, getattr(mx, v) if isinstance(v, str) and hasattr(mx, v) else v) for k, v in source["template"]],
+        return kernel_call(
+            self._kernel(source, shared), _template_args(mx, source["template"]),
             tuple(int(v) for v in evaluate(launch["grid"], names)),
             tuple(int(v) for v in evaluate(launch["threadgroup"], names)),
             [tuple(int(s) for s in evaluate(o["shape"], names)) for o in fam["outputs"]],
             [_out_dtype(o, decision.dtype) for o in fam["outputs"]],
             [mx.array([p["value"]], dtype=getattr(mx, p["dtype"])) for p in fam.get("params", [])],
             transpose, 0.0 if zero else None)
-        return _native(mx, call, native)
 
     @staticmethod
     def _transposes(fam: Dict[str, Any], names: Dict[str, Any]) -> List[bool]:
@@ -412,6 +420,11 @@ class Dispatcher(Chooser):
         if key not in self._kernels:
             self._kernels[key] = self.kernel_factory(source, key[1])
         return self._kernels[key]
+
+
+def _template_args(mx: Any, template: Sequence[Any]) -> List[Tuple[str, Any]]:
+    """A kernel's template arguments as MLX takes them: a dtype named by its MLX name becomes that dtype."""
+    return [(k, getattr(mx, v) if isinstance(v, str) and hasattr(mx, v) else v) for k, v in template]
 
 
 def _gpu_available() -> bool:

@@ -35,15 +35,7 @@ def identify(info: Dict[str, Any], registry: List[Dict[str, Any]]) -> Dict[str, 
     arch, device = str(info.get("architecture", "")), str(info.get("device_name", ""))
     apple = re.fullmatch(r"applegpu_g(\d+)([a-z])", arch)
     if apple:
-        gen, die = int(apple.group(1)), apple.group(2)
-        for chip in sorted(registry, key=lambda c: -len(str(c.get("name", "")))):
-            if chip.get("vendor") == "apple" and chip.get("generation") == gen and re.search(
-                    rf"(?<!\w){re.escape(str(chip.get('name', '')))}(?!\w)", device, re.IGNORECASE):
-                return dict(chip)
-        for chip in registry:
-            if chip.get("generation") == gen and chip.get("die") == die:
-                return dict(chip)
-        return _stand_in(registry, "apple", device or arch, generation=gen, die=die)
+        return _apple(registry, int(apple.group(1)), apple.group(2), device, device or arch)
     if arch.startswith("sm_"):
         for chip in registry:
             if chip.get("architecture") == arch and chip.get("device_match") and chip["device_match"] in device:
@@ -51,6 +43,20 @@ def identify(info: Dict[str, Any], registry: List[Dict[str, Any]]) -> Dict[str, 
         return _stand_in(registry, "nvidia", device or arch, architecture=arch)
     cpu = next((c for c in registry if c.get("vendor") == "cpu"), {"name": "cpu", "vendor": "cpu"})
     return dict(cpu)
+
+
+def _apple(registry: List[Dict[str, Any]], gen: int, die: str, device: str, name: str) -> Dict[str, Any]:
+    """An Apple GPU of generation ``gen`` and die letter ``die``: the registry chip of that generation whose name the
+    device name holds (the longest name first: "M2 Max" before "M2"), else the first of that generation and die,
+    else a stand-in named ``name``."""
+    for chip in sorted(registry, key=lambda c: -len(str(c.get("name", "")))):
+        if chip.get("vendor") == "apple" and chip.get("generation") == gen and re.search(
+                rf"(?<!\w){re.escape(str(chip.get('name', '')))}(?!\w)", device, re.IGNORECASE):
+            return dict(chip)
+    for chip in registry:
+        if chip.get("generation") == gen and chip.get("die") == die:
+            return dict(chip)
+    return _stand_in(registry, "apple", name, generation=gen, die=die)
 
 
 def _stand_in(registry: List[Dict[str, Any]], vendor: str, name: str, **identity: Any) -> Dict[str, Any]:

@@ -72,7 +72,7 @@ def gate(draft: Draft, current: Manifest | None, invalid: str | None, min_gain: 
 
 def _gate(draft: Draft, current: Manifest | None, invalid: str | None, min_gain: float,
           modes: Sequence[str]) -> tuple[bool, str]:
-    evidence, new = draft.evidence, draft.measurements
+    evidence = draft.evidence
     if current is None:
         return True, f"{invalid}; replaced by a correct {evidence} result" if invalid else \
             f"first version for this key ({evidence})"
@@ -83,20 +83,30 @@ def _gate(draft: Draft, current: Manifest | None, invalid: str | None, min_gain:
         return False, (f"{evidence} results never replace {current.evidence} ones "
                        f"(current {current.version} is {current.evidence})")
     if current.evidence == Evidence.MEASURED:
-        changed = _identity_changes(current, draft)
-        if changed:
-            return True, f"current {current.version} invalidated: {changed}"
-        if new is not None and new.modes and not (current.measurements and current.measurements.modes):
-            return True, (f"judged as consumers call it; replaces {current.version}, which was timed by separate "
-                          "launches only")
-        old_modes = current.measurements.modes if current.measurements else None
-        if new is not None and new.modes and ConsumerMode.GRAPH in new.modes and not (
-                old_modes and ConsumerMode.GRAPH in old_modes):
-            return True, (f"judged in the chain (graph mode: dependent calls); replaces {current.version}, whose "
-                          "consumer figures predate chains")
+        replaces = _measured_anew(draft, current)
+        if replaces:
+            return True, replaces
     if new_rank > old_rank:
         return True, f"{evidence} result replaces {current.evidence} {current.version}"
     return _faster(draft, current, min_gain, modes)
+
+
+def _measured_anew(draft: Draft, current: Manifest) -> str:
+    """Why a measured current version gives way whatever the timings say (its toolchain changed; it was timed by
+    separate launches, or before chains, where the draft was judged as consumers call it in the chain), or ''."""
+    new = draft.measurements
+    changed = _identity_changes(current, draft)
+    if changed:
+        return f"current {current.version} invalidated: {changed}"
+    if new is None or not new.modes:
+        return ""
+    old_modes = current.measurements.modes if current.measurements else None
+    if not old_modes:
+        return f"judged as consumers call it; replaces {current.version}, which was timed by separate launches only"
+    if ConsumerMode.GRAPH in new.modes and ConsumerMode.GRAPH not in old_modes:
+        return (f"judged in the chain (graph mode: dependent calls); replaces {current.version}, whose consumer "
+                "figures predate chains")
+    return ""
 
 
 def _faster(draft: Draft, current: Manifest, min_gain: float, modes: Sequence[str]) -> tuple[bool, str]:

@@ -226,7 +226,8 @@ class Patcher:
     def _bind(self, name: str, named: Dict[str, Any], state: _State,
               step: str) -> Tuple[Callable[..., Any], Tuple[str, ...]]:
         """``name`` bound to the weights in ``named`` (by the family's input names) and its activations' names, in
-        the order the bound function takes them; the weights and a one-row call's arrays filed in ``state``."""
+        the order the bound function takes them; the weights and a one-row call's arrays (:func:`_probe`) filed in
+        ``state``."""
         import mlx.core as mx
 
         fam = self._family(name)
@@ -243,10 +244,7 @@ class Patcher:
         except (TypeError, ValueError) as exc:  # the package refuses these weights: mlx-lm's modules run
             raise Unsupported(f"{name}.bind refused the block's weights: {exc}") from None
         state.arrays.extend(weights)
-        w = named["W"]
-        rows = {"X": (1, w.shape[1] * 32 // int(named["bits"])), "R": (1, w.shape[0])}
-        probe = [mx.zeros(rows[i["name"]], dtype=named["S"].dtype) if i["name"] in rows and not i.get("weight")
-                 else named.get(i["name"]) for i in inputs]
+        probe = _probe(mx, inputs, named)
         if all(a is not None for a in probe):
             state.probes.setdefault(step, []).append((name, probe))
         return fn, acts
@@ -449,6 +447,15 @@ class Patcher:
 
     def _decisions(self, part: Part, state: _State) -> List[str]:
         return [str(self.d.explain(fam, *arrays)) for fam, arrays in state.probes.get(part.step, [])]
+
+
+def _probe(mx: Any, inputs: List[Dict[str, Any]], named: Dict[str, Any]) -> List[Any]:
+    """A one-row call's arrays of a family (its inputs in order): zero activations X and R of one row, the block's
+    own weights and parameters (None where the block has no array of that name)."""
+    w = named["W"]
+    rows = {"X": (1, w.shape[1] * 32 // int(named["bits"])), "R": (1, w.shape[0])}
+    return [mx.zeros(rows[i["name"]], dtype=named["S"].dtype) if i["name"] in rows and not i.get("weight")
+            else named.get(i["name"]) for i in inputs]
 
 
 def _spans(rows: Tuple[int, ...]) -> str:

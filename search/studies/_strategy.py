@@ -63,6 +63,31 @@ def training_rows(done: Sequence[tuple[int, float]], failed: Sequence[int], rng:
     return idx, y
 
 
+def _encoded(knobs: dict[str, list[Any]], ordered: np.ndarray, valid: list[Config]) -> np.ndarray:
+    """The configs as points (one row a config, one column a knob): an ordered knob's value by its position in
+    [0, 1], a categorical one's by its index (compared for equality only)."""
+    cols = []
+    for (k, values), is_ordered in zip(knobs.items(), ordered):
+        pos = {repr(v): i for i, v in enumerate(sorted(values) if is_ordered else values)}
+        scale = max(1, len(values) - 1) if is_ordered else 1
+        cols.append([pos[repr(c[k])] / scale for c in valid])
+    return np.array(cols, dtype=float).T if cols else np.zeros((len(valid), 0))
+
+
+def _prior_log(prior: Callable[[list[Config]], Sequence[float] | None] | None, valid: list[Config]
+               ) -> np.ndarray | None:
+    """The log of the prior's predicted times of the configs (a missing or non-positive one: ten times the worst),
+    or None where there is no usable prior."""
+    p = prior(valid) if prior is not None and valid else None
+    if p is None:
+        return None
+    arr = np.asarray(list(p), dtype=float)
+    if arr.shape != (len(valid),) or not np.isfinite(arr).any():
+        return None
+    worst = np.nanmax(arr[np.isfinite(arr)])
+    return np.log(np.where(np.isfinite(arr) & (arr > 0), arr, worst * 10))
+
+
 class ValidSetSearch:
     """Proposes valid, unevaluated configs: prior or space-filling start, then GP expected improvement."""
 
@@ -77,22 +102,9 @@ class ValidSetSearch:
         self.index = {k: i for i, k in enumerate(self.keys)}
         # encoding: ordered knobs by position in [0, 1]; categorical knobs by value index (compared for equality)
         self.ordered = np.array([_ordered(v) for v in self.knobs.values()])
-        cols = []
-        for (k, values), ordered in zip(self.knobs.items(), self.ordered):
-            pos = {repr(v): i for i, v in enumerate(sorted(values) if ordered else values)}
-            scale = max(1, len(values) - 1) if ordered else 1
-            cols.append([pos[repr(c[k])] / scale for c in valid])
-        self.X = np.array(cols, dtype=float).T if cols else np.zeros((len(valid), 0))
-        n = len(valid)
-        self.n_init = max(3, min(10, (budget or 40) // 5, n))
-        self.prior_log: np.ndarray | None = None
-        if prior is not None and valid:
-            p = prior(valid)
-            if p is not None:
-                arr = np.asarray(list(p), dtype=float)
-                if arr.shape == (n,) and np.isfinite(arr).any():
-                    worst = np.nanmax(arr[np.isfinite(arr)])
-                    self.prior_log = np.log(np.where(np.isfinite(arr) & (arr > 0), arr, worst * 10))
+        self.X = _encoded(self.knobs, self.ordered, valid)
+        self.n_init = max(3, min(10, (budget or 40) // 5, len(valid)))
+        self.prior_log = _prior_log(prior, valid)
         self.proposed = 0
 
     # -- geometry ---------------------------------------------------------------------------------------

@@ -175,9 +175,7 @@ class _Search:
         if sampler in PRIOR_SAMPLERS and not finished(objective, storage, study_name, trials, patience):
             valid = objective.valid_configs()
             self.prior = objective.prior(valid) if valid else None
-        if sampler == "default":
-            sampler = "auto" if self.prior is not None else "tpe"
-        self.sampler = sampler
+        self.sampler = sampler = ("auto" if self.prior is not None else "tpe") if sampler == "default" else sampler
         self.study = study = open_study(objective, storage, study_name, sampler, seed)
         self.dists = distributions(objective.knobs)
         self.rng = random.Random(seed)
@@ -192,15 +190,9 @@ class _Search:
         self.shared = any(t.state == TrialState.RUNNING for t in at_start)
         self.next_number = len(at_start)  # a first trial numbered otherwise: another process asked one meanwhile
         self.last_number: int | None = None
-        # The configs the user named first (--start), the default config (trial 0 of a new study), then configs of
-        # published artifacts. Fixed
-        # configs are asked for through this process's sampler, not Optuna's shared queue of enqueued trials
+        # Fixed configs are asked for through this process's sampler, not Optuna's shared queue of enqueued trials
         # (two processes popping one queued trial from SQLite at once is a race).
-        self.first: list[Config] = []
-        for c in retry + objective.first_configs() + [objective.default()] + objective.warm_start():
-            if c is not None and format_config(c) not in self.known and c not in self.first:
-                self.first.append(c)
-        self.first += self._transferred({format_config(c) for c in self.first} | set(self.known))
+        self.first = self._first_configs(retry)
         self.failures: Counter[str] = Counter(s.reason for s in self.known.values() if s.value is None)
         self.baseline = objective.baseline_ms() if progress is not None else None
         self.invalid = self.skips = self.new = 0
@@ -217,6 +209,16 @@ class _Search:
         self.unrankable = objective.unrankable()
         if self.unrankable or study.user_attrs.get("cannot_rank"):  # the report says it too (or no longer)
             study.set_user_attr("cannot_rank", self.unrankable or "")
+
+    def _first_configs(self, retry: list[Config]) -> list[Config]:
+        """The configs asked for before the sampler's, each once and none the study knows: a dead process's trials
+        retried, the user's ``--start`` configs, the default, published artifacts' configs, then the best configs of
+        this family's other studies (:meth:`_transferred`)."""
+        objective, first = self.objective, []
+        for c in retry + objective.first_configs() + [objective.default()] + objective.warm_start():
+            if c is not None and format_config(c) not in self.known and c not in first:
+                first.append(c)
+        return first + self._transferred({format_config(c) for c in first} | set(self.known))
 
     def _transferred(self, exclude: set[str]) -> list[Config]:
         """Transfer (``_transfer``): the best configs of this family's other studies in the same storage (another
@@ -248,41 +250,14 @@ class _Search:
         self.loop_started = time.monotonic()
         try:
             while True:
-                if self.shared:
-                    self.known.update(_known(study))  # the shared budget counts every process's trials
-                    # A process that died mid-trial: its trial is failed here, and its config asked for again.
-                    self.first[:0] = [c for c in self.beat.fail_stale()
-                                      if format_config(c) not in self.known and c not in self.first]
-                if self.inflight is not None and self.inflight.done:
-                    self._record_oldest()
-                stop = self._limit_reached()
+                stop = self._step()
                 if stop is not None:
-                    if self.inflight is not None:  # the evaluation in flight finishes and counts
-                        self._record_oldest()
                     return stop
-                if self.inflight is None and self.ahead:
-                    self._start_oldest()
-                    continue
-                full = self._full()
-                if full is None and len(self.ahead) < self.depth:
-                    self._propose()
-                    continue
-                if self.inflight is not None:
-                    self._record_oldest()
-                    continue
-                assert full is not None  # depth >= 1: only a full study ends with nothing queued
-                if not self.new and full.reason is StopReason.BUDGET:
-                    return Stop(StopReason.BUDGET, before_run=True, evaluated=len(self.known))
-                return full
         except KeyboardInterrupt:
-            for trial in self._open_trials():  # in flight: not a result; record why, and keep the rest
-                trial.set_user_attr("status", TrialStatus.INTERRUPTED)
-                study.tell(trial, state=TrialState.FAIL)
+            self._close_open(TrialStatus.INTERRUPTED)  # in flight: not a result; record why, and keep the rest
             return Stop(StopReason.INTERRUPTED)
         except BaseException:  # a bug of kernsearch itself: close the trial in flight, keep the traceback
-            for trial in self._open_trials():
-                trial.set_user_attr("status", TrialStatus.ERROR)
-                study.tell(trial, state=TrialState.FAIL)
+            self._close_open(TrialStatus.ERROR)
             raise
         finally:
             for pending, _, _ in self.ahead:  # proposed, never timed: not a result, and its config stays free
@@ -290,6 +265,48 @@ class _Search:
                 study.tell(pending, state=TrialState.PRUNED)
                 self.beat.finish(pending)
             self.beat.stop()
+
+    def _step(self) -> Stop | None:
+        """One turn of the loop: record a finished evaluation, start the oldest proposal, propose, or wait for the
+        evaluation in flight; the :class:`Stop` where the search ends, else None."""
+        if self.shared:
+            self._refresh_shared()
+        if self.inflight is not None and self.inflight.done:
+            self._record_oldest()
+        stop = self._limit_reached()
+        if stop is not None:
+            if self.inflight is not None:  # the evaluation in flight finishes and counts
+                self._record_oldest()
+            return stop
+        if self.inflight is None and self.ahead:
+            self._start_oldest()
+            return None
+        full = self._full()
+        if full is None and len(self.ahead) < self.depth:
+            self._propose()
+            return None
+        if self.inflight is not None:
+            self._record_oldest()
+            return None
+        assert full is not None  # depth >= 1: only a full study ends with nothing queued
+        if not self.new and full.reason is StopReason.BUDGET:
+            return Stop(StopReason.BUDGET, before_run=True, evaluated=len(self.known))
+        return full
+
+    def _refresh_shared(self) -> None:
+        """A shared study's trials read anew: the shared budget counts every process's trials, and a process that
+        died mid-trial has its trial failed here and its config asked for again."""
+        self.known.update(_known(self.study))
+        self.first[:0] = [c for c in self.beat.fail_stale()
+                          if format_config(c) not in self.known and c not in self.first]
+
+    def _close_open(self, status: TrialStatus) -> None:
+        """The trials asked and not told when the loop ends abruptly, failed with ``status``."""
+        from optuna.trial import TrialState
+
+        for trial in self._open_trials():
+            trial.set_user_attr("status", status)
+            self.study.tell(trial, state=TrialState.FAIL)
 
     def _open_trials(self) -> list[optuna.Trial]:
         """Trials asked and not told when the loop ends abruptly: the one being proposed or recorded, and the one
@@ -384,17 +401,13 @@ class _Search:
 
     def _propose(self) -> None:
         """Ask for a trial; record it at once when it is invalid or known, else queue it for evaluation."""
-        from optuna.trial import TrialState
 
         study, objective = self.study, self.objective
         fixed = self._fixed()
         self.trial = trial = _ask(study, self.dists, fixed)
         self.beat.start(trial)  # from ask to tell: a trial without a pulse is a dead process's
         if not self.shared:  # another process started on this study: its trials interleave with ours
-            expected = self.next_number if self.last_number is None else self.last_number + 1
-            self.shared = trial.number != expected or any(
-                t.number != trial.number and all(t.number != a.number for a, _, _ in self.ahead)
-                for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+            self.shared = self._interleaved(trial)
         self.last_number = trial.number
         params = trial.params  # a copy per access (Optuna): read once
         config = {k: params[k] for k in objective.knobs}
@@ -405,12 +418,7 @@ class _Search:
             self._record_skipped(Trial(trial.number, config, TrialStatus.INVALID, reason=why), trial, None)
             self.invalid += 1
             return
-        if self.shared and key not in self.known:
-            self.known.update(_known(study))  # another process may have finished it meanwhile
-        seen = self.known.get(key) or (claimed_elsewhere(study, trial, objective, key) if self.shared else None)
-        if seen is None and any(k == key for _, _, k in self.ahead):
-            seen = Trial(next(t.number for t, _, k in self.ahead if k == key), config, TrialStatus.RUNNING,
-                         reason="in flight")
+        seen = self._seen(key, trial, config)
         if seen is not None:  # never measure a config twice: tell the sampler what is known
             known = Trial(trial.number, config, TrialStatus.KNOWN, reason=STATUS_KNOWN, same_as=seen.number)
             self._record_skipped(known, trial, seen.value)
@@ -419,6 +427,28 @@ class _Search:
         objective.prefetch(config)  # e.g. compile it in another process while earlier ones are timed
         self.ahead.append((trial, config, key))
         self.trial = None
+
+    def _seen(self, key: str, trial: optuna.Trial, config: Config) -> Trial | None:
+        """The trial that already evaluated (or is evaluating) the config ``key``: this study's, another process's
+        claim on it where the study is shared, or a proposal of this process still queued; None if none."""
+        study = self.study
+        if self.shared and key not in self.known:
+            self.known.update(_known(study))  # another process may have finished it meanwhile
+        seen = self.known.get(key) or (claimed_elsewhere(study, trial, self.objective, key) if self.shared else None)
+        if seen is None and any(k == key for _, _, k in self.ahead):
+            seen = Trial(next(t.number for t, _, k in self.ahead if k == key), config, TrialStatus.RUNNING,
+                         reason="in flight")
+        return seen
+
+    def _interleaved(self, trial: optuna.Trial) -> bool:
+        """Whether another process works on this study: ``trial``'s number is not the one this process expected,
+        or a trial this process did not ask is running."""
+        from optuna.trial import TrialState
+
+        expected = self.next_number if self.last_number is None else self.last_number + 1
+        return trial.number != expected or any(
+            t.number != trial.number and all(t.number != a.number for a, _, _ in self.ahead)
+            for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
 
     def _record_skipped(self, skipped: Trial, trial: optuna.Trial, value: float | None) -> None:
         """A proposal not evaluated: its status and why; the sampler is told the known value (or pruned)."""

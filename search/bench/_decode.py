@@ -228,6 +228,10 @@ class KernelRow:
     pct_of_call_stream: float | None = None
     call_stream_us_compiled: float | None = None
     pct_of_call_stream_compiled: float | None = None
+    #: The lower bound of the chain figure the artifact that ran was published on (its gate's paired rounds, graph
+    #: mode); None where the op or the default config ran. The row's ``speedup`` at or above it: the judge and the
+    #: consumer agree (issue 38).
+    gate_low: float | None = None
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,13 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from .._rules import consumer_low
+from .._vocabulary import ConsumerMode
 from ..artifacts._artifacts import ArtifactStore
 from ..exporting._export import export
 from ..family._spec import Family, load_family
@@ -137,8 +140,8 @@ def run_decode(shape: StepShape, ms: Sequence[int], rounds: int, store: Artifact
                 streams = call_streams(mx, kind, families, layers[0]) if kind is not None else None
                 chains = KernelChains(mx, shape, layers, bound, flats, read, streams)
                 for call in shape.all_calls():
-                    chose = str(decisions[f"M={m} {call.role}"].artifact or "op")
-                    report.kernels.append(_kernel_row(chains, call, shape, m, rounds, chose, say))
+                    decision = decisions[f"M={m} {call.role}"]
+                    report.kernels.append(_kernel_row(chains, call, shape, m, rounds, decision, say))
     return report
 
 
@@ -188,16 +191,28 @@ def _step_rows(mx: Any, shape: StepShape, layers: Sequence[Layer], bound: Sequen
     return rows
 
 
-def _kernel_row(chains: KernelChains, call: Call, shape: StepShape, m: int, rounds: int, chose: str,
+def judged_low(decision: Any) -> float | None:
+    """The lower bound of the chain (graph mode) figure the artifact a decision took was published on; None where
+    it took the op or the family default (no artifact of its own)."""
+    entry = decision.entry
+    if not entry or "key" not in entry:
+        return None
+    return consumer_low(entry.get("modes"), (ConsumerMode.GRAPH,))
+
+
+def _kernel_row(chains: KernelChains, call: Call, shape: StepShape, m: int, rounds: int, decision: Any,
                 say: Say) -> Any:
     t = interleaved(chains.mx, chains.forms(call, m), rounds)
-    row = kernel_row(call, shape, m, t, len(chains.layers), chose)
+    row = replace(kernel_row(call, shape, m, t, len(chains.layers), str(decision.artifact or "op")),
+                  gate_low=judged_low(decision))
     stream = "" if row.stream_us is None else f", stream {row.stream_us:.1f} us ({row.pct_of_stream:.0f} %)"
     if row.call_stream_us is not None:
         stream += f", stream as the call is called {row.call_stream_us:.1f} us ({row.pct_of_call_stream:.0f} %)"
     if row.us_compiled is not None and row.stream_us_compiled is not None:
         stream += (f"; compiled chains {row.us_compiled:.1f} us vs stream {row.stream_us_compiled:.1f} us "
                    f"({row.pct_of_stream_compiled:.0f} %)")
+    judged = "" if row.gate_low is None else f", published on a chain bound of {row.gate_low:.2f}x" + (
+        " (BELOW it here)" if row.speedup < row.gate_low else "")
     say(f"M={m} {call.role} ({call.family} {row.shape}): {row.us:.1f} us/call vs op {row.op_us:.1f} "
-        f"({row.speedup:.2f}x){stream}; runs {row.chose}")
+        f"({row.speedup:.2f}x){stream}; runs {row.chose}{judged}")
     return row

@@ -36,6 +36,7 @@ def candidates(space: Any, published: dict[str, Any], per: int) -> list[tuple[st
     """(why, config) of the configs to time against ``published``: its valid one-knob neighbours in the model's
     order, then the model's best of each PATH and its overall best, no config twice, at most ``per``."""
     from kernsearch.backends._model import ModelBackend
+    from kernsearch.backends._model_columns import predict_many
     from kernsearch.family._space import format_config
 
     model = ModelBackend(space.chip)
@@ -46,12 +47,12 @@ def candidates(space: Any, published: dict[str, Any], per: int) -> list[tuple[st
             if value != published.get(knob) and space.is_valid(cfg):
                 neighbours.append((f"{knob}={value}", cfg))
     valid = space.enumerate().valid
-    times = [p.time_ms for p in model.predict_many(space, valid)]
+    times = [p.time_ms for p in predict_many(model, space, valid)]
     ranked = [valid[i] for i in sorted(range(len(valid)), key=times.__getitem__)]
     best_of_path = {}
     for cfg in ranked:
         best_of_path.setdefault(cfg.get("PATH"), cfg)
-    ntimes = [p.time_ms for p in model.predict_many(space, [c for _, c in neighbours])]
+    ntimes = [p.time_ms for p in predict_many(model, space, [c for _, c in neighbours])]
     seen = {format_config(published)}
 
     def fresh(picks: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:

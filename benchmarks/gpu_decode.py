@@ -327,13 +327,14 @@ def _compile_one(job: tuple[str, str, str, dict]) -> bool:
 def precompile(dev: Device, fam, problems: list[str], ranked: list[dict], jobs: int, deadline: float) -> list[list[dict]]:  # noqa: ANN001
     """The candidates of every problem (landscape's best valid there, then the model's top), compiled in parallel."""
     from kernsearch import Space, get_backend, make_problem
+    from kernsearch.backends._model_columns import predict_many
 
     model = get_backend("model")
     per_problem = []
     for shape in problems:
         space = Space(make_problem(fam, shape, DTYPE, dev.chip), dev.chip)
         valid = space.enumerate().valid
-        times = [p.time_ms for p in model.predict_many(space, valid)]  # the whole space at once (predict_ms's)
+        times = [p.time_ms for p in predict_many(model, space, valid)]  # the whole space at once (predict_ms's)
         by_model = [valid[i] for i in sorted(range(len(valid)), key=times.__getitem__)[:6]]
         cands: list[dict] = []
         for c in [c for c in ranked if space.is_valid(c)][:6] + by_model:

@@ -14,6 +14,7 @@ from kernsearch import Space, get_backend, get_chip, load_family, make_problem
 from kernsearch._errors import BackendError, ConfigError, SpecError
 from kernsearch.backends import Evidence
 from kernsearch.backends._model import ModelBackend
+from kernsearch.backends._model_columns import predict_many
 
 TOY_SPEC = """
 name = "toy"
@@ -276,9 +277,9 @@ def test_a_space_predicted_at_once_is_each_configs_prediction(chip):
     for name in builtin_families():
         space = space_for(load_family(name), chip)
         sample = space.sample(150, random.Random(0))
-        assert ModelBackend().predict_many(space, sample) == _one_by_one(space, sample), name
+        assert predict_many(ModelBackend(), space, sample) == _one_by_one(space, sample), name
         mixed = sample[:20] + random.Random(1).sample(list(itertools.islice(space.iter_all(), 5000)), 20)
-        assert ModelBackend().predict_many(space, mixed) == _one_by_one(space, mixed), name
+        assert predict_many(ModelBackend(), space, mixed) == _one_by_one(space, mixed), name
 
 
 def test_a_value_the_model_refuses_is_inf_in_a_batch_as_alone(tmp_path):
@@ -287,7 +288,7 @@ def test_a_value_the_model_refuses_is_inf_in_a_batch_as_alone(tmp_path):
     fam = load_family(make_toy(tmp_path / "neg", model=TOY_MODEL + 'barriers = "ARITH - 2"\n'))
     space = space_for(fam)
     configs = [dict(c) for c in space.iter_all()]
-    got = ModelBackend().predict_many(space, configs)
+    got = predict_many(ModelBackend(), space, configs)
     assert got == _one_by_one(space, configs)
     assert {math.isinf(p.time_ms) for p in got} == {True, False}
     assert all(math.isinf(p.time_ms) == (c["ARITH"] == 1) for p, c in zip(got, configs))

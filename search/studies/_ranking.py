@@ -62,11 +62,12 @@ def predict(space: Space, configs: list[Config]) -> list[Prediction] | None:
     try:
         from ..backends import get_backend
         from ..backends._model import ModelBackend
+        from ..backends._model_columns import predict_many
 
         model = get_backend("model", chip=space.chip)
         if not isinstance(model, ModelBackend):
             return None
-        out = model.predict_many(space, configs)  # inf where the model cannot say
+        out = predict_many(model, space, configs)  # inf where the model cannot say
         return out if any(math.isfinite(p.time_ms) for p in out) else None
     except Exception:  # noqa: BLE001 - no model for this family or chip: no prediction
         return None

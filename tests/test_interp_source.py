@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -143,6 +144,50 @@ def test_compiled_objects_are_cached_by_source_flags_and_place(tmp_path, monkeyp
     assert cpu.run(changed, geo, a, "float32").outputs[0][0] == 3.0
     monkeypatch.setenv("KERNSEARCH_CACHE", str(tmp_path / "two"))
     assert cpu.run(k, geo, a, "float32").compile_seconds > 0
+
+
+def test_kernels_link_with_gold_only_where_g_plus_plus_links_with_it(tmp_path, monkeypatch):
+    """A kernel's shared object is linked by GNU gold where the compiler links with it (faster; the same code), by
+    the default linker elsewhere (a compiler that cannot, no ld.gold): a kernel built either way runs the same."""
+    import shutil
+
+    from kernsearch import Geometry, KernelSource, get_backend
+    from kernsearch.interp import _compile
+
+    def linker(cxx: str | None) -> tuple[str, ...]:
+        _compile.compiler.cache_clear()
+        _compile.link_flags.cache_clear()
+        if cxx is None:
+            monkeypatch.delenv("KERNSEARCH_CXX", raising=False)
+        else:
+            monkeypatch.setenv("KERNSEARCH_CXX", cxx)
+        return _compile.link_flags()
+
+    k = KernelSource("linked", "metal", ("A",), ("C",), "", "C[thread_position_in_grid.x] = A[0] * 2.0f;",
+                     (("T", "float32"),))
+    geo = Geometry(grid=(8, 1, 1), threadgroup=(8, 1, 1), output_shapes=((8,),), output_dtypes=("float32",))
+    outputs = []
+    found = _compile.link_flags
+    try:
+        other = tmp_path / "bin" / "c++-without-gold"  # a compiler that cannot link with gold (it fails)
+        other.parent.mkdir()
+        other.write_text("#!/bin/sh\nexit 1\n")
+        other.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{other.parent}{os.pathsep}{os.environ['PATH']}")
+        assert linker(other.name) == ()
+        gold = linker(None)
+        if shutil.which("g++") and shutil.which("ld.gold"):
+            assert gold == ("-fuse-ld=gold",)
+        for links in (gold, ()):
+            monkeypatch.setenv("KERNSEARCH_CACHE", str(tmp_path / str(len(outputs))))
+            monkeypatch.setattr(_compile, "link_flags", lambda links=links: links)
+            ran = get_backend("cpu").run(k, geo, [np.full(8, 1.5)], "float32")
+            assert ran.compile_seconds > 0
+            outputs.append(ran.outputs[0].tolist())
+    finally:  # found again under the test's own environment (restored after it)
+        _compile.compiler.cache_clear()
+        found.cache_clear()
+    assert outputs == [[3.0] * 8] * 2
 
 
 @pytest.mark.slow

@@ -53,6 +53,21 @@ def compiler() -> str:
 
 
 @lru_cache(maxsize=1)
+def link_flags() -> tuple[str, ...]:
+    """GNU gold where the compiler links with it: a kernel's shared object links in ~60 % of the default linker's CPU
+    time (g++ 12: ~0.03 s of a ~0.13 s build). The same code either way, so the cache key leaves the linker out; none
+    where gold is not installed or the compiler does not link with it (the default linker then)."""
+    if not shutil.which("ld.gold"):
+        return ()
+    try:
+        probe = subprocess.run([compiler(), "-fuse-ld=gold", "-Wl,--version"], capture_output=True, text=True,
+                               timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return ("-fuse-ld=gold",) if probe.returncode == 0 and "GNU gold" in probe.stdout else ()
+
+
+@lru_cache(maxsize=1)
 def shim_version() -> str:
     h = hashlib.sha256()
     for f in sorted(p for p in SHIM_DIR.rglob("*") if p.is_file()):
@@ -163,8 +178,9 @@ def compile_unit(cpp: str, mode: str, lockstep: bool = False) -> Compiled:
         build_flags = [f"-I{pch}", *cmd_flags] if pch else cmd_flags
         linked = [str(runtime)] if runtime is not None else []
         inline = ["-DKS_RUNTIME_IMPL=1"] if runtime is None else []
+        linker = list(link_flags()) if suffix == ".so" else []  # the sanitizer's executable: the default linker
         try:
-            proc = subprocess.run([compiler(), *build_flags, *inline, str(src), *linked, "-o", str(out)],
+            proc = subprocess.run([compiler(), *build_flags, *inline, *linker, str(src), *linked, "-o", str(out)],
                                   capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
         except subprocess.TimeoutExpired:  # subprocess.run kills the compiler before raising
             raise VariantFailure("compile", f"the compiler ran longer than {COMPILE_TIMEOUT_S} s") from None

@@ -147,8 +147,9 @@ def test_compiled_objects_are_cached_by_source_flags_and_place(tmp_path, monkeyp
 
 
 def test_kernels_link_with_gold_only_where_g_plus_plus_links_with_it(tmp_path, monkeypatch):
-    """A kernel's shared object is linked by GNU gold where the compiler links with it (faster; the same code), by
-    the default linker elsewhere (a compiler that cannot, no ld.gold): a kernel built either way runs the same."""
+    """A kernel (its shared object, and the sanitizer's executable) is linked by GNU gold where the compiler links
+    with it (faster; the same code), by the default linker elsewhere (a compiler that cannot, no ld.gold): a kernel
+    built either way runs the same."""
     import shutil
 
     from kernsearch import Geometry, KernelSource, get_backend
@@ -181,13 +182,14 @@ def test_kernels_link_with_gold_only_where_g_plus_plus_links_with_it(tmp_path, m
         for links in (gold, ()):
             monkeypatch.setenv("KERNSEARCH_CACHE", str(tmp_path / str(len(outputs))))
             monkeypatch.setattr(_compile, "link_flags", lambda links=links: links)
-            ran = get_backend("cpu").run(k, geo, [np.full(8, 1.5)], "float32")
-            assert ran.compile_seconds > 0
-            outputs.append(ran.outputs[0].tolist())
+            for mode in ("fast", "sanitize"):
+                ran = get_backend("cpu").run(k, geo, [np.full(8, 1.5)], "float32", mode=mode)
+                assert ran.compile_seconds > 0 and not ran.diagnostics, ran.diagnostics
+                outputs.append(ran.outputs[0].tolist())
     finally:  # found again under the test's own environment (restored after it)
         _compile.compiler.cache_clear()
         found.cache_clear()
-    assert outputs == [[3.0] * 8] * 2
+    assert outputs == [[3.0] * 8] * 4
 
 
 @pytest.mark.slow

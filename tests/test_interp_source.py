@@ -146,7 +146,8 @@ def test_compiled_objects_are_cached_by_source_flags_and_place(tmp_path, monkeyp
     assert cpu.run(k, geo, a, "float32").compile_seconds > 0
 
 
-def test_kernels_link_with_gold_only_where_g_plus_plus_links_with_it(tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_kernels_link_with_gold_only_where_the_compiler_links_with_it(tmp_path, monkeypatch):
     """A kernel (its shared object, and the sanitizer's executable) is linked by GNU gold where the compiler links
     with it (faster; the same code), by the default linker elsewhere (a compiler that cannot, no ld.gold): a kernel
     built either way runs the same."""
@@ -179,8 +180,8 @@ def test_kernels_link_with_gold_only_where_g_plus_plus_links_with_it(tmp_path, m
         gold = linker(None)
         if shutil.which("g++") and shutil.which("ld.gold"):
             assert gold == ("-fuse-ld=gold",)
-        for links in (gold, ()):
-            monkeypatch.setenv("KERNSEARCH_CACHE", str(tmp_path / str(len(outputs))))
+        monkeypatch.setenv("KERNSEARCH_CACHE", str(tmp_path / "cache"))
+        for links in (gold, ()):  # the linker is part of the cache key: each builds its own
             monkeypatch.setattr(_compile, "link_flags", lambda links=links: links)
             for mode in ("fast", "sanitize"):
                 ran = get_backend("cpu").run(k, geo, [np.full(8, 1.5)], "float32", mode=mode)

@@ -55,9 +55,8 @@ def compiler() -> str:
 @lru_cache(maxsize=1)
 def link_flags() -> tuple[str, ...]:
     """GNU gold where the compiler links with it: a kernel's shared object links in ~60 % of the default linker's CPU
-    time (g++ 12: ~0.03 s of a ~0.13 s build; the sanitizer's executable ~0.05 of ~0.27 s). The same code either way,
-    so the cache key leaves the linker out; none where gold is not installed or the compiler does not link with it
-    (the default linker then)."""
+    time (g++ 12: ~0.03 s of a ~0.13 s build; the sanitizer's executable ~0.05 of ~0.27 s); the same code either way.
+    None where gold is not installed or the compiler does not link with it (the default linker then)."""
     if not shutil.which("ld.gold"):
         return ()
     try:
@@ -164,7 +163,7 @@ _ERROR_LINE = re.compile(r"kernel\.metal:(\d+):(?:\d+:)?\s*(?:fatal )?error:\s*(
 def compile_unit(cpp: str, mode: str, lockstep: bool = False) -> Compiled:
     """Compile (or fetch from the cache) one translation unit; errors are a ``compile`` variant failure."""
     cmd_flags = flags(mode, cpp, lockstep)
-    key = hashlib.sha256("\0".join([cpp, *cmd_flags, shim_version()]).encode()).hexdigest()[:32]
+    key = hashlib.sha256("\0".join([cpp, *cmd_flags, *link_flags(), shim_version()]).encode()).hexdigest()[:32]
     suffix = ".exe" if mode == "sanitize" else ".so"
     target = cache_dir() / f"{key}{suffix}"
     if target.exists():

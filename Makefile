@@ -17,8 +17,8 @@ tune: $(VENV)/.installed
 
 # Two workers that steal work from each other (--dist worksteal): the long tests (servers, sweeps) do not leave
 # one worker idle at the end while the other still holds a queue of them. Every test but the long end-to-end ones
-# (marked e2e: real Prefect and PostgreSQL servers, racing tune processes): ~13 min on an idle 2-core machine with a
-# cold compile cache (benchmarks/test_suite_time.txt; the goal is 10).
+# (marked e2e: real Prefect and PostgreSQL servers, racing tune processes): ~13-16 min on an idle 2-core machine with
+# a cold compile cache (benchmarks/test_suite_time.txt; the goal is 10).
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=30 -m "not e2e"
 

@@ -17,7 +17,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .._rules import consumer_low
 from .._vocabulary import ConsumerMode
 from ..artifacts._artifacts import ArtifactStore
 from ..exporting._export import export
@@ -193,11 +192,9 @@ def _step_rows(mx: Any, shape: StepShape, layers: Sequence[Layer], bound: Sequen
 
 def judged_low(decision: Any) -> float | None:
     """The lower bound of the chain (graph mode) figure the artifact a decision took was published on; None where
-    it took the op or the family default (no artifact of its own)."""
-    entry = decision.entry
-    if not entry or "key" not in entry:
-        return None
-    return consumer_low(entry.get("modes"), (ConsumerMode.GRAPH,))
+    it took the op or the family default (:meth:`~kernsearch.exporting.runtime._decision.Decision.judged_low`)."""
+    low: float | None = decision.judged_low(ConsumerMode.GRAPH)
+    return low
 
 
 def _kernel_row(chains: KernelChains, call: Call, shape: StepShape, m: int, rounds: int, decision: Any,

@@ -92,6 +92,11 @@ class Decision:
     def config(self) -> Optional[Dict[str, Any]]:
         return dict(self.entry["config"]) if self.entry else None
 
+    def judged_low(self, mode: str) -> Optional[float]:
+        """The lower bound of the ``mode`` figure the chosen artifact was published on (its gate's paired rounds);
+        None for the default config or the MLX op (no artifact of its own)."""
+        return consumer_low(self.entry.get("modes"), (mode,)) if self.entry and self.artifact else None
+
     def __str__(self) -> str:
         what = self.artifact or ("default config" if self.entry else "plain MLX op")
         lines = [f"{self.family} {'x'.join(map(str, self.shape))} {self.dtype} on {self.chip}: "

@@ -35,7 +35,7 @@ else
   untuned=(--hidden 2048 --ffn 5632 --layers 22 --heads 32 --kv-heads 4 --vocab 32000 --bits 4 --group 64
            --prompt 128 --tokens 128 --rounds "${ROUNDS:-5}")
 fi
-for run in llama7b untuned; do
+for run in ${RUNS:-llama7b untuned}; do
   name="gpu_mlx_lm_$chip"; [[ $run == untuned ]] && name+="_untuned"
   declare -n args=$run
   timeout "${LIMIT:-280}" "$PY" -m kernsearch.bench._mlx_lm "${args[@]}" "${store[@]}" --json "$OUT/$name.json" \

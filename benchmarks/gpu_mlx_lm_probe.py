@@ -3,7 +3,9 @@ an H200 (224-253 tokens/s in most rounds, 324-352 in others, plain mlx-lm steady
 
 Two copies of the same random Llama model (mlx-lm's own, quantized by mlx-lm): one left as mlx-lm runs it, one
 patched once (``--forms`` names the patched forms: ``compiled`` is ``patch(model)``, ``eager`` is
-``patch(model, compiled=False)``; each its own copy, patched once). Rounds interleave the forms (order rotating);
+``patch(model, compiled=False)``, ``nostep`` is ``patch(model)`` with RoPE left out of the
+compiled step (mlx-lm's RoPE op by op on every token, as before the fourteenth session); each its own
+copy, patched once). Rounds interleave the forms (order rotating);
 each round runs mlx-lm's ``generate_step`` for ``--tokens`` greedy tokens and records, per decoded token: the wall
 time, the host time inside the model's forward (building the step's graph), inside ``mx.async_eval`` (MLX sending the
 step's kernels: on the GPU back-ends the encoding runs on the calling thread) and the garbage collector's passes and
@@ -104,6 +106,38 @@ def _generate(model: Any, prompt: Any, tokens: int, clock: _Clock, gc_off: bool)
             "gc_passes": clock.gc_n, "gc_ms": 1e3 * clock.gc_s, "prompt_s": t1 - t0}
 
 
+def _patched(pkg: Any, model: Any, form: str, always: bool) -> Any:
+    """``model`` patched in ``form`` (see the module's docstring)."""
+    step = sys.modules[pkg.__name__ + "._patch_step"]
+    passes = step._passes_offset
+    if form == "nostep":  # the step's RoPE refused at patch time: the fourteenth session's "before"
+        step._passes_offset = lambda rope: False
+    try:
+        return pkg.patch(model, always=always, compiled=form != "eager")
+    finally:
+        step._passes_offset = passes
+
+
+def _census(model: Any, prompt: Any, folder: Path) -> dict[str, int]:
+    """The primitives of one decode token's graph (``mx.export_to_dot``'s node labels, counted): what
+    ``mx.async_eval`` encodes a token, by kind."""
+    import collections
+    import re
+
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    mx.eval(model(prompt[None, :16], cache=cache))
+    logits = model(prompt[None, 16:17], cache=cache)
+    dot = folder / "token.dot"
+    mx.export_to_dot(str(dot), logits)
+    labels = collections.Counter(re.findall(r'label ="([^"]+)"', dot.read_text()))
+    dot.unlink()
+    mx.eval(logits)
+    return dict(labels.most_common())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", type=Path, default=Path("artifacts"))
@@ -113,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--forms", default="compiled,eager")
     ap.add_argument("--gc-off", action="store_true")
     ap.add_argument("--dry", action="store_true")
+    ap.add_argument("--census", action="store_true", help="count one decode token's primitives for each form")
     a = ap.parse_args(argv)
     import mlx.core as mx
 
@@ -128,10 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         pkg = import_package(ArtifactStore(a.store), Path(tmp))
         for form in a.forms.split(","):
             models[form] = build_model(cfg, 0)
-            print(str(pkg.patch(models[form], always=a.dry, compiled=form == "compiled")).splitlines()[0], flush=True)
+            print(form, str(_patched(pkg, models[form], form, a.dry)).splitlines()[0], flush=True)
         prompt = mx.random.randint(0, cfg.vocab, (128,), key=mx.random.key(1))
         for m in models.values():  # warm-up: traces, plans, kernels built
             _generate(m, prompt, 4, clock, a.gc_off)
+        census = {name: _census(m, prompt, Path(tmp)) for name, m in models.items()} if a.census else {}
+        for name, counts in census.items():
+            print(f"census {name}: {sum(counts.values())} primitives a token: {counts}", flush=True)
         rows: dict[str, list[dict[str, float]]] = {name: [] for name in models}
         names = list(models)
         for r in range(a.rounds):
@@ -146,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.median(x['forward_ms_token'] for x in rs):.3f} ms a token (host), async_eval "
               f"{statistics.median(x['send_ms_token'] for x in rs):.3f} ms")
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "gpu_mlx_lm_probe.json").write_text(json.dumps({"gc_off": a.gc_off, "rows": rows}, indent=1))
+    (a.out / "gpu_mlx_lm_probe.json").write_text(json.dumps({"gc_off": a.gc_off, "rows": rows, "census": census}, indent=1))
     return 0
 
 

@@ -158,27 +158,75 @@ def test_compiled_blocks_decode_the_same_tokens_and_call_the_package_once_a_shap
     assert pkg.unpatch(model) == 2 and greedy(model, 12)[0] == want
 
 
+def _rope_calls(monkeypatch, cls: type) -> list:
+    """(shape, offset is an array) of each call of ``cls.__call__`` (a RoPE module's) from now on."""
+    calls: list = []
+    rope = cls.__call__
+
+    def counted(self, x, offset=0):  # noqa: ANN001, ANN202
+        calls.append((x.shape, isinstance(offset, mx.array)))
+        return rope(self, x, offset)
+
+    monkeypatch.setattr(cls, "__call__", counted)
+    return calls
+
+
 @pytest.mark.parametrize("name", ["llama", "gqa"])
 def test_one_rope_call_a_layer_turns_the_queries_and_the_keys_heads(pkg, monkeypatch, name: str) -> None:
     """One sequence: RoPE runs once a layer on the queries' and the keys' heads together (a dependent launch fewer
-    a layer than mlx-lm's two), and decodes the same greedy tokens."""
+    a layer than mlx-lm's two), inside the compiled step: traced once a layer and row count (its offset an array:
+    the same trace at every position), and decodes the same greedy tokens."""
     module, kw = CONFIGS[name]
     model = build(module, **kw)
     want, want_lp = greedy(model, 8)
     pkg.patch(model, always=True)
-    shapes: list = []
-    rope = nn.RoPE.__call__
-
-    def counted(self, x, offset=0):  # noqa: ANN001, ANN202
-        shapes.append(x.shape)
-        return rope(self, x, offset)
-
-    monkeypatch.setattr(nn.RoPE, "__call__", counted)
+    calls = _rope_calls(monkeypatch, nn.RoPE)
     got, got_lp = greedy(model, 8)
     assert got == want and mx.allclose(got_lp, want_lp, atol=1e-4).item()
     heads = model.args.num_attention_heads + (model.args.num_key_value_heads or model.args.num_attention_heads)
-    assert len(shapes) == (1 + 1 + 8) * 2, shapes  # the prompt's 5 tokens, its last, 8 steps; two layers
-    assert all(s[0] == 1 and s[1] == heads for s in shapes), shapes
+    # The prompt's first 5 tokens, then one-row steps (its last token, 8 tokens): one trace each; two layers.
+    assert calls == [((1, heads, 5, 32), True)] * 2 + [((1, heads, 1, 32), True)] * 2, calls
+
+
+@pytest.mark.parametrize("name", ["gqa", "qwen2"])
+def test_the_cache_holds_what_mlx_lm_s_own_forward_puts_there(pkg, monkeypatch, name: str) -> None:
+    """Step by step, one token a step across the cache's growth (every 8 positions here): the patched model's
+    outputs and its KV cache (RoPE'd keys at each position, values) are mlx-lm's."""
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+    module, kw = CONFIGS[name]
+    monkeypatch.setattr(KVCache, "step", 8)
+    model = build(module, **kw)
+    tokens = mx.array([PROMPT + [11, 3, 40, 2, 17, 8, 25, 60, 4, 9, 30, 12]])
+    want_cache = make_prompt_cache(model)
+    want = [model(tokens[:, i:i + 1], cache=want_cache) for i in range(tokens.shape[1])]
+    pkg.patch(model, always=True)
+    cache = make_prompt_cache(model)
+    got = [model(tokens[:, i:i + 1], cache=cache) for i in range(tokens.shape[1])]
+    assert all(mx.allclose(g, w, atol=1e-4).item() for g, w in zip(got, want))
+    for c, w in zip(cache, want_cache):
+        assert c.offset == w.offset == tokens.shape[1] and c.keys.shape == w.keys.shape
+        for a, b in zip(c.keys_and_values(), w.keys_and_values()):
+            assert mx.allclose(a, b, atol=1e-4).item()
+
+
+def test_a_rope_of_another_class_runs_as_mlx_lm_runs_it_on_every_step(pkg, monkeypatch) -> None:
+    """The compiled step calls only a RoPE whose code it knows passes the offset through (mlx-lm's DynamicNTK
+    computes with it in Python): a RoPE of another class runs on every step with the cache's int offset, as mlx-lm
+    calls it, and the tokens are the same."""
+
+    class MyRope(nn.RoPE):
+        def __call__(self, x, offset=0):  # noqa: ANN001, ANN204
+            return super().__call__(x, offset=offset)
+
+    model = build(llama)
+    for layer in model.layers:
+        layer.self_attn.rope = MyRope(32, traditional=False, base=10000)
+    want = greedy(model, 8)[0]
+    pkg.patch(model, always=True)
+    calls = _rope_calls(monkeypatch, MyRope)
+    assert greedy(model, 8)[0] == want
+    assert len(calls) == (1 + 1 + 8) * 2 and not any(a for _, a in calls), calls
 
 
 def test_unpatch_restores_bit_identical_outputs_and_the_same_parameters(pkg) -> None:
@@ -293,11 +341,12 @@ def test_blocks_it_does_not_reproduce_are_left_alone_and_it_says_so(pkg) -> None
     assert "0 of 1 layers patched" in text and "left alone" in text
 
 
-def test_the_package_ships_the_patch_module_byte_for_byte(pkg) -> None:
-    shipped = Path(pkg.__file__).parent / "_patch.py"
-    from kernsearch.exporting.runtime import _patch
+def test_the_package_ships_the_patch_modules_byte_for_byte(pkg) -> None:
+    from kernsearch.exporting.runtime import _fingerprint, _patch, _patch_step
 
-    assert shipped.read_bytes() == Path(_patch.__file__).read_bytes()
+    for module in (_patch, _patch_step, _fingerprint):
+        shipped = Path(pkg.__file__).parent / Path(module.__file__).name
+        assert shipped.read_bytes() == Path(module.__file__).read_bytes()
 
 
 def _tiny_local_model(folder: Path) -> None:
@@ -430,7 +479,7 @@ def test_a_forward_has_one_fingerprint_on_every_python(tmp_path: Path) -> None:
 
     import mlx_lm.models.llama as llama
 
-    from kernsearch.exporting.runtime import _patch
+    from kernsearch.exporting.runtime import _fingerprint, _patch
 
     pythons = sorted({p for v in ("3.9", "3.10", "3.12", "3.13")
                       for p in glob.glob(f"/root/.pyenv/versions/{v}*/bin/python3") + glob.glob(f"/usr/bin/python{v}")})
@@ -440,7 +489,7 @@ def test_a_forward_has_one_fingerprint_on_every_python(tmp_path: Path) -> None:
     probe.write_text(_FINGERPRINT_PROBE)
     want = " ".join(next(iter(_patch.FORWARDS)))
     for py in [sys.executable, *pythons]:
-        r = subprocess.run([py, str(probe), _patch.__file__, llama.__file__], capture_output=True, text=True,
+        r = subprocess.run([py, str(probe), _fingerprint.__file__, llama.__file__], capture_output=True, text=True,
                            timeout=120, check=False)
         assert r.returncode == 0, (py, r.stderr[-2000:])
         assert r.stdout.strip() == want, py

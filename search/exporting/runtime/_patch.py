@@ -9,8 +9,9 @@ or 128. Anything else is left alone, and :meth:`Patcher.explain` says why. A pat
 as they are (the model's ``parameters()`` are the same arrays): its class is swapped for a subclass whose ``__call__``
 runs, for a decode step (at most :data:`DECODE_ROWS` rows), norm + Q/K/V (one matrix, concatenated once here), O +
 residual, norm + gate/up SwiGLU and down + residual through the package (each a kernel where one was measured to win,
-the MLX op otherwise), and mlx-lm's own RoPE, KV cache and attention in between; a prompt (more rows) runs mlx-lm's
-own forward. ``unpatch`` swaps the class back and drops the concatenated copies.
+the MLX op otherwise), and mlx-lm's own RoPE, KV cache and attention in between (the step itself:
+``_patch_step.py``; RoPE replayed with the projection where it is one of mlx-lm's); a prompt (more rows) runs
+mlx-lm's own forward. ``unpatch`` swaps the class back and drops the concatenated copies.
 
 Where the package runs no kernel (nothing was measured to beat the MLX op on this chip at a block's shapes), the
 block, or the decode step's row count, runs mlx-lm's own forward: routed through the package it would compute the
@@ -20,18 +21,14 @@ package all the same (what checks the rebuilt forward on MLX's CPU back-end, whe
 
 from __future__ import annotations
 
-import ast
-import hashlib
 import importlib
-import inspect
-import sys
-import textwrap
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
-#: Rows of a decode step the fused families take (their ``decode_rows`` constraint: M <= 16); more is a prompt.
-DECODE_ROWS = 16
+from ._fingerprint import fingerprint
+from ._patch_step import _ATTR, DECODE_ROWS, _patched_class, _trace
+
 #: mlx-lm's blocks this module reproduces: (module, class) of the block, and the fingerprints (:func:`fingerprint`)
 #: of the block's, its attention's and its MLP's ``__call__`` (mlx-lm 0.32: Llama and Qwen2 share them).
 BLOCKS = {("mlx_lm.models.llama", "TransformerBlock"), ("mlx_lm.models.qwen2", "TransformerBlock")}
@@ -39,44 +36,11 @@ FORWARDS = {("112fe90a7ceb416a", "cdf1e40748cdc023", "aa742e68e3341e3a")}
 #: MLX's affine quantization as the families take it.
 BITS = (4, 8)
 GROUPS = (32, 64, 128)
-_ATTR = "_kernsearch_patch"
 #: Why a recognised block was left to mlx-lm by the last ``patch`` (no kernel measured to win at its shapes).
 _ALONE = "_kernsearch_alone"
 NOTHING_WINS = ("no kernel of the package was measured to beat the MLX op on this chip at this block's shapes (1 to "
                 f"{DECODE_ROWS} rows): mlx-lm's own forward runs, which the package would only call through "
                 "(patch(model, always=True) routes it through the package all the same)")
-
-
-def fingerprint(fn: Any) -> str:
-    """A function's syntax tree, hashed: equal for the same code whatever its layout and comments, and whatever the
-    Python version parsing it (once per function: a model's blocks share their class)."""
-    key = getattr(fn, "__code__", fn)
-    if key not in _FINGERPRINTS:
-        try:
-            source = textwrap.dedent(inspect.getsource(fn))
-            tree = repr(_tree_shape(ast.parse(source)))
-        except (OSError, TypeError, SyntaxError):
-            return "unavailable"
-        _FINGERPRINTS[key] = hashlib.sha256(tree.encode()).hexdigest()[:16]
-    return _FINGERPRINTS[key]
-
-
-#: Fields a newer Python's parser adds to the same code (3.12: ``type_params`` of every function), or that carry
-#: no meaning of the code: left out, so that one mlx-lm's forward has one fingerprint on every Python.
-_VOLATILE_FIELDS = frozenset({"type_params", "type_comment", "kind"})
-
-
-def _tree_shape(node: Any) -> Any:
-    """A syntax tree as nested tuples of node names and the values of their lasting fields."""
-    if isinstance(node, ast.AST):
-        return (type(node).__name__,
-                tuple((f, _tree_shape(getattr(node, f, None))) for f in node._fields if f not in _VOLATILE_FIELDS))
-    if isinstance(node, list):
-        return tuple(_tree_shape(n) for n in node)
-    return repr(node)
-
-
-_FINGERPRINTS: Dict[Any, str] = {}
 
 
 @dataclass(frozen=True)
@@ -144,9 +108,12 @@ class _State:
     gate_up: Optional[Callable[[Any], Any]] = None
     down: Optional[Callable[[Any, Any], Any]] = None
     #: The package's calls with the Python between them traced once per shape and replayed by ``mx.compile``
-    #: (:func:`_trace`): ``heads(x)`` the projection to the heads; ``tail(o, x2)`` O + residual then the MLP (both
+    #: (:func:`_trace`): ``heads(x)`` the projection to the heads; ``tail(o, x)`` O + residual then the MLP (both
     #: halves patched); ``mlp(h2)`` the MLP (attention left to mlx-lm). None: called one by one.
     heads: Optional[Callable[[Any], Any]] = None
+    #: ``step(x, offset)``: ``heads`` then RoPE at ``offset`` (an int32 array: ``_patch_step``'s docstring): the
+    #: queries, keys and values.
+    step: Optional[Callable[[Any, Any], Tuple[Any, Any, Any]]] = None
     tail: Optional[Callable[[Any, Any], Any]] = None
     mlp: Optional[Callable[[Any], Any]] = None
     arrays: List[Any] = field(default_factory=list)
@@ -489,101 +456,6 @@ def _layers(model: Any) -> List[Any]:
         inner = getattr(model, "model", None)
         layers = getattr(inner, "layers", None)
     return list(layers) if isinstance(layers, (list, tuple)) else []
-
-
-_CLASSES: Dict[type, type] = {}
-
-
-def _patched_class(cls: type) -> type:
-    """``cls`` with :func:`_forward` as its ``__call__`` (one subclass per class)."""
-    if cls not in _CLASSES:
-        _CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": _forward, "__module__": cls.__module__,
-                                                    "__qualname__": cls.__qualname__ + "[kernsearch]"})
-    return _CLASSES[cls]
-
-
-def _forward(self: Any, x: Any, mask: Any = None, cache: Any = None) -> Any:
-    """mlx-lm's ``TransformerBlock.__call__`` (0.32) with its projections through the package at decode."""
-    state: _State = self.__dict__[_ATTR]
-    b, length, dim = x.shape
-    if b * length > DECODE_ROWS or (state.rows is not None and b * length not in state.rows):
-        return state.original.__call__(self, x, mask, cache)
-    x2 = x.reshape(b * length, dim)
-    if state.qkv is not None and state.out is not None:
-        output = _attention(self.self_attn, state, x, mask, cache)
-        if state.tail is not None:
-            return state.tail(output, x2).reshape(b, length, dim)
-        h2 = state.out(output, x2)
-    else:
-        h2 = (x + self.self_attn(self.input_layernorm(x), mask, cache)).reshape(b * length, dim)
-    if state.mlp is not None:
-        out = state.mlp(h2)
-    elif state.gate_up is not None and state.down is not None:
-        out = state.down(state.gate_up(h2), h2)
-    else:
-        h = h2.reshape(b, length, dim)
-        out = h + self.mlp(self.post_attention_layernorm(h))
-    return out.reshape(b, length, dim)
-
-
-def _heads(attn: Any, state: _State, x: Any) -> Tuple[Any, ...]:
-    """The concatenated projection of ``x`` [b, L, dim] cut into heads [b, heads, L, D]: (queries and keys together,
-    values) for one sequence, whose RoPE then runs once for both (RoPE treats heads as a batch; the two halves of
-    its output stay contiguous views: a dependent launch fewer a layer); else (queries, keys, values)."""
-    assert state.qkv is not None
-    b, length, dim = x.shape
-    qkv = state.qkv(x.reshape(b * length, dim))
-    if state.qkv_bias is not None:
-        qkv = qkv + state.qkv_bias
-    nq, nqk = state.split
-
-    def heads(t: Any, n: int) -> Any:  # one row: the transpose is a reshape (one primitive fewer for MLX to send)
-        return t.reshape(b, n, 1, -1) if length == 1 else t.reshape(b, length, n, -1).transpose(0, 2, 1, 3)
-
-    values = heads(qkv[:, nqk:], attn.n_kv_heads)
-    if b == 1 and nq * attn.n_kv_heads == (nqk - nq) * attn.n_heads:
-        return heads(qkv[:, :nqk], attn.n_heads + attn.n_kv_heads), values
-    return heads(qkv[:, :nq], attn.n_heads), heads(qkv[:, nq:nqk], attn.n_kv_heads), values
-
-
-def _attention(attn: Any, state: _State, x: Any, mask: Any, cache: Any) -> Any:
-    """mlx-lm's ``Attention.__call__`` (0.32) up to the O projection: the package's Q/K/V projection (:func:`_heads`),
-    then mlx-lm's RoPE, cache and attention; the attention's output [b * L, heads * D]."""
-    parts = state.heads(x) if state.heads is not None else _heads(attn, state, x)
-    rope = (lambda t: attn.rope(t, offset=cache.offset)) if cache is not None else attn.rope
-    if len(parts) == 2:
-        qk = rope(parts[0])
-        queries, keys, values = qk[:, :attn.n_heads], qk[:, attn.n_heads:], parts[1]
-    else:
-        queries, keys, values = rope(parts[0]), rope(parts[1]), parts[2]
-    if cache is not None:
-        keys, values = cache.update_and_fetch(keys, values)
-    sdpa = sys.modules[type(attn).__module__].scaled_dot_product_attention
-    output = sdpa(queries, keys, values, cache=cache, scale=attn.scale, mask=mask)
-    b, length = x.shape[:2]
-    return output.reshape(b, -1) if length == 1 else output.transpose(0, 2, 1, 3).reshape(b * length, -1)
-
-
-def _trace(state: _State, attn: Any) -> None:
-    """Fill ``state``'s compiled halves: the package's calls and the Python between them traced by ``mx.compile``
-    once per shape (a decode step's rows) and replayed after. A decode token's host time is then MLX's replay, not
-    the package's fronts and mlx-lm's ops one by one, and mlx-lm's pipelined loop builds token t + 1 on the host
-    while the GPU runs token t: the slower of the two sets the rate. RoPE (its offset changes every token), the
-    cache and the attention run outside, as mlx-lm runs them. The weights are the trace's constants (a patched
-    block's weights are not updated; ``unpatch`` then ``patch`` traces anew)."""
-    import mlx.core as mx
-
-    out, gate_up, down = state.out, state.gate_up, state.down
-    if state.qkv is not None and out is not None:
-        state.heads = mx.compile(lambda x: _heads(attn, state, x))
-        if gate_up is not None and down is not None:
-            def tail(o: Any, x2: Any) -> Any:
-                h = out(o, x2)
-                return down(gate_up(h), h)
-
-            state.tail = mx.compile(tail)
-    elif gate_up is not None and down is not None:
-        state.mlp = mx.compile(lambda h2: down(gate_up(h2), h2))
 
 
 __all__ = ["DECODE_ROWS", "LayerReport", "ModelReport", "Part", "Patcher", "fingerprint", "recognise"]

@@ -1,0 +1,175 @@
+"""A patched block's decode step: mlx-lm's ``TransformerBlock.__call__`` (0.32) rebuilt around the package's fused
+calls, and the parts of it ``mx.compile`` replays. Copied verbatim into every exported package beside ``_patch.py``
+(which recognises and binds the blocks); needs ``mlx`` only and never imports mlx-lm.
+
+Where the block's RoPE is one that passes its offset through (:data:`ROPES`), the compiled projection also turns the
+heads, its offset an array (one trace for every position): mlx-lm's RoPE is replayed with the projection, not run
+op by op on every token. The cache stays mlx-lm's (``update_and_fetch``): writing it inside the trace would need
+MLX's dynamic ``slice_update``, which copies the whole cache and launches two kernels more a write (measured on an
+H200, fourteenth session: 0.6 ms a token more of ``mx.async_eval`` for a Llama-7B shape).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Dict, Tuple
+
+from ._fingerprint import fingerprint
+
+#: Rows of a decode step the fused families take (their ``decode_rows`` constraint: M <= 16); more is a prompt.
+DECODE_ROWS = 16
+#: Where a patched block keeps its state (the ``_State`` of ``_patch.py``) in its ``__dict__``.
+_ATTR = "_kernsearch_patch"
+#: RoPE modules that only pass their offset on to ``mx.fast.rope`` (so an array offset is the same computation):
+#: (module, class) -> the fingerprint of its ``__call__``. mlx-lm's DynamicNTKScalingRoPE computes with the offset
+#: in Python and is not one.
+ROPES = {("mlx.nn.layers.positional_encoding", "RoPE"): "f30432778f14e581",
+         ("mlx_lm.models.rope_utils", "Llama3RoPE"): "0e77a1bb4ba067ff",
+         ("mlx_lm.models.rope_utils", "SuScaledRoPE"): "254ec15894031d59",
+         ("mlx_lm.models.rope_utils", "YarnRoPE"): "1b367c4cc948e2ac",
+         ("mlx_lm.models.rope_utils", "ProportionalRoPE"): "0705a2392d421344"}
+#: The most positions whose offset array is kept (:func:`_offset`); past it the table starts over.
+MAX_OFFSETS = 1024
+
+
+def _patched_class(cls: type) -> type:
+    """``cls`` with :func:`_forward` as its ``__call__`` (one subclass per class)."""
+    if cls not in _CLASSES:
+        _CLASSES[cls] = type(cls.__name__, (cls,), {"__call__": _forward, "__module__": cls.__module__,
+                                                    "__qualname__": cls.__qualname__ + "[kernsearch]"})
+    return _CLASSES[cls]
+
+
+_CLASSES: Dict[type, type] = {}
+
+
+def _forward(self: Any, x: Any, mask: Any = None, cache: Any = None) -> Any:
+    """mlx-lm's ``TransformerBlock.__call__`` (0.32) with its projections through the package at decode."""
+    state = self.__dict__[_ATTR]
+    b, length, dim = x.shape
+    if b * length > DECODE_ROWS or (state.rows is not None and b * length not in state.rows):
+        return state.original.__call__(self, x, mask, cache)
+    if state.qkv is not None and state.out is not None:
+        output = _attention(self.self_attn, state, x, mask, cache)
+        if state.tail is not None:
+            return state.tail(output, x)
+        h2 = state.out(_merged(output), x.reshape(b * length, dim))
+    else:
+        h2 = (x + self.self_attn(self.input_layernorm(x), mask, cache)).reshape(b * length, dim)
+    if state.mlp is not None:
+        out = state.mlp(h2)
+    elif state.gate_up is not None and state.down is not None:
+        out = state.down(state.gate_up(h2), h2)
+    else:
+        h = h2.reshape(b, length, dim)
+        out = h + self.mlp(self.post_attention_layernorm(h))
+    return out.reshape(b, length, dim)
+
+
+def _heads(attn: Any, state: Any, x: Any) -> Tuple[Any, ...]:
+    """The concatenated projection of ``x`` [b, L, dim] cut into heads [b, heads, L, D]: (queries and keys together,
+    values) for one sequence, whose RoPE then runs once for both (RoPE treats heads as a batch; the two halves of
+    its output stay contiguous views: a dependent launch fewer a layer); else (queries, keys, values)."""
+    assert state.qkv is not None
+    b, length, dim = x.shape
+    qkv = state.qkv(x.reshape(b * length, dim))
+    if state.qkv_bias is not None:
+        qkv = qkv + state.qkv_bias
+    nq, nqk = state.split
+
+    def heads(t: Any, n: int) -> Any:  # one row: the transpose is a reshape (one primitive fewer for MLX to send)
+        return t.reshape(b, n, 1, -1) if length == 1 else t.reshape(b, length, n, -1).transpose(0, 2, 1, 3)
+
+    values = heads(qkv[:, nqk:], attn.n_kv_heads)
+    if b == 1 and nq * attn.n_kv_heads == (nqk - nq) * attn.n_heads:
+        return heads(qkv[:, :nqk], attn.n_heads + attn.n_kv_heads), values
+    return heads(qkv[:, :nq], attn.n_heads), heads(qkv[:, nq:nqk], attn.n_kv_heads), values
+
+
+def _roped(attn: Any, parts: Tuple[Any, ...], rope: Callable[[Any], Any]) -> Tuple[Any, Any, Any]:
+    """(queries, keys, values) from :func:`_heads`' parts, the queries and keys turned by ``rope``."""
+    if len(parts) == 2:
+        qk = rope(parts[0])
+        return qk[:, :attn.n_heads], qk[:, attn.n_heads:], parts[1]
+    return rope(parts[0]), rope(parts[1]), parts[2]
+
+
+def _attention(attn: Any, state: Any, x: Any, mask: Any, cache: Any) -> Any:
+    """mlx-lm's ``Attention.__call__`` (0.32) up to the O projection: the package's Q/K/V projection and RoPE (one
+    compiled step where it can: ``state.step``), mlx-lm's cache and attention; the attention's output as it returns
+    it, [b, heads, L, D] (:func:`_merged` joins the heads)."""
+    offset = 0 if cache is None else cache.offset
+    if state.step is not None and type(offset) is int:
+        queries, keys, values = state.step(x, _offset(offset))
+    else:
+        parts = state.heads(x) if state.heads is not None else _heads(attn, state, x)
+        queries, keys, values = _roped(attn, parts, lambda t: attn.rope(t, offset=offset))
+    if cache is not None:
+        keys, values = cache.update_and_fetch(keys, values)
+    sdpa = sys.modules[type(attn).__module__].scaled_dot_product_attention
+    return sdpa(queries, keys, values, cache=cache, scale=attn.scale, mask=mask)
+
+
+def _merged(output: Any) -> Any:
+    """The attention's output [b, heads, L, D] as the O projection takes it, [b * L, heads * D] (for one row a
+    reshape: one primitive fewer for MLX to send)."""
+    b, _, length, _ = output.shape
+    return output.reshape(b, -1) if length == 1 else output.transpose(0, 2, 1, 3).reshape(b * length, -1)
+
+
+def _offset(position: int) -> Any:
+    """``position`` as the int32 array of one value the compiled step takes (one a position, shared by the layers)."""
+    arr = _OFFSETS.get(position)
+    if arr is None:
+        import mlx.core as mx
+
+        if len(_OFFSETS) >= MAX_OFFSETS:
+            _OFFSETS.clear()
+        arr = _OFFSETS[position] = mx.array([position], dtype=mx.int32)
+    return arr
+
+
+_OFFSETS: Dict[int, Any] = {}
+
+
+def _passes_offset(rope: Any) -> bool:
+    """``rope`` is a module of :data:`ROPES`, its ``__call__`` the code reproduced there."""
+    cls = type(rope)
+    return ROPES.get((cls.__module__, cls.__name__)) == fingerprint(cls.__call__)
+
+
+def _trace(state: Any, attn: Any) -> None:
+    """Fill ``state``'s compiled halves: the package's calls and the Python between them traced by ``mx.compile``
+    once per shape (a decode step's rows; the cache's length for the step) and replayed after. A decode token's host
+    time is then MLX's replay, not the package's fronts and mlx-lm's ops one by one, and mlx-lm's pipelined loop
+    builds token t + 1 on the host while the GPU runs token t: the slower of the two sets the rate. The step
+    (``state.step``) also turns the heads where the RoPE allows (see the module's docstring); the cache and the
+    attention run outside, as mlx-lm runs them. The weights are the trace's constants (a patched block's
+    weights are not updated; ``unpatch`` then ``patch`` traces anew)."""
+    import mlx.core as mx
+
+    out, gate_up, down = state.out, state.gate_up, state.down
+    if state.qkv is not None and out is not None:
+        def heads(x: Any) -> Tuple[Any, ...]:
+            return _heads(attn, state, x)
+
+        state.heads = mx.compile(heads)
+        if _passes_offset(attn.rope):
+            def step(x: Any, offset: Any) -> Tuple[Any, Any, Any]:
+                return _roped(attn, _heads(attn, state, x), lambda t: attn.rope(t, offset=offset))
+
+            state.step = mx.compile(step)
+        if gate_up is not None and down is not None:
+            def tail(o: Any, x: Any) -> Any:
+                h = out(_merged(o), x.reshape(-1, x.shape[-1]))
+                return down(gate_up(h), h).reshape(x.shape)
+
+            state.tail = mx.compile(tail)
+    elif gate_up is not None and down is not None:
+        def mlp(h2: Any) -> Any:
+            return down(gate_up(h2), h2)
+
+        state.mlp = mx.compile(mlp)
+
+
+__all__ = ["DECODE_ROWS", "ROPES"]

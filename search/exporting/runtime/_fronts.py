@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import operator
 import os
+import weakref
 from itertools import chain as _chain
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 #: ``off`` (or 0/no/false): every call uses the plain MLX op; ``modeled``: modeled artifacts may be used too.
 DISABLE_VAR = "KERNSEARCH_KERNELS"
@@ -17,11 +18,12 @@ MAX_DECISIONS = 4096
 
 
 class _EnvShim:
-    """``os.environ`` read as the raw table is (``get(key)``), where the interpreter has no raw table."""
+    """``os.environ`` read as the raw table is (``get(key[, default])``), where the interpreter has no raw table."""
 
     @staticmethod
-    def get(_key: Any) -> Optional[str]:
-        return os.environ.get(DISABLE_VAR)
+    def get(_key: Any, default: Any = None) -> Any:
+        value = os.environ.get(DISABLE_VAR)
+        return default if value is None else value
 
 
 try:  # os.environ.get costs ~2 us (key encoding); the raw table is a dict lookup — this runs on every call
@@ -105,22 +107,42 @@ def _file_activations(entry: List[Any], fam: Dict[str, Any], arrays: Sequence[An
 # swiglu_qmatvec, rmsnorm_swiglu_qmatvec) is called through a front of its own arity: the weights' identities and
 # X's shape compared by name, no ``*arrays`` tuple, no loop (~0.3 us less per call than the general path, which it
 # hands every other call to). An entry of ``Dispatcher._by_weights`` holds the other weights' references in order
-# (its last field).
+# (its last field). A front runs a call's plan in the mode that plans the op per shape (``_OP_PLANNED``: no opt-in
+# read), or where a kernel may run (``_KERNELS``) for a call that does not opt in to modeled artifacts while the
+# switch is unset: the raw switch read with ``_KERNELS`` as its default (a set switch reads as its bytes, which no
+# mode is), as the general path reads them.
+
+
+class _Nothing:
+    """The type of :data:`_NOTHING`."""
+
+
+#: An object no call is passed and no mode is.
+_NOTHING = _Nothing()
+#: What a front reads for weights with no entry: an entry whose references point at :data:`_NOTHING`, so the call's
+#: first weight fails its identity check as it fails another set's (no test of its own on the fast path).
+_NO_ENTRY: Tuple[Any, ...] = (None,) * 7 + ((weakref.ref(_NOTHING),) * 7,)
+#: The mode whose calls :func:`_front8` runs by their plan where the switch is unset, by ``not modeled``: _KERNELS's,
+#: unless the call opts in to modeled artifacts (the general path plans those). Read as the raw switch's default (a
+#: set switch reads as its bytes, which no mode is), the opt-in and the switch are one operand there: its six
+#: weights' checks leave no room for two within radon's 15 (this look-up costs ~15-20 ns a call where a kernel may
+#: run, benchmarks/front_host.py; the other fronts read ``not modeled`` on its own, which costs nothing).
+_UNSET_OPENS = {True: _KERNELS, False: _NOTHING}
+
 
 def _front4(how: List[Any], table: Dict[int, List[Any]], general: Callable[..., Any], env: Any,
             env_key: Any) -> Callable[..., Any]:
     def run(x: Any = _NO, w1: Any = _NO, w2: Any = _NO, w3: Any = _NO, *more: Any, modeled: bool = False) -> Any:
         mode = how[0]
-        if not more and (mode is _OP_PLANNED or mode is _KERNELS and not modeled and env.get(env_key) is None):
-            e = table.get(id(w3))
-            if e is not None:
-                r = e[7]
-                try:
-                    if r[0]() is w1 and r[1]() is w2 and x.shape == e[5] and (e[6] is None or x.dtype == e[6]):
-                        c = e[3]
-                        return e[2]((x, w1, w2, w3)) if c is None else e[2](x, w1, w2, w3, *c)
-                except (AttributeError, TypeError):  # not MLX arrays: converted there
-                    pass
+        if not more and (mode is _OP_PLANNED or not modeled and mode is env.get(env_key, _KERNELS)):
+            e = table.get(id(w3), _NO_ENTRY)
+            r = e[7]
+            try:
+                if r[0]() is w1 and r[1]() is w2 and x.shape == e[5] and (e[6] is None or x.dtype == e[6]):
+                    c = e[3]
+                    return e[2]((x, w1, w2, w3)) if c is None else e[2](x, w1, w2, w3, *c)
+            except (AttributeError, TypeError):  # not MLX arrays: converted there
+                pass
         return general(*_given(x, w1, w2, w3), *more, modeled=modeled)
     return run
 
@@ -130,17 +152,16 @@ def _front5(how: List[Any], table: Dict[int, List[Any]], general: Callable[..., 
     def run(x: Any = _NO, w1: Any = _NO, w2: Any = _NO, w3: Any = _NO, w4: Any = _NO, *more: Any,
               modeled: bool = False) -> Any:
         mode = how[0]
-        if not more and (mode is _OP_PLANNED or mode is _KERNELS and not modeled and env.get(env_key) is None):
-            e = table.get(id(w4))
-            if e is not None:
-                r = e[7]
-                try:
-                    if r[0]() is w1 and r[1]() is w2 and r[2]() is w3 and x.shape == e[5] and \
-                            (e[6] is None or x.dtype == e[6]):
-                        c = e[3]
-                        return e[2]((x, w1, w2, w3, w4)) if c is None else e[2](x, w1, w2, w3, w4, *c)
-                except (AttributeError, TypeError):  # not MLX arrays: converted there
-                    pass
+        if not more and (mode is _OP_PLANNED or not modeled and mode is env.get(env_key, _KERNELS)):
+            e = table.get(id(w4), _NO_ENTRY)
+            r = e[7]
+            try:
+                if r[0]() is w1 and r[1]() is w2 and r[2]() is w3 and x.shape == e[5] and \
+                        (e[6] is None or x.dtype == e[6]):
+                    c = e[3]
+                    return e[2]((x, w1, w2, w3, w4)) if c is None else e[2](x, w1, w2, w3, w4, *c)
+            except (AttributeError, TypeError):  # not MLX arrays: converted there
+                pass
         return general(*_given(x, w1, w2, w3, w4), *more, modeled=modeled)
     return run
 
@@ -150,18 +171,17 @@ def _front7(how: List[Any], table: Dict[int, List[Any]], general: Callable[..., 
     def run(x: Any = _NO, w1: Any = _NO, w2: Any = _NO, w3: Any = _NO, w4: Any = _NO, w5: Any = _NO,
               w6: Any = _NO, *more: Any, modeled: bool = False) -> Any:
         mode = how[0]
-        if not more and (mode is _OP_PLANNED or mode is _KERNELS and not modeled and env.get(env_key) is None):
-            e = table.get(id(w6))
-            if e is not None:
-                r = e[7]
-                try:
-                    if r[0]() is w1 and r[1]() is w2 and r[2]() is w3 and r[3]() is w4 and \
-                            r[4]() is w5 and x.shape == e[5] and (e[6] is None or x.dtype == e[6]):
-                        c = e[3]
-                        xs = (x, w1, w2, w3, w4, w5, w6)
-                        return e[2](xs) if c is None else e[2](*xs, *c)
-                except (AttributeError, TypeError):  # not MLX arrays: converted there
-                    pass
+        if not more and (mode is _OP_PLANNED or not modeled and mode is env.get(env_key, _KERNELS)):
+            e = table.get(id(w6), _NO_ENTRY)
+            r = e[7]
+            try:
+                if r[0]() is w1 and r[1]() is w2 and r[2]() is w3 and r[3]() is w4 and \
+                        r[4]() is w5 and x.shape == e[5] and (e[6] is None or x.dtype == e[6]):
+                    c = e[3]
+                    xs = (x, w1, w2, w3, w4, w5, w6)
+                    return e[2](xs) if c is None else e[2](*xs, *c)
+            except (AttributeError, TypeError):  # not MLX arrays: converted there
+                pass
         return general(*_given(x, w1, w2, w3, w4, w5, w6), *more, modeled=modeled)
     return run
 
@@ -171,19 +191,18 @@ def _front8(how: List[Any], table: Dict[int, List[Any]], general: Callable[..., 
     def run(x: Any = _NO, w1: Any = _NO, w2: Any = _NO, w3: Any = _NO, w4: Any = _NO, w5: Any = _NO,
               w6: Any = _NO, w7: Any = _NO, *more: Any, modeled: bool = False) -> Any:
         mode = how[0]
-        if not more and (mode is _OP_PLANNED or mode is _KERNELS and not modeled and env.get(env_key) is None):
-            e = table.get(id(w7))
-            if e is not None:
-                r = e[7]
-                try:
-                    if r[0]() is w1 and r[1]() is w2 and r[2]() is w3 and r[3]() is w4 and \
-                            r[4]() is w5 and r[5]() is w6 and x.shape == e[5] and \
-                            (e[6] is None or x.dtype == e[6]):
-                        c = e[3]
-                        xs = (x, w1, w2, w3, w4, w5, w6, w7)
-                        return e[2](xs) if c is None else e[2](*xs, *c)
-                except (AttributeError, TypeError):  # not MLX arrays: converted there
-                    pass
+        if not more and (mode is _OP_PLANNED or mode is env.get(env_key, _UNSET_OPENS[not modeled])):
+            e = table.get(id(w7), _NO_ENTRY)
+            r = e[7]
+            try:
+                if r[0]() is w1 and r[1]() is w2 and r[2]() is w3 and r[3]() is w4 and \
+                        r[4]() is w5 and r[5]() is w6 and x.shape == e[5] and \
+                        (e[6] is None or x.dtype == e[6]):
+                    c = e[3]
+                    xs = (x, w1, w2, w3, w4, w5, w6, w7)
+                    return e[2](xs) if c is None else e[2](*xs, *c)
+            except (AttributeError, TypeError):  # not MLX arrays: converted there
+                pass
         return general(*_given(x, w1, w2, w3, w4, w5, w6, w7), *more, modeled=modeled)
     return run
 
@@ -194,17 +213,16 @@ def _front_residual(how: List[Any], table: Dict[int, List[Any]], general: Callab
     def run(x: Any = _NO, w1: Any = _NO, w2: Any = _NO, w3: Any = _NO, r: Any = _NO, *more: Any,
             modeled: bool = False) -> Any:
         mode = how[0]
-        if not more and (mode is _OP_PLANNED or mode is _KERNELS and not modeled and env.get(env_key) is None):
-            e = table.get(id(w3))
-            if e is not None:
-                refs, shapes = e[7], e[5]
-                try:
-                    if refs[0]() is w1 and refs[1]() is w2 and x.shape == shapes[0] and \
-                            r.shape == shapes[1] and (e[6] is None or x.dtype == e[6][0] and r.dtype == e[6][1]):
-                        c = e[3]
-                        return e[2]((x, w1, w2, w3, r)) if c is None else e[2](x, w1, w2, w3, r, *c)
-                except (AttributeError, TypeError):
-                    pass
+        if not more and (mode is _OP_PLANNED or not modeled and mode is env.get(env_key, _KERNELS)):
+            e = table.get(id(w3), _NO_ENTRY)
+            refs, shapes = e[7], e[5]
+            try:
+                if refs[0]() is w1 and refs[1]() is w2 and x.shape == shapes[0] and \
+                        r.shape == shapes[1] and (e[6] is None or x.dtype == e[6][0] and r.dtype == e[6][1]):
+                    c = e[3]
+                    return e[2]((x, w1, w2, w3, r)) if c is None else e[2](x, w1, w2, w3, r, *c)
+            except (AttributeError, TypeError):
+                pass
         return general(*_given(x, w1, w2, w3, r), *more, modeled=modeled)
     return run
 

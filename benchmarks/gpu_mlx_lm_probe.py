@@ -5,7 +5,10 @@ Two copies of the same random Llama model (mlx-lm's own, quantized by mlx-lm): o
 patched once (``--forms`` names the patched forms: ``compiled`` is ``patch(model)``, ``eager`` is
 ``patch(model, compiled=False)``, ``nostep`` is ``patch(model)`` with RoPE left out of the
 compiled step (mlx-lm's RoPE op by op on every token, as before the fourteenth session); each its own
-copy, patched once). Rounds interleave the forms (order rotating);
+copy, patched once). Two what-if forms bound what fusing more would save (their tokens are not the model's: never a
+product path): ``norope`` is ``patch(model)`` with no RoPE at all in the compiled step (what RoPE and the queries'
+and keys' split cost a layer), ``nocache`` is ``patch(model)`` decoding with a cache that keeps nothing (mlx-lm's two
+cache writes and two slices a layer gone; the attention reads the step's own keys only). Rounds interleave the forms (order rotating);
 each round runs mlx-lm's ``generate_step`` for ``--tokens`` greedy tokens and records, per decoded token: the wall
 time, the host time inside the model's forward (building the step's graph), inside ``mx.async_eval`` (MLX sending the
 step's kernels: on the GPU back-ends the encoding runs on the calling thread) and the garbage collector's passes and
@@ -113,9 +116,39 @@ def _patched(pkg: Any, model: Any, form: str, always: bool) -> Any:
     if form == "nostep":  # the step's RoPE refused at patch time: the fourteenth session's "before"
         step._passes_offset = lambda rope: False
     try:
-        return pkg.patch(model, always=always, compiled=form != "eager")
+        report = pkg.patch(model, always=always, compiled=form != "eager")
     finally:
         step._passes_offset = passes
+    if form == "norope":
+        _without_rope(step, model)
+    if form == "nocache":
+        _keeping_nothing(model)
+    return report
+
+
+def _without_rope(step: Any, model: Any) -> None:
+    """Each patched block's compiled step with RoPE taken out (what-if: the heads as the projection gives them)."""
+    import mlx.core as mx
+
+    for block in model.layers:
+        state = vars(block).get("_kernsearch_patch")
+        if state is not None and state.step is not None:
+            def bare(x: Any, offset: Any, attn: Any = block.self_attn, state: Any = state) -> Any:
+                return step._roped(attn, step._heads(attn, state, x), lambda t: t)
+
+            state.step = mx.compile(bare)
+
+
+def _keeping_nothing(model: Any) -> None:
+    """``model`` decodes with caches that keep nothing (what-if: mlx-lm's cache writes and fetches gone)."""
+    from mlx_lm.models.cache import KVCache
+
+    class Forgetful(KVCache):
+        def update_and_fetch(self, keys: Any, values: Any) -> Any:
+            self.offset += keys.shape[2]
+            return keys, values
+
+    model.make_cache = lambda: [Forgetful() for _ in model.layers]
 
 
 def _census(model: Any, prompt: Any, folder: Path) -> dict[str, int]:

@@ -7,7 +7,7 @@
 set -u
 export PYTHONUNBUFFERED=1 KERNSEARCH_HOME=$(mktemp -d) KERNSEARCH_KERNEL_CACHE=/tmp/ks-kernel-cache HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-[ -n "${COSTS:-1}" ] && timeout 120 python3 benchmarks/gpu_eval_costs.py --out "$OUT/costs" --n 64 --reps 30
+[ -n "${COSTS-1}" ] && timeout 120 python3 benchmarks/gpu_eval_costs.py --out "$OUT/costs" --n 64 --reps 30
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site4 .whl/mlx_lm-*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site4
 timeout "${L1:-400}" python3 benchmarks/gpu_mlx_lm_probe.py --store /tmp/store --out "$OUT/s14" \
   --forms "${FORMS:-compiled,nostep}" --rounds "${ROUNDS:-10}" ${CENSUS:+--census} 2>&1 | grep -vE "^\[INFO\]|^built"

@@ -5,7 +5,9 @@ Two copies of the same random Llama model (mlx-lm's own, quantized by mlx-lm): o
 patched once (``--forms`` names the patched forms: ``compiled`` is ``patch(model)``, ``eager`` is
 ``patch(model, compiled=False)``, ``nostep`` is ``patch(model)`` with RoPE left out of the
 compiled step (mlx-lm's RoPE op by op on every token, as before the fourteenth session); each its own
-copy, patched once). Two what-if forms bound what fusing more would save (their tokens are not the model's: never a
+copy, patched once). ``mlxcache`` is ``patch(model)`` decoding with caches
+of a subclass of mlx-lm's KVCache (the same code), which the step leaves to mlx-lm's ``update_and_fetch`` (as before
+the fourteenth session's cache write). Two what-if forms bound what fusing more would save (their tokens are not the model's: never a
 product path): ``norope`` is ``patch(model)`` with no RoPE at all in the compiled step (what RoPE and the queries'
 and keys' split cost a layer), ``nocache`` is ``patch(model)`` decoding with a cache that keeps nothing (mlx-lm's two
 cache writes and two slices a layer gone; the attention reads the step's own keys only). Rounds interleave the forms (order rotating);
@@ -123,7 +125,19 @@ def _patched(pkg: Any, model: Any, form: str, always: bool) -> Any:
         _without_rope(step, model)
     if form == "nocache":
         _keeping_nothing(model)
+    if form == "mlxcache":
+        _mlx_lm_updates(model)
     return report
+
+
+def _mlx_lm_updates(model: Any) -> None:
+    """``model`` decodes with caches of a subclass of mlx-lm's KVCache (its code), updated by ``update_and_fetch``."""
+    from mlx_lm.models.cache import KVCache
+
+    class Subclassed(KVCache):
+        pass
+
+    model.make_cache = lambda: [Subclassed() for _ in model.layers]
 
 
 def _without_rope(step: Any, model: Any) -> None:

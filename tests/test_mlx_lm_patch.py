@@ -188,10 +188,28 @@ def test_one_rope_call_a_layer_turns_the_queries_and_the_keys_heads(pkg, monkeyp
     assert calls == [((1, heads, 5, 32), True)] * 2 + [((1, heads, 1, 32), True)] * 2, calls
 
 
+def _writes(pkg, monkeypatch) -> list:
+    """The rows of each cache update the package's step writes itself from now on (mlx-lm's update_and_fetch makes
+    the others)."""
+    import sys
+
+    step = sys.modules[pkg.__name__ + "._patch_step"]
+    rows: list = []
+    written = step._written
+
+    def counted(cache, keys, values, end):  # noqa: ANN001, ANN202
+        rows.append(keys.shape[2])
+        return written(cache, keys, values, end)
+
+    monkeypatch.setattr(step, "_written", counted)
+    return rows
+
+
 @pytest.mark.parametrize("name", ["gqa", "qwen2"])
 def test_the_cache_holds_what_mlx_lm_s_own_forward_puts_there(pkg, monkeypatch, name: str) -> None:
     """Step by step, one token a step across the cache's growth (every 8 positions here): the patched model's
-    outputs and its KV cache (RoPE'd keys at each position, values) are mlx-lm's."""
+    outputs and its KV cache (RoPE'd keys at each position, values) are mlx-lm's; the step writes mlx-lm's KVCache
+    itself where it has room, mlx-lm's update_and_fetch allocates and grows it."""
     from mlx_lm.models.cache import KVCache, make_prompt_cache
 
     module, kw = CONFIGS[name]
@@ -201,6 +219,7 @@ def test_the_cache_holds_what_mlx_lm_s_own_forward_puts_there(pkg, monkeypatch, 
     want_cache = make_prompt_cache(model)
     want = [model(tokens[:, i:i + 1], cache=want_cache) for i in range(tokens.shape[1])]
     pkg.patch(model, always=True)
+    rows = _writes(pkg, monkeypatch)
     cache = make_prompt_cache(model)
     got = [model(tokens[:, i:i + 1], cache=cache) for i in range(tokens.shape[1])]
     assert all(mx.allclose(g, w, atol=1e-4).item() for g, w in zip(got, want))
@@ -208,6 +227,27 @@ def test_the_cache_holds_what_mlx_lm_s_own_forward_puts_there(pkg, monkeypatch, 
         assert c.offset == w.offset == tokens.shape[1] and c.keys.shape == w.keys.shape
         for a, b in zip(c.keys_and_values(), w.keys_and_values()):
             assert mx.allclose(a, b, atol=1e-4).item()
+    # two layers; positions 0, 8 and 16 allocate or grow the cache (mlx-lm's update_and_fetch), the step the others
+    assert rows == [1] * 2 * (tokens.shape[1] - 3), rows
+
+
+def test_a_cache_of_another_class_is_updated_by_its_own_update_and_fetch(pkg, monkeypatch) -> None:
+    """The step writes only the cache whose code it reproduces: a subclass of mlx-lm's KVCache (its own class: its
+    methods may differ) is updated by its update_and_fetch on every step, with the same tokens."""
+    from mlx_lm.models.cache import KVCache
+
+    class MyCache(KVCache):
+        pass
+
+    model = build(llama)
+    prompt = mx.array(PROMPT)
+    want = [t for t, _ in generate_step(prompt, model, max_tokens=8, prompt_cache=[MyCache(), MyCache()])]
+    pkg.patch(model, always=True)
+    rows = _writes(pkg, monkeypatch)
+    assert [t for t, _ in generate_step(prompt, model, max_tokens=8, prompt_cache=[MyCache(), MyCache()])] == want
+    assert rows == [], rows
+    # mlx-lm's own KVCache: written by the step at the prompt's last token and the 8 steps after it; two layers
+    assert greedy(model, 8)[0] == want and rows == [1] * 2 * (1 + 8), rows
 
 
 def test_a_rope_of_another_class_runs_as_mlx_lm_runs_it_on_every_step(pkg, monkeypatch) -> None:

@@ -4,9 +4,10 @@ calls, and the parts of it ``mx.compile`` replays. Copied verbatim into every ex
 
 Where the block's RoPE is one that passes its offset through (:data:`ROPES`), the compiled projection also turns the
 heads, its offset an array (one trace for every position): mlx-lm's RoPE is replayed with the projection, not run
-op by op on every token. The cache stays mlx-lm's (``update_and_fetch``): writing it inside the trace would need
-MLX's dynamic ``slice_update``, which copies the whole cache and launches two kernels more a write (measured on an
-H200, fourteenth session: 0.6 ms a token more of ``mx.async_eval`` for a Llama-7B shape).
+op by op on every token. The cache is written outside the trace, as mlx-lm's ``update_and_fetch`` writes it (for its
+own ``KVCache``, the same writes and slices with less of MLX's Python indexing: :func:`_written`): writing it inside
+the trace would need MLX's dynamic ``slice_update``, which costs more host time than it saves (measured on an H200,
+fourteenth session: 0.6 ms a token more of ``mx.async_eval`` for a Llama-7B shape).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ ROPES = {("mlx.nn.layers.positional_encoding", "RoPE"): "f30432778f14e581",
          ("mlx_lm.models.rope_utils", "SuScaledRoPE"): "254ec15894031d59",
          ("mlx_lm.models.rope_utils", "YarnRoPE"): "1b367c4cc948e2ac",
          ("mlx_lm.models.rope_utils", "ProportionalRoPE"): "0705a2392d421344"}
+#: mlx-lm's caches whose update the step writes itself (:func:`_updated`), the same writes and slices: (module,
+#: class) -> the fingerprints of its ``update_and_fetch`` and ``keys_and_values`` (mlx-lm 0.32).
+CACHES = {("mlx_lm.models.cache", "KVCache"): ("1bcdb0f02f35d298", "de48269a055eecec")}
 #: The most positions whose offset array is kept (:func:`_offset`); past it the table starts over.
 MAX_OFFSETS = 1024
 
@@ -105,7 +109,7 @@ def _attention(attn: Any, state: Any, x: Any, mask: Any, cache: Any) -> Any:
         parts = state.heads(x) if state.heads is not None else _heads(attn, state, x)
         queries, keys, values = _roped(attn, parts, lambda t: attn.rope(t, offset=offset))
     if cache is not None:
-        keys, values = cache.update_and_fetch(keys, values)
+        keys, values = _updated(cache, keys, values)
     sdpa = sys.modules[type(attn).__module__].scaled_dot_product_attention
     return sdpa(queries, keys, values, cache=cache, scale=attn.scale, mask=mask)
 
@@ -115,6 +119,41 @@ def _merged(output: Any) -> Any:
     reshape: one primitive fewer for MLX to send)."""
     b, _, length, _ = output.shape
     return output.reshape(b, -1) if length == 1 else output.transpose(0, 2, 1, 3).reshape(b * length, -1)
+
+
+def _updated(cache: Any, keys: Any, values: Any) -> Tuple[Any, Any]:
+    """``cache.update_and_fetch(keys, values)``; for mlx-lm's ``KVCache`` (:data:`CACHES`, the class's own code)
+    with room for the rows, its writes and slices here (:func:`_written`)."""
+    end = cache.offset + keys.shape[2]
+    if cache.keys is not None and end <= cache.keys.shape[2] and _known(type(cache)):
+        return _written(cache, keys, values, end)
+    return cache.update_and_fetch(keys, values)  # type: ignore[no-any-return]
+
+
+def _written(cache: Any, keys: Any, values: Any, end: int) -> Tuple[Any, Any]:
+    """``KVCache.update_and_fetch`` (mlx-lm 0.32) for a cache with room: the same two writes and two slices, indexed
+    without its ellipses (MLX's Python indexing of ``[:, :, a:b]`` costs about a third less host time than of
+    ``[..., a:b, :]``, the same primitive; the cache's arrays are [B, heads, positions, D])."""
+    prev = cache.offset
+    cache.keys[:, :, prev:end] = keys
+    cache.values[:, :, prev:end] = values
+    cache.offset = end
+    if end < cache.keys.shape[2]:
+        return cache.keys[:, :, :end], cache.values[:, :, :end]
+    return cache.keys, cache.values
+
+
+def _known(cls: type) -> bool:
+    """``cls`` is a cache of :data:`CACHES` whose methods are the code reproduced there (a subclass, or another
+    mlx-lm's, is not)."""
+    known = _KNOWN_CACHES.get(cls)
+    if known is None:
+        prints = tuple(fingerprint(getattr(cls, name, None)) for name in ("update_and_fetch", "keys_and_values"))
+        known = _KNOWN_CACHES[cls] = CACHES.get((cls.__module__, cls.__name__)) == prints
+    return known
+
+
+_KNOWN_CACHES: Dict[type, bool] = {}
 
 
 def _offset(position: int) -> Any:
@@ -172,4 +211,4 @@ def _trace(state: Any, attn: Any) -> None:
         state.mlp = mx.compile(mlp)
 
 
-__all__ = ["DECODE_ROWS", "ROPES"]
+__all__ = ["CACHES", "DECODE_ROWS", "ROPES"]

@@ -250,6 +250,27 @@ def test_a_cache_of_another_class_is_updated_by_its_own_update_and_fetch(pkg, mo
     assert greedy(model, 8)[0] == want and rows == [1] * 2 * (1 + 8), rows
 
 
+@pytest.mark.parametrize("kind", ["quantized", "rotating"])
+def test_mlx_lm_s_quantized_and_rotating_caches_decode_the_same_tokens(pkg, monkeypatch, kind: str) -> None:
+    """mlx-lm's other caches (a quantized KV cache, a rotating one that wraps past 12 positions) are updated by their
+    own update_and_fetch, and the patched model decodes what mlx-lm decodes with them."""
+    from mlx_lm.models.cache import RotatingKVCache
+
+    model = build(llama, num_key_value_heads=2)
+    prompt = mx.array(PROMPT)
+
+    def generated() -> list:
+        kw = ({"kv_bits": 8, "kv_group_size": 32, "quantized_kv_start": 0} if kind == "quantized" else
+              {"prompt_cache": [RotatingKVCache(max_size=12, keep=4) for _ in model.layers]})
+        return [t for t, _ in generate_step(prompt, model, max_tokens=16, **kw)]
+
+    want = generated()
+    pkg.patch(model, always=True)
+    rows = _writes(pkg, monkeypatch)
+    assert generated() == want
+    assert rows == [], rows
+
+
 def test_a_rope_of_another_class_runs_as_mlx_lm_runs_it_on_every_step(pkg, monkeypatch) -> None:
     """The compiled step calls only a RoPE whose code it knows passes the offset through (mlx-lm's DynamicNTK
     computes with it in Python): a RoPE of another class runs on every step with the cache's int offset, as mlx-lm

@@ -124,9 +124,10 @@ def _merged(output: Any) -> Any:
 def _updated(cache: Any, keys: Any, values: Any) -> Tuple[Any, Any]:
     """``cache.update_and_fetch(keys, values)``; for mlx-lm's ``KVCache`` (:data:`CACHES`, the class's own code)
     with room for the rows, its writes and slices here (:func:`_written`)."""
-    end = cache.offset + keys.shape[2]
-    if cache.keys is not None and end <= cache.keys.shape[2] and _known(type(cache)):
-        return _written(cache, keys, values, end)
+    if _known(type(cache)) and cache.keys is not None:  # known first: another cache's keys may be no array
+        end = cache.offset + keys.shape[2]
+        if end <= cache.keys.shape[2]:
+            return _written(cache, keys, values, end)
     return cache.update_and_fetch(keys, values)  # type: ignore[no-any-return]
 
 

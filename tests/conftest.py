@@ -38,14 +38,14 @@ def keep_bytecode_outside_the_sources() -> None:
 
 
 def fault_big_arrays_in_small_pages() -> None:
-    """NumPy asks Linux for transparent huge pages for every big array (``madvise``); where the kernel gives them
-    only on that request (``enabled: [madvise]``, this project's VMs), each 2 MB page is found and zeroed on its first
-    touch, and the suite's big arrays are nearly all fresh, short-lived and touched once (the winner's check at a
-    tuned shape: its inputs, the kernel's buffers, the float64 reference). There they cost more than they save:
-    `tune swiglu --trials 4` at its default shape, 15.0-15.9 -> 10.1-12.8 s of CPU (sys 7.2-8.3 -> 3.5-5.2 s), the same
-    results. So the suite sets ``NUMPY_MADVISE_HUGEPAGE=0`` (NumPy's own switch, read when it is imported) for the
-    workers and every process they start, unless the environment names a value; the product is not changed (a user's
-    machine decides for itself). Called before the workers start (pytest_configure)."""
+    """NumPy asks Linux for transparent huge pages for every big array (``madvise``); where the kernel gives them only
+    on that request (``enabled: [madvise]``, this project's VMs), each 2 MB page is found and zeroed on its first touch,
+    and the suite's big arrays are nearly all fresh, short-lived and touched once (the winner's check at a tuned shape:
+    its inputs, the kernel's buffers, the float64 reference). There they cost more than they save: `tune swiglu --trials
+    4` at its default shape, 14.7-16.0 -> 10.2-12.8 s of CPU (sys 7.2-8.3 -> 3.5-5.2 s), the same results
+    (benchmarks/test_suite_time.txt, eighth pass). So the suite sets ``NUMPY_MADVISE_HUGEPAGE=0`` (NumPy's own switch,
+    read when it is imported) for the workers and every process they start, unless the environment names a value; the
+    product is not changed (a user's machine decides for itself). Called before the workers start (pytest_configure)."""
     os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
 
 

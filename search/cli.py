@@ -71,8 +71,11 @@ def main(args: list[str] | None = None) -> None:
     except ImportError:  # pragma: no cover
         click = importlib.import_module("click")
 
+    from .studies._storage import OPENED
+
     try:
-        rc = app(args=args, prog_name="kernsearch", standalone_mode=False)
+        with OPENED.scope():  # a study's storage is opened once a command
+            rc = app(args=args, prog_name="kernsearch", standalone_mode=False)
     except getattr(click.exceptions, "NoArgsIsHelpError", ()) as exc:
         out.print(exc.ctx.get_help() if exc.ctx else "", soft_wrap=True, markup=False, highlight=False)
         sys.exit(0)

@@ -19,6 +19,7 @@ PYCACHE = REPO / ".kernsearch" / "pycache"
 
 def pytest_configure(config: pytest.Config) -> None:
     keep_bytecode_outside_the_sources()
+    fault_big_arrays_in_small_pages()
 
 
 def keep_bytecode_outside_the_sources() -> None:
@@ -34,6 +35,18 @@ def keep_bytecode_outside_the_sources() -> None:
     prefix = os.environ.setdefault("PYTHONPYCACHEPREFIX", str(PYCACHE))
     sys.dont_write_bytecode = False
     sys.pycache_prefix = prefix
+
+
+def fault_big_arrays_in_small_pages() -> None:
+    """NumPy asks Linux for transparent huge pages for every big array (``madvise``); where the kernel gives them only
+    on that request (``enabled: [madvise]``, this project's VMs), each 2 MB page is found and zeroed on its first touch,
+    and the suite's big arrays are nearly all fresh, short-lived and touched once (the winner's check at a tuned shape:
+    its inputs, the kernel's buffers, the float64 reference). There they cost more than they save: `tune swiglu --trials
+    4` at its default shape, 14.7-16.0 -> 10.2-12.8 s of CPU (sys 7.2-8.3 -> 3.5-5.2 s), the same results
+    (benchmarks/test_suite_time.txt, eighth pass). So the suite sets ``NUMPY_MADVISE_HUGEPAGE=0`` (NumPy's own switch,
+    read when it is imported) for the workers and every process they start, unless the environment names a value; the
+    product is not changed (a user's machine decides for itself). Called before the workers start (pytest_configure)."""
+    os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
 
 
 @cache

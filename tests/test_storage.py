@@ -118,3 +118,46 @@ def test_a_missing_module_is_named_as_it_is(monkeypatch: pytest.MonkeyPatch, tmp
         make_storage(url.format(tmp=tmp_path))
     assert said in str(err.value) and (module == "psycopg") == ("PostgreSQL" in str(err.value))
     assert "pw" not in str(err.value)
+
+
+def test_a_sqlite_storage_is_opened_once_a_command_while_its_file_stays_the_same(tmp_path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """During a command a SQLite storage is opened once (a `tune` asked for it 8 times, ~0.05 s of CPU each): the same
+    storage while the file is the same file; a file replaced or removed since, another heartbeat, ``:memory:`` and
+    another file are opened anew, and a new storage reads the file that is there now. Outside a command, and after
+    it, each call opens its own."""
+    import optuna
+
+    from kernsearch.studies._storage import OPENED, OpenedStorages, make_storage
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    outside = [make_storage(url), make_storage(url)]
+    assert outside[0] is not outside[1]  # no command: nothing kept
+    with OPENED.scope():
+        first = make_storage(url)
+        assert make_storage(url) is first
+        optuna.create_study(study_name="kept", storage=first)
+        assert make_storage(f"sqlite:///{tmp_path / 'other.db'}") is not first
+        assert make_storage(":memory:") is not make_storage(":memory:")
+        monkeypatch.setenv("KERNSEARCH_HEARTBEAT_S", "7")  # another heartbeat: another storage
+        beat = make_storage(url)
+        assert beat is not first
+        monkeypatch.delenv("KERNSEARCH_HEARTBEAT_S")
+        assert make_storage(url) is first
+        fresh = make_storage(f"sqlite:///{tmp_path / 'fresh.db'}")
+        optuna.create_study(study_name="new", storage=fresh)
+        for opened in (*outside, first, beat, fresh):  # closed: SQLite writes its WAL back (a file moves without it)
+            opened.engine.dispose()
+        (tmp_path / "s.db").rename(tmp_path / "moved.db")
+        (tmp_path / "fresh.db").replace(tmp_path / "s.db")  # another file where the study's was
+        again = make_storage(url)
+        assert again is not first and [s.study_name for s in optuna.get_all_study_summaries(again)] == ["new"]
+        assert make_storage(url) is again
+        again.engine.dispose()
+        (tmp_path / "s.db").unlink()
+        assert make_storage(url) is not again
+        last = make_storage(url)
+        for n in range(OpenedStorages.KEEP):  # only the last few are kept
+            make_storage(f"sqlite:///{tmp_path / f'{n}.db'}")
+        assert make_storage(url) is not last
+    assert make_storage(url) is not make_storage(url)  # after the command: nothing kept

@@ -10,8 +10,9 @@ as they are (the model's ``parameters()`` are the same arrays): its class is swa
 runs, for a decode step (at most :data:`DECODE_ROWS` rows), norm + Q/K/V (one matrix, concatenated once here), O +
 residual, norm + gate/up SwiGLU and down + residual through the package (each a kernel where one was measured to win,
 the MLX op otherwise), and mlx-lm's own RoPE, KV cache and attention in between (the step itself:
-``_patch_step.py``; RoPE replayed with the projection where it is one of mlx-lm's); a prompt (more rows) runs
-mlx-lm's own forward. ``unpatch`` swaps the class back and drops the concatenated copies.
+``_patch_step.py``; RoPE replayed with the projection where it is one of mlx-lm's, mlx-lm's ``KVCache`` written as
+its ``update_and_fetch`` writes it); a prompt (more rows) runs mlx-lm's own forward. ``unpatch`` swaps the class
+back and drops the concatenated copies.
 
 Where the package runs no kernel (nothing was measured to beat the MLX op on this chip at a block's shapes), the
 block, or the decode step's row count, runs mlx-lm's own forward: routed through the package it would compute the

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 
@@ -67,10 +68,7 @@ def mlx_link(inputs: Sequence[Any], feeds: Sequence[str] = ()) -> Link:
     with MLX ops (:func:`fed_from`)."""
     import mlx.core as mx
 
-    def derive(previous: Any, own: Any) -> Any:
-        return fed_from(mx, previous, own)
-
-    return Link(chain_positions(inputs, feeds), derive)
+    return Link(chain_positions(inputs, feeds), partial(fed_from, mx))
 
 
 def chained(run: Callable[..., Any] | Sequence[Callable[..., Any]], arrays: Sequence[Sequence[Any]], link: Link,

@@ -401,7 +401,6 @@ class _Search:
 
     def _propose(self) -> None:
         """Ask for a trial; record it at once when it is invalid or known, else queue it for evaluation."""
-
         study, objective = self.study, self.objective
         fixed = self._fixed()
         self.trial = trial = _ask(study, self.dists, fixed)

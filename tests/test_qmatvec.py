@@ -218,11 +218,14 @@ def test_wrong_unpacking_and_a_missing_tail_guard_are_caught(tmp_path: Path) -> 
     assert runs == 1 and len(failures) == 1 and "wrong" in failures[0]
     unguarded = _mutated(q, tmp_path / "b", ("const bool ok = chunk < CH;", "const bool ok = true;"),
                          ("if (chunk >= CH) {", "if (false) {"))
-    cfg = {**unguarded.default, "KS": 1, "UNROLL": 2}
-    runs, failures = _run_all(unguarded, [(cfg, "float32", qshape(1, 40, 4, 32, 8))], "fast")  # K = 256
+    # M = 2: the first row of X read past its end is the second row (drawn values), so the wrong sums do not depend
+    # on what memory lies past X. With M = 1 they did: where that memory held zeros the product past the row added
+    # nothing and the kernel passed (the suite's whole runs failed this test now and then).
+    cfg = {**unguarded.default, "KS": 1, "UNROLL": 2, "MB": 2}
+    runs, failures = _run_all(unguarded, [(cfg, "float32", qshape(2, 40, 4, 32, 8))], "fast")  # K = 256
     assert runs == 1 and not failures, failures
-    runs, failures = _run_all(unguarded, [(cfg, "float32", qshape(1, 40, 4, 32, 5))], "fast")  # K = 160
-    # past the row it reads whatever lies there: wrong values, or NaN where that memory holds NaN (varies by run)
+    runs, failures = _run_all(unguarded, [(cfg, "float32", qshape(2, 40, 4, 32, 5))], "fast")  # K = 160
+    # past the row it reads the next row of W and of X: wrong values (NaN where the last row's reads find NaN)
     assert runs == 1 and len(failures) == 1 and ("FAIL (wrong)" in failures[0] or "FAIL (nan)" in failures[0]), failures
 
 

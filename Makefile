@@ -15,12 +15,13 @@ setup: $(VENV)/.installed
 tune: $(VENV)/.installed
 	$(BIN)/kernsearch tune gemm --report  # prints the path of the study's HTML report
 
-# Two workers that steal work from each other (--dist worksteal): the long tests (servers, sweeps) do not leave
-# one worker idle at the end while the other still holds a queue of them. Every test but the long end-to-end ones
-# (marked e2e: real Prefect and PostgreSQL servers, racing tune processes): ~13-16 min on an idle 2-core machine with
-# a cold compile cache (benchmarks/test_suite_time.txt; the goal is 10).
+# Three workers that steal work from each other (--dist worksteal): the long tests (servers, sweeps) do not leave
+# one worker idle at the end while another still holds a queue of them, and on two cores the third runs while the
+# others wait on subprocesses and servers (171 % -> 191 % of CPU). Every test but the e2e lane (real Prefect and
+# PostgreSQL servers, racing tune processes, the full sizes of sweeps make test runs smaller; see
+# benchmarks/test_suite_time.txt for its time on an idle 2-core machine with a cold compile cache, issue 42).
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=30 -m "not e2e"
+	$(BIN)/python -m pytest -q -n 3 --dist worksteal --durations=30 -m "not e2e"
 
 # The long end-to-end checks alone (each starts its own servers: minutes).
 test-e2e: $(VENV)/.installed

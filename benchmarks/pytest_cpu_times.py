@@ -1,5 +1,6 @@
 """A pytest plugin that records each test's wall and CPU seconds (its process and the children it reaped: CLI
-subprocesses, servers stopped by the test, g++), one JSON line a test, for benchmarks/test_suite_time.txt.
+subprocesses, servers stopped by the test, g++) and when it started (epoch seconds: a worker's timeline), one JSON
+line a test, for benchmarks/test_suite_time.txt.
 
 On a shared machine wall times follow the load; CPU seconds do not (much). A child still running when the test
 ends (a session fixture's server) is counted by the test in whose teardown it is reaped.
@@ -28,9 +29,10 @@ def _cpu() -> float:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    wall, cpu = time.monotonic(), _cpu()
+    start, wall, cpu = time.time(), time.monotonic(), _cpu()
     yield
     row = {"id": item.nodeid, "wall": round(time.monotonic() - wall, 3), "cpu": round(_cpu() - cpu, 3),
+           "start": round(start, 3),
            "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "slow": item.get_closest_marker("slow") is not None}
     with open(os.environ.get("CPU_TIMES_OUT", "cpu_times.jsonl"), "a", encoding="utf-8") as out:
         out.write(json.dumps(row) + "\n")

@@ -116,7 +116,7 @@ COVERAGE: dict[str, Here | Elsewhere | NotACommand] = {
     # README.md
     "README.md: make tune": Elsewhere("tests/test_ux.py::test_make_tune_through_a_pipe_prints_a_line_every_few_"
                                       "seconds_and_a_verified_winner", ('"make", "-s", "tune"',)),
-    "README.md: make test": Here("test_make_test_is_the_suite_on_two_workers"),
+    "README.md: make test": Here("test_make_test_is_the_suite_on_three_workers"),
     # docs/api.md
     "docs/api.md: python: import tempfile": Elsewhere("tests/test_api.py::test_the_documented_example_runs",
                                                       ('"docs" / "api.md"', '"example.py"')),
@@ -245,13 +245,13 @@ def _block(file: str, first: str, holding: str = "") -> str:
     return next(b.text for b in blocks() if b.file == file and b.first == first and holding in b.text)
 
 
-def test_make_test_is_the_suite_on_two_workers(tmp_path: Path) -> None:
+def test_make_test_is_the_suite_on_three_workers(tmp_path: Path) -> None:
     """`make test` runs this very suite, so it is run dry: the recipe make would run, through a set-up venv."""
     (tmp_path / "bin").mkdir()
     (tmp_path / ".installed").touch()  # not older than pyproject.toml: make would not set the venv up again
     r = _run(["make", "--no-print-directory", "-n", "test", f"VENV={tmp_path}"], cwd=REPO)  # make may call us
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == f'{tmp_path}/bin/python -m pytest -q -n 2 --dist worksteal --durations=30 -m "not e2e"', \
+    assert r.stdout.strip() == f'{tmp_path}/bin/python -m pytest -q -n 3 --dist worksteal --durations=30 -m "not e2e"', \
         r.stdout
 
 

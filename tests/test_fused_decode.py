@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import builtin_families
+from covering import covering_sample as tway_sample
 from test_gemv import _run_all
 from test_qmatvec import FAMILIES as CORES
 from test_qmatvec import M2, qshape
@@ -50,19 +51,39 @@ def test_a_config_of_each_fused_family_matches_the_float64_reference_at_ragged_s
     assert runs == 1 and not failures, failures
 
 
+def _covering_plan(fam, rows: tuple) -> list[tuple[dict, str, str]]:  # noqa: ANN001
+    """A 1-way covering sample of the valid Apple configs of every row of ``rows`` (the row counted as a knob):
+    every row, and every value of every knob valid at some row, in the fewest variants."""
+    candidates = []
+    for i, (m, bits, group, groups, n, dtype) in enumerate(rows):
+        shape = qshape(m, n, bits, group, groups)
+        candidates += [{**c, "row": i} for c in Space(make_problem(fam, shape, dtype, M2), M2).enumerate().valid]
+    plan = []
+    for c in tway_sample(candidates, 1, seed=9):
+        m, bits, group, groups, n, dtype = rows[c["row"]]
+        plan.append(({k: v for k, v in c.items() if k != "row"}, dtype, qshape(m, n, bits, group, groups)))
+    for knob in fam.knobs:
+        assert {c[knob] for c, _, _ in plan} == {c[knob] for c in candidates}, knob
+    return plan
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FUSED)
-def test_a_sweep_of_each_fused_family_matches_the_reference(name: str) -> None:
+@pytest.mark.parametrize("sample", ["each_value", pytest.param("every_9th", marks=pytest.mark.e2e)])
+def test_a_sweep_of_each_fused_family_matches_the_reference(name: str, sample: str) -> None:
     """Configs covering every knob value, at M = 1, 2, 3, 5, 7 and 16 (where valid), 4 and 8 bits, groups of 32,
     64 and 128, every dtype, ragged N and K; a few also in check mode (threadgroup races, unwritten reads: the
-    norm's block reduction)."""
+    norm's block reduction). ``make test``: a 1-way covering sample (every row of the plan, every knob value; ~7
+    variants, 2-3 of them also in check mode; ~3 s of CPU a family); the e2e lane (CI: make test-all) every 9th
+    valid config of each row (~26 variants, ~8 s), which runs the same lines."""
     fam = load_family(name)
     rows = PLAN + (((16, 8, 64, 3, 37, "float16"),) if "swiglu" not in name else ())
-    plan = _plan(fam, rows, every=9)
+    plan = _covering_plan(fam, rows) if sample == "each_value" else _plan(fam, rows, every=9)
     assert {c["TW"] for c, _, _ in plan} == {1, 2, 4} and {c["KS"] for c, _, _ in plan} == {1, 2, 4}
+    assert {s for _, _, s in plan} == {qshape(m, n, b, g, gs) for m, b, g, gs, n, _ in rows}
     runs, failures = _run_all(fam, plan, "fast")
     assert runs == len(plan) and not failures, failures[:5]
-    runs, failures = _run_all(fam, plan[::7], "check")
+    runs, failures = _run_all(fam, plan[::3] if sample == "each_value" else plan[::7], "check")
     assert not failures, failures[:5]
 
 

@@ -70,33 +70,57 @@ def test_sample_is_race_free_in_check_mode(family) -> None:  # noqa: ANN001
 
 
 @pytest.mark.slow
-def test_wider_sweep_fast_mode(family) -> None:  # noqa: ANN001
-    """Every shape (a single row, ragged rows, several rows per threadgroup, aligned rows): a 2-way covering sample
-    of the valid configs at every shape in every dtype (each pair of values of two knobs, a knob and the shape or
-    the dtype, the shape and the dtype, that the space has; ~36 variants). Before: every knob value at each shape
-    and random others, 16 a shape (64 variants), which ran no pair this misses by design."""
+@pytest.mark.parametrize("strength", [1, pytest.param(2, marks=pytest.mark.e2e)])
+def test_wider_sweep_fast_mode(family, strength: int) -> None:  # noqa: ANN001
+    """Every shape (a single row, ragged rows, several rows per threadgroup, aligned rows) in every dtype: a 2-way
+    covering sample of the valid configs at every shape in every dtype (each pair of values of two knobs, a knob and
+    the shape or the dtype, the shape and the dtype, that the space has; ~36 variants). Before: every knob value at
+    each shape and random others, 16 a shape (64 variants), which ran no pair this misses by design.
+
+    ``make test`` runs a 1-way sample with the shape and dtype as one knob (every shape in every dtype, every knob
+    value: ~12 variants, ~8 s of CPU for the four families); the 2-way sample is the e2e lane's (CI: make test-all;
+    ~24 s), which runs the same lines."""
     candidates = [{**c, "shape": shape, "dtype": dtype} for shape in SHAPES[family.name] for dtype in DTYPES
                   for c in valid(family, shape, M2, dtype)]
-    plan = [({k: v for k, v in c.items() if k in family.knobs}, c["dtype"], c["shape"])
-            for c in tway_sample(candidates, 2, seed=11)]
+    if strength == 1:  # the shape and the dtype as one knob: every pair of them is a value to cover
+        sample = [{**c, "at": (c["shape"], c["dtype"])} for c in candidates]
+        chosen = [{k: v for k, v in c.items() if k != "at"} for c in tway_sample(sample, 1, seed=11)]
+    else:
+        chosen = tway_sample(candidates, 2, seed=11)
+    plan = [({k: v for k, v in c.items() if k in family.knobs}, c["dtype"], c["shape"]) for c in chosen]
     assert {(d, s) for _, d, s in plan} == {(c["dtype"], c["shape"]) for c in candidates}
+    for name in family.knobs:
+        assert {c[name] for c, _, _ in plan} == {c[name] for c in candidates}, name
     runs, failures = run_all(family, plan, "fast")
-    assert runs == len(plan) >= 20 and not failures, failures[:3]
+    assert runs == len(plan) >= (20 if strength == 2 else 8) and not failures, failures[:3]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed (the CUDA twins are compiled offline where it is)")
-def test_cuda_twin_compiles_for_h100(family, tmp_path: Path) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("sample", ["each_value", pytest.param("stride", marks=pytest.mark.e2e)])
+def test_cuda_twin_compiles_for_h100(family, tmp_path: Path, sample: str) -> None:  # noqa: ANN001
+    """The CUDA twin compiles with nvcc for sm_90: ``make test`` compiles a 1-way covering sample of the valid H100
+    configs and the dtypes (every knob value and every dtype: ~6 kernels, ~2 s of CPU a family for ~5); the e2e
+    lane (CI: make test-all) every (count / 60)-th valid config in a rotating dtype (~60), which runs the same
+    lines."""
     shape = "4096,4096" if family.name != "swiglu" else "4096,11008"
     pool = valid(family, shape, H100)
-    step = max(1, len(pool) // 60)
     configs = []
-    for i, cfg in enumerate(pool[::step]):
-        for dtype in ("float16", "bfloat16", "float32")[i % 3:] + ("float16",):
-            if Space(make_problem(family, shape, dtype, H100), H100).is_valid(cfg):
-                configs.append((cfg, dtype))
-                break
-    assert len(configs) >= 30
+    if sample == "each_value":
+        candidates = [{**c, "dtype": dtype} for dtype in ("float16", "bfloat16", "float32")
+                      for c in valid(family, shape, H100, dtype)]
+        configs = [({k: v for k, v in c.items() if k != "dtype"}, c["dtype"]) for c in tway_sample(candidates, 1)]
+        for name in family.knobs:
+            assert {c[name] for c, _ in configs} == {c[name] for c in pool}, name
+        assert {d for _, d in configs} == {"float16", "bfloat16", "float32"}
+    else:
+        step = max(1, len(pool) // 60)
+        for i, cfg in enumerate(pool[::step]):
+            for dtype in ("float16", "bfloat16", "float32")[i % 3:] + ("float16",):
+                if Space(make_problem(family, shape, dtype, H100), H100).is_valid(cfg):
+                    configs.append((cfg, dtype))
+                    break
+        assert len(configs) >= 30
     errors = nvcc_compiles(family, configs, tmp_path)
     assert not errors, errors
 

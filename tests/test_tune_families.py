@@ -5,7 +5,8 @@ layernorm and qmatvec: their configs are invalid there).
 
 The runs are short (a few trials, two finalists) but whole: the CLI's entry point, the model back-end, the
 interpreter at the finalists' small shapes, the winner's check at the tuned shape and at a ragged one. gemm at its
-default shape is `make tune`'s own job: tests/test_ux.py::test_make_tune_through_a_pipe_... runs it whole.
+default shape is `make tune`'s own job: tests/test_ux.py::test_make_tune_through_a_pipe_... runs it whole. The other
+families' default-shape cases are in the e2e lane (CASES says why); `make test` tunes each at its ragged shape.
 """
 
 from __future__ import annotations
@@ -28,9 +29,16 @@ RAGGED = {"gemm": "1000,1003,999", "gemv": "3,4095,4093", "qmatvec": "3,4093,409
           "qmatvec_residual": "3,4093,4096,512,64", "rmsnorm_swiglu_qmatvec": "3,4093,4096,512,64",
           "mlp_block": "3,4032,11008,504,63,1376,172"}
 
-#: The fast lane keeps one (the cheapest at its default shape); the others are slow.
+#: The fast lane keeps one (the cheapest at its default shape); the others are slow. `make test` tunes every family
+#: whole at its ragged shape: LLM-sized like the default (so the winner's check samples threadgroups there too) and
+#: off every tile, so its finalists' small shapes, the tuned-shape check and the ragged check run the same code as at
+#: the default shape, and the edges besides. The default-shape cases are the e2e lane's (CI runs them: make test-all):
+#: at the default shape they run that code again (~70 s of CPU); the default shapes' own small and ragged shapes are
+#: derived and checked for every family by test_every_familys_configs_get_a_valid_small_shape_and_a_ragged_one, and
+#: gemm's default shape is tuned whole by `make tune` (tests/test_ux.py).
 CASES = [pytest.param("gemv", None, id="gemv-default")] + [
-    pytest.param(name, shape, id=f"{name}-{'ragged' if shape else 'default'}", marks=pytest.mark.slow)
+    pytest.param(name, shape, id=f"{name}-{'ragged' if shape else 'default'}",
+                 marks=[pytest.mark.slow] + ([pytest.mark.e2e] if shape is None else []))
     for name in sorted(RAGGED) for shape in (None, RAGGED[name])
     if (name, shape) not in (("gemv", None), ("gemm", None))]
 

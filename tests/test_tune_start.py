@@ -11,12 +11,16 @@ from pathlib import Path
 
 import optuna
 import pytest
+from conftest import kernsearch_in_process
 
 
-def _tune(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KERNSEARCH_HOME": str(home), "KERNSEARCH_ARTIFACTS": str(home / "artifacts")}
-    return subprocess.run([sys.executable, "-m", "kernsearch", "tune", "qmatvec", "--backend", "model",
-                           "--verify", "none", *args], capture_output=True, text=True, env=env, timeout=600)
+def _tune(home: Path, *args: str, in_process: bool = False) -> subprocess.CompletedProcess[str]:
+    env = {"KERNSEARCH_HOME": str(home), "KERNSEARCH_ARTIFACTS": str(home / "artifacts")}
+    argv = ["tune", "qmatvec", "--backend", "model", "--verify", "none", *args]
+    if in_process:
+        return kernsearch_in_process(*argv, env=env)
+    return subprocess.run([sys.executable, "-m", "kernsearch", *argv], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=600)
 
 
 @pytest.mark.slow
@@ -32,9 +36,11 @@ def test_the_start_configs_are_the_first_trials_in_order(tmp_path: Path) -> None
 
 @pytest.mark.slow
 def test_a_start_config_outside_the_space_is_one_line_before_anything_runs(tmp_path: Path) -> None:
-    for bad, says in (("TW=5", "invalid value TW=5"), ("BM=4", "unknown knob 'BM'"),
-                      ("PATH=mma", "violates rows_compiled")):
-        done = _tune(tmp_path, "--trials", "3", "--start", bad)
+    """The first case in a real `kernsearch tune` process (its exit status, no traceback); the others through the
+    same entry point in this process (tests/conftest.py kernsearch_in_process)."""
+    for i, (bad, says) in enumerate((("TW=5", "invalid value TW=5"), ("BM=4", "unknown knob 'BM'"),
+                                     ("PATH=mma", "violates rows_compiled"))):
+        done = _tune(tmp_path, "--trials", "3", "--start", bad, in_process=i > 0)
         assert done.returncode == 2 and done.stdout == ""
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: --start: ") and says in lines[0], done.stderr

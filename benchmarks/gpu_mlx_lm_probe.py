@@ -7,12 +7,17 @@ patched once (``--forms`` names the patched forms: ``compiled`` is ``patch(model
 compiled step (mlx-lm's RoPE op by op on every token, as before the fourteenth session); each its own
 copy, patched once); ``nochain`` (with ``benchmarks/data/s15/chain.patch`` applied: the fifteenth session's chains,
 measured and not kept) is ``patch(model)`` with no block's tail chained to the next block's step (two compiled calls
-a layer, as ``patch`` runs it). ``mlxcache`` is ``patch(model)`` decoding with caches
+a layer, as ``patch`` runs it). ``twowrite`` is ``patch(model)`` without the joined step
+(sixteenth session: keys and values written by two updates a layer, as the fifteenth session's patch wrote them).
+``mlxcache`` is ``patch(model)`` decoding with caches
 of a subclass of mlx-lm's KVCache (the same code), which the step leaves to mlx-lm's ``update_and_fetch`` (as before
 the fourteenth session's cache write). Two what-if forms bound what fusing more would save (their tokens are not the model's: never a
 product path): ``norope`` is ``patch(model)`` with no RoPE at all in the compiled step (what RoPE and the queries'
 and keys' split cost a layer), ``nocache`` is ``patch(model)`` decoding with a cache that keeps nothing (mlx-lm's two
-cache writes and two slices a layer gone; the attention reads the step's own keys only). Rounds interleave the forms (order rotating);
+cache writes and two slices a layer gone; the attention reads the step's own keys only), ``fused`` (sixteenth session)
+is the design that would cut a layer's launches, as far as the host sees it: no RoPE (as ``norope``: in the design
+it runs in the Q/K/V kernel's epilogue) and keys and values in one cache buffer [B, 2 * kv_heads, positions, D]
+written by one update from the projection's contiguous [keys | values] (a subclass of mlx-lm's KVCache). Rounds interleave the forms (order rotating);
 each round runs mlx-lm's ``generate_step`` for ``--tokens`` greedy tokens and records, per decoded token: the wall
 time, the host time inside the model's forward (building the step's graph), inside ``mx.async_eval`` (MLX sending the
 step's kernels: on the GPU back-ends the encoding runs on the calling thread) and the garbage collector's passes and
@@ -118,12 +123,15 @@ def _patched(pkg: Any, model: Any, form: str, always: bool) -> Any:
     """``model`` patched in ``form`` (see the module's docstring)."""
     step = sys.modules[pkg.__name__ + "._patch_step"]
     passes = step._passes_offset
+    whole = step.WHOLE_ROPES
     if form == "nostep":  # the step's RoPE refused at patch time: the fourteenth session's "before"
         step._passes_offset = lambda rope: False
+    if form in ("twowrite", "norope"):  # no joined step: the fifteenth session's patch (two cache writes a layer)
+        step.WHOLE_ROPES = frozenset()
     try:
         report = pkg.patch(model, always=always, compiled=form != "eager")
     finally:
-        step._passes_offset = passes
+        step._passes_offset, step.WHOLE_ROPES = passes, whole
     if form == "nochain":  # only with data/s15/chain.patch applied (its link): the chains taken off again
         step.link(list(model.layers), False)
     if form == "norope":
@@ -132,6 +140,8 @@ def _patched(pkg: Any, model: Any, form: str, always: bool) -> Any:
         _keeping_nothing(model)
     if form == "mlxcache":
         _mlx_lm_updates(model)
+    if form == "fused":
+        _one_buffer(step, model)
     return report
 
 
@@ -168,6 +178,55 @@ def _keeping_nothing(model: Any) -> None:
             return keys, values
 
     model.make_cache = lambda: [Forgetful() for _ in model.layers]
+
+
+def _one_buffer(step: Any, model: Any) -> None:
+    """What-if ``fused`` (see the module's docstring): each patched block's step returns the queries and the keys
+    and values as one view, which its cache (:class:`OneBuffer`) writes with one update."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    class OneBuffer(KVCache):
+        def __init__(self) -> None:
+            super().__init__()
+            self.kv: Any = None
+
+        def update_and_fetch(self, keys: Any, values: Any) -> Any:  # the prompt (mlx-lm's own attention)
+            return self.write(mx.concatenate([keys, values], axis=1), keys.shape[1])
+
+        def write(self, kv: Any, nkv: int) -> Any:
+            prev, end = self.offset, self.offset + kv.shape[2]
+            if self.kv is None or end > self.kv.shape[2]:
+                grow = (kv.shape[2] + self.step - 1) // self.step * self.step
+                fresh = mx.zeros((kv.shape[0], kv.shape[1], grow, kv.shape[3]), kv.dtype)
+                self.kv = fresh if self.kv is None else mx.concatenate([self.kv[:, :, :prev], fresh], axis=2)
+            self.kv[:, :, prev:end] = kv
+            self.offset = end
+            return self.kv[:, :nkv, :end], self.kv[:, nkv:, :end]
+
+    original = step._attention
+
+    def attention(attn: Any, state: Any, x: Any, mask: Any, cache: Any) -> Any:
+        fused = getattr(state, "fused", None)
+        if fused is None or not isinstance(cache, OneBuffer) or x.shape[1] != 1:
+            return original(attn, state, x, mask, cache)
+        queries, kv = fused(x)
+        keys, values = cache.write(kv, attn.n_kv_heads)
+        sdpa = sys.modules[type(attn).__module__].scaled_dot_product_attention
+        return sdpa(queries, keys, values, cache=cache, scale=attn.scale, mask=mask)
+
+    step._attention = attention
+    for block in model.layers:
+        state = vars(block).get("_kernsearch_patch")
+        if state is not None and state.step is not None:
+            def heads(x: Any, attn: Any = block.self_attn, state: Any = state) -> Any:
+                b = x.shape[0]
+                qkv = state.qkv(x.reshape(b, -1))
+                nq = state.split[0]
+                return qkv[:, :nq].reshape(b, attn.n_heads, 1, -1), qkv[:, nq:].reshape(b, 2 * attn.n_kv_heads, 1, -1)
+
+            state.fused = mx.compile(heads)
+    model.make_cache = lambda: [OneBuffer() for _ in model.layers]
 
 
 def _census(model: Any, prompt: Any, folder: Path) -> dict[str, int]:

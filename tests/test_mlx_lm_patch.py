@@ -175,7 +175,8 @@ def _rope_calls(monkeypatch, cls: type) -> list:
 def test_one_rope_call_a_layer_turns_the_queries_and_the_keys_heads(pkg, monkeypatch, name: str) -> None:
     """One sequence: RoPE runs once a layer on the queries' and the keys' heads together (a dependent launch fewer
     a layer than mlx-lm's two), inside the compiled step: traced once a layer and row count (its offset an array:
-    the same trace at every position), and decodes the same greedy tokens."""
+    the same trace at every position), and decodes the same greedy tokens. A one-row step's call takes the values'
+    heads too (each head its own offset: the joined step), so that keys and values leave it as one view."""
     module, kw = CONFIGS[name]
     model = build(module, **kw)
     want, want_lp = greedy(model, 8)
@@ -183,37 +184,51 @@ def test_one_rope_call_a_layer_turns_the_queries_and_the_keys_heads(pkg, monkeyp
     calls = _rope_calls(monkeypatch, nn.RoPE)
     got, got_lp = greedy(model, 8)
     assert got == want and mx.allclose(got_lp, want_lp, atol=1e-4).item()
-    heads = model.args.num_attention_heads + (model.args.num_key_value_heads or model.args.num_attention_heads)
+    kv = model.args.num_key_value_heads or model.args.num_attention_heads
+    heads = model.args.num_attention_heads + kv
     # The prompt's first 5 tokens, then one-row steps (its last token, 8 tokens): one trace each; two layers.
-    assert calls == [((1, heads, 5, 32), True)] * 2 + [((1, heads, 1, 32), True)] * 2, calls
+    assert calls == [((1, heads, 5, 32), True)] * 2 + [((heads + kv, 1, 1, 32), True)] * 2, calls
 
 
 def _writes(pkg, monkeypatch) -> list:
-    """The rows of each cache update the package's step writes itself from now on (mlx-lm's update_and_fetch makes
+    """(how, rows) of each cache update the package's step writes itself from now on: "two" for mlx-lm's KVCache
+    written as its update_and_fetch writes it, "one" for a joined cache's one write (mlx-lm's update_and_fetch makes
     the others)."""
     import sys
 
     step = sys.modules[pkg.__name__ + "._patch_step"]
     rows: list = []
-    written = step._written
+    written, write = step._written, step._Joined.write
 
     def counted(cache, keys, values, end):  # noqa: ANN001, ANN202
-        rows.append(keys.shape[2])
+        rows.append(("two", keys.shape[2]))
         return written(cache, keys, values, end)
 
+    def counted_one(self, kv):  # noqa: ANN001, ANN202
+        rows.append(("one", kv.shape[2]))
+        return write(self, kv)
+
     monkeypatch.setattr(step, "_written", counted)
+    monkeypatch.setattr(step._Joined, "write", counted_one)
     return rows
 
 
+@pytest.mark.parametrize("joined", [True, False], ids=["one buffer", "two"])
 @pytest.mark.parametrize("name", ["gqa", "qwen2"])
-def test_the_cache_holds_what_mlx_lm_s_own_forward_puts_there(pkg, monkeypatch, name: str) -> None:
+def test_the_cache_holds_what_mlx_lm_s_own_forward_puts_there(pkg, monkeypatch, name: str, joined: bool) -> None:
     """Step by step, one token a step across the cache's growth (every 8 positions here): the patched model's
-    outputs and its KV cache (RoPE'd keys at each position, values) are mlx-lm's; the step writes mlx-lm's KVCache
-    itself where it has room, mlx-lm's update_and_fetch allocates and grows it."""
+    outputs and its KV cache (RoPE'd keys at each position, values) are mlx-lm's. The step writes mlx-lm's KVCache
+    itself: from the second token on, keys and values joined in one buffer with one write a step, grown there;
+    where the RoPE does not allow the joined step, as update_and_fetch writes them where it has room (mlx-lm's
+    update_and_fetch allocates and grows it)."""
+    import sys
+
     from mlx_lm.models.cache import KVCache, make_prompt_cache
 
     module, kw = CONFIGS[name]
     monkeypatch.setattr(KVCache, "step", 8)
+    if not joined:
+        monkeypatch.setattr(sys.modules[pkg.__name__ + "._patch_step"], "WHOLE_ROPES", frozenset())
     model = build(module, **kw)
     tokens = mx.array([PROMPT + [11, 3, 40, 2, 17, 8, 25, 60, 4, 9, 30, 12]])
     want_cache = make_prompt_cache(model)
@@ -224,11 +239,109 @@ def test_the_cache_holds_what_mlx_lm_s_own_forward_puts_there(pkg, monkeypatch, 
     got = [model(tokens[:, i:i + 1], cache=cache) for i in range(tokens.shape[1])]
     assert all(mx.allclose(g, w, atol=1e-4).item() for g, w in zip(got, want))
     for c, w in zip(cache, want_cache):
+        assert isinstance(c, KVCache) and type(c).__name__ == "KVCache"
         assert c.offset == w.offset == tokens.shape[1] and c.keys.shape == w.keys.shape
         for a, b in zip(c.keys_and_values(), w.keys_and_values()):
             assert mx.allclose(a, b, atol=1e-4).item()
-    # two layers; positions 0, 8 and 16 allocate or grow the cache (mlx-lm's update_and_fetch), the step the others
-    assert rows == [1] * 2 * (tokens.shape[1] - 3), rows
+    n = tokens.shape[1]
+    # two layers. Joined: the first token allocates (update_and_fetch), every later one is one write. Two: positions
+    # 0, 8 and 16 allocate or grow the cache (mlx-lm's update_and_fetch), the step writes the others.
+    assert rows == ([("one", 1)] * 2 * (n - 1) if joined else [("two", 1)] * 2 * (n - 3)), rows
+
+
+def test_the_joined_step_turns_queries_and_keys_as_the_two_write_step_and_leaves_the_values_exact(pkg) -> None:
+    """The joined step's one RoPE call (the values' heads at offset 0) gives the queries and keys of the step that
+    turns only theirs, bit for bit, and the values as the projection made them."""
+    import sys
+
+    step = sys.modules[pkg.__name__ + "._patch_step"]
+    model = build(llama, num_key_value_heads=2)
+    pkg.patch(model, always=True)
+    state = vars(model.layers[0])["_kernsearch_patch"]
+    x = mx.random.normal((1, 1, 128), key=mx.random.key(5)).astype(model.layers[0].input_layernorm.weight.dtype)
+    for position in (0, 7, 300):
+        queries, kv = state.joined(x, step._offsets(position, 1, 4 + 2, 2))
+        want_q, want_k, want_v = state.step(x, step._offset(position))
+        assert queries.shape == want_q.shape and kv.shape == (1, 4, 1, 32)
+        assert mx.array_equal(queries, want_q).item() and mx.array_equal(kv[:, :2], want_k).item()
+        assert mx.array_equal(kv[:, 2:], want_v).item()
+
+
+def test_a_rope_that_also_scales_its_input_turns_only_the_queries_and_keys(pkg) -> None:
+    """mlx-lm's YaRN RoPE scales what it turns (its mscale, here 1.14) before turning it: the values' heads must not
+    ride along, so its blocks keep the step that turns only the queries and keys (two cache writes), the caches stay
+    mlx-lm's, and the tokens and log-probs are mlx-lm's."""
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+    from mlx_lm.models.rope_utils import YarnRoPE
+
+    model = build(llama, num_key_value_heads=2)
+    for layer in model.layers:
+        layer.self_attn.rope = YarnRoPE(32, scaling_factor=4.0, mscale=1)
+    assert model.layers[0].self_attn.rope.mscale > 1.1
+    want, want_lp = greedy(model, 8)
+    pkg.patch(model, always=True)
+    states = [vars(b)["_kernsearch_patch"] for b in model.layers]
+    assert all(s.step is not None and s.joined is None for s in states)
+    got, got_lp = greedy(model, 8)
+    assert got == want and mx.allclose(got_lp, want_lp, atol=1e-4).item()
+    cache = make_prompt_cache(model)
+    model(mx.array([PROMPT]), cache=cache)
+    model(mx.array([[3]]), cache=cache)
+    assert all(type(c) is KVCache for c in cache)
+
+
+def test_a_joined_cache_saves_loads_trims_and_takes_a_second_prompt_as_mlx_lm_s(pkg, tmp_path: Path) -> None:
+    """A cache joined by the patched decode is still mlx-lm's KVCache to mlx-lm: saved by save_prompt_cache and
+    loaded by load_prompt_cache as a KVCache, trimmed by trim_prompt_cache, fed a second prompt, its state read and
+    set (which turns it back into a plain KVCache) — each time the model (patched or not) computes what it computes
+    with mlx-lm's own cache fed the same tokens."""
+    from mlx_lm.models.cache import (
+        KVCache,
+        load_prompt_cache,
+        make_prompt_cache,
+        save_prompt_cache,
+        trim_prompt_cache,
+    )
+
+    model = build(llama, num_key_value_heads=2)
+    tokens = mx.array([PROMPT + [11, 3, 40, 2]])
+    second = mx.array([[8, 25, 60, 4, 9]])
+    want_cache = make_prompt_cache(model)
+    model(tokens[:, :6], cache=want_cache)
+    want = [model(tokens[:, i:i + 1], cache=want_cache) for i in range(6, 10)]
+    trim_prompt_cache(want_cache, 2)
+    want.append(model(second, cache=want_cache))
+    want.append(model(mx.array([[7]]), cache=want_cache))
+    pkg.patch(model, always=True)
+    cache = make_prompt_cache(model)
+    model(tokens[:, :6], cache=cache)
+    got = [model(tokens[:, i:i + 1], cache=cache) for i in range(6, 10)]
+    assert all("_kv" in vars(c) for c in cache)  # joined
+    save_prompt_cache(str(tmp_path / "c.safetensors"), cache)
+    loaded = load_prompt_cache(str(tmp_path / "c.safetensors"))
+    assert [type(c) for c in loaded] == [KVCache, KVCache] and [c.offset for c in loaded] == [10, 10]
+    for c in (cache, loaded):
+        trim_prompt_cache(c, 2)
+    got.append(model(second, cache=cache))  # five rows: the step, into the joined buffer
+    got.append(model(mx.array([[7]]), cache=cache))
+    assert len(got) == len(want) and all(mx.allclose(g, w, atol=1e-4).item() for g, w in zip(got, want))
+    assert mx.allclose(model(second, cache=loaded), want[4], atol=1e-4).item()
+    keys, values, offset = cache[0].state
+    cache[0].state = (keys, values, offset)  # set: a plain KVCache again, holding the same arrays
+    assert type(cache[0]) is KVCache and "_kv" not in vars(cache[0]) and cache[0].offset == 14
+    pkg.unpatch(model)
+    assert mx.allclose(model(mx.array([[9]]), cache=cache), model(mx.array([[9]]), cache=want_cache),
+                       atol=1e-4).item()
+
+
+def test_a_joined_cache_is_quantized_by_mlx_lm_mid_generation_and_decodes_the_same_tokens(pkg) -> None:
+    """mlx-lm quantizes the KV cache once it holds ``quantized_kv_start`` positions (KVCache.to_quantized): a
+    joined cache turns into the same QuantizedKVCache, and the tokens are mlx-lm's."""
+    model = build(llama, num_key_value_heads=2)
+    kw = {"kv_bits": 8, "kv_group_size": 32, "quantized_kv_start": 10}
+    want = [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=16, **kw)]
+    pkg.patch(model, always=True)
+    assert [t for t, _ in generate_step(mx.array(PROMPT), model, max_tokens=16, **kw)] == want
 
 
 def test_a_cache_of_another_class_is_updated_by_its_own_update_and_fetch(pkg, monkeypatch) -> None:
@@ -247,7 +360,7 @@ def test_a_cache_of_another_class_is_updated_by_its_own_update_and_fetch(pkg, mo
     assert [t for t, _ in generate_step(prompt, model, max_tokens=8, prompt_cache=[MyCache(), MyCache()])] == want
     assert rows == [], rows
     # mlx-lm's own KVCache: written by the step at the prompt's last token and the 8 steps after it; two layers
-    assert greedy(model, 8)[0] == want and rows == [1] * 2 * (1 + 8), rows
+    assert greedy(model, 8)[0] == want and rows == [("one", 1)] * 2 * (1 + 8), rows
 
 
 @pytest.mark.parametrize("kind", ["quantized", "rotating"])
@@ -554,3 +667,16 @@ def test_a_forward_has_one_fingerprint_on_every_python(tmp_path: Path) -> None:
                            timeout=120, check=False)
         assert r.returncode == 0, (py, r.stderr[-2000:])
         assert r.stdout.strip() == want, py
+
+
+def test_the_gpu_rope_check_passes_on_the_cpu() -> None:
+    """benchmarks/gpu_rope_heads_exact.py (what the joined step rests on, run on the GPU): one RoPE call with one
+    offset a head gives the two-call queries and keys bit for bit and leaves the values' heads unchanged."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_rope_heads_exact.py"
+    spec = importlib.util.spec_from_file_location("gpu_rope_heads_exact", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--cpu"]) == 0

@@ -10,8 +10,8 @@ as they are (the model's ``parameters()`` are the same arrays): its class is swa
 runs, for a decode step (at most :data:`DECODE_ROWS` rows), norm + Q/K/V (one matrix, concatenated once here), O +
 residual, norm + gate/up SwiGLU and down + residual through the package (each a kernel where one was measured to win,
 the MLX op otherwise), and mlx-lm's own RoPE, KV cache and attention in between (the step itself:
-``_patch_step.py``; RoPE replayed with the projection where it is one of mlx-lm's, mlx-lm's ``KVCache`` written as
-its ``update_and_fetch`` writes it); a prompt (more rows) runs mlx-lm's own forward. ``unpatch`` swaps the class
+``_patch_step.py``; RoPE replayed with the projection where it is one of mlx-lm's, mlx-lm's ``KVCache`` written by
+the step, its keys and values in one buffer where the RoPE allows); a prompt (more rows) runs mlx-lm's own forward. ``unpatch`` swaps the class
 back and drops the concatenated copies.
 
 Where the package runs no kernel (nothing was measured to beat the MLX op on this chip at a block's shapes), the
@@ -104,6 +104,8 @@ class _State:
     report: LayerReport
     qkv: Optional[Callable[[Any], Any]] = None
     split: Tuple[int, int] = (0, 0)
+    #: the concatenated projection's width (queries, keys and values)
+    width: int = 0
     qkv_bias: Any = None
     out: Optional[Callable[[Any, Any], Any]] = None
     gate_up: Optional[Callable[[Any], Any]] = None
@@ -115,6 +117,10 @@ class _State:
     #: ``step(x, offset)``: ``heads`` then RoPE at ``offset`` (an int32 array: ``_patch_step``'s docstring): the
     #: queries, keys and values.
     step: Optional[Callable[[Any, Any], Tuple[Any, Any, Any]]] = None
+    #: ``joined(x, offsets)``: ``heads`` with every head turned by one RoPE call (the values' at offset 0): the
+    #: queries and the keys and values as one view, for a :class:`_patch_step._Joined` cache (``_patch_step``'s
+    #: docstring). None where the RoPE or the heads' widths do not allow it.
+    joined: Optional[Callable[[Any, Any], Tuple[Any, Any]]] = None
     tail: Optional[Callable[[Any, Any], Any]] = None
     mlp: Optional[Callable[[Any], Any]] = None
     arrays: List[Any] = field(default_factory=list)
@@ -290,6 +296,7 @@ class Patcher:
             state.arrays.append(state.qkv_bias)
             part = Part(part.step, (*part.runs, "bias"), part.why + "; the q/k/v biases added after")
         state.qkv, state.split, state.out = qkv, (nq, nq + nk), out
+        state.width = nq + nk + projs[2].weight.shape[0]
         return [part, opart]
 
     def _mlp(self, block: Any, state: _State) -> List[Part]:

@@ -11,8 +11,8 @@ runs, for a decode step (at most :data:`DECODE_ROWS` rows), norm + Q/K/V (one ma
 residual, norm + gate/up SwiGLU and down + residual through the package (each a kernel where one was measured to win,
 the MLX op otherwise), and mlx-lm's own RoPE, KV cache and attention in between (the step itself:
 ``_patch_step.py``; RoPE replayed with the projection where it is one of mlx-lm's, mlx-lm's ``KVCache`` written by
-the step, its keys and values in one buffer where the RoPE allows); a prompt (more rows) runs mlx-lm's own forward. ``unpatch`` swaps the class
-back and drops the concatenated copies.
+the step, its keys and values in one buffer where the RoPE allows); a prompt (more rows) runs mlx-lm's own forward.
+``unpatch`` swaps the class back and drops the concatenated copies.
 
 Where the package runs no kernel (nothing was measured to beat the MLX op on this chip at a block's shapes), the
 block, or the decode step's row count, runs mlx-lm's own forward: routed through the package it would compute the

@@ -13,8 +13,8 @@ For one-row steps of mlx-lm's own ``KVCache`` under a RoPE that is ``mx.fast.rop
 (:data:`WHOLE_ROPES`), keys and values share one cache buffer written by one update (:class:`_Joined`): the compiled
 step turns every head of the projection at once — the values' heads at offset 0, which turns nothing (cos 0 = 1,
 sin 0 = 0: exact) — so its keys and values leave it as one contiguous [B, 2 * kv_heads, 1, D] view. A layer's two
-cache writes become one (measured on an H200, sixteenth session, with RoPE left out as well: 2.44 -> 2.09 ms of
-``mx.async_eval`` a token).
+cache writes become one (measured on an H200, sixteenth session, Llama-7B shape: the host's work on a token 1.02 +
+1.99 -> 0.84 + 1.63 ms of forward + ``mx.async_eval``, 326 -> 398 tokens/s).
 """
 
 from __future__ import annotations

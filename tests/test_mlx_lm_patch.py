@@ -318,14 +318,20 @@ def test_a_joined_cache_saves_loads_trims_and_takes_a_second_prompt_as_mlx_lm_s(
     got = [model(tokens[:, i:i + 1], cache=cache) for i in range(6, 10)]
     assert all("_kv" in vars(c) for c in cache)  # joined
     save_prompt_cache(str(tmp_path / "c.safetensors"), cache)
+    import copy
+    import pickle
+
     loaded = load_prompt_cache(str(tmp_path / "c.safetensors"))
     assert [type(c) for c in loaded] == [KVCache, KVCache] and [c.offset for c in loaded] == [10, 10]
     for c in (cache, loaded):
         trim_prompt_cache(c, 2)
     got.append(model(second, cache=cache))  # five rows: the step, into the joined buffer
+    copied = [pickle.loads(pickle.dumps(cache)), copy.deepcopy(cache)]  # as mlx-lm's server and prompt cache do
     got.append(model(mx.array([[7]]), cache=cache))
     assert len(got) == len(want) and all(mx.allclose(g, w, atol=1e-4).item() for g, w in zip(got, want))
     assert mx.allclose(model(second, cache=loaded), want[4], atol=1e-4).item()
+    assert all(type(c) is KVCache and c.offset == 13 for cs in copied for c in cs)
+    assert all(mx.allclose(model(mx.array([[7]]), cache=cs), want[5], atol=1e-4).item() for cs in copied)
     keys, values, offset = cache[0].state
     cache[0].state = (keys, values, offset)  # set: a plain KVCache again, holding the same arrays
     assert type(cache[0]) is KVCache and "_kv" not in vars(cache[0]) and cache[0].offset == 14

@@ -198,6 +198,13 @@ class _Joined:
         self.keys, self.values = keys, values
         setattr(self, name, value)
 
+    def __reduce_ex__(self, protocol: Any) -> Tuple[Any, ...]:
+        """Pickled (and deep-copied) as the cache's own class holding the buffer's halves: the joined class is made
+        at run time, and pickle finds classes by name."""
+        state = {k: v for k, v in vars(self).items() if k != "_kv"}
+        state.update(keys=self._half(False), values=self._half(True))
+        return object.__new__, (type(self).__bases__[1],), state
+
     def update_and_fetch(self, keys: Any, values: Any) -> Tuple[Any, Any]:
         """``KVCache.update_and_fetch`` into the joined buffer (a prompt, a step of several rows)."""
         import mlx.core as mx

@@ -5,7 +5,9 @@ Two copies of the same random Llama model (mlx-lm's own, quantized by mlx-lm): o
 patched once (``--forms`` names the patched forms: ``compiled`` is ``patch(model)``, ``eager`` is
 ``patch(model, compiled=False)``, ``nostep`` is ``patch(model)`` with RoPE left out of the
 compiled step (mlx-lm's RoPE op by op on every token, as before the fourteenth session); each its own
-copy, patched once). ``mlxcache`` is ``patch(model)`` decoding with caches
+copy, patched once); ``nochain`` (with ``benchmarks/data/s15/chain.patch`` applied: the fifteenth session's chains,
+measured and not kept) is ``patch(model)`` with no block's tail chained to the next block's step (two compiled calls
+a layer, as ``patch`` runs it). ``mlxcache`` is ``patch(model)`` decoding with caches
 of a subclass of mlx-lm's KVCache (the same code), which the step leaves to mlx-lm's ``update_and_fetch`` (as before
 the fourteenth session's cache write). Two what-if forms bound what fusing more would save (their tokens are not the model's: never a
 product path): ``norope`` is ``patch(model)`` with no RoPE at all in the compiled step (what RoPE and the queries'
@@ -14,7 +16,8 @@ cache writes and two slices a layer gone; the attention reads the step's own key
 each round runs mlx-lm's ``generate_step`` for ``--tokens`` greedy tokens and records, per decoded token: the wall
 time, the host time inside the model's forward (building the step's graph), inside ``mx.async_eval`` (MLX sending the
 step's kernels: on the GPU back-ends the encoding runs on the calling thread) and the garbage collector's passes and
-time. ``--gc-off`` disables the collector during each timed generation.
+time. ``--gc-off`` disables the collector during each timed generation; ``--isolate CPU`` puts the main thread
+alone on one CPU after the warm-up (MLX's and CUDA's threads moved to the others).
 
     python3 benchmarks/gpu_mlx_lm_probe.py --store S --out $OUT [--rounds 8] [--forms compiled,eager] [--gc-off]
 
@@ -121,6 +124,8 @@ def _patched(pkg: Any, model: Any, form: str, always: bool) -> Any:
         report = pkg.patch(model, always=always, compiled=form != "eager")
     finally:
         step._passes_offset = passes
+    if form == "nochain":  # only with data/s15/chain.patch applied (its link): the chains taken off again
+        step.link(list(model.layers), False)
     if form == "norope":
         _without_rope(step, model)
     if form == "nocache":
@@ -185,6 +190,25 @@ def _census(model: Any, prompt: Any, folder: Path) -> dict[str, int]:
     return dict(labels.most_common())
 
 
+def _isolate(cpu: int) -> str:
+    """The calling (main) thread on ``cpu`` alone, the process's other threads (MLX's and CUDA's) on the other CPUs
+    it may use: whether the patched decode's slow rounds are threads sharing the main thread's CPU."""
+    import os
+    import threading
+
+    allowed = os.sched_getaffinity(0)
+    others = allowed - {cpu}
+    main_tid = threading.get_native_id()
+    moved = 0
+    for tid in (int(t) for t in os.listdir("/proc/self/task")):
+        try:
+            os.sched_setaffinity(tid, {cpu} if tid == main_tid else others)
+            moved += tid != main_tid
+        except OSError:
+            pass
+    return f"main thread {main_tid} on CPU {cpu}, {moved} other threads on {len(others)} CPUs"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", type=Path, default=Path("artifacts"))
@@ -195,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gc-off", action="store_true")
     ap.add_argument("--dry", action="store_true")
     ap.add_argument("--census", action="store_true", help="count one decode token's primitives for each form")
+    ap.add_argument("--isolate", type=int, default=None,
+                    help="after the warm-up, the main thread alone on this CPU, every other thread of the process off it")
     a = ap.parse_args(argv)
     import mlx.core as mx
 
@@ -214,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         prompt = mx.random.randint(0, cfg.vocab, (128,), key=mx.random.key(1))
         for m in models.values():  # warm-up: traces, plans, kernels built
             _generate(m, prompt, 4, clock, a.gc_off)
+        if a.isolate is not None:
+            print("isolated:", _isolate(a.isolate), flush=True)
         census = {name: _census(m, prompt, Path(tmp)) for name, m in models.items()} if a.census else {}
         for name, counts in census.items():
             print(f"census {name}: {sum(counts.values())} primitives a token: {counts}", flush=True)

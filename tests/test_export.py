@@ -308,6 +308,21 @@ def test_a_tampered_kernel_in_the_package_is_refused_and_the_chain_goes_on(expor
     assert decision.level == "exact chip" and decision.artifact == "gemm/M2-Max/float32/2048x2048x2048/v1"
 
 
+def test_a_package_names_only_dtypes_of_mlx() -> None:
+    """A package's tables and manifests are data: a template value, an output's or a parameter's dtype naming
+    anything of ``mlx.core`` but a dtype (a forged package: ``eval``, ``array``) is not looked up as that object."""
+    from kernsearch.exporting.runtime import _checks
+
+    got = _runtime._template_args(mx, [["T", "float16"], ["N", 4], ["F", "eval"], ["A", "array"], ["B", True]])
+    assert got == [("T", mx.float16), ("N", 4), ("F", "eval"), ("A", "array"), ("B", True)]
+    assert _checks.mx_dtype("bfloat16") == mx.bfloat16 and _checks._out_dtype({}, "float32") == mx.float32
+    for name in ("eval", "array", "Dtype", "__import__", 3, None):
+        with pytest.raises(ValueError, match="is not an MLX dtype"):
+            _checks.mx_dtype(name)
+    with pytest.raises(ValueError, match="is not an MLX dtype"):
+        _checks._out_dtype({"dtype": "compile"}, "float16")
+
+
 # -- building -----------------------------------------------------------------------------------------------
 
 def test_export_refuses_tampered_artifacts_and_skips_invalidated_ones(tmp_path: Path) -> None:

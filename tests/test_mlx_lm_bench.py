@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -55,14 +56,18 @@ def test_the_dry_run_generates_the_same_tokens_patched_and_times_both_interleave
 @pytest.mark.slow
 def test_the_gpu_command_runs_here_on_the_cpu_and_writes_its_json(tmp_path) -> None:
     out = tmp_path / "data" / "gpu_mlx_lm_cpu.json"
+    # MLX's settings of the run's environment (what MLX read at its start, both forms under them) are recorded
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLX_")}, "MLX_MAX_OPS_PER_BUFFER": "1000"}
     r = subprocess.run([sys.executable, "-m", "kernsearch.bench._mlx_lm", "--hidden", "128", "--ffn", "256",
                         "--layers", "1", "--heads", "4", "--kv-heads", "4", "--vocab", "200", "--group", "32",
                         "--prompt", "8", "--tokens", "32", "--rounds", "1", "--store", str(tmp_path / "store"),
-                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+                        "--json", str(out)], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr
     assert "decode tokens/s: mlx-lm" in r.stdout
+    assert "MLX's settings (both forms): MLX_MAX_OPS_PER_BUFFER=1000" in r.stdout
     data = json.loads(out.read_text())
     assert data["summary"]["tokens_ok"] is True and len(data["plain"]) == 1
+    assert data["mlx_settings"] == {"MLX_MAX_OPS_PER_BUFFER": "1000"}
     bad = subprocess.run([sys.executable, "-m", "kernsearch.bench._mlx_lm", "--bits", "3"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "4 or 8 bits" in bad.stderr

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 import statistics
 import sys
 import tempfile
@@ -124,6 +125,9 @@ class MlxLmReport:
     patched_layers: int = 0
     explain: str = ""
     notes: list[str] = field(default_factory=list)
+    #: MLX's settings read from the environment for this run (``MLX_*``: on CUDA, how many ops and MB a command
+    #: buffer takes, which sets how many commits a decode token costs): both forms ran under them.
+    mlx_settings: dict[str, str] = field(default_factory=dict)
 
     def _ratios(self, attr: str) -> list[float]:
         return [getattr(p, attr) / getattr(q, attr) for p, q in zip(self.patched, self.plain)]
@@ -178,7 +182,8 @@ class MlxLmReport:
             out.append(f"tokens: first {k.same_tokens} of {k.generated} identical ({k.distinct_tokens} distinct); "
                        f"largest log-prob difference {k.max_logprob_diff:.2e} (tolerance {k.tolerance:g}): "
                        f"{'the same' if k.ok else 'DIFFERENT'}")
-        return out + self.notes + [self.explain]
+        settings = [f"MLX's settings (both forms): {' '.join(f'{k}={v}' for k, v in self.mlx_settings.items())}"]
+        return out + (settings if self.mlx_settings else []) + self.notes + [self.explain]
 
 
 # -- building --------------------------------------------------------------------------------------------
@@ -287,6 +292,13 @@ def _setting_notes(kind: str | None, always: bool) -> list[str]:
     return notes
 
 
+def mlx_settings() -> dict[str, str]:
+    """The ``MLX_*`` variables of this process's environment (names and values cut to 64 and 256 characters, at
+    most 32 of them): what MLX read when it started."""
+    named = sorted((k, v) for k, v in os.environ.items() if k.startswith("MLX_"))[:32]
+    return {k[:64]: v[:256] for k, v in named}
+
+
 def run_mlx_lm(config: LmConfig, prompt_tokens: int = 128, tokens: int = 128, rounds: int = 3,
                store: ArtifactStore | None = None, say: Say = lambda line: None, seed: int = 0,
                always: bool = False) -> MlxLmReport:
@@ -305,6 +317,7 @@ def run_mlx_lm(config: LmConfig, prompt_tokens: int = 128, tokens: int = 128, ro
                          str(getattr(mx, "__version__", "?")), version("mlx-lm") if _has_mlx_lm() else "?", config,
                          prompt_tokens, tokens)
     report.notes.extend(_setting_notes(kind, always))
+    report.mlx_settings = mlx_settings()
     with tempfile.TemporaryDirectory(prefix="kernsearch-bench-lm-") as tmp:
         say("exporting the store's package (the families patch(model) calls)")
         pkg = import_package(store or ArtifactStore(), Path(tmp))

@@ -223,7 +223,16 @@ def _dtype_name(arrays: Sequence[Any], fam: Optional[Dict[str, Any]] = None) -> 
     return names.pop() if len(names) == 1 else "mixed"
 
 
-def _out_dtype(spec: Dict[str, Any], dtype: str) -> Any:
+def mx_dtype(name: Any) -> Any:
+    """The MLX dtype ``name`` names (a package's tables are data: a name of anything else of ``mlx.core``, a
+    function, a class, is refused, not returned)."""
     import mlx.core as mx
 
-    return getattr(mx, dtype if spec.get("dtype", "T") == "T" else spec["dtype"])
+    dtype = getattr(mx, name, None) if isinstance(name, str) else None
+    if not isinstance(dtype, mx.Dtype):
+        raise ValueError(f"{str(name)[:40]!r} is not an MLX dtype")
+    return dtype
+
+
+def _out_dtype(spec: Dict[str, Any], dtype: str) -> Any:
+    return mx_dtype(dtype if spec.get("dtype", "T") == "T" else spec["dtype"])

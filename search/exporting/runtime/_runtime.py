@@ -95,6 +95,7 @@ from ._checks import (
     _range_rules,
     artifact_mismatch,
     decision_fields,
+    mx_dtype,
     shape_refusal,
     violation,
     weights_refusal,
@@ -392,7 +393,7 @@ class Dispatcher(Chooser):
             tuple(int(v) for v in evaluate(launch["threadgroup"], names)),
             [tuple(int(s) for s in evaluate(o["shape"], names)) for o in fam["outputs"]],
             [_out_dtype(o, decision.dtype) for o in fam["outputs"]],
-            [mx.array([p["value"]], dtype=getattr(mx, p["dtype"])) for p in fam.get("params", [])],
+            [mx.array([p["value"]], dtype=mx_dtype(p["dtype"])) for p in fam.get("params", [])],
             transpose, 0.0 if zero else None)
 
     @staticmethod
@@ -423,8 +424,11 @@ class Dispatcher(Chooser):
 
 
 def _template_args(mx: Any, template: Sequence[Any]) -> List[Tuple[str, Any]]:
-    """A kernel's template arguments as MLX takes them: a dtype named by its MLX name becomes that dtype."""
-    return [(k, getattr(mx, v) if isinstance(v, str) and hasattr(mx, v) else v) for k, v in template]
+    """A kernel's template arguments as MLX takes them: a dtype named by its MLX name becomes that dtype; any other
+    value stays as the manifest gives it (a name of anything else of ``mlx.core`` is not looked up: MLX refuses
+    what is neither a dtype, an int nor a bool)."""
+    return [(k, mx_dtype(v) if isinstance(v, str) and isinstance(getattr(mx, v, None), mx.Dtype) else v)
+            for k, v in template]
 
 
 def _gpu_available() -> bool:

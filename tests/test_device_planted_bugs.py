@@ -67,8 +67,11 @@ def test_the_clean_winner_records_the_checks_it_passed(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_the_gpu_script_dry_runs(tmp_path: Path) -> None:
-    """``benchmarks/gpu_planted_bugs.py --dry-run``: every case as its docstring states (exit 0), its summary written."""
+    """``benchmarks/gpu_planted_bugs.py --dry-run``: every case as its docstring states (exit 0), its summary written.
+    The e2e lane's (CI: make test-all): the script runs the three cases above (clean, the read and the write past the
+    edge) again, through the script, in processes; make test runs them here."""
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_planted_bugs.py"), "--dry-run", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=1200, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

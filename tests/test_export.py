@@ -516,6 +516,18 @@ def test_repeated_exports_leave_one_current_wheel_and_versions_never_collide(tmp
     assert same.wheel == again.wheel and same.wheel.exists() and (same.source_dir / "pyproject.toml").is_file()
 
 
+def test_a_default_version_taken_in_the_output_folder_goes_up(tmp_path: Path) -> None:
+    """The next free version, whatever the clock did (the test above reaches this only when two exports land in one
+    second): a version taken gets ``.N`` above every one there, an older one climbs above the top, a newer is kept."""
+    from kernsearch.exporting._export import _free_version
+
+    (tmp_path / "pkg-5.0-py3-none-any.whl").write_text("")
+    (tmp_path / "pkg-5.0.1").mkdir()
+    (tmp_path / "pkgother-9.0").mkdir()  # another package's: not counted
+    assert _free_version(tmp_path, "pkg", "5.0") == "5.0.2" and _free_version(tmp_path, "pkg", "4.0") == "5.0.1.1"
+    assert _free_version(tmp_path, "pkg", "6") == "6" and _free_version(tmp_path / "absent", "pkg", "5.0") == "5.0"
+
+
 def test_plain_export_ships_every_builtin_family(tmp_path: Path) -> None:
     """`kernsearch export` with no family named: every built-in family, the MLX op for those without artifacts."""
     from kernsearch.family._spec import builtin_family_names

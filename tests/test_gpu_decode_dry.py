@@ -1,5 +1,9 @@
 """benchmarks/gpu_decode.py --dry-run: the whole plan runs without a GPU (modeled times, interpreter checks),
-writes a landscape in KernelTuner cache format, a report with goals, and a store whose versions say modeled."""
+writes a landscape in KernelTuner cache format, a report with goals, and a store whose versions say modeled.
+
+The e2e lane's (CI: make test-all): a benchmark script's dry run end to end over tune, verify, publish and export,
+which make test's own tests run (its line coverage of kernsearch is the same without these: benchmarks/
+test_suite_time.txt, ninth pass); the lead runs them before spending device time."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.e2e  # the module docstring says why
 
 
 @pytest.mark.slow

@@ -1,5 +1,9 @@
 """The GPU scripts of issue 31 dry-run here, on the simulated GPU (benchmarks/simulated_gpu.py): what the lead
-checks before spending device time. Nothing they write in a dry run is a measurement, and they say so."""
+checks before spending device time. Nothing they write in a dry run is a measurement, and they say so.
+
+The e2e lane's (CI: make test-all): a benchmark script's dry run end to end over tune, verify, publish and export,
+which make test's own tests run (its line coverage of kernsearch is the same without these: benchmarks/
+test_suite_time.txt, ninth pass); the lead runs them before spending device time."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.e2e  # the module docstring says why
 
 
 def _script(name: str):  # noqa: ANN202

@@ -1,4 +1,8 @@
-"""benchmarks/gpu_package.py's dry run: export, install and import the wheel of artifacts/, decide every row."""
+"""benchmarks/gpu_package.py's dry run: export, install and import the wheel of artifacts/, decide every row.
+
+The e2e lane's (CI: make test-all): a benchmark script's dry run end to end over tune, verify, publish and export,
+which make test's own tests run (its line coverage of kernsearch is the same without these: benchmarks/
+test_suite_time.txt, ninth pass); the lead runs them before spending device time."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.e2e  # the module docstring says why
 #: The seven calls of issue 11's table (shape MxNxK, dtype): the benchmark must cover each.
 ISSUE_ROWS = {("4096x4096x4096", "float16"), ("16x4096x4096", "float16"), ("2048x2048x2048", "float16"),
               ("3000x5000x2000", "float16"), ("8192x8192x8192", "float16"), ("1x4096x4096", "float16"),

@@ -210,6 +210,8 @@ def test_output_element_never_written_shows_as_unwritten(gemm):
                        good.template)
     check, _ = verify_kernel(get_backend("cpu"), bad, geometry(space, cfg), problem)
     assert not check.ok and check.reason == "unwritten" and "(1, 5)" in check.detail
+    # its one line names the reason and where, with no error figures (there are none for an unwritten element)
+    assert check.summary() == f"FAIL (unwritten): {check.detail}" and "max abs err" not in check.summary()
 
 
 def test_infinite_loop_is_stopped_and_the_suite_goes_on():

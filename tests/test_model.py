@@ -345,7 +345,12 @@ def test_model_table_names_are_checked_on_load(tmp_path, model, message):
 # -- benchmarks/model_vs_measured.py on synthetic landscapes -------------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_model_vs_measured_script_ranks_a_landscape(tmp_path, gemm):
+    """benchmarks/model_vs_measured.py ranks a landscape the model recorded itself (Spearman 1) and its reverse (-1).
+    The e2e lane's (CI: make test-all), with the GPU scripts' dry runs: a benchmark script run end to end over the
+    model's predictions, which make test's own model tests run (its line coverage of kernsearch is the same without
+    it)."""
     import importlib.util
 
     from conftest import REPO

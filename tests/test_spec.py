@@ -69,6 +69,13 @@ def test_folder_without_spec(tmp_path: Path) -> None:
     (lambda t: t.replace('metal = "gemm.metal.j2"', 'metal = "missing.j2"'), "templates.metal", "no such file"),
     (lambda t: t.replace("[problem]", "[problem]\nbogus = 1"), r"problem\.bogus", "not permitted"),
     (lambda t: t + "\n[[[broken", "", "not valid TOML"),
+    # (the three below were reached only now and then, by the hypothesis test's mutations further down)
+    (lambda t: t.replace("values = [16, 32, 64, 128]\nhelp = \"rows", "values = [16, \"32\", 64, 128]\nhelp = \"rows"),
+     r"knobs\.BM\.values", "must all have one type"),
+    (lambda t: t.replace('[tolerance.bfloat16]\nrtol = 1.6e-2\natol = "1.6e-2 * sqrt(K)"\n', ""), "tolerance",
+     r"no entry for dtype\(s\) \['bfloat16'\]"),
+    (lambda t: t.replace('"float16", "bfloat16"]\ndefault_dtype = "float16"', '"float16"]\ndefault_dtype = "bfloat16"'),
+     "problem", "default_dtype 'bfloat16' is not among dtypes"),
 ])
 def test_malformed_spec_names_file_and_field(tmp_path: Path, mutate, field: str, message: str) -> None:  # noqa: ANN001
     folder = _spec_with(tmp_path, mutate)
@@ -94,6 +101,8 @@ def test_expressions_are_sandboxed() -> None:
     with pytest.raises(ExprError):
         Expr("__import__('os')")({})
     assert Expr("ceil_div(N, BN)").names == {"ceil_div", "N", "BN"}
+    with pytest.raises(ExprError, match="syntax error: unexpected char '\\$'"):  # refused by the lexer, before parsing
+        Expr("BM $ 2")
 
 
 # -- hypothesis: malformed specs never crash with anything but SpecError ---------------------------------

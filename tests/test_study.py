@@ -122,6 +122,37 @@ def test_stop_request_keeps_finished_trials(tmp_path):
     assert resumed.evaluated == 12
 
 
+@pytest.mark.slow
+def test_a_stop_during_a_pipelined_evaluation_counts_it_and_frees_the_queued_proposals(tmp_path):
+    """A pipelined objective (proposals queued ahead of the one evaluated, the evaluation in a thread) asked to stop
+    while an evaluation runs: that evaluation finishes and counts, the proposals still queued were never evaluated and
+    are recorded as cancelled (their configs stay free: not evaluated, asked for again by a resumed search)."""
+    import time
+
+    import optuna
+
+    class Pipelined(Toy):
+        def lookahead(self) -> int:
+            return 3
+
+        def evaluate(self, config):
+            self.calls["started"] += 1
+            time.sleep(0.2)  # still in flight when the loop checks the stop request
+            return super().evaluate(config)
+
+    toy = Pipelined(fail_x0=False)
+    url = storage(tmp_path)
+    result = run_study(toy, trials=30, seed=0, sampler="random", storage=url, stop=lambda: toy.calls["started"] >= 3)
+    assert result.stop.reason is StopReason.STOPPED and result.evaluated == 3 == toy.calls["started"]
+    trials = optuna.load_study(study_name=result.study_name, storage=url).trials
+    cancelled = [t for t in trials if t.user_attrs.get("status") == "cancelled"]
+    assert cancelled and all(t.state == optuna.trial.TrialState.PRUNED for t in cancelled)
+    evaluated = {str(t.user_attrs["config"]) for t in trials if t.user_attrs.get("status") == "ok"}
+    assert len(evaluated) == 3 and not evaluated & {str(t.user_attrs["config"]) for t in cancelled}
+    resumed = run_study(Toy(fail_x0=False), trials=6, seed=0, sampler="random", storage=url)
+    assert resumed.evaluated == 6
+
+
 def test_keyboard_interrupt_inside_a_trial_keeps_the_others(tmp_path):
     class Interrupted(Toy):
         def evaluate(self, config):

@@ -19,9 +19,9 @@ GEMM_DIR = REPO / "templates" / "gemm"
 CANARY = Path(tempfile.gettempdir()) / f"ks-canary-{os.getpid()}"
 #: Not watched: VCS and tool caches, and ``.kernsearch`` (the test suite's own compiled-kernel cache folder).
 _SKIP = {".git", "__pycache__", ".venv", ".hypothesis", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".kernsearch"}
-#: Named output folders inside the checkout: the screenshots folder CI keeps (``.ci/run`` sets it in the clone).
-_OUTPUTS = {Path(os.environ["KERNSEARCH_TEST_ARTIFACTS"]).resolve()} if os.environ.get("KERNSEARCH_TEST_ARTIFACTS") \
-    else set()
+#: Named output folders inside the checkout: the screenshots folder (``.ci/run`` names it in the clone; unnamed, as in
+#: a plain ``make test``, tests/test_report.py writes its default, test-artifacts/, ignored by git).
+_OUTPUTS = {Path(os.environ.get("KERNSEARCH_TEST_ARTIFACTS") or REPO / "test-artifacts").resolve()}
 
 
 def _snapshot(root: Path) -> dict[str, str]:

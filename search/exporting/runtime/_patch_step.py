@@ -42,7 +42,7 @@ CACHES = {("mlx_lm.models.cache", "KVCache"): ("1bcdb0f02f35d298", "de48269a055e
 #: The RoPEs of :data:`ROPES` that are ``mx.fast.rope`` of their whole input, nothing else (mlx-lm's SuScaled and
 #: Yarn RoPEs also scale it): at offset 0 they return a head unchanged, so the values' heads may ride along.
 WHOLE_ROPES = frozenset({("mlx.nn.layers.positional_encoding", "RoPE"), ("mlx_lm.models.rope_utils", "Llama3RoPE")})
-#: The most positions whose offset array is kept (:func:`_offset`); past it the table starts over.
+#: The most offset arrays kept (:func:`_offsets`); past it the table starts over.
 MAX_OFFSETS = 1024
 
 
@@ -84,11 +84,8 @@ def _heads(attn: Any, state: Any, x: Any) -> Tuple[Any, ...]:
     """The concatenated projection of ``x`` [b, L, dim] cut into heads [b, heads, L, D]: (queries and keys together,
     values) for one sequence, whose RoPE then runs once for both (RoPE treats heads as a batch; the two halves of
     its output stay contiguous views: a dependent launch fewer a layer); else (queries, keys, values)."""
-    assert state.qkv is not None
     b, length, dim = x.shape
-    qkv = state.qkv(x.reshape(b * length, dim))
-    if state.qkv_bias is not None:
-        qkv = qkv + state.qkv_bias
+    qkv = _projected(state, x.reshape(b * length, dim))
     nq, nqk = state.split
 
     def heads(t: Any, n: int) -> Any:  # one row: the transpose is a reshape (one primitive fewer for MLX to send)
@@ -98,6 +95,13 @@ def _heads(attn: Any, state: Any, x: Any) -> Tuple[Any, ...]:
     if b == 1 and nq * attn.n_kv_heads == (nqk - nq) * attn.n_heads:
         return heads(qkv[:, :nqk], attn.n_heads + attn.n_kv_heads), values
     return heads(qkv[:, :nq], attn.n_heads), heads(qkv[:, nq:nqk], attn.n_kv_heads), values
+
+
+def _projected(state: Any, rows: Any) -> Any:
+    """The concatenated Q/K/V projection of ``rows`` [rows, dim], its biases added where it has them."""
+    assert state.qkv is not None
+    qkv = state.qkv(rows)
+    return qkv if state.qkv_bias is None else qkv + state.qkv_bias
 
 
 def _roped(attn: Any, parts: Tuple[Any, ...], rope: Callable[[Any], Any]) -> Tuple[Any, Any, Any]:
@@ -116,15 +120,14 @@ def _attention(attn: Any, state: Any, x: Any, mask: Any, cache: Any) -> Any:
     if state.joined is not None and x.shape[1] == 1 and type(offset) is int and _joinable(cache, x.shape[0]):
         queries, kv = state.joined(x, _offsets(offset, x.shape[0], attn.n_heads + attn.n_kv_heads, attn.n_kv_heads))
         keys, values = _join(cache).write(kv)
-        sdpa = sys.modules[type(attn).__module__].scaled_dot_product_attention
-        return sdpa(queries, keys, values, cache=cache, scale=attn.scale, mask=mask)
-    if state.step is not None and type(offset) is int:
-        queries, keys, values = state.step(x, _offset(offset))
     else:
-        parts = state.heads(x) if state.heads is not None else _heads(attn, state, x)
-        queries, keys, values = _roped(attn, parts, lambda t: attn.rope(t, offset=offset))
-    if cache is not None:
-        keys, values = _updated(cache, keys, values)
+        if state.step is not None and type(offset) is int:
+            queries, keys, values = state.step(x, _offset(offset))
+        else:
+            parts = state.heads(x) if state.heads is not None else _heads(attn, state, x)
+            queries, keys, values = _roped(attn, parts, lambda t: attn.rope(t, offset=offset))
+        if cache is not None:
+            keys, values = _updated(cache, keys, values)
     sdpa = sys.modules[type(attn).__module__].scaled_dot_product_attention
     return sdpa(queries, keys, values, cache=cache, scale=attn.scale, mask=mask)
 
@@ -209,10 +212,6 @@ class _Joined:
         """``KVCache.update_and_fetch`` into the joined buffer (a prompt, a step of several rows)."""
         import mlx.core as mx
 
-        if keys.shape[0] != self._kv.shape[0] or 2 * keys.shape[1] != self._kv.shape[1] or \
-                keys.shape[3] != values.shape[3] or keys.shape[3] != self._kv.shape[3]:
-            self._split("offset", self.offset)
-            return self.update_and_fetch(keys, values)  # the class's own
         return self.write(mx.concatenate([keys, values], axis=1))
 
     def write(self, kv: Any) -> Tuple[Any, Any]:
@@ -273,34 +272,25 @@ _JOINED: Dict[type, type] = {}
 
 def _offset(position: int) -> Any:
     """``position`` as the int32 array of one value the compiled step takes (one a position, shared by the layers)."""
-    arr = _OFFSETS.get(position)
+    return _offsets(position, 1, 1, 0)
+
+
+def _offsets(position: int, batch: int, turned: int, kept: int) -> Any:
+    """The int32 offsets of a step's heads, ``batch`` times: ``position`` for the queries' and keys' ``turned``
+    heads, 0 for the values' ``kept`` (the joined step's; :func:`_offset` one value). Made once a position and shape,
+    shared by the layers; the table starts over past :data:`MAX_OFFSETS`."""
+    key = (position, batch, turned, kept)
+    arr = _OFFSETS.get(key)
     if arr is None:
         import mlx.core as mx
 
         if len(_OFFSETS) >= MAX_OFFSETS:
             _OFFSETS.clear()
-        arr = _OFFSETS[position] = mx.array([position], dtype=mx.int32)
+        arr = _OFFSETS[key] = mx.array(([position] * turned + [0] * kept) * batch, dtype=mx.int32)
     return arr
 
 
-_OFFSETS: Dict[int, Any] = {}
-
-
-def _offsets(position: int, batch: int, turned: int, kept: int) -> Any:
-    """The int32 offsets of a joined step's heads (:func:`_trace`), ``batch`` times: ``position`` for the queries'
-    and keys' ``turned`` heads, 0 for the values' ``kept`` (shared by the layers; kept as :func:`_offset` keeps)."""
-    key = (position, batch, turned, kept)
-    arr = _HEAD_OFFSETS.get(key)
-    if arr is None:
-        import mlx.core as mx
-
-        if len(_HEAD_OFFSETS) >= MAX_OFFSETS:
-            _HEAD_OFFSETS.clear()
-        arr = _HEAD_OFFSETS[key] = mx.array(([position] * turned + [0] * kept) * batch, dtype=mx.int32)
-    return arr
-
-
-_HEAD_OFFSETS: Dict[Tuple[int, int, int, int], Any] = {}
+_OFFSETS: Dict[Tuple[int, int, int, int], Any] = {}
 
 
 def _passes_offset(rope: Any) -> bool:
@@ -328,9 +318,7 @@ def _joined_step(attn: Any, state: Any) -> Callable[[Any, Any], Tuple[Any, Any]]
 
     def joined(x: Any, offsets: Any) -> Tuple[Any, Any]:
         b = x.shape[0]
-        qkv = state.qkv(x.reshape(b, x.shape[-1]))
-        if state.qkv_bias is not None:
-            qkv = qkv + state.qkv_bias
+        qkv = _projected(state, x.reshape(b, x.shape[-1]))
         turned = attn.rope(qkv.reshape(b * heads, 1, 1, -1), offset=offsets).reshape(b, heads, 1, -1)
         return turned[:, :nh], turned[:, nh:]
 

@@ -15,25 +15,26 @@ setup: $(VENV)/.installed
 tune: $(VENV)/.installed
 	$(BIN)/kernsearch tune gemm --report  # prints the path of the study's HTML report
 
-# Three workers that steal work from each other (--dist worksteal): the long tests (servers, sweeps) do not leave
-# one worker idle at the end while another still holds a queue of them, and on two cores the third runs while the
-# others wait on subprocesses and servers (171 % -> 191 % of CPU). Every test but the e2e lane (real Prefect and
+# Three workers that take whole test files, the longest first (--dist loadfile, in the order tests/schedule.py
+# gives: the classic longest-first list schedule, so a run ends on short files, not on a long one started last while
+# the other workers idle), and on two cores the third runs while the others wait on subprocesses and servers (171 %
+# -> 191 % of CPU at -n 3; 96 % of both cores with the longest first). Every test but the e2e lane (real Prefect and
 # PostgreSQL servers, racing tune processes, the full sizes of sweeps make test runs smaller; see
 # benchmarks/test_suite_time.txt for its time on an idle 2-core machine with a cold compile cache, issue 42).
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -q -n 3 --dist worksteal --durations=30 -m "not e2e"
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=30 -m "not e2e"
 
 # The long end-to-end checks alone (each starts its own servers: minutes).
 test-e2e: $(VENV)/.installed
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=30 -m e2e
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=30 -m e2e
 
 # Every test, both lanes in one session (CI: .ci/run).
 test-all: $(VENV)/.installed
-	$(BIN)/python -m pytest -q -n 2 --dist worksteal --durations=30
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 
 # The developers' lane (< 2 min on an idle 2-core machine): unit tests, two workers, no slow/GPU tests.
 test-fast: $(VENV)/.installed
-	$(BIN)/python -m pytest -q -m "not slow and not gpu" -n 2 --dist worksteal
+	$(BIN)/python -m pytest -q -m "not slow and not gpu" -n 2 --dist loadfile --no-loadscope-reorder
 
 # Static checks, run by CI before the tests: ruff on the repository, mypy --strict on search/ (pyproject.toml),
 # radon's complexity (boolean operands and comprehensions counted) at most 15 a function (tools/complexity.py).

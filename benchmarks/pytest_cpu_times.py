@@ -7,6 +7,7 @@ ends (a session fixture's server) is counted by the test in whose teardown it is
 
     PYTHONPATH=benchmarks CPU_TIMES_OUT=/tmp/cpu.jsonl python -m pytest -p pytest_cpu_times -n 2 ...
     python benchmarks/pytest_cpu_times.py /tmp/cpu.jsonl      # the slowest tests and files by CPU
+    python benchmarks/pytest_cpu_times.py --durations /tmp/cpu.jsonl > tests/durations.json   # make test's file order
 """
 
 from __future__ import annotations
@@ -50,5 +51,15 @@ def summary(path: str, top: int = 30) -> str:
     return "\n".join(lines)
 
 
+def durations(path: str) -> str:
+    """Each test file's seconds of wall (its tests summed), longest first, as JSON: tests/durations.json, the order
+    ``make test`` hands its files to the workers in (tests/schedule.py)."""
+    files: Counter[str] = Counter()
+    for line in open(path, encoding="utf-8"):
+        row = json.loads(line)
+        files[row["id"].split("::")[0]] += row["wall"]
+    return json.dumps({name: round(wall, 1) for name, wall in files.most_common()}, indent=0)
+
+
 if __name__ == "__main__":
-    print(summary(sys.argv[1]))
+    print(durations(sys.argv[2]) if sys.argv[1] == "--durations" else summary(sys.argv[1]))

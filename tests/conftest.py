@@ -20,6 +20,14 @@ PYCACHE = REPO / ".kernsearch" / "pycache"
 def pytest_configure(config: pytest.Config) -> None:
     keep_bytecode_outside_the_sources()
     fault_big_arrays_in_small_pages()
+    one_blas_thread_a_process()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest test files first (tests/schedule.py): make test's workers take whole files in this order."""
+    from schedule import file_seconds, longest_files_first
+
+    longest_files_first(items, file_seconds())
 
 
 def keep_bytecode_outside_the_sources() -> None:
@@ -47,6 +55,16 @@ def fault_big_arrays_in_small_pages() -> None:
     read when it is imported) for the workers and every process they start, unless the environment names a value; the
     product is not changed (a user's machine decides for itself). Called before the workers start (pytest_configure)."""
     os.environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
+
+
+def one_blas_thread_a_process() -> None:
+    """NumPy's OpenBLAS starts a thread per core in every process that multiplies a matrix (the float64 references)
+    and its idle threads spin before they sleep; make test runs three workers and their commands on two cores, so
+    those threads only take CPU from each other: `kernsearch verify gemm` at 4096x4096x4096, 10.6 -> 8.6 s of CPU
+    and 9.5 -> 8.7 s of wall on an idle machine with one thread (benchmarks/test_suite_time.txt, tenth pass). So the
+    suite sets ``OPENBLAS_NUM_THREADS=1`` for the workers and every process they start, unless the environment names
+    a value; the product is not changed. Called before the workers start (pytest_configure)."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 @cache

@@ -251,8 +251,8 @@ def test_make_test_is_the_suite_on_three_workers(tmp_path: Path) -> None:
     (tmp_path / ".installed").touch()  # not older than pyproject.toml: make would not set the venv up again
     r = _run(["make", "--no-print-directory", "-n", "test", f"VENV={tmp_path}"], cwd=REPO)  # make may call us
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == f'{tmp_path}/bin/python -m pytest -q -n 3 --dist worksteal --durations=30 -m "not e2e"', \
-        r.stdout
+    assert r.stdout.strip() == (f'{tmp_path}/bin/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder '
+                                '--durations=30 -m "not e2e"'), r.stdout
 
 
 def _store_is_the_listing(store: Path, key: Path) -> None:

@@ -92,7 +92,7 @@ family = "./gemmhang"
 shapes = ["32,32,32"]
 dtypes = ["float32"]
 chips = ["M2 Max"]
-timeout = 12
+timeout = 4
 """
 
 
@@ -445,7 +445,7 @@ def farm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("farm")
     hanging_family(root)
     write(root / "first.toml", GOOD_JOBS + HANG_JOB)
-    write(root / "again.toml", GOOD_JOBS)
+    write(root / "again.toml", only_job("square"))  # one job: the second night's refusal is the same for each
     return root
 
 
@@ -506,9 +506,9 @@ def test_nightly_publishes_then_rejects_and_a_hanging_job_fails_alone(prefect_ha
     assert "**MODELED" in note and report.as_uri() in note and "| 1 | `BM=" in note
     assert rows["hang"].report is None and "report" not in rows["hang"].to_json()  # its tune failed: no study
 
-    # a second night with nothing better: the studies resume, the gate refuses, nothing is exported
+    # a second night with nothing better: the study resumes, the gate refuses, nothing is exported
     again = nightly(job_file=str(farm / "again.toml"), chip="M2 Max")
-    assert (again.published, again.rejected, again.failed) == (0, 2, 0)
+    assert (again.published, again.rejected, again.failed) == (0, 1, 0)
     for r in again.jobs:
         assert r.outcome == "rejected" and r.old_version == "v1"
         assert r.reason.startswith("not faster than v1 beyond the noise"), r.reason
@@ -516,7 +516,7 @@ def test_nightly_publishes_then_rejects_and_a_hanging_job_fails_alone(prefect_ha
     assert again.export.to_json() == {"status": "skipped", "reason": "nothing new was published"}
     assert store.versions(ArtifactKey("gemm", "M2-Max", "float16", (64, 64, 64))) == ["v1"]
     table = _artifact_table("kernsearch-nightly-m2-max")  # the latest table is tonight's
-    assert [t["outcome"] for t in table] == ["rejected", "rejected"]
+    assert [t["outcome"] for t in table] == ["rejected"]
     assert "not faster than v1" in table[0]["reason"] and table[0]["old ms"].endswith("(v1)")
 
     # GPU work on this machine is serialised by a one-slot Prefect limit, released after the run

@@ -68,7 +68,8 @@ def test_the_clean_family_is_published_with_its_bounds_checked(tmp_path: Path) -
 @pytest.mark.slow
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_a_planted_bug_is_never_published(tmp_path: Path, bug: str) -> None:
-    done = tune(plant(tmp_path, BUGS[bug]), tmp_path)
+    # one finalist where the sanitizer names the bug: its build and run (~4 s of CPU) are the same for each leader
+    done = tune(plant(tmp_path, BUGS[bug]), tmp_path, *(["--finalists", "1"] if bug == "off_by_one" else []))
     text = done.stdout + done.stderr
     assert "published as" not in text and not published(tmp_path), text[-4000:]
     fails = [line for line in text.splitlines() if "FAIL (" in line]

@@ -124,12 +124,15 @@ def test_search_finds_the_optimum_of_a_small_landscape(small, tmp_path):
     land = Landscape.load(small)
     optimum, best_time = land.optimum()
     times = sorted(land.samples(optimum))
-    result = run_study(Replay(small, seed=0).objective(), trials=90, seed=0,
-                       storage=f"sqlite:///{tmp_path / 's.db'}")
-    import optuna
+    objective = Replay(small, seed=0).objective()
+    evaluated, evaluate = [], objective.evaluate_against
 
-    study = optuna.load_study(study_name=result.study_name, storage=f"sqlite:///{tmp_path / 's.db'}")
-    evaluated = [t.user_attrs["config"] for t in study.trials if t.user_attrs.get("status") == "ok"]
+    def recorded(config, race):  # noqa: ANN001, ANN202 - the configs measured, in memory (a study in a file costs
+        evaluated.append(dict(config))  # ~60 % of this search's time in SQL; the storage is tested elsewhere)
+        return evaluate(config, race)
+
+    objective.evaluate_against = recorded
+    result = run_study(objective, trials=90, seed=0, storage=":memory:")
     assert optimum in evaluated, "the optimum was never evaluated"
     picked = float(land.entry(result.best.config)["time"])
     # The pick is made on noisy replayed times (as on a GPU): it is the optimum, or a config whose
@@ -178,7 +181,7 @@ def test_two_processes_share_one_study_without_duplicates(small, tmp_path):
         from kernsearch.studies._replay import Replay
         seed = int(sys.argv[1])
         backend = Replay({str(small)!r}, seed=seed)
-        r = run_study(backend.objective(), trials=70, seed=seed, storage={url!r}, study_name="shared")
+        r = run_study(backend.objective(), trials=40, seed=seed, storage={url!r}, study_name="shared")
         print(backend.calls)  # configs this process evaluated
     """)
     procs = [subprocess.Popen([sys.executable, "-c", script, str(seed)], stdout=subprocess.PIPE,
@@ -191,7 +194,7 @@ def test_two_processes_share_one_study_without_duplicates(small, tmp_path):
     done = [t for t in study.trials if t.user_attrs.get("status") in EVALUATED]
     keys = [str(sorted(t.user_attrs["config"].items())) for t in done]
     assert len(keys) == len(set(keys)), "a config was measured by both processes"
-    assert 70 <= len(done) <= 71  # one shared budget (a last trial may be in flight in each process)
+    assert 40 <= len(done) <= 41  # one shared budget (a last trial may be in flight in each process)
     mine = [int(o[0].split()[-1]) for o in outs]
     assert all(n > 0 for n in mine) and sum(mine) == len(done), mine  # both did part of the work
 

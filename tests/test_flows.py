@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import kernsearch_in_process
 
 from kernsearch.flows._jobs import JobFileError, load_jobs
 
@@ -188,16 +189,19 @@ def test_bad_job_files_are_one_line_errors(tmp_path: Path, text: str, message: s
 def test_cli_bad_job_file_exit_2_one_line_and_no_prefect_import(tmp_path: Path) -> None:
     bad = write(tmp_path / "jobs.toml", "[[jobs]]\nfamily = 'gemm'\nchips = ['M9 Mega']\n")
     env = {**os.environ, **TELEMETRY_OFF}
-    for args in (["flows", "run", str(bad)], ["flows", "serve", str(bad)],
-                 ["flows", "run", str(tmp_path / "missing.yaml")]):
-        proc = subprocess.run(KERNSEARCH + args, capture_output=True, text=True, env=env, timeout=120)
+    # the refusals before Prefect is imported: one in a process (its exit status, no traceback), the others through
+    # the same entry point in this process
+    for n, args in enumerate((["flows", "run", str(bad)], ["flows", "serve", str(bad)],
+                              ["flows", "run", str(tmp_path / "missing.yaml")])):
+        proc = subprocess.run(KERNSEARCH + args, capture_output=True, text=True, env=env, timeout=120) if n == 0 \
+            else kernsearch_in_process(*args, env=TELEMETRY_OFF)
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
         assert "Traceback" not in proc.stderr
     good = write(tmp_path / "good.toml", GOOD_JOBS)
     # no job for this chip: said at once, before any Prefect server starts (it used to start one for 34 s)
-    proc = subprocess.run(KERNSEARCH + ["flows", "run", str(good), "--chip", "M2 Ultra"], capture_output=True,
-                          text=True, env={**env, "PREFECT_API_URL": ""}, timeout=60)
+    proc = kernsearch_in_process("flows", "run", str(good), "--chip", "M2 Ultra", env={**TELEMETRY_OFF,
+                                                                                      "PREFECT_API_URL": ""})
     assert proc.returncode == 2 and "no job is for M2 Ultra" in proc.stderr and proc.stderr.count("\n") == 1
     assert "Starting temporary server" not in proc.stdout + proc.stderr
     proc = subprocess.run(KERNSEARCH + ["flows", "serve", str(good), "--chip", "M2 Max", "--cron", "61 2 * * *"],

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import kernsearch_in_process
 
 KERNSEARCH = [sys.executable, "-m", "kernsearch"]
 REPO = Path(__file__).resolve().parents[1]
@@ -57,9 +58,10 @@ def test_report_command_out_and_errors(tuned: dict[str, str], tmp_path: Path) ->
     r = _run("report", tuned["study"], "--out", str(tmp_path / "r.html"), env=env)
     assert r.returncode == 0 and r.stdout.strip() == str(tmp_path / "r.html"), r.stderr
     assert (tmp_path / "r.html").stat().st_size > 1_000_000
-    missing = _run("report", "nope/nope", env=env)
+    # the refusals through the entry point in this process (the process's exit and stderr: the command above)
+    missing = kernsearch_in_process("report", "nope/nope", env=env)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no study 'nope/nope'" in missing.stderr
-    folder = _run("report", tuned["study"], "--out", str(tmp_path), env=env)
+    folder = kernsearch_in_process("report", tuned["study"], "--out", str(tmp_path), env=env)
     assert folder.returncode == 2 and "is a folder" in folder.stderr and folder.stderr.count("\n") == 1
 
 

@@ -238,7 +238,7 @@ backend = "model"
 @pytest.mark.parametrize("extra", ["timeout = inf", "timeout = nan", "timeout = -1", "seed = -1",
                                    f"seed = {2**32}", "trials = 0", "step_timeout = inf", "min_gain = nan"])
 def test_job_file_numbers_are_checked_like_the_cli(tmp_path: Path, extra: str) -> None:
-    from flows._jobs import JobFileError, load_jobs
+    from kernsearch.flows._jobs import JobFileError, load_jobs
 
     path = tmp_path / "jobs.toml"
     path.write_text(JOB.format(extra=extra))
@@ -247,7 +247,7 @@ def test_job_file_numbers_are_checked_like_the_cli(tmp_path: Path, extra: str) -
 
 
 def test_deep_toml_job_file_is_one_line(tmp_path: Path) -> None:
-    from flows._jobs import JobFileError, load_jobs
+    from kernsearch.flows._jobs import JobFileError, load_jobs
 
     path = tmp_path / "jobs.toml"
     path.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")

@@ -17,8 +17,8 @@ tune: $(VENV)/.installed
 
 # Three workers that take whole test files, the longest first (--dist loadfile, in the order tests/schedule.py
 # gives: the classic longest-first list schedule, so a run ends on short files, not on a long one started last while
-# the other workers idle), and on two cores the third runs while the others wait on subprocesses and servers (171 %
-# -> 191 % of CPU at -n 3; 96 % of both cores with the longest first). Every test but the e2e lane (real Prefect and
+# the other workers idle: they now end within a second of each other), and on two cores the third runs while the
+# others wait on subprocesses and servers (171 % -> 191 % of CPU at -n 3). Every test but the e2e lane (real Prefect and
 # PostgreSQL servers, racing tune processes, the full sizes of sweeps make test runs smaller; see
 # benchmarks/test_suite_time.txt for its time on an idle 2-core machine with a cold compile cache, issue 42).
 test: $(VENV)/.installed

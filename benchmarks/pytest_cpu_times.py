@@ -39,11 +39,21 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         out.write(json.dumps(row) + "\n")
 
 
-def summary(path: str, top: int = 30) -> str:
-    rows: list[dict[str, Any]] = [json.loads(line) for line in open(path, encoding="utf-8")]
+def _rows(path: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in open(path, encoding="utf-8")]
+
+
+def _per_file(rows: list[dict[str, Any]], figure: str) -> Counter[str]:
+    """``figure`` ("cpu" or "wall") summed over each test file's tests."""
     files: Counter[str] = Counter()
     for r in rows:
-        files[r["id"].split("::")[0]] += r["cpu"]
+        files[r["id"].split("::")[0]] += r[figure]
+    return files
+
+
+def summary(path: str, top: int = 30) -> str:
+    rows = _rows(path)
+    files = _per_file(rows, "cpu")
     lines = [f"{len(rows)} tests, {sum(r['cpu'] for r in rows):.0f} s of CPU, {sum(r['wall'] for r in rows):.0f} s "
              "of wall (summed over workers)", "", "   CPU s   wall s  test"]
     lines += [f"{r['cpu']:8.1f} {r['wall']:8.1f}  {r['id']}" for r in sorted(rows, key=lambda r: -r["cpu"])[:top]]
@@ -54,10 +64,7 @@ def summary(path: str, top: int = 30) -> str:
 def durations(path: str) -> str:
     """Each test file's seconds of wall (its tests summed), longest first, as JSON: tests/durations.json, the order
     ``make test`` hands its files to the workers in (tests/schedule.py)."""
-    files: Counter[str] = Counter()
-    for line in open(path, encoding="utf-8"):
-        row = json.loads(line)
-        files[row["id"].split("::")[0]] += row["wall"]
+    files = _per_file(_rows(path), "wall")
     return json.dumps({name: round(wall, 1) for name, wall in files.most_common()}, indent=0)
 
 

@@ -189,12 +189,12 @@ def test_bad_job_files_are_one_line_errors(tmp_path: Path, text: str, message: s
 def test_cli_bad_job_file_exit_2_one_line_and_no_prefect_import(tmp_path: Path) -> None:
     bad = write(tmp_path / "jobs.toml", "[[jobs]]\nfamily = 'gemm'\nchips = ['M9 Mega']\n")
     env = {**os.environ, **TELEMETRY_OFF}
-    # the refusals before Prefect is imported: one in a process (its exit status, no traceback), the others through
-    # the same entry point in this process
-    for n, args in enumerate((["flows", "run", str(bad)], ["flows", "serve", str(bad)],
-                              ["flows", "run", str(tmp_path / "missing.yaml")])):
-        proc = subprocess.run(KERNSEARCH + args, capture_output=True, text=True, env=env, timeout=120) if n == 0 \
-            else kernsearch_in_process(*args, env=TELEMETRY_OFF)
+    # the refusals before Prefect is imported: the first in a process (its exit status, no traceback), the others
+    # through the same entry point in this process
+    first = subprocess.run(KERNSEARCH + ["flows", "run", str(bad)], capture_output=True, text=True, env=env,
+                           timeout=120)
+    for proc in (first, kernsearch_in_process("flows", "serve", str(bad), env=TELEMETRY_OFF),
+                 kernsearch_in_process("flows", "run", str(tmp_path / "missing.yaml"), env=TELEMETRY_OFF)):
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
         assert "Traceback" not in proc.stderr

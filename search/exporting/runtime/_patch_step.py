@@ -116,20 +116,26 @@ def _attention(attn: Any, state: Any, x: Any, mask: Any, cache: Any) -> Any:
     """mlx-lm's ``Attention.__call__`` (0.32) up to the O projection: the package's Q/K/V projection and RoPE (one
     compiled step where it can: ``state.step``), mlx-lm's cache and attention; the attention's output as it returns
     it, [b, heads, L, D] (:func:`_merged` joins the heads)."""
+    queries, keys, values = _cached_heads(attn, state, x, cache)
+    sdpa = sys.modules[type(attn).__module__].scaled_dot_product_attention
+    return sdpa(queries, keys, values, cache=cache, scale=attn.scale, mask=mask)
+
+
+def _cached_heads(attn: Any, state: Any, x: Any, cache: Any) -> Tuple[Any, Any, Any]:
+    """The step's queries and the cache's keys and values after it: the joined step (one write a layer) where it
+    applies, else the compiled or traced projection and RoPE, then the cache's own update."""
     offset = 0 if cache is None else cache.offset
     if state.joined is not None and x.shape[1] == 1 and type(offset) is int and _joinable(cache, x.shape[0]):
         queries, kv = state.joined(x, _offsets(offset, x.shape[0], attn.n_heads + attn.n_kv_heads, attn.n_kv_heads))
-        keys, values = _join(cache).write(kv)
+        return (queries, *_join(cache).write(kv))
+    if state.step is not None and type(offset) is int:
+        queries, keys, values = state.step(x, _offset(offset))
     else:
-        if state.step is not None and type(offset) is int:
-            queries, keys, values = state.step(x, _offset(offset))
-        else:
-            parts = state.heads(x) if state.heads is not None else _heads(attn, state, x)
-            queries, keys, values = _roped(attn, parts, lambda t: attn.rope(t, offset=offset))
-        if cache is not None:
-            keys, values = _updated(cache, keys, values)
-    sdpa = sys.modules[type(attn).__module__].scaled_dot_product_attention
-    return sdpa(queries, keys, values, cache=cache, scale=attn.scale, mask=mask)
+        parts = state.heads(x) if state.heads is not None else _heads(attn, state, x)
+        queries, keys, values = _roped(attn, parts, lambda t: attn.rope(t, offset=offset))
+    if cache is not None:
+        keys, values = _updated(cache, keys, values)
+    return queries, keys, values
 
 
 def _merged(output: Any) -> Any:

@@ -1,7 +1,8 @@
 """Running a compiled kernel in a child process, so that a hang or a crash fails the variant only.
 
-fast / check: the shared object is loaded and called (ctypes) in a forked child that writes outputs and
-diagnostics into shared memory; the parent waits up to ``timeout`` seconds and kills it after that.
+fast / check: the shared object is loaded and called (ctypes) in a child forked by this thread's launcher
+(:mod:`._launcher`: forking a lean process, not a caller of hundreds of MB), which writes outputs and diagnostics
+into the run's shared memory file; the caller waits up to ``timeout`` seconds and kills it after that.
 sanitize: an AddressSanitizer executable reads the launch from a file; its report becomes a diagnostic.
 """
 
@@ -9,26 +10,32 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import mmap
 import os
 import re
 import select
 import signal
+import socket
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .._errors import VariantFailure
 from .._vocabulary import Severity
+from . import _launcher
+from ._launcher import DIAGS_AT, HEAD, MAX_DIAGS, REFUSED, REPLY, run_child
 
-MAX_DIAGS = 64
 KIND_NAMES = {1: "divergence", 2: "inactive_lane", 3: "partial_simdgroup", 4: "threadgroup_limit", 5: "race",
               6: "uninitialized", 7: "threadgroup_bounds", 8: "partial_collective", 9: "simdgroup_synchronous"}
 #: A poisoned guard zone after every output buffer (bytes, and the pattern it holds): a kernel that writes past an
@@ -80,93 +87,217 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
                schedule: tuple[int, int, int] = (0, 0, 0), detect: bool | None = None,
                sync_all: bool = False, output_names: list[str] | None = None,
                persistent: bool = False) -> RunOutcome:
-    """Run the kernel in a forked child; ``args[i]`` for i in ``outputs`` are written back in place.
+    """Run the kernel in a forked child (forked by this thread's launcher, :mod:`._launcher`; by this process where
+    none starts); ``args[i]`` for i in ``outputs`` are written back in place.
     ``threadgroups`` (positions in the grid) runs only those threadgroups; ``schedule`` is (threadgroup
     order, thread order, seed) for the schedule fuzz (0 = in order, 1 = reversed, 2 = shuffled); ``detect`` (lockstep
     builds only) turns the threadgroup-memory detector on (check mode) or off (fast mode); ``sync_all`` makes every
     threadgroup access synchronise the lanes of a simdgroup; ``persistent`` holds every threadgroup resident at once
     (ks_pool; builds with the detector run them one after another)."""
-    shared = [mmap.mmap(-1, args[i].nbytes + GUARD_BYTES) for i in outputs]
-    views = [np.frombuffer(m, dtype=args[i].dtype, count=args[i].size) for m, i in zip(shared, outputs)]
-    for v, i, m in zip(views, outputs, shared):
-        v[:] = args[i].reshape(-1)
-        m[args[i].nbytes:] = POISON * (GUARD_BYTES // len(POISON))
-    call_args = list(args)
-    for v, i in zip(views, outputs):
-        call_args[i] = v
-    diag_mem = mmap.mmap(-1, ctypes.sizeof(_Diag) * MAX_DIAGS + 16)
+    request = {"lib": str(lib_path), "grid": list(grid), "tg": list(tg), "tg_limit": int(tg_limit),
+               "stack_kb": int(stack_kb), "threadgroups": [list(t) for t in threadgroups] if threadgroups else None,
+               "schedule": list(schedule), "detect": detect, "sync_all": sync_all, "persistent": persistent}
+    with _Region(args, outputs, request) as region:
+        status = _launch(lib_path, region, timeout)
+        rc, nd, unsynced = struct.unpack_from("<iii", region.map, 0)
+        diags = _decode((_Diag * MAX_DIAGS).from_buffer_copy(region.map, DIAGS_AT), nd)
+        if os.WIFSIGNALED(status):
+            sig = signal.Signals(os.WTERMSIG(status)).name
+            raise VariantFailure("crash", f"the kernel crashed ({sig})" + _diag_suffix(diags))
+        code = os.WEXITSTATUS(status)
+        if code == _ARENA_EXHAUSTED:
+            raise VariantFailure("crash", "threadgroup memory far beyond any chip's limit")
+        if code != 0:
+            raise VariantFailure("crash", f"the interpreter could not launch the kernel (code {code}, rc {rc})")
+        return RunOutcome(diags + region.outputs_back(args, output_names), bool(unsynced))
+
+
+class _Region:
+    """One run's launch in one shared file mapping, which the kernel's process maps too: the head (rc, number of
+    diagnostics, unsynced, where the request is), the diagnostics, every argument (each output followed by a poisoned
+    guard zone), the request (JSON)."""
+
+    def __init__(self, args: list[np.ndarray], outputs: list[int], request: dict[str, Any]) -> None:
+        self.outputs = outputs
+        self.offsets: list[int] = []
+        at = _aligned(DIAGS_AT + ctypes.sizeof(_Diag) * MAX_DIAGS)
+        for i, a in enumerate(args):
+            self.offsets.append(at)
+            at = _aligned(at + a.nbytes + (GUARD_BYTES if i in outputs else 0))
+        body = json.dumps(dict(request, offsets=self.offsets)).encode()
+        self.fd = _shared_file()
+        try:
+            os.ftruncate(self.fd, at + len(body))
+            self.map = mmap.mmap(self.fd, at + len(body))
+        except BaseException:
+            os.close(self.fd)
+            raise
+        HEAD.pack_into(self.map, 0, 0, 0, 0, at, len(body))
+        self.map[at:at + len(body)] = body
+        for i, (a, off) in enumerate(zip(args, self.offsets)):
+            self._view(a, off)[:] = a.reshape(-1)
+            if i in outputs:
+                self.map[off + a.nbytes:off + a.nbytes + GUARD_BYTES] = POISON * (GUARD_BYTES // len(POISON))
+
+    def _view(self, a: np.ndarray, off: int) -> np.ndarray:
+        return np.frombuffer(self.map, dtype=a.dtype, count=a.size, offset=off)
+
+    def outputs_back(self, args: list[np.ndarray], names: list[str] | None) -> list[RawDiag]:
+        """Each output copied back into ``args``; a ``device_bounds`` error for each whose guard zone changed."""
+        zones = []
+        for i in self.outputs:
+            off, n = self.offsets[i], args[i].nbytes
+            args[i].reshape(-1)[:] = self._view(args[i], off)
+            zones.append(self.map[off + n:off + n + GUARD_BYTES])
+        return _guard_diags(zones, names)
+
+    def __enter__(self) -> _Region:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.map.close()
+        os.close(self.fd)
+
+
+def _aligned(n: int) -> int:
+    return (n + 63) // 64 * 64
+
+
+def _shared_file() -> int:
+    """A descriptor of a new file no other run names (in memory where the system has them: Linux's memfd)."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("kernsearch-run", os.MFD_CLOEXEC)
+    with tempfile.TemporaryFile(prefix="ks-run-") as f:
+        return os.dup(f.fileno())
+
+
+def _launch(lib_path: Path, region: _Region, timeout: float) -> int:
+    """The kernel's process started on ``region`` and waited for (``timeout`` s, then killed): its wait status. This
+    thread's launcher forks it (a fresh launcher if the last one ended); this process only where none starts."""
+    for _ in range(2):
+        launcher = _launcher_here()
+        if launcher is None:
+            break
+        try:
+            return launcher.run(region.fd, timeout)
+        except LauncherGone:
+            launcher.close()
     lib = _load(lib_path)
     pid = os.fork()
     if pid == 0:  # child: never returns into the caller's code
-        code = 4
-        try:
-            _die_with_parent()
-            import faulthandler
-
-            faulthandler.disable()  # a crashing kernel is reported by the parent, not dumped here
-            argv = (ctypes.c_void_p * len(call_args))(*[a.ctypes.data for a in call_args])
-            slots = (_Diag * MAX_DIAGS).from_buffer(diag_mem, 16)
-            nd = ctypes.c_int(0)
-            selection = _configure_run(lib, threadgroups, schedule, detect, sync_all, persistent)
-            rc = lib.ks_run(argv, (ctypes.c_uint32 * 3)(*grid), (ctypes.c_uint32 * 3)(*tg), ctypes.c_int64(tg_limit),
-                            ctypes.c_int(stack_kb), slots, ctypes.c_int(MAX_DIAGS), ctypes.byref(nd))
-            del selection  # held until here: ks_run read the sampled threadgroups through ks_select's pointer
-            unsynced = lib.ks_unsynced() if detect is not None else 0
-            diag_mem[0:12] = struct.pack("iii", rc, nd.value, unsynced)
-            code = 0 if rc == 0 else 3
-        finally:
-            os._exit(code)
+        run_child(lib, region.map)
     try:
-        status = _wait(pid, timeout)
+        return _wait(pid, timeout)
     except BaseException:  # Ctrl-C or any error while waiting: a hung kernel must not run on
         with contextlib.suppress(ProcessLookupError, ChildProcessError):
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         raise
-    rc, nd, unsynced = struct.unpack("iii", diag_mem[0:12])
-    diags = _decode((_Diag * MAX_DIAGS).from_buffer_copy(diag_mem, 16), nd)
-    if os.WIFSIGNALED(status):
-        sig = signal.Signals(os.WTERMSIG(status)).name
-        raise VariantFailure("crash", f"the kernel crashed ({sig})" + _diag_suffix(diags))
-    code = os.WEXITSTATUS(status)
-    if code == _ARENA_EXHAUSTED:
-        raise VariantFailure("crash", "threadgroup memory far beyond any chip's limit")
-    if code != 0:
-        raise VariantFailure("crash", f"the interpreter could not launch the kernel (code {code}, rc {rc})")
-    for v, i in zip(views, outputs):
-        args[i].reshape(-1)[:] = v
-    return RunOutcome(diags + _guard_diags(shared, [args[i].nbytes for i in outputs], output_names), bool(unsynced))
 
 
-def _configure_run(lib: ctypes.CDLL, threadgroups: list[tuple[int, int, int]] | None,
-                   schedule: tuple[int, int, int], detect: bool | None, sync_all: bool,
-                   persistent: bool) -> ctypes.Array[ctypes.c_uint32] | None:
-    """The child's interpreter set up before ``ks_run`` (see :func:`run_forked`): the detector and lane sync
-    (lockstep builds only), the resident pool, the schedule, the sampled threadgroups; each only where asked.
-    Returns the sampled threadgroups' buffer: the interpreter keeps a pointer to it, so the caller must hold it
-    until ``ks_run`` returns."""
-    if detect is not None:
-        lib.ks_detect(ctypes.c_int(1 if detect else 0))
-        lib.ks_sync_all(ctypes.c_int(1 if sync_all else 0))
-    if persistent:
-        lib.ks_pool(ctypes.c_int(1))
-    if schedule != (0, 0, 0):
-        lib.ks_order(ctypes.c_int(schedule[0]), ctypes.c_int(schedule[1]), ctypes.c_uint64(schedule[2]))
-    if threadgroups:
-        flat = [int(v) for t in threadgroups for v in t]
-        selection = (ctypes.c_uint32 * len(flat))(*flat)
-        lib.ks_select(selection, ctypes.c_int(len(threadgroups)))
-        return selection
-    return None
+class LauncherGone(Exception):
+    """The launcher process ended (killed, or it could not start)."""
 
 
-def _guard_diags(shared: list[mmap.mmap], sizes: list[int], names: list[str] | None) -> list[RawDiag]:
+class Launcher:
+    """This thread's launcher process (:mod:`._launcher`) and the socket to it; one run at a time."""
+
+    def __init__(self) -> None:
+        mine, theirs = socket.socketpair()
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-I", "-S", _launcher.__file__, str(theirs.fileno()),
+                                          str(os.getpid())], pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except BaseException:
+            mine.close()
+            raise
+        finally:
+            theirs.close()
+        self.sock, self.owner = mine, os.getpid()
+        self._end = weakref.finalize(self, _end_launcher, mine, self.proc)
+
+    def run(self, fd: int, timeout: float) -> int:
+        """The launcher forks the kernel's process on the region ``fd``; its wait status (killed after ``timeout``
+        s: :class:`VariantFailure`). :class:`LauncherGone` if the launcher ended before the kernel started."""
+        try:
+            socket.send_fds(self.sock, [b"r"], [fd])
+            what, pid = self._next(None) or (0, 0)
+        except OSError as exc:
+            raise LauncherGone(str(exc)) from None
+        if what == REFUSED:
+            raise VariantFailure("crash", "the interpreter could not load the kernel's library")
+        try:
+            reply = self._next(timeout)
+            if reply is None:  # the kernel ran too long: killed; the launcher reaps it and says so
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                self._next(None)
+        except BaseException as exc:  # Ctrl-C while waiting, or the launcher died: the kernel must not run on
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            self.close()
+            if isinstance(exc, (OSError, LauncherGone)):
+                raise VariantFailure("crash", "the kernel's launcher stopped while the kernel ran") from None
+            raise
+        if reply is None:
+            raise VariantFailure("timeout", f"the kernel ran longer than {timeout:g} s (stopped)")
+        return reply[1]
+
+    def _next(self, timeout: float | None) -> tuple[int, int] | None:
+        """The launcher's next message; None if none came within ``timeout`` s."""
+        if timeout is not None and not select.select([self.sock], [], [], max(timeout, 0.0))[0]:
+            return None
+        data = b""
+        while len(data) < REPLY.size:
+            got = self.sock.recv(REPLY.size - len(data))
+            if not got:
+                raise LauncherGone("the launcher ended")
+            data += got
+        what, value = REPLY.unpack(data)
+        return what, value
+
+    def close(self) -> None:
+        self._end()
+
+
+def _end_launcher(sock: socket.socket, proc: subprocess.Popen[bytes]) -> None:
+    """Close the socket (the launcher ends when it reads the end) and reap the launcher."""
+    sock.close()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+_LOCAL = threading.local()
+
+
+def _launcher_here() -> Launcher | None:
+    """This thread's launcher, started on first use (again after one ended); None where none can start in this
+    process (then the caller forks itself)."""
+    launcher: Launcher | None = getattr(_LOCAL, "launcher", None)
+    if launcher is not None and launcher.owner == os.getpid():
+        if launcher.proc.poll() is None:
+            return launcher
+        launcher.close()
+    if getattr(_LOCAL, "refused", None) == os.getpid() or not sys.executable:
+        return None
+    try:
+        launcher = _LOCAL.launcher = Launcher()
+    except OSError:
+        _LOCAL.launcher, _LOCAL.refused = None, os.getpid()
+        return None
+    return launcher
+
+
+def _guard_diags(zones: list[bytes], names: list[str] | None) -> list[RawDiag]:
     """A ``device_bounds`` error for each output whose poisoned guard zone (just past its end) the kernel changed."""
     found: list[RawDiag] = []
-    for k, (m, n) in enumerate(zip(shared, sizes)):
-        zone = m[n:n + GUARD_BYTES]
-        if zone != POISON * (GUARD_BYTES // len(POISON)):
-            first = next(j for j, (a, b) in enumerate(zip(zone, POISON * (GUARD_BYTES // len(POISON)))) if a != b)
+    poison = POISON * (GUARD_BYTES // len(POISON))
+    for k, zone in enumerate(zones):
+        if zone != poison:
+            first = next(j for j, (a, b) in enumerate(zip(zone, poison)) if a != b)
             name = names[k] if names and k < len(names) else f"#{k}"
             found.append(RawDiag("device_bounds", Severity.ERROR, None, 1,
                                  f"a write past the end of output {name} (byte {first} of the poisoned guard zone "
@@ -178,11 +309,6 @@ def _diag_suffix(diags: list[RawDiag]) -> str:
     return f"; {diags[0].message}" if diags else ""
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel's process is killed when its parent dies (a worker killed for a timeout)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
 
 
 def _wait(pid: int, timeout: float) -> int:

@@ -160,6 +160,21 @@ def test_where_no_launcher_starts_the_caller_forks_itself(monkeypatch: pytest.Mo
     assert exc.value.reason == "timeout"
 
 
+def test_a_launcher_that_cannot_run_here_is_started_once_and_the_caller_forks_itself(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(_run, "LAUNCHER", tmp_path / "missing.py")  # as a launcher that dies at its start
+    starts: list[int] = []
+    real_start = _run.Launcher.__init__
+
+    def counted(self: _run.Launcher) -> None:
+        starts.append(1)
+        real_start(self)
+
+    monkeypatch.setattr(_run.Launcher, "__init__", counted)
+    outputs = in_a_thread(lambda: [run(DOUBLE) for _ in range(3)])
+    assert [o[3] for o in outputs] == [6.0] * 3 and len(starts) == 1
+
+
 def test_each_thread_has_its_own_launcher_and_it_ends_with_the_thread() -> None:
     run(DOUBLE)
     mine = launcher_pid()

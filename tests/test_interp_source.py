@@ -200,8 +200,8 @@ def test_wheel_carries_the_shim_and_runs_a_kernel_outside_the_repo(tmp_path, ker
 
     whl = kernsearch_wheel
     names = set(zipfile.ZipFile(whl).namelist())
-    for f in ("ks_shim.h", "ks_runtime.inc", "metal_stdlib"):
-        assert f"kernsearch/interp/shim/{f}" in names, f
+    for f in ("shim/ks_shim.h", "shim/ks_runtime.inc", "shim/metal_stdlib", "_launcher.py"):
+        assert f"kernsearch/interp/{f}" in names, f
     site = tmp_path / "site"
     zipfile.ZipFile(whl).extractall(site)
     code = (f"import sys; sys.path.insert(0, {str(site)!r});"
@@ -211,7 +211,9 @@ def test_wheel_carries_the_shim_and_runs_a_kernel_outside_the_repo(tmp_path, ker
             "k = KernelSource('w', 'metal', ('A',), ('C',), '#include <metal_stdlib>\\n', "
             "'C[thread_position_in_grid.x] = A[thread_position_in_grid.x] * 3.0f;', (('T', 'float32'),));"
             "g = Geometry((8, 1, 1), (8, 1, 1), ((8,),), ('float32',));"
-            "print(get_backend('cpu').run(k, g, [np.arange(8.0)], 'float32').outputs[0].tolist())")
+            "print(get_backend('cpu').run(k, g, [np.arange(8.0)], 'float32').outputs[0].tolist());"
+            # the run was forked by the launcher, which the wheel carries (not by this process)
+            "from kernsearch.interp import _run; assert _run._launcher_here().runs == 1")
     # -I: no PYTHONPATH, no user site; the extracted wheel comes first on sys.path (not the editable repo)
     proc = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=tmp_path,
                           timeout=120)

@@ -33,7 +33,6 @@ import numpy as np
 
 from .._errors import VariantFailure
 from .._vocabulary import Severity
-from . import _launcher
 from ._launcher import DIAGS_AT, HEAD, MAX_DIAGS, REFUSED, REPLY, run_child
 
 KIND_NAMES = {1: "divergence", 2: "inactive_lane", 3: "partial_simdgroup", 4: "threadgroup_limit", 5: "race",
@@ -42,6 +41,8 @@ KIND_NAMES = {1: "divergence", 2: "inactive_lane", 3: "partial_simdgroup", 4: "t
 #: output's end changes it, and the run reports a ``device_bounds`` error (a write there is otherwise unseen).
 GUARD_BYTES = 4096
 POISON = b"\xa5\x5a\xc3\x3c"
+#: The launcher's source, run as a script (the standard library only: see :mod:`._launcher`).
+LAUNCHER = Path(__file__).with_name("_launcher.py")
 #: Exit code of a child whose threadgroup arena ran out (far past any chip's limit).
 _ARENA_EXHAUSTED = 86
 
@@ -173,7 +174,8 @@ def _shared_file() -> int:
 
 def _launch(lib_path: Path, region: _Region, timeout: float) -> int:
     """The kernel's process started on ``region`` and waited for (``timeout`` s, then killed): its wait status. This
-    thread's launcher forks it (a fresh launcher if the last one ended); this process only where none starts."""
+    thread's launcher forks it (a fresh launcher if the last one ended); this process where none starts, or where a
+    new launcher ended before its first kernel (then none is tried again in this thread)."""
     for _ in range(2):
         launcher = _launcher_here()
         if launcher is None:
@@ -182,6 +184,8 @@ def _launch(lib_path: Path, region: _Region, timeout: float) -> int:
             return launcher.run(region.fd, timeout)
         except LauncherGone:
             launcher.close()
+            if not launcher.runs:
+                _LOCAL.refused = os.getpid()
     lib = _load(lib_path)
     pid = os.fork()
     if pid == 0:  # child: never returns into the caller's code
@@ -205,7 +209,7 @@ class Launcher:
     def __init__(self) -> None:
         mine, theirs = socket.socketpair()
         try:
-            self.proc = subprocess.Popen([sys.executable, "-I", "-S", _launcher.__file__, str(theirs.fileno()),
+            self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(LAUNCHER), str(theirs.fileno()),
                                           str(os.getpid())], pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         except BaseException:
@@ -214,6 +218,7 @@ class Launcher:
         finally:
             theirs.close()
         self.sock, self.owner = mine, os.getpid()
+        self.runs = 0  # kernels this launcher started
         self._end = weakref.finalize(self, _end_launcher, mine, self.proc)
 
     def run(self, fd: int, timeout: float) -> int:
@@ -224,6 +229,7 @@ class Launcher:
             what, pid = self._next(None) or (0, 0)
         except OSError as exc:
             raise LauncherGone(str(exc)) from None
+        self.runs += 1
         if what == REFUSED:
             raise VariantFailure("crash", "the interpreter could not load the kernel's library")
         try:

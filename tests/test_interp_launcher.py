@@ -218,3 +218,18 @@ def _gone(pid: int) -> bool:
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     return not alive(pid)
+
+
+def test_a_library_whose_loading_hangs_is_a_timeout_and_the_next_run_gets_a_new_launcher(tmp_path: Path) -> None:
+    source = tmp_path / "spin.cpp"
+    source.write_text("__attribute__((constructor)) static void spin() { for (volatile int i = 0;; i = i + 1) {} }\n")
+    lib = tmp_path / "spin.so"
+    subprocess.run(["g++", "-shared", "-fPIC", "-O0", str(source), "-o", str(lib)], check=True, timeout=120)
+    run(DOUBLE)
+    pid = launcher_pid()
+    start = time.monotonic()
+    with pytest.raises(VariantFailure) as exc:
+        _run.run_forked(lib, [np.zeros(4, dtype=np.float32)], [0], (1, 1, 1), (1, 1, 1), 32768, 64, 1.0)
+    assert exc.value.reason == "timeout" and "loading the kernel" in exc.value.detail
+    assert time.monotonic() - start < 10 and _gone(pid)
+    assert run(DOUBLE)[3] == 6.0 and launcher_pid() != pid

@@ -194,7 +194,7 @@ def test_two_processes_share_one_study_without_duplicates(small, tmp_path):
     done = [t for t in study.trials if t.user_attrs.get("status") in EVALUATED]
     keys = [str(sorted(t.user_attrs["config"].items())) for t in done]
     assert len(keys) == len(set(keys)), "a config was measured by both processes"
-    assert 40 <= len(done) <= 41  # one shared budget (a last trial may be in flight in each process)
+    assert 40 <= len(done) <= 42  # one shared budget (a last trial may be in flight in each process)
     mine = [int(o[0].split()[-1]) for o in outs]
     assert all(n > 0 for n in mine) and sum(mine) == len(done), mine  # both did part of the work
 

@@ -226,9 +226,14 @@ class Launcher:
         s: :class:`VariantFailure`). :class:`LauncherGone` if the launcher ended before the kernel started."""
         try:
             socket.send_fds(self.sock, [b"r"], [fd])
-            what, pid = self._next(None) or (0, 0)
+            started = self._next(timeout)
         except OSError as exc:
             raise LauncherGone(str(exc)) from None
+        if started is None:  # loading the kernel's library hung (its initialisers run then): the launcher goes
+            self.proc.kill()
+            self.close()
+            raise VariantFailure("timeout", f"loading the kernel took longer than {timeout:g} s (stopped)")
+        what, pid = started
         self.runs += 1
         if what == REFUSED:
             raise VariantFailure("crash", "the interpreter could not load the kernel's library")

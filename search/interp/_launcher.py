@@ -1,7 +1,7 @@
 """The process that forks the interpreter's kernel runs, and what a kernel's child process does.
 
-A fork copies the page tables of the process that forks, and every page either process then writes is copied or re-
-mapped: a small kernel's run forked by a caller holding 800 MB cost 52 ms of CPU, forked by this launcher (the
+A fork copies the page tables of the process that forks, and every page either process then writes is copied or
+re-mapped: a small kernel's run forked by a caller holding 800 MB cost 52 ms of CPU, forked by this launcher (the
 standard library only, ~10 MB) 6 ms (``benchmarks/interp_launch.txt``). :func:`run_forked
 <kernsearch.interp._run.run_forked>` asks the launcher of its thread to fork each run; a run's whole launch (request,
 arguments, diagnostics) lives in one shared file mapping, whose descriptor travels over a Unix socket. Where no

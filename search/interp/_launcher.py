@@ -21,6 +21,7 @@ import signal
 import socket
 import struct
 import sys
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 MAX_DIAGS = 64
@@ -41,32 +42,56 @@ def die_with_parent() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
 
 
-def configure(lib: Any, request: dict[str, Any]) -> Any:
+@dataclass(frozen=True)
+class Launch:
+    """One kernel run as the caller asks for it (``kernsearch.interp._run.run_forked``) and its child reads it."""
+
+    lib: str
+    grid: tuple[int, int, int]
+    tg: tuple[int, int, int]
+    tg_limit: int
+    stack_kb: int
+    threadgroups: tuple[tuple[int, int, int], ...] | None = None
+    schedule: tuple[int, int, int] = (0, 0, 0)
+    detect: bool | None = None
+    sync_all: bool = False
+    persistent: bool = False
+    offsets: tuple[int, ...] = ()  # each argument's place in the region
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Launch:
+        raw = json.loads(data)
+        groups = raw["threadgroups"]
+        return replace(cls(**raw), grid=tuple(raw["grid"]), tg=tuple(raw["tg"]), schedule=tuple(raw["schedule"]),
+                       offsets=tuple(raw["offsets"]), threadgroups=tuple(map(tuple, groups)) if groups else None)
+
+
+def configure(lib: Any, launch: Launch) -> Any:
     """The interpreter set up before ``ks_run``: the detector and lane sync (lockstep builds only), the resident
     pool, the schedule, the sampled threadgroups; each only where asked. Returns the sampled threadgroups' buffer:
     the interpreter keeps a pointer to it, so the caller holds it until ``ks_run`` returns."""
-    detect = request.get("detect")
-    if detect is not None:
-        lib.ks_detect(ctypes.c_int(1 if detect else 0))
-        lib.ks_sync_all(ctypes.c_int(1 if request.get("sync_all") else 0))
-    if request.get("persistent"):
+    if launch.detect is not None:
+        lib.ks_detect(ctypes.c_int(1 if launch.detect else 0))
+        lib.ks_sync_all(ctypes.c_int(1 if launch.sync_all else 0))
+    if launch.persistent:
         lib.ks_pool(ctypes.c_int(1))
-    schedule = request.get("schedule") or [0, 0, 0]
-    if list(schedule) != [0, 0, 0]:
-        lib.ks_order(ctypes.c_int(schedule[0]), ctypes.c_int(schedule[1]), ctypes.c_uint64(schedule[2]))
-    groups = request.get("threadgroups")
-    if groups:
-        flat = [int(v) for t in groups for v in t]
+    if launch.schedule != (0, 0, 0):
+        order, threads, seed = launch.schedule
+        lib.ks_order(ctypes.c_int(order), ctypes.c_int(threads), ctypes.c_uint64(seed))
+    if launch.threadgroups:
+        flat = [int(v) for t in launch.threadgroups for v in t]
         selection = (ctypes.c_uint32 * len(flat))(*flat)
-        lib.ks_select(selection, ctypes.c_int(len(groups)))
+        lib.ks_select(selection, ctypes.c_int(len(launch.threadgroups)))
         return selection
     return None
 
 
-def read_request(region: mmap.mmap) -> dict[str, Any]:
+def read_launch(region: mmap.mmap) -> Launch:
     at, size = HEAD.unpack_from(region, 0)[3:]
-    request: dict[str, Any] = json.loads(bytes(region[at:at + size]))
-    return request
+    return Launch.decode(bytes(region[at:at + size]))
 
 
 def run_child(lib: Any, region: mmap.mmap) -> None:
@@ -78,16 +103,16 @@ def run_child(lib: Any, region: mmap.mmap) -> None:
         import faulthandler
 
         faulthandler.disable()  # a crashing kernel is reported by the parent, not dumped here
-        request = read_request(region)
+        launch = read_launch(region)
         base = ctypes.addressof(ctypes.c_char.from_buffer(region))
-        argv = (ctypes.c_void_p * len(request["offsets"]))(*[base + off for off in request["offsets"]])
+        argv = (ctypes.c_void_p * len(launch.offsets))(*[base + off for off in launch.offsets])
         nd = ctypes.c_int(0)
-        selection = configure(lib, request)
-        rc = lib.ks_run(argv, (ctypes.c_uint32 * 3)(*request["grid"]), (ctypes.c_uint32 * 3)(*request["tg"]),
-                        ctypes.c_int64(request["tg_limit"]), ctypes.c_int(request["stack_kb"]),
+        selection = configure(lib, launch)
+        rc = lib.ks_run(argv, (ctypes.c_uint32 * 3)(*launch.grid), (ctypes.c_uint32 * 3)(*launch.tg),
+                        ctypes.c_int64(launch.tg_limit), ctypes.c_int(launch.stack_kb),
                         ctypes.c_void_p(base + DIAGS_AT), ctypes.c_int(MAX_DIAGS), ctypes.byref(nd))
         del selection  # held until here: ks_run read the sampled threadgroups through ks_select's pointer
-        unsynced = lib.ks_unsynced() if request.get("detect") is not None else 0
+        unsynced = lib.ks_unsynced() if launch.detect is not None else 0
         struct.pack_into("<iii", region, 0, rc, nd.value, unsynced)
         code = 0 if rc == 0 else 3
     finally:
@@ -107,7 +132,7 @@ def _serve(sock: socket.socket) -> None:
             return
         with contextlib.closing(mmap.mmap(fds[0], os.fstat(fds[0]).st_size)) as region:
             os.close(fds[0])
-            path = read_request(region)["lib"]
+            path = read_launch(region).lib
             try:
                 lib = libs.get(path) or libs.setdefault(path, ctypes.CDLL(path))
             except OSError:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import mmap
 import os
 import re
@@ -24,16 +23,15 @@ import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from .._errors import VariantFailure
 from .._vocabulary import Severity
-from ._launcher import DIAGS_AT, HEAD, MAX_DIAGS, REFUSED, REPLY, run_child
+from ._launcher import DIAGS_AT, HEAD, MAX_DIAGS, REFUSED, REPLY, Launch, run_child
 
 KIND_NAMES = {1: "divergence", 2: "inactive_lane", 3: "partial_simdgroup", 4: "threadgroup_limit", 5: "race",
               6: "uninitialized", 7: "threadgroup_bounds", 8: "partial_collective", 9: "simdgroup_synchronous"}
@@ -95,10 +93,9 @@ def run_forked(lib_path: Path, args: list[np.ndarray], outputs: list[int], grid:
     builds only) turns the threadgroup-memory detector on (check mode) or off (fast mode); ``sync_all`` makes every
     threadgroup access synchronise the lanes of a simdgroup; ``persistent`` holds every threadgroup resident at once
     (ks_pool; builds with the detector run them one after another)."""
-    request = {"lib": str(lib_path), "grid": list(grid), "tg": list(tg), "tg_limit": int(tg_limit),
-               "stack_kb": int(stack_kb), "threadgroups": [list(t) for t in threadgroups] if threadgroups else None,
-               "schedule": list(schedule), "detect": detect, "sync_all": sync_all, "persistent": persistent}
-    with _Region(args, outputs, request) as region:
+    launch = Launch(str(lib_path), grid, tg, int(tg_limit), int(stack_kb),
+                    tuple(threadgroups) if threadgroups else None, schedule, detect, sync_all, persistent)
+    with _Region(args, outputs, launch) as region:
         status = _launch(lib_path, region, timeout)
         rc, nd, unsynced = struct.unpack_from("<iii", region.map, 0)
         diags = _decode((_Diag * MAX_DIAGS).from_buffer_copy(region.map, DIAGS_AT), nd)
@@ -118,14 +115,14 @@ class _Region:
     diagnostics, unsynced, where the request is), the diagnostics, every argument (each output followed by a poisoned
     guard zone), the request (JSON)."""
 
-    def __init__(self, args: list[np.ndarray], outputs: list[int], request: dict[str, Any]) -> None:
+    def __init__(self, args: list[np.ndarray], outputs: list[int], launch: Launch) -> None:
         self.outputs = outputs
         self.offsets: list[int] = []
         at = _aligned(DIAGS_AT + ctypes.sizeof(_Diag) * MAX_DIAGS)
         for i, a in enumerate(args):
             self.offsets.append(at)
             at = _aligned(at + a.nbytes + (GUARD_BYTES if i in outputs else 0))
-        body = json.dumps(dict(request, offsets=self.offsets)).encode()
+        body = replace(launch, offsets=tuple(self.offsets)).encode()
         self.fd = _shared_file()
         try:
             os.ftruncate(self.fd, at + len(body))

@@ -273,7 +273,7 @@ def _one_by_one(space: Space, configs: list[dict]) -> list:
 @pytest.mark.slow
 @pytest.mark.parametrize("chip", ["M2 Max", "H100"])
 def test_a_space_predicted_at_once_is_each_configs_prediction(chip):
-    """The ranking predicts a whole space a column at a time (predict_many: gemm's 45,486 valid configs in ~1 s,
+    """The ranking predicts a whole space a column at a time (predict_many: gemm's 44,004 valid configs in ~0.55 s,
     were ~4 s): the same numbers, byte for byte, as config by config, in every built-in family; a batch with an
     invalid config in it is predicted config by config (inf for the invalid ones)."""
     import random
@@ -286,6 +286,22 @@ def test_a_space_predicted_at_once_is_each_configs_prediction(chip):
         assert predict_many(ModelBackend(), space, sample) == _one_by_one(space, sample), name
         mixed = sample[:20] + random.Random(1).sample(list(itertools.islice(space.iter_all(), 5000)), 20)
         assert predict_many(ModelBackend(), space, mixed) == _one_by_one(space, mixed), name
+
+
+def test_the_columns_combinations_are_the_configs_distinct_tuples_of_what_an_entry_reads():
+    """predict_many evaluates an entry once per combination of the values it reads, numbered by NumPy (mixed radix,
+    renumbered before the product of the columns' sizes would overflow int64): the same grouping, and the same first
+    configs, as the tuples a loop over the configs would build. Six columns of 2,048 values: unrenumbered, the row
+    (512, 0, 0, 0, 0, 0) would be 512 * 2048**5 = 2**64, the number of (0, 0, 0, 0, 0, 0)."""
+    from kernsearch.backends._model_columns import _Column, _combinations
+
+    rows = [(i,) * 6 for i in range(2048)] + [(512, 0, 0, 0, 0, 0), (7,) * 6]
+    codes, first = _combinations([_Column.of(list(c)) for c in zip(*rows)], len(rows))
+    firsts: dict[tuple[int, ...], int] = {}
+    for i, row in enumerate(rows):
+        firsts.setdefault(row, i)
+    assert sorted(first.tolist()) == sorted(firsts.values())
+    assert [rows[first[code]] for code in codes.tolist()] == rows
 
 
 def test_a_value_the_model_refuses_is_inf_in_a_batch_as_alone(tmp_path):

@@ -26,7 +26,7 @@ def predict_many(backend: ModelBackend, space: Space, configs: list[Config]) -> 
     KernsearchError`; any other error is raised), the same numbers, byte for byte: the model's entries are
     evaluated a column at a time (each entry's value looked up once per config by the values it reads) and its
     arithmetic is NumPy's over the columns (the same IEEE operations in the same order). A batch with anything
-    unusual is predicted config by config. Ranking gemm's 45,486 valid configs: ~4 s -> ~1 s."""
+    unusual is predicted config by config. Ranking gemm's 44,004 valid configs at 64x64x64: ~4 s -> ~0.55 s."""
     ev = backend._evaluator(space)
     try:
         if ev.family.model and configs:
@@ -42,35 +42,69 @@ def predict_many(backend: ModelBackend, space: Space, configs: list[Config]) -> 
     return out
 
 
-def _column(ev: _Evaluator, step: tuple[str, str, Any, Any, dict[Any, Any]], cols: dict[str, list[Any]],
-            n: int) -> list[Any]:
+class _Column:
+    """An entry's (or a knob's) value of every config, held as its distinct values and each config's index into them:
+    a space's configs share few values an entry, and an entry is evaluated once per combination of what it reads.
+    (A knob's values have one type, bool, int or str: values equal in a column are the same value.)"""
+
+    __slots__ = ("codes", "values")
+
+    def __init__(self, codes: np.ndarray, values: list[Any]) -> None:
+        self.codes, self.values = codes, values
+
+    @classmethod
+    def of(cls, items: list[Any]) -> _Column:
+        """The column of ``items`` (an unhashable one raises TypeError)."""
+        index = {value: i for i, value in enumerate(dict.fromkeys(items))}
+        return cls(np.fromiter(map(index.__getitem__, items), dtype=np.intp, count=len(items)), list(index))
+
+
+def _combinations(varying: list[_Column], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each config's combination of ``varying``'s values (an index), and each combination's first config."""
+    combined, size = np.zeros(n, dtype=np.int64), 1
+    for col in varying:  # one number per combination (mixed radix, renumbered before it could overflow)
+        if size * len(col.values) >= 2**62:
+            combined = np.unique(combined, return_inverse=True)[1].reshape(-1).astype(np.int64)
+            size = int(combined.max()) + 1
+        combined, size = combined * len(col.values) + col.codes, size * len(col.values)
+    _, first, codes = np.unique(combined, return_index=True, return_inverse=True)
+    return codes.reshape(-1).astype(np.intp), first
+
+
+def _column(ev: _Evaluator, step: tuple[str, str, Any, Any, dict[Any, Any]], cols: dict[str, _Column],
+            n: int) -> _Column:
     """One entry's value for every config (``_Evaluator._run``'s, its memo shared; evaluated in a context of what it
-    reads: one that reads anything else is an expression error, and the batch goes config by config)."""
+    reads: one that reads anything else is an expression error, and the batch goes config by config). Each
+    combination of the values it reads is looked up (or evaluated) once, at its first config, in the order of their
+    first configs: what a loop over the configs did (~1 s for gemm's 44,004 valid configs), at NumPy's speed."""
     where, _, expr, _, memo = step
-    varying = sorted(name for name in expr.names if name not in ev.base)
-    keys: Any = (cols[varying[0]] if len(varying) == 1 else zip(*(cols[v] for v in varying))) if varying \
-        else [()] * n
-    out = []
+    names = sorted(name for name in expr.names if name not in ev.base)
     try:
-        for i, key in enumerate(keys):
+        varying = [cols[name] for name in names]
+        codes, first = _combinations(varying, n)
+        values: list[Any] = [None] * len(first)
+        for j in np.argsort(first, kind="stable").tolist():
+            row = int(first[j])
+            read = [col.values[col.codes[row]] for col in varying]
+            key = tuple(read) if len(read) != 1 else read[0]
             value = memo.get(key, _MISSING)
             if value is _MISSING:
-                value = memo[key] = ev._eval(where, expr, {**ev.base, **{v: cols[v][i] for v in varying}})
-            out.append(value)
+                value = memo[key] = ev._eval(where, expr, {**ev.base, **dict(zip(names, read))})
+            values[j] = value
     except (TypeError, KernsearchError, KeyError):  # unhashable, an expression error, an unbound name
         raise _Unusual from None
-    return out
+    return _Column(codes, values)
 
 
-def _given(ev: _Evaluator, cols: dict[str, list[Any]], key: str) -> np.ndarray | None:
+def _given(ev: _Evaluator, cols: dict[str, _Column], key: str) -> np.ndarray | None:
     """:meth:`_Evaluator.number` of every config as a float64 column (None: the family has no such entry)."""
     if key not in ev.family.model:
         return None
     col = cols[key]
-    if not all(isinstance(v, (int, float)) for v in col):
+    if not all(isinstance(v, (int, float)) for v in col.values):
         raise _Unusual
     try:
-        arr = np.array(col, dtype=np.float64)
+        arr: np.ndarray = np.array(col.values, dtype=np.float64)[col.codes]
     except (OverflowError, ValueError):
         raise _Unusual from None
     if np.isnan(arr).any() or (arr < 0).any() or (key != "fma_per_fetch" and np.isinf(arr).any()):
@@ -78,7 +112,7 @@ def _given(ev: _Evaluator, cols: dict[str, list[Any]], key: str) -> np.ndarray |
     return arr
 
 
-def _numbers(ev: _Evaluator, cols: dict[str, list[Any]], key: str, default: float, n: int) -> np.ndarray:
+def _numbers(ev: _Evaluator, cols: dict[str, _Column], key: str, default: float, n: int) -> np.ndarray:
     """:func:`_given`, ``default`` where the family has no such entry."""
     given = _given(ev, cols, key)
     return np.full(n, default) if given is None else given
@@ -89,21 +123,24 @@ def _columns_predict(ev: _Evaluator, configs: list[Config]) -> list[Prediction]:
     if any(c.keys() != ev.family.knobs.keys() for c in configs) or set(knobs) & set(ev.base):
         raise _Unusual
     n = len(configs)
-    cols: dict[str, list[Any]] = {k: [c[k] for c in configs] for k in knobs}
+    try:
+        cols = {k: _Column.of([c[k] for c in configs]) for k in knobs}
+    except TypeError:  # an unhashable knob value
+        raise _Unusual from None
     for step in ev._derived:
         cols[step[1]] = _column(ev, step, cols, n)
-    if not all(all(_column(ev, step, cols, n)) for step in ev._checks):
+    if not all(all(_column(ev, step, cols, n).values) for step in ev._checks):
         raise _Unusual  # an invalid config
     for step in ev._early:
         cols[step[1]] = _column(ev, step, cols, n)
     tgs, threads, resident, concurrent = _occupancy(ev, cols)
-    cols["concurrent"] = [int(v) for v in concurrent]
+    cols["concurrent"] = _Column.of([int(v) for v in concurrent])
     for step in ev._late:
         cols[step[1]] = _column(ev, step, cols, n)
     return _columns_time(ev, cols, tgs, threads, resident)
 
 
-def _occupancy(ev: _Evaluator, cols: dict[str, list[Any]]) -> tuple[np.ndarray, ...]:
+def _occupancy(ev: _Evaluator, cols: dict[str, _Column]) -> tuple[np.ndarray, ...]:
     """Threadgroups, threads per threadgroup, resident threadgroups per core and concurrent ones (``_predict``)."""
     chip, core = ev.chip, ev.core
     raw_tgs, raw_threads = _given(ev, cols, "threadgroups"), _given(ev, cols, "threadgroup_threads")
@@ -135,7 +172,7 @@ def _peaks(ev: _Evaluator, matrix: np.ndarray, accelerator: np.ndarray) -> np.nd
                      [case[True, True], case[True, False], case[False, True]], case[False, False])
 
 
-def _columns_time(ev: _Evaluator, cols: dict[str, list[Any]], tgs: np.ndarray, threads: np.ndarray,
+def _columns_time(ev: _Evaluator, cols: dict[str, _Column], tgs: np.ndarray, threads: np.ndarray,
                   resident: np.ndarray) -> list[Prediction]:
     """``_predict``'s time and core time of every config, its operations in its order on float64 columns."""
     chip, core = ev.chip, ev.core
@@ -215,7 +252,7 @@ class _Lanes:
         return np.asarray(np.maximum(inside, tm) + (1 - overlap) * np.minimum(inside, tm) + stall)
 
 
-def _dram(ev: _Evaluator, cols: dict[str, list[Any]], tgs: np.ndarray, cache_bytes: np.ndarray,
+def _dram(ev: _Evaluator, cols: dict[str, _Column], tgs: np.ndarray, cache_bytes: np.ndarray,
           stream: np.ndarray) -> np.ndarray:
     """``_predict``'s DRAM bytes of every config."""
     unique = ev.problem_bytes

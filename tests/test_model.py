@@ -293,15 +293,27 @@ def test_the_columns_combinations_are_the_configs_distinct_tuples_of_what_an_ent
     renumbered before the product of the columns' sizes would overflow int64): the same grouping, and the same first
     configs, as the tuples a loop over the configs would build. Six columns of 2,048 values: unrenumbered, the row
     (512, 0, 0, 0, 0, 0) would be 512 * 2048**5 = 2**64, the number of (0, 0, 0, 0, 0, 0)."""
-    from kernsearch.backends._model_columns import _Column, _combinations
+    from kernsearch.family._columns import Column, combinations
 
     rows = [(i,) * 6 for i in range(2048)] + [(512, 0, 0, 0, 0, 0), (7,) * 6]
-    codes, first = _combinations([_Column.of(list(c)) for c in zip(*rows)], len(rows))
+    codes, first = combinations([Column.of(list(c)) for c in zip(*rows)], len(rows))
     firsts: dict[tuple[int, ...], int] = {}
     for i, row in enumerate(rows):
         firsts.setdefault(row, i)
     assert sorted(first.tolist()) == sorted(firsts.values())
     assert [rows[first[code]] for code in codes.tolist()] == rows
+
+
+def test_equal_keys_are_evaluated_at_the_first_config_that_has_one():
+    """Keys a memo takes for one (True and 1): a loop over the configs evaluates at the first config with one of
+    them, with its own value, and the others get that value; ``evaluated`` does the same whatever the columns'
+    numbering (here 1 is numbered before True, but True's config comes first)."""
+    from kernsearch.family._columns import Column, evaluated
+
+    col = Column(np.array([1, 0, 1], dtype=np.intp), [1, True])  # configs: True, 1, True
+    seen: list[list[object]] = []
+    got = evaluated(["X"], {"X": col}, 3, {}, lambda read: seen.append(read) or repr(read[0]))
+    assert seen == [[True]] and [got.values[c] for c in got.codes] == ["True"] * 3
 
 
 def test_a_value_the_model_refuses_is_inf_in_a_batch_as_alone(tmp_path):

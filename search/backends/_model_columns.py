@@ -12,8 +12,9 @@ import numpy as np
 
 from .._errors import KernsearchError
 from .._records import Prediction
+from ..family._columns import Column, evaluated
 from ..family._space import Config, Space
-from ._model import _MISSING, CoreFigures, ModelBackend, _Evaluator, _reachable_peak
+from ._model import CoreFigures, ModelBackend, _Evaluator, _reachable_peak
 
 
 class _Unusual(Exception):
@@ -42,61 +43,24 @@ def predict_many(backend: ModelBackend, space: Space, configs: list[Config]) -> 
     return out
 
 
-class _Column:
-    """An entry's (or a knob's) value of every config, held as its distinct values and each config's index into them:
-    a space's configs share few values an entry, and an entry is evaluated once per combination of what it reads.
-    (A knob's values have one type, bool, int or str: values equal in a column are the same value.)"""
-
-    __slots__ = ("codes", "values")
-
-    def __init__(self, codes: np.ndarray, values: list[Any]) -> None:
-        self.codes, self.values = codes, values
-
-    @classmethod
-    def of(cls, items: list[Any]) -> _Column:
-        """The column of ``items`` (an unhashable one raises TypeError)."""
-        index = {value: i for i, value in enumerate(dict.fromkeys(items))}
-        return cls(np.fromiter(map(index.__getitem__, items), dtype=np.intp, count=len(items)), list(index))
-
-
-def _combinations(varying: list[_Column], n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each config's combination of ``varying``'s values (an index), and each combination's first config."""
-    combined, size = np.zeros(n, dtype=np.int64), 1
-    for col in varying:  # one number per combination (mixed radix, renumbered before it could overflow)
-        if size * len(col.values) >= 2**62:
-            combined = np.unique(combined, return_inverse=True)[1].reshape(-1).astype(np.int64)
-            size = int(combined.max()) + 1
-        combined, size = combined * len(col.values) + col.codes, size * len(col.values)
-    _, first, codes = np.unique(combined, return_index=True, return_inverse=True)
-    return codes.reshape(-1).astype(np.intp), first
-
-
-def _column(ev: _Evaluator, step: tuple[str, str, Any, Any, dict[Any, Any]], cols: dict[str, _Column],
-            n: int) -> _Column:
+def _column(ev: _Evaluator, step: tuple[str, str, Any, Any, dict[Any, Any]], cols: dict[str, Column],
+            n: int) -> Column:
     """One entry's value for every config (``_Evaluator._run``'s, its memo shared; evaluated in a context of what it
-    reads: one that reads anything else is an expression error, and the batch goes config by config). Each
-    combination of the values it reads is looked up (or evaluated) once, at its first config, in the order of their
-    first configs: what a loop over the configs did (~1 s for gemm's 44,004 valid configs), at NumPy's speed."""
+    reads: one that reads anything else is an expression error, and the batch goes config by config), once per
+    combination of the values it reads (``family/_columns``: a loop over the configs took ~1 s for gemm's 44,004)."""
     where, _, expr, _, memo = step
     names = sorted(name for name in expr.names if name not in ev.base)
+
+    def evaluate(read: list[Any]) -> Any:
+        return ev._eval(where, expr, {**ev.base, **dict(zip(names, read))})
+
     try:
-        varying = [cols[name] for name in names]
-        codes, first = _combinations(varying, n)
-        values: list[Any] = [None] * len(first)
-        for j in np.argsort(first, kind="stable").tolist():
-            row = int(first[j])
-            read = [col.values[col.codes[row]] for col in varying]
-            key = tuple(read) if len(read) != 1 else read[0]
-            value = memo.get(key, _MISSING)
-            if value is _MISSING:
-                value = memo[key] = ev._eval(where, expr, {**ev.base, **dict(zip(names, read))})
-            values[j] = value
+        return evaluated(names, cols, n, memo, evaluate)
     except (TypeError, KernsearchError, KeyError):  # unhashable, an expression error, an unbound name
         raise _Unusual from None
-    return _Column(codes, values)
 
 
-def _given(ev: _Evaluator, cols: dict[str, _Column], key: str) -> np.ndarray | None:
+def _given(ev: _Evaluator, cols: dict[str, Column], key: str) -> np.ndarray | None:
     """:meth:`_Evaluator.number` of every config as a float64 column (None: the family has no such entry)."""
     if key not in ev.family.model:
         return None
@@ -112,7 +76,7 @@ def _given(ev: _Evaluator, cols: dict[str, _Column], key: str) -> np.ndarray | N
     return arr
 
 
-def _numbers(ev: _Evaluator, cols: dict[str, _Column], key: str, default: float, n: int) -> np.ndarray:
+def _numbers(ev: _Evaluator, cols: dict[str, Column], key: str, default: float, n: int) -> np.ndarray:
     """:func:`_given`, ``default`` where the family has no such entry."""
     given = _given(ev, cols, key)
     return np.full(n, default) if given is None else given
@@ -124,7 +88,7 @@ def _columns_predict(ev: _Evaluator, configs: list[Config]) -> list[Prediction]:
         raise _Unusual
     n = len(configs)
     try:
-        cols = {k: _Column.of([c[k] for c in configs]) for k in knobs}
+        cols = {k: Column.of([c[k] for c in configs]) for k in knobs}
     except TypeError:  # an unhashable knob value
         raise _Unusual from None
     for step in ev._derived:
@@ -134,13 +98,13 @@ def _columns_predict(ev: _Evaluator, configs: list[Config]) -> list[Prediction]:
     for step in ev._early:
         cols[step[1]] = _column(ev, step, cols, n)
     tgs, threads, resident, concurrent = _occupancy(ev, cols)
-    cols["concurrent"] = _Column.of([int(v) for v in concurrent])
+    cols["concurrent"] = Column.of([int(v) for v in concurrent])
     for step in ev._late:
         cols[step[1]] = _column(ev, step, cols, n)
     return _columns_time(ev, cols, tgs, threads, resident)
 
 
-def _occupancy(ev: _Evaluator, cols: dict[str, _Column]) -> tuple[np.ndarray, ...]:
+def _occupancy(ev: _Evaluator, cols: dict[str, Column]) -> tuple[np.ndarray, ...]:
     """Threadgroups, threads per threadgroup, resident threadgroups per core and concurrent ones (``_predict``)."""
     chip, core = ev.chip, ev.core
     raw_tgs, raw_threads = _given(ev, cols, "threadgroups"), _given(ev, cols, "threadgroup_threads")
@@ -172,7 +136,7 @@ def _peaks(ev: _Evaluator, matrix: np.ndarray, accelerator: np.ndarray) -> np.nd
                      [case[True, True], case[True, False], case[False, True]], case[False, False])
 
 
-def _columns_time(ev: _Evaluator, cols: dict[str, _Column], tgs: np.ndarray, threads: np.ndarray,
+def _columns_time(ev: _Evaluator, cols: dict[str, Column], tgs: np.ndarray, threads: np.ndarray,
                   resident: np.ndarray) -> list[Prediction]:
     """``_predict``'s time and core time of every config, its operations in its order on float64 columns."""
     chip, core = ev.chip, ev.core
@@ -252,7 +216,7 @@ class _Lanes:
         return np.asarray(np.maximum(inside, tm) + (1 - overlap) * np.minimum(inside, tm) + stall)
 
 
-def _dram(ev: _Evaluator, cols: dict[str, _Column], tgs: np.ndarray, cache_bytes: np.ndarray,
+def _dram(ev: _Evaluator, cols: dict[str, Column], tgs: np.ndarray, cache_bytes: np.ndarray,
           stream: np.ndarray) -> np.ndarray:
     """``_predict``'s DRAM bytes of every config."""
     unique = ev.problem_bytes

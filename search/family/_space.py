@@ -1,9 +1,9 @@
 """The search space of one problem: a family's knobs filtered by its constraints for a shape, dtype and chip.
 
 Enumeration walks the knobs in declared order and checks each constraint as soon as every name it
-reads is bound, so whole sub-trees are pruned at once. A rejected config is counted once, under the
-first constraint (in that walk order) it violates; :meth:`Space.violations` lists *all* of them for one
-config.
+reads is bound, so whole sub-trees are pruned at once (a depth at a time, ``_enumerate``). A rejected config
+is counted once, under the first constraint (in that walk order) it violates; :meth:`Space.violations` lists
+*all* of them for one config.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 
 from .._errors import ConfigError, KernsearchError, SpecError
 from ..hardware._chips import Chip
+from ._enumerate import by_levels
 from ._expr import BUILTINS, ExprError
 from ._spec import DTYPES, Family, KnobValue
 
@@ -221,9 +222,20 @@ class Space:
 
     # -- the whole space ----------------------------------------------------------------------------
     def enumerate(self) -> SpaceSummary:
-        """Every valid config, and the rejected ones counted by constraint (a step: big spaces take seconds)."""
+        """Every valid config, and the rejected ones counted by constraint (a step: big spaces take seconds): found a
+        depth at a time (``_enumerate``), or by :meth:`walk` where that gives up (an expression error, which the
+        walk reports at the first config it meets it)."""
         from .._steps import step
 
+        with step(f"enumerating the {self.total:,} configs of {self.family.name}", total=self.total) as progress:
+            found = by_levels(self, progress.advance) if self.family.knobs else None
+            if found is None:
+                return self.walk(progress.advance)
+            return SpaceSummary(total=self.total, valid=found[0], rejected=found[1])
+
+    def walk(self, advance: Callable[[int], None]) -> SpaceSummary:
+        """:meth:`enumerate` config by config: the knobs depth first, each constraint checked as soon as what it
+        reads is bound; ``advance`` hears how many configs of the product are walked."""
         fam = self.family
         names = list(fam.knobs)
         sizes = [len(fam.knobs[n].values) for n in names]
@@ -247,13 +259,12 @@ class Space:
                 else:
                     walk(depth + 1, start + n * below)
                 if depth < 3:  # this value's whole subtree is walked (or pruned): say how far the walk is
-                    progress.advance(start + (n + 1) * below)
+                    advance(start + (n + 1) * below)
 
-        with step(f"enumerating the {self.total:,} configs of {fam.name}", total=self.total) as progress:
-            if names:
-                walk(0, 0)
-            else:
-                summary.valid.append({})
+        if names:
+            walk(0, 0)
+        else:
+            summary.valid.append({})
         return summary
 
     def sample(self, n: int, rng: random.Random, found: Callable[[int], None] | None = None) -> list[Config]:

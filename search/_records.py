@@ -165,6 +165,11 @@ class FinalTimings:
 Ratio = Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)]
 
 
+#: The figures' validators are built when first used (``defer_build``), not when this module is imported: most processes
+#: that import it (a search's worker, most commands) never validate one, and building them took ~50 ms of each.
+_FROZEN = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+
 class ModeFigures(BaseModel):
     """The winner and the op in one consumer mode (``graph``, ``eager``, ``batch``: docs/timing.md), called through
     the exported package's own planned calls: per-call medians (ms), the speedup with its range (op p10 / winner p90
@@ -172,7 +177,7 @@ class ModeFigures(BaseModel):
     interval the gate and the dispatcher act on (``_rules.ratio_interval``; a result judged before paired rounds has
     none and is judged by ``low``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _FROZEN
 
     median_ms: float = Field(gt=0)
     baseline_median_ms: float = Field(gt=0)
@@ -188,7 +193,7 @@ class Versus(BaseModel):
     replacement on them (``_rules.decide``): two kernels timed back to back in one run, where the two versions'
     speedups over the op come from two runs whose hosts differ by 10 % and more (docs/artifacts.md)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _FROZEN
 
     version: str = Field(pattern=r"^v[1-9][0-9]{0,8}$")
     modes: dict[ConsumerMode, Annotated[tuple[Ratio, ...], Field(min_length=1, max_length=10_000)]] = Field(
@@ -208,7 +213,7 @@ class Figures(BaseModel):
     ``weight_sets``: the rotating copies of the weights those modes called with (cold weights); ``versus``: the
     winner against the key's current version in the same round (:class:`Versus`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _FROZEN
 
     median_ms: float = Field(gt=0)
     spread: float = Field(ge=0)

@@ -414,9 +414,10 @@ def test_the_report_records_write_the_reports_json(tmp_path: Path) -> None:
 
 # -- the flow, against prefect_test_harness ----------------------------------------------------------------
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def prefect_harness(tmp_path_factory: pytest.TempPathFactory):
-    """One temporary Prefect server for the session (its start takes ~15 s on 2 cores)."""
+    """One temporary Prefect server for this file's flow tests (its start takes ~15 s on 2 cores), stopped when they
+    are done: idle, its services take ~1 s of CPU a minute, and the worker goes on with other files for minutes."""
     saved = {k: os.environ.get(k) for k in (*TELEMETRY_OFF, "PREFECT_HOME")}
     os.environ.update(TELEMETRY_OFF)
     os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))

@@ -360,4 +360,4 @@ def _split_assignments(text: str) -> dict[str, str]:
 
 
 def format_config(config: Config) -> str:
-    return ",".join(f"{k}={v}" for k, v in config.items())
+    return ",".join([f"{k}={v}" for k, v in config.items()])  # a list: join builds one from a generator anyway

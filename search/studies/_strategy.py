@@ -21,6 +21,7 @@ Everything is NumPy on a few hundred points; the candidate set is capped so a pr
 from __future__ import annotations
 
 import math
+import operator
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -68,9 +69,10 @@ def _encoded(knobs: dict[str, list[Any]], ordered: np.ndarray, valid: list[Confi
     [0, 1], a categorical one's by its index (compared for equality only)."""
     cols = []
     for (k, values), is_ordered in zip(knobs.items(), ordered):
-        pos = {repr(v): i for i, v in enumerate(sorted(values) if is_ordered else values)}
+        # A knob's values have one type (bool, int or str): equal ones are the same value.
+        pos = {v: i for i, v in enumerate(sorted(values) if is_ordered else values)}
         scale = max(1, len(values) - 1) if is_ordered else 1
-        cols.append([pos[repr(c[k])] / scale for c in valid])
+        cols.append(np.fromiter(map(pos.__getitem__, map(operator.itemgetter(k), valid)), float, len(valid)) / scale)
     return np.array(cols, dtype=float).T if cols else np.zeros((len(valid), 0))
 
 

@@ -316,6 +316,20 @@ def test_equal_keys_are_evaluated_at_the_first_config_that_has_one():
     assert seen == [[True]] and [got.values[c] for c in got.codes] == ["True"] * 3
 
 
+def test_a_batch_with_a_knob_of_several_types_is_predicted_as_one_by_one(tmp_path):
+    """Configs whose knob holds equal values of two types (1 and True, as a config from elsewhere might), read by an
+    entry whose value tells them apart ("1" or "True"): the batch is predicted config by config, each read as it is
+    (a column would number 1 and True alike and read the first one's value for both)."""
+    fam = load_family(make_toy(tmp_path / "typed", model=TOY_MODEL + 'barriers = "len(DB ~ \'\') * READS"\n'))
+    space = space_for(fam)
+    configs = [dict(c) for c in space.iter_all()]
+    mixed = [{**c, "DB": int(c["DB"])} if c["READS"] == 1 else c for c in configs]
+    assert {type(c["DB"]) for c in mixed} == {bool, int}
+    got = predict_many(ModelBackend(), space, mixed)
+    assert got == _one_by_one(space, mixed)
+    assert len({p.time_ms for p in got}) > len({p.time_ms for p in predict_many(ModelBackend(), space, configs)}) / 2
+
+
 def test_a_value_the_model_refuses_is_inf_in_a_batch_as_alone(tmp_path):
     """A [model] value the model refuses for some configs (negative here) makes those inf, the others predicted:
     the batch is predicted config by config, as it was."""

@@ -89,7 +89,7 @@ def _columns_predict(ev: _Evaluator, configs: list[Config]) -> list[Prediction]:
     n = len(configs)
     try:
         cols = {k: Column.of([c[k] for c in configs]) for k in knobs}
-    except TypeError:  # an unhashable knob value
+    except TypeError:  # an unhashable knob value, or values of several types (1 and True)
         raise _Unusual from None
     for step in ev._derived:
         cols[step[1]] = _column(ev, step, cols, n)

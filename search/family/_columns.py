@@ -27,7 +27,10 @@ class Column:
 
     @classmethod
     def of(cls, items: list[Any]) -> Column:
-        """The column of ``items`` (equal items share an index; an unhashable one raises TypeError)."""
+        """The column of ``items``, of one type (equal items share an index); items of several types (1 and True
+        would share one) or an unhashable one raise TypeError."""
+        if len(set(map(type, items))) > 1:
+            raise TypeError("a column of several types")
         index = {value: i for i, value in enumerate(dict.fromkeys(items))}
         return cls(np.fromiter(map(index.__getitem__, items), dtype=np.intp, count=len(items)), list(index))
 

@@ -115,7 +115,7 @@ def by_levels(space: Space, advance: Callable[[int], None]) -> tuple[list[Config
     walk = _Walk(space)
     firsts = range(len(walk.values[0]))
     # A big product a first-knob value at a time (a depth of its rows stays small), a small one at once.
-    chunks = [[i] for i in firsts] if walk.below[0] * len(firsts) > MAX_AT_ONCE else [list(firsts)]
+    chunks = [[i] for i in firsts] if walk.below[0] * len(firsts) > MAX_AT_ONCE else [list(firsts)] * bool(firsts)
     try:
         for chunk in chunks:
             walk.subtrees(chunk)

@@ -7,6 +7,7 @@ import math
 import random
 
 import pytest
+from test_model import TOY_SPEC
 
 from kernsearch import KernsearchError, Space, get_chip, make_problem
 from kernsearch._errors import ConfigError
@@ -195,31 +196,8 @@ def test_the_enumeration_a_depth_at_a_time_is_the_walks_in_every_family(monkeypa
     assert (found[0], list(found[1].items())) == (walked.valid, list(walked.rejected.items()))
 
 
-MIXED = """
-name = "mixed"
-description = "derived values of several types, and constraints that read them"
-reference = "A"
-baseline = "A"
-
-[problem]
-dims = ["N"]
-default_shape = [64]
-dtypes = ["float32"]
-default_dtype = "float32"
-flops = "N"
-bytes = "2 * N * dtype_size"
-
-[[inputs]]
-name = "A"
-shape = "[N]"
-
-[[outputs]]
-name = "C"
-shape = "[N]"
-
-[templates]
-metal = "k.metal.j2"
-
+# test_model's toy family's problem (one dimension, A in, C out, a Metal template), with knobs of its own
+MIXED = TOY_SPEC[:TOY_SPEC.index("[knobs.")].replace('name = "toy"', 'name = "mixed"', 1) + """
 [knobs.P]
 kind = "other"
 values = [1, 2, 3, 4]
@@ -282,7 +260,7 @@ def _mixed(tmp_path, extra: str = ""):  # noqa: ANN001, ANN202
     folder = tmp_path / "mixed"
     folder.mkdir()
     (folder / "family.toml").write_text(MIXED + extra)
-    (folder / "k.metal.j2").write_text("{% block header %}{% endblock %}{% block source %}C[0] = A[0];{% endblock %}\n")
+    (folder / "toy.metal.j2").write_text("{% block header %}{% endblock %}{% block source %}C[0] = A[0];{% endblock %}\n")
     fam = load_family(folder)
     chip = get_chip("M2 Max")
     return Space(make_problem(fam, None, None, chip), chip)

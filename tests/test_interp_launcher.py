@@ -233,3 +233,45 @@ def test_a_library_whose_loading_hangs_is_a_timeout_and_the_next_run_gets_a_new_
     assert exc.value.reason == "timeout" and "loading the kernel" in exc.value.detail
     assert time.monotonic() - start < 10 and _gone(pid)
     assert run(DOUBLE)[3] == 6.0 and launcher_pid() != pid
+
+
+class _Recorder:
+    """Stands for a kernel library: records the set-up calls ``configure`` makes, by name."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args: self.calls.append(name)
+
+
+def test_a_launch_read_back_asks_the_interpreter_for_what_it_asked_only() -> None:
+    """The launch crosses to the kernel's process as bytes in the run's region: read back (read_launch), it is the
+    launch (tuples, not JSON's lists: a schedule of (0, 0, 0) is no schedule), and configure asks the library only for
+    what it holds: detection and lane sync in lockstep builds, the resident pool, an order, sampled threadgroups (their
+    buffer returned, held by the caller while the kernel runs)."""
+    import mmap
+
+    from kernsearch.interp._launcher import HEAD, Launch, configure, read_launch
+
+    plain = Launch("k.so", (64, 1, 1), (32, 1, 1), 4, 256, offsets=(64, 128))
+    full = Launch("k.so", (64, 2, 1), (32, 1, 1), 4, 256, threadgroups=((0, 0, 0), (1, 1, 0)), schedule=(1, 2, 7),
+                  detect=True, sync_all=True, persistent=True, offsets=(64,))
+    for launch in (plain, full):
+        data = launch.encode()
+        region = mmap.mmap(-1, 4096)
+        HEAD.pack_into(region, 0, 0, 0, 0, 512, len(data))
+        region[512:512 + len(data)] = data
+        assert read_launch(region) == launch
+    lib = _Recorder()
+    assert configure(lib, read_launch_of(plain)) is None and lib.calls == []
+    selection = configure(lib, read_launch_of(full))
+    assert lib.calls == ["ks_detect", "ks_sync_all", "ks_pool", "ks_order", "ks_select"]
+    assert list(selection) == [0, 0, 0, 1, 1, 0]
+
+
+def read_launch_of(launch: Any) -> Any:
+    """``launch`` through its bytes, as the kernel's process reads it."""
+    from kernsearch.interp._launcher import Launch
+
+    return Launch.decode(launch.encode())

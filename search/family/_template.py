@@ -192,7 +192,7 @@ class _BoundedConcat(CodeGenerator):
 class CompiledTemplates(BytecodeCache):
     """The code templates compiled to, kept in this process's memory (never in a file) by template file and the
     checksum of its source (Jinja's buckets): a family loaded again, or rendered after its load compiled its templates
-    in another sandbox, reuses the code its unchanged source compiled to (gemm's two templates: ~90 ms a load); a
+    in another sandbox, reuses the code its unchanged source compiled to (gemm's two templates: ~50 ms a load); a
     changed source is compiled again. Every sandbox compiles alike (the same class and options), so they share it."""
 
     def __init__(self, size: int = 256) -> None:

@@ -76,6 +76,7 @@ def test_folder_without_spec(tmp_path: Path) -> None:
      r"no entry for dtype\(s\) \['bfloat16'\]"),
     (lambda t: t.replace('"float16", "bfloat16"]\ndefault_dtype = "float16"', '"float16"]\ndefault_dtype = "bfloat16"'),
      "problem", "default_dtype 'bfloat16' is not among dtypes"),
+    (lambda t: "model = 7\n" + t.replace("[model]\n", "[model_table]\n"), r"model", "valid dictionary"),
 ])
 def test_malformed_spec_names_file_and_field(tmp_path: Path, mutate, field: str, message: str) -> None:  # noqa: ANN001
     folder = _spec_with(tmp_path, mutate)

@@ -1,7 +1,8 @@
 """CPU seconds of the steps a `tune` of gemm pays before it searches, and of the README's search itself, for the code
 importable as ``kernsearch`` (run it once per checkout to compare two, interleaved: benchmarks/space_speed.txt).
 
-    python benchmarks/space_speed.py [ROUNDS]            # a JSON line a round: the minimum of 5 timings a step
+    python benchmarks/space_speed.py      # one JSON line: the minimum of 5 timings a step (a process a round:
+                                          # load_family_first is the process's first load)
 
 Steps, gemm at 64x64x64 float32 on the M2 Max model: ``load_family`` (first in the process, then again),
 ``enumerate`` (the pruned walk of its 2,488,320 configs), ``predict`` (the model's predictions of its 44,004 valid
@@ -68,7 +69,5 @@ def one_round(home: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 1
     with tempfile.TemporaryDirectory() as home:
-        for _ in range(rounds):
-            print(json.dumps(one_round(home)), flush=True)
+        print(json.dumps(one_round(home)), flush=True)

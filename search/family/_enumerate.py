@@ -82,18 +82,20 @@ class _Walk:
         for i in checks:
             rows = np.flatnonzero(alive)
             constraint = fam.constraints[i]
-            col = self.column(level.keep(rows), constraint.expr, constraint.name)
+            col = self.column(level, constraint.expr, constraint.name, rows)
             failed = rows[~np.array([bool(v) for v in col.values], dtype=bool)[col.codes]]
             if len(failed):
                 self.reject(constraint.name, level, depth, failed)
                 alive[failed] = False
         return level if alive.all() else level.keep(np.flatnonzero(alive))
 
-    def column(self, level: _Level, expr: Any, where: str) -> Column:
+    def column(self, level: _Level, expr: Any, where: str, rows: np.ndarray | None = None) -> Column:
+        """``expr`` on the rows of ``level`` (or those of them in ``rows``): only the columns it reads are taken."""
         names = sorted(n for n in expr.names if n in self.varying)
+        cols = {n: level.cols[n] if rows is None else level.cols[n].take(rows) for n in names}
         base = self.space.base
         memo = self.memos.setdefault(id(expr), {})
-        return evaluated(names, level.cols, level.n, memo,
+        return evaluated(names, cols, level.n if rows is None else len(rows), memo,
                          lambda read: self.space._eval(expr, {**base, **dict(zip(names, read))}, where))
 
     def reject(self, name: str, level: _Level, depth: int, failed: np.ndarray) -> None:
